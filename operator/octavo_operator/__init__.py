@@ -1,0 +1,1 @@
+"""The Octavo Kubernetes operator (kopf)."""

@@ -1,0 +1,1 @@
+"""Paged attention: metadata, the torch path (CPU) and Triton kernels (GPU)."""

@@ -1,0 +1,72 @@
+"""Attention backends: one call per layer stores the step's keys/values and attends."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from octavo.attention import torch_ops
+from octavo.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, heads, head_dim]
+        key: torch.Tensor,  # [T, kv_heads, head_dim]
+        value: torch.Tensor,  # [T, kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, heads, head_dim]
+        ...
+
+
+class TorchAttention:
+    """CPU path: a loop over prefill chunks and one batched, masked call for all decodes."""
+
+    def forward(self, query, key, value, kv_cache, meta: AttentionMetadata, scale: float):
+        torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping)
+        outputs = [
+            self._prefill(i, query, key, value, kv_cache, meta, scale)
+            for i in range(meta.num_prefills)
+        ]
+        if meta.num_decodes:
+            outputs.append(self._decode(query, kv_cache, meta, scale))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    @staticmethod
+    def _prefill(index, query, key, value, kv_cache, meta, scale) -> torch.Tensor:
+        start = meta.query_start_loc_list[index]
+        end = start + meta.query_lens_list[index]
+        seq_len = meta.seq_lens_list[index]
+        if end - start == seq_len:  # no cached prefix: attend over the fresh keys directly
+            return torch_ops.causal_attention(
+                query[start:end], key[start:end], value[start:end], scale
+            )
+        return torch_ops.prefill_attention(
+            query[start:end], kv_cache, meta.block_tables[index], seq_len, scale
+        )
+
+    @staticmethod
+    def _decode(query, kv_cache, meta, scale) -> torch.Tensor:
+        plan = meta.backend_cache.get("decode_plan")
+        if plan is None:  # same for every layer: derive once per step
+            first = meta.num_prefills
+            plan = torch_ops.decode_gather_plan(
+                meta.block_tables[first:], meta.seq_lens[first:], kv_cache.shape[2], query.dtype
+            )
+            meta.backend_cache["decode_plan"] = plan
+        slots, mask = plan
+        return torch_ops.grouped_decode_attention(
+            query[meta.num_prefill_tokens :], kv_cache, slots, mask, scale
+        )
+
+
+def select_backend(device: torch.device) -> AttentionBackend:
+    if device.type == "cuda":
+        from octavo.attention.triton_backend import TritonAttention
+
+        return TritonAttention()
+    return TorchAttention()

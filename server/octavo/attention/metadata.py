@@ -1,0 +1,34 @@
+"""What one forward step tells attention about where every token's keys and values live.
+
+Tokens of a step are laid out flat: first the tokens of every prefill chunk (one
+sequence after another), then one token for each decoding sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token, -1 = skip
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0 (null block)
+    seq_lens: torch.Tensor  # [num_seqs] int32: context length including this step's tokens
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative query lengths
+    num_prefills: int  # sequences [0, num_prefills) are prefill chunks
+    num_prefill_tokens: int
+    query_lens_list: list[int]  # host copies for the torch path's per-sequence loop
+    query_start_loc_list: list[int]
+    seq_lens_list: list[int]
+    max_seq_len: int
+    backend_cache: dict = field(default_factory=dict)  # per-step values a backend derives once
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_list)
+
+    @property
+    def num_decodes(self) -> int:
+        return self.num_seqs - self.num_prefills

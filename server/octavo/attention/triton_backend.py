@@ -1,0 +1,61 @@
+"""GPU attention backend: the Triton kernels behind the ``AttentionBackend`` protocol."""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.attention import triton_kernels
+from octavo.attention.metadata import AttentionMetadata
+
+
+class TritonAttention:
+    """Stores the step's keys/values, then one prefill launch and one decode launch."""
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention output ``[T, heads, head_dim]``: prefill tokens first, then decodes."""
+        triton_kernels.store_kv(key, value, kv_cache, meta.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        split = meta.num_prefill_tokens
+        if meta.num_prefills:
+            self._prefill(query[:split], kv_cache, meta, scale, out[:split])
+        if meta.num_decodes:
+            first = meta.num_prefills
+            triton_kernels.paged_decode_attention(
+                query[split:],
+                kv_cache,
+                meta.block_tables[first:],
+                meta.seq_lens[first:],
+                max(meta.seq_lens_list[first:]),
+                scale,
+                out=out[split:],
+            )
+        return out
+
+    @staticmethod
+    def _prefill(
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """All prefill chunks (sequences ``[0, num_prefills)``) in one kernel launch."""
+        count = meta.num_prefills
+        triton_kernels.prefill_attention(
+            query,
+            kv_cache,
+            meta.block_tables[:count],
+            meta.query_start_loc[: count + 1],
+            meta.seq_lens[:count],
+            max(meta.query_lens_list[:count]),
+            scale,
+            out=out,
+        )

@@ -1,0 +1,300 @@
+"""Paged attention in Triton: the GPU path, checked against ``torch_ops``.
+
+The KV cache of one layer is one tensor ``[2, num_blocks, block_size, num_kv_heads,
+head_dim]`` (index 0 keys, 1 values). Kernels find a token's keys/values through the block
+table one token at a time (``block_table[pos // block_size]``), so a tile of ``BLOCK_N``
+tokens may span several cache blocks and the tile shape does not depend on the block size.
+Softmax and accumulation run in fp32 with ``exp2``; the prefill matmuls take fp16/bf16
+operands for half models (fp32 otherwise); outputs take the query's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _store_kv_kernel(
+    key_ptr,
+    value_ptr,
+    cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kv,
+    stride_blk,
+    stride_tok,
+    stride_ch,
+    num_kv_heads,
+    head_dim,
+    BLOCK_SIZE: tl.constexpr,
+    HEADS_P2: tl.constexpr,
+    DIM_P2: tl.constexpr,
+):
+    """Copy token ``program_id(0)``'s key/value ``[kv_heads, head_dim]`` into its slot."""
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    offs_h = tl.arange(0, HEADS_P2)
+    offs_d = tl.arange(0, DIM_P2)
+    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < head_dim) & (slot >= 0)
+    key = tl.load(key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask)
+    value = tl.load(
+        value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask
+    )
+    row = (slot // BLOCK_SIZE) * stride_blk + (slot % BLOCK_SIZE) * stride_tok
+    dst = cache_ptr + row + offs_h[:, None] * stride_ch + offs_d[None, :]
+    tl.store(dst, key.to(cache_ptr.dtype.element_ty), mask)
+    tl.store(dst + stride_kv, value.to(cache_ptr.dtype.element_ty), mask)
+
+
+@triton.jit
+def _kv_tile_ptrs(
+    cache_ptr, table_ptr, offs_n, mask_n, offs_d, kv_head, stride_blk, stride_tok, stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """Pointers ``[BLOCK_N, DIM_P2]`` to the keys of context positions ``offs_n``."""
+    block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+    rows = block_ids * stride_blk + (offs_n % BLOCK_SIZE) * stride_tok + kv_head * stride_ch
+    return cache_ptr + rows[:, None] + offs_d[None, :]
+
+
+@triton.jit
+def _online_softmax(scores, m_i, l_i):
+    """One online-softmax step over ``scores [M, N]`` (log2 domain, masked = -inf).
+
+    Returns the unnormalised probabilities, the rescale factor for the running
+    accumulator, and the new running max and denominator.
+    """
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, cache_ptr, table_ptr, seq_lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_ob, stride_oh, stride_tb,
+    stride_kv, stride_blk, stride_tok, stride_ch,
+    qk_scale, head_dim,
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Program ``(seq, kv_head)``: the ``GROUP`` query heads sharing one kv head."""
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    offs_g = tl.arange(0, GROUP_P2)
+    offs_d = tl.arange(0, DIM_P2)
+    heads = kv_head * GROUP + offs_g
+    mask_q = (offs_g[:, None] < GROUP) & (offs_d[None, :] < head_dim)
+    q_ptrs = q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32) * qk_scale
+    m_i = tl.full([GROUP_P2], -1.0e30, tl.float32)
+    l_i = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, DIM_P2], tl.float32)
+    for start in range(0, seq_len, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < seq_len
+        ptrs = _kv_tile_ptrs(
+            cache_ptr, table_ptr + seq * stride_tb, offs_n, mask_n, offs_d, kv_head,
+            stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
+        )  # fmt: skip
+        mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
+        k = tl.load(ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+        v = tl.load(ptrs + stride_kv, mask=mask_kv, other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        scores = tl.where(mask_n[None, :], scores, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_q)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, cache_ptr, table_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+    stride_kv, stride_blk, stride_tok, stride_ch,
+    qk_scale, head_dim,
+    GROUP: tl.constexpr, DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Program ``(chunk, query tile, head)``: ``BLOCK_M`` queries of one prefill chunk.
+
+    The two matmuls take ``DOT_DTYPE`` operands and accumulate in fp32; ``PRECISION`` is
+    "ieee" for fp32 operands so they are not rounded to TF32.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, DIM_P2)
+    q_pos = seq_len - q_len + offs_m  # context position of each query
+    mask_q = (offs_m[:, None] < q_len) & (offs_d[None, :] < head_dim)
+    rows = (q_start + offs_m).to(tl.int64)
+    q_ptrs = q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(DOT_DTYPE)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DIM_P2], tl.float32)
+    kv_end = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)  # causal horizon
+    for start in range(0, kv_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_end
+        ptrs = _kv_tile_ptrs(
+            cache_ptr, table_ptr + seq * stride_tb, offs_n, mask_n, offs_d, head // GROUP,
+            stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
+        )  # fmt: skip
+        mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
+        k = tl.load(ptrs, mask=mask_kv, other=0.0).to(DOT_DTYPE)
+        v = tl.load(ptrs + stride_kv, mask=mask_kv, other=0.0).to(DOT_DTYPE)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        causal = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        scores = tl.where(causal, scores, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
+        pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_q)
+
+
+def _last_dim_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when its last dimension is dense, else a contiguous copy."""
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+def _cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """Strides (kv, block, token, kv head) of a cache whose head_dim is contiguous."""
+    if kv_cache.stride(-1) != 1:
+        raise ValueError("kv_cache must be contiguous along head_dim")
+    return kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)
+
+
+def _prefill_kv_tile(block_size: int) -> int:
+    """Context tokens per prefill loop step: at least 16 (tensor-core minimum), at most 64."""
+    return max(16, min(64, triton.next_power_of_2(block_size)))
+
+
+def _decode_kv_tile(block_size: int, group_p2: int, dim_p2: int) -> int:
+    """Context tokens per decode loop step (the ``[group, tokens, dim]`` tile ≤ 8K values)."""
+    budget = triton.next_power_of_2(max(1, 8192 // (group_p2 * dim_p2)))
+    return max(4, min(64, triton.next_power_of_2(block_size), budget))
+
+
+def _dot_dtype(query: torch.Tensor) -> tl.dtype:
+    """Operand dtype of the prefill ``tl.dot``s: the model's half type, fp32 otherwise.
+
+    bf16 stays fp32 off CUDA: the Triton interpreter cannot multiply bf16 matrices.
+    """
+    if query.dtype == torch.float16:
+        return tl.float16
+    if query.dtype == torch.bfloat16 and query.is_cuda:
+        return tl.bfloat16
+    return tl.float32
+
+
+def store_kv(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write each token's key/value ``[T, kv_heads, head_dim]`` into its cache slot.
+
+    Tokens whose slot is negative are skipped.
+    """
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(kv_cache)
+    _store_kv_kernel[(num_tokens,)](
+        key, value, kv_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        stride_kv, stride_blk, stride_tok, stride_ch, num_kv_heads, head_dim,
+        BLOCK_SIZE=kv_cache.shape[2], HEADS_P2=triton.next_power_of_2(num_kv_heads),
+        DIM_P2=triton.next_power_of_2(head_dim),
+    )  # fmt: skip
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One new token per sequence: ``query [B, heads, head_dim]`` → ``[B, heads, head_dim]``.
+
+    ``max_seq_len`` is accepted for parity with ``torch_ops``; each program loops up to its
+    own sequence length. ``out`` may be a preallocated ``[B, heads, head_dim]`` view.
+    """
+    del max_seq_len
+    query = _last_dim_contiguous(query)
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
+    if num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    group_p2, dim_p2 = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(kv_cache)
+    _decode_kernel[(num_seqs, num_kv_heads)](
+        query, kv_cache, block_tables, seq_lens, out,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E, head_dim,
+        GROUP=group, GROUP_P2=group_p2, DIM_P2=dim_p2, BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_N=_decode_kv_tile(kv_cache.shape[2], group_p2, dim_p2),
+    )  # fmt: skip
+    return out
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of several prefill chunks over their cached prefixes and themselves.
+
+    Chunk ``i`` is ``query[query_start_loc[i]:query_start_loc[i + 1]]``: the last tokens of
+    a context of ``seq_lens[i]`` tokens whose keys/values are all in the cache already.
+    """
+    query = _last_dim_contiguous(query)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
+    num_chunks = seq_lens.shape[0]
+    if num_chunks == 0 or max_query_len == 0:
+        return out
+    block_m = max(16, min(64, triton.next_power_of_2(max_query_len)))
+    dot_dtype = _dot_dtype(query)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(kv_cache)
+    grid = (num_chunks, triton.cdiv(max_query_len, block_m), num_heads)
+    _prefill_kernel[grid](
+        query, kv_cache, block_tables, query_start_loc, seq_lens, out,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E, head_dim,
+        GROUP=num_heads // kv_cache.shape[3], DIM_P2=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=block_m, BLOCK_N=_prefill_kv_tile(kv_cache.shape[2]),
+        DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+    )  # fmt: skip
+    return out

@@ -1,0 +1,89 @@
+"""Assembling an engine's parts from its arguments: model, tokenizer, KV cache, scheduler."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from octavo.attention.backend import select_backend
+from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from octavo.engine.device import select_device, select_dtype
+from octavo.kv_cache.block_pool import BlockPool
+from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
+from octavo.kv_cache.kv_cache_manager import KVCacheManager
+from octavo.model_executor.loader import load_model, load_tokenizer, resolve_model_folder
+from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_runner import ModelRunner
+from octavo.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    config: ModelConfig
+    tokenizer: object
+    runner: ModelRunner
+    scheduler: Scheduler
+    pool: BlockPool
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+    model_name: str
+
+
+def build_engine_parts(args: EngineArgs) -> EngineParts:
+    folder = resolve_model_folder(args.model)
+    config = ModelConfig.from_folder(folder)
+    device = select_device(args.device)
+    dtype = select_dtype(args.dtype, device)
+    max_model_len = _max_model_len(args, config)
+    tokenizer = load_tokenizer(folder)
+    model = load_model(folder, config, max_model_len + 1, dtype, device)
+    num_blocks = _num_blocks(args, config, dtype, device)
+    _check_capacity(num_blocks, args.block_size, max_model_len)
+    pool = BlockPool(num_blocks, args.enable_prefix_caching)
+    kv = KVCacheManager(pool, args.block_size)
+    caches = allocate_kv_caches(config, num_blocks, args.block_size, dtype, device)
+    runner = ModelRunner(model, caches, kv, select_backend(device), device)
+    scheduler = Scheduler(kv, args.max_num_seqs, args.max_num_batched_tokens)
+    name = args.model or folder.name
+    return EngineParts(
+        config, tokenizer, runner, scheduler, pool, max_model_len, device, dtype, name
+    )
+
+
+def _max_model_len(args: EngineArgs, config: ModelConfig) -> int:
+    limit = config.max_position_embeddings
+    if config.sliding_window:
+        limit = min(limit, config.sliding_window)  # full attention is exact only inside it
+    if args.max_model_len is None:
+        return limit
+    if args.max_model_len > limit:
+        raise ValueError(f"max_model_len {args.max_model_len} exceeds the model's limit of {limit}")
+    return args.max_model_len
+
+
+def _num_blocks(args: EngineArgs, config: ModelConfig, dtype, device: torch.device) -> int:
+    per_block = bytes_per_block(config, args.block_size, dtype)
+    if device.type == "cuda":
+        budget = cuda_kv_budget(args.gpu_memory_utilization, device)
+    else:
+        budget = args.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
+    num_blocks = budget // per_block
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens)",
+        num_blocks, args.block_size, num_blocks * per_block / 2**20, num_blocks * args.block_size,
+    )  # fmt: skip
+    return int(num_blocks)
+
+
+def _check_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:
+    capacity = (num_blocks - 1) * block_size  # block 0 is the null block
+    if capacity < max_model_len:
+        raise ValueError(
+            f"the KV cache holds {capacity} tokens, fewer than max_model_len={max_model_len}; "
+            "raise kv_cache_memory / gpu_memory_utilization or lower max_model_len"
+        )

@@ -1,0 +1,20 @@
+"""Engine statistics the server exports as Prometheus metrics (vLLM's names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of usable blocks in use
+    kv_cache_tokens_held: int  # tokens whose keys/values sit in allocated blocks
+    kv_cache_slots_allocated: int  # block_size * blocks in use
+    num_blocks: int
+    prefix_cache_queries: int  # prompt tokens looked up (counter)
+    prefix_cache_hits: int  # of which served from the cache (counter)
+    num_preemptions: int  # counter
+    prompt_tokens: int  # counter
+    generation_tokens: int  # counter

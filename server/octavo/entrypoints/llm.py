@@ -1,0 +1,100 @@
+"""The offline API: ``LLM(model=None, **engine_args).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from octavo.config import EngineArgs
+from octavo.engine.llm_engine import LLMEngine
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import SamplingParams
+
+PromptType = str | list[int]
+Message = dict[str, str]
+
+
+class LLM:
+    """Generate offline with Octavo's engine. ``model=None`` serves the embedded SmolLM2."""
+
+    def __init__(self, model: str | None = None, **engine_args) -> None:
+        self.engine = LLMEngine(EngineArgs.from_kwargs(model, engine_args))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        prompt_list = _as_prompt_list(prompts)
+        params_list = _as_params_list(sampling_params, len(prompt_list))
+        request_ids = [f"offline-{next(self._ids)}" for _ in prompt_list]
+        try:
+            for request_id, prompt, params in zip(
+                request_ids, prompt_list, params_list, strict=True
+            ):
+                self.engine.add_request(request_id, prompt, params)
+            finished = self._run(len(prompt_list), use_tqdm)
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            self.engine.step()  # drain the abort outputs so the engine is clean
+            raise
+        return [finished[request_id] for request_id in request_ids]
+
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            self.engine.tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, total: int, use_tqdm: bool) -> dict[str, RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update()
+        return finished
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]
+    prompt_list = list(prompts)
+    if not prompt_list:
+        raise ValueError("prompts must not be empty")
+    return prompt_list
+
+
+def _as_params_list(
+    params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params_list = list(params)
+    if len(params_list) != count:
+        raise ValueError(f"got {len(params_list)} sampling params for {count} prompts")
+    return params_list

@@ -1,0 +1,1 @@
+"""The paged KV cache: block pool with prefix caching, per-sequence block tables, tensors."""

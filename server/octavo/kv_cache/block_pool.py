@@ -1,0 +1,90 @@
+"""The block pool: ref counts, a free list, and the prefix-cache map from hash to block.
+
+Block 0 is the null block: never handed out, it pads block tables. A freed block keeps
+its hash until it is reused, so a later request with the same prefix can revive it
+("touch"). Allocation never blocks or raises for lack of space: it returns None and the
+scheduler decides whom to preempt.
+"""
+
+from __future__ import annotations
+
+from octavo.kv_cache.free_block_queue import FreeBlockQueue, KVBlock
+
+NULL_BLOCK_ID = 0
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
+        self.blocks = [KVBlock(block_id=i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks[1:])
+        self.enable_prefix_caching = enable_prefix_caching
+        self.cached: dict[int, KVBlock] = {}
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return len(self.blocks) - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.size
+
+    def usage(self) -> float:
+        """Fraction of usable blocks held by sequences (vLLM's kv_cache_usage_perc)."""
+        return 1.0 - self.num_free_blocks / self.num_usable_blocks
+
+    def allocate(self, count: int) -> list[KVBlock] | None:
+        if count > self.free_queue.size:
+            return None
+        blocks = [self.free_queue.popleft() for _ in range(count)]
+        for block in blocks:
+            self._forget_hash(block)
+            block.ref_count = 1
+        return blocks
+
+    def lookup(self, block_hash: int, token_ids: tuple[int, ...]) -> KVBlock | None:
+        block = self.cached.get(block_hash)
+        if block is None or block.token_ids != token_ids:
+            return None
+        return block
+
+    def touch(self, blocks: list[KVBlock]) -> None:
+        """Take a reference on cache hits, reviving free ones off the free list."""
+        for block in blocks:
+            if block.ref_count == 0:
+                self.free_queue.remove(block)
+            block.ref_count += 1
+
+    def free(self, blocks: list[KVBlock]) -> None:
+        """Drop one reference each. Pass blocks tail first: the tail of a chain is evicted first."""
+        for block in blocks:
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block.block_id} freed twice"
+            if block.ref_count == 0:
+                self._release(block)
+
+    def _release(self, block: KVBlock) -> None:
+        if block.block_hash is None:
+            self.free_queue.appendleft(block)  # nothing worth keeping: reuse first
+        else:
+            self.free_queue.append(block)  # cached: keep as long as possible (LRU)
+
+    def register(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...]) -> None:
+        """Mark a full, computed block as reusable by later requests with the same prefix."""
+        if not self.enable_prefix_caching or block.block_hash is not None:
+            return
+        if block_hash in self.cached:  # an equal block already exists; keep tables append-only
+            return
+        block.block_hash, block.token_ids = block_hash, token_ids
+        self.cached[block_hash] = block
+
+    def _forget_hash(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash = block.token_ids = None
+
+    def reset_prefix_cache(self) -> None:
+        for block in self.free_queue:
+            self._forget_hash(block)

@@ -1,0 +1,118 @@
+"""Per-sequence block tables on top of the block pool.
+
+A sequence's table grows on demand as its tokens are scheduled. Full blocks of computed
+tokens are hashed (chained with the previous block's hash) and registered for prefix
+caching. Sequences forked for ``n > 1`` share the prompt's blocks; the first write into a
+shared, partly filled block copies it (copy-on-write) and the copy is recorded for the
+model runner to perform before the step's forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octavo.kv_cache.block_pool import BlockPool
+from octavo.kv_cache.free_block_queue import KVBlock
+
+
+@dataclass
+class SequenceBlocks:
+    blocks: list[KVBlock] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # chained hashes of registered full blocks
+
+
+def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, block_size: int) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.tables: dict[int, SequenceBlocks] = {}
+        self.pending_copies: list[tuple[int, int]] = []  # (source block, destination block)
+
+    def block_ids(self, seq_id: int) -> list[int]:
+        return [block.block_id for block in self.tables[seq_id].blocks]
+
+    def find_cached_prefix(self, token_ids: list[int]) -> list[KVBlock]:
+        """Longest run of cached full blocks, leaving at least one token to compute."""
+        if not self.pool.enable_prefix_caching:
+            return []
+        size, parent, hits = self.block_size, None, []
+        for start in range(0, len(token_ids) - 1 - size + 1, size):
+            chunk = tuple(token_ids[start : start + size])
+            parent = chain_hash(parent, chunk)
+            block = self.pool.lookup(parent, chunk)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate_slots(
+        self, seq_id: int, num_computed: int, num_new: int, cached: list[KVBlock] = ()
+    ) -> bool:
+        """Make room for ``num_new`` tokens after ``num_computed`` ones; False if the pool is short.
+
+        ``cached`` are prefix-cache hits for a sequence that holds no blocks yet; they
+        cover the first ``len(cached) * block_size`` tokens (``num_computed`` must equal that).
+        """
+        table = self.tables.setdefault(seq_id, SequenceBlocks())
+        needs_copy = self._last_block_is_shared(table, num_computed, num_new)
+        have = len(table.blocks) + len(cached)
+        new_blocks = max(0, -(-(num_computed + num_new) // self.block_size) - have)
+        revived = sum(1 for block in cached if block.ref_count == 0)
+        if new_blocks + needs_copy + revived > self.pool.num_free_blocks:
+            if not table.blocks:
+                del self.tables[seq_id]
+            return False
+        self.pool.touch(list(cached))
+        table.blocks.extend(cached)
+        table.hashes.extend(_chain_of(cached))
+        if needs_copy:
+            self._copy_last_block(table)
+        table.blocks.extend(self.pool.allocate(new_blocks) or [])
+        return True
+
+    def _last_block_is_shared(self, table: SequenceBlocks, num_computed: int, num_new: int) -> bool:
+        writes_into_last = num_new > 0 and num_computed % self.block_size != 0
+        return bool(table.blocks) and writes_into_last and table.blocks[-1].ref_count > 1
+
+    def _copy_last_block(self, table: SequenceBlocks) -> None:
+        shared = table.blocks[-1]
+        (copy,) = self.pool.allocate(1) or []
+        self.pending_copies.append((shared.block_id, copy.block_id))
+        self.pool.free([shared])
+        table.blocks[-1] = copy
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """Let a child sequence share every block of its parent (n > 1 sampling)."""
+        parent = self.tables[parent_id]
+        self.pool.touch(parent.blocks)
+        self.tables[child_id] = SequenceBlocks(list(parent.blocks), list(parent.hashes))
+
+    def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        """Register every block whose tokens are now all computed."""
+        table = self.tables[seq_id]
+        size = self.block_size
+        for index in range(len(table.hashes), num_computed // size):
+            chunk = tuple(token_ids[index * size : (index + 1) * size])
+            parent = table.hashes[-1] if table.hashes else None
+            block_hash = chain_hash(parent, chunk)
+            table.hashes.append(block_hash)
+            self.pool.register(table.blocks[index], block_hash, chunk)
+
+    def free(self, seq_id: int) -> None:
+        table = self.tables.pop(seq_id, None)
+        if table is not None:
+            self.pool.free(list(reversed(table.blocks)))
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+
+def _chain_of(blocks: list[KVBlock]) -> list[int]:
+    hashes = [block.block_hash for block in blocks]
+    assert all(h is not None for h in hashes), "cache hits must be registered blocks"
+    return hashes  # type: ignore[return-value]

@@ -1,0 +1,55 @@
+"""Turning a model name into a loaded model and tokenizer on a device."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from octavo.model_executor.cpu_linear import can_pack, pack_linears
+from octavo.model_executor.embedded import embedded_model_folder
+from octavo.model_executor.llama import LlamaForCausalLM
+from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.rotary import RotaryEmbedding
+from octavo.model_executor.weights import load_weights
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_folder(model: str | None) -> Path:
+    """``None`` means the embedded default; otherwise a local Hugging Face model folder."""
+    if model is None:
+        return embedded_model_folder()
+    if "://" in model and not model.startswith("file://"):
+        raise ValueError(
+            f"model {model!r}: only local folders can be loaded by the engine; "
+            "download the model into a folder (or a volume) and pass its path"
+        )
+    folder = Path(model.removeprefix("file://")).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model path {str(folder)!r} is not a folder with a config.json")
+    return folder
+
+
+def load_model(
+    folder: Path, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device
+) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(config)
+    model = skeleton.to_empty(device=device).to(dtype)
+    model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope, dtype, device)
+    with torch.no_grad():
+        load_weights(model, folder)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    if can_pack(dtype, device):
+        pack_linears(model)
+    logger.info("loaded %s (%s) as %s on %s", folder.name, config.architecture, dtype, device)
+    return model.eval()
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,89 @@
+"""The parts of a Hugging Face ``config.json`` that Octavo's Llama-family forward needs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    rope: dict = field(default_factory=dict)  # rope_type, rope_theta and scaling parameters
+    sliding_window: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> ModelConfig:
+        architecture = (raw.get("architectures") or ["?"])[0]
+        if architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {architecture!r}; Octavo runs {SUPPORTED_ARCHITECTURES}"
+            )
+        heads = raw["num_attention_heads"]
+        return cls(
+            architecture=architecture,
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            vocab_size=raw["vocab_size"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=_attention_bias(architecture, raw),
+            rope=_rope_parameters(raw),
+            sliding_window=_sliding_window(raw),
+            eos_token_ids=_as_tuple(raw.get("eos_token_id")),
+        )
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> ModelConfig:
+        config = cls.from_dict(json.loads((folder / "config.json").read_text()))
+        generation = folder / "generation_config.json"
+        if generation.exists():
+            extra = _as_tuple(json.loads(generation.read_text()).get("eos_token_id"))
+            config.eos_token_ids = tuple(dict.fromkeys(config.eos_token_ids + extra))
+        return config
+
+
+def _attention_bias(architecture: str, raw: dict) -> bool:
+    return architecture == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False))
+
+
+def _rope_parameters(raw: dict) -> dict:
+    """Merge transformers-5 ``rope_parameters`` and older ``rope_theta``/``rope_scaling``."""
+    rope = dict(raw.get("rope_parameters") or {})
+    if raw.get("rope_scaling"):
+        rope.update(raw["rope_scaling"])
+    rope.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
+    return rope
+
+
+def _sliding_window(raw: dict) -> int | None:
+    if raw.get("use_sliding_window") is False:
+        return None
+    return raw.get("sliding_window") or None
+
+
+def _as_tuple(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)

