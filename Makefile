@@ -24,7 +24,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 test: venv lint
-	$(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest -q
 
 bench: venv
 	$(BIN)/octavo bench offline

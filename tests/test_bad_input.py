@@ -35,7 +35,7 @@ def test_bad_sampling_params(kwargs, field):
 
 
 def test_unknown_model_path(tmp_path):
-    with pytest.raises(ValueError, match="not a folder with a config.json"):
+    with pytest.raises(ValueError, match=r"not a folder with a config\.json"):
         LLM(str(tmp_path / "nope"))
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_all_blocks_free
 
 from octavo import LLM, SamplingParams
+
+from conftest import assert_all_blocks_free
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_all_blocks_free
 
 from octavo import LLM, SamplingParams
+
+from conftest import assert_all_blocks_free
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,9 @@ def test_logprobs_with_alternatives(llm, question):
     for token, entry in zip(completion.token_ids, completion.logprobs, strict=True):
         assert entry.token_id == token and entry.rank == 1 and len(entry.top) == 3
         assert entry.top[0][0] == token and entry.logprob <= 0.0
-    assert completion.cumulative_logprob == pytest.approx(sum(e.logprob for e in completion.logprobs))
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(e.logprob for e in completion.logprobs)
+    )
 
 
 def test_chat_helper_applies_the_template(llm):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_all_blocks_free, hf_greedy
 from octavo import LLM, SamplingParams
 from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.model_executor.model_config import ModelConfig
+
+from conftest import assert_all_blocks_free, hf_greedy
 
 MAX_NEW_TOKENS = 20
 TOPICS = ["PagedAttention", "a cat", "Kubernetes", "the moon", "rust", "tea", "jazz", "GPUs"]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_all_blocks_free
 
 from octavo import LLM, SamplingParams
+
+from conftest import assert_all_blocks_free
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -26,7 +27,9 @@ def run_pair(llm: LLM, prompts) -> list:
 
 def test_second_request_reuses_three_blocks(smol_folder, prompts):
     cached = LLM(str(smol_folder), dtype="float32", max_model_len=256)
-    uncached = LLM(str(smol_folder), dtype="float32", max_model_len=256, enable_prefix_caching=False)
+    uncached = LLM(
+        str(smol_folder), dtype="float32", max_model_len=256, enable_prefix_caching=False
+    )
     with_cache = run_pair(cached, prompts)
     without_cache = run_pair(uncached, prompts)
     assert with_cache[0].num_cached_tokens == 0

@@ -27,7 +27,7 @@ class TorchAttention:
     """CPU path: a loop over prefill chunks and one batched, masked call for all decodes."""
 
     def forward(self, query, key, value, kv_cache, meta: AttentionMetadata, scale: float):
-        torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping)
+        torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping, may_skip=False)
         outputs = [
             self._prefill(i, query, key, value, kv_cache, meta, scale)
             for i in range(meta.num_prefills)

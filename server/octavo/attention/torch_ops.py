@@ -11,14 +11,22 @@ import torch.nn.functional as F
 
 
 def store_kv(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    may_skip: bool = True,
 ) -> None:
-    """Write each token's key/value ``[T, kv_heads, head_dim]`` into its cache slot."""
+    """Write each token's key/value ``[T, kv_heads, head_dim]`` into its cache slot.
+
+    Slots of -1 are skipped; ``may_skip=False`` promises there are none (saves a check).
+    """
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
-    valid = slot_mapping >= 0
-    if not bool(valid.all()):
-        slot_mapping, key, value = slot_mapping[valid], key[valid], value[valid]
+    if may_skip:
+        valid = slot_mapping >= 0
+        if not bool(valid.all()):
+            slot_mapping, key, value = slot_mapping[valid], key[valid], value[valid]
     flat[0].index_copy_(0, slot_mapping, key.to(flat.dtype))
     flat[1].index_copy_(0, slot_mapping, value.to(flat.dtype))
 
@@ -141,7 +149,7 @@ def grouped_decode_attention(
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
     keys = flat[0].index_select(0, slots).view(batch, -1, num_kv_heads, head_dim)
     values = flat[1].index_select(0, slots).view(batch, -1, num_kv_heads, head_dim)
-    grouped = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    grouped = query.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
         grouped,
         keys.transpose(1, 2).to(query.dtype),

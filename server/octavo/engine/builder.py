@@ -69,7 +69,15 @@ def _max_model_len(args: EngineArgs, config: ModelConfig) -> int:
 def _num_blocks(args: EngineArgs, config: ModelConfig, dtype, device: torch.device) -> int:
     per_block = bytes_per_block(config, args.block_size, dtype)
     if device.type == "cuda":
-        budget = cuda_kv_budget(args.gpu_memory_utilization, device)
+        budget = cuda_kv_budget(
+            args.gpu_memory_utilization, device, config,
+            args.max_num_batched_tokens, args.max_num_seqs, dtype,
+        )  # fmt: skip
+        if budget <= 0:
+            raise ValueError(
+                "no GPU memory left for the KV cache; raise gpu_memory_utilization "
+                "or lower max_num_batched_tokens / max_num_seqs"
+            )
     else:
         budget = args.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
     num_blocks = budget // per_block

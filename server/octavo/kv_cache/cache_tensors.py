@@ -17,12 +17,28 @@ def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) ->
     return per_layer * config.num_layers
 
 
-def cuda_kv_budget(gpu_memory_utilization: float, device: torch.device) -> int:
-    """Bytes left for the KV cache once weights and a profiled peak step are accounted for."""
+def cuda_kv_budget(
+    gpu_memory_utilization: float,
+    device: torch.device,
+    config: ModelConfig,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    dtype: torch.dtype,
+) -> int:
+    """Bytes left for the KV cache on a GPU once weights and one step's activations fit.
+
+    The weights are already loaded (counted as allocated); activations of the largest
+    step are estimated from its shapes: a few hidden-sized and two intermediate-sized
+    tensors per token, plus fp32 logits for every sequence that samples.
+    """
     free, total = torch.cuda.mem_get_info(device)
     used_by_others = total - free - torch.cuda.memory_reserved(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    return int(total * gpu_memory_utilization) - used_by_others - peak
+    element = torch.empty((), dtype=dtype).element_size()
+    qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    per_token = (6 * config.hidden_size + 3 * config.intermediate_size + qkv) * element
+    activations = max_num_batched_tokens * per_token + max_num_seqs * config.vocab_size * 8
+    weights = torch.cuda.memory_allocated(device)
+    return int(total * gpu_memory_utilization) - used_by_others - weights - activations
 
 
 def allocate_kv_caches(

@@ -42,10 +42,11 @@ class DecoderLayer(nn.Module):
 
     def _attention(self, x, rope, kv_cache, meta, attention: AttentionBackend) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv(x).split(self.split_sizes, dim=-1)
-        cos, sin = rope
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        qkv = self.qkv(x)
+        q_and_k, v = qkv.split([self.split_sizes[0] + self.split_sizes[1], self.split_sizes[2]], -1)
+        cos, sin = rope  # one rotation for the query and key heads together
+        q_and_k = apply_rotary(q_and_k.view(num_tokens, -1, self.head_dim), cos, sin)
+        q, k = q_and_k.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention.forward(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))

@@ -1,0 +1,1 @@
+"""Benchmarks: offline engine throughput against HF transformers (and vLLM's CPU build)."""

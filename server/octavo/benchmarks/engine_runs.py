@@ -1,0 +1,101 @@
+"""Running a workload through Octavo's engine step by step, sampling KV use every step."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from octavo import LLM, SamplingParams
+from octavo.benchmarks.results import RunResult
+from octavo.benchmarks.workloads import Workload
+from octavo.engine.llm_engine import LLMEngine
+from octavo.engine.stats import EngineStats
+from octavo.outputs import RequestOutput
+
+_request_ids = itertools.count()
+
+
+@dataclass
+class StepTracker:
+    """Per-step samples of KV utilisation (tokens held / slots allocated) and concurrency."""
+
+    utilisation: list[float] = field(default_factory=list)
+    peak_running: int = 0
+
+    def sample(self, stats: EngineStats) -> None:
+        if stats.kv_cache_slots_allocated > 0:
+            self.utilisation.append(stats.kv_cache_tokens_held / stats.kv_cache_slots_allocated)
+        self.peak_running = max(self.peak_running, stats.num_running)
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    """Exactly ``max_tokens`` greedy tokens."""
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
+
+
+def warm_up(llm: LLM, prompt: list[int]) -> None:
+    """A short untimed generate (2 prompts x 8 tokens) so lazy initialisation is not timed."""
+    llm.generate([prompt, prompt[::-1]], greedy(8), use_tqdm=False)
+
+
+def submit(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int]) -> None:
+    for prompt, count in zip(prompts, max_tokens, strict=True):
+        engine.add_request(f"bench-{next(_request_ids)}", prompt, greedy(count))
+
+
+def drain(engine: LLMEngine, total: int, tracker: StepTracker, desc: str) -> list[RequestOutput]:
+    """Step until every request has finished; returns the finished outputs."""
+    finished: list[RequestOutput] = []
+    with tqdm(total=total, desc=desc, unit="req", leave=False) as bar:
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished.append(output)
+                    bar.update()
+            tracker.sample(engine.stats())
+    return finished
+
+
+def time_to_first_token(output: RequestOutput) -> float | None:
+    metrics = output.metrics
+    if metrics.first_token_time is None:
+        return None
+    return metrics.first_token_time - metrics.arrival_time
+
+
+def hit_rate(before: EngineStats, after: EngineStats) -> float | None:
+    queries = after.prefix_cache_queries - before.prefix_cache_queries
+    if queries <= 0:
+        return None
+    return (after.prefix_cache_hits - before.prefix_cache_hits) / queries
+
+
+def run_workload(llm: LLM, workload: Workload, label: str = "octavo") -> RunResult:
+    """Submit the whole workload at once and step the engine until it is done (timed)."""
+    engine = llm.engine
+    if workload.warmup_prompt is not None:
+        submit(engine, [workload.warmup_prompt], workload.max_tokens[:1])
+        drain(engine, 1, StepTracker(), f"{label} {workload.name} warm-up")
+    tracker, before = StepTracker(), engine.stats()
+    start = time.perf_counter()
+    submit(engine, workload.prompts, workload.max_tokens)
+    outputs = drain(engine, workload.num_requests, tracker, f"{label} {workload.name}")
+    wall = time.perf_counter() - start
+    after = engine.stats()
+    generated = sum(len(output.outputs[0].token_ids) for output in outputs)
+    ttfts = [t for t in map(time_to_first_token, outputs) if t is not None]
+    return RunResult(
+        engine=label,
+        workload=workload.name,
+        num_requests=workload.num_requests,
+        output_tokens=generated,
+        wall_s=wall,
+        ttft_s=ttfts,
+        kv_utilisation=tracker.utilisation,
+        peak_running=tracker.peak_running,
+        num_preemptions=after.num_preemptions - before.num_preemptions,
+        prefix_cache_hit_rate=hit_rate(before, after),
+    )

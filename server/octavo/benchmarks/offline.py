@@ -1,0 +1,334 @@
+"""octavo bench offline: Octavo's offline throughput against HF transformers (and vLLM).
+
+Workloads (token counts at ``--scale 1.0``):
+  (a) 32 chat-templated "What is <topic>?" prompts x exactly 128 new tokens
+  (b) 64 seeded requests, random-token prompts of 16-512 tokens, 16-256 new tokens
+  (c) a single stream of 128 new tokens
+  (d) 64 requests sharing a ~1,000-token system prompt, prefix cache on vs off (TTFT)
+All greedy with ``ignore_eos``; every run follows a short untimed warm-up, and
+tok/s = output tokens / wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from octavo import LLM
+from octavo.benchmarks import baselines
+from octavo.benchmarks.capacity import sequences_that_fit
+from octavo.benchmarks.engine_runs import run_workload, warm_up
+from octavo.benchmarks.report import (
+    OCTAVO,
+    OCTAVO_NO_CACHE,
+    BenchReport,
+    machine_info,
+    print_report,
+    write_json,
+    write_png,
+)
+from octavo.benchmarks.results import RunResult
+from octavo.benchmarks.workloads import (
+    DEFAULT_SEED,
+    WORKLOAD_NAMES,
+    Workload,
+    build_workloads,
+    chat_prompt,
+)
+from octavo.engine.device import select_dtype
+from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+
+DEFAULT_KV_CACHE_MEMORY = 2 * 1024**3
+DEFAULT_BASELINES = "hf-fp32,hf-bf16"
+BLOCK_SIZE = 16
+KV_WORKLOADS = ("a", "b")  # workloads whose KV utilisation and "sequences that fit" we report
+
+EPILOG = """\
+Octavo runs (a)-(c) with prefix caching off, so the KV figures measure paging alone
+(HF has no prefix cache either); (d) runs once with it off and once with it on.
+HF baselines use static left-padded batches (batch 32 for (a), 1 for (c)); (b) runs
+in static batches of 16 sorted by prompt length and counts only the requested tokens.
+
+The vllm baseline runs only if `import vllm` works (a CPU build: VLLM_TARGET_DEVICE=cpu).
+It runs in this process through vLLM's offline LLM class; the `octavo` console script
+keeps worker spawning safe. Useful settings for vLLM's CPU backend:
+  VLLM_CPU_KVCACHE_SPACE=4          GiB of KV cache for vLLM
+  VLLM_CPU_OMP_THREADS_BIND=0-15    cores for vLLM's OpenMP threads ("auto" by default)
+"""
+
+
+@dataclass
+class BenchSetup:
+    folder: Path
+    tokenizer: object
+    workloads: dict[str, Workload]
+    warmup_prompt: list[int]
+
+
+def default_dtype() -> str:
+    """bfloat16 where the CPU computes it natively, else float32."""
+    dtype = select_dtype("auto", torch.device("cpu"))
+    return "bfloat16" if dtype == torch.bfloat16 else "float32"
+
+
+def name_list(allowed: tuple[str, ...]):
+    """An argparse type: a comma-separated subset of ``allowed`` (empty string = none)."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown)}; choose from {', '.join(allowed)}"
+            )
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workloads",
+        type=name_list(WORKLOAD_NAMES),
+        default=list(WORKLOAD_NAMES),
+        help="comma-separated subset of a,b,c,d (default: all)",
+    )
+    parser.add_argument(
+        "--baselines",
+        type=name_list(baselines.ALL_BASELINES),
+        default=DEFAULT_BASELINES.split(","),
+        help="comma-separated subset of hf-fp32,hf-bf16,vllm; '' for none "
+        f"(default: {DEFAULT_BASELINES})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help="seed of the generated workloads (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=positive_float,
+        default=1.0,
+        help="shrink request counts and lengths for quick runs (default: 1.0)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("bench-results"),
+        help="where offline.json and offline.png go (default: %(default)s)",
+    )
+    add_engine_arguments(parser)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="local HF model folder (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=default_dtype(),
+        choices=("bfloat16", "float32"),
+        help="Octavo's compute dtype (default: %(default)s on this CPU)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=2048,
+        help="Octavo's (and vLLM's) max_model_len (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kv-cache-memory",
+        type=int,
+        default=DEFAULT_KV_CACHE_MEMORY,
+        help="Octavo's KV cache budget in bytes (default: 2 GiB)",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="Octavo's max_num_seqs (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="Octavo's per-step token budget (default: %(default)s)",
+    )
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "offline",
+        help="offline throughput vs HF transformers (and vLLM if installed)",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="octavo bench offline",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from a list of command-line arguments (what the tests call)."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The benchmark: Octavo, then the baselines, then the table, JSON and PNG."""
+    if not args.workloads:
+        raise ValueError("--workloads must name at least one of a, b, c, d")
+    torch.set_num_threads(os.cpu_count() or 1)
+    setup = prepare(args)
+    report = BenchReport(
+        machine_info(getattr(torch, args.dtype)), run_config(args), setup.workloads
+    )
+    run_octavo(args, setup, report)
+    run_baselines(args, setup, report)
+    report.results.sort(key=lambda result: result.workload)  # stable: Octavo first
+    save(report, args.output_dir)
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> BenchSetup:
+    folder = resolve_model_folder(args.model)
+    tokenizer = load_tokenizer(folder)
+    workloads = build_workloads(tokenizer, args.workloads, args.scale, args.seed)
+    warmup_prompt = chat_prompt(tokenizer, "Say hello.")
+    return BenchSetup(folder, tokenizer, workloads, warmup_prompt)
+
+
+def run_config(args: argparse.Namespace) -> dict:
+    return {
+        "model": args.model or "embedded SmolLM2-135M-Instruct",
+        "scale": args.scale,
+        "seed": args.seed,
+        "workloads": args.workloads,
+        "baselines": args.baselines,
+        "max_model_len": args.max_model_len,
+        "kv_cache_memory": args.kv_cache_memory,
+        "block_size": BLOCK_SIZE,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
+
+
+def make_llm(args: argparse.Namespace, prefix_caching: bool) -> LLM:
+    return LLM(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=args.kv_cache_memory,
+        enable_prefix_caching=prefix_caching,
+        block_size=BLOCK_SIZE,
+    )
+
+
+def record(report: BenchReport, result: RunResult) -> None:
+    report.results.append(result)
+    print(
+        f"{result.engine} ({result.workload}): {result.output_tokens} tokens in "
+        f"{result.wall_s:.2f} s = {result.tok_s:.1f} tok/s",
+        flush=True,
+    )
+
+
+def run_octavo(args: argparse.Namespace, setup: BenchSetup, report: BenchReport) -> None:
+    """(a)-(c) and (d) without prefix caching on one engine; (d) with it on a second."""
+    llm = make_llm(args, prefix_caching=False)
+    warm_up(llm, setup.warmup_prompt)
+    for name, workload in setup.workloads.items():
+        label = OCTAVO_NO_CACHE if name == "d" else OCTAVO
+        record(report, run_workload(llm, workload, label))
+        if name in KV_WORKLOADS:
+            add_fit(report, llm, workload, args.kv_cache_memory)
+    if "d" in setup.workloads:
+        del llm
+        gc.collect()
+        llm = make_llm(args, prefix_caching=True)
+        warm_up(llm, setup.warmup_prompt)
+        record(report, run_workload(llm, setup.workloads["d"], OCTAVO))
+
+
+def add_fit(report: BenchReport, llm: LLM, workload: Workload, budget: int) -> None:
+    engine = llm.engine
+    result = report.result(workload.name, OCTAVO)
+    report.fits[workload.name] = sequences_that_fit(
+        engine.parts.config,
+        engine.parts.dtype,
+        budget,
+        engine.max_model_len,
+        BLOCK_SIZE,
+        workload.mean_total_tokens,
+        result.peak_running if result else 0,
+    )
+
+
+def run_baselines(args: argparse.Namespace, setup: BenchSetup, report: BenchReport) -> None:
+    chosen = [w for n, w in setup.workloads.items() if n in baselines.HF_WORKLOADS]
+    pad_id = setup.tokenizer.eos_token_id
+    for label in (b for b in args.baselines if b in baselines.HF_BASELINES):
+        if not chosen:
+            break
+        for result in baselines.run_hf(setup.folder, label, chosen, setup.warmup_prompt, pad_id):
+            record(report, result)
+    if any(b in baselines.HF_BASELINES for b in args.baselines) and "b" in setup.workloads:
+        report.notes.append(
+            "HF (b) runs static batches of 16 sorted by prompt length; each batch decodes to "
+            "its longest request and tok/s counts only the requested tokens"
+        )
+    if "vllm" in args.baselines:
+        run_vllm_baseline(args, setup, report, chosen)
+
+
+def run_vllm_baseline(
+    args: argparse.Namespace, setup: BenchSetup, report: BenchReport, chosen: list[Workload]
+) -> None:
+    reason = baselines.vllm_unavailable_reason()
+    if reason is not None:
+        message = f"vllm baseline skipped: `import vllm` failed ({reason})"
+        print(message, file=sys.stderr)
+        report.notes.append(message)
+        return
+    results = baselines.run_vllm(
+        setup.folder, args.dtype, args.max_model_len, chosen, setup.warmup_prompt
+    )
+    for result in results:
+        record(report, result)
+
+
+def save(report: BenchReport, output_dir: Path) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_json(report, output_dir / "offline.json")
+    print_report(report)
+    if write_png(report, output_dir / "offline.png"):
+        print(f"\nwrote {output_dir / 'offline.json'} and {output_dir / 'offline.png'}")
+    else:
+        report.notes.append("matplotlib is not installed: no PNG written")
+        write_json(report, output_dir / "offline.json")
+        print(f"\nwrote {output_dir / 'offline.json'} (no PNG: matplotlib missing)")

@@ -1,0 +1,39 @@
+"""The ``octavo`` command: one subcommand per module, each registering its own parser."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Each module exposes ``register(subparsers)``; its parser sets ``func(args) -> int``.
+SUBCOMMAND_MODULES = (
+    "octavo.entrypoints.openai.cli",
+    "octavo.benchmarks.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="octavo", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as error:  # bad input: one clear line, no traceback
+        print(f"octavo: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
