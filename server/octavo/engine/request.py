@@ -63,7 +63,7 @@ class Request:
     def _completion(self, seq: Sequence) -> CompletionOutput:
         text = self.texts[seq.index]
         output_ids = seq.output_token_ids
-        logprobs = text.logprobs if self.params.logprobs is not None else None
+        logprobs = list(text.logprobs) if self.params.logprobs is not None else None
         delta_ids = output_ids[text.tokens_reported :]
         text.tokens_reported = len(output_ids)
         return CompletionOutput(

@@ -1,0 +1,67 @@
+"""Assembling the FastAPI application around an engine factory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+import octavo
+from octavo.entrypoints.openai import ops_routes, routes
+from octavo.entrypoints.openai.async_engine import AsyncEngine
+from octavo.entrypoints.openai.auth import ApiKeyMiddleware
+from octavo.entrypoints.openai.context import ServerConfig, ServerContext
+from octavo.entrypoints.openai.errors import install_error_handlers
+from octavo.entrypoints.openai.metrics import ServerMetrics
+from octavo.entrypoints.openai.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+
+
+def build_app(
+    config: ServerConfig,
+    engine_factory: Callable[[], Any],
+    on_load_failure: Callable[[], None] | None = None,
+) -> FastAPI:
+    """The app; its lifespan starts the engine thread, which loads the model.
+
+    The port therefore answers (``/health`` 503) while the model loads.
+    """
+    metrics = ServerMetrics(config.model_name)
+    engine = AsyncEngine(
+        engine_factory,
+        max_queue_len=config.max_queue_len,
+        on_step=metrics.on_step,
+        on_load_failure=on_load_failure,
+    )
+    context = ServerContext(config=config, engine=engine, metrics=metrics)
+    app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=_lifespan(engine))
+    app.state.octavo = context
+    install_error_handlers(app)
+    app.include_router(routes.router)
+    app.include_router(ops_routes.router)
+    # add_middleware puts each new one outermost: request ids wrap everything.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def _lifespan(engine: AsyncEngine) -> Callable[[FastAPI], Any]:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            engine.abort_all()
+            await asyncio.to_thread(engine.stop)
+
+    return lifespan
+
+
+def context_of(app: FastAPI) -> ServerContext:
+    """The server context of an app made by ``build_app`` (handy for tests and tools)."""
+    return app.state.octavo

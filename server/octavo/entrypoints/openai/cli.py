@@ -1,0 +1,71 @@
+"""``octavo serve [MODEL]``: the OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from octavo.entrypoints.openai import options
+
+DESCRIPTION = (
+    "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+    "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics, "
+    "/version). MODEL is a local Hugging Face model folder; without it the embedded "
+    "SmolLM2-135M-Instruct is served. The port opens at once (/health answers 503 until "
+    "the model is loaded). SIGTERM drains: new requests get 503, in-flight ones finish "
+    "(up to --shutdown-timeout), then the process exits 0."
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``serve`` subcommand."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server",
+        description=DESCRIPTION,
+        epilog=options.env_epilog(),
+    )
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=os.environ.get(options.MODEL_ENV),
+        help=f"model folder (default: the embedded SmolLM2) [env {options.MODEL_ENV}]",
+    )
+    options.add_options(parser, os.environ)
+    parser.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Validate everything that can be checked before the port opens, then serve."""
+    from octavo.config import EngineArgs
+    from octavo.entrypoints.openai.context import ServerConfig
+    from octavo.entrypoints.openai.server import ListenArgs, run_server
+    from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
+    from octavo.model_executor.loader import resolve_model_folder
+
+    options.finish(args)
+    engine_args = EngineArgs(
+        model=args.model,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=args.enable_prefix_caching,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )  # raises ValueError (one clear line from ``octavo``) on bad values, e.g. TP > 1
+    if args.model is not None:
+        resolve_model_folder(args.model)  # a wrong path fails now, not after the port opens
+    config = ServerConfig(
+        served_model_names=args.served_model_name or [args.model or EMBEDDED_MODEL_NAME],
+        model_root=args.model or EMBEDDED_MODEL_NAME,
+        api_key=args.api_key or None,
+        max_queue_len=args.max_queue_len,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    listen = ListenArgs(host=args.host, port=args.port, log_level=args.log_level)
+    return run_server(config, engine_args, listen)

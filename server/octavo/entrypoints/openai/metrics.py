@@ -1,0 +1,147 @@
+"""Prometheus metrics with vLLM's names, fed by the engine thread after every step.
+
+prometheus_client appends ``_total`` to counters, so ``vllm:prompt_tokens`` is scraped
+as ``vllm:prompt_tokens_total``. Engine counters are cumulative totals; they are turned
+into counter increments by remembering the last value seen.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from octavo.engine.stats import EngineStats
+from octavo.outputs import RequestOutput
+
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+# Counter name (without _total) -> the EngineStats field holding its cumulative value.
+ENGINE_COUNTERS = {
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+    "vllm:num_preemptions": "num_preemptions",
+}
+
+
+@dataclass
+class _Histograms:
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+    queue: Histogram
+    prompt_tokens: Histogram
+    generation_tokens: Histogram
+
+
+class ServerMetrics:
+    """All metrics of one server, in their own registry, labelled with the model name."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        self._lock = threading.Lock()
+        self._seen = dict.fromkeys(ENGINE_COUNTERS.values(), 0)
+        self._last_token_time: dict[str, float] = {}
+        self._make_gauges()
+        self._counters = {
+            name: Counter(name, f"Cumulative {field.replace('_', ' ')}.", **self._labels())
+            for name, field in ENGINE_COUNTERS.items()
+        }
+        self._success = Counter(
+            "vllm:request_success",
+            "Finished requests, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        self._hist = self._make_histograms()
+        self._create_children()
+
+    def _labels(self) -> dict:
+        return {"labelnames": ["model_name"], "registry": self.registry}
+
+    def _make_gauges(self) -> None:
+        self._running = Gauge("vllm:num_requests_running", "Requests running.", **self._labels())
+        self._waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", **self._labels())
+        self._kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV cache usage (1 = full).", **self._labels()
+        )
+
+    def _make_histograms(self) -> _Histograms:
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, buckets=LATENCY_BUCKETS, **self._labels())
+
+        def tokens(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, buckets=TOKEN_BUCKETS, **self._labels())
+
+        return _Histograms(
+            ttft=latency("vllm:time_to_first_token_seconds", "Time to first token."),
+            itl=latency("vllm:inter_token_latency_seconds", "Time between output tokens."),
+            e2e=latency("vllm:e2e_request_latency_seconds", "Arrival to finish."),
+            queue=latency("vllm:request_queue_time_seconds", "Arrival to first scheduled."),
+            prompt_tokens=tokens("vllm:request_prompt_tokens", "Prompt tokens per request."),
+            generation_tokens=tokens(
+                "vllm:request_generation_tokens", "Generated tokens per request."
+            ),
+        )
+
+    def _create_children(self) -> None:
+        """Create the labelled series up front so a scrape shows them before any request."""
+        name = self.model_name
+        for metric in (self._running, self._waiting, self._kv_usage, *self._counters.values()):
+            metric.labels(name)
+        for histogram in vars(self._hist).values():
+            histogram.labels(name)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ----- called on the engine thread ----------------------------------------------------
+    def on_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
+        self.record_stats(stats)
+        for output in outputs:
+            self.record_output(output)
+
+    def record_stats(self, stats: EngineStats) -> None:
+        name = self.model_name
+        self._running.labels(name).set(stats.num_running)
+        self._waiting.labels(name).set(stats.num_waiting)
+        self._kv_usage.labels(name).set(stats.kv_cache_usage)
+        with self._lock:
+            for counter_name, field in ENGINE_COUNTERS.items():
+                value = getattr(stats, field)
+                delta, self._seen[field] = value - self._seen[field], value
+                if delta > 0:
+                    self._counters[counter_name].labels(name).inc(delta)
+
+    def record_output(self, output: RequestOutput) -> None:
+        last = output.metrics.last_token_time
+        previous = self._last_token_time.get(output.request_id)
+        if last is not None and previous is not None and last > previous:
+            self._hist.itl.labels(self.model_name).observe(last - previous)
+        if last is not None:
+            self._last_token_time[output.request_id] = last
+        if output.finished:
+            self._last_token_time.pop(output.request_id, None)
+            self.record_finished(output)
+
+    def record_finished(self, output: RequestOutput) -> None:
+        name, times, hist = self.model_name, output.metrics, self._hist
+        reason = output.outputs[0].finish_reason if output.outputs else "abort"
+        self._success.labels(name, reason or "abort").inc()
+        hist.prompt_tokens.labels(name).observe(len(output.prompt_token_ids))
+        generated = sum(len(completion.token_ids) for completion in output.outputs)
+        hist.generation_tokens.labels(name).observe(generated)
+        if times.first_token_time is not None:
+            hist.ttft.labels(name).observe(times.first_token_time - times.arrival_time)
+        if times.first_scheduled_time is not None:
+            hist.queue.labels(name).observe(times.first_scheduled_time - times.arrival_time)
+        finished = times.finished_time or times.last_token_time
+        if finished is not None:
+            hist.e2e.labels(name).observe(finished - times.arrival_time)

@@ -1,0 +1,217 @@
+"""The ``octavo serve`` options: vLLM's flag names, each also read from ``OCTAVO_<NAME>``.
+
+An environment variable becomes the option's default, so a flag on the command line
+wins over it. argparse converts (and checks) string defaults with the option's type,
+so a bad environment value is reported like a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from octavo.config import SUPPORTED_BLOCK_SIZES, SUPPORTED_DTYPES
+
+ENV_PREFIX = "OCTAVO_"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``4294967296``, ``4G``/``4GB`` (powers of 10) or ``4GiB`` (powers of 2)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4GiB, 512MiB)")
+    number, unit, binary = match.groups()
+    scale = 1024 ** ("kmgt".index(unit) + 1) if unit and binary else _SIZE_UNITS[unit]
+    value = int(float(number) * scale)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def one_of(choices: tuple[Any, ...], convert: Callable[[str], Any] = str) -> Callable[[str], Any]:
+    """A type that also checks membership (argparse skips ``choices`` for defaults)."""
+
+    def check(text: str) -> Any:
+        value = convert(text.lower() if convert is str else text)
+        if value not in choices:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not one of {', '.join(map(str, choices))}"
+            )
+        return value
+
+    check.__name__ = convert.__name__
+    return check
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in _TRUE | _FALSE:
+        raise ValueError(f"expected true/false, got {text!r}")
+    return lowered in _TRUE
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag of ``octavo serve``; ``kind`` is ``value``, ``bool`` or ``list``."""
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    kind: str = "value"
+    secret: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--host", "address to listen on", default="0.0.0.0"),
+    Option("--port", "TCP port to listen on", port_number, 8000),
+    Option(
+        "--served-model-name",
+        "name(s) clients use in the 'model' field; the first is reported in responses "
+        "(default: the model argument, or the embedded model's name)",
+        kind="list",
+    ),
+    Option("--max-model-len", "context length (default: from the model's config)", positive_int),
+    Option("--max-num-seqs", "most sequences running at once", positive_int, 256),
+    Option("--max-num-batched-tokens", "token budget of one step", positive_int, 2048),
+    Option(
+        "--block-size",
+        "KV cache block size in tokens",
+        one_of(SUPPORTED_BLOCK_SIZES, int),
+        16,
+        SUPPORTED_BLOCK_SIZES,
+    ),
+    Option(
+        "--kv-cache-memory",
+        "KV cache size on CPU, in bytes or with a unit (e.g. 4GiB; default 2GiB)",
+        parse_size,
+    ),
+    Option(
+        "--gpu-memory-utilization",
+        "fraction of GPU memory for weights and KV cache",
+        float,
+        0.9,
+    ),
+    Option(
+        "--enable-prefix-caching",
+        "reuse KV blocks of shared prompt prefixes",
+        parse_bool,
+        True,
+        kind="bool",
+    ),
+    Option(
+        "--dtype", "weight/activation dtype", one_of(SUPPORTED_DTYPES), "auto", SUPPORTED_DTYPES
+    ),
+    Option("--device", "auto, cpu, cuda or cuda:N", default="auto"),
+    Option("--seed", "engine random seed", int, 0),
+    Option("--tensor-parallel-size", "GPUs per model (only 1 is supported)", positive_int, 1),
+    Option("--api-key", "require 'Authorization: Bearer KEY' on /v1/*", secret=True),
+    Option(
+        "--max-queue-len",
+        "most waiting requests before answering 429 (default: unlimited)",
+        positive_int,
+    ),
+    Option(
+        "--shutdown-timeout",
+        "seconds to finish in-flight requests after SIGTERM",
+        non_negative_float,
+        30.0,
+    ),
+    Option("--log-level", "log level", one_of(LOG_LEVELS), "info", LOG_LEVELS),
+)
+MODEL_ENV = ENV_PREFIX + "MODEL"
+
+
+def add_options(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Add every option, its default taken from the environment when set there."""
+    for option in OPTIONS:
+        default = environ.get(option.env, option.default)
+        shown = "(set)" if option.secret and default else default
+        help_text = option.help if shown is None else f"{option.help} (default: {shown})"
+        help_text += f" [env {option.env}]"
+        if option.kind == "bool":
+            parser.add_argument(
+                option.flag,
+                action=argparse.BooleanOptionalAction,
+                default=_env_bool(default),
+                help=help_text,
+            )
+            continue
+        parser.add_argument(
+            option.flag,
+            type=option.type,
+            default=default,
+            choices=option.choices,
+            nargs="+" if option.kind == "list" else None,
+            help=help_text,
+            metavar=option.dest.upper() if option.choices is None else None,
+        )
+
+
+def _env_bool(value: Any) -> Any:
+    """Environment booleans are converted here; a bad one is reported by ``finish``."""
+    if isinstance(value, str):
+        try:
+            return parse_bool(value)
+        except ValueError:
+            return value
+    return value
+
+
+def finish(args: argparse.Namespace) -> None:
+    """Checks argparse cannot do for environment defaults; raises ``ValueError``."""
+    for option in OPTIONS:
+        value = getattr(args, option.dest)
+        if option.kind == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{option.env} must be true or false, got {value!r}")
+        if option.kind == "list" and isinstance(value, str):
+            setattr(args, option.dest, [n for n in re.split(r"[,\s]+", value) if n])
+
+
+def env_epilog() -> str:
+    """The --help epilog: how the environment maps onto flags."""
+    names = ", ".join(option.env for option in OPTIONS)
+    return (
+        f"Every option can also be set from the environment: {MODEL_ENV} for MODEL and "
+        f"OCTAVO_<FLAG> for --<flag> (upper case, '-' -> '_'): {names}. Booleans accept "
+        "1/0, true/false, yes/no, on/off; OCTAVO_SERVED_MODEL_NAME takes a comma-separated "
+        "list. A flag given on the command line wins over its environment variable. "
+        "OCTAVO_CACHE sets where the embedded model is cached. The API key guards /v1/* "
+        "only; /health, /metrics and /version stay open."
+    )

@@ -1,0 +1,235 @@
+"""Request bodies of the OpenAI-compatible API (pydantic models).
+
+Unknown fields are rejected (HTTP 400) rather than silently ignored; a few fields that
+OpenAI clients send but that do not change generation (``user``, ``metadata``, ...) are
+accepted. Features the engine does not have (tools, JSON mode, logit bias, ...) are
+refused with a message naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+MAX_TOP_LOGPROBS = 20
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(StrictModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    # Accepted for compatibility; they do not change what is generated.
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported by this server")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if any(stop == "" for stop in stops):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+PromptInput = str | list[str] | list[int] | list[list[int]]
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, int) and not isinstance(item, bool) for item in value
+    )
+
+
+def _check_prompt_shape(value: Any) -> PromptInput:
+    if isinstance(value, str) or _is_token_ids(value):
+        return value
+    if isinstance(value, list) and (
+        all(isinstance(item, str) for item in value) or all(_is_token_ids(i) for i in value)
+    ):
+        return value
+    raise ValueError(
+        "prompt must be a string, a list of strings, a list of token ids or a list of "
+        "token-id lists"
+    )
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Annotated[Any, AfterValidator(_check_prompt_shape)]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix is not supported by this server")
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (it must be omitted or equal n)")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported (no prompt logprobs)")
+        return self
+
+
+class TextPart(StrictModel):
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> TextPart:
+        if self.type != "text" or self.text is None:
+            raise ValueError(f"only text content parts are supported, got type {self.type!r}")
+        return self
+
+
+class ChatMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text or "" for part in self.content)
+        return self.content or ""
+
+
+class ResponseFormat(StrictModel):
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ResponseFormat:
+        if self.type != "text":
+            raise ValueError(f"response_format type {self.type!r} is not supported; only 'text' is")
+        return self
+
+
+_UNSUPPORTED_CHAT_FIELDS = ("tools", "functions", "function_call", "audio", "prediction")
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    add_generation_prompt: bool = True
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    modalities: list[str] | None = None
+
+    @field_validator(*_UNSUPPORTED_CHAT_FIELDS)
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none"):
+            raise ValueError("tool_choice is not supported by this server (no tools)")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, value: list[str] | None) -> list[str] | None:
+        if value not in (None, ["text"]):
+            raise ValueError("only the 'text' modality is supported")
+        return value
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` wins over the older ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class TokenizeRequest(StrictModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(StrictModel):
+    model: str | None = None
+    tokens: list[int]

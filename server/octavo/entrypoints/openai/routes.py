@@ -1,0 +1,39 @@
+"""The /v1 routes: completions, chat completions and the model list."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from octavo.entrypoints.openai.context import ServerContext, get_context
+from octavo.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from octavo.entrypoints.openai.responses import ModelCard, ModelList
+from octavo.entrypoints.openai.serving_chat import create_chat_completion
+from octavo.entrypoints.openai.serving_completion import create_completion
+
+router = APIRouter()
+Context = Annotated[ServerContext, Depends(get_context)]
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request, context: Context) -> Response:
+    return await create_completion(body, request, context)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, context: Context
+) -> Response:
+    return await create_chat_completion(body, request, context)
+
+
+@router.get("/v1/models")
+async def models(context: Context) -> ModelList:
+    info = context.engine.info
+    max_model_len = info.max_model_len if info is not None else None
+    cards = [
+        ModelCard(id=name, root=context.config.model_root, max_model_len=max_model_len)
+        for name in context.config.served_model_names
+    ]
+    return ModelList(data=cards)

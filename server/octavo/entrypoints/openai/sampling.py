@@ -1,0 +1,74 @@
+"""From an API request to the engine's ``SamplingParams``, with the length checks."""
+
+from __future__ import annotations
+
+from octavo.entrypoints.openai.errors import bad_request
+from octavo.entrypoints.openai.protocol import SamplingRequest
+from octavo.sampling_params import SamplingParams
+
+# Request fields copied to SamplingParams when the client set them (None = engine default).
+_OPTIONAL_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+)
+_PLAIN_FIELDS = (
+    "n",
+    "stop",
+    "stop_token_ids",
+    "min_tokens",
+    "ignore_eos",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+)
+
+
+def resolve_max_tokens(
+    requested: int | None,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    default: int | None,
+    prompt_param: str,
+) -> int:
+    """The number of tokens to generate; 400 if the prompt leaves too little room.
+
+    ``default=None`` means "as many as fit" (chat); completions default to 16 like
+    OpenAI, clamped to what fits when the client did not ask for a number.
+    """
+    room = max_model_len - num_prompt_tokens
+    if room <= 0:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt "
+            f"has {num_prompt_tokens} tokens, leaving no room to generate.",
+            param=prompt_param,
+        )
+    if requested is None:
+        return room if default is None else min(default, room)
+    if num_prompt_tokens + requested > max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the "
+            f"prompt, {requested} for the completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+        )
+    return requested
+
+
+def to_sampling_params(
+    request: SamplingRequest, max_tokens: int, logprobs: int | None
+) -> SamplingParams:
+    """Build the engine's parameters; the engine's own checks become HTTP 400s."""
+    values = {name: getattr(request, name) for name in _PLAIN_FIELDS}
+    for name in _OPTIONAL_FIELDS:
+        value = getattr(request, name)
+        if value is not None:
+            values[name] = value
+    try:
+        return SamplingParams(**values, max_tokens=max_tokens, logprobs=logprobs)
+    except ValueError as error:
+        raise bad_request(str(error)) from None

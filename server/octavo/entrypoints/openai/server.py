@@ -1,0 +1,54 @@
+"""Running the app on uvicorn: the port opens first, the engine loads behind it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import uvicorn
+from prometheus_client import disable_created_metrics
+
+from octavo.config import EngineArgs
+from octavo.entrypoints.openai.app import build_app, context_of
+from octavo.entrypoints.openai.context import ServerConfig
+from octavo.entrypoints.openai.shutdown import DrainingServer
+
+logger = logging.getLogger(__name__)
+
+LOAD_FAILURE_EXIT_CODE = 1
+GRACEFUL_CLOSE_SECONDS = 5  # uvicorn's wait for open connections once draining is done
+
+
+@dataclass
+class ListenArgs:
+    host: str
+    port: int
+    log_level: str = "info"
+
+
+def run_server(config: ServerConfig, engine_args: EngineArgs, listen: ListenArgs) -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit code."""
+    from octavo.engine.llm_engine import LLMEngine
+
+    disable_created_metrics()  # like vLLM: no *_created series in the scrape
+    holder: list[DrainingServer] = []
+    app = build_app(
+        config,
+        engine_factory=lambda: LLMEngine(engine_args),
+        on_load_failure=lambda: holder[0].fail(LOAD_FAILURE_EXIT_CODE),
+    )
+    uv_config = uvicorn.Config(
+        app,
+        host=listen.host,
+        port=listen.port,
+        log_level=listen.log_level.lower(),
+        timeout_graceful_shutdown=GRACEFUL_CLOSE_SECONDS,
+        lifespan="on",
+    )
+    server = DrainingServer(uv_config, context_of(app).engine, config.shutdown_timeout)
+    holder.append(server)
+    logger.info("serving %s on http://%s:%d", config.model_name, listen.host, listen.port)
+    server.run()
+    if server.exit_code:
+        logger.error("exiting: the engine failed to load")
+    return server.exit_code

@@ -1,0 +1,189 @@
+"""POST /v1/completions: one engine request per prompt, streamed or collected."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+
+from octavo.entrypoints.openai.async_engine import EngineDead
+from octavo.entrypoints.openai.context import ServerContext
+from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
+from octavo.entrypoints.openai.errors import error_body
+from octavo.entrypoints.openai.logprobs import (
+    TokenDecoder,
+    all_logprobs,
+    completion_logprobs,
+    new_logprobs,
+)
+from octavo.entrypoints.openai.prompts import Prompt, completion_prompts, prompt_text
+from octavo.entrypoints.openai.protocol import CompletionRequest
+from octavo.entrypoints.openai.responses import CompletionChoice, CompletionResponse, Usage
+from octavo.entrypoints.openai.sampling import resolve_max_tokens, to_sampling_params
+from octavo.entrypoints.openai.streaming import (
+    SSE_DONE,
+    close_streams,
+    merge_streams,
+    open_streams,
+    sse_event,
+    sse_response,
+)
+from octavo.outputs import CompletionOutput, RequestOutput
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
+
+
+@dataclass
+class _ChoiceState:
+    """What has been streamed so far for one choice."""
+
+    started: bool = False
+    finished: bool = False
+    num_tokens: int = 0
+    text_offset: int = 0
+
+
+@dataclass
+class CompletionJob:
+    body: CompletionRequest
+    response_id: str
+    model_name: str
+    prompts: list[Prompt]
+    decoder: TokenDecoder
+    tokenizer: object
+    choices: dict[int, _ChoiceState] = field(default_factory=dict)
+
+    def header(self, choices: list[CompletionChoice]) -> CompletionResponse:
+        return CompletionResponse(id=self.response_id, model=self.model_name, choices=choices)
+
+    def echo_text(self, prompt_index: int) -> str:
+        return prompt_text(self.prompts[prompt_index], self.tokenizer) if self.body.echo else ""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(prompt.token_ids) for prompt in self.prompts)
+
+
+async def create_completion(
+    body: CompletionRequest, raw_request: Request, context: ServerContext
+) -> Response:
+    context.check_model(body.model)
+    info = context.ready_info()
+    prompts = completion_prompts(body.prompt, info.tokenizer)
+    params = []
+    for prompt in prompts:
+        max_tokens = resolve_max_tokens(
+            body.max_tokens, len(prompt.token_ids), info.max_model_len, DEFAULT_MAX_TOKENS, "prompt"
+        )
+        params.append(to_sampling_params(body, max_tokens, body.logprobs))
+    job = CompletionJob(
+        body=body,
+        response_id=f"cmpl-{uuid.uuid4().hex}",
+        model_name=context.config.model_name,
+        prompts=prompts,
+        decoder=context.decoder(),
+        tokenizer=info.tokenizer,
+    )
+    streams = await open_streams(
+        context.engine, job.response_id, [p.token_ids for p in prompts], params
+    )
+    if body.stream:
+        return sse_response(_stream(job, streams))
+    try:
+        finals = await cancel_on_disconnect(
+            raw_request, asyncio.gather(*(stream.final() for stream in streams))
+        )
+    finally:
+        close_streams(streams)
+    return JSONResponse(_full_response(job, finals).model_dump())
+
+
+# ----- non-streaming -------------------------------------------------------------------
+def _full_response(job: CompletionJob, finals: list[RequestOutput]) -> CompletionResponse:
+    choices = [
+        _full_choice(job, prompt_index, output)
+        for prompt_index, final in enumerate(finals)
+        for output in final.outputs
+    ]
+    generated = sum(len(output.token_ids) for final in finals for output in final.outputs)
+    response = job.header(sorted(choices, key=lambda choice: choice.index))
+    response.usage = Usage.of(job.num_prompt_tokens, generated)
+    return response
+
+
+def _full_choice(
+    job: CompletionJob, prompt_index: int, output: CompletionOutput
+) -> CompletionChoice:
+    echo = job.echo_text(prompt_index)
+    logprobs = None
+    if job.body.logprobs is not None:
+        logprobs, _ = completion_logprobs(
+            all_logprobs(output), job.decoder, job.body.logprobs, len(echo)
+        )
+    return CompletionChoice(
+        index=prompt_index * job.body.n + output.index,
+        text=echo + output.text,
+        logprobs=logprobs,
+        finish_reason=output.finish_reason,
+        stop_reason=output.stop_reason,
+    )
+
+
+# ----- streaming -----------------------------------------------------------------------
+async def _stream(job: CompletionJob, streams: list) -> AsyncIterator[str]:
+    exclude = None if job.body.include_usage else {"usage"}
+    try:
+        async for prompt_index, output in merge_streams(streams):
+            for completion in output.outputs:
+                choice = _delta_choice(job, prompt_index, completion)
+                if choice is not None:
+                    yield sse_event(job.header([choice]), exclude=exclude)
+        if job.body.include_usage:
+            yield sse_event(_usage_chunk(job))
+        yield SSE_DONE
+    except EngineDead as error:
+        yield sse_event(error_body(str(error), "internal_error", code="engine_dead"))
+        yield SSE_DONE
+    finally:
+        close_streams(streams)
+
+
+def _delta_choice(
+    job: CompletionJob, prompt_index: int, output: CompletionOutput
+) -> CompletionChoice | None:
+    index = prompt_index * job.body.n + output.index
+    state = job.choices.setdefault(index, _ChoiceState())
+    if state.finished:
+        return None
+    text = output.delta_text
+    if not state.started:
+        state.started = True
+        echo = job.echo_text(prompt_index)
+        text, state.text_offset = echo + text, len(echo)
+    state.num_tokens = len(output.token_ids)
+    state.finished = output.finished
+    if not (text or output.finished or (job.body.logprobs is not None and output.delta_token_ids)):
+        return None
+    logprobs = None
+    if job.body.logprobs is not None:
+        logprobs, state.text_offset = completion_logprobs(
+            new_logprobs(output), job.decoder, job.body.logprobs, state.text_offset
+        )
+    return CompletionChoice(
+        index=index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=output.finish_reason,
+        stop_reason=output.stop_reason,
+    )
+
+
+def _usage_chunk(job: CompletionJob) -> CompletionResponse:
+    response = job.header([])
+    generated = sum(state.num_tokens for state in job.choices.values())
+    response.usage = Usage.of(job.num_prompt_tokens, generated)
+    return response

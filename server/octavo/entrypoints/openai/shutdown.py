@@ -1,0 +1,81 @@
+"""Graceful shutdown: on SIGTERM stop admitting, finish in-flight requests, then exit.
+
+uvicorn's own handler closes the listening socket at once; we keep the port open so
+/health can answer 503 while requests drain, and only then let uvicorn shut down.
+A second signal exits immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from octavo.entrypoints.openai.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.05
+ABORT_GRACE_SECONDS = 5.0  # after aborting leftovers, time for their responses to end
+
+
+async def drain(engine: AsyncEngine, timeout: float) -> None:
+    """Refuse new requests, wait up to ``timeout`` s for open ones, abort the rest."""
+    engine.draining = True
+    logger.info("draining: %d requests in flight, waiting up to %.1fs", engine.num_open, timeout)
+    if not await _wait_until_idle(engine, timeout):
+        logger.warning("shutdown timeout: aborting %d requests", engine.num_open)
+        engine.abort_all()
+        await _wait_until_idle(engine, ABORT_GRACE_SECONDS)
+
+
+async def _wait_until_idle(engine: AsyncEngine, timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while engine.num_open and loop.time() < deadline:
+        await asyncio.sleep(POLL_SECONDS)
+    return engine.num_open == 0
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first SIGTERM/SIGINT drains instead of closing the port."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, timeout: float) -> None:
+        super().__init__(config)
+        self._engine, self._timeout = engine, timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._signalled = False
+        self.exit_code = 0
+
+    async def serve(self, sockets: list | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in uvicorn's captured signals: it would re-raise them on exit.
+        if self._loop is None or self._signalled or self.should_exit:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+            return
+        self._signalled = True
+        logger.info("received %s: draining", signal.Signals(sig).name)
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await drain(self._engine, self._timeout)
+        finally:
+            self.should_exit = True
+
+    def fail(self, exit_code: int) -> None:
+        """Stop serving with ``exit_code`` (used when the model fails to load)."""
+        self.exit_code = exit_code
+        self.should_exit = True

@@ -1,0 +1,94 @@
+"""Server-sent events and merging the output streams of several engine requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from octavo.entrypoints.openai.async_engine import AsyncEngine, RequestStream
+from octavo.entrypoints.openai.errors import bad_request
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import SamplingParams
+
+SSE_DONE = "data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_END = object()
+
+
+def sse_event(payload: BaseModel | dict[str, Any], exclude: set[str] | None = None) -> str:
+    """One ``data:`` event carrying a JSON body."""
+    if isinstance(payload, BaseModel):
+        body = payload.model_dump_json(exclude=exclude)
+    else:
+        body = json.dumps(payload)
+    return f"data: {body}\n\n"
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Yield ``(stream index, output)`` from several requests as their outputs arrive."""
+    if len(streams) == 1:
+        async for output in streams[0].outputs():
+            yield 0, output
+        return
+    inbox: asyncio.Queue[Any] = asyncio.Queue()
+    tasks = [asyncio.create_task(_pump(i, s, inbox)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await inbox.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _pump(index: int, stream: RequestStream, inbox: asyncio.Queue[Any]) -> None:
+    try:
+        async for output in stream.outputs():
+            inbox.put_nowait((index, output))
+    except Exception as error:
+        inbox.put_nowait((index, error))
+    inbox.put_nowait((index, _END))
+
+
+async def open_streams(
+    engine: AsyncEngine,
+    base_id: str,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+) -> list[RequestStream]:
+    """Add one engine request per prompt; if any is refused, abort those already added."""
+    streams: list[RequestStream] = []
+    try:
+        for index, (token_ids, sampling) in enumerate(zip(prompts, params, strict=True)):
+            request_id = base_id if len(prompts) == 1 else f"{base_id}-{index}"
+            streams.append(await engine.add(request_id, token_ids, sampling))
+    except ValueError as error:  # the engine refused the prompt
+        close_streams(streams)
+        raise bad_request(str(error), param="prompt") from None
+    except BaseException:
+        close_streams(streams)
+        raise
+    return streams
+
+
+def close_streams(streams: list[RequestStream]) -> None:
+    for stream in streams:
+        stream.close()

@@ -1,0 +1,94 @@
+"""`octavo serve` options: flags, OCTAVO_* environment variables, help, early refusals."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from octavo.cli import build_parser, main
+from octavo.entrypoints.openai import options
+
+FLAGS = (
+    "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
+    "--max-num-batched-tokens", "--block-size", "--kv-cache-memory",
+    "--gpu-memory-utilization", "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--dtype", "--tensor-parallel-size", "--api-key", "--max-queue-len",
+    "--shutdown-timeout", "--log-level",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for option in options.OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv(options.MODEL_ENV, raising=False)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    args = build_parser().parse_args(["serve", *argv])
+    options.finish(args)
+    return args
+
+
+def test_help_lists_every_flag_and_the_environment(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in FLAGS:
+        assert flag in text, flag
+    assert "OCTAVO_MAX_MODEL_LEN" in text and "OCTAVO_API_KEY" in text
+
+
+def test_defaults():
+    args = parse()
+    assert args.model is None and args.port == 8000 and args.enable_prefix_caching is True
+    assert args.max_queue_len is None and args.api_key is None and args.log_level == "info"
+
+
+def test_environment_sets_defaults_and_flags_win(monkeypatch):
+    monkeypatch.setenv("OCTAVO_MAX_MODEL_LEN", "123")
+    monkeypatch.setenv("OCTAVO_ENABLE_PREFIX_CACHING", "false")
+    monkeypatch.setenv("OCTAVO_SERVED_MODEL_NAME", "a, b")
+    monkeypatch.setenv("OCTAVO_API_KEY", "k")
+    monkeypatch.setenv("OCTAVO_KV_CACHE_MEMORY", "1GiB")
+    monkeypatch.setenv("OCTAVO_MODEL", "/models/x")
+    args = parse()
+    assert args.max_model_len == 123 and args.enable_prefix_caching is False
+    assert args.served_model_name == ["a", "b"] and args.api_key == "k"
+    assert args.kv_cache_memory == 2**30 and args.model == "/models/x"
+    args = parse("/models/y", "--max-model-len", "7", "--enable-prefix-caching")
+    assert args.max_model_len == 7 and args.enable_prefix_caching is True
+    assert args.model == "/models/y"
+
+
+def test_bad_environment_values_are_refused(monkeypatch, capsys):
+    monkeypatch.setenv("OCTAVO_PORT", "eighty")
+    with pytest.raises(SystemExit):
+        parse()
+    assert "--port" in capsys.readouterr().err
+    monkeypatch.delenv("OCTAVO_PORT")
+    monkeypatch.setenv("OCTAVO_ENABLE_PREFIX_CACHING", "maybe")
+    with pytest.raises(ValueError, match="OCTAVO_ENABLE_PREFIX_CACHING"):
+        parse()
+
+
+def test_sizes():
+    assert options.parse_size("4096") == 4096
+    assert options.parse_size("4GiB") == 4 * 2**30
+    assert options.parse_size("512MiB") == 512 * 2**20
+    assert options.parse_size("2G") == 2 * 10**9
+    with pytest.raises(argparse.ArgumentTypeError):
+        options.parse_size("lots")
+
+
+def test_tensor_parallel_above_one_is_refused(tiny_folder, capsys):
+    code = main(["serve", str(tiny_folder("llama3")), "--tensor-parallel-size", "2"])
+    assert code == 2
+    assert "tensor_parallel_size" in capsys.readouterr().err
+
+
+def test_missing_model_folder_is_refused_before_serving(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "nope")]) == 2
+    assert "config.json" in capsys.readouterr().err
