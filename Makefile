@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.octavo-installed
 
-.PHONY: venv serve test lint bench clean
+.PHONY: venv serve test lint bench clean test-tools
 
 venv: $(STAMP)
 
@@ -23,8 +23,14 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: venv lint
-	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(BIN)/python -m pytest -q
+# System tools the tests use (a real Prometheus from Debian's package); idempotent.
+test-tools:
+	./scripts/install-test-tools.sh
+
+# One torch thread per test process: the server tests run several torch processes at
+# once on CI's 2 cores, and oversubscribed OpenMP threads spin each other out.
+test: venv lint test-tools
+	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 bench: venv
 	$(BIN)/octavo bench offline

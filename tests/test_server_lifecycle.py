@@ -14,7 +14,7 @@ import pytest
 from octavo.entrypoints.openai.app import context_of
 from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.shutdown import drain
-from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app
+from octavo.entrypoints.openai.testing import EngineControl, ThreadedServer, build_local_app
 
 ENGINE = {"max_model_len": 256, "kv_cache_memory": 4 << 20}
 LONG = {"ignore_eos": True, "temperature": 0}
@@ -78,18 +78,23 @@ def test_api_key_guards_v1_only(model):
 # ----- queue limit, disconnects --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def single_seq(model):
-    """One running sequence at most, one waiting request at most."""
-    holder = {}
+    """One running sequence at most, one waiting request at most.
+
+    Every step is paced (20 ms) so a long request is still running when a test looks:
+    unpaced, the tiny model can finish 200 tokens before the next request arrives.
+    """
+    control = EngineControl(pace_seconds=0.02)
+    control.paced.set()
     app = build_local_app(
         model,
         config(max_queue_len=1),
-        on_engine=lambda engine: holder.setdefault("engine", engine),
+        on_engine=control.attach,
         max_num_seqs=1,
         **ENGINE,
     )
     with ThreadedServer(app) as server:
         server.wait_ready()
-        yield server, holder["engine"]
+        yield server, control.engine
 
 
 def open_stream(client: httpx.Client, max_tokens: int = 200) -> httpx.Response:

@@ -1,10 +1,10 @@
-"""`octavo serve` as a real process: SIGTERM drains in-flight requests, then exits 0."""
+"""`octavo serve` as a real process: SIGTERM drains in-flight streams, then exits 0."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,15 +13,14 @@ import time
 import httpx
 import pytest
 
+from octavo.entrypoints.openai.testing import free_port
+
 STARTUP_SECONDS = 120
 # Generous: the CPU may be shared, and the in-flight request must finish, not be aborted.
 SHUTDOWN_TIMEOUT = 60
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+NUM_STREAMS = 5
+MAX_MODEL_LEN = 1024
+STREAM_SECONDS = 2.0  # how long each stream should run: still running when SIGTERM arrives
 
 
 def wait_healthy(process: subprocess.Popen, url: str) -> None:
@@ -43,9 +42,13 @@ def serve_process(tiny_folder):
     command = [
         sys.executable, "-m", "octavo.cli", "serve", str(tiny_folder("llama3")),
         "--host", "127.0.0.1", "--port", str(port), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
-        "--max-model-len", "256", "--kv-cache-memory", "4MiB", "--log-level", "warning",
+        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "8MiB",
+        "--log-level", "warning",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # One intra-op thread: the tiny model gains nothing from more, and spinning OpenMP
+    # threads on a shared, busy CPU make every step many times slower.
+    env = {"OMP_NUM_THREADS": "1", **os.environ}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         yield process, f"http://127.0.0.1:{port}"
     finally:
@@ -54,31 +57,84 @@ def serve_process(tiny_folder):
         process.wait(timeout=10)
 
 
-def read_stream(url: str, started: threading.Event, lines: list[str]) -> None:
-    body = {"prompt": "Drain", "max_tokens": 120, "stream": True, "ignore_eos": True}
+def tokens_for(url: str, seconds: float) -> int:
+    """How many tokens one request generates in about ``seconds`` on this machine now."""
+    body = {"prompt": "Warm up", "max_tokens": 16, "ignore_eos": True}
+    for _ in range(2):  # the first request also pays one-time costs
+        start = time.monotonic()
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        elapsed = time.monotonic() - start
+        assert response.status_code == 200, response.text
+    return int(min(max(16 / elapsed * seconds, 32), MAX_MODEL_LEN - 64))
+
+
+def read_stream(url: str, body: dict, started: threading.Event, lines: list[str]) -> None:
+    """Stream one completion into ``lines``; set ``started`` at the first event."""
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=90) as response:
+        assert response.status_code == 200
         for line in response.iter_lines():
             if line:
                 lines.append(line)
                 started.set()
 
 
-def test_sigterm_drains_then_exits_zero(serve_process):
-    process, url = serve_process
-    wait_healthy(process, url)
-    started, lines = threading.Event(), []
-    reader = threading.Thread(target=read_stream, args=(url, started, lines), daemon=True)
-    reader.start()
-    assert started.wait(30), "the streaming request did not start"
-    process.send_signal(signal.SIGTERM)
+def start_streams(
+    url: str, count: int, max_tokens: int
+) -> list[tuple[threading.Thread, list[str]]]:
+    """``count`` streaming requests in threads, returned once each has received a token."""
+    body = {
+        "prompt": "Drain",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    readers = []
+    for _ in range(count):
+        started, lines = threading.Event(), []
+        args = (url, body, started, lines)
+        thread = threading.Thread(target=read_stream, args=args, daemon=True)
+        thread.start()
+        readers.append((thread, started, lines))
+    for _, started, _ in readers:
+        assert started.wait(30), "a streaming request did not start"
+    return [(thread, lines) for thread, _, lines in readers]
+
+
+def wait_health_503(url: str) -> None:
     deadline = time.monotonic() + 5
     while httpx.get(f"{url}/health", timeout=5).status_code != 503:
         assert time.monotonic() < deadline, "/health did not turn 503"
+        time.sleep(0.02)
+    assert httpx.get(f"{url}/health", timeout=5).json()["error"]["code"] == "draining"
+
+
+def assert_completed(lines: list[str], max_tokens: int) -> None:
+    """The stream ended normally: every token, finish reason "length", usage, [DONE]."""
+    assert lines and lines[-1] == "data: [DONE]", lines[-3:]
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert all("error" not in chunk for chunk in chunks)
+    reasons = [c["finish_reason"] for chunk in chunks for c in chunk["choices"]]
+    assert [reason for reason in reasons if reason] == ["length"]  # finished, not aborted
+    assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
+
+
+def test_sigterm_drains_five_streams_then_exits_zero(serve_process):
+    process, url = serve_process
+    wait_healthy(process, url)
+    max_tokens = tokens_for(url, STREAM_SECONDS)
+    readers = start_streams(url, NUM_STREAMS, max_tokens)
+    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    wait_health_503(url)
     refused = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, timeout=5)
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "draining"
-    reader.join(SHUTDOWN_TIMEOUT)
-    assert lines[-1] == "data: [DONE]"
-    final = json.loads(lines[-2].removeprefix("data: "))
-    assert final["choices"][0]["finish_reason"] == "length"  # finished, not aborted
-    assert process.wait(timeout=SHUTDOWN_TIMEOUT) == 0, process.stdout.read().decode()
+    for thread, _ in readers:
+        thread.join(SHUTDOWN_TIMEOUT)
+        assert not thread.is_alive(), "a stream did not finish"
+    for _, lines in readers:
+        assert_completed(lines, max_tokens)
+    remaining = SHUTDOWN_TIMEOUT - (time.monotonic() - signalled)
+    assert process.wait(timeout=max(remaining, 1)) == 0, process.stdout.read().decode()
+    assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT

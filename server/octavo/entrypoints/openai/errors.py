@@ -58,7 +58,20 @@ class APIError(Exception):
 def error_body(
     message: str, type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The body; text from the request (say a model name) is made safe to encode."""
+    return {
+        "error": {
+            "message": _encodable(message),
+            "type": type,
+            "param": None if param is None else _encodable(param),
+            "code": code,
+        }
+    }
+
+
+def _encodable(text: str) -> str:
+    """``text`` with anything UTF-8 cannot carry (lone surrogates) shown as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

@@ -8,6 +8,7 @@ refused with a message naming the field.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,14 +25,58 @@ MAX_TOP_LOGPROBS = 20
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# JSON may carry "\ud800" escapes that decode to lone UTF-16 surrogates: Python strings,
+# but not Unicode text (the tokenizer and the UTF-8 encoder both choke on them).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """Where the first string (or key) holding a lone surrogate sits in decoded JSON."""
+    if isinstance(value, str):
+        return "body" if _LONE_SURROGATE.search(value) else None
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:  # iterative: the JSON may be nested as deep as the parser allows
+        path, item = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.items()
+        elif isinstance(item, list):
+            children = enumerate(item)
+        else:
+            continue
+        for key, child in children:
+            if isinstance(key, str) and _LONE_SURROGATE.search(key):
+                return f"{path or 'body'} (a field name)"
+            if isinstance(child, str) and _LONE_SURROGATE.search(child):
+                return _join(path, key)
+            if isinstance(child, dict | list):
+                pending.append((_join(path, key), child))
+    return None
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+class RequestBody(StrictModel):
+    """A whole request body: refuses text that is not valid Unicode, wherever it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate_path(data)
+        if where is not None:
+            raise ValueError(f"{where}: strings must be valid Unicode (lone surrogate escape)")
+        return data
 
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class SamplingRequest(StrictModel):
+class SamplingRequest(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
@@ -216,7 +261,7 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_completion_tokens or self.max_tokens
 
 
-class TokenizeRequest(StrictModel):
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -230,6 +275,6 @@ class TokenizeRequest(StrictModel):
         return self
 
 
-class DetokenizeRequest(StrictModel):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -95,3 +96,87 @@ class ThreadedServer:
             if time.monotonic() > deadline:
                 raise TimeoutError(message)
             time.sleep(0.02)
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run torch with ``count`` intra-op threads, then restore the previous number.
+
+    Tests wrap tiny-model servers in ``torch_threads(1)``: such models gain nothing from
+    more threads, and on a busy shared CPU, spinning OpenMP threads make each step many
+    times slower.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free right now (for servers started as subprocesses)."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+class EngineControl:
+    """Test hooks for ``build_local_app(..., on_engine=control.attach)``.
+
+    ``loaded`` gates the end of loading (cleared: /health stays 503 "loading"); while
+    ``paced`` is set every engine step first sleeps ``pace_seconds``, so a request stays
+    running long enough to observe (the tiny test models otherwise finish in a blink).
+    """
+
+    def __init__(self, loaded: bool = True, pace_seconds: float = 0.05) -> None:
+        self.loaded = threading.Event()
+        self.paced = threading.Event()
+        self.pace_seconds = pace_seconds
+        self.engine: Any = None
+        if loaded:
+            self.loaded.set()
+
+    def attach(self, engine: Any) -> None:
+        """Runs on the engine thread once the engine is built."""
+        self.engine = engine
+        step = engine.step
+
+        def paced_step() -> Any:
+            if self.paced.is_set():
+                time.sleep(self.pace_seconds)
+            return step()
+
+        engine.step = paced_step
+        if not self.loaded.wait(timeout=120):
+            raise TimeoutError("EngineControl: loading was never released")
+
+    def is_idle(self) -> bool:
+        """No request left in the engine and every KV block back in the pool.
+
+        Read from another thread: good enough for polling in tests.
+        """
+        pool = self.engine.parts.pool
+        return not self.engine.requests and pool.num_free_blocks == pool.num_usable_blocks
+
+
+def metric_samples(text: str, name: str, **labels: str) -> list[float]:
+    """The values of the samples called ``name`` whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of the matching samples of a Prometheus text scrape (``KeyError`` if none)."""
+    values = metric_samples(text, name, **labels)
+    if not values:
+        raise KeyError(f"no sample {name} {labels or ''} in the scrape")
+    return sum(values)
