@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.octavo-installed
 
-.PHONY: venv serve test lint bench clean test-tools
+.PHONY: venv serve test lint bench clean test-tools cluster cluster-down
 
 venv: $(STAMP)
 
@@ -23,6 +23,16 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+E2E_CLUSTER := $(BIN)/python -m e2e.cluster
+
+# The test control plane on 127.0.0.1 (built from Go modules, cached in
+# ~/.cache/octavo-e2e). Prints export lines on stdout: eval "$$(make -s cluster)"
+cluster: venv
+	$(E2E_CLUSTER) up
+
+cluster-down: venv
+	$(E2E_CLUSTER) down
+
 # System tools the tests use (a real Prometheus from Debian's package); idempotent.
 test-tools:
 	./scripts/install-test-tools.sh
@@ -31,6 +41,8 @@ test-tools:
 # once on CI's 2 cores, and oversubscribed OpenMP threads spin each other out.
 test: venv lint test-tools
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+	$(E2E_CLUSTER) build
+	$(BIN)/python -m pytest -q e2e
 
 bench: venv
 	$(BIN)/octavo bench offline

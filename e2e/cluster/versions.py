@@ -1,0 +1,46 @@
+"""Every version the test control plane is built from, pinned in this one place.
+
+Changing a Go-built version here needs `python -m e2e.cluster gomod` afterwards: it regenerates
+the wrapper modules' go.mod/go.sum (e2e/cluster/go.mod and e2e/cluster/etcd/go.mod) from the
+pinned releases, and `build` refuses to run while they disagree with this file.
+"""
+
+from __future__ import annotations
+
+# Kubernetes release for kube-apiserver, kube-controller-manager, kube-scheduler and kubectl.
+# Its staging modules (k8s.io/api, k8s.io/apiserver, ...) are published as v0.<minor>.<patch>.
+# v1.36.5 is on the module proxy but the checksum database does not answer for it (404), so
+# v1.36.4 is the newest 1.36 release that verifies. 1.36 is built with Go 1.26.
+KUBERNETES = "v1.36.4"
+
+# etcd server (go.etcd.io/etcd/server/v3); Kubernetes 1.36 uses the 3.6 client.
+ETCD = "v3.6.16"
+
+# kwok controller (sigs.k8s.io/kwok/cmd/kwok); v0.8.0 declares go 1.26.0 and k8s.io/* v0.36.1.
+KWOK = "v0.8.0"
+
+# Helm 3 (helm.sh/helm/v3/cmd/helm); 3.21 is built against client-go v0.36 like the cluster.
+HELM = "v3.21.4"
+
+# Oldest Go toolchain that builds all of the above (they declare `go 1.26.0`). Toolchain
+# downloads are disabled (GOTOOLCHAIN=local): the installed `go` must be this new.
+GO_MIN = (1, 26)
+
+
+def staging_version(kubernetes: str = KUBERNETES) -> str:
+    """The version of the k8s.io/* staging modules that belong to a Kubernetes release."""
+    major, minor, patch = kubernetes.lstrip("v").split(".")
+    if major != "1":
+        raise ValueError(f"unexpected Kubernetes version {kubernetes}")
+    return f"v0.{minor}.{patch}"
+
+
+def summary() -> dict[str, str]:
+    return {
+        "kubernetes": KUBERNETES,
+        "kubernetes staging modules": staging_version(),
+        "etcd": ETCD,
+        "kwok": KWOK,
+        "helm": HELM,
+        "go (minimum)": ".".join(map(str, GO_MIN)),
+    }
