@@ -77,9 +77,15 @@ def test_pod_asking_for_16_gpus_stays_pending(namespace: str, core: client.CoreV
     assert any("Insufficient nvidia.com/gpu" in (e.message or "") for e in events), [
         e.message for e in events
     ]
+
+    def scheduled_condition() -> list[client.V1PodCondition]:
+        # The scheduler records the event and the pod condition separately: wait for both.
+        p = core.read_namespaced_pod("too-big", namespace)
+        return [c for c in p.status.conditions or [] if c.type == "PodScheduled"]
+
+    scheduled = wait_for(scheduled_condition, timeout=30, what="the PodScheduled condition")
+    assert scheduled[0].status == "False"
+    assert scheduled[0].reason == "Unschedulable"
     p = core.read_namespaced_pod("too-big", namespace)
     assert p.status.phase == "Pending"
     assert not p.spec.node_name
-    scheduled = [c for c in p.status.conditions or [] if c.type == "PodScheduled"]
-    assert scheduled and scheduled[0].status == "False"
-    assert scheduled[0].reason == "Unschedulable"
