@@ -8,6 +8,7 @@ import argparse
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
-    from octavo.benchmarks import offline
+    from octavo.benchmarks import offline, serve
 
     offline.register(kinds)
+    serve.register(kinds)

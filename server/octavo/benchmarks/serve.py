@@ -1,0 +1,393 @@
+"""octavo bench serve: online serving benchmark against any OpenAI-compatible server.
+
+Streams seeded synthetic requests to BASE_URL (Octavo, vLLM, llama.cpp server, ...) at
+each concurrency level of a sweep and reports what `vllm bench serve` reports per level:
+successful/failed requests, duration, request and token throughputs, and TTFT, TPOT,
+ITL and end-to-end latency (mean, median, p99). `--launch` starts `octavo serve` itself;
+`--baseline hf` also measures a naive HF transformers server (one request at a time) with
+the same client and prompts, and prints Octavo's output tok/s over the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import shlex
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from octavo.benchmarks.serve_client import ClientOptions, Target, fetch_model_id, run_level
+from octavo.benchmarks.serve_launch import (
+    LaunchError,
+    child_server,
+    free_port,
+    hf_server_command,
+    octavo_serve_command,
+)
+from octavo.benchmarks.serve_metrics import level_metrics
+from octavo.benchmarks.serve_report import (
+    BASELINE,
+    TARGET,
+    LevelResult,
+    ServeReport,
+    ServerRun,
+    print_report,
+    write_json,
+    write_png,
+)
+from octavo.benchmarks.serve_workload import (
+    LengthRange,
+    PromptSpec,
+    arrival_times,
+    build_prompts,
+    level_seed,
+    parse_length,
+)
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+DEFAULT_SWEEP = "1,5,10,20"
+MIN_PROMPTS = 4
+WARMUP = PromptSpec("Say hello.", 3, 4)
+
+EPILOG = """\
+Prompts are random sequences of common English words (about one token each), seeded per
+concurrency level, so every server sees the same requests whatever its tokenizer; prompt
+and output token counts come from the server's usage (stream_options.include_usage).
+Each request asks for max_tokens with temperature 0 and, unless --no-ignore-eos,
+ignore_eos so it runs to its full length. An untimed warm-up request precedes each sweep.
+With --baseline, both servers stay up (the idle one waits) and the levels alternate:
+target at 1 user, baseline at 1 user, target at 5, ... so that drifts in machine load
+hit both alike; --baseline-num-prompts N sends the serial baseline only N per level.
+
+TTFT: send to first chunk with text. TPOT: (latency - TTFT) / (output tokens - 1), over
+requests with more than one token. ITL: gaps between text chunks, pooled over requests.
+E2EL: send to end of stream. Throughputs: totals of successful requests / level wall time.
+
+Results go to OUTPUT_DIR/serve.json (settings, per-level figures, every request's TTFT,
+ITLs, lengths and errors) and OUTPUT_DIR/serve.png; launched servers log to
+OUTPUT_DIR/serve-<name>.log. Example, one command for Octavo against the naive baseline:
+  octavo bench serve --launch --baseline hf --output-len 64
+"""
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: ``1,5,10,20`` (positive, de-duplicated, in the given order)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,5,10, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def request_rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 or inf, got {text!r}")
+    return value
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--base-url", default=None, help=f"server to measure (default: {DEFAULT_BASE_URL})"
+    )
+    where.add_argument(
+        "--launch",
+        action="store_true",
+        help="start `octavo serve` on a free loopback port, measure it, stop it (SIGTERM)",
+    )
+    parser.add_argument("--model-path", default=None, help="--launch: model folder to serve")
+    parser.add_argument("--dtype", default=None, help="--launch: passed to `octavo serve --dtype`")
+    parser.add_argument(
+        "--serve-args", default="", help="--launch: more `octavo serve` flags, one quoted string"
+    )
+    parser.add_argument(
+        "--startup-timeout", type=float, default=600.0, help="seconds to wait for launched servers"
+    )
+    parser.add_argument("--model", default=None, help="model name (default: first /v1/models id)")
+    parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    parser.add_argument("--label", default=TARGET, help="name of the measured server in reports")
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    levels = parser.add_mutually_exclusive_group()
+    levels.add_argument(
+        "--concurrency-sweep",
+        type=int_list,
+        default=int_list(DEFAULT_SWEEP),
+        help=f"concurrency levels, each with its own requests (default: {DEFAULT_SWEEP})",
+    )
+    levels.add_argument(
+        "--max-concurrency", type=positive_int, default=None, help="a single level of N users"
+    )
+    parser.add_argument(
+        "--num-prompts",
+        type=positive_int,
+        default=None,
+        help=f"requests per level (default: 2 x concurrency, at least {MIN_PROMPTS})",
+    )
+    parser.add_argument(
+        "--request-rate",
+        type=request_rate,
+        default=math.inf,
+        help="Poisson arrivals per second, seeded (default: inf = all at once)",
+    )
+    parser.add_argument(
+        "--input-len", type=parse_length, default=parse_length("128"), help="words, N or LO:HI"
+    )
+    parser.add_argument(
+        "--output-len", type=parse_length, default=parse_length("128"), help="tokens, N or LO:HI"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="prompts and arrivals seed")
+    parser.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send ignore_eos so every request yields max_tokens tokens (default: on)",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
+
+
+def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--baseline",
+        choices=("hf",),
+        default=None,
+        help="also measure a naive HF transformers server (one request at a time)",
+    )
+    parser.add_argument(
+        "--baseline-model",
+        default=None,
+        help="baseline model folder (default: --model-path, else the embedded SmolLM2)",
+    )
+    parser.add_argument(
+        "--baseline-dtype", choices=("float32", "bfloat16"), default="float32", help="HF dtype"
+    )
+    parser.add_argument(
+        "--baseline-num-prompts",
+        type=positive_int,
+        default=None,
+        help="the baseline sends only the first N prompts of each level (it is serial)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("bench-results"),
+        help="where serve.json and serve.png go (default: %(default)s)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    add_load_arguments(parser)
+    add_baseline_arguments(parser)
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "serve",
+        help="online serving benchmark against an OpenAI-compatible server",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="octavo bench serve",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from command-line arguments (what the tests call)."""
+    return run(build_parser().parse_args(argv))
+
+
+def concurrency_levels(args: argparse.Namespace) -> list[int]:
+    return [args.max_concurrency] if args.max_concurrency else list(args.concurrency_sweep)
+
+
+def prompts_for(args: argparse.Namespace, concurrency: int) -> list[PromptSpec]:
+    count = args.num_prompts or max(MIN_PROMPTS, 2 * concurrency)
+    seed = level_seed(args.seed, concurrency)
+    return build_prompts(count, args.input_len, args.output_len, seed)
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Every option, JSON-friendly, plus the levels actually run."""
+    values = {}
+    for key, value in sorted(vars(args).items()):
+        if key == "func":
+            continue
+        if isinstance(value, Path | LengthRange):
+            value = str(value)
+        values[key] = value
+    values["concurrency_levels"] = concurrency_levels(args)
+    values["api_key"] = "(set)" if args.api_key else None
+    return values
+
+
+def client_options(args: argparse.Namespace) -> ClientOptions:
+    return ClientOptions(
+        ignore_eos=args.ignore_eos, timeout_s=args.timeout, show_progress=not args.disable_tqdm
+    )
+
+
+@dataclass
+class Contender:
+    """A server being measured: where to send requests and where its results go."""
+
+    target: Target
+    run: ServerRun
+    limit: int | None = None  # at most this many prompts per level
+
+
+async def warm_up(contender: Contender, options: ClientOptions) -> None:
+    """One untimed request; a failure is noted (and the sweep still runs)."""
+    quiet = replace(options, show_progress=False)
+    records, _ = await run_level(contender.target, [WARMUP], 1, [0.0], quiet)
+    if records[0].error:
+        contender.run.notes.append(f"warm-up request failed: {records[0].error}")
+        print(f"{contender.run.label}: warm-up request failed: {records[0].error}", flush=True)
+
+
+async def measure_level(args: argparse.Namespace, contender: Contender, concurrency: int) -> None:
+    """One concurrency level against one server, appended to its run."""
+    prompts = prompts_for(args, concurrency)[: contender.limit]
+    arrivals = arrival_times(len(prompts), args.request_rate, level_seed(args.seed, concurrency))
+    label = contender.run.label
+    records, duration = await run_level(
+        contender.target,
+        prompts,
+        concurrency,
+        arrivals,
+        client_options(args),
+        f"{label} c={concurrency}",
+    )
+    level = LevelResult(concurrency, len(prompts), level_metrics(records, duration), records)
+    contender.run.levels.append(level)
+    print_level(label, level)
+
+
+def print_level(label: str, level: LevelResult) -> None:
+    m = level.metrics
+    ttft = "-" if m.ttft.median_ms is None else f"{m.ttft.median_ms:.0f} ms"
+    print(
+        f"{label} concurrency {level.concurrency}: {m.completed} ok, {m.failed} failed in "
+        f"{m.duration_s:.2f} s, {m.output_throughput:.1f} output tok/s, TTFT median {ttft}",
+        flush=True,
+    )
+
+
+def open_contender(
+    args: argparse.Namespace, base_url: str, model: str | None, label: str, limit: int | None
+) -> Contender:
+    """Resolve the model name, warm the server up, and start its (empty) run."""
+    if model is None:
+        model = asyncio.run(fetch_model_id(base_url, args.api_key))
+    target = Target(base_url, model, args.endpoint, args.api_key)
+    print(f"measuring {label} at {base_url} (model {model}, {args.endpoint})", flush=True)
+    result = Contender(target, ServerRun(label, base_url, model), limit)
+    asyncio.run(warm_up(result, client_options(args)))
+    if limit:
+        result.run.notes.append(
+            f"sent only the first {limit} prompts of each level "
+            "(a serial server's throughput does not depend on its queue length)"
+        )
+    return result
+
+
+@contextlib.contextmanager
+def target_url(args: argparse.Namespace) -> Iterator[str]:
+    """The server under test: --base-url, or `octavo serve` launched for the block."""
+    if not args.launch:
+        yield args.base_url or DEFAULT_BASE_URL
+        return
+    port = free_port()
+    extra = shlex.split(args.serve_args)
+    command = octavo_serve_command(port, args.model_path, args.dtype, extra)
+    log = args.output_dir / f"serve-{args.label}.log"
+    with child_server(args.label, command, port, log, args.startup_timeout) as server:
+        yield server.base_url
+
+
+@contextlib.contextmanager
+def baseline_url(args: argparse.Namespace) -> Iterator[str]:
+    """The naive HF server on a free loopback port, for the block."""
+    folder = args.baseline_model or args.model_path
+    if folder is None:
+        from octavo.model_executor.embedded import embedded_model_folder
+
+        folder = embedded_model_folder()
+    port = free_port()
+    command = hf_server_command(port, folder, args.baseline_dtype)
+    log = args.output_dir / f"serve-{BASELINE}.log"
+    with child_server(BASELINE, command, port, log, args.startup_timeout) as server:
+        yield server.base_url
+
+
+def run(args: argparse.Namespace) -> int:
+    """The benchmark; a launched server that fails to start ends it with exit code 1."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        report = run_sweeps(args)
+    except LaunchError as error:
+        print(f"octavo bench serve: {error}", file=sys.stderr)
+        return 1
+    save(report, args.output_dir)
+    return 0
+
+
+def run_sweeps(args: argparse.Namespace) -> ServeReport:
+    """Every level against the server under test and then the baseline, level by level.
+
+    Alternating per level (rather than one full sweep after the other) spreads slow
+    drifts in machine load over both servers alike.
+    """
+    report = ServeReport(settings(args), target=args.label)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(target_url(args))
+        contenders = [open_contender(args, url, args.model, args.label, None)]
+        if args.baseline == BASELINE:
+            url = stack.enter_context(baseline_url(args))
+            contenders.append(open_contender(args, url, None, BASELINE, args.baseline_num_prompts))
+        for concurrency in concurrency_levels(args):
+            for each in contenders:
+                asyncio.run(measure_level(args, each, concurrency))
+    report.runs = [each.run for each in contenders]
+    return report
+
+
+def save(report: ServeReport, output_dir: Path) -> None:
+    print_report(report)
+    write_json(report, output_dir / "serve.json")
+    if write_png(report, output_dir / "serve.png"):
+        print(f"\nwrote {output_dir / 'serve.json'} and {output_dir / 'serve.png'}")
+    else:
+        print(f"\nwrote {output_dir / 'serve.json'} (no PNG: matplotlib missing)")
