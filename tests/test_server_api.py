@@ -161,7 +161,7 @@ def _stop_candidate(text: str) -> tuple[str, int]:
         piece = text[start : start + 3]
         if text.find(piece) == start and piece.strip():
             return piece, start
-    pytest.skip("the generated text has no usable stop string")
+    pytest.skip(reason="the generated text has no usable stop string")
 
 
 def test_stop_string_is_trimmed(client):

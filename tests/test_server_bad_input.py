@@ -190,7 +190,7 @@ MATRIX: list[tuple[str, Callable[[httpx.Client], httpx.Response], int, str, Any,
 def test_not_ready_is_503_then_ready(running):
     """Before the model has loaded: /health and generation answer 503 "loading"."""
     if running.control.loaded.is_set():
-        pytest.skip("the model already loaded (this test must run first in the module)")
+        pytest.skip(reason="the model already loaded (this test must run first in the module)")
     with running.client() as client:
         assert_error(client.get("/health"), 503, "loading")
         error = assert_error(completion(prompt="x")(client), 503, "loading")

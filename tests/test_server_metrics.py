@@ -186,7 +186,7 @@ def prometheus_binary() -> str:
     if found:
         return found
     if os.environ.get(SKIP_PROMETHEUS_ENV) == "1":
-        pytest.skip(f"{SKIP_PROMETHEUS_ENV}=1: not running the real Prometheus test")
+        pytest.skip(reason=f"{SKIP_PROMETHEUS_ENV}=1: not running the real Prometheus test")
     pytest.fail(PROMETHEUS_INSTALL)
 
 
