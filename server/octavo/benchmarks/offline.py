@@ -24,6 +24,7 @@ from octavo import LLM
 from octavo.benchmarks import baselines
 from octavo.benchmarks.capacity import sequences_that_fit
 from octavo.benchmarks.engine_runs import run_workload, warm_up
+from octavo.benchmarks.parsers import register_subcommand, standalone_parser
 from octavo.benchmarks.report import (
     OCTAVO,
     OCTAVO_NO_CACHE,
@@ -170,26 +171,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
-    parser = kinds.add_parser(
+    register_subcommand(
+        kinds,
         "offline",
-        help="offline throughput vs HF transformers (and vLLM if installed)",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "offline throughput vs HF transformers (and vLLM if installed)",
+        __doc__,
+        EPILOG,
+        add_arguments,
+        run,
     )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="octavo bench offline",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
+    return standalone_parser("offline", __doc__, EPILOG, add_arguments)
 
 
 def main(argv: list[str] | None = None) -> int:

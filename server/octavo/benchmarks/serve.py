@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from octavo.benchmarks.parsers import register_subcommand, standalone_parser
 from octavo.benchmarks.serve_client import ClientOptions, Target, fetch_model_id, run_level
 from octavo.benchmarks.serve_launch import (
     LaunchError,
@@ -201,26 +202,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
-    parser = kinds.add_parser(
-        "serve",
-        help="online serving benchmark against an OpenAI-compatible server",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
+    help_text = "online serving benchmark against an OpenAI-compatible server"
+    register_subcommand(kinds, "serve", help_text, __doc__, EPILOG, add_arguments, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="octavo bench serve",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
+    return standalone_parser("serve", __doc__, EPILOG, add_arguments)
 
 
 def main(argv: list[str] | None = None) -> int:
