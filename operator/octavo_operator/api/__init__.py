@@ -1,0 +1,1 @@
+"""The `InferenceService` API: its CRD and its parsed spec."""

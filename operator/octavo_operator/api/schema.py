@@ -1,0 +1,310 @@
+"""The OpenAPI v3 schema of `InferenceService`: types, defaults and CEL rules.
+
+This is the one source of the CRD: `python -m octavo_operator.generate` writes it into
+`manifests/crds/` and the Helm chart, and a test keeps those copies equal to it.
+Every rule the apiserver can check lives here, so a bad spec is refused at `kubectl apply`
+with a readable message instead of surfacing later as a broken Deployment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+MODEL_URI = (
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/\s][^\s]*)?"
+    r"|file:///[^\s]+)$"
+)
+SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
+PERCENT = r"^(100|[1-9]?[0-9])%$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
+MAX_NAME_LENGTH = 50  # leaves room for child suffixes such as "-cache" in 63 characters
+OPERATOR_FLAGS = ("--host", "--port", "--served-model-name")
+
+
+def integer(minimum: int | None = None, maximum: int | None = None, **extra: Any) -> Schema:
+    out: Schema = {"type": "integer", "format": "int32", **extra}
+    if minimum is not None:
+        out["minimum"] = minimum
+    if maximum is not None:
+        out["maximum"] = maximum
+    return out
+
+
+def string(description: str, **extra: Any) -> Schema:
+    return {"type": "string", "description": description, **extra}
+
+
+def rule(expression: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"rule": expression, "message": message, **extra}
+
+
+def obj(description: str, properties: dict[str, Schema], **extra: Any) -> Schema:
+    """An object schema. `default={}` stands for "every field at its own default": the
+    apiserver checks CEL rules against a default as written, before nested defaults."""
+    if extra.get("default") == {}:
+        extra["default"] = {k: v["default"] for k, v in properties.items() if "default" in v}
+    return {"type": "object", "description": description, "properties": properties, **extra}
+
+
+INT_OR_STRING: Schema = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+}
+
+
+def int_or_percent(description: str, default: int | str | None = None) -> Schema:
+    out: Schema = {
+        **INT_OR_STRING,
+        "pattern": PERCENT,
+        "description": f"{description}: a count or a percentage such as 25%",
+        "x-kubernetes-validations": [
+            rule("type(self) != int || self >= 0", "must not be negative"),
+        ],
+    }
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def quantity(description: str) -> Schema:
+    validations = [rule("type(self) != int || self > 0", "must be positive")]
+    return {
+        **INT_OR_STRING,
+        "pattern": QUANTITY,
+        "description": description,
+        "x-kubernetes-validations": validations,
+    }
+
+
+def free_form(description: str, kind: str = "object") -> Schema:
+    """Kubernetes types copied through unchanged (tolerations, affinity, env entries)."""
+    if kind == "array":
+        items = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        return {"type": "array", "description": description, "items": items}
+    return {
+        "type": "object",
+        "description": description,
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+
+
+def model_schema() -> Schema:
+    return obj(
+        "Which weights to serve. Without `uri`, the embedded SmolLM2-135M-Instruct.",
+        {
+            "uri": string(
+                "hf://org/name, pvc://claim/path/in/claim or file:///path/in/image",
+                pattern=MODEL_URI,
+                maxLength=512,
+            ),
+            "servedName": string(
+                "the name clients put in the `model` field (default: metadata.name)",
+                pattern=SERVED_NAME,
+            ),
+            "revision": string(
+                "a branch, tag or commit of an hf:// model",
+                pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$",
+            ),
+        },
+        default={},
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(self.revision) || (has(self.uri) && self.uri.startsWith('hf://'))",
+                    "model.revision applies only to an hf:// model.uri",
+                )
+            ]
+        },
+    )
+
+
+def engine_schema() -> Schema:
+    return obj(
+        "Engine settings, passed to `octavo serve` as the flags of the same (vLLM) names.",
+        {
+            "maxModelLen": integer(16, 1048576, description="context length in tokens"),
+            "maxNumSeqs": integer(1, 4096, description="most sequences running at once"),
+            "maxNumBatchedTokens": integer(16, 1048576, description="token budget of a step"),
+            "blockSize": integer(description="KV cache block size in tokens", default=16),
+            "gpuMemoryUtilization": {
+                "type": "number",
+                "description": "fraction of GPU memory for weights and KV cache, in (0, 1]",
+                "default": 0.9,
+            },
+            "enablePrefixCaching": {
+                "type": "boolean",
+                "description": "reuse KV blocks of shared prompt prefixes",
+                "default": True,
+            },
+            "dtype": string(
+                "weights and activations",
+                enum=["auto", "float32", "bfloat16", "float16"],
+                default="auto",
+            ),
+            "tensorParallelSize": integer(
+                1, 64, description="GPUs per replica (a power of two)", default=1
+            ),
+            "extraArgs": {
+                "type": "array",
+                "description": "more `octavo serve` flags, appended as given",
+                "items": {"type": "string", "maxLength": 256},
+                "maxItems": 64,
+            },
+        },
+        default={},
+        **{"x-kubernetes-validations": engine_rules()},
+    )
+
+
+def engine_rules() -> list[dict[str, Any]]:
+    flags = ", ".join(OPERATOR_FLAGS)
+    return [
+        rule("self.blockSize in [8, 16, 32]", "engine.blockSize must be 8, 16 or 32"),
+        rule(
+            "self.gpuMemoryUtilization > 0.0 && self.gpuMemoryUtilization <= 1.0",
+            "engine.gpuMemoryUtilization must be in (0, 1]",
+        ),
+        rule(
+            "self.tensorParallelSize in [1, 2, 4, 8, 16, 32, 64]",
+            "engine.tensorParallelSize must be a power of two",
+        ),
+        rule(
+            "!has(self.extraArgs) || self.extraArgs.all(a, "
+            + " && ".join(f"!a.startsWith('{f}')" for f in OPERATOR_FLAGS)
+            + ")",
+            f"engine.extraArgs must not set {flags}: the operator sets them",
+        ),
+    ]
+
+
+def resources_schema() -> Schema:
+    return obj(
+        "Compute per replica. `gpu` defaults to engine.tensorParallelSize; 0 runs on CPU.",
+        {
+            "gpu": integer(0, 64, description="GPUs per replica"),
+            "gpuResourceName": string(
+                "the extended resource that counts GPUs",
+                default="nvidia.com/gpu",
+                pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$",
+            ),
+            "cpu": quantity("CPU request and limit, e.g. 4 or 500m"),
+            "memory": quantity("memory request and limit, e.g. 16Gi"),
+        },
+        default={},
+    )
+
+
+def cache_schema() -> Schema:
+    return obj(
+        "A volume for downloaded and converted weights, mounted at /cache. Either an "
+        "existing claim, or a size (and storageClassName) for a claim the operator creates.",
+        {
+            "claimName": string("an existing PersistentVolumeClaim", pattern=DNS_LABEL),
+            "size": quantity("size of the claim the operator creates, e.g. 40Gi"),
+            "storageClassName": string("storage class of that claim"),
+            "accessMode": string(
+                "access mode of that claim",
+                enum=["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"],
+                default="ReadWriteOnce",
+            ),
+        },
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "has(self.claimName) != has(self.size)",
+                    "cache needs exactly one of claimName (existing claim) or size (new claim)",
+                ),
+                rule(
+                    "!has(self.storageClassName) || has(self.size)",
+                    "cache.storageClassName applies only to a claim the operator creates (size)",
+                ),
+            ]
+        },
+    )
+
+
+def autoscaling_schema() -> Schema:
+    return obj(
+        "Autoscale through the InferenceService's /scale with a HorizontalPodAutoscaler on "
+        "a per-pod metric (served by prometheus-adapter as vllm_num_requests_waiting or "
+        "vllm_kv_cache_usage_perc).",
+        {
+            "minReplicas": integer(1, 1000, default=1),
+            "maxReplicas": integer(1, 1000),
+            "metric": string(
+                "the per-pod metric to track",
+                enum=["requestsWaiting", "kvCacheUsage"],
+                default="requestsWaiting",
+            ),
+            "target": {
+                "type": "number",
+                "description": "average per pod: waiting requests, or KV usage in (0, 1]",
+                "default": 5,
+            },
+        },
+        required=["maxReplicas"],
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "self.maxReplicas >= self.minReplicas",
+                    "autoscaling.maxReplicas must be >= autoscaling.minReplicas",
+                ),
+                rule("self.target > 0.0", "autoscaling.target must be positive"),
+                rule(
+                    "self.metric != 'kvCacheUsage' || self.target <= 1.0",
+                    "autoscaling.target for kvCacheUsage is a fraction in (0, 1]",
+                ),
+            ]
+        },
+    )
+
+
+def rollout_schema() -> Schema:
+    return obj(
+        "How a spec change replaces pods. The default never asks for an extra GPU: "
+        "maxSurge 0, maxUnavailable 1.",
+        {
+            "strategy": string(
+                "RollingUpdate or Recreate",
+                enum=["RollingUpdate", "Recreate"],
+                default="RollingUpdate",
+            ),
+            "maxSurge": int_or_percent("extra pods during a rolling update", 0),
+            "maxUnavailable": int_or_percent("pods that may be down during a rolling update", 1),
+        },
+        default={},
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "self.strategy == 'Recreate' || !(string(self.maxSurge) in ['0', '0%'] && "
+                    "string(self.maxUnavailable) in ['0', '0%'])",
+                    "rollout.maxSurge and rollout.maxUnavailable must not both be zero",
+                )
+            ]
+        },
+    )
+
+
+def drain_schema() -> Schema:
+    return obj(
+        "Graceful shutdown: the pod leaves the Service endpoints, waits preStopSeconds, then "
+        "the server finishes in-flight requests until the grace period ends.",
+        {
+            "preStopSeconds": integer(0, 3600, default=10),
+            "terminationGracePeriodSeconds": integer(1, 86400, default=60),
+        },
+        default={},
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "self.terminationGracePeriodSeconds > self.preStopSeconds",
+                    "drain.terminationGracePeriodSeconds must exceed drain.preStopSeconds",
+                )
+            ]
+        },
+    )

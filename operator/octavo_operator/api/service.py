@@ -1,0 +1,186 @@
+"""`InferenceService`: one parsed custom resource (metadata + spec)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from octavo_operator import constants as c
+
+from .spec import (
+    Autoscaling,
+    Cache,
+    DisruptionBudget,
+    Drain,
+    Engine,
+    ModelSource,
+    Monitoring,
+    Resources,
+    Rollout,
+    Scheduling,
+    SecretKeyRef,
+    section,
+)
+
+
+@dataclass(frozen=True)
+class InferenceService:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    model: ModelSource
+    engine: Engine
+    resources: Resources
+    replicas: int | None = None
+    image: str | None = None
+    cache: Cache | None = None
+    autoscaling: Autoscaling | None = None
+    rollout: Rollout = field(default_factory=Rollout)
+    drain: Drain = field(default_factory=Drain)
+    startup_timeout_seconds: int = 1800
+    disruption_budget: DisruptionBudget | None = None
+    monitoring: Monitoring = field(default_factory=Monitoring)
+    api_key: SecretKeyRef | None = None
+    scheduling: Scheduling = field(default_factory=Scheduling)
+    env: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def served_name(self) -> str:
+        return self.model.served_name or self.name
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.name}.{self.namespace}.svc.cluster.local:{c.SERVER_PORT}/v1"
+
+    @property
+    def desired_replicas(self) -> int:
+        """What the Deployment gets: spec.replicas, kept inside the autoscaling range."""
+        if self.autoscaling is None:
+            return 1 if self.replicas is None else self.replicas
+        wanted = self.autoscaling.min_replicas if self.replicas is None else self.replicas
+        return max(self.autoscaling.min_replicas, min(self.autoscaling.max_replicas, wanted))
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> InferenceService:
+        meta, spec = body["metadata"], body.get("spec") or {}
+        return cls(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta.get("uid", ""),
+            generation=int(meta.get("generation", 0)),
+            model=_model(spec),
+            engine=_engine(spec),
+            resources=_resources(spec),
+            replicas=spec.get("replicas"),
+            image=spec.get("image"),
+            cache=_optional(spec, "cache", _cache),
+            autoscaling=_optional(spec, "autoscaling", _autoscaling),
+            rollout=_rollout(spec),
+            drain=_drain(spec),
+            startup_timeout_seconds=section(spec, "startup").get("timeoutSeconds", 1800),
+            disruption_budget=_optional(spec, "disruptionBudget", _disruption_budget),
+            monitoring=_monitoring(spec),
+            api_key=_optional(spec, "apiKeySecretRef", _secret_key_ref),
+            scheduling=_scheduling(spec),
+            env=tuple(spec.get("env") or ()),
+        )
+
+
+def _optional(spec: dict[str, Any], key: str, parse: Any) -> Any:
+    return parse(spec[key]) if spec.get(key) is not None else None
+
+
+def _model(spec: dict[str, Any]) -> ModelSource:
+    m = section(spec, "model")
+    return ModelSource(
+        uri=m.get("uri"), served_name=m.get("servedName"), revision=m.get("revision")
+    )
+
+
+def _engine(spec: dict[str, Any]) -> Engine:
+    e = section(spec, "engine")
+    return Engine(
+        max_model_len=e.get("maxModelLen"),
+        max_num_seqs=e.get("maxNumSeqs"),
+        max_num_batched_tokens=e.get("maxNumBatchedTokens"),
+        block_size=e.get("blockSize", 16),
+        gpu_memory_utilization=e.get("gpuMemoryUtilization", 0.9),
+        enable_prefix_caching=e.get("enablePrefixCaching", True),
+        dtype=e.get("dtype", "auto"),
+        tensor_parallel_size=e.get("tensorParallelSize", 1),
+        extra_args=tuple(e.get("extraArgs") or ()),
+    )
+
+
+def _resources(spec: dict[str, Any]) -> Resources:
+    r = section(spec, "resources")
+    tensor_parallel = section(spec, "engine").get("tensorParallelSize", 1)
+    return Resources(
+        gpu=r.get("gpu", tensor_parallel),
+        gpu_resource_name=r.get("gpuResourceName", c.DEFAULT_GPU_RESOURCE),
+        cpu=None if r.get("cpu") is None else str(r["cpu"]),
+        memory=None if r.get("memory") is None else str(r["memory"]),
+    )
+
+
+def _cache(c_: dict[str, Any]) -> Cache:
+    return Cache(
+        claim_name=c_.get("claimName"),
+        size=None if c_.get("size") is None else str(c_["size"]),
+        storage_class_name=c_.get("storageClassName"),
+        access_mode=c_.get("accessMode", "ReadWriteOnce"),
+    )
+
+
+def _autoscaling(a: dict[str, Any]) -> Autoscaling:
+    return Autoscaling(
+        min_replicas=a.get("minReplicas", 1),
+        max_replicas=a["maxReplicas"],
+        metric=a.get("metric", "requestsWaiting"),
+        target=float(a.get("target", 5)),
+    )
+
+
+def _rollout(spec: dict[str, Any]) -> Rollout:
+    r = section(spec, "rollout")
+    return Rollout(
+        strategy=r.get("strategy", "RollingUpdate"),
+        max_surge=r.get("maxSurge", 0),
+        max_unavailable=r.get("maxUnavailable", 1),
+    )
+
+
+def _drain(spec: dict[str, Any]) -> Drain:
+    d = section(spec, "drain")
+    return Drain(
+        pre_stop_seconds=d.get("preStopSeconds", 10),
+        termination_grace_period_seconds=d.get("terminationGracePeriodSeconds", 60),
+    )
+
+
+def _disruption_budget(d: dict[str, Any]) -> DisruptionBudget:
+    return DisruptionBudget(
+        max_unavailable=d.get("maxUnavailable"), min_available=d.get("minAvailable")
+    )
+
+
+def _monitoring(spec: dict[str, Any]) -> Monitoring:
+    m = section(spec, "monitoring")
+    return Monitoring(
+        service_monitor=m.get("serviceMonitor", False), interval=m.get("interval", "15s")
+    )
+
+
+def _secret_key_ref(s: dict[str, Any]) -> SecretKeyRef:
+    return SecretKeyRef(name=s["name"], key=s.get("key", "api-key"))
+
+
+def _scheduling(spec: dict[str, Any]) -> Scheduling:
+    return Scheduling(
+        node_selector=dict(spec.get("nodeSelector") or {}),
+        tolerations=list(spec.get("tolerations") or []),
+        affinity=spec.get("affinity"),
+        priority_class_name=spec.get("priorityClassName"),
+        runtime_class_name=spec.get("runtimeClassName"),
+    )

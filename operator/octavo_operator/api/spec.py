@@ -1,0 +1,115 @@
+"""An `InferenceService` parsed into dataclasses, with the schema's defaults applied again.
+
+The apiserver applies the defaults, but the builders must not depend on that (objects
+written before a default was added, unit tests), so each field falls back to the same value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from octavo_operator import constants as c
+
+
+def section(spec: dict[str, Any], key: str) -> dict[str, Any]:
+    return spec.get(key) or {}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    uri: str | None = None
+    served_name: str | None = None
+    revision: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        """'hf', 'pvc', 'file', or 'embedded' when no uri is given."""
+        return self.uri.split("://", 1)[0] if self.uri else "embedded"
+
+    @property
+    def claim_and_path(self) -> tuple[str, str]:
+        """For pvc://claim/path: ('claim', 'path'); path may be ''."""
+        claim, _, path = self.uri.removeprefix("pvc://").partition("/")  # type: ignore[union-attr]
+        return claim, path.strip("/")
+
+    @property
+    def description(self) -> str:
+        return self.uri or c.EMBEDDED_MODEL
+
+
+@dataclass(frozen=True)
+class Engine:
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpu: int
+    gpu_resource_name: str = c.DEFAULT_GPU_RESOURCE
+    cpu: str | None = None
+    memory: str | None = None
+
+
+@dataclass(frozen=True)
+class Cache:
+    claim_name: str | None = None
+    size: str | None = None
+    storage_class_name: str | None = None
+    access_mode: str = "ReadWriteOnce"
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    min_replicas: int
+    max_replicas: int
+    metric: str = "requestsWaiting"
+    target: float = 5.0
+
+
+@dataclass(frozen=True)
+class Rollout:
+    strategy: str = "RollingUpdate"
+    max_surge: int | str = 0
+    max_unavailable: int | str = 1
+
+
+@dataclass(frozen=True)
+class Drain:
+    pre_stop_seconds: int = 10
+    termination_grace_period_seconds: int = 60
+
+
+@dataclass(frozen=True)
+class DisruptionBudget:
+    max_unavailable: int | str | None = None
+    min_available: int | str | None = None
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    service_monitor: bool = False
+    interval: str = "15s"
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str = "api-key"
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None

@@ -1,0 +1,134 @@
+"""The `spec` of `InferenceService`, assembled from the field schemas, plus its CEL rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .schema import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    Schema,
+    autoscaling_schema,
+    cache_schema,
+    drain_schema,
+    engine_schema,
+    free_form,
+    int_or_percent,
+    integer,
+    model_schema,
+    obj,
+    resources_schema,
+    rollout_schema,
+    rule,
+    string,
+)
+
+
+def small_schemas() -> dict[str, Schema]:
+    return {
+        "startup": obj(
+            "How long a replica may take to load its model before it is restarted.",
+            {"timeoutSeconds": integer(10, 86400, default=1800)},
+            default={},
+        ),
+        "disruptionBudget": obj(
+            "A PodDisruptionBudget for voluntary evictions (node drains): exactly one field.",
+            {
+                "maxUnavailable": int_or_percent("pods a drain may take down at once"),
+                "minAvailable": int_or_percent("pods a drain must leave running"),
+            },
+            **{
+                "x-kubernetes-validations": [
+                    rule(
+                        "has(self.maxUnavailable) != has(self.minAvailable)",
+                        "disruptionBudget needs exactly one of maxUnavailable or minAvailable",
+                    )
+                ]
+            },
+        ),
+        "monitoring": obj(
+            "Prometheus scraping. Pods always carry prometheus.io/* annotations.",
+            {
+                "serviceMonitor": {
+                    "type": "boolean",
+                    "description": "create a ServiceMonitor (needs the Prometheus Operator CRDs)",
+                    "default": False,
+                },
+                "interval": string("scrape interval", pattern=r"^[0-9]+(ms|s|m)$", default="15s"),
+            },
+            default={},
+        ),
+        "apiKeySecretRef": obj(
+            "A Secret key holding the API key clients must send as a Bearer token.",
+            {
+                "name": string("Secret name", pattern=DNS_SUBDOMAIN),
+                "key": string("key in the Secret", default="api-key", pattern=r"^[-._a-zA-Z0-9]+$"),
+            },
+            required=["name"],
+        ),
+    }
+
+
+def scheduling_schemas() -> dict[str, Schema]:
+    return {
+        "nodeSelector": {
+            "type": "object",
+            "description": "node labels the pods require",
+            "additionalProperties": {"type": "string"},
+        },
+        "tolerations": free_form("pod tolerations (core/v1 Toleration)", "array"),
+        "affinity": free_form("pod affinity (core/v1 Affinity)"),
+        "priorityClassName": string("pod priority class", pattern=DNS_LABEL),
+        "runtimeClassName": string("pod runtime class, e.g. nvidia", pattern=DNS_LABEL),
+        "env": free_form("extra container environment (core/v1 EnvVar)", "array"),
+    }
+
+
+def spec_rules() -> list[dict[str, Any]]:
+    return [
+        rule(
+            "oldSelf.hasValue() || !(has(self.replicas) && has(self.autoscaling))",
+            "replicas and autoscaling are exclusive: set either replicas or "
+            "autoscaling.minReplicas/maxReplicas (the autoscaler then writes replicas "
+            "through /scale)",
+            optionalOldSelf=True,
+        ),
+        rule(
+            "!has(self.resources.gpu) || (self.resources.gpu == 0 ? "
+            "self.engine.tensorParallelSize == 1 : "
+            "self.engine.tensorParallelSize <= self.resources.gpu)",
+            "engine.tensorParallelSize must not exceed resources.gpu (and must be 1 on CPU)",
+        ),
+        rule(
+            "!has(self.model.uri) || !self.model.uri.startsWith('pvc://') || "
+            "!has(self.cache) || !has(self.cache.claimName) || "
+            "self.model.uri.split('/')[2] != self.cache.claimName",
+            "model.uri and cache must not use the same claim: the model claim is mounted read-only",
+        ),
+    ]
+
+
+def spec_schema() -> Schema:
+    properties: dict[str, Schema] = {
+        "model": model_schema(),
+        "image": string(
+            "the server image (default: the operator's --default-image)",
+            pattern=r"^[^\s]+$",
+            maxLength=512,
+        ),
+        "replicas": integer(0, 1000, description="replicas; written by HPA/KEDA via /scale"),
+        "engine": engine_schema(),
+        "resources": resources_schema(),
+        "cache": cache_schema(),
+        "autoscaling": autoscaling_schema(),
+        "rollout": rollout_schema(),
+        "drain": drain_schema(),
+        **small_schemas(),
+        **scheduling_schemas(),
+    }
+    return obj(
+        "The desired serving deployment.",
+        properties,
+        default={},
+        **{"x-kubernetes-validations": spec_rules()},
+    )

@@ -1,0 +1,1 @@
+"""Pure builders: one child object per module, from a parsed `InferenceService`."""

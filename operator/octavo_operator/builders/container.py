@@ -1,0 +1,134 @@
+"""The server container: `octavo serve` arguments, environment, probes, resources."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from octavo_operator import constants as c
+from octavo_operator.api.service import InferenceService
+
+from .volumes import CACHE_PATH, model_argument, volume_mounts
+
+STARTUP_PERIOD_SECONDS = 10
+# Seconds kept between the server's own drain deadline and the kubelet's SIGKILL.
+SHUTDOWN_MARGIN_SECONDS = 5
+
+
+def engine_flags(isvc: InferenceService) -> list[str]:
+    e = isvc.engine
+    flags: list[tuple[str, Any]] = [
+        ("--max-model-len", e.max_model_len),
+        ("--max-num-seqs", e.max_num_seqs),
+        ("--max-num-batched-tokens", e.max_num_batched_tokens),
+        ("--block-size", e.block_size),
+        ("--dtype", e.dtype),
+        ("--tensor-parallel-size", e.tensor_parallel_size),
+    ]
+    if isvc.resources.gpu > 0:
+        flags.append(("--gpu-memory-utilization", e.gpu_memory_utilization))
+    else:
+        flags.append(("--device", "cpu"))
+    out = [item for flag, value in flags if value is not None for item in (flag, str(value))]
+    out.append(
+        "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching"
+    )
+    return out
+
+
+def shutdown_timeout(isvc: InferenceService) -> int:
+    d = isvc.drain
+    left = d.termination_grace_period_seconds - d.pre_stop_seconds - SHUTDOWN_MARGIN_SECONDS
+    return max(1, left)
+
+
+def server_args(isvc: InferenceService) -> list[str]:
+    args = ["serve"]
+    model = model_argument(isvc)
+    if model is not None:
+        args.append(model)
+    if isvc.model.revision:
+        args += ["--revision", isvc.model.revision]
+    args += ["--host", "0.0.0.0", "--port", str(c.SERVER_PORT)]
+    args += ["--served-model-name", isvc.served_name]
+    args += engine_flags(isvc)
+    args += ["--shutdown-timeout", str(shutdown_timeout(isvc))]
+    return args + list(isvc.engine.extra_args)
+
+
+def server_env(isvc: InferenceService) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "OCTAVO_CACHE", "value": CACHE_PATH},
+        {"name": "HF_HOME", "value": f"{CACHE_PATH}/huggingface"},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    if isvc.api_key is not None:
+        ref = {"name": isvc.api_key.name, "key": isvc.api_key.key}
+        env.append({"name": "OCTAVO_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    return env + [dict(e) for e in isvc.env]
+
+
+def probes(isvc: InferenceService) -> dict[str, Any]:
+    """Startup budget from spec.startup; readiness drops fast; liveness is lenient."""
+    http = {"path": "/health", "port": c.SERVER_PORT_NAME}
+    failures = math.ceil(isvc.startup_timeout_seconds / STARTUP_PERIOD_SECONDS)
+    return {
+        "startupProbe": {
+            "httpGet": http,
+            "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "failureThreshold": failures,
+            "timeoutSeconds": 5,
+        },
+        "readinessProbe": {
+            "httpGet": http,
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+            "timeoutSeconds": 3,
+        },
+        "livenessProbe": {
+            "httpGet": http,
+            "periodSeconds": 15,
+            "failureThreshold": 8,
+            "timeoutSeconds": 10,
+        },
+    }
+
+
+def resources(isvc: InferenceService) -> dict[str, Any]:
+    r = isvc.resources
+    amounts: dict[str, str] = {}
+    if r.cpu is not None:
+        amounts["cpu"] = r.cpu
+    if r.memory is not None:
+        amounts["memory"] = r.memory
+    if r.gpu > 0:
+        amounts[r.gpu_resource_name] = str(r.gpu)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def server_container(isvc: InferenceService, image: str) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": c.CONTAINER_NAME,
+        "image": image,
+        "command": ["octavo"],
+        "args": server_args(isvc),
+        "env": server_env(isvc),
+        "ports": [{"name": c.SERVER_PORT_NAME, "containerPort": c.SERVER_PORT, "protocol": "TCP"}],
+        **probes(isvc),
+        "resources": resources(isvc),
+        "securityContext": security_context(),
+        "volumeMounts": volume_mounts(isvc),
+    }
+    if isvc.drain.pre_stop_seconds > 0:  # leave the Service's endpoints before draining
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": isvc.drain.pre_stop_seconds}}}
+    return container

@@ -1,0 +1,76 @@
+"""The Deployment that runs the server pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from octavo_operator import constants as c
+from octavo_operator.api.service import InferenceService
+
+from .container import server_container
+from .metadata import labels, metadata, selector_labels
+from .volumes import volumes
+
+POD_UID = 10001  # the image's non-root user
+
+
+def strategy(isvc: InferenceService) -> dict[str, Any]:
+    if isvc.rollout.strategy == "Recreate":
+        return {"type": "Recreate"}
+    rolling = {"maxSurge": isvc.rollout.max_surge, "maxUnavailable": isvc.rollout.max_unavailable}
+    return {"type": "RollingUpdate", "rollingUpdate": rolling}
+
+
+def pod_annotations() -> dict[str, str]:
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(c.SERVER_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def pod_spec(isvc: InferenceService, image: str) -> dict[str, Any]:
+    s = isvc.scheduling
+    spec: dict[str, Any] = {
+        "containers": [server_container(isvc, image)],
+        "volumes": volumes(isvc),
+        "terminationGracePeriodSeconds": isvc.drain.termination_grace_period_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": POD_UID,
+            "runAsGroup": POD_UID,
+            "fsGroup": POD_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+    }
+    optional = {
+        "nodeSelector": s.node_selector or None,
+        "tolerations": s.tolerations or None,
+        "affinity": s.affinity,
+        "priorityClassName": s.priority_class_name,
+        "runtimeClassName": s.runtime_class_name,
+    }
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    return spec
+
+
+def deployment(isvc: InferenceService, image: str) -> dict[str, Any]:
+    template = {
+        "metadata": {"labels": labels(isvc), "annotations": pod_annotations()},
+        "spec": pod_spec(isvc, image),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(isvc, isvc.name),
+        "spec": {
+            "replicas": isvc.desired_replicas,
+            "selector": {"matchLabels": selector_labels(isvc)},
+            "strategy": strategy(isvc),
+            # A model that takes the whole startup budget is still progressing.
+            "progressDeadlineSeconds": isvc.startup_timeout_seconds + 600,
+            "revisionHistoryLimit": 5,
+            "template": template,
+        },
+    }

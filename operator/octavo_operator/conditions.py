@@ -1,0 +1,57 @@
+"""Status conditions: build them, keep lastTransitionTime across unchanged statuses, and
+list the transitions that deserve an Event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+    @property
+    def status_text(self) -> str:
+        return "True" if self.status else "False"
+
+    @property
+    def healthy(self) -> bool:
+        """Whether this condition is good news (Degraded=True is not; Ready=True is)."""
+        return not self.status if self.type == DEGRADED else self.status
+
+    def as_dict(self, generation: int, since: str) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "status": self.status_text,
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+
+
+def merge(
+    old: list[dict[str, Any]], new: list[Condition], generation: int, now: str
+) -> list[dict[str, Any]]:
+    """New condition dicts; lastTransitionTime moves only when the status changes."""
+    previous = {c.get("type"): c for c in old or []}
+    out = []
+    for cond in new:
+        before = previous.get(cond.type)
+        unchanged = before is not None and before.get("status") == cond.status_text
+        since = before.get("lastTransitionTime", now) if unchanged else now
+        out.append(cond.as_dict(generation, since))
+    return out
+
+
+def transitions(old: list[dict[str, Any]], new: list[Condition]) -> list[Condition]:
+    """Conditions whose status or reason changed (first observations included)."""
+    previous = {c.get("type"): (c.get("status"), c.get("reason")) for c in old or []}
+    return [c for c in new if previous.get(c.type) != (c.status_text, c.reason)]

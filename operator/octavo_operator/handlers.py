@@ -1,0 +1,195 @@
+"""kopf handlers: thin glue between watch events and the Controller.
+
+- InferenceService created, changed or seen at start-up -> reconcile (apply children) and
+  write its status;
+- a child deleted or changed by someone else -> reconcile its owner (drift correction);
+- a child's or pod's status changed, or a claim appeared -> rewrite the owner's status.
+In-memory indexes (kopf.index) hold the latest copy of every watched object, so computing a
+status reads no API.  Run with `octavo-operator`, or `kopf run -m octavo_operator.handlers`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from octavo_operator import constants as c
+from octavo_operator import metrics
+from octavo_operator.api.service import InferenceService
+from octavo_operator.kube import Kube, load_api_client
+from octavo_operator.reconcile import Controller, Key, Settings, TransientError
+from octavo_operator.status import Observed
+
+ISVC = (c.GROUP, c.VERSION, c.PLURAL)
+OWNED = {c.MANAGED_BY_LABEL: c.MANAGED_BY}
+CHILD_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "persistentvolumeclaims"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("monitoring.coreos.com", "v1", "servicemonitors"),
+)
+RETRY_DELAY_SECONDS = 30
+logger = logging.getLogger(__name__)
+
+
+def plain(body: Any) -> dict[str, Any]:
+    return copy.deepcopy(dict(body))
+
+
+def first(store: Any) -> Any:
+    return next(iter(store), None) if store is not None else None
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # our own Events say what happened
+    settings.execution.max_workers = int(os.environ.get("OCTAVO_OPERATOR_WORKERS", "16"))
+    settings.batching.batch_window = 0.05
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    kube = Kube(load_api_client(os.environ.get("KUBECONFIG") or None))
+    image = os.environ.get("OCTAVO_OPERATOR_DEFAULT_IMAGE") or c.DEFAULT_SERVER_IMAGE
+    memo.controller = Controller(kube, Settings(default_image=image))
+
+
+@kopf.index(*ISVC)
+def isvc_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, name): plain(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=OWNED)
+def deployment_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels.get(c.INSTANCE_LABEL)): plain(body)}
+
+
+@kopf.index("", "v1", "pods", labels=OWNED)
+def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    summary = {"metadata": {"name": body.metadata.name}, "status": dict(body.status)}
+    return {(namespace, labels.get(c.INSTANCE_LABEL)): copy.deepcopy(summary)}
+
+
+@kopf.index("", "v1", "persistentvolumeclaims")
+def claim_index(namespace: str, name: str, **_: Any) -> dict:
+    return {(namespace, name): True}
+
+
+def newest(*objs: dict[str, Any] | None) -> dict[str, Any] | None:
+    def version(obj: dict[str, Any]) -> int:
+        rv = (obj.get("metadata") or {}).get("resourceVersion", "0")
+        return int(rv) if str(rv).isdigit() else 0
+
+    present = [o for o in objs if o]
+    return max(present, key=version) if present else None
+
+
+def missing_claims(body: dict[str, Any], claim_index: kopf.Index) -> list[tuple[str, str]]:
+    isvc = InferenceService.from_body(body)
+    wanted = []
+    if isvc.model.scheme == "pvc":
+        wanted.append(("model.uri", isvc.model.claim_and_path[0]))
+    if isvc.cache is not None and isvc.cache.claim_name:
+        wanted.append(("cache.claimName", isvc.cache.claim_name))
+    return [(role, claim) for role, claim in wanted if (isvc.namespace, claim) not in claim_index]
+
+
+def observe(ctl: Controller, key: Key, body: dict[str, Any], indexes: dict[str, Any]) -> Observed:
+    applied = ctl.applied.get(key)
+    indexed = first(indexes["deployment_index"].get(key))
+    return Observed(
+        applied_generation=applied.generation if applied else None,
+        apply_error=applied.error if applied else None,
+        deployment=newest(indexed, applied.deployment if applied else None),
+        pods=list(indexes["pod_index"].get(key, [])),
+        missing_claims=missing_claims(body, indexes["claim_index"]),
+    )
+
+
+@kopf.on.resume(*ISVC)
+@kopf.on.create(*ISVC)
+@kopf.on.update(*ISVC)
+def reconcile_isvc(
+    body: kopf.Body, namespace: str, name: str, reason: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    ctl: Controller = memo.controller
+    key, owner = (namespace, name), plain(body)
+    with ctl.lock(key):
+        try:
+            ctl.reconcile(owner, trigger=str(reason))
+        except TransientError as error:
+            ctl.write_status(owner, observe(ctl, key, owner, kwargs))
+            raise kopf.TemporaryError(str(error), delay=RETRY_DELAY_SECONDS) from error
+        ctl.write_status(owner, observe(ctl, key, owner, kwargs))
+
+
+def owner_of(isvc_index: kopf.Index, key: Key) -> dict[str, Any] | None:
+    owner = first(isvc_index.get(key))
+    if owner is None or (owner.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    return owner
+
+
+def on_child_event(
+    event: kopf.RawEvent,
+    body: kopf.Body,
+    namespace: str,
+    labels: kopf.Labels,
+    memo: kopf.Memo,
+    **kwargs: Any,
+) -> None:
+    key = (namespace, labels.get(c.INSTANCE_LABEL, ""))
+    owner = owner_of(kwargs["isvc_index"], key)
+    if owner is None:
+        return
+    ctl: Controller = memo.controller
+    with ctl.lock(key):
+        if ctl.drifted(key, plain(body), deleted=event.get("type") == "DELETED"):
+            logger.info("%s %s/%s drifted; putting it back", body.get("kind"), *key)
+            metrics.DRIFT_CORRECTIONS.labels(str(body.get("kind"))).inc()
+            try:
+                ctl.reconcile(owner, trigger="drift")
+            except TransientError as error:
+                logger.warning("drift correction of %s/%s failed: %s", *key, error)
+        ctl.write_status(owner, observe(ctl, key, owner, kwargs))
+
+
+for _group, _version, _plural in CHILD_RESOURCES:
+    kopf.on.event(_group, _version, _plural, labels=OWNED)(on_child_event)
+
+
+@kopf.on.event("", "v1", "pods", labels=OWNED)
+def on_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+    key = (namespace, labels.get(c.INSTANCE_LABEL, ""))
+    owner = owner_of(kwargs["isvc_index"], key)
+    if owner is not None:
+        ctl: Controller = memo.controller
+        with ctl.lock(key):
+            ctl.write_status(owner, observe(ctl, key, owner, kwargs))
+
+
+@kopf.on.event("", "v1", "persistentvolumeclaims")
+def on_claim_event(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A claim appeared or went away: recheck the services that name it."""
+    ctl: Controller = memo.controller
+    for key in [k for k in kwargs["isvc_index"] if k[0] == namespace]:
+        owner = owner_of(kwargs["isvc_index"], key)
+        if owner is None or not _names_claim(owner, name):
+            continue
+        with ctl.lock(key):
+            ctl.write_status(owner, observe(ctl, key, owner, kwargs))
+
+
+def _names_claim(body: dict[str, Any], claim: str) -> bool:
+    isvc = InferenceService.from_body(body)
+    own = isvc.cache.claim_name if isvc.cache else None
+    model = isvc.model.claim_and_path[0] if isvc.model.scheme == "pvc" else None
+    return claim in (own, model)

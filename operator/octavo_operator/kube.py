@@ -1,0 +1,134 @@
+"""The few Kubernetes API calls the operator makes, over the `kubernetes` client's ApiClient.
+
+Children are written with server-side apply under one field manager (`octavo-operator`),
+forcing ownership of the fields it sets: a hand edit of one of those fields is put back by
+the next apply, and an apply that changes nothing is not written (no new resourceVersion).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from kubernetes import client, config
+
+from octavo_operator import constants as c
+
+PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "ServiceMonitor": "servicemonitors",
+    "Event": "events",
+    c.KIND: c.PLURAL,
+}
+DISCOVERY_TTL_SECONDS = 30.0
+REQUEST_TIMEOUT = 30
+
+
+def api_error_message(error: client.ApiException) -> str:
+    """The apiserver's own message (the Status object's), else the HTTP reason."""
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{error.status} {error.reason}"
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """A kubeconfig (argument or $KUBECONFIG or ~/.kube/config), else in-cluster."""
+    try:
+        return config.new_client_from_config(config_file=kubeconfig)
+    except config.ConfigException:
+        if kubeconfig:
+            raise
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration)
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str = "") -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+        self._served: dict[str, tuple[float, bool]] = {}
+
+    def call(
+        self, method: str, path: str, body: Any = None, query: list | None = None, **headers: str
+    ) -> dict[str, Any]:
+        """One request; the decoded JSON answer. Raises ApiException on a non-2xx status."""
+        header_params = {"Accept": "application/json", **headers}
+        if body is not None:
+            header_params.setdefault("Content-Type", "application/json")
+        method, url, header_params, body, _ = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params=header_params,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(
+            method, url, header_params=header_params, body=body, _request_timeout=REQUEST_TIMEOUT
+        )
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise client.ApiException(http_resp=response)
+        return json.loads(data) if data else {}
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", c.FIELD_MANAGER), ("force", "true")]
+        return self.call(
+            "PATCH", path, obj, query, **{"Content-Type": "application/apply-patch+yaml"}
+        )
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return self.call("GET", object_path(api_version, kind, namespace, name))
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """True if something was deleted; a missing object is not an error."""
+        try:
+            self.call("DELETE", object_path(api_version, kind, namespace, name))
+        except client.ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.call("PATCH", path, patch, **{"Content-Type": "application/merge-patch+json"})
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        return self.call("POST", path, obj)
+
+    def served(self, group_version: str, plural: str) -> bool:
+        """Does the apiserver serve this resource (e.g. ServiceMonitors)? Cached briefly."""
+        key = f"{group_version}/{plural}"
+        cached = self._served.get(key)
+        if cached is not None and time.monotonic() - cached[0] < DISCOVERY_TTL_SECONDS:
+            return cached[1]
+        try:
+            listing = self.call("GET", f"/apis/{group_version}")
+            found = any(r.get("name") == plural for r in listing.get("resources", []))
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            found = False
+        self._served[key] = (time.monotonic(), found)
+        return found

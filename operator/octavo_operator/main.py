@@ -1,0 +1,63 @@
+"""`octavo-operator`: run the operator, or check that an installed one works.
+
+octavo-operator [run] [--namespace NS ...] [--liveness-port 8080] [--metrics-port 8081]
+                      [--log-format json|plain] [--default-image IMAGE] [--kubeconfig FILE]
+octavo-operator selfcheck --operator-url http://octavo-operator:8080/healthz
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from octavo_operator import constants as c
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="octavo-operator", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="reconcile InferenceServices (the default)")
+    add_run_options(run)
+    add_run_options(parser)
+    check = sub.add_parser("selfcheck", help="exit 0 if the CRD is served and the operator is up")
+    check.add_argument("--operator-url", required=True, help="the operator's /healthz URL")
+    check.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, else in-cluster")
+    check.add_argument("--timeout", type=float, default=60.0, help="seconds to keep trying")
+    return parser
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    env = os.environ
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; default: all namespaces)",
+    )
+    parser.add_argument("--liveness-port", type=int, default=8080, help="/healthz port (0: off)")
+    parser.add_argument("--metrics-port", type=int, default=8081, help="/metrics port (0: off)")
+    parser.add_argument("--log-format", choices=("json", "plain"), default="json")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--default-image",
+        default=env.get("OCTAVO_OPERATOR_DEFAULT_IMAGE", c.DEFAULT_SERVER_IMAGE),
+        help="server image for InferenceServices without spec.image "
+        "[env OCTAVO_OPERATOR_DEFAULT_IMAGE]",
+    )
+    parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, else in-cluster")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "selfcheck":
+        from octavo_operator.selfcheck import selfcheck
+
+        return selfcheck(args.operator_url, args.kubeconfig, args.timeout)
+    from octavo_operator.runner import run
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The operator's own Prometheus metrics (served on --metrics-port)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+RECONCILES = Counter(
+    "octavo_operator_reconciles_total",
+    "InferenceService reconciles, by trigger and result",
+    ["trigger", "result"],
+)
+RECONCILE_SECONDS = Histogram(
+    "octavo_operator_reconcile_duration_seconds",
+    "Time to apply an InferenceService's children",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+STATUS_UPDATES = Counter(
+    "octavo_operator_status_updates_total", "InferenceService status patches written"
+)
+DRIFT_CORRECTIONS = Counter(
+    "octavo_operator_drift_corrections_total",
+    "Children put back after being deleted or edited by someone else",
+    ["kind"],
+)

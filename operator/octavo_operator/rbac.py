@@ -1,0 +1,44 @@
+"""The exact API rights the operator needs, next to the code that uses them.
+
+`python -m octavo_operator.generate` writes these rules for the Helm chart's ClusterRole;
+the e2e tests run the operator under exactly that role, so a missing right fails a test
+and an unneeded one is visible here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from octavo_operator import constants as c
+
+WATCH = ["get", "list", "watch"]
+# Server-side apply is a PATCH that may create the object, which RBAC checks as `create`.
+APPLY = ["create", "patch"]
+
+
+def policy_rules() -> list[dict[str, Any]]:
+    return [
+        # The custom resource: watched, its spec.replicas seeded for autoscaling, status
+        # written; kopf records its progress in annotations (a patch of the object).
+        _rule(c.GROUP, c.PLURAL, [*WATCH, "patch"]),
+        _rule(c.GROUP, f"{c.PLURAL}/status", ["get", "patch", "update"]),
+        # Children, created by server-side apply and watched for drift and status.
+        _rule("apps", "deployments", [*WATCH, *APPLY]),
+        _rule("", "services", [*WATCH, *APPLY]),
+        _rule("", "persistentvolumeclaims", [*WATCH, *APPLY]),
+        # Optional children: also deleted when the spec turns them off.
+        _rule("policy", "poddisruptionbudgets", [*WATCH, *APPLY, "delete"]),
+        _rule("autoscaling", "horizontalpodautoscalers", [*WATCH, *APPLY, "delete"]),
+        _rule("monitoring.coreos.com", "servicemonitors", [*WATCH, *APPLY, "delete"]),
+        # Pods are read to explain what a Deployment's status does not (unschedulable).
+        _rule("", "pods", WATCH),
+        # Events on the InferenceService for every condition change.
+        _rule("", "events", ["create", "patch"]),
+        _rule("events.k8s.io", "events", ["create", "patch"]),
+        # kopf checks which CRDs exist when it starts (and whether ServiceMonitors do).
+        _rule("apiextensions.k8s.io", "customresourcedefinitions", WATCH),
+    ]
+
+
+def _rule(group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": [resource], "verbs": verbs}

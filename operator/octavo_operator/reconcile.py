@@ -1,0 +1,153 @@
+"""Reconcile one InferenceService: apply its children, remove the ones turned off, and
+write its status. Thread-safe; kopf calls it from its worker threads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from octavo_operator import constants as c
+from octavo_operator import metrics
+from octavo_operator.api.service import InferenceService
+from octavo_operator.builders.children import desired_children
+from octavo_operator.conditions import merge, transitions
+from octavo_operator.events import now_rfc3339, post_transitions
+from octavo_operator.kube import Kube, api_error_message, object_path
+from octavo_operator.status import Observed, compute
+
+logger = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, name)
+# API errors that a retry with the same spec cannot fix: reported, not retried.
+PERMANENT_STATUSES = (400, 404, 422)
+
+
+class TransientError(RuntimeError):
+    """An apply failed in a way a later retry may fix (5xx, timeouts, 403 until RBAC is fixed)."""
+
+
+@dataclass
+class Applied:
+    """What the last reconcile of one InferenceService did."""
+
+    generation: int | None = None
+    error: str | None = None
+    # (kind, name) -> generation or resourceVersion the apply returned: a child event with
+    # another value means someone else changed the child.
+    versions: dict[tuple[str, str], str] = field(default_factory=dict)
+    deployment: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    default_image: str = c.DEFAULT_SERVER_IMAGE
+
+
+def child_version(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    generation = meta.get("generation")
+    return f"g{generation}" if generation else f"r{meta.get('resourceVersion', '')}"
+
+
+class Controller:
+    def __init__(self, kube: Kube, settings: Settings):
+        self.kube = kube
+        self.settings = settings
+        self.applied: dict[Key, Applied] = {}
+        self._locks: defaultdict[Key, threading.Lock] = defaultdict(threading.Lock)
+
+    def lock(self, key: Key) -> threading.Lock:
+        return self._locks[key]
+
+    def reconcile(self, body: dict[str, Any], trigger: str) -> Applied:
+        """Apply every child; raises TransientError when a retry may help."""
+        isvc = InferenceService.from_body(body)
+        started = time.perf_counter()
+        applied = Applied(generation=isvc.generation)
+        try:
+            self._seed_replicas(isvc, body)
+            self._apply_children(isvc, applied)
+        except client.ApiException as error:
+            applied.error = f"{error.status}: {api_error_message(error)}"
+            applied.generation = self.applied.get((isvc.namespace, isvc.name), Applied()).generation
+            result = "permanent_error" if error.status in PERMANENT_STATUSES else "error"
+            metrics.RECONCILES.labels(trigger, result).inc()
+            self.applied[(isvc.namespace, isvc.name)] = applied
+            if result == "error":
+                raise TransientError(applied.error) from error
+            return applied
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        metrics.RECONCILES.labels(trigger, "ok").inc()
+        self.applied[(isvc.namespace, isvc.name)] = applied
+        return applied
+
+    def _apply_children(self, isvc: InferenceService, applied: Applied) -> None:
+        monitors = self.kube.served("monitoring.coreos.com/v1", "servicemonitors")
+        children = desired_children(isvc, self.settings.default_image, monitors)
+        for obj in children.apply:
+            result = self.kube.apply(obj)
+            applied.versions[(obj["kind"], obj["metadata"]["name"])] = child_version(result)
+            if obj["kind"] == "Deployment":
+                applied.deployment = result
+        for ref in children.remove:
+            if self.kube.delete(ref.api_version, ref.kind, isvc.namespace, ref.name):
+                logger.info(
+                    "deleted %s %s/%s (off in the spec)", ref.kind, isvc.namespace, ref.name
+                )
+
+    def _seed_replicas(self, isvc: InferenceService, body: dict[str, Any]) -> None:
+        """An autoscaler does not scale a target whose /scale reports 0 replicas: start the
+        InferenceService at minReplicas when autoscaling is on and replicas is unset."""
+        if isvc.autoscaling is None or isvc.replicas is not None:
+            return
+        path = object_path(c.API_VERSION, c.KIND, isvc.namespace, isvc.name)
+        self.kube.merge_patch(path, {"spec": {"replicas": isvc.autoscaling.min_replicas}})
+        body.setdefault("spec", {})["replicas"] = isvc.autoscaling.min_replicas
+
+    def drifted(self, key: Key, child: dict[str, Any], deleted: bool) -> bool:
+        """Did someone else delete or change this child since our last apply?"""
+        applied = self.applied.get(key)
+        if applied is None or applied.error is not None:
+            return False  # not reconciled by this process yet: resume/create will do it
+        kind, name = child.get("kind", ""), (child.get("metadata") or {}).get("name", "")
+        recorded = applied.versions.get((kind, name))
+        if recorded is None:
+            return False
+        return deleted or recorded != child_version(child)
+
+    def write_status(
+        self, body: dict[str, Any], observed: Observed, *, post_events: bool = True
+    ) -> bool:
+        """Patch the status if it changed; post an Event per condition transition."""
+        isvc = InferenceService.from_body(body)
+        fields, conds = compute(isvc, observed)
+        old_status = body.get("status") or {}
+        old_conditions = old_status.get("conditions") or []
+        generation = observed.applied_generation or isvc.generation
+        new_status = {
+            **fields,
+            "conditions": merge(old_conditions, conds, generation, now_rfc3339()),
+        }
+        if _same_status(old_status, new_status):
+            return False
+        path = object_path(c.API_VERSION, c.KIND, isvc.namespace, isvc.name) + "/status"
+        try:
+            self.kube.merge_patch(path, {"status": new_status})
+        except client.ApiException as error:
+            if error.status == 404:  # deleted meanwhile
+                return False
+            raise
+        metrics.STATUS_UPDATES.inc()
+        body["status"] = new_status
+        if post_events:
+            post_transitions(self.kube, body, transitions(old_conditions, conds))
+        return True
+
+
+def _same_status(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return all(old.get(k) == v for k, v in new.items())
