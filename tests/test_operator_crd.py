@@ -1,0 +1,71 @@
+"""The CRD and RBAC rules: generated copies are current, and the schema has what users need.
+(The apiserver's own verdict on specs is in e2e/test_operator_validation.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from octavo_operator import generate
+from octavo_operator.api.crd import custom_resource_definition
+from octavo_operator.rbac import policy_rules
+
+
+def test_generated_copies_are_current():
+    proc = subprocess.run(
+        [sys.executable, "-m", "octavo_operator.generate", "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert generate.stale() == []
+
+
+def test_names_subresources_and_printer_columns():
+    crd = custom_resource_definition()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "inferenceservices.octavo.dev"
+    assert (spec["group"], spec["scope"]) == ("octavo.dev", "Namespaced")
+    assert spec["names"]["kind"] == "InferenceService" and "isvc" in spec["names"]["shortNames"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Ready", "Replicas", "Model", "URL", "Age"]
+
+
+def test_defaults_are_in_the_schema():
+    props = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"
+    ]["spec"]["properties"]
+    assert props["engine"]["default"] == {
+        "blockSize": 16,
+        "gpuMemoryUtilization": 0.9,
+        "enablePrefixCaching": True,
+        "dtype": "auto",
+        "tensorParallelSize": 1,
+    }
+    assert props["rollout"]["default"] == {
+        "strategy": "RollingUpdate",
+        "maxSurge": 0,
+        "maxUnavailable": 1,
+    }
+    assert props["drain"]["default"] == {"preStopSeconds": 10, "terminationGracePeriodSeconds": 60}
+    assert props["startup"]["default"] == {"timeoutSeconds": 1800}
+    assert "default" not in props["replicas"]  # a default would clash with autoscaling
+
+
+def test_rbac_rules_are_exact():
+    rules = policy_rules()
+    for r in rules:
+        assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
+    by_resource = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in rules}
+    assert by_resource[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
+    assert by_resource[("", "pods")] == {"get", "list", "watch"}
+    assert by_resource[("octavo.dev", "inferenceservices/status")] == {"get", "patch", "update"}
+    assert ("", "secrets") not in by_resource  # the API key is read by the kubelet, not us
