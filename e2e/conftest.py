@@ -24,6 +24,7 @@ from kubernetes import client, config
 from e2e import cluster as e2e_cluster
 from e2e.cluster import build, control_plane
 from e2e.helpers import wait_for
+from e2e.operator_process import OperatorProcess, install_crd, install_rbac
 
 LOG_TAIL_LINES = 25
 _build_error: Exception | None = None
@@ -65,6 +66,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         for name in control_plane.COMPONENTS:
             text = control_plane.tail_log(logs / f"{name}.log", LOG_TAIL_LINES)
             report.sections.append((f"{name} log (last {LOG_TAIL_LINES} lines)", text))
+        operator = item.funcargs.get("operator") if hasattr(item, "funcargs") else None
+        if isinstance(operator, OperatorProcess):
+            report.sections.append(("operator log", operator.tail(LOG_TAIL_LINES)))
 
 
 @pytest.fixture(scope="session")
@@ -150,3 +154,19 @@ def helm(
         for kind in ("CACHE", "CONFIG", "DATA")
     }
     return _runner(cluster.binary("helm"), {**os.environ, **cluster.env(), **homes})
+
+
+@pytest.fixture(scope="session")
+def operator(
+    cluster: e2e_cluster.Cluster,
+    api_client: client.ApiClient,
+    apiext: client.ApiextensionsV1Api,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    """The operator, running for the whole session under its own RBAC (see operator_process)."""
+    install_crd(apiext)
+    install_rbac(api_client)
+    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
+    proc.start()
+    yield proc
+    proc.stop()

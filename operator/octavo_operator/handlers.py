@@ -62,6 +62,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.controller = Controller(kube, Settings(default_image=image))
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """$KUBECONFIG as set by `--kubeconfig` (read now, not at import), else in-cluster."""
+    return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
+
+
 @kopf.index(*ISVC)
 def isvc_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, name): plain(body)}
