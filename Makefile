@@ -33,6 +33,12 @@ cluster: venv
 cluster-down: venv
 	$(E2E_CLUSTER) down
 
+# manifests/octavo-operator.yaml rendered from charts/octavo (helm from the e2e build
+# cache, built when missing); e2e/test_chart_static.py fails when it is stale.
+.PHONY: manifests
+manifests: venv
+	$(BIN)/python scripts/render_manifests.py
+
 # System tools the tests use (a real Prometheus from Debian's package); idempotent.
 test-tools:
 	./scripts/install-test-tools.sh
