@@ -23,8 +23,8 @@ from e2e import cluster as e2e_cluster
 from e2e.cluster.paths import REPO_ROOT
 from e2e.helpers import wait_for
 
-NAMESPACE = "octavo-system"
-SERVICE_ACCOUNT = "octavo-operator"
+NAMESPACE = "octavo-e2e"
+SERVICE_ACCOUNT = "octavo-operator-e2e"
 CRD_FILE = REPO_ROOT / "manifests/crds/inferenceservices.octavo.dev.yaml"
 RULES_FILE = REPO_ROOT / "charts/octavo/files/rbac/clusterrole-rules.yaml"
 ROLE_NAME = "octavo-operator-e2e"

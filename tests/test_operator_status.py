@@ -139,3 +139,13 @@ def test_transition_time_moves_only_on_status_change_and_events_on_reason_change
     assert moved[0]["lastTransitionTime"] == "2026-01-01T00:09:00Z"
     assert moved[0]["observedGeneration"] == 2
     assert transitions(moved, flipped) == []
+
+
+def test_first_observation_is_an_event_only_when_degraded():
+    starting = [
+        Condition("Ready", False, "ReplicasNotReady", "0/1"),
+        Condition("Degraded", False, "AsExpected", ""),
+    ]
+    assert transitions([], starting) == []
+    broken = [Condition("Degraded", True, "ClaimNotFound", "no claim")]
+    assert transitions([], broken) == broken

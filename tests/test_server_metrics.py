@@ -8,24 +8,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
+from octavo.entrypoints.openai.prometheus_testing import (
+    Prometheus,
+    ScrapeJob,
+    find_prometheus,
+    running_prometheus,
+)
 from octavo.entrypoints.openai.testing import (
-    LOOPBACK,
     ThreadedServer,
     build_local_app,
-    free_port,
     metric_value,
     torch_threads,
 )
@@ -180,9 +180,7 @@ def test_counters_move_by_exactly_what_was_served(ledger):
 # ----- a real Prometheus ---------------------------------------------------------------------
 def prometheus_binary() -> str:
     """The prometheus executable; a missing one fails the test unless skipping is asked."""
-    found = shutil.which("prometheus") or next(
-        (path for path in ("/usr/bin/prometheus",) if os.access(path, os.X_OK)), None
-    )
+    found = find_prometheus()
     if found:
         return found
     if os.environ.get(SKIP_PROMETHEUS_ENV) == "1":
@@ -190,62 +188,11 @@ def prometheus_binary() -> str:
     pytest.fail(PROMETHEUS_INSTALL)
 
 
-@dataclass
-class Prometheus:
-    url: str
-    process: subprocess.Popen
-    log: Path
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10)
-        response.raise_for_status()
-        body = response.json()
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def wait_for(self, promql: str, expected: float, timeout: float = 40.0) -> float | None:
-        """Poll an instant query until it returns ``expected``; the last value seen."""
-        deadline, value = time.monotonic() + timeout, None
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"prometheus exited:\n{self.log.read_text()}"
-            try:
-                result = self.query(promql)
-            except httpx.TransportError:  # still starting
-                result = []
-            value = float(result[0]["value"][1]) if result else None
-            if value == expected:
-                return value
-            time.sleep(0.25)
-        return value
-
-
 @pytest.fixture
 def prometheus(ledger, tmp_path) -> Iterator[Prometheus]:
-    binary = prometheus_binary()
-    target = ledger.url.removeprefix("http://")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-        "scrape_configs:\n  - job_name: octavo\n    metrics_path: /metrics\n"
-        f"    static_configs:\n      - targets: ['{target}']\n"
-    )
-    address = f"{LOOPBACK}:{free_port()}"
-    log = tmp_path / "prometheus.log"
-    command = [
-        binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-        f"--web.listen-address={address}", "--log.level=warn",
-    ]  # fmt: skip
-    with log.open("w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-    try:
-        yield Prometheus(f"http://{address}", process, log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+    job = ScrapeJob("octavo", (ledger.url.removeprefix("http://"),))
+    with running_prometheus(prometheus_binary(), [job], tmp_path) as server:
+        yield server
 
 
 def test_real_prometheus_scrapes_the_served_count(ledger, prometheus):

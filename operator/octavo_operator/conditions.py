@@ -52,6 +52,14 @@ def merge(
 
 
 def transitions(old: list[dict[str, Any]], new: list[Condition]) -> list[Condition]:
-    """Conditions whose status or reason changed (first observations included)."""
+    """Conditions whose status or reason changed. A first observation counts only when it
+    is bad news on its own (Degraded=True): a new service starting up is not an event."""
     previous = {c.get("type"): (c.get("status"), c.get("reason")) for c in old or []}
-    return [c for c in new if previous.get(c.type) != (c.status_text, c.reason)]
+
+    def changed(cond: Condition) -> bool:
+        before = previous.get(cond.type)
+        if before is None:
+            return cond.type == DEGRADED and cond.status
+        return before != (cond.status_text, cond.reason)
+
+    return [c for c in new if changed(c)]

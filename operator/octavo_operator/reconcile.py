@@ -71,7 +71,7 @@ class Controller:
         applied = Applied(generation=isvc.generation)
         try:
             self._seed_replicas(isvc, body)
-            self._apply_children(isvc, applied)
+            self._apply_children(isvc, applied, check_all=trigger == "resume")
         except client.ApiException as error:
             applied.error = f"{error.status}: {api_error_message(error)}"
             applied.generation = self.applied.get((isvc.namespace, isvc.name), Applied()).generation
@@ -86,15 +86,21 @@ class Controller:
         self.applied[(isvc.namespace, isvc.name)] = applied
         return applied
 
-    def _apply_children(self, isvc: InferenceService, applied: Applied) -> None:
+    def _apply_children(self, isvc: InferenceService, applied: Applied, check_all: bool) -> None:
+        """Apply the wanted children; delete optional ones turned off. Deletes are only sent
+        for kinds this process applied before, or for every kind on resume (the spec may
+        have changed while the operator was down)."""
         monitors = self.kube.served("monitoring.coreos.com/v1", "servicemonitors")
         children = desired_children(isvc, self.settings.default_image, monitors)
+        previous = self.applied.get((isvc.namespace, isvc.name), Applied()).versions
         for obj in children.apply:
             result = self.kube.apply(obj)
             applied.versions[(obj["kind"], obj["metadata"]["name"])] = child_version(result)
             if obj["kind"] == "Deployment":
                 applied.deployment = result
         for ref in children.remove:
+            if not check_all and (ref.kind, ref.name) not in previous:
+                continue
             if self.kube.delete(ref.api_version, ref.kind, isvc.namespace, ref.name):
                 logger.info(
                     "deleted %s %s/%s (off in the spec)", ref.kind, isvc.namespace, ref.name

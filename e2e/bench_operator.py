@@ -1,0 +1,166 @@
+"""Benchmark (not a test): N InferenceServices applied at once on the e2e control plane.
+
+    python -m e2e.bench_operator [--count 100] [--out bench-results/operator]
+
+Reports, for each service, the time from its create call returning to its Deployment
+appearing in a watch (p50/p99/max), the time until every one is Ready, and the operator's
+resident memory (current and peak). Writes operator.json and operator.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kubernetes import client, config, watch
+from tqdm import tqdm
+
+from e2e import cluster as e2e_cluster
+from e2e import isvc
+from e2e.operator_process import OperatorProcess, install_crd, install_rbac
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of PID in MiB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def watch_deployments(apps: client.AppsV1Api, namespace: str, seen: dict, stop: threading.Event):
+    w = watch.Watch()
+    for event in w.stream(apps.list_namespaced_deployment, namespace, timeout_seconds=120):
+        name = event["object"].metadata.name
+        seen.setdefault(name, time.monotonic())
+        if stop.is_set():
+            w.stop()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(count: int, out: Path) -> dict:
+    cluster = e2e_cluster.status() or e2e_cluster.up()
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+    install_crd(client.ApiextensionsV1Api(api))
+    install_rbac(api)
+    namespace = f"bench-{int(time.time())}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    operator = OperatorProcess(cluster, Path(tempfile.mkdtemp(prefix="octavo-bench-")))
+    operator.start()
+    idle_rss, _ = rss_mib(operator.proc.pid)
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_deployments, args=(apps, namespace, seen, stop))
+    watcher.start()
+    created: dict[str, float] = {}
+
+    def create(i: int) -> None:
+        name = f"svc-{i:03d}"
+        isvc.create(custom, namespace, isvc.manifest(name, {"replicas": 1, "resources": {"gpu": 0}}))
+        created[name] = time.monotonic()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(tqdm(pool.map(create, range(count)), total=count, desc="creating"))
+    with tqdm(total=count, desc="deployments") as bar:
+        while len(seen) < count and time.monotonic() - started < 120:
+            bar.update(len(seen) - bar.n)
+            time.sleep(0.05)
+        bar.update(len(seen) - bar.n)
+    all_deployments = max(seen.values()) - started if seen else float("nan")
+    ready_at = wait_all_ready(custom, namespace, count, started)
+    rss, peak = rss_mib(operator.proc.pid)
+    operator_metrics = scrape(operator.metrics())
+    stop.set()
+    latencies = [max(0.0, seen[n] - created[n]) for n in created if n in seen]
+    result = {
+        "count": count,
+        "deployments_seen": len(seen),
+        "latency_p50_s": statistics.median(latencies),
+        "latency_p99_s": percentile(latencies, 0.99),
+        "latency_max_s": max(latencies),
+        "all_deployments_s": all_deployments,
+        "all_ready_s": ready_at,
+        "operator_rss_idle_mib": idle_rss,
+        "operator_rss_mib": rss,
+        "operator_rss_peak_mib": peak,
+        **operator_metrics,
+    }
+    operator.stop()
+    core.delete_namespace(namespace)
+    write(out, result, latencies)
+    return result
+
+
+def scrape(text: str) -> dict[str, float]:
+    """The operator's own counters: reconciles, their total time, status writes."""
+    wanted = {
+        "octavo_operator_reconcile_duration_seconds_count": "reconciles",
+        "octavo_operator_reconcile_duration_seconds_sum": "reconcile_seconds_total",
+        "octavo_operator_status_updates_total": "status_updates",
+    }
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in wanted:
+            out[wanted[name]] = float(value)
+    return out
+
+
+def wait_all_ready(custom: client.CustomObjectsApi, namespace: str, count: int, t0: float) -> float:
+    with tqdm(total=count, desc="Ready=True") as bar:
+        while time.monotonic() - t0 < 300:
+            items = custom.list_namespaced_custom_object(
+                isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL
+            )["items"]
+            ready = sum(isvc.condition(o, "Ready").get("status") == "True" for o in items)
+            bar.update(ready - bar.n)
+            if ready >= count:
+                return time.monotonic() - t0
+            time.sleep(0.5)
+    return float("nan")
+
+
+def write(out: Path, result: dict, latencies: list[float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "operator.json").write_text(json.dumps(result, indent=2))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist([x * 1000 for x in latencies], bins=30)
+    ax.axvline(result["latency_p99_s"] * 1000, color="red", label="p99")
+    ax.axvline(1000, color="black", linestyle="--", label="target p99 1 s")
+    ax.set_xlabel("create -> Deployment exists (ms)")
+    ax.set_ylabel("InferenceServices")
+    ax.set_title(f"{result['count']} InferenceServices applied at once")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "operator.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/operator"))
+    args = parser.parse_args()
+    result = run(args.count, args.out)
+    print(json.dumps(result, indent=2))
+    print(f"wrote {args.out / 'operator.json'} and {args.out / 'operator.png'}")
+
+
+if __name__ == "__main__":
+    main()
