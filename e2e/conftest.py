@@ -27,6 +27,7 @@ from e2e.helpers import wait_for
 from e2e.operator_process import OperatorProcess, install_crd, install_rbac
 
 LOG_TAIL_LINES = 25
+SESSION_OPERATORS: list[OperatorProcess] = []
 _build_error: Exception | None = None
 
 
@@ -168,5 +169,19 @@ def operator(
     install_rbac(api_client)
     proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
     proc.start()
+    SESSION_OPERATORS.append(proc)
     yield proc
+    SESSION_OPERATORS.remove(proc)
     proc.stop()
+
+
+@pytest.fixture
+def no_other_operator() -> Iterator[None]:
+    """Pause the session's operator (if one runs) while a test runs its own: two operators
+    would both reconcile every InferenceService."""
+    paused = [p for p in SESSION_OPERATORS if p.proc is not None]
+    for proc in paused:
+        proc.stop()
+    yield
+    for proc in paused:
+        proc.start()

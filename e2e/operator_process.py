@@ -87,9 +87,16 @@ def install_rbac(api: client.ApiClient) -> None:
 class OperatorProcess:
     """`octavo-operator` as a child process; its JSON log goes to LOG_PATH."""
 
-    def __init__(self, cluster: e2e_cluster.Cluster, workdir: Path, **env: str):
+    def __init__(
+        self,
+        cluster: e2e_cluster.Cluster,
+        workdir: Path,
+        service_account: tuple[str, str] = (NAMESPACE, SERVICE_ACCOUNT),
+        **env: str,
+    ):
         self.cluster = cluster
         self.workdir = workdir
+        self.service_account = service_account
         self.log_path = workdir / "operator.log"
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -97,8 +104,9 @@ class OperatorProcess:
         self.metrics_port = 0
 
     def start(self) -> None:
+        namespace, name = self.service_account
         kubeconfig = e2e_cluster.service_account_kubeconfig(
-            self.cluster, NAMESPACE, SERVICE_ACCOUNT, self.workdir / "operator.kubeconfig"
+            self.cluster, namespace, name, self.workdir / "operator.kubeconfig"
         )
         self.liveness_port, self.metrics_port = free_port(), free_port()
         command = [

@@ -1,0 +1,154 @@
+"""Run a pod's container as a local process, the way a kubelet would minus the container.
+
+There is no container runtime here, so the container's filesystem and network namespace
+are emulated: every volume mount and image folder becomes a local folder (paths in env
+values and arguments are rewritten to it), and the container port is mapped to a free
+loopback port (the `--port` argument). Command, args, environment (the image's ENV from
+the Dockerfile target, then the container's env, secretKeyRef values read from the
+apiserver) and the probes' paths all come from the pod spec as the operator wrote it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from e2e.cluster.paths import REPO_ROOT
+from e2e.operator_process import free_port
+
+
+def dockerfile_env(target: str, dockerfile: Path = REPO_ROOT / "Dockerfile") -> dict[str, str]:
+    """ENV lines of one build stage (`FROM ... AS target`), continuation lines joined."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    in_target = False
+    for line in text.splitlines():
+        words = line.strip().split(None, 1)
+        if not words:
+            continue
+        if words[0].upper() == "FROM":
+            in_target = line.strip().lower().endswith(f" as {target}")
+        elif in_target and words[0].upper() == "ENV" and len(words) > 1:
+            for pair in shlex.split(words[1]):
+                key, _, value = pair.partition("=")
+                env[key] = value
+    return env
+
+
+@dataclass
+class PodProcess:
+    pod: dict[str, Any]  # the Pod as the apiserver returns it (camelCase dict)
+    workdir: Path
+    image_paths: dict[str, Path] = field(default_factory=dict)  # image folder -> local folder
+    secrets: dict[tuple[str, str], str] = field(default_factory=dict)  # (secret, key) -> value
+    proc: subprocess.Popen | None = None
+    port_map: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def container(self) -> dict[str, Any]:
+        return self.pod["spec"]["containers"][0]
+
+    def path_map(self) -> dict[str, Path]:
+        """Container path -> local folder: volume mounts and folders baked into the image."""
+        out = {}
+        for mount in self.container.get("volumeMounts") or []:
+            local = self.workdir / "volumes" / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            out[mount["mountPath"]] = local
+        return {**out, **{k: v for k, v in self.image_paths.items()}}
+
+    def rewrite(self, value: str) -> str:
+        for container_path, local in sorted(self.path_map().items(), key=lambda kv: -len(kv[0])):
+            if value == container_path or value.startswith(container_path.rstrip("/") + "/"):
+                return str(local) + value[len(container_path.rstrip("/")) :]
+        return value
+
+    def environment(self, image_env: dict[str, str]) -> dict[str, str]:
+        env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
+        env.update({k: self.rewrite(v) for k, v in image_env.items()})
+        for var in self.container.get("env") or []:
+            if "value" in var:
+                env[var["name"]] = self.rewrite(var["value"])
+            else:
+                ref = var["valueFrom"]["secretKeyRef"]
+                env[var["name"]] = self.secrets[(ref["name"], ref["key"])]
+        return env
+
+    def argv(self) -> list[str]:
+        """command + args, paths rewritten and container ports mapped to local ones."""
+        args = [self.rewrite(a) for a in self.container.get("args") or []]
+        for port in self.container.get("ports") or []:
+            self.port_map[port["containerPort"]] = free_port()
+        if "--port" in args:
+            i = args.index("--port") + 1
+            args[i] = str(self.port_map[int(args[i])])
+        command = list(self.container["command"])
+        binary = Path(sys.executable).parent / command[0]  # installed in this venv
+        return [str(binary), *command[1:], *args]
+
+    def local_port(self, port: int | str) -> int:
+        if isinstance(port, str):
+            named = {p["name"]: p["containerPort"] for p in self.container.get("ports") or []}
+            port = named[port]
+        return self.port_map[port]
+
+    def start(self, image_env: dict[str, str]) -> None:
+        command = self.argv()
+        env = self.environment(image_env)
+        log = (self.workdir / "pod.log").open("w")
+        self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def probe(self, name: str) -> bool:
+        """One HTTP GET of the probe named NAME (startupProbe, readinessProbe...)."""
+        http = self.container[name]["httpGet"]
+        url = f"http://127.0.0.1:{self.local_port(http['port'])}{http['path']}"
+        try:
+            with urllib.request.urlopen(url, timeout=self.container[name].get("timeoutSeconds", 1)):
+                return True
+        except OSError:
+            return False
+
+    def wait_probe(self, name: str, limit: float | None = None) -> float:
+        """Poll like the kubelet (every periodSeconds, at most failureThreshold times, but
+        at least every second here); seconds until it passed."""
+        spec = self.container[name]
+        budget = limit or spec.get("periodSeconds", 10) * spec.get("failureThreshold", 3)
+        started = time.monotonic()
+        while time.monotonic() - started < budget:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the pod's process exited:\n{self.log_tail()}")
+            if self.probe(name):
+                return time.monotonic() - started
+            time.sleep(min(1.0, spec.get("periodSeconds", 10)))
+        raise AssertionError(f"{name} did not pass in {budget:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        path = self.workdir / "pod.log"
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def pod_dict(api: client.ApiClient, pod: Any) -> dict[str, Any]:
+    return api.sanitize_for_serialization(pod)
