@@ -49,6 +49,7 @@ test: venv lint test-tools
 	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 	$(E2E_CLUSTER) build
 	$(BIN)/python -m pytest -q e2e
+	./scripts/checkov.sh
 
 bench: venv
 	$(BIN)/octavo bench offline

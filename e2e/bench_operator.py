@@ -54,6 +54,7 @@ def run(count: int, out: Path) -> dict:
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     install_crd(client.ApiextensionsV1Api(api))
     install_rbac(api)
+    wait_no_other_services(custom)
     namespace = f"bench-{int(time.time())}"
     core.create_namespace({"metadata": {"name": namespace}})
     operator = OperatorProcess(cluster, Path(tempfile.mkdtemp(prefix="octavo-bench-")))
@@ -67,7 +68,9 @@ def run(count: int, out: Path) -> dict:
 
     def create(i: int) -> None:
         name = f"svc-{i:03d}"
-        isvc.create(custom, namespace, isvc.manifest(name, {"replicas": 1, "resources": {"gpu": 0}}))
+        isvc.create(
+            custom, namespace, isvc.manifest(name, {"replicas": 1, "resources": {"gpu": 0}})
+        )
         created[name] = time.monotonic()
 
     started = time.monotonic()
@@ -103,6 +106,18 @@ def run(count: int, out: Path) -> dict:
     return result
 
 
+def wait_no_other_services(custom: client.CustomObjectsApi, timeout: float = 300) -> None:
+    """Measure on a quiet cluster: earlier runs' services must be gone (the operator would
+    otherwise resume them at start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = custom.list_cluster_custom_object(isvc.GROUP, isvc.VERSION, isvc.PLURAL)["items"]
+        if not left:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"{len(left)} InferenceServices still exist; delete them first")
+
+
 def scrape(text: str) -> dict[str, float]:
     """The operator's own counters: reconciles, their total time, status writes."""
     wanted = {
@@ -115,6 +130,8 @@ def scrape(text: str) -> dict[str, float]:
         name, _, value = line.partition(" ")
         if name in wanted:
             out[wanted[name]] = float(value)
+        elif name.startswith(("octavo_operator_reconciles_total{", "octavo_operator_drift")):
+            out[name] = float(value)
     return out
 
 

@@ -82,6 +82,7 @@ def install_rbac(api: client.ApiClient) -> None:
         "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}],
     }
     _apply(rbac.create_cluster_role_binding, binding)
+    rbac.replace_cluster_role_binding(ROLE_NAME, binding)
 
 
 class OperatorProcess:

@@ -39,9 +39,16 @@ def test_unknown_model_path(tmp_path):
         LLM(str(tmp_path / "nope"))
 
 
-def test_hub_uri_is_refused_offline():
-    with pytest.raises(ValueError, match="only local folders"):
+def test_hub_uri_is_refused_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache"):
         LLM("hf://meta-llama/Llama-3-8B")
+
+
+def test_unsupported_uri_scheme_is_refused():
+    with pytest.raises(ValueError, match="unsupported scheme"):
+        LLM("s3://bucket/Llama-3-8B")
 
 
 @pytest.mark.parametrize(

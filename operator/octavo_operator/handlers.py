@@ -57,7 +57,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.batching.batch_window = 0.05
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    kube = Kube(load_api_client(os.environ.get("KUBECONFIG") or None))
+    workers = settings.execution.max_workers
+    kube = Kube(load_api_client(os.environ.get("KUBECONFIG") or None, pool_size=workers + 4))
     image = os.environ.get("OCTAVO_OPERATOR_DEFAULT_IMAGE") or c.DEFAULT_SERVER_IMAGE
     memo.controller = Controller(kube, Settings(default_image=image))
 

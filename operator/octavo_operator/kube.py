@@ -37,16 +37,18 @@ def api_error_message(error: client.ApiException) -> str:
         return f"{error.status} {error.reason}"
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """A kubeconfig (argument or $KUBECONFIG or ~/.kube/config), else in-cluster."""
+def load_api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
+    """A kubeconfig (argument or $KUBECONFIG or ~/.kube/config), else in-cluster. The
+    connection pool is as large as kopf's worker pool, so no worker waits for a socket."""
+    configuration = client.Configuration()
     try:
-        return config.new_client_from_config(config_file=kubeconfig)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     except config.ConfigException:
         if kubeconfig:
             raise
-        configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str = "") -> str:

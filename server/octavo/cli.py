@@ -11,6 +11,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "octavo.entrypoints.openai.cli",
     "octavo.benchmarks.cli",
+    "octavo.model_executor.cli",
 )
 
 

@@ -15,6 +15,7 @@ class EngineArgs:
     """Everything that shapes an engine. Unset values are resolved from the model/device."""
 
     model: str | None = None
+    revision: str | None = None  # hub models: branch, tag or commit (default main)
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048

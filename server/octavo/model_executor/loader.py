@@ -9,6 +9,7 @@ import torch
 
 from octavo.model_executor.cpu_linear import can_pack, pack_linears
 from octavo.model_executor.embedded import embedded_model_folder
+from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
 from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.rotary import RotaryEmbedding
@@ -17,19 +18,34 @@ from octavo.model_executor.weights import load_weights
 logger = logging.getLogger(__name__)
 
 
-def resolve_model_folder(model: str | None) -> Path:
-    """``None`` means the embedded default; otherwise a local Hugging Face model folder."""
+def resolve_model_folder(model: str | None, revision: str | None = None) -> Path:
+    """``None`` means the embedded default; else a hub model or a local Hugging Face folder."""
     if model is None:
         return embedded_model_folder()
-    if "://" in model and not model.startswith("file://"):
-        raise ValueError(
-            f"model {model!r}: only local folders can be loaded by the engine; "
-            "download the model into a folder (or a volume) and pass its path"
-        )
+    hub = parse_hub_model(model, revision)
+    if hub is not None:
+        return download_snapshot(hub)
+    if revision:
+        logger.warning("--revision %s ignored: %s is a local folder", revision, model)
     folder = Path(model.removeprefix("file://")).expanduser()
     if not (folder / "config.json").is_file():
         raise ValueError(f"model path {str(folder)!r} is not a folder with a config.json")
     return folder
+
+
+def check_model_early(model: str | None, revision: str | None = None) -> None:
+    """Refuse a bad model reference before a server opens its port, without downloading.
+
+    Local folders must exist; hub references must parse, and when offline they must be
+    in the local cache. Online downloads are left to the engine load (behind /health 503).
+    """
+    if model is None:
+        return
+    hub = parse_hub_model(model, revision)
+    if hub is None:
+        resolve_model_folder(model, revision)
+    elif hub_offline():
+        download_snapshot(hub)
 
 
 def load_model(

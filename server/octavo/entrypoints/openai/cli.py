@@ -10,8 +10,9 @@ from octavo.entrypoints.openai import options
 DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
     "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics, "
-    "/version). MODEL is a local Hugging Face model folder; without it the embedded "
-    "SmolLM2-135M-Instruct is served. The port opens at once (/health answers 503 until "
+    "/version). MODEL is a local Hugging Face model folder (or file://PATH) or a Hugging "
+    "Face Hub model hf://ORG/NAME[@REVISION] (also a bare ORG/NAME); without it the "
+    "embedded SmolLM2-135M-Instruct is served. The port opens at once (/health answers 503 until "
     "the model is loaded). SIGTERM drains: new requests get 503, in-flight ones finish "
     "(up to --shutdown-timeout), then the process exits 0."
 )
@@ -29,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model",
         nargs="?",
         default=os.environ.get(options.MODEL_ENV),
-        help=f"model folder (default: the embedded SmolLM2) [env {options.MODEL_ENV}]",
+        help=f"model folder or hf://ORG/NAME (default: the embedded SmolLM2) "
+        f"[env {options.MODEL_ENV}]",
     )
     options.add_options(parser, os.environ)
     parser.set_defaults(func=serve)
@@ -41,11 +43,13 @@ def serve(args: argparse.Namespace) -> int:
     from octavo.entrypoints.openai.context import ServerConfig
     from octavo.entrypoints.openai.server import ListenArgs, run_server
     from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
-    from octavo.model_executor.loader import resolve_model_folder
+    from octavo.model_executor.hub import served_name
+    from octavo.model_executor.loader import check_model_early
 
     options.finish(args)
     engine_args = EngineArgs(
         model=args.model,
+        revision=args.revision,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -58,10 +62,10 @@ def serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size,
     )  # raises ValueError (one clear line from ``octavo``) on bad values, e.g. TP > 1
-    if args.model is not None:
-        resolve_model_folder(args.model)  # a wrong path fails now, not after the port opens
+    check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
+    default_name = served_name(args.model) if args.model else EMBEDDED_MODEL_NAME
     config = ServerConfig(
-        served_model_names=args.served_model_name or [args.model or EMBEDDED_MODEL_NAME],
+        served_model_names=args.served_model_name or [default_name],
         model_root=args.model or EMBEDDED_MODEL_NAME,
         api_key=args.api_key or None,
         max_queue_len=args.max_queue_len,

@@ -99,6 +99,10 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--revision",
+        "hub models (hf://ORG/NAME): branch, tag or commit to load (default: main)",
+    ),
     Option("--host", "address to listen on", default="0.0.0.0"),
     Option("--port", "TCP port to listen on", port_number, 8000),
     Option(
@@ -212,6 +216,9 @@ def env_epilog() -> str:
         f"OCTAVO_<FLAG> for --<flag> (upper case, '-' -> '_'): {names}. Booleans accept "
         "1/0, true/false, yes/no, on/off; OCTAVO_SERVED_MODEL_NAME takes a comma-separated "
         "list. A flag given on the command line wins over its environment variable. "
-        "OCTAVO_CACHE sets where the embedded model is cached. The API key guards /v1/* "
+        "OCTAVO_CACHE sets where the embedded model is cached (OCTAVO_BAKED_MODELS names "
+        "read-only folders searched first) and, unless HF_HUB_CACHE is set, where hub "
+        "models are downloaded ($OCTAVO_CACHE/hf); HF_HUB_OFFLINE=1 loads hub models from "
+        "that cache only. The API key guards /v1/* "
         "only; /health, /metrics and /version stay open."
     )
