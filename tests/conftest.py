@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,23 @@ def assert_all_blocks_free(engine) -> None:
     assert pool.num_free_blocks == pool.num_usable_blocks
     assert all(block.ref_count == 0 for block in pool.blocks)
     assert not engine.kv.tables
+
+
+PROMETHEUS_INSTALL = (
+    "Prometheus is not installed; these tests run a real Prometheus server. Install it with "
+    "`sudo scripts/install-test-tools.sh` (Debian/Ubuntu: `apt-get install -y prometheus`), "
+    "or set OCTAVO_SKIP_PROMETHEUS=1 to skip them."
+)
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> str:
+    """The prometheus executable; a missing one fails the test unless skipping is asked."""
+    from octavo.entrypoints.openai.prometheus_testing import find_prometheus
+
+    found = find_prometheus()
+    if found:
+        return found
+    if os.environ.get("OCTAVO_SKIP_PROMETHEUS") == "1":
+        pytest.skip(reason="OCTAVO_SKIP_PROMETHEUS=1: not running the real Prometheus tests")
+    pytest.fail(PROMETHEUS_INSTALL)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -24,14 +22,11 @@ from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.prometheus_testing import (
     Prometheus,
     ScrapeJob,
-    config_text,
-    find_prometheus,
+    running_prometheus,
 )
 from octavo.entrypoints.openai.testing import (
-    LOOPBACK,
     ThreadedServer,
     build_local_app,
-    free_port,
     torch_threads,
 )
 
@@ -40,7 +35,6 @@ MODEL = "tiny"
 NAMESPACE = "octavo-test"  # what a Kubernetes scrape adds as the `namespace` target label
 TARGET_LABELS = {"namespace", "pod", "instance", "job"}
 PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "and", "or", "unless", "bool", "offset"}
-SKIP_PROMETHEUS_ENV = "OCTAVO_SKIP_PROMETHEUS"
 REQUIRED_METRICS = {
     "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
     "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
@@ -208,34 +202,14 @@ def test_every_expression_uses_exported_metrics_and_labels(dashboard, server_url
 
 
 # ----- a real Prometheus evaluates every panel ---------------------------------------------
-def prometheus_binary() -> str:
-    found = find_prometheus()
-    if found:
-        return found
-    if os.environ.get(SKIP_PROMETHEUS_ENV) == "1":
-        pytest.skip(reason=f"{SKIP_PROMETHEUS_ENV}=1: not running the real Prometheus test")
-    pytest.fail("Prometheus is not installed: run `scripts/install-test-tools.sh`")
-
-
 @pytest.fixture(scope="module")
-def prometheus(server_url, tmp_path_factory) -> Iterator[Prometheus]:
+def prometheus(server_url, prometheus_binary, tmp_path_factory) -> Iterator[Prometheus]:
     """Prometheus scraping the server, adding the `namespace` label a Kubernetes scrape adds."""
-    binary, folder = prometheus_binary(), tmp_path_factory.mktemp("prometheus")
-    job = ScrapeJob("octavo", (server_url.removeprefix("http://"),))
-    config = folder / "prometheus.yml"
-    config.write_text(config_text([job]) + f"        labels: {{namespace: {NAMESPACE}}}\n")
-    address, log = f"{LOOPBACK}:{free_port()}", folder / "prometheus.log"
-    command = [
-        binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-        f"--web.listen-address={address}", "--log.level=warn",
-    ]  # fmt: skip
-    with log.open("w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-    try:
-        yield Prometheus(f"http://{address}", process, log)
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
+    job = ScrapeJob(
+        "octavo", (server_url.removeprefix("http://"),), labels=(("namespace", NAMESPACE),)
+    )
+    with running_prometheus(prometheus_binary, [job], tmp_path_factory.mktemp("prom")) as p:
+        yield p
 
 
 def label_values(prometheus: Prometheus, label: str, match: str) -> list[str]:

@@ -7,7 +7,6 @@ server reported, so the counters can be checked for equality, not just growth.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.prometheus_testing import (
     Prometheus,
     ScrapeJob,
-    find_prometheus,
     running_prometheus,
 )
 from octavo.entrypoints.openai.testing import (
@@ -40,12 +38,6 @@ HISTOGRAMS = (
     "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens",
 )
-PROMETHEUS_INSTALL = (
-    "Prometheus is not installed; this test runs a real Prometheus server. Install it with "
-    "`sudo scripts/install-test-tools.sh` (Debian/Ubuntu: `apt-get install -y prometheus`), "
-    "or set OCTAVO_SKIP_PROMETHEUS=1 to skip this test."
-)
-SKIP_PROMETHEUS_ENV = "OCTAVO_SKIP_PROMETHEUS"
 
 
 @dataclass
@@ -178,20 +170,10 @@ def test_counters_move_by_exactly_what_was_served(ledger):
 
 
 # ----- a real Prometheus ---------------------------------------------------------------------
-def prometheus_binary() -> str:
-    """The prometheus executable; a missing one fails the test unless skipping is asked."""
-    found = find_prometheus()
-    if found:
-        return found
-    if os.environ.get(SKIP_PROMETHEUS_ENV) == "1":
-        pytest.skip(reason=f"{SKIP_PROMETHEUS_ENV}=1: not running the real Prometheus test")
-    pytest.fail(PROMETHEUS_INSTALL)
-
-
 @pytest.fixture
-def prometheus(ledger, tmp_path) -> Iterator[Prometheus]:
+def prometheus(ledger, prometheus_binary, tmp_path) -> Iterator[Prometheus]:
     job = ScrapeJob("octavo", (ledger.url.removeprefix("http://"),))
-    with running_prometheus(prometheus_binary(), [job], tmp_path) as server:
+    with running_prometheus(prometheus_binary, [job], tmp_path) as server:
         yield server
 
 

@@ -30,6 +30,7 @@ class ScrapeJob:
     name: str
     targets: tuple[str, ...]  # host:port
     metrics_path: str = "/metrics"
+    labels: tuple[tuple[str, str], ...] = ()  # added to every series, as Kubernetes SD would
 
 
 @dataclass
@@ -71,6 +72,9 @@ def config_text(jobs: list[ScrapeJob]) -> str:
             "    static_configs:",
             f"      - targets: [{targets}]",
         ]
+        if job.labels:
+            pairs = ", ".join(f"{k}: {v}" for k, v in job.labels)
+            lines.append(f"        labels: {{{pairs}}}")
     return "\n".join(lines) + "\n"
 
 
