@@ -1,0 +1,52 @@
+"""A ServiceMonitor is created only when asked for and when the Prometheus Operator's CRD
+is served; turning it off deletes it."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from e2e import isvc
+from e2e.helpers import wait_for
+
+MONITORING = ("monitoring.coreos.com", "v1", "servicemonitors")
+
+
+@pytest.fixture
+def service_monitor_crd(apiext: client.ApiextensionsV1Api):
+    """The ServiceMonitor CRD (schema left open: only its existence matters here)."""
+    body = {
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"plural": "servicemonitors", "singular": "servicemonitor",
+                      "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
+            "versions": [{
+                "name": "v1", "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                }},
+            }],
+        },
+    }  # fmt: skip
+    apiext.create_custom_resource_definition(body)
+    yield
+    apiext.delete_custom_resource_definition(body["metadata"]["name"])
+
+
+def monitors(custom: client.CustomObjectsApi, namespace: str) -> list[dict]:
+    return custom.list_namespaced_custom_object(*MONITORING[:2], namespace, MONITORING[2])["items"]
+
+
+def test_service_monitor_follows_the_spec(operator, service_monitor_crd, namespace, custom):
+    spec = {"replicas": 1, "monitoring": {"serviceMonitor": True, "interval": "30s"}}
+    isvc.create(custom, namespace, isvc.manifest("watched", spec))
+    # The operator rechecks which APIs are served every 30 s.
+    found = wait_for(lambda: monitors(custom, namespace), timeout=60, what="a ServiceMonitor")
+    (monitor,) = found
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "30s")
+    assert monitor["metadata"]["ownerReferences"][0]["name"] == "watched"
+    isvc.patch(custom, namespace, "watched", {"spec": {"monitoring": {"serviceMonitor": False}}})
+    wait_for(lambda: not monitors(custom, namespace), timeout=20, what="the monitor's deletion")
