@@ -10,12 +10,15 @@ runs as a local process (e2e/pod_process.py): kwok only plays its kubelet's stat
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e import cluster as e2e_cluster
@@ -81,6 +84,34 @@ def start_operator_like(
     operator = OperatorProcess(cluster, workdir, (namespace, pod.service_account_name), **env)
     operator.start()
     return operator
+
+
+def run_helm_test_hook(
+    cluster: e2e_cluster.Cluster, helm: Run, release_ns: str, operator: OperatorProcess, tmp: Path
+) -> None:
+    """`helm test`, minus the pod: run the test hook's command as its ServiceAccount, with the
+    operator's in-cluster URL pointed at the local operator."""
+    hooks = [
+        d for d in yaml.safe_load_all(helm("get", "hooks", "octavo", "-n", release_ns).stdout) if d
+    ]
+    (pod,) = [h for h in hooks if h["metadata"]["annotations"]["helm.sh/hook"] == "test"]
+    container = pod["spec"]["containers"][0]
+    args = list(container["args"])
+    url = args[args.index("--operator-url") + 1]
+    local = f"http://127.0.0.1:{operator.liveness_port}/{url.split('/', 3)[3]}"
+    args[args.index("--operator-url") + 1] = local
+    account = pod["spec"].get("serviceAccountName", "default")
+    kubeconfig = e2e_cluster.service_account_kubeconfig(
+        cluster, release_ns, account, tmp / "helm-test.kubeconfig"
+    )
+    command = [str(Path(sys.executable).parent / container["command"][0]), *args]
+    ok = subprocess.run([*command, "--kubeconfig", str(kubeconfig), "--timeout", "20"],
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    args[args.index("--operator-url") + 1] = "http://127.0.0.1:1/healthz"  # nothing listens
+    bad = subprocess.run([*command[:1], *args, "--kubeconfig", str(kubeconfig), "--timeout", "1"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 1 and "healthy=False" in bad.stderr
 
 
 def serve_example(
@@ -177,6 +208,7 @@ def test_helm_install_to_openai_call_to_uninstall(
          "--timeout", "2m")  # fmt: skip
     operator = start_operator_like(cluster, apps, release_ns, tmp_path / "operator")
     try:
+        run_helm_test_hook(cluster, helm, release_ns, operator, tmp_path)
         serve_example(api_client, custom, kubectl, namespace, tmp_path, baked_models)
 
         helm("upgrade", "octavo", str(CHART), "-n", release_ns, "--reuse-values",
