@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -32,6 +33,12 @@ def rss_mib(pid: int) -> tuple[float, float]:
         line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
     )
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of PID so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def watch_deployments(apps: client.AppsV1Api, namespace: str, seen: dict, stop: threading.Event):
@@ -60,6 +67,7 @@ def run(count: int, out: Path) -> dict:
     operator = OperatorProcess(cluster, Path(tempfile.mkdtemp(prefix="octavo-bench-")))
     operator.start()
     idle_rss, _ = rss_mib(operator.proc.pid)
+    cpu_at_start = cpu_seconds(operator.proc.pid)
     seen: dict[str, float] = {}
     stop = threading.Event()
     watcher = threading.Thread(target=watch_deployments, args=(apps, namespace, seen, stop))
@@ -84,6 +92,7 @@ def run(count: int, out: Path) -> dict:
     all_deployments = max(seen.values()) - started if seen else float("nan")
     ready_at = wait_all_ready(custom, namespace, count, started)
     rss, peak = rss_mib(operator.proc.pid)
+    cpu = cpu_seconds(operator.proc.pid) - cpu_at_start
     operator_metrics = scrape(operator.metrics())
     stop.set()
     latencies = [max(0.0, seen[n] - created[n]) for n in created if n in seen]
@@ -98,6 +107,7 @@ def run(count: int, out: Path) -> dict:
         "operator_rss_idle_mib": idle_rss,
         "operator_rss_mib": rss,
         "operator_rss_peak_mib": peak,
+        "operator_cpu_seconds": cpu,
         **operator_metrics,
     }
     operator.stop()
