@@ -53,7 +53,11 @@ class Prometheus:
             assert self.process.poll() is None, f"prometheus exited:\n{self.log.read_text()}"
             try:
                 result = self.query(promql)
-            except httpx.TransportError:  # still starting
+            except httpx.TransportError:  # not listening yet
+                result = []
+            except httpx.HTTPStatusError as error:  # 503 until its storage is ready
+                if error.response.status_code != 503:
+                    raise
                 result = []
             value = float(result[0]["value"][1]) if result else None
             if value is not None and (expected is None or value == expected):
