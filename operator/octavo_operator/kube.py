@@ -93,14 +93,6 @@ class Kube:
             "PATCH", path, obj, query, **{"Content-Type": "application/apply-patch+yaml"}
         )
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
-        try:
-            return self.call("GET", object_path(api_version, kind, namespace, name))
-        except client.ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """True if something was deleted; a missing object is not an error."""
         try:
