@@ -12,8 +12,14 @@ from e2e.helpers import wait_for
 MONITORING = ("monitoring.coreos.com", "v1", "servicemonitors")
 
 
-@pytest.fixture
-def service_monitor_crd(apiext: client.ApiextensionsV1Api):
+CRD_NAME = "servicemonitors.monitoring.coreos.com"
+
+
+def served(apiext: client.ApiextensionsV1Api) -> bool:
+    return any(c.metadata.name == CRD_NAME for c in apiext.list_custom_resource_definition().items)
+
+
+def install_service_monitor_crd(apiext: client.ApiextensionsV1Api) -> None:
     """The ServiceMonitor CRD (schema left open: only its existence matters here)."""
     body = {
         "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
@@ -31,22 +37,30 @@ def service_monitor_crd(apiext: client.ApiextensionsV1Api):
         },
     }  # fmt: skip
     apiext.create_custom_resource_definition(body)
+
+
+@pytest.fixture(autouse=True)
+def remove_service_monitor_crd(apiext: client.ApiextensionsV1Api):
     yield
-    apiext.delete_custom_resource_definition(body["metadata"]["name"])
+    if served(apiext):
+        apiext.delete_custom_resource_definition(CRD_NAME)
 
 
 def monitors(custom: client.CustomObjectsApi, namespace: str) -> list[dict]:
     return custom.list_namespaced_custom_object(*MONITORING[:2], namespace, MONITORING[2])["items"]
 
 
-def test_service_monitor_follows_the_spec(operator, service_monitor_crd, namespace, custom):
+def test_service_monitor_follows_the_spec(operator, namespace, custom, apiext):
     spec = {"replicas": 1, "monitoring": {"serviceMonitor": True, "interval": "30s"}}
     isvc.create(custom, namespace, isvc.manifest("watched", spec))
-    # The operator rechecks which APIs are served every 30 s.
-    found = wait_for(lambda: monitors(custom, namespace), timeout=60, what="a ServiceMonitor")
+    isvc.wait_condition(custom, namespace, "watched", "Ready", "True")
+    assert not served(apiext)  # no Prometheus Operator yet: nothing to create
+    install_service_monitor_crd(apiext)  # it arrives after the service
+    found = wait_for(lambda: monitors(custom, namespace), timeout=20, what="a ServiceMonitor")
     (monitor,) = found
     endpoint = monitor["spec"]["endpoints"][0]
     assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "30s")
     assert monitor["metadata"]["ownerReferences"][0]["name"] == "watched"
     isvc.patch(custom, namespace, "watched", {"spec": {"monitoring": {"serviceMonitor": False}}})
     wait_for(lambda: not monitors(custom, namespace), timeout=20, what="the monitor's deletion")
+    isvc.wait_condition(custom, namespace, "watched", "Ready", "True")

@@ -35,6 +35,7 @@ CHILD_RESOURCES = (
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 )
 RETRY_DELAY_SECONDS = 30
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 logger = logging.getLogger(__name__)
 
 
@@ -200,3 +201,25 @@ def _names_claim(body: dict[str, Any], claim: str) -> bool:
     own = isvc.cache.claim_name if isvc.cache else None
     model = isvc.model.claim_and_path[0] if isvc.model.scheme == "pvc" else None
     return claim in (own, model)
+
+
+@kopf.on.event(
+    "apiextensions.k8s.io",
+    "v1",
+    "customresourcedefinitions",
+    when=lambda name, **_: name == SERVICE_MONITOR_CRD,
+)
+def on_monitoring_api(memo: kopf.Memo, isvc_index: kopf.Index, **_: Any) -> None:
+    """The Prometheus Operator's CRD came or went: services asking for a ServiceMonitor get
+    (or stop expecting) one now, not at their next change."""
+    ctl: Controller = memo.controller
+    ctl.kube.forget_served()
+    for key in list(isvc_index):
+        owner = owner_of(isvc_index, key)
+        if owner is None or not InferenceService.from_body(owner).monitoring.service_monitor:
+            continue
+        with ctl.lock(key):
+            try:
+                ctl.reconcile(owner, trigger="monitoring-api")
+            except TransientError as error:
+                logger.warning("reconcile of %s/%s failed: %s", *key, error)

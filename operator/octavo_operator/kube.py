@@ -111,6 +111,10 @@ class Kube:
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
         return self.call("POST", path, obj)
 
+    def forget_served(self) -> None:
+        """Drop the cached discovery answers (a CRD was added or removed)."""
+        self._served.clear()
+
     def served(self, group_version: str, plural: str) -> bool:
         """Does the apiserver serve this resource (e.g. ServiceMonitors)? Cached briefly."""
         key = f"{group_version}/{plural}"
