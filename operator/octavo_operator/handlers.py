@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from typing import Any
 
 import kopf
@@ -36,6 +37,8 @@ CHILD_RESOURCES = (
 )
 RETRY_DELAY_SECONDS = 30
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+MONITORING_API = "monitoring.coreos.com/v1"
+DISCOVERY_WAIT_SECONDS = 10
 logger = logging.getLogger(__name__)
 
 
@@ -209,11 +212,19 @@ def _names_claim(body: dict[str, Any], claim: str) -> bool:
     "customresourcedefinitions",
     when=lambda name, **_: name == SERVICE_MONITOR_CRD,
 )
-def on_monitoring_api(memo: kopf.Memo, isvc_index: kopf.Index, **_: Any) -> None:
+def on_monitoring_api(
+    body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, isvc_index: kopf.Index, **_: Any
+) -> None:
     """The Prometheus Operator's CRD came or went: services asking for a ServiceMonitor get
     (or stop expecting) one now, not at their next change."""
     ctl: Controller = memo.controller
     ctl.kube.forget_served()
+    if event.get("type") != "DELETED" and not _established(body):
+        return  # a later event of this CRD says Established
+    deadline = time.monotonic() + DISCOVERY_WAIT_SECONDS
+    while not ctl.kube.served(MONITORING_API, "servicemonitors") and time.monotonic() < deadline:
+        time.sleep(0.5)  # discovery follows Established closely, not at once
+        ctl.kube.forget_served()
     for key in list(isvc_index):
         owner = owner_of(isvc_index, key)
         if owner is None or not InferenceService.from_body(owner).monitoring.service_monitor:
@@ -223,3 +234,8 @@ def on_monitoring_api(memo: kopf.Memo, isvc_index: kopf.Index, **_: Any) -> None
                 ctl.reconcile(owner, trigger="monitoring-api")
             except TransientError as error:
                 logger.warning("reconcile of %s/%s failed: %s", *key, error)
+
+
+def _established(crd: kopf.Body) -> bool:
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
