@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,18 @@ def prometheus_binary() -> str:
     if os.environ.get("OCTAVO_SKIP_PROMETHEUS") == "1":
         pytest.skip(reason="OCTAVO_SKIP_PROMETHEUS=1: not running the real Prometheus tests")
     pytest.fail(PROMETHEUS_INSTALL)
+
+
+@contextmanager
+def running_tiny_server(tiny_folder, served_name: str) -> Iterator[str]:
+    """A real uvicorn server on loopback for the tiny random Llama-3 model; yields its URL."""
+    from octavo.entrypoints.openai.context import ServerConfig
+    from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app, torch_threads
+
+    config = ServerConfig(served_model_names=[served_name], model_root=served_name)
+    app = build_local_app(
+        str(tiny_folder("llama3")), config, max_model_len=256, kv_cache_memory=8 << 20
+    )
+    with torch_threads(1), ThreadedServer(app) as server:
+        server.wait_ready()
+        yield server.url

@@ -18,17 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.prometheus_testing import (
     Prometheus,
     ScrapeJob,
     running_prometheus,
 )
-from octavo.entrypoints.openai.testing import (
-    ThreadedServer,
-    build_local_app,
-    torch_threads,
-)
+
+from conftest import running_tiny_server
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
@@ -163,17 +159,12 @@ def test_required_panels_are_present(dashboard):
 # ----- against a live server ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server_url(tiny_folder) -> Iterator[str]:
-    config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
-    app = build_local_app(
-        str(tiny_folder("llama3")), config, max_model_len=256, kv_cache_memory=8 << 20
-    )
-    with torch_threads(1), ThreadedServer(app) as server:
-        server.wait_ready()
+    with running_tiny_server(tiny_folder, MODEL) as url:
         for prompt in ("Once upon", "Once upon a time"):  # the second one hits the prefix cache
             body = {"model": MODEL, "prompt": prompt, "max_tokens": 6, "ignore_eos": True}
-            response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
             assert response.status_code == 200, response.text
-        yield server.url
+        yield url
 
 
 def scraped_series(url: str) -> dict[str, set[str]]:

@@ -15,18 +15,16 @@ from typing import Any
 import httpx
 import pytest
 
-from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.prometheus_testing import (
     Prometheus,
     ScrapeJob,
     running_prometheus,
 )
 from octavo.entrypoints.openai.testing import (
-    ThreadedServer,
-    build_local_app,
     metric_value,
-    torch_threads,
 )
+
+from conftest import running_tiny_server
 
 MODEL = "tiny"
 LONG = {"ignore_eos": True, "temperature": 0}
@@ -83,13 +81,8 @@ class Ledger:
 
 @pytest.fixture(scope="module")
 def ledger(tiny_folder) -> Iterator[Ledger]:
-    config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
-    app = build_local_app(
-        str(tiny_folder("llama3")), config, max_model_len=256, kv_cache_memory=8 << 20
-    )
-    with torch_threads(1), ThreadedServer(app) as server:
-        server.wait_ready()
-        yield Ledger(server.url)
+    with running_tiny_server(tiny_folder, MODEL) as url:
+        yield Ledger(url)
 
 
 def snapshot(text: str) -> dict[str, float]:

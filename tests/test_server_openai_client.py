@@ -13,7 +13,9 @@ import openai
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app, torch_threads
+from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app
+
+from conftest import running_tiny_server
 
 MODEL = "SmolLM2-135M-Instruct"
 TINY = "tiny"
@@ -41,13 +43,8 @@ def client(smol_folder) -> Iterator[openai.OpenAI]:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_folder) -> Iterator[openai.OpenAI]:
-    config = ServerConfig(served_model_names=[TINY], model_root=TINY)
-    app = build_local_app(
-        str(tiny_folder("llama3")), config, max_model_len=256, kv_cache_memory=8 << 20
-    )
-    with torch_threads(1), ThreadedServer(app) as server:
-        server.wait_ready()
-        yield make_client(server.url)
+    with running_tiny_server(tiny_folder, TINY) as url:
+        yield make_client(url)
 
 
 @pytest.fixture(scope="module")
