@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from octavo.entrypoints.openai.async_engine import EngineDead, RequestStream
+from octavo.entrypoints.openai.async_engine import RequestStream
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
-from octavo.entrypoints.openai.errors import error_body
 from octavo.entrypoints.openai.logprobs import (
     TokenDecoder,
     all_logprobs,
@@ -33,10 +32,10 @@ from octavo.entrypoints.openai.responses import (
 )
 from octavo.entrypoints.openai.sampling import resolve_max_tokens, to_sampling_params
 from octavo.entrypoints.openai.streaming import (
-    SSE_DONE,
     close_streams,
     open_streams,
     sse_event,
+    sse_frames,
     sse_response,
 )
 from octavo.outputs import CompletionOutput, RequestOutput
@@ -111,25 +110,21 @@ def _full_response(job: ChatJob, final: RequestOutput) -> ChatCompletionResponse
 
 
 # ----- streaming -----------------------------------------------------------------------
-async def _stream(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
+def _stream(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
+    usage = (lambda: sse_event(_usage_chunk(job))) if job.body.include_usage else None
+    return sse_frames(_chunks(job, stream), usage, stream.close)
+
+
+async def _chunks(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
     exclude = None if job.body.include_usage else {"usage"}
-    try:
-        for index in range(job.body.n):
-            role = DeltaMessage(role="assistant", content="")
-            yield sse_event(job.chunk([ChatChunkChoice(index=index, delta=role)]), exclude)
-        async for output in stream.outputs():
-            for completion in output.outputs:
-                choice = _delta_choice(job, completion)
-                if choice is not None:
-                    yield sse_event(job.chunk([choice]), exclude=exclude)
-        if job.body.include_usage:
-            yield sse_event(_usage_chunk(job))
-        yield SSE_DONE
-    except EngineDead as error:
-        yield sse_event(error_body(str(error), "internal_error", code="engine_dead"))
-        yield SSE_DONE
-    finally:
-        stream.close()
+    for index in range(job.body.n):
+        role = DeltaMessage(role="assistant", content="")
+        yield sse_event(job.chunk([ChatChunkChoice(index=index, delta=role)]), exclude)
+    async for output in stream.outputs():
+        for completion in output.outputs:
+            choice = _delta_choice(job, completion)
+            if choice is not None:
+                yield sse_event(job.chunk([choice]), exclude=exclude)
 
 
 def _delta_choice(job: ChatJob, output: CompletionOutput) -> ChatChunkChoice | None:

@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from octavo.entrypoints.openai.async_engine import EngineDead
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
-from octavo.entrypoints.openai.errors import error_body
 from octavo.entrypoints.openai.logprobs import (
     TokenDecoder,
     all_logprobs,
@@ -25,11 +23,11 @@ from octavo.entrypoints.openai.protocol import CompletionRequest
 from octavo.entrypoints.openai.responses import CompletionChoice, CompletionResponse, Usage
 from octavo.entrypoints.openai.sampling import resolve_max_tokens, to_sampling_params
 from octavo.entrypoints.openai.streaming import (
-    SSE_DONE,
     close_streams,
     merge_streams,
     open_streams,
     sse_event,
+    sse_frames,
     sse_response,
 )
 from octavo.outputs import CompletionOutput, RequestOutput
@@ -134,22 +132,18 @@ def _full_choice(
 
 
 # ----- streaming -----------------------------------------------------------------------
-async def _stream(job: CompletionJob, streams: list) -> AsyncIterator[str]:
+def _stream(job: CompletionJob, streams: list) -> AsyncIterator[str]:
+    usage = (lambda: sse_event(_usage_chunk(job))) if job.body.include_usage else None
+    return sse_frames(_chunks(job, streams), usage, lambda: close_streams(streams))
+
+
+async def _chunks(job: CompletionJob, streams: list) -> AsyncIterator[str]:
     exclude = None if job.body.include_usage else {"usage"}
-    try:
-        async for prompt_index, output in merge_streams(streams):
-            for completion in output.outputs:
-                choice = _delta_choice(job, prompt_index, completion)
-                if choice is not None:
-                    yield sse_event(job.header([choice]), exclude=exclude)
-        if job.body.include_usage:
-            yield sse_event(_usage_chunk(job))
-        yield SSE_DONE
-    except EngineDead as error:
-        yield sse_event(error_body(str(error), "internal_error", code="engine_dead"))
-        yield SSE_DONE
-    finally:
-        close_streams(streams)
+    async for prompt_index, output in merge_streams(streams):
+        for completion in output.outputs:
+            choice = _delta_choice(job, prompt_index, completion)
+            if choice is not None:
+                yield sse_event(job.header([choice]), exclude=exclude)
 
 
 def _delta_choice(

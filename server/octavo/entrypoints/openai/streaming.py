@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from octavo.entrypoints.openai.async_engine import AsyncEngine, RequestStream
-from octavo.entrypoints.openai.errors import bad_request
+from octavo.entrypoints.openai.async_engine import AsyncEngine, EngineDead, RequestStream
+from octavo.entrypoints.openai.errors import bad_request, error_body
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -28,6 +28,24 @@ def sse_event(payload: BaseModel | dict[str, Any], exclude: set[str] | None = No
     else:
         body = json.dumps(payload)
     return f"data: {body}\n\n"
+
+
+async def sse_frames(
+    chunks: AsyncIterator[str], usage: Callable[[], str] | None, close: Callable[[], None]
+) -> AsyncIterator[str]:
+    """The frame every streamed response shares: its chunks, the usage chunk if asked,
+    `[DONE]`; an engine that died mid-stream becomes an error event; CLOSE runs always."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+        if usage is not None:
+            yield usage()
+        yield SSE_DONE
+    except EngineDead as error:
+        yield sse_event(error_body(str(error), "internal_error", code="engine_dead"))
+        yield SSE_DONE
+    finally:
+        close()
 
 
 def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
