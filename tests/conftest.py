@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -160,3 +163,23 @@ def running_tiny_server(tiny_folder, served_name: str) -> Iterator[str]:
     with torch_threads(1), ThreadedServer(app) as server:
         server.wait_ready()
         yield server.url
+
+
+def wait_healthy(
+    process: subprocess.Popen, url: str, timeout: float, log: Path | None = None
+) -> None:
+    """Poll URL/health until 200; fail at once if PROCESS exits, or after TIMEOUT s."""
+
+    def tail() -> str:
+        return log.read_text()[-4000:] if log is not None else ""
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the server exited during startup:\n{tail()}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"/health was not 200 within {timeout:.0f} s:\n{tail()}")

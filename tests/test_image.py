@@ -15,7 +15,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,8 @@ import pytest
 
 from octavo.entrypoints.openai.testing import free_port
 from octavo.model_executor.embedded import BAKED_MODELS_ENV, EMBEDDED_MODEL_NAME
+
+from conftest import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -282,19 +283,6 @@ def tree_state(folder: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-def wait_healthy(process: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"the server exited:\n{log.read_text()[-4000:]}"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"/health was not 200 within {STARTUP_SECONDS}s:\n{log.read_text()[-4000:]}")
-
-
 def local_command(stage: Stage, port: int) -> list[str]:
     """ENTRYPOINT + CMD, with the venv's script and a loopback host and free port."""
     command = json.loads(stage.last("ENTRYPOINT")) + json.loads(stage.last("CMD"))
@@ -317,7 +305,7 @@ def test_server_entrypoint_serves_the_baked_model(stages, baked_models, tmp_path
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(process, url, log)
+        wait_healthy(process, url, STARTUP_SECONDS, log)
         models = httpx.get(f"{url}/v1/models", timeout=10).json()
         assert [card["id"] for card in models["data"]] == [EMBEDDED_MODEL_NAME]
     finally:

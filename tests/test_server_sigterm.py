@@ -15,25 +15,14 @@ import pytest
 
 from octavo.entrypoints.openai.testing import free_port
 
+from conftest import wait_healthy
+
 STARTUP_SECONDS = 120
 # Generous: the CPU may be shared, and the in-flight request must finish, not be aborted.
 SHUTDOWN_TIMEOUT = 60
 NUM_STREAMS = 5
 MAX_MODEL_LEN = 1024
 STREAM_SECONDS = 2.0  # how long each stream should run: still running when SIGTERM arrives
-
-
-def wait_healthy(process: subprocess.Popen, url: str) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the server exited during startup"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail("the server did not become healthy")
 
 
 @pytest.fixture
@@ -121,7 +110,7 @@ def assert_completed(lines: list[str], max_tokens: int) -> None:
 
 def test_sigterm_drains_five_streams_then_exits_zero(serve_process):
     process, url = serve_process
-    wait_healthy(process, url)
+    wait_healthy(process, url, STARTUP_SECONDS)
     max_tokens = tokens_for(url, STREAM_SECONDS)
     readers = start_streams(url, NUM_STREAMS, max_tokens)
     process.send_signal(signal.SIGTERM)
