@@ -12,7 +12,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"; None while running
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None
     logprobs: list[TokenLogprobs] | None = None
@@ -43,3 +43,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int
     metrics: RequestMetrics
+    error: str | None = None  # set when the engine failed this request (finish_reason "error")

@@ -1,0 +1,67 @@
+"""Finding which requests of a failed batched step caused the failure.
+
+A step runs many requests together, so an exception in it does not say whose fault it
+was. After a batched call fails, the engine calls it again once per request, alone:
+the requests whose solo call fails are the culprits and are failed; the others keep
+their solo results. When every request fails alone too (and there was more than one),
+or the error is one that no single request can cause (out of memory), the fault lies
+with the engine and the original error is raised again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+Key = TypeVar("Key", bound=Hashable)
+Result = TypeVar("Result")
+
+# Errors that say the engine (memory, device) is broken, never one request.
+ENGINE_ERRORS: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError)
+MAX_ERROR_MESSAGE = 500  # characters of an exception's text passed on to the client
+
+
+@dataclass
+class SoloOutcome(Generic[Key, Result]):
+    """What the per-request retry found: results of the innocent, errors of the guilty."""
+
+    results: dict[Key, Result] = field(default_factory=dict)
+    failures: dict[Key, str] = field(default_factory=dict)
+
+
+def retry_alone(
+    error: Exception, keys: Iterable[Key], attempt: Callable[[Key], Result]
+) -> SoloOutcome[Key, Result]:
+    """Run ``attempt(key)`` for each key alone after the batched call raised ``error``.
+
+    Raises ``error`` again when it is an engine error or when it cannot be pinned on a
+    subset of the keys (every key, of several, fails alone as well).
+    """
+    if isinstance(error, ENGINE_ERRORS):
+        raise error
+    keys = list(dict.fromkeys(keys))
+    outcome: SoloOutcome[Key, Result] = SoloOutcome()
+    for key in keys:
+        try:
+            outcome.results[key] = attempt(key)
+        except ENGINE_ERRORS:
+            raise
+        except Exception as solo_error:  # any failure of one request
+            logger.warning("request %s failed alone: %r", key, solo_error, exc_info=solo_error)
+            outcome.failures[key] = describe(solo_error)
+    if len(keys) > 1 and not outcome.results:
+        raise error
+    if not outcome.failures:
+        logger.warning("a batched call failed but every request passed alone: %r", error)
+    return outcome
+
+
+def describe(error: BaseException) -> str:
+    """A short text for the client: the exception's type and message."""
+    return f"{type(error).__name__}: {error}"[:MAX_ERROR_MESSAGE]
