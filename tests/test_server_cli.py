@@ -14,7 +14,8 @@ FLAGS = (
     "--max-num-batched-tokens", "--block-size", "--kv-cache-memory",
     "--gpu-memory-utilization", "--enable-prefix-caching", "--no-enable-prefix-caching",
     "--dtype", "--tensor-parallel-size", "--api-key", "--max-queue-len",
-    "--shutdown-timeout", "--log-level",
+    "--shutdown-timeout", "--log-level", "--max-sequences-per-request",
+    "--limit-concurrency", "--header-timeout",
 )  # fmt: skip
 
 
@@ -92,3 +93,41 @@ def test_tensor_parallel_above_one_is_refused(tiny_folder, capsys):
 def test_missing_model_folder_is_refused_before_serving(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nope")]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--hos", "127.0.0.1"],
+        ["--po", "1"],
+        ["--served", "evil"],
+        ["--api-k", "plaintext"],
+        ["--hos", "127.0.0.1", "--po", "1", "--served", "evil", "--api-k", "plaintext"],
+    ],
+)
+def test_abbreviated_flags_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *argv])
+    assert exit_info.value.code == 2
+    assert f"unrecognized arguments: {argv[0]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "offline", "--work", "a"],
+        ["bench", "serve", "--base", "http://x"],
+        ["prepare-model", "--int", "/tmp"],
+    ],
+)
+def test_other_subcommands_refuse_abbreviations_too(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
+
+
+def test_serve_config_defaults_limit_concurrency_from_max_num_seqs():
+    assert parse().limit_concurrency is None  # resolved by serve(): 2 × --max-num-seqs, ≥ 512
+    assert parse("--max-sequences-per-request", "64").max_sequences_per_request == 64
+    assert parse("--header-timeout", "2.5").header_timeout == 2.5

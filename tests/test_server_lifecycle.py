@@ -59,7 +59,7 @@ def test_health_is_503_while_loading_then_200(model):
 
 
 # ----- API key -----------------------------------------------------------------------------
-def test_api_key_guards_v1_only(model):
+def test_api_key_guards_everything_but_the_probes(model):
     app = build_local_app(model, config(api_key="sekret"), **ENGINE)
     with ThreadedServer(app) as server, httpx.Client(base_url=server.url, timeout=10) as client:
         server.wait_ready()
@@ -71,6 +71,18 @@ def test_api_key_guards_v1_only(model):
         assert client.get("/v1/models", headers=good).status_code == 200
         body = {"prompt": "x", "max_tokens": 1}
         assert client.post("/v1/completions", json=body, headers=good).status_code == 200
+        guarded = [
+            ("POST", "/tokenize", {"prompt": "x"}),
+            ("POST", "/detokenize", {"tokens": [1, 2]}),
+            ("GET", "/docs", None),
+            ("GET", "/redoc", None),
+            ("GET", "/openapi.json", None),
+        ]
+        for method, path, payload in guarded:
+            refused = client.request(method, path, json=payload)
+            assert refused.status_code == 401, path
+            assert refused.json()["error"]["code"] == "invalid_api_key", path
+            assert client.request(method, path, json=payload, headers=good).status_code == 200
         for path in ("/health", "/metrics", "/version"):
             assert client.get(path).status_code == 200, path
 

@@ -24,6 +24,7 @@ def register_subcommand(
         description=doc,
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -38,6 +39,7 @@ def standalone_parser(
         description=doc,
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     add_arguments(parser)
     return parser

@@ -295,7 +295,9 @@ def build_hf_app(hf: HFModel) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m octavo.benchmarks.serve_hf_server")
+    parser = argparse.ArgumentParser(
+        prog="python -m octavo.benchmarks.serve_hf_server", allow_abbrev=False
+    )
     parser.add_argument("model", type=Path, help="local HF model folder")
     parser.add_argument("--dtype", choices=tuple(HF_DTYPES), default="float32")
     parser.add_argument("--served-model-name", default=None, help="default: the folder name")

@@ -21,7 +21,10 @@ DESCRIPTION = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``prepare-model`` subcommand."""
     parser = subparsers.add_parser(
-        "prepare-model", help="bake the embedded model into a folder", description=DESCRIPTION
+        "prepare-model",
+        help="bake the embedded model into a folder",
+        description=DESCRIPTION,
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--into",

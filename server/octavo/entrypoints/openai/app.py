@@ -16,7 +16,12 @@ from octavo.entrypoints.openai.auth import ApiKeyMiddleware
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.errors import install_error_handlers
 from octavo.entrypoints.openai.metrics import ServerMetrics
-from octavo.entrypoints.openai.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from octavo.entrypoints.openai.middleware import (
+    BodySizeLimitMiddleware,
+    ConcurrencyLimitMiddleware,
+    RequestIdMiddleware,
+)
+from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 
 def build_app(
@@ -35,21 +40,24 @@ def build_app(
         on_step=metrics.on_step,
         on_load_failure=on_load_failure,
     )
-    context = ServerContext(config=config, engine=engine, metrics=metrics)
-    app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=_lifespan(engine))
+    tokenizers = TokenizerPool()
+    context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)
+    lifespan = _lifespan(engine, tokenizers)
+    app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
     app.state.octavo = context
     install_error_handlers(app)
     app.include_router(routes.router)
     app.include_router(ops_routes.router)
     # add_middleware puts each new one outermost: request ids wrap everything.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(ConcurrencyLimitMiddleware, limit=config.limit_concurrency)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     app.add_middleware(RequestIdMiddleware)
     return app
 
 
-def _lifespan(engine: AsyncEngine) -> Callable[[FastAPI], Any]:
+def _lifespan(engine: AsyncEngine, tokenizers: TokenizerPool) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start(asyncio.get_running_loop())
@@ -57,6 +65,7 @@ def _lifespan(engine: AsyncEngine) -> Callable[[FastAPI], Any]:
             yield
         finally:
             engine.abort_all()
+            tokenizers.shutdown()
             await asyncio.to_thread(engine.stop)
 
     return lifespan

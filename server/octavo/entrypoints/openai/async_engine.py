@@ -5,26 +5,34 @@ add/abort commands waiting in a thread-safe queue, run one ``step()`` while any 
 is unfinished (block on the queue when idle), and hand each ``RequestOutput`` to its
 request's ``asyncio.Queue`` on the event loop via ``call_soon_threadsafe``.
 
-Each ``add`` is acknowledged by the engine thread, so a prompt the engine rejects is
-reported to the caller (HTTP 400) before any response starts.
+All the engine requests of one HTTP request travel in one command and are acknowledged
+once: the engine thread adds them all or none, so a prompt the engine rejects is reported
+to the caller (HTTP 400) before any response starts. Letting go of them (a client that
+left) is one abort command for all of them, too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from octavo.engine.stats import EngineStats
+from octavo.entrypoints.openai.engine_commands import (
+    STOP,
+    AbortRequests,
+    AddRequests,
+    NewRequest,
+    admit,
+)
+from octavo.entrypoints.openai.engine_info import EngineInfo, read_engine_info
+from octavo.entrypoints.openai.request_stream import RequestStream
 from octavo.outputs import RequestOutput
-from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -45,73 +53,6 @@ class QueueFull(Exception):
 
 class EngineDead(Exception):
     """The engine thread stopped while this request was in flight."""
-
-
-@dataclass
-class EngineInfo:
-    """Facts about the loaded engine that the event loop may read freely."""
-
-    tokenizer: Any  # a private copy: the engine thread keeps using its own
-    max_model_len: int
-    tokenizer_size: int
-    model_name: str
-
-
-@dataclass
-class _Add:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-_STOP = object()
-
-
-class RequestStream:
-    """The outputs of one request, in order; ``close()`` aborts it if unfinished."""
-
-    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
-        self.request_id = request_id
-        self.finished = False
-        self._engine = engine
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._closed = False
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
-
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Yield each output once, ending after the final one."""
-        while not self.finished:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
-            self.finished = item.finished
-            yield item
-
-    async def final(self) -> RequestOutput:
-        """Wait for the request to finish and return its last (complete) output."""
-        last: RequestOutput | None = None
-        async for output in self.outputs():
-            last = output
-        assert last is not None
-        return last
-
-    def close(self) -> None:
-        """Stop following the request; abort it in the engine if it is still running."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self.finished:
-            self._engine.abort(self.request_id)
-        self._engine.forget(self.request_id)
 
 
 class AsyncEngine:
@@ -147,7 +88,7 @@ class AsyncEngine:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the engine thread to exit and wait for it (a loading engine is left behind)."""
-        self._commands.put(_STOP)
+        self._commands.put(STOP)
         if self._thread is not None and self.status != "loading":
             self._thread.join(timeout)
 
@@ -172,24 +113,30 @@ class AsyncEngine:
             raise EngineUnavailable("engine_dead", f"the engine is not running ({self.status})")
 
     # ----- requests (event loop) ----------------------------------------------------------
-    async def add(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> RequestStream:
-        """Queue a request and wait until the engine accepted it (``ValueError`` if not)."""
+    async def add_requests(self, batch_id: str, requests: list[NewRequest]) -> list[RequestStream]:
+        """Queue the requests of one HTTP request together and wait until the engine took
+        them all (``ValueError`` if it refused one: then none of them stays)."""
         self.check_available()
-        self._reserve_queue_slot()
-        stream = RequestStream(self, request_id)
+        self._reserve_queue_slots(len(requests))
+        streams = [RequestStream(request.request_id, self.release) for request in requests]
+        self._streams.update((stream.request_id, stream) for stream in streams)
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._streams[request_id], self._acks[request_id] = stream, ack
-        self._commands.put(_Add(request_id, prompt_token_ids, params, time.monotonic()))
+        self._acks[batch_id] = ack
+        self._commands.put(AddRequests(batch_id, requests, time.monotonic()))
         try:
             await ack
         except BaseException:
-            stream.close()
+            self._acks.pop(batch_id, None)
+            # A refusal (or a dead engine) leaves nothing in the engine; else abort them.
+            refused = ack.done() and not ack.cancelled() and ack.exception() is not None
+            for stream in streams:
+                stream.finished |= refused
+            self.release(streams)
             raise
-        return stream
+        return streams
 
-    def _reserve_queue_slot(self) -> None:
+    def _reserve_queue_slots(self, count: int) -> None:
+        """Refuse while the queue is full; a request's prompts are admitted as one."""
         with self._lock:
             waiting = self._pending_adds + self._engine_waiting
             if self._max_queue_len is not None and waiting >= self._max_queue_len:
@@ -197,22 +144,24 @@ class AsyncEngine:
                     f"{waiting} requests are already waiting (--max-queue-len "
                     f"{self._max_queue_len}); retry later"
                 )
-            self._pending_adds += 1
+            self._pending_adds += count
 
-    def abort(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+    def release(self, streams: list[RequestStream]) -> None:
+        """Stop following ``streams``: one abort command for the unfinished ones."""
+        unfinished = [s.request_id for s in streams if not (s.closed or s.finished)]
+        for stream in streams:
+            stream.closed = True
+            self._streams.pop(stream.request_id, None)
+        if unfinished:
+            self._commands.put(AbortRequests(unfinished))
 
     def abort_all(self) -> None:
-        for request_id in list(self._streams):
-            self.abort(request_id)
-
-    def forget(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
-        self._acks.pop(request_id, None)
+        if self._streams:
+            self._commands.put(AbortRequests(list(self._streams)))
 
     # ----- callbacks run on the event loop ------------------------------------------------
-    def _resolve_ack(self, request_id: str, error: Exception | None) -> None:
-        ack = self._acks.pop(request_id, None)
+    def _resolve_ack(self, batch_id: str, error: Exception | None) -> None:
+        ack = self._acks.pop(batch_id, None)
         if ack is None or ack.done():
             return
         if error is None:
@@ -227,8 +176,8 @@ class AsyncEngine:
                 stream.put(output)
 
     def _fail_all(self, message: str) -> None:
-        for request_id in list(self._acks):
-            self._resolve_ack(request_id, EngineDead(message))
+        for batch_id in list(self._acks):
+            self._resolve_ack(batch_id, EngineDead(message))
         for stream in self._streams.values():
             stream.put(EngineDead(message))
 
@@ -256,12 +205,7 @@ class AsyncEngine:
     def _load(self) -> Any | None:
         try:
             engine = self._factory()
-            self.info = EngineInfo(
-                tokenizer=copy.deepcopy(engine.tokenizer),
-                max_model_len=engine.max_model_len,
-                tokenizer_size=len(engine.tokenizer),
-                model_name=engine.model_name,
-            )
+            self.info = read_engine_info(engine)
         except BaseException:
             logger.exception("the engine failed to load")
             self.status = "failed"
@@ -275,7 +219,7 @@ class AsyncEngine:
     def _serve(self, engine: Any) -> None:
         while True:
             commands = self._take_commands(block=not engine.has_unfinished_requests())
-            if any(command is _STOP for command in commands):
+            if any(command is STOP for command in commands):
                 return
             aborted = False
             for command in commands:
@@ -293,23 +237,19 @@ class AsyncEngine:
             except queue.Empty:
                 return commands
 
-    def _apply(self, engine: Any, command: _Add | _Abort) -> bool:
-        """Run one command on the engine; True if it was an abort (outputs are pending)."""
-        if isinstance(command, _Abort):
-            engine.abort_request(command.request_id)
+    def _apply(self, engine: Any, command: AddRequests | AbortRequests) -> bool:
+        """Run one command on the engine; True if outputs are pending (aborted requests)."""
+        if isinstance(command, AbortRequests):
+            for request_id in command.request_ids:
+                engine.abort_request(request_id)
             return True
-        error: Exception | None = None
-        try:
-            engine.add_request(
-                command.request_id, command.prompt_token_ids, command.params, command.arrival_time
-            )
-        except ValueError as exc:
-            error = exc
+        error = admit(engine, command)
+        count = len(command.requests)
         with self._lock:
-            self._pending_adds -= 1
-            self._engine_waiting += error is None
-        self._call_soon(self._resolve_ack, command.request_id, error)
-        return False
+            self._pending_adds -= count
+            self._engine_waiting += 0 if error else count
+        self._call_soon(self._resolve_ack, command.batch_id, error)
+        return error is not None
 
     def _after_step(self, engine: Any, outputs: list[RequestOutput]) -> None:
         stats = engine.stats()

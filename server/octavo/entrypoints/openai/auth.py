@@ -1,4 +1,7 @@
-"""API key check for /v1/* (health probes, metric scrapes and /version stay open)."""
+"""API key check on every route but the probes: /health, /metrics and /version stay open.
+
+/tokenize, /detokenize and FastAPI's /docs, /redoc and /openapi.json need the key too.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from octavo.entrypoints.openai.errors import APIError
 
-PROTECTED_PREFIX = "/v1/"
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
 
 
 def _bearer_token(scope: Scope) -> str | None:
@@ -20,13 +23,13 @@ def _bearer_token(scope: Scope) -> str | None:
 
 
 class ApiKeyMiddleware:
-    """Require ``Authorization: Bearer <api_key>`` on every /v1/ path."""
+    """Require ``Authorization: Bearer <api_key>`` on every path outside ``OPEN_PATHS``."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app, self._key = app, api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIX):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             token = _bearer_token(scope)
             if token is None or not hmac.compare_digest(token.encode(), self._key):
                 error = APIError(

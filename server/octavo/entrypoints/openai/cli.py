@@ -25,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the OpenAI-compatible server",
         description=DESCRIPTION,
         epilog=options.env_epilog(),
+        allow_abbrev=False,
     )
     parser.add_argument(
         "model",
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Validate everything that can be checked before the port opens, then serve."""
     from octavo.config import EngineArgs
-    from octavo.entrypoints.openai.context import ServerConfig
+    from octavo.entrypoints.openai.context import DEFAULT_LIMIT_CONCURRENCY, ServerConfig
     from octavo.entrypoints.openai.server import ListenArgs, run_server
     from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
     from octavo.model_executor.hub import served_name
@@ -70,6 +71,10 @@ def serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_queue_len=args.max_queue_len,
         shutdown_timeout=args.shutdown_timeout,
+        max_sequences_per_request=args.max_sequences_per_request,
+        limit_concurrency=args.limit_concurrency
+        or max(DEFAULT_LIMIT_CONCURRENCY, 2 * args.max_num_seqs),
+        header_timeout=args.header_timeout,
     )
     listen = ListenArgs(host=args.host, port=args.port, log_level=args.log_level)
     return run_server(config, engine_args, listen)

@@ -6,12 +6,16 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from octavo.entrypoints.openai.async_engine import AsyncEngine, EngineInfo
-from octavo.entrypoints.openai.errors import APIError
+from octavo.entrypoints.openai.async_engine import AsyncEngine
+from octavo.entrypoints.openai.engine_info import EngineInfo
+from octavo.entrypoints.openai.errors import APIError, bad_request
 from octavo.entrypoints.openai.logprobs import TokenDecoder
 from octavo.entrypoints.openai.metrics import ServerMetrics
+from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_LIMIT_CONCURRENCY = 512
+DEFAULT_HEADER_TIMEOUT = 10.0
 
 
 @dataclass
@@ -24,6 +28,9 @@ class ServerConfig:
     max_queue_len: int | None = None
     shutdown_timeout: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_sequences_per_request: int | None = None  # None: derived from the KV cache
+    limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
 
     @property
     def model_name(self) -> str:
@@ -36,6 +43,7 @@ class ServerContext:
     config: ServerConfig
     engine: AsyncEngine
     metrics: ServerMetrics
+    tokenizers: TokenizerPool = field(default_factory=TokenizerPool)
     _decoder: TokenDecoder | None = field(default=None, repr=False)
 
     def check_model(self, model: str | None) -> None:
@@ -56,6 +64,16 @@ class ServerContext:
         info = self.engine.info
         assert info is not None  # check_available guarantees a loaded engine
         return info
+
+    def check_fan_out(self, count: int, info: EngineInfo, param: str) -> None:
+        """400 when one request asks for more sequences (prompts × n) than allowed."""
+        limit = self.config.max_sequences_per_request or info.default_max_sequences_per_request
+        if count > limit:
+            raise bad_request(
+                f"this request asks for {count} sequences (prompts × n); the limit is "
+                f"{limit} per request (--max-sequences-per-request)",
+                param=param,
+            )
 
     def decoder(self) -> TokenDecoder:
         """The (cached) token-text decoder of the loaded engine's tokenizer."""

@@ -12,6 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from octavo.entrypoints.openai.async_engine import EngineDead, EngineUnavailable, QueueFull
 from octavo.entrypoints.openai.disconnect import ClientDisconnected
+from octavo.entrypoints.openai.engine_commands import AdmissionFailed
+from octavo.entrypoints.openai.request_stream import RequestFailed
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,10 @@ def from_engine_exception(error: Exception) -> APIError:
         return APIError(503, str(error), code=error.reason)
     if isinstance(error, EngineDead):
         return APIError(500, str(error), code="engine_dead")
+    if isinstance(error, RequestFailed):
+        return APIError(500, str(error), code="request_failed")
+    if isinstance(error, AdmissionFailed):
+        return APIError(500, str(error), code="internal_error")
     return APIError(500, "internal server error", code="internal_error")
 
 
@@ -129,6 +135,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(ClientDisconnected, on_disconnect)
-    for engine_error in (QueueFull, EngineUnavailable, EngineDead):
+    for engine_error in (QueueFull, EngineUnavailable, EngineDead, RequestFailed, AdmissionFailed):
         app.add_exception_handler(engine_error, on_engine)
     app.add_exception_handler(Exception, on_unexpected)

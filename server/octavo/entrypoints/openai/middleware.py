@@ -1,4 +1,5 @@
-"""ASGI middleware: X-Request-Id on every response, and a cap on request body size.
+"""ASGI middleware: X-Request-Id on every response, caps on request body size and on
+requests in flight.
 
 Plain ASGI (not Starlette's BaseHTTPMiddleware) so streaming responses and client
 disconnects pass through untouched.
@@ -11,7 +12,8 @@ import uuid
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from octavo.entrypoints.openai.errors import APIError
+from octavo.entrypoints.openai.auth import OPEN_PATHS
+from octavo.entrypoints.openai.errors import RETRY_AFTER_SECONDS, APIError
 
 REQUEST_ID_HEADER = b"x-request-id"
 MAX_REQUEST_ID_LENGTH = 200
@@ -85,3 +87,38 @@ class BodySizeLimitMiddleware:
             return message
 
         return counted
+
+
+class ConcurrencyLimitMiddleware:
+    """Answer 503 (with Retry-After) while ``limit`` requests are already in flight.
+
+    The probe paths (/health, /metrics, /version) are never counted nor refused, so a
+    busy server stays in its Service. uvicorn's own ``limit_concurrency`` sits a little
+    above ``limit`` as the hard cap on connections (see ``uvicorn_config.py``).
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            await self._overloaded().response()(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    def _overloaded(self) -> APIError:
+        return APIError(
+            503,
+            f"the server is already handling {self.limit} requests "
+            "(--limit-concurrency); retry later",
+            code="overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )

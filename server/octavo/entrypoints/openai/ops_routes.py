@@ -9,8 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import octavo
 from octavo.entrypoints.openai.context import ServerContext, get_context
-from octavo.entrypoints.openai.errors import APIError, bad_request
-from octavo.entrypoints.openai.prompts import render_chat
+from octavo.entrypoints.openai.errors import APIError
+from octavo.entrypoints.openai.prompts import detokenize_ids, render_chat, tokenize_text
 from octavo.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from octavo.entrypoints.openai.responses import (
     DetokenizeResponse,
@@ -49,9 +49,10 @@ async def tokenize(body: TokenizeRequest, context: Context) -> TokenizeResponse:
     context.check_model(body.model)
     info = context.ready_info()
     if body.messages is not None:
-        tokens = render_chat(body.messages, info.tokenizer, body.add_generation_prompt)
+        work = (render_chat, body.messages, info, body.add_generation_prompt)
     else:
-        tokens = info.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        work = (tokenize_text, body.prompt, info, body.add_special_tokens)
+    tokens = await context.tokenizers.run(*work)
     return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)
 
 
@@ -59,6 +60,5 @@ async def tokenize(body: TokenizeRequest, context: Context) -> TokenizeResponse:
 async def detokenize(body: DetokenizeRequest, context: Context) -> DetokenizeResponse:
     context.check_model(body.model)
     info = context.ready_info()
-    if any(not 0 <= token < info.tokenizer_size for token in body.tokens):
-        raise bad_request(f"token ids must be in [0, {info.tokenizer_size})", param="tokens")
-    return DetokenizeResponse(prompt=info.tokenizer.decode(body.tokens))
+    text = await context.tokenizers.run(detokenize_ids, body.tokens, info)
+    return DetokenizeResponse(prompt=text)

@@ -48,6 +48,13 @@ def port_number(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -145,11 +152,34 @@ OPTIONS: tuple[Option, ...] = (
     Option("--device", "auto, cpu, cuda or cuda:N", default="auto"),
     Option("--seed", "engine random seed", int, 0),
     Option("--tensor-parallel-size", "GPUs per model (only 1 is supported)", positive_int, 1),
-    Option("--api-key", "require 'Authorization: Bearer KEY' on /v1/*", secret=True),
+    Option(
+        "--api-key",
+        "require 'Authorization: Bearer KEY' on every route except /health, /metrics and /version",
+        secret=True,
+    ),
     Option(
         "--max-queue-len",
         "most waiting requests before answering 429 (default: unlimited)",
         positive_int,
+    ),
+    Option(
+        "--max-sequences-per-request",
+        "most sequences (prompts × n) one request may ask for, else 400 (default: as many "
+        "sequences of --max-model-len tokens as the KV cache holds, at least --max-num-seqs)",
+        positive_int,
+    ),
+    Option(
+        "--limit-concurrency",
+        "most requests in flight before answering 503; /health, /metrics and /version "
+        "always pass, and connections are capped 64 above it (default: 2 × --max-num-seqs, "
+        "at least 512)",
+        positive_int,
+    ),
+    Option(
+        "--header-timeout",
+        "seconds a connection may take to send a request's headers before it is closed",
+        positive_float,
+        10.0,
     ),
     Option(
         "--shutdown-timeout",
@@ -219,6 +249,6 @@ def env_epilog() -> str:
         "OCTAVO_CACHE sets where the embedded model is cached (OCTAVO_BAKED_MODELS names "
         "read-only folders searched first) and, unless HF_HUB_CACHE is set, where hub "
         "models are downloaded ($OCTAVO_CACHE/hf); HF_HUB_OFFLINE=1 loads hub models from "
-        "that cache only. The API key guards /v1/* "
-        "only; /health, /metrics and /version stay open."
+        "that cache only. The API key guards every route "
+        "except /health, /metrics and /version, which stay open for probes and scrapes."
     )

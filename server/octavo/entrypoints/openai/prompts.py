@@ -1,12 +1,19 @@
-"""Turning request inputs into token ids: completion prompts and chat conversations."""
+"""Turning request inputs into token ids: completion prompts and chat conversations.
+
+These functions run in the tokenizer threads (``tokenizer_pool.py``), never on the event
+loop. A text that surely cannot fit in the context is refused before it is tokenized.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from octavo.entrypoints.openai.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import ChatMessage, PromptInput
+
+PromptItem = str | list[int]
 
 
 @dataclass
@@ -15,28 +22,74 @@ class Prompt:
     text: str | None = None  # the text the client sent, if it sent text
 
 
-def completion_prompts(prompt: PromptInput, tokenizer: Any) -> list[Prompt]:
-    """The four accepted shapes: a string, strings, token ids, or lists of token ids."""
+def prompt_items(prompt: PromptInput) -> list[PromptItem]:
+    """The four accepted shapes as a list of prompts: strings or lists of token ids."""
     if isinstance(prompt, str):
-        items: list[str | list[int]] = [prompt]
-    elif not prompt:
+        return [prompt]
+    if not prompt:
         raise bad_request("prompt must not be empty", param="prompt")
-    elif all(isinstance(item, int) for item in prompt):
-        items = [list(prompt)]  # type: ignore[arg-type]
-    else:
-        items = list(prompt)  # type: ignore[arg-type]
-    return [_one_prompt(item, tokenizer) for item in items]
+    if all(isinstance(item, int) for item in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
 
 
-def _one_prompt(item: str | list[int], tokenizer: Any) -> Prompt:
-    if not item:
+def completion_prompts(items: list[PromptItem], info: EngineInfo) -> list[Prompt]:
+    """Tokenize the text prompts (all in one batch) and check the token-id ones."""
+    if any(not item for item in items):
         raise bad_request("prompt must not be empty", param="prompt")
-    if isinstance(item, str):
-        return Prompt(token_ids=tokenizer.encode(item), text=item)
-    size = len(tokenizer)
+    texts = [item for item in items if isinstance(item, str)]
+    for text in texts:
+        check_text_fits(text, info, "prompt")
+    encoded = iter(encode_texts(info.tokenizer, texts))
+    return [
+        Prompt(next(encoded), item) if isinstance(item, str) else _token_prompt(item, info)
+        for item in items
+    ]
+
+
+def _token_prompt(item: list[int], info: EngineInfo) -> Prompt:
+    size = info.tokenizer_size
     if any(not 0 <= token < size for token in item):
         raise bad_request(f"prompt token ids must be in [0, {size})", param="prompt")
     return Prompt(token_ids=list(item))
+
+
+def check_text_fits(text: str, info: EngineInfo, param: str) -> None:
+    """400 for a text too long for the context whatever its tokens (no tokenizing)."""
+    if len(text) > info.max_prompt_chars:
+        raise bad_request(
+            f"the {param} is {len(text)} characters long; no text over "
+            f"{info.max_prompt_chars} characters fits in this model's context of "
+            f"{info.max_model_len} tokens",
+            param=param,
+        )
+
+
+def encode_texts(
+    tokenizer: Any, texts: list[str], add_special_tokens: bool = True
+) -> list[list[int]]:
+    """Token ids of each text, through the Rust tokenizer's GIL-free ``encode_batch``."""
+    if not texts:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow (Python) tokenizer: nothing releases the GIL anyway
+        return [tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
+    encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+    return [encoding.ids for encoding in encodings]
+
+
+def tokenize_text(text: str, info: EngineInfo, add_special_tokens: bool) -> list[int]:
+    """``/tokenize`` of a plain prompt."""
+    check_text_fits(text, info, "prompt")
+    return encode_texts(info.tokenizer, [text], add_special_tokens)[0]
+
+
+def detokenize_ids(token_ids: list[int], info: EngineInfo) -> str:
+    """``/detokenize``: the text of token ids, each checked against the vocabulary."""
+    size = info.tokenizer_size
+    if any(not 0 <= token < size for token in token_ids):
+        raise bad_request(f"token ids must be in [0, {size})", param="tokens")
+    return info.tokenizer.decode(token_ids)
 
 
 def prompt_text(prompt: Prompt, tokenizer: Any) -> str:
@@ -47,17 +100,18 @@ def prompt_text(prompt: Prompt, tokenizer: Any) -> str:
 
 
 def render_chat(
-    messages: list[ChatMessage], tokenizer: Any, add_generation_prompt: bool = True
+    messages: list[ChatMessage], info: EngineInfo, add_generation_prompt: bool = True
 ) -> list[int]:
     """Apply the tokenizer's chat template, then tokenize the text it produced."""
     conversation = [_message_dict(message) for message in messages]
     try:
-        text = tokenizer.apply_chat_template(
+        text = info.tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=add_generation_prompt
         )
     except Exception as error:  # jinja errors (e.g. roles must alternate), no template
         raise bad_request(f"could not apply the chat template: {error}", "messages") from None
-    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    check_text_fits(text, info, "messages")
+    token_ids = encode_texts(info.tokenizer, [text], add_special_tokens=False)[0]
     if not token_ids:
         raise bad_request("the conversation renders to an empty prompt", param="messages")
     return token_ids

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import uvicorn
 from prometheus_client import disable_created_metrics
 
 from octavo.config import EngineArgs
 from octavo.entrypoints.openai.app import build_app, context_of
 from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.shutdown import DrainingServer
+from octavo.entrypoints.openai.uvicorn_config import uvicorn_config
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,9 @@ def run_server(config: ServerConfig, engine_args: EngineArgs, listen: ListenArgs
         engine_factory=lambda: LLMEngine(engine_args),
         on_load_failure=lambda: holder[0].fail(LOAD_FAILURE_EXIT_CODE),
     )
-    uv_config = uvicorn.Config(
+    uv_config = uvicorn_config(
         app,
+        config,
         host=listen.host,
         port=listen.port,
         log_level=listen.log_level.lower(),

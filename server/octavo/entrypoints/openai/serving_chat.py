@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from octavo.entrypoints.openai.async_engine import RequestStream
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
 from octavo.entrypoints.openai.logprobs import (
@@ -20,6 +19,7 @@ from octavo.entrypoints.openai.logprobs import (
 )
 from octavo.entrypoints.openai.prompts import render_chat
 from octavo.entrypoints.openai.protocol import ChatCompletionRequest
+from octavo.entrypoints.openai.request_stream import RequestStream
 from octavo.entrypoints.openai.responses import (
     AssistantMessage,
     ChatChoice,
@@ -69,7 +69,10 @@ async def create_chat_completion(
 ) -> Response:
     context.check_model(body.model)
     info = context.ready_info()
-    token_ids = render_chat(body.messages, info.tokenizer, body.add_generation_prompt)
+    context.check_fan_out(body.n, info, "n")
+    token_ids = await context.tokenizers.run(
+        render_chat, body.messages, info, body.add_generation_prompt
+    )
     max_tokens = resolve_max_tokens(
         body.requested_max_tokens, len(token_ids), info.max_model_len, None, "messages"
     )

@@ -1,4 +1,5 @@
-"""POST /v1/completions: one engine request per prompt, streamed or collected."""
+"""POST /v1/completions: one engine request per prompt (admitted together), streamed or
+collected."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from octavo.entrypoints.openai.logprobs import (
     completion_logprobs,
     new_logprobs,
 )
-from octavo.entrypoints.openai.prompts import Prompt, completion_prompts, prompt_text
+from octavo.entrypoints.openai.prompts import (
+    Prompt,
+    completion_prompts,
+    prompt_items,
+    prompt_text,
+)
 from octavo.entrypoints.openai.protocol import CompletionRequest
 from octavo.entrypoints.openai.responses import CompletionChoice, CompletionResponse, Usage
 from octavo.entrypoints.openai.sampling import resolve_max_tokens, to_sampling_params
@@ -71,7 +77,9 @@ async def create_completion(
 ) -> Response:
     context.check_model(body.model)
     info = context.ready_info()
-    prompts = completion_prompts(body.prompt, info.tokenizer)
+    items = prompt_items(body.prompt)
+    context.check_fan_out(len(items) * body.n, info, "prompt")
+    prompts = await context.tokenizers.run(completion_prompts, items, info)
     params = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(

@@ -11,10 +11,14 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from octavo.entrypoints.openai.async_engine import AsyncEngine, EngineDead, RequestStream
+from octavo.entrypoints.openai.async_engine import AsyncEngine, EngineDead
+from octavo.entrypoints.openai.engine_commands import NewRequest
 from octavo.entrypoints.openai.errors import bad_request, error_body
+from octavo.entrypoints.openai.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
+
+__all__ = ["close_streams"]  # re-exported for the serving modules
 
 SSE_DONE = "data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -34,7 +38,8 @@ async def sse_frames(
     chunks: AsyncIterator[str], usage: Callable[[], str] | None, close: Callable[[], None]
 ) -> AsyncIterator[str]:
     """The frame every streamed response shares: its chunks, the usage chunk if asked,
-    `[DONE]`; an engine that died mid-stream becomes an error event; CLOSE runs always."""
+    `[DONE]`; an engine that died mid-stream, or that failed this request, becomes an
+    error event; CLOSE runs always (aborting what is left)."""
     try:
         async for chunk in chunks:
             yield chunk
@@ -43,6 +48,9 @@ async def sse_frames(
         yield SSE_DONE
     except EngineDead as error:
         yield sse_event(error_body(str(error), "internal_error", code="engine_dead"))
+        yield SSE_DONE
+    except RequestFailed as error:
+        yield sse_event(error_body(str(error), "internal_error", code="request_failed"))
         yield SSE_DONE
     finally:
         close()
@@ -92,21 +100,12 @@ async def open_streams(
     prompts: list[list[int]],
     params: list[SamplingParams],
 ) -> list[RequestStream]:
-    """Add one engine request per prompt; if any is refused, abort those already added."""
-    streams: list[RequestStream] = []
+    """One engine request per prompt, all admitted in one command (or none of them)."""
+    requests = [
+        NewRequest(base_id if len(prompts) == 1 else f"{base_id}-{index}", token_ids, sampling)
+        for index, (token_ids, sampling) in enumerate(zip(prompts, params, strict=True))
+    ]
     try:
-        for index, (token_ids, sampling) in enumerate(zip(prompts, params, strict=True)):
-            request_id = base_id if len(prompts) == 1 else f"{base_id}-{index}"
-            streams.append(await engine.add(request_id, token_ids, sampling))
-    except ValueError as error:  # the engine refused the prompt
-        close_streams(streams)
+        return await engine.add_requests(base_id, requests)
+    except ValueError as error:  # the engine refused a prompt
         raise bad_request(str(error), param="prompt") from None
-    except BaseException:
-        close_streams(streams)
-        raise
-    return streams
-
-
-def close_streams(streams: list[RequestStream]) -> None:
-    for stream in streams:
-        stream.close()

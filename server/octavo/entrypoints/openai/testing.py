@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from octavo.config import EngineArgs
 from octavo.entrypoints.openai.app import build_app, context_of
 from octavo.entrypoints.openai.context import ServerConfig
+from octavo.entrypoints.openai.uvicorn_config import uvicorn_config
 
 LOOPBACK = "127.0.0.1"
 
@@ -56,8 +57,9 @@ class ThreadedServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((LOOPBACK, 0))
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
+        config = context_of(app).config
+        settings = uvicorn_config(app, config, log_level="warning", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(settings)
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
         )

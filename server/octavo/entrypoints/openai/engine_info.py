@@ -1,0 +1,58 @@
+"""What the event loop may know about the loaded engine, read once on the engine thread."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+# A normalizer (NFC, say) may shrink text before it is split into tokens; twice the
+# longest token's length keeps the "cannot fit" bound safely above any real prompt.
+NORMALIZER_MARGIN = 2
+
+
+@dataclass
+class EngineInfo:
+    """Facts about the loaded engine that the event loop may read freely."""
+
+    tokenizer: Any  # a private copy: the engine thread keeps using its own
+    max_model_len: int
+    tokenizer_size: int
+    model_name: str
+    max_num_seqs: int
+    kv_cache_tokens: int  # tokens the whole KV cache holds
+    max_token_chars: int  # characters of text the longest token can stand for
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """A text longer than this surely needs more than ``max_model_len`` tokens."""
+        return self.max_model_len * self.max_token_chars * NORMALIZER_MARGIN
+
+    @property
+    def default_max_sequences_per_request(self) -> int:
+        """Sequences of ``max_model_len`` tokens the KV cache holds, at least max_num_seqs."""
+        return max(self.max_num_seqs, self.kv_cache_tokens // self.max_model_len)
+
+
+def read_engine_info(engine: Any) -> EngineInfo:
+    """The facts of an ``LLMEngine`` (called on the engine thread, once it is loaded)."""
+    tokenizer = copy.deepcopy(engine.tokenizer)
+    return EngineInfo(
+        tokenizer=tokenizer,
+        max_model_len=engine.max_model_len,
+        tokenizer_size=len(engine.tokenizer),
+        model_name=engine.model_name,
+        max_num_seqs=engine.args.max_num_seqs,
+        kv_cache_tokens=engine.stats().num_blocks * engine.kv.block_size,
+        max_token_chars=longest_token_chars(tokenizer),
+    )
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters of text one token decodes to, bounded from above.
+
+    A token's vocabulary string is never shorter than the text it decodes to: byte-level
+    BPE spells each byte as one character, SentencePiece spells a space as one '▁' and a
+    fallback byte as '<0xNN>', and added tokens are spelled as their text.
+    """
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
