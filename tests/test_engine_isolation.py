@@ -108,7 +108,7 @@ def test_a_failure_no_request_explains_is_raised(llm, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the device is gone")
 
-    monkeypatch.setattr(engine.runner, "model", broken)
+    monkeypatch.setattr(runner_of(engine), "model", broken)
     with pytest.raises(RuntimeError, match="the device is gone"):
         engine.step()
     monkeypatch.undo()
@@ -122,11 +122,16 @@ def test_out_of_memory_is_an_engine_error(llm, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("no memory left")
 
-    monkeypatch.setattr(engine, "sampler", out_of_memory)
+    monkeypatch.setattr(runner_of(engine), "sampler", out_of_memory)
     with pytest.raises(torch.OutOfMemoryError):
         engine.step()
     monkeypatch.undo()
     _abort_all(engine)
+
+
+def runner_of(engine):
+    """The model runner behind the engine's in-process executor."""
+    return engine.executor.worker.runner
 
 
 def _abort_all(engine) -> None:

@@ -1,32 +1,42 @@
-"""The token-budget scheduler, driven by hand without a model."""
+"""The token-budget scheduler and the step protocol, driven by hand without a model."""
 
 from __future__ import annotations
 
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
+from octavo.outputs import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
-from octavo.scheduler.scheduler import Scheduler, SchedulerOutput
-from octavo.scheduler.sequence import Sequence
+from octavo.scheduler.output import SchedulerOutput
+from octavo.scheduler.scheduler import Scheduler, StopLimits
+from octavo.scheduler.sequence import Sequence, SequenceStatus
 
 BLOCK = 4
+EOS = 2
 
 
 def make_scheduler(num_blocks=64, max_num_seqs=8, budget=16) -> Scheduler:
-    return Scheduler(KVCacheManager(BlockPool(num_blocks), BLOCK), max_num_seqs, budget)
+    kv = KVCacheManager(BlockPool(num_blocks), BLOCK)
+    return Scheduler(kv, max_num_seqs, budget, StopLimits(frozenset({EOS}), 64))
 
 
-def make_seq(seq_id: int, prompt_len: int) -> Sequence:
+def make_seq(seq_id: int, prompt_len: int, **params) -> Sequence:
     tokens = [seq_id * 1000 + i for i in range(prompt_len)]
-    return Sequence(seq_id, f"r{seq_id}", 0, tokens, prompt_len, SamplingParams())
+    return Sequence(seq_id, f"r{seq_id}", 0, tokens, prompt_len, SamplingParams(**params))
 
 
-def finish_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
-    """What the engine does after a forward pass: advance, and append a token if complete."""
-    for chunk in out.chunks:
-        completes = chunk.completes_sequence
-        chunk.seq.num_computed_tokens += chunk.num_new_tokens
-        if completes:
-            chunk.seq.token_ids.append(7)
+def runner_output(out: SchedulerOutput, token: int = 7) -> ModelRunnerOutput:
+    """What a runner would return: ``token`` for every sampling sequence and its forks."""
+    ids = [i for s in out.scheduled if s.sample for i in [s.seq_id, *s.fork_seq_ids]]
+    return ModelRunnerOutput(ids, [token] * len(ids), [None] * len(ids))
+
+
+def finish_step(scheduler: Scheduler, out: SchedulerOutput, token: int = 7) -> list:
+    """The engine's part of a step without a model: feed a hand-made runner output back."""
+    return scheduler.update_from_output(out, runner_output(out, token), now=0.0)
+
+
+def shares(out: SchedulerOutput, part: str = "scheduled") -> list[tuple[int, int]]:
+    return [(s.seq_id, s.num_new_tokens) for s in getattr(out, part)]
 
 
 def test_long_prompt_is_chunked_and_decodes_share_the_step():
@@ -35,11 +45,11 @@ def test_long_prompt_is_chunked_and_decodes_share_the_step():
     scheduler.add(short)
     scheduler.add(long)
     first = scheduler.schedule()
-    assert [(c.seq, c.num_new_tokens) for c in first.prefills] == [(short, 5), (long, 11)]
+    assert shares(first, "prefills") == [(1, 5), (2, 11)]
     finish_step(scheduler, first)
     second = scheduler.schedule()
-    assert [(c.seq, c.num_new_tokens) for c in second.decodes] == [(short, 1)]
-    assert [(c.seq, c.num_new_tokens) for c in second.prefills] == [(long, 15)]
+    assert shares(second, "decodes") == [(1, 1)]
+    assert shares(second, "prefills") == [(2, 15)]
     assert second.num_batched_tokens <= 16
 
 
@@ -49,7 +59,7 @@ def test_max_num_seqs_caps_the_running_set_and_admission_is_fcfs():
     for seq in seqs:
         scheduler.add(seq)
     out = scheduler.schedule()
-    assert [c.seq for c in out.chunks] == seqs[:2]
+    assert [s.seq_id for s in out.scheduled] == [1, 2]
     assert list(scheduler.waiting) == seqs[2:]
 
 
@@ -60,8 +70,8 @@ def test_preemption_takes_the_newest_and_requeues_it_first():
     scheduler.add(new)
     finish_step(scheduler, scheduler.schedule())  # both prefilled: 4 blocks used, 9 tokens each
     out = scheduler.schedule()  # each needs a third block: only one can run
-    assert out.preempted == [new]
-    assert [c.seq for c in out.chunks] == [old]
+    assert out.preempted_seq_ids == [new.seq_id]
+    assert [s.seq_id for s in out.scheduled] == [old.seq_id]
     assert scheduler.waiting[0] is new and new.num_computed_tokens == 0
     assert scheduler.counters.preemptions == 1
 
@@ -76,3 +86,74 @@ def test_finish_frees_blocks_wherever_the_sequence_is():
     scheduler.finish(waiting)
     pool = scheduler.kv.pool
     assert pool.num_free_blocks == pool.num_usable_blocks and scheduler.num_unfinished == 0
+
+
+def test_the_output_is_plain_data_the_runner_can_use_alone():
+    scheduler = make_scheduler(budget=6)
+    seq = make_seq(1, 9, seed=3)
+    scheduler.add(seq)
+    first = scheduler.schedule()
+    (data,) = first.new_sequences
+    assert (data.seq_id, data.prompt_token_ids, data.output_token_ids) == (1, seq.token_ids, [])
+    assert data.seed == 3 and data.params is seq.params
+    (chunk,) = first.prefills
+    assert chunk.token_ids == seq.token_ids[:6] and chunk.num_computed_tokens == 0
+    assert chunk.block_ids == scheduler.kv.block_ids(1) and len(chunk.block_ids) == 2
+    assert not chunk.sample  # 6 of 9 prompt tokens: nothing to sample yet
+    assert finish_step(scheduler, first) == [] and seq.num_computed_tokens == 6
+    second = scheduler.schedule()
+    assert second.new_sequences == []  # announced once
+    (chunk,) = second.prefills
+    assert chunk.token_ids == seq.token_ids[6:]
+    assert (chunk.num_computed_tokens, chunk.sample) == (6, True)
+
+
+def test_update_from_output_advances_appends_and_finishes():
+    scheduler = make_scheduler()
+    seq = make_seq(1, 5, max_tokens=2)
+    scheduler.add(seq)
+    (update,) = finish_step(scheduler, scheduler.schedule(), token=11)
+    assert update.seq is seq and update.token_id == 11
+    assert seq.token_ids[-1] == 11 and seq.num_computed_tokens == 5
+    assert seq.first_scheduled_time == 0.0
+    (update,) = finish_step(scheduler, scheduler.schedule(), token=12)
+    assert seq.finish_reason == "length" and seq.status is SequenceStatus.FINISHED
+    assert scheduler.num_unfinished == 0
+    assert scheduler.schedule().finished_seq_ids == [seq.seq_id]  # the runner forgets it
+
+
+def test_eos_from_the_runner_finishes_the_sequence_and_frees_its_blocks():
+    scheduler = make_scheduler()
+    seq = make_seq(1, 5, max_tokens=10)
+    scheduler.add(seq)
+    finish_step(scheduler, scheduler.schedule(), token=EOS)
+    assert (seq.finish_reason, seq.is_finished) == ("stop", True)
+    pool = scheduler.kv.pool
+    assert pool.num_free_blocks == pool.num_usable_blocks
+
+
+def test_n_completions_fork_once_the_prompt_is_computed():
+    scheduler = make_scheduler()
+    parent = make_seq(scheduler.next_seq_id(), 6, n=3, seed=9)
+    scheduler.add(parent)
+    out = scheduler.schedule()
+    (chunk,) = out.prefills
+    assert len(chunk.fork_seq_ids) == 2
+    children = [d for d in out.new_sequences if d.seq_id in chunk.fork_seq_ids]
+    assert [d.prompt_token_ids for d in children] == [parent.token_ids] * 2
+    assert len({d.seed for d in out.new_sequences}) == 3  # each completion its own stream
+    updates = finish_step(scheduler, out)
+    assert [u.seq.index for u in updates] == [0, 1, 2]
+    tables = {tuple(scheduler.kv.block_ids(u.seq.seq_id)) for u in updates}
+    assert len(tables) == 1  # the prompt's blocks are shared
+    assert all(u.seq.num_computed_tokens == 6 and u.seq.num_tokens == 7 for u in updates)
+
+
+def test_a_finished_parent_takes_its_planned_forks_along():
+    scheduler = make_scheduler()
+    parent = make_seq(scheduler.next_seq_id(), 6, n=3)
+    scheduler.add(parent)
+    out = scheduler.schedule()
+    forks = out.prefills[0].fork_seq_ids
+    scheduler.finish(parent)  # e.g. its request failed in this step
+    assert scheduler.schedule().finished_seq_ids == [parent.seq_id, *forks]

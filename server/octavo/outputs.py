@@ -25,6 +25,20 @@ class CompletionOutput:
 
 
 @dataclass
+class ModelRunnerOutput:
+    """What one step of the model runner returns: the next token of each sampled sequence."""
+
+    seq_ids: list[int] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+
+    def extend(self, other: ModelRunnerOutput) -> None:
+        self.seq_ids += other.seq_ids
+        self.sampled_token_ids += other.sampled_token_ids
+        self.logprobs += other.logprobs
+
+
+@dataclass
 class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None

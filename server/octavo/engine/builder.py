@@ -1,4 +1,4 @@
-"""Assembling an engine's parts from its arguments: model, tokenizer, KV cache, scheduler."""
+"""Assembling an engine's parts from its arguments: tokenizer, executor, KV blocks, scheduler."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.attention.backend import select_backend
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.engine.device import select_device, select_dtype
+from octavo.executor.executor import Executor, UniProcExecutor
 from octavo.kv_cache.block_pool import BlockPool
-from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
+from octavo.kv_cache.cache_tensors import bytes_per_block, cuda_kv_budget
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.model_executor.hub import served_name
-from octavo.model_executor.loader import load_model, load_tokenizer, resolve_model_folder
+from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.model_runner import ModelRunner
-from octavo.scheduler.scheduler import Scheduler
+from octavo.scheduler.scheduler import Scheduler, StopLimits
+from octavo.worker.worker import Worker, WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 class EngineParts:
     config: ModelConfig
     tokenizer: object
-    runner: ModelRunner
+    executor: Executor
     scheduler: Scheduler
     pool: BlockPool
     max_model_len: int
@@ -42,18 +42,28 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     dtype = select_dtype(args.dtype, device)
     max_model_len = _max_model_len(args, config)
     tokenizer = load_tokenizer(folder)
-    model = load_model(folder, config, max_model_len + 1, dtype, device)
+    eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
+    spec = WorkerConfig(folder, config, dtype, device, max_model_len + 1, args.block_size, eos)
+    worker = Worker(spec)
     num_blocks = _num_blocks(args, config, dtype, device)
     _check_capacity(num_blocks, args.block_size, max_model_len)
+    worker.initialize_cache(num_blocks)
     pool = BlockPool(num_blocks, args.enable_prefix_caching)
     kv = KVCacheManager(pool, args.block_size)
-    caches = allocate_kv_caches(config, num_blocks, args.block_size, dtype, device)
-    runner = ModelRunner(model, caches, kv, select_backend(device), device)
-    scheduler = Scheduler(kv, args.max_num_seqs, args.max_num_batched_tokens)
+    limits = StopLimits(eos, max_model_len)
+    scheduler = Scheduler(kv, args.max_num_seqs, args.max_num_batched_tokens, limits)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
-        config, tokenizer, runner, scheduler, pool, max_model_len, device, dtype, name
-    )
+        config, tokenizer, UniProcExecutor(worker), scheduler, pool, max_model_len, device,
+        dtype, name,
+    )  # fmt: skip
+
+
+def _eos_token_ids(config: ModelConfig, tokenizer) -> set[int]:
+    ids = set(config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
 
 
 def _max_model_len(args: EngineArgs, config: ModelConfig) -> int:

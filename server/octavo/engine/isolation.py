@@ -41,7 +41,7 @@ def retry_alone(
     """Run ``attempt(key)`` for each key alone after the batched call raised ``error``.
 
     Raises ``error`` again when it is an engine error or when it cannot be pinned on a
-    subset of the keys (every key, of several, fails alone as well).
+    subset of the keys (there are none, or every key of several fails alone as well).
     """
     if isinstance(error, ENGINE_ERRORS):
         raise error
@@ -55,8 +55,8 @@ def retry_alone(
         except Exception as solo_error:  # any failure of one request
             logger.warning("request %s failed alone: %r", key, solo_error, exc_info=solo_error)
             outcome.failures[key] = describe(solo_error)
-    if len(keys) > 1 and not outcome.results:
-        raise error
+    if not outcome.results and len(keys) != 1:
+        raise error  # nobody, or everybody of several, fails alone: not one request's fault
     if not outcome.failures:
         logger.warning("a batched call failed but every request passed alone: %r", error)
     return outcome

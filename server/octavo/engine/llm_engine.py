@@ -1,10 +1,15 @@
-"""The engine: accepts requests, runs scheduled steps, and reports per-request outputs."""
+"""The engine: accepts requests, runs scheduled steps, and reports per-request outputs.
+
+One step is the scheduler/executor protocol: ``Scheduler.schedule()`` → plain-data
+``SchedulerOutput`` → ``Executor.execute_model()`` (forward pass and sampling) →
+``Scheduler.update_from_output()`` (advance, cache blocks, append, finish). The engine
+adds what only it knows: requests and their ``n`` completions, text (detokenizing and
+stop strings), timing and totals, and outputs for the caller.
+"""
 
 from __future__ import annotations
 
 import time
-
-import torch
 
 from octavo.config import EngineArgs
 from octavo.engine.builder import build_engine_parts
@@ -12,12 +17,12 @@ from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.isolation import describe, retry_alone
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
-from octavo.engine.stop_checker import check_stop
-from octavo.outputs import RequestOutput
-from octavo.sampling.sampler import Sampler, SampleResult, SamplingRow, TokenLogprobs
+from octavo.outputs import ModelRunnerOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
-from octavo.scheduler.scheduler import ScheduledChunk, SchedulerOutput
-from octavo.scheduler.sequence import Sequence
+from octavo.scheduler.output import SchedulerOutput
+from octavo.scheduler.scheduler import SequenceUpdate
+from octavo.scheduler.sequence import Sequence, SequenceStatus
+from octavo.scheduler.stop_checker import apply_stop_string
 
 
 class LLMEngine:
@@ -25,24 +30,16 @@ class LLMEngine:
         parts = build_engine_parts(args)
         self.args, self.parts = args, parts
         self.tokenizer = parts.tokenizer
-        self.scheduler, self.runner = parts.scheduler, parts.runner
+        self.scheduler, self.executor = parts.scheduler, parts.executor
         self.kv = parts.scheduler.kv
         self.max_model_len = parts.max_model_len
         self.model_name = parts.model_name
-        self.sampler = Sampler()
         self.vocab_size = parts.config.vocab_size
-        self.eos_token_ids = frozenset(i for i in self._eos_token_ids() if i < self.vocab_size)
+        self.eos_token_ids = parts.scheduler.limits.eos_token_ids
         self.requests: dict[str, Request] = {}
-        self._seq_ids = iter(range(1 << 62))
         self._pending_outputs: list[RequestOutput] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-
-    def _eos_token_ids(self) -> set[int]:
-        ids = set(self.parts.config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(
@@ -93,23 +90,22 @@ class LLMEngine:
             )
 
     def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
-        params = request.params
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator().manual_seed((params.seed + index * 0x9E3779B1) % 2**63)
         seq = Sequence(
-            seq_id=next(self._seq_ids),
+            seq_id=self.scheduler.next_seq_id(),
             request_id=request.request_id,
             index=index,
             token_ids=list(token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
-            params=params,
-            generator=generator,
+            params=request.params,
         )
-        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params)
-        request.seqs.append(seq)
-        request.texts[index] = SequenceText(detokenizer)
+        self._track(request, seq)
         return seq
+
+    def _track(self, request: Request, seq: Sequence) -> None:
+        """Give a request's new completion its text stream."""
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, seq.params)
+        request.seqs.append(seq)
+        request.texts[seq.index] = SequenceText(detokenizer)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is; its blocks are freed at once."""
@@ -127,10 +123,9 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
-        while request.awaiting_fork:  # children never started: report them ended too
+        while request.awaiting_fork:  # completions never forked: report them ended too
             child = self._new_sequence(request, len(request.seqs), request.prompt_token_ids)
-            child.finish_reason = reason
-            self.scheduler.finish(child)
+            child.finish_reason, child.status = reason, SequenceStatus.FINISHED
         output = request.make_output()
         output.error = error
         self._pending_outputs.append(output)
@@ -142,149 +137,66 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step. A request whose data makes the step fail is failed alone."""
         scheduled = self.scheduler.schedule()
-        touched: list[Request] = []
-        if not scheduled.is_empty:
-            now = time.monotonic()
-            scheduled, logits, sampled = self._execute(scheduled)
-            self._advance(scheduled, now)
-            touched = self._sample_and_append(logits, sampled)
+        now = time.monotonic()
+        scheduled, result = self._execute(scheduled)
+        updates = self.scheduler.update_from_output(scheduled, result, now)
+        touched = self._record_all(updates)
         outputs, self._pending_outputs = self._pending_outputs, []
         live = [request for request in touched if request.request_id in self.requests]
         return outputs + [self._output_for(request) for request in live]
 
-    def _execute(
-        self, scheduled: SchedulerOutput
-    ) -> tuple[SchedulerOutput, torch.Tensor, list[Sequence]]:
-        """The forward pass; on failure, each request runs alone and the culprits fail."""
+    def _execute(self, step: SchedulerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput]:
+        """The executor runs the step; on failure each request runs alone and culprits fail."""
         try:
-            logits, sampled = self.runner.execute(scheduled)
+            return step, self.executor.execute_model(step)
         except Exception as error:  # isolated below, or raised again
-            return self._execute_alone(scheduled, error)
-        return scheduled, logits, sampled
+            return self._execute_alone(step, error)
 
     def _execute_alone(
-        self, scheduled: SchedulerOutput, error: Exception
-    ) -> tuple[SchedulerOutput, torch.Tensor, list[Sequence]]:
-        def run_alone(request_id: str) -> tuple[torch.Tensor, list[Sequence]]:
-            return self.runner.execute(_only_request(scheduled, request_id))
+        self, step: SchedulerOutput, error: Exception
+    ) -> tuple[SchedulerOutput, ModelRunnerOutput]:
+        owners = _owners(step, self.scheduler.seqs)
 
-        ids = [chunk.seq.request_id for chunk in scheduled.chunks]
-        outcome = retry_alone(error, ids, run_alone)
+        def run_alone(request_id: str) -> ModelRunnerOutput:
+            return self.executor.execute_model(_only_requests(step, owners, {request_id}))
+
+        outcome = retry_alone(error, owners.values(), run_alone)
         for request_id, message in outcome.failures.items():
             self._fail_request(request_id, message)
-        survivors = SchedulerOutput(
-            prefills=[c for c in scheduled.prefills if c.seq.request_id in outcome.results],
-            decodes=[c for c in scheduled.decodes if c.seq.request_id in outcome.results],
-        )
-        results = list(outcome.results.values())
-        sampled = [seq for _, seqs in results for seq in seqs]
-        width = self.vocab_size
-        logits = torch.cat([logits for logits, _ in results]) if results else torch.empty(0, width)
-        return survivors, logits, sampled
+        result = ModelRunnerOutput()
+        for part in outcome.results.values():
+            result.extend(part)
+        return _only_requests(step, owners, set(outcome.results)), result
 
-    def _advance(self, scheduled: SchedulerOutput, now: float) -> None:
-        for chunk in scheduled.chunks:
-            seq = chunk.seq
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-            seq.num_computed_tokens += chunk.num_new_tokens
-            self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
-
-    def _sample_and_append(self, logits: torch.Tensor, sampled: list[Sequence]) -> list[Request]:
-        rows, seqs = self._expand_forks(sampled)
-        if not seqs:
-            return []
-        if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
-            logits = logits[torch.tensor(rows, dtype=torch.long)]
-        token_ids, logprobs = self._sample(logits, seqs)
+    def _record_all(self, updates: list[SequenceUpdate]) -> list[Request]:
+        """Text, timing and totals for each new token; a failure here fails that request."""
         touched: dict[str, Request] = {}
-        for seq, token, logprob in zip(seqs, token_ids, logprobs, strict=True):
-            request = self.requests.get(seq.request_id)
-            if request is None:  # failed while sampling
+        for update in updates:
+            request = self.requests.get(update.seq.request_id)
+            if request is None:  # failed earlier in this step
                 continue
             try:
-                self._append_token(seq, token, logprob)
-            except Exception as error:  # detokenizing/stopping one request
-                self._fail_request(seq.request_id, describe(error))
+                self._record(request, update)
+            except Exception as error:  # detokenizing one request's tokens
+                self._fail_request(request.request_id, describe(error))
                 continue
-            touched[seq.request_id] = request
+            touched[request.request_id] = request
         return list(touched.values())
 
-    def _sample(
-        self, logits: torch.Tensor, seqs: list[Sequence]
-    ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """One token per sequence; on failure, each request samples alone and culprits fail."""
-        rows = [self._sampling_row(seq) for seq in seqs]
-        try:
-            result = self.sampler(logits, rows)
-        except Exception as error:  # isolated below, or raised again
-            return self._sample_alone(logits, seqs, rows, error)
-        return result.token_ids, result.logprobs
-
-    def _sample_alone(
-        self, logits: torch.Tensor, seqs: list[Sequence], rows: list[SamplingRow], error: Exception
-    ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        by_request: dict[str, list[int]] = {}
-        for i, seq in enumerate(seqs):
-            by_request.setdefault(seq.request_id, []).append(i)
-
-        def sample_alone(request_id: str) -> SampleResult:
-            index = by_request[request_id]
-            return self.sampler(logits[torch.tensor(index)], [rows[i] for i in index])
-
-        outcome = retry_alone(error, by_request, sample_alone)
-        for request_id, message in outcome.failures.items():
-            self._fail_request(request_id, message)
-        token_ids: list[int] = [-1] * len(seqs)  # -1: the row's request failed
-        logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
-        for request_id, result in outcome.results.items():
-            for i, token, logprob in zip(
-                by_request[request_id], result.token_ids, result.logprobs, strict=True
-            ):
-                token_ids[i], logprobs[i] = token, logprob
-        return token_ids, logprobs
-
-    def _expand_forks(self, sampled: list[Sequence]) -> tuple[list[int], list[Sequence]]:
-        """Sequences whose request asked for n > 1 fork here, once their prompt is computed."""
-        rows, seqs = [], []
-        for row, seq in enumerate(sampled):
-            rows.append(row)
-            seqs.append(seq)
-            request = self.requests[seq.request_id]
-            while request.awaiting_fork:
-                child = self._new_sequence(request, len(request.seqs), seq.token_ids)
-                child.num_computed_tokens = seq.num_computed_tokens
-                child.arrival_time = seq.arrival_time
-                child.first_scheduled_time = seq.first_scheduled_time
-                self.kv.fork(seq.seq_id, child.seq_id)
-                self.scheduler.add_running(child)
-                rows.append(row)
-                seqs.append(child)
-        return rows, seqs
-
-    def _sampling_row(self, seq: Sequence) -> SamplingRow:
-        return SamplingRow(
-            params=seq.params,
-            prompt_token_ids=seq.prompt_token_ids,
-            output_token_ids=seq.output_token_ids,
-            generator=seq.generator,
-            eos_token_ids=self.eos_token_ids,
-        )
-
-    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprobs | None) -> None:
-        now = time.monotonic()
-        if seq.num_output_tokens == 0:
+    def _record(self, request: Request, update: SequenceUpdate) -> None:
+        seq, now = update.seq, time.monotonic()
+        if seq.index not in request.texts:  # a completion forked in this step
+            self._track(request, seq)
+        if seq.num_output_tokens == 1:
             seq.first_token_time = now
             self.prompt_tokens_total += seq.num_prompt_tokens if seq.index == 0 else 0
         seq.last_token_time = now
-        seq.token_ids.append(token)
         self.generation_tokens_total += 1
-        text = self.requests[seq.request_id].texts[seq.index]
-        if logprob is not None:
-            text.logprobs.append(logprob)
-        stop_string = text.detokenizer.update(token)
-        check_stop(seq, token, stop_string, self.eos_token_ids, self.max_model_len)
-        if seq.finish_reason is not None:
+        text = request.texts[seq.index]
+        if update.logprobs is not None:
+            text.logprobs.append(update.logprobs)
+        stop_string = text.detokenizer.update(update.token_id)
+        if apply_stop_string(seq, stop_string) and not seq.is_finished:
             self.scheduler.finish(seq)
 
     def _output_for(self, request: Request) -> RequestOutput:
@@ -312,10 +224,27 @@ class LLMEngine:
         )
 
 
-def _only_request(scheduled: SchedulerOutput, request_id: str) -> SchedulerOutput:
-    """The chunks of one request (block copies were already made by the failed step)."""
+def _owners(step: SchedulerOutput, seqs: dict[int, Sequence]) -> dict[int, str]:
+    """The request id of every sequence in a step, including the forks it plans."""
+    owners = {}
+    for scheduled in step.scheduled:
+        request_id = seqs[scheduled.seq_id].request_id
+        for seq_id in [scheduled.seq_id, *scheduled.fork_seq_ids]:
+            owners[seq_id] = request_id
+    return owners
 
-    def mine(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
-        return [chunk for chunk in chunks if chunk.seq.request_id == request_id]
 
-    return SchedulerOutput(prefills=mine(scheduled.prefills), decodes=mine(scheduled.decodes))
+def _only_requests(
+    step: SchedulerOutput, owners: dict[int, str], wanted: set[str]
+) -> SchedulerOutput:
+    """The part of a step that belongs to ``wanted`` requests (copies are repeated: harmless)."""
+
+    def keep(seq_id: int) -> bool:
+        return owners.get(seq_id) in wanted
+
+    return SchedulerOutput(
+        prefills=[s for s in step.prefills if keep(s.seq_id)],
+        decodes=[s for s in step.decodes if keep(s.seq_id)],
+        new_sequences=[d for d in step.new_sequences if keep(d.seq_id)],
+        block_copies=step.block_copies,
+    )

@@ -1,7 +1,14 @@
-"""Turns a scheduled step into flat model inputs, runs the forward pass, returns logits.
+"""Runs one scheduled step: flat model inputs, the forward pass, and sampling.
 
-Only sequences whose chunk reaches their last token need a next token, so only their
-last positions are projected through the LM head.
+The runner sees only the scheduler's plain data (``SchedulerOutput``): token ids, block
+ids and positions. Between steps it keeps, per sequence, what sampling needs (the token
+history for penalties, the sampling settings, the seeded random generator) and forgets
+it when the scheduler reports the sequence finished. Only sequences whose chunk reaches
+their last token are projected through the LM head and sampled; a sequence that forks
+(``n > 1``) lends its logits row to its new siblings.
+
+A step is all or nothing for the runner's own state: sampled tokens are added to the
+histories only after the whole batch was sampled, so a failed step can be run again.
 """
 
 from __future__ import annotations
@@ -14,10 +21,31 @@ import torch
 from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
 from octavo.kv_cache.cache_tensors import copy_blocks
-from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.model_executor.llama import LlamaForCausalLM
-from octavo.scheduler.scheduler import ScheduledChunk, SchedulerOutput
-from octavo.scheduler.sequence import Sequence
+from octavo.outputs import ModelRunnerOutput
+from octavo.sampling.sampler import Sampler, SamplingRow
+from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
+
+
+@dataclass
+class SequenceState:
+    """What the runner remembers of one sequence between steps."""
+
+    row: SamplingRow  # prompt ids, generated ids, settings and generator
+
+    @classmethod
+    def create(cls, data: NewSequenceData, eos_token_ids: frozenset[int]) -> SequenceState:
+        generator = None
+        if data.seed is not None:
+            generator = torch.Generator().manual_seed(data.seed)
+        row = SamplingRow(
+            params=data.params,
+            prompt_token_ids=list(data.prompt_token_ids),
+            output_token_ids=list(data.output_token_ids),
+            generator=generator,
+            eos_token_ids=eos_token_ids,
+        )
+        return cls(row)
 
 
 @dataclass
@@ -26,7 +54,7 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor
-    sampled_seqs: list[Sequence]  # one per logits row
+    sampled: list[ScheduledSequence]  # one per logits row
 
 
 class ModelRunner:
@@ -34,19 +62,25 @@ class ModelRunner:
         self,
         model: LlamaForCausalLM,
         kv_caches: list[torch.Tensor],
-        kv: KVCacheManager,
+        block_size: int,
         attention: AttentionBackend,
         device: torch.device,
+        eos_token_ids: frozenset[int] = frozenset(),
     ) -> None:
-        self.model, self.kv_caches, self.kv = model, kv_caches, kv
+        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.attention, self.device = attention, device
-        self.block_size = kv.block_size
+        self.eos_token_ids = eos_token_ids
+        self.sampler = Sampler()
+        self.states: dict[int, SequenceState] = {}
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run one step; returns logits ``[num_sampled, vocab]`` (fp32) and their sequences."""
+    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step; returns the next token of every sequence that samples."""
+        self._update_states(step)
         copy_blocks(self.kv_caches, step.block_copies)
-        inputs = self.prepare(step.chunks, len(step.prefills))
+        if step.is_empty:
+            return ModelRunnerOutput()
+        inputs = self.prepare(step.scheduled, len(step.prefills))
         logits = self.model(
             inputs.input_ids,
             inputs.positions,
@@ -55,22 +89,40 @@ class ModelRunner:
             self.attention,
             inputs.logits_indices,
         )
-        return logits, inputs.sampled_seqs
+        return self._sample(logits, inputs.sampled)
 
-    def prepare(self, chunks: list[ScheduledChunk], num_prefills: int) -> StepInputs:
+    def _update_states(self, step: SchedulerOutput) -> None:
+        for seq_id in step.finished_seq_ids:
+            self.states.pop(seq_id, None)
+        for data in step.new_sequences:
+            self.states[data.seq_id] = SequenceState.create(data, self.eos_token_ids)
+
+    def _sample(self, logits: torch.Tensor, sampled: list[ScheduledSequence]) -> ModelRunnerOutput:
+        rows, seq_ids = [], []
+        for row, scheduled in enumerate(sampled):
+            for seq_id in [scheduled.seq_id, *scheduled.fork_seq_ids]:
+                rows.append(row)
+                seq_ids.append(seq_id)
+        if rows != list(range(len(sampled))):
+            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        result = self.sampler(logits, [self.states[seq_id].row for seq_id in seq_ids])
+        for seq_id, token in zip(seq_ids, result.token_ids, strict=True):
+            self.states[seq_id].row.output_token_ids.append(token)
+        return ModelRunnerOutput(seq_ids, result.token_ids, result.logprobs)
+
+    def prepare(self, scheduled: list[ScheduledSequence], num_prefills: int) -> StepInputs:
         token_ids, positions, slots, starts = [], [], [], [0]
         tables, seq_lens, logits_rows, sampled = [], [], [], []
-        for chunk in chunks:
-            seq, start = chunk.seq, chunk.seq.num_computed_tokens
-            end = start + chunk.num_new_tokens
-            block_ids = self.kv.block_ids(seq.seq_id)
-            token_ids.extend(seq.token_ids[start:end])
+        for seq in scheduled:
+            start = seq.num_computed_tokens
+            end = start + seq.num_new_tokens
+            token_ids.extend(seq.token_ids)
             positions.extend(range(start, end))
-            slots.extend(self._slots(block_ids, start, end))
-            starts.append(starts[-1] + chunk.num_new_tokens)
-            tables.append(block_ids)
+            slots.extend(self._slots(seq.block_ids, start, end))
+            starts.append(starts[-1] + seq.num_new_tokens)
+            tables.append(seq.block_ids)
             seq_lens.append(end)
-            if chunk.completes_sequence:
+            if seq.sample:
                 logits_rows.append(starts[-1] - 1)
                 sampled.append(seq)
         meta = self._metadata(slots, tables, seq_lens, starts, num_prefills)
@@ -79,7 +131,7 @@ class ModelRunner:
             positions=self._tensor(positions, torch.long),
             meta=meta,
             logits_indices=self._tensor(logits_rows, torch.long),
-            sampled_seqs=sampled,
+            sampled=sampled,
         )
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:

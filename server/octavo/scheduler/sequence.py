@@ -6,9 +6,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from octavo.sampling_params import SamplingParams
+
+SEED_STRIDE = 0x9E3779B1  # spreads the seeds of one request's n completions apart
 
 
 class SequenceStatus(enum.Enum):
@@ -25,17 +25,19 @@ class Sequence:
     token_ids: list[int]  # prompt followed by generated tokens
     num_prompt_tokens: int
     params: SamplingParams
-    generator: torch.Generator | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache on first admission
     num_preemptions: int = 0
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that matched
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    announced: bool = False  # the model runner has been sent this sequence
+    forked: bool = False  # the request's other n - 1 completions were forked from this one
+    fork_seq_ids: list[int] = field(default_factory=list)  # ids planned for those forks
 
     @property
     def num_tokens(self) -> int:
@@ -56,3 +58,31 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def awaits_fork(self) -> bool:
+        """True for the first completion of an ``n > 1`` request that has not forked yet."""
+        return self.index == 0 and self.params.n > 1 and not self.forked and not self.fork_seq_ids
+
+    def fork(self, seq_id: int, index: int) -> Sequence:
+        """A sibling completion that shares this sequence's computed prompt."""
+        return Sequence(
+            seq_id=seq_id,
+            request_id=self.request_id,
+            index=index,
+            token_ids=self.prompt_token_ids,
+            num_prompt_tokens=self.num_prompt_tokens,
+            params=self.params,
+            num_computed_tokens=self.num_computed_tokens,
+            arrival_time=self.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            announced=True,
+            forked=True,
+        )
+
+
+def sequence_seed(request_seed: int | None, index: int) -> int | None:
+    """The seed of completion ``index`` of a request seeded with ``request_seed``."""
+    if request_seed is None:
+        return None
+    return (request_seed + index * SEED_STRIDE) % 2**63

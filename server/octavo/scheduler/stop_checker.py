@@ -29,3 +29,18 @@ def check_stop(
         params.max_tokens is not None and generated >= params.max_tokens
     ) or seq.num_tokens >= max_model_len:
         seq.finish_reason = "length"
+
+
+def apply_stop_string(seq: Sequence, stop_string: str | None) -> bool:
+    """Finish ``seq`` with ``stop_string`` if one just matched; True if that changed its fate.
+
+    Stop strings are found by the detokenizer after the scheduler's own checks: a match
+    wins over the length limit (as the checks above order them), never over EOS or a
+    stop token id, and only once ``min_tokens`` tokens were generated.
+    """
+    if stop_string is None or seq.finish_reason not in (None, "length"):
+        return False
+    if seq.num_output_tokens < seq.params.min_tokens:
+        return False
+    seq.finish_reason, seq.stop_reason = "stop", stop_string
+    return True

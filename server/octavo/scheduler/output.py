@@ -1,0 +1,62 @@
+"""What the scheduler hands the executor each step: plain data, no engine objects.
+
+Everything here is ids, token ids and numbers, so it can cross a process boundary (one
+worker per rank with tensor parallelism) unchanged. The model runner keeps what it needs
+between steps (each sequence's token history, sampling settings and random generator)
+and forgets a sequence when its id appears in ``finished_seq_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octavo.sampling_params import SamplingParams
+
+
+@dataclass
+class NewSequenceData:
+    """A sequence the runner has not seen yet: sent once, on its first scheduled step."""
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    seed: int | None  # seeds this sequence's own random generator (None: the global RNG)
+
+
+@dataclass
+class ScheduledSequence:
+    """One sequence's share of a step: which tokens to compute and where their K/V go."""
+
+    seq_id: int
+    token_ids: list[int]  # the tokens whose keys/values this step computes
+    num_computed_tokens: int  # tokens already in the cache: positions start here
+    block_ids: list[int]  # the sequence's whole block table
+    sample: bool  # the chunk reaches the last known token, so a next token is sampled
+    fork_seq_ids: list[int] = field(default_factory=list)  # children sampling from this row
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    prefills: list[ScheduledSequence] = field(default_factory=list)  # several tokens each
+    decodes: list[ScheduledSequence] = field(default_factory=list)  # one token each
+    new_sequences: list[NewSequenceData] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination)
+    finished_seq_ids: list[int] = field(default_factory=list)  # the runner may forget these
+    preempted_seq_ids: list[int] = field(default_factory=list)
+
+    @property
+    def scheduled(self) -> list[ScheduledSequence]:
+        return self.prefills + self.decodes
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
