@@ -181,3 +181,26 @@ def test_stop_strings_ignored_before_min_tokens(byte_bpe: PreTrainedTokenizerFas
     ids = [token for char in "ab ab ab" for token in encode(byte_bpe, char)]
     detok, _, hit = stream(byte_bpe, ids, SamplingParams(stop="ab", min_tokens=4))
     assert hit == "ab" and detok.output_text == "ab "
+
+
+class DecodeOnly:
+    """A tokenizer with only ``decode`` (like a slow, pure-Python one): the window fallback."""
+
+    def __init__(self, fast: PreTrainedTokenizerFast) -> None:
+        self._fast = fast
+
+    def decode(self, ids: list[int], **kwargs) -> str:
+        return self._fast.decode(ids, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "text", ["naïve café: ÆØÅ ✓ €100 — 你好 👩‍👩‍👧 done", "hello world 日本 this"]
+)
+@pytest.mark.parametrize("fixture", ["byte_bpe", "sentencepiece_like"])
+def test_the_stream_decoder_and_the_window_fallback_agree(request, fixture: str, text: str) -> None:
+    fast = request.getfixturevalue(fixture)
+    prompt, output = encode(fast, "hello"), encode(fast, text)
+    fast_detok, fast_deltas, _ = stream(fast, output, prompt=prompt)
+    slow_detok, slow_deltas, _ = stream(DecodeOnly(fast), output, prompt=prompt)
+    assert fast_detok._stream is not None and slow_detok._stream is None
+    assert fast_deltas == slow_deltas and fast_detok.output_text == slow_detok.output_text

@@ -12,6 +12,10 @@ Each step decodes ``tokens[prefix_offset:read_offset]`` and ``tokens[prefix_offs
 the extra characters of the second are the new text. If that text ends in U+FFFD the
 last token ended inside a multi-byte character, so we wait for the next token.
 
+A fast (Rust) tokenizer does the same in one call per token with ``tokenizers``'
+``DecodeStream``, primed with the prompt context; the two-decode window is the fallback
+for other tokenizers and is still used to flush an output that ends mid-character.
+
 Stop strings are searched only in the newly added text (plus ``longest stop - 1``
 characters before it), and ``get_delta`` holds back that many characters while the
 request runs because they might still turn into a stop string.
@@ -20,6 +24,8 @@ request runs because they might still turn into a stop string.
 from __future__ import annotations
 
 from typing import Any
+
+from tokenizers.decoders import DecodeStream
 
 from octavo.sampling_params import SamplingParams
 
@@ -47,6 +53,10 @@ class IncrementalDetokenizer:
         self._text = ""
         self._sent = 0  # characters of ``_text`` already returned by ``get_delta``
         self._stop_hit: str | None = None
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # fast tokenizers only
+        self._stream = None
+        if self._backend is not None:
+            self._stream = DecodeStream(ids=context, skip_special_tokens=params.skip_special_tokens)
 
     @property
     def output_text(self) -> str:
@@ -99,6 +109,17 @@ class IncrementalDetokenizer:
         )
 
     def _decode_new_text(self) -> str:
+        """The completed new text ("" while the last token ends inside a character)."""
+        if self._stream is None:
+            return self._decode_window()
+        text = self._stream.step(self._backend, self._all_ids[-1])
+        if text is None:
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._all_ids)
+        return text
+
+    def _decode_window(self) -> str:
         """Decode the window and return the completed new text ("" if still incomplete)."""
         prefix_text = self._decode(self._all_ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._all_ids[self._prefix_offset :])
