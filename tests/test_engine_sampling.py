@@ -102,3 +102,16 @@ def test_chat_helper_applies_the_template(llm):
     (out,) = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0.0),
                       use_tqdm=False)  # fmt: skip
     assert out.prompt.startswith("<|im_start|>") and out.outputs[0].text
+
+
+def test_the_engine_seed_makes_unseeded_sampling_repeatable(tiny_folder):
+    """``--seed`` seeds the global RNG that requests without a seed of their own draw from."""
+    unseeded = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+
+    def run(seed: int) -> list[int]:
+        engine = LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
+                     kv_cache_memory=1 << 20, seed=seed)  # fmt: skip
+        return tokens(engine.generate([11, 12, 13], unseeded, use_tqdm=False))
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)

@@ -31,11 +31,13 @@ class WorkerConfig:
     max_positions: int  # rotary tables are built for this many positions
     block_size: int
     eos_token_ids: frozenset[int]
+    seed: int = 0  # the global RNG's seed: requests without their own seed draw from it
 
 
 class Worker:
     def __init__(self, spec: WorkerConfig) -> None:
         self.spec = spec
+        torch.manual_seed(spec.seed)
         self.model = load_model(
             spec.folder, spec.config, spec.max_positions, spec.dtype, spec.device
         )

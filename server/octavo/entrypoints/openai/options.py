@@ -150,7 +150,7 @@ OPTIONS: tuple[Option, ...] = (
         "--dtype", "weight/activation dtype", one_of(SUPPORTED_DTYPES), "auto", SUPPORTED_DTYPES
     ),
     Option("--device", "auto, cpu, cuda or cuda:N", default="auto"),
-    Option("--seed", "engine random seed", int, 0),
+    Option("--seed", "seed of the random numbers drawn by requests without a seed", int, 0),
     Option("--tensor-parallel-size", "GPUs per model (only 1 is supported)", positive_int, 1),
     Option(
         "--api-key",
