@@ -180,7 +180,7 @@ def write(out: Path, result: dict, latencies: list[float]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--out", type=Path, default=Path("bench-results/operator"))
     args = parser.parse_args()

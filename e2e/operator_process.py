@@ -93,9 +93,11 @@ class OperatorProcess:
         cluster: e2e_cluster.Cluster,
         workdir: Path,
         service_account: tuple[str, str] = (NAMESPACE, SERVICE_ACCOUNT),
+        args: tuple[str, ...] = (),
         **env: str,
     ):
         self.cluster = cluster
+        self.args = args  # more octavo-operator flags, e.g. ("--namespace", "team-a")
         self.workdir = workdir
         self.service_account = service_account
         self.log_path = workdir / "operator.log"
@@ -113,7 +115,7 @@ class OperatorProcess:
         command = [
             sys.executable, "-m", "octavo_operator.main", "--kubeconfig", str(kubeconfig),
             "--liveness-port", str(self.liveness_port), "--metrics-port", str(self.metrics_port),
-            "--log-format", "json",
+            "--log-format", "json", *self.args,
         ]  # fmt: skip
         env = {**os.environ, **self.env}
         env.pop("KUBECONFIG", None)

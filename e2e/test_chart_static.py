@@ -58,8 +58,11 @@ def helm_binary() -> Path:
 
 @pytest.fixture(scope="module")
 def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return offline_helm(helm_binary, tmp_path_factory.mktemp("helm-home"))
+
+
+def offline_helm(helm_binary: Path, home: Path) -> Helm:
     """Runs helm offline with its cache/config/data homes in a temporary folder."""
-    home = tmp_path_factory.mktemp("helm-home")
     env = {
         **os.environ,
         **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")},
@@ -600,7 +603,10 @@ def test_manifests_hold_the_chart_objects_without_the_crd(helm: Helm) -> None:
     kinds = {o["kind"] for o in objects}
     assert "CustomResourceDefinition" not in kinds, "the CRD lives in manifests/crds/ only"
     assert kinds >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"}
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {
+        "Namespace", "ClusterRole", "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    }  # fmt: skip
     for obj in objects:
         if obj["kind"] not in cluster_scoped:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]

@@ -250,4 +250,6 @@ def test_kubectl_apply_manifests_to_openai_call(
         edit_rolls_and_delete_cleans(custom, apps, namespace)
     finally:
         operator.stop()
-    kubectl("delete", "-f", str(REPO_ROOT / "manifests"), "--wait=false")
+        # Always: manifests/ holds a cluster-wide admission policy that would judge the
+        # InferenceServices of every later test.
+        kubectl("delete", "-f", str(REPO_ROOT / "manifests"), "--wait=false")

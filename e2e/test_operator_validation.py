@@ -9,6 +9,9 @@ from kubernetes import client
 
 from e2e import isvc
 
+EXTRA_ARGS_REFUSED = (
+    "must not set --host, --port, --served-model-name, --api-key, nor an abbreviation of one"
+)
 INVALID = {
     "replicas-and-autoscaling": (
         {"replicas": 2, "autoscaling": {"maxReplicas": 3}},
@@ -53,7 +56,50 @@ INVALID = {
     ),
     "extra-args-override-port": (
         {"engine": {"extraArgs": ["--port", "9000"]}},
-        "must not set --host, --port, --served-model-name",
+        EXTRA_ARGS_REFUSED,
+    ),
+    # argparse expands unique prefixes: each of these would reach the server as the full flag.
+    "extra-args-abbreviated-host": ({"engine": {"extraArgs": ["--hos", "0"]}}, EXTRA_ARGS_REFUSED),
+    "extra-args-abbreviated-port": ({"engine": {"extraArgs": ["--po", "1"]}}, EXTRA_ARGS_REFUSED),
+    "extra-args-abbreviated-name": (
+        {"engine": {"extraArgs": ["--served", "evil"]}},
+        EXTRA_ARGS_REFUSED,
+    ),
+    "extra-args-api-key": (
+        {"engine": {"extraArgs": ["--api-key", "plaintext"]}},
+        EXTRA_ARGS_REFUSED,
+    ),
+    "extra-args-abbreviated-key-with-value": (
+        {"engine": {"extraArgs": ["--api-k=plaintext"]}},
+        EXTRA_ARGS_REFUSED,
+    ),
+    "extra-args-port-with-value": ({"engine": {"extraArgs": ["--port=1"]}}, EXTRA_ARGS_REFUSED),
+    "env-api-key-in-plain-text": (
+        {"env": [{"name": "OCTAVO_API_KEY", "value": "plaintext"}]},
+        "OCTAVO_API_KEY must not be a plain value",
+    ),
+    "env-value-and-value-from": (
+        {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+        "takes value or valueFrom, not both",
+    ),
+    "env-two-sources": (
+        {
+            "env": [
+                {
+                    "name": "A",
+                    "valueFrom": {
+                        "fieldRef": {"fieldPath": "metadata.name"},
+                        "secretKeyRef": {"name": "s", "key": "k"},
+                    },
+                }
+            ]
+        },
+        "needs exactly one of secretKeyRef",
+    ),
+    "env-bad-name": ({"env": [{"name": "A=B", "value": "1"}]}, "spec.env[0].name"),
+    "env-secret-without-key": (
+        {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s"}}}]},
+        "spec.env[0].valueFrom.secretKeyRef.key: Required value",
     ),
     "kv-target-above-one": (
         {"autoscaling": {"maxReplicas": 2, "metric": "kvCacheUsage", "target": 2}},
@@ -82,6 +128,25 @@ def test_invalid_spec_is_refused(cluster, namespace, custom, operator, case):
     assert refused.value.status == 422
     message = json.loads(refused.value.body)["message"]
     assert expected in message, message
+
+
+ALLOWED_EXTRA_ARGS = ["--max-num-seqs=4", "--log-level", "debug", "--enforce-eager"]
+
+
+def test_other_extra_args_and_typed_env_are_accepted(namespace, custom, operator):
+    spec = {
+        "engine": {"extraArgs": ALLOWED_EXTRA_ARGS},
+        "env": [
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}},
+        ],
+    }
+    created = custom.create_namespaced_custom_object(
+        isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL, isvc.manifest("ok", spec), dry_run="All"
+    )
+    assert created["spec"]["engine"]["extraArgs"] == ALLOWED_EXTRA_ARGS
+    assert created["spec"]["env"] == spec["env"]
 
 
 def test_bad_name_is_refused(namespace, custom, operator):

@@ -180,7 +180,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--output", type=Path, default=OUTPUT, help=f"default: {OUTPUT}")
     parser.add_argument("--check", action="store_true", help="exit 1 if the file differs")
     args = parser.parse_args(argv)

@@ -103,7 +103,7 @@ def check(text: str, path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--check", action="store_true", help="compare, do not write")
     parser.add_argument("--output", type=Path, default=OUTPUT, help="file to write or check")
     args = parser.parse_args(argv)

@@ -99,6 +99,7 @@ def test_minimal_spec_gets_deployment_and_service_and_turns_the_rest_off():
     assert out.remove == [
         ChildRef("policy/v1", "PodDisruptionBudget", "chat"),
         ChildRef("autoscaling/v2", "HorizontalPodAutoscaler", "chat"),
+        ChildRef("networking.k8s.io/v1", "NetworkPolicy", "chat"),
     ]
     assert out.apply[0]["spec"]["template"]["spec"]["containers"][0]["image"] == "img:1"
 
@@ -110,6 +111,7 @@ def test_everything_asked_for():
         "disruptionBudget": {"maxUnavailable": 1},
         "autoscaling": {"maxReplicas": 3},
         "monitoring": {"serviceMonitor": True},
+        "networkPolicy": {"enabled": True},
     }
     out = desired_children(isvc(spec), "img:1", service_monitors_served=True)
     assert kinds(out.apply) == [
@@ -118,6 +120,7 @@ def test_everything_asked_for():
         "PersistentVolumeClaim",
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
+        "NetworkPolicy",
         "ServiceMonitor",
     ]
     assert out.remove == []

@@ -69,3 +69,53 @@ def test_rbac_rules_are_exact():
     assert by_resource[("", "pods")] == {"get", "list", "watch"}
     assert by_resource[("octavo.dev", "inferenceservices/status")] == {"get", "patch", "update"}
     assert ("", "secrets") not in by_resource  # the API key is read by the kubelet, not us
+
+
+def spec_properties() -> dict:
+    root = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return root["properties"]["spec"]["properties"]
+
+
+def walk(node: object) -> list[dict]:
+    """Every schema node (dict) below NODE, NODE included."""
+    if isinstance(node, list):
+        return [d for item in node for d in walk(item)]
+    if not isinstance(node, dict):
+        return []
+    return [node, *(d for value in node.values() for d in walk(value))]
+
+
+def test_env_is_typed_as_core_v1_env_vars():
+    env = spec_properties()["env"]
+    assert not any(n.get("x-kubernetes-preserve-unknown-fields") for n in walk(env))
+    entry = env["items"]
+    assert entry["required"] == ["name"]
+    assert set(entry["properties"]) == {"name", "value", "valueFrom"}
+    sources = entry["properties"]["valueFrom"]["properties"]
+    assert set(sources) == {"secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef"}
+    assert sources["secretKeyRef"]["required"] == ["name", "key"]
+    assert env["x-kubernetes-list-map-keys"] == ["name"]
+    messages = [r["message"] for r in entry["x-kubernetes-validations"]]
+    assert any("OCTAVO_API_KEY must not be a plain value" in m for m in messages)
+
+
+def test_extra_args_rule_guards_every_operator_flag_and_its_abbreviations():
+    engine = spec_properties()["engine"]
+    (guard,) = [r for r in engine["x-kubernetes-validations"] if "extraArgs" in r["rule"]]
+    for flag in ("--host", "--port", "--served-model-name", "--api-key"):
+        assert f"'{flag}'" in guard["rule"]
+        assert flag in guard["message"]
+    # a prefix of a guarded flag (--po, --api-k=KEY) is refused as well as the flag itself
+    assert "f.startsWith(a.split('=')[0])" in guard["rule"]
+    assert "abbreviation" in guard["message"]
+
+
+def test_namespaced_and_cluster_scoped_rules_make_up_the_cluster_role():
+    from octavo_operator.rbac import cluster_scoped_rules, namespaced_rules
+
+    assert policy_rules() == [*namespaced_rules(), *cluster_scoped_rules()]
+    cluster_groups = {r["apiGroups"][0] for r in cluster_scoped_rules()}
+    assert cluster_groups == {"apiextensions.k8s.io"}, "only what no Role can grant"
+    resources = {r["resources"][0] for r in namespaced_rules()}
+    assert {"inferenceservices", "deployments", "networkpolicies", "events"} <= resources
+    assert "customresourcedefinitions" not in resources

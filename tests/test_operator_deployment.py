@@ -136,6 +136,7 @@ def test_hardened_security_and_scrape_annotations():
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False, "the server needs no API token"
     assert pod["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "8000",
@@ -199,7 +200,10 @@ def test_scheduling_env_and_api_key():
                 ],
                 "priorityClassName": "inference",
                 "runtimeClassName": "nvidia",
-                "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                "env": [
+                    {"name": "NCCL_DEBUG", "value": "INFO"},
+                    {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}},
+                ],
                 "apiKeySecretRef": {"name": "keys"},
             }
         ),
@@ -210,6 +214,8 @@ def test_scheduling_env_and_api_key():
     assert spec["priorityClassName"] == "inference" and spec["runtimeClassName"] == "nvidia"
     env = spec["containers"][0]["env"]
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in env
+    hf_token = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}
+    assert env[-2:] == [{"name": "NCCL_DEBUG", "value": "INFO"}, hf_token]
     key = next(e for e in env if e["name"] == "OCTAVO_API_KEY")
     assert key["valueFrom"] == {"secretKeyRef": {"name": "keys", "key": "api-key"}}
 

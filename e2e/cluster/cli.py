@@ -34,9 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m e2e.cluster",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p_up = sub.add_parser("up", help="start the cluster (idempotent); prints export lines")
+    p_up = sub.add_parser(
+        "up", help="start the cluster (idempotent); prints export lines", allow_abbrev=False
+    )
     p_up.add_argument("--timeout", type=float, default=None, help="seconds (default 180)")
     sub.add_parser("down", help="stop the cluster (idempotent)")
     sub.add_parser("env", help="print export lines for the running cluster")
@@ -44,10 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build", help="build (or find in the cache) every binary; print their paths")
     sub.add_parser("gomod", help="regenerate the wrapper go.mod/go.sum from versions.py")
     sub.add_parser("versions", help="print the pinned versions")
-    p_logs = sub.add_parser("logs", help="print the tail of each component's log")
+    p_logs = sub.add_parser(
+        "logs", help="print the tail of each component's log", allow_abbrev=False
+    )
     p_logs.add_argument("component", nargs="?", choices=control_plane.COMPONENTS)
     p_logs.add_argument("-n", "--lines", type=int, default=40)
-    p_sa = sub.add_parser("sa-kubeconfig", help="write a kubeconfig for a ServiceAccount")
+    p_sa = sub.add_parser(
+        "sa-kubeconfig", help="write a kubeconfig for a ServiceAccount", allow_abbrev=False
+    )
     p_sa.add_argument("namespace")
     p_sa.add_argument("name")
     p_sa.add_argument("-o", "--output", type=Path, default=None)

@@ -33,6 +33,7 @@ CHILD_RESOURCES = (
     ("", "v1", "persistentvolumeclaims"),
     ("policy", "v1", "poddisruptionbudgets"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 )
 RETRY_DELAY_SECONDS = 30

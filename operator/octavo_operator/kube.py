@@ -21,6 +21,7 @@ PLURALS = {
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "NetworkPolicy": "networkpolicies",
     "ServiceMonitor": "servicemonitors",
     "Event": "events",
     c.KIND: c.PLURAL,

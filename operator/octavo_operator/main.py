@@ -15,12 +15,20 @@ from octavo_operator import constants as c
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="octavo-operator", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="octavo-operator", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="reconcile InferenceServices (the default)")
+    run = sub.add_parser(
+        "run", help="reconcile InferenceServices (the default)", allow_abbrev=False
+    )
     add_run_options(run)
     add_run_options(parser)
-    check = sub.add_parser("selfcheck", help="exit 0 if the CRD is served and the operator is up")
+    check = sub.add_parser(
+        "selfcheck",
+        help="exit 0 if the CRD is served and the operator is up",
+        allow_abbrev=False,
+    )
     check.add_argument("--operator-url", required=True, help="the operator's /healthz URL")
     check.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, else in-cluster")
     check.add_argument("--timeout", type=float, default=60.0, help="seconds to keep trying")

@@ -1,6 +1,8 @@
 """The exact API rights the operator needs, next to the code that uses them.
 
-`python -m octavo_operator.generate` writes these rules for the Helm chart's ClusterRole;
+`python -m octavo_operator.generate` writes these rules for the Helm chart's ClusterRole
+(all of them), or, when the chart's operator.watchNamespaces is set, for a Role in each
+watched namespace (the namespaced ones) and a small ClusterRole (the cluster-scoped ones);
 the e2e tests run the operator under exactly that role, so a missing right fails a test
 and an unneeded one is visible here.
 """
@@ -17,6 +19,12 @@ APPLY = ["create", "patch"]
 
 
 def policy_rules() -> list[dict[str, Any]]:
+    """Every rule: a ClusterRole's, when the operator watches all namespaces."""
+    return [*namespaced_rules(), *cluster_scoped_rules()]
+
+
+def namespaced_rules() -> list[dict[str, Any]]:
+    """Rights in a watched namespace: a Role's there when the operator watches only some."""
     return [
         # The custom resource: watched, its spec.replicas seeded for autoscaling, status
         # written; kopf records its progress in annotations (a patch of the object).
@@ -29,12 +37,19 @@ def policy_rules() -> list[dict[str, Any]]:
         # Optional children: also deleted when the spec turns them off.
         _rule("policy", "poddisruptionbudgets", [*WATCH, *APPLY, "delete"]),
         _rule("autoscaling", "horizontalpodautoscalers", [*WATCH, *APPLY, "delete"]),
+        _rule("networking.k8s.io", "networkpolicies", [*WATCH, *APPLY, "delete"]),
         _rule("monitoring.coreos.com", "servicemonitors", [*WATCH, *APPLY, "delete"]),
         # Pods are read to explain what a Deployment's status does not (unschedulable).
         _rule("", "pods", WATCH),
         # Events on the InferenceService for every condition change.
         _rule("", "events", ["create", "patch"]),
         _rule("events.k8s.io", "events", ["create", "patch"]),
+    ]
+
+
+def cluster_scoped_rules() -> list[dict[str, Any]]:
+    """Rights that no Role can grant: kept in a small ClusterRole in every mode."""
+    return [
         # kopf checks which CRDs exist when it starts (and whether ServiceMonitors do).
         _rule("apiextensions.k8s.io", "customresourcedefinitions", WATCH),
     ]

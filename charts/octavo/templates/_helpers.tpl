@@ -107,3 +107,29 @@ In-cluster URL of the operator's liveness endpoint.
 {{- define "octavo.operator.healthzURL" -}}
 {{- printf "http://%s.%s.svc:8080/healthz" (include "octavo.operator.fullname" .) .Release.Namespace }}
 {{- end }}
+
+{{/*
+A generated rule file of files/rbac/ as a YAML list, checked to be a list of PolicyRules.
+Call with (dict "root" . "file" "namespaced-rules.yaml").
+*/}}
+{{- define "octavo.rbac.rules" -}}
+{{- $path := printf "files/rbac/%s" .file }}
+{{- $rules := .root.Files.Get $path | fromYamlArray }}
+{{- if not $rules }}
+{{- fail (printf "%s is missing or empty: it is generated from the operator's source" $path) }}
+{{- end }}
+{{- range $rules }}
+{{- if not (kindIs "map" .) }}
+{{- fail (printf "%s must be a YAML list of PolicyRule objects: %v" $path .) }}
+{{- end }}
+{{- end }}
+{{- toYaml $rules }}
+{{- end }}
+
+{{/*
+A list of strings as a CEL list literal: ['a', 'b']. The values schema keeps quotes and
+backslashes out of the strings this is used for.
+*/}}
+{{- define "octavo.celStrings" -}}
+[{{ range $i, $s := . }}{{ if $i }}, {{ end }}'{{ $s }}'{{ end }}]
+{{- end }}

@@ -30,7 +30,9 @@ def limits(node: Schema) -> list[str]:
         out.append(f"{node.get('minimum', '')}..{node.get('maximum', '')}")
     if "pattern" in node:
         out.append(f"pattern `{node['pattern']}`".replace("|", "\\|"))
-    return out + [v["message"] for v in node.get("x-kubernetes-validations", [])]
+    rules = node.get("x-kubernetes-validations", [])
+    entry_rules = node.get("items", {}).get("x-kubernetes-validations", [])
+    return out + [v["message"] for v in [*rules, *entry_rules]]
 
 
 def rows(node: Schema, path: str) -> Iterator[tuple[str, str, str, str, str]]:
@@ -42,6 +44,8 @@ def rows(node: Schema, path: str) -> Iterator[tuple[str, str, str, str, str]]:
         yield here, type_of(child), default, description, "; ".join(limits(child))
         if child.get("properties"):
             yield from rows(child, here)
+        elif child.get("items", {}).get("properties"):  # a list of objects: its entries' fields
+            yield from rows(child["items"], f"{here}[]")
 
 
 def reference_markdown() -> str:

@@ -23,7 +23,9 @@ SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
 PERCENT = r"^(100|[1-9]?[0-9])%$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
 MAX_NAME_LENGTH = 50  # leaves room for child suffixes such as "-cache" in 63 characters
-OPERATOR_FLAGS = ("--host", "--port", "--served-model-name")
+# Flags the operator sets (or that would put a key in the Deployment): refused in extraArgs,
+# spelled out, with a value (--port=1) or abbreviated (--po), which argparse would accept.
+OPERATOR_FLAGS = ("--host", "--port", "--served-model-name", "--api-key")
 
 
 def integer(minimum: int | None = None, maximum: int | None = None, **extra: Any) -> Schema:
@@ -82,7 +84,7 @@ def quantity(description: str) -> Schema:
 
 
 def free_form(description: str, kind: str = "object") -> Schema:
-    """Kubernetes types copied through unchanged (tolerations, affinity, env entries)."""
+    """Kubernetes types copied through unchanged (tolerations, affinity)."""
     if kind == "array":
         items = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
         return {"type": "array", "description": description, "items": items}
@@ -174,12 +176,20 @@ def engine_rules() -> list[dict[str, Any]]:
             "engine.tensorParallelSize must be a power of two",
         ),
         rule(
-            "!has(self.extraArgs) || self.extraArgs.all(a, "
-            + " && ".join(f"!a.startsWith('{f}')" for f in OPERATOR_FLAGS)
-            + ")",
-            f"engine.extraArgs must not set {flags}: the operator sets them",
+            extra_args_rule(),
+            f"engine.extraArgs must not set {flags}, nor an abbreviation of one (--po): the "
+            "operator sets them, and an API key here would be readable in the Deployment "
+            "(use spec.apiKeySecretRef)",
         ),
     ]
+
+
+def extra_args_rule() -> str:
+    """No argument is a guarded flag, starts with one (--port=1, --portx) or is a prefix of
+    one (--po, --api-k=KEY): argparse expands unique prefixes unless allow_abbrev=False."""
+    guarded = "[" + ", ".join(f"'{f}'" for f in OPERATOR_FLAGS) + "]"
+    clash = "a.startsWith(f) || (a.startsWith('--') && f.startsWith(a.split('=')[0]))"
+    return f"!has(self.extraArgs) || self.extraArgs.all(a, !{guarded}.exists(f, {clash}))"
 
 
 def resources_schema() -> Schema:

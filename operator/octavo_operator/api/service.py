@@ -15,6 +15,7 @@ from .spec import (
     Engine,
     ModelSource,
     Monitoring,
+    NetworkPolicy,
     Resources,
     Rollout,
     Scheduling,
@@ -44,6 +45,7 @@ class InferenceService:
     api_key: SecretKeyRef | None = None
     scheduling: Scheduling = field(default_factory=Scheduling)
     env: tuple[dict[str, Any], ...] = ()
+    network_policy: NetworkPolicy | None = None
 
     @property
     def served_name(self) -> str:
@@ -84,6 +86,7 @@ class InferenceService:
             api_key=_optional(spec, "apiKeySecretRef", _secret_key_ref),
             scheduling=_scheduling(spec),
             env=tuple(spec.get("env") or ()),
+            network_policy=_network_policy(spec),
         )
 
 
@@ -183,4 +186,14 @@ def _scheduling(spec: dict[str, Any]) -> Scheduling:
         affinity=spec.get("affinity"),
         priority_class_name=spec.get("priorityClassName"),
         runtime_class_name=spec.get("runtimeClassName"),
+    )
+
+
+def _network_policy(spec: dict[str, Any]) -> NetworkPolicy | None:
+    n = section(spec, "networkPolicy")
+    if not n.get("enabled", False):
+        return None
+    return NetworkPolicy(
+        allow_from=tuple(n.get("allowFrom") or ()),
+        allow_scrape_from=tuple(n.get("allowScrapeFrom") or ()),
     )

@@ -113,3 +113,12 @@ class Scheduling:
     affinity: dict[str, Any] | None = None
     priority_class_name: str | None = None
     runtime_class_name: str | None = None
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Ingress to the server port: from `allow_from` peers (empty: the pods of the
+    namespace) and from `allow_scrape_from` peers (Prometheus)."""
+
+    allow_from: tuple[dict[str, Any], ...] = ()
+    allow_scrape_from: tuple[dict[str, Any], ...] = ()

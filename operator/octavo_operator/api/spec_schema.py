@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .env_schema import env_schema
+from .network_schema import network_policy_schema
 from .schema import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -80,7 +82,6 @@ def scheduling_schemas() -> dict[str, Schema]:
         "affinity": free_form("pod affinity (core/v1 Affinity)"),
         "priorityClassName": string("pod priority class", pattern=DNS_LABEL),
         "runtimeClassName": string("pod runtime class, e.g. nvidia", pattern=DNS_LABEL),
-        "env": free_form("extra container environment (core/v1 EnvVar)", "array"),
     }
 
 
@@ -125,6 +126,8 @@ def spec_schema() -> Schema:
         "drain": drain_schema(),
         **small_schemas(),
         **scheduling_schemas(),
+        "env": env_schema(),
+        "networkPolicy": network_policy_schema(),
     }
     return obj(
         "The desired serving deployment.",

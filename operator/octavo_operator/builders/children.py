@@ -11,6 +11,7 @@ from .autoscaler import horizontal_pod_autoscaler
 from .cache_claim import cache_claim
 from .deployment import deployment
 from .disruption_budget import pod_disruption_budget
+from .network_policy import network_policy
 from .service import service
 from .service_monitor import service_monitor
 
@@ -51,6 +52,12 @@ def desired_children(
             horizontal_pod_autoscaler,
             "autoscaling/v2",
             "HorizontalPodAutoscaler",
+        ),
+        (
+            isvc.network_policy is not None,
+            network_policy,
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
         ),
     ]
     if service_monitors_served:

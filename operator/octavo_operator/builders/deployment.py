@@ -43,6 +43,8 @@ def pod_spec(isvc: InferenceService, image: str) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "enableServiceLinks": False,
+        # The server never calls the Kubernetes API: no token for a compromised pod to use.
+        "automountServiceAccountToken": False,
     }
     optional = {
         "nodeSelector": s.node_selector or None,

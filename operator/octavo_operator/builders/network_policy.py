@@ -1,0 +1,31 @@
+"""The NetworkPolicy that limits who may reach the server pods (spec.networkPolicy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from octavo_operator import constants as c
+from octavo_operator.api.service import InferenceService
+
+from .metadata import metadata, selector_labels
+
+SAME_NAMESPACE: dict[str, Any] = {"podSelector": {}}
+
+
+def network_policy(isvc: InferenceService) -> dict[str, Any]:
+    """Ingress only to the server port, from the chosen peers (default: the namespace's own
+    pods) and from the scrape peers; egress stays open (model downloads, DNS)."""
+    policy = isvc.network_policy
+    assert policy is not None
+    peers = [*(policy.allow_from or (SAME_NAMESPACE,)), *policy.allow_scrape_from]
+    port = {"port": c.SERVER_PORT, "protocol": "TCP"}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(isvc, isvc.name),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(isvc)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [dict(p) for p in peers], "ports": [port]}],
+        },
+    }

@@ -1,0 +1,46 @@
+"""spec.networkPolicy: the NetworkPolicy child that limits who reaches the server pods."""
+
+from __future__ import annotations
+
+from octavo_operator.builders.children import ChildRef, desired_children
+from octavo_operator.builders.network_policy import network_policy
+
+from isvc_factories import isvc
+
+SELECTOR = {"app.kubernetes.io/name": "octavo-server", "app.kubernetes.io/instance": "chat"}
+PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+GATEWAY = {"podSelector": {"matchLabels": {"app": "gateway"}}}
+
+
+def test_default_peers_are_the_pods_of_the_namespace_on_the_server_port_only():
+    policy = network_policy(isvc({"networkPolicy": {"enabled": True}}))
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy["metadata"]["name"] == "chat"
+    assert policy["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": SELECTOR}
+    assert spec["policyTypes"] == ["Ingress"], "egress stays open: model downloads, DNS"
+    assert spec["ingress"] == [
+        {"from": [{"podSelector": {}}], "ports": [{"port": 8000, "protocol": "TCP"}]}
+    ]
+
+
+def test_chosen_peers_and_prometheus():
+    spec = {
+        "networkPolicy": {"enabled": True, "allowFrom": [GATEWAY], "allowScrapeFrom": [PROMETHEUS]}
+    }
+    (rule,) = network_policy(isvc(spec))["spec"]["ingress"]
+    assert rule["from"] == [GATEWAY, PROMETHEUS]
+
+
+def test_scrape_peers_alone_keep_the_namespace_default():
+    spec = {"networkPolicy": {"enabled": True, "allowScrapeFrom": [PROMETHEUS]}}
+    (rule,) = network_policy(isvc(spec))["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {}}, PROMETHEUS]
+
+
+def test_turned_off_it_is_removed():
+    for spec in ({}, {"networkPolicy": {"enabled": False, "allowFrom": [GATEWAY]}}):
+        out = desired_children(isvc(spec), "img:1", service_monitors_served=False)
+        assert "NetworkPolicy" not in [o["kind"] for o in out.apply]
+        assert ChildRef("networking.k8s.io/v1", "NetworkPolicy", "chat") in out.remove
