@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from octavo.arg_types import parse_size
 from octavo.cli import build_parser, main
 from octavo.entrypoints.openai import options
 
@@ -76,12 +77,12 @@ def test_bad_environment_values_are_refused(monkeypatch, capsys):
 
 
 def test_sizes():
-    assert options.parse_size("4096") == 4096
-    assert options.parse_size("4GiB") == 4 * 2**30
-    assert options.parse_size("512MiB") == 512 * 2**20
-    assert options.parse_size("2G") == 2 * 10**9
+    assert parse_size("4096") == 4096
+    assert parse_size("4GiB") == 4 * 2**30
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("2G") == 2 * 10**9
     with pytest.raises(argparse.ArgumentTypeError):
-        options.parse_size("lots")
+        parse_size("lots")
 
 
 def test_tensor_parallel_above_one_is_refused(tiny_folder, capsys):
@@ -131,3 +132,23 @@ def test_serve_config_defaults_limit_concurrency_from_max_num_seqs():
     assert parse().limit_concurrency is None  # resolved by serve(): 2 × --max-num-seqs, ≥ 512
     assert parse("--max-sequences-per-request", "64").max_sequences_per_request == 64
     assert parse("--header-timeout", "2.5").header_timeout == 2.5
+
+
+def test_every_engine_argument_is_a_flag_with_an_environment_variable(capsys, monkeypatch):
+    """EngineArgs is the one declaration: each field (but the positional model) is a flag,
+    listed in --help with its OCTAVO_* variable, and the variable sets it."""
+    import dataclasses
+
+    from octavo.config import EngineArgs
+
+    engine_fields = [f.name for f in dataclasses.fields(EngineArgs) if f.name != "model"]
+    assert sorted(o.dest for o in options.ENGINE_OPTIONS) == sorted(engine_fields)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in options.OPTIONS:
+        assert option.flag in text and f"[env {option.env}]" in text, option.flag
+    monkeypatch.setenv("OCTAVO_SEED", "42")
+    monkeypatch.setenv("OCTAVO_BLOCK_SIZE", "32")
+    args = parse("--max-num-seqs", "7")
+    assert (args.seed, args.block_size, args.max_num_seqs) == (42, 32, 7)

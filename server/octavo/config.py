@@ -1,32 +1,73 @@
-"""Engine configuration: argument names follow vLLM's so users can carry flags over."""
+"""Engine configuration: argument names follow vLLM's so users can carry flags over.
+
+``EngineArgs`` is the one declaration of the engine's settings: each field's metadata
+(``engine_arg``) gives its ``octavo serve`` flag, help text and value type, from which
+the command line, the ``OCTAVO_*`` environment variables and ``--help`` are derived.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from octavo.arg_types import one_of, parse_bool, parse_size, positive_float, positive_int
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3  # bytes of KV cache on CPU when none is given
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+@dataclass(frozen=True)
+class FlagSpec:
+    """How an ``EngineArgs`` field appears on the command line."""
+
+    help: str
+    parse: Callable[[str], Any] = str
+    choices: tuple[Any, ...] | None = None
+    kind: str = "value"  # "value" or "bool" (--x / --no-x)
+
+
+def engine_arg(default: Any, help: str, parse: Callable[[str], Any] = str, **flag: Any) -> Any:
+    """A field of ``EngineArgs`` that is also an ``octavo serve`` flag."""
+    return field(default=default, metadata={"flag": FlagSpec(help, parse, **flag)})
+
+
 @dataclass
 class EngineArgs:
     """Everything that shapes an engine. Unset values are resolved from the model/device."""
 
-    model: str | None = None
-    revision: str | None = None  # hub models: branch, tag or commit (default main)
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    kv_cache_memory: int | None = None
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
-    dtype: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    tensor_parallel_size: int = 1
+    model: str | None = None  # the positional MODEL argument of ``octavo serve``
+    revision: str | None = engine_arg(
+        None, "hub models (hf://ORG/NAME): branch, tag or commit to load (default: main)"
+    )
+    max_model_len: int | None = engine_arg(
+        None, "context length (default: from the model's config)", positive_int
+    )
+    max_num_seqs: int = engine_arg(256, "most sequences running at once", positive_int)
+    max_num_batched_tokens: int = engine_arg(2048, "token budget of one step", positive_int)
+    block_size: int = engine_arg(
+        16,
+        "KV cache block size in tokens",
+        one_of(SUPPORTED_BLOCK_SIZES, int),
+        choices=SUPPORTED_BLOCK_SIZES,
+    )
+    kv_cache_memory: int | None = engine_arg(
+        None, "KV cache size on CPU, in bytes or with a unit (e.g. 4GiB; default 2GiB)", parse_size
+    )
+    gpu_memory_utilization: float = engine_arg(
+        0.9, "fraction of GPU memory for weights and KV cache", positive_float
+    )
+    enable_prefix_caching: bool = engine_arg(
+        True, "reuse KV blocks of shared prompt prefixes", parse_bool, kind="bool"
+    )
+    dtype: str = engine_arg(
+        "auto", "weight/activation dtype", one_of(SUPPORTED_DTYPES), choices=SUPPORTED_DTYPES
+    )
+    device: str = engine_arg("auto", "auto, cpu, cuda or cuda:N")
+    seed: int = engine_arg(0, "seed of the random numbers drawn by requests without a seed", int)
+    tensor_parallel_size: int = engine_arg(1, "GPUs per model (only 1 is supported)", positive_int)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -65,6 +106,11 @@ class EngineArgs:
         unknown = sorted(set(kwargs) - known)
         _require(not unknown, f"unknown engine arguments: {', '.join(unknown)}")
         return cls(model=model, **kwargs)
+
+
+def flag_fields() -> list[tuple[dataclasses.Field, FlagSpec]]:
+    """The ``EngineArgs`` fields that are command-line flags, with their flag specs."""
+    return [(f, f.metadata["flag"]) for f in dataclasses.fields(EngineArgs) if "flag" in f.metadata]
 
 
 def _require(condition: bool, message: str) -> None:

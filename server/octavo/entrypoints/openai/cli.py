@@ -50,18 +50,7 @@ def serve(args: argparse.Namespace) -> int:
     options.finish(args)
     engine_args = EngineArgs(
         model=args.model,
-        revision=args.revision,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enable_prefix_caching=args.enable_prefix_caching,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        tensor_parallel_size=args.tensor_parallel_size,
+        **{option.dest: getattr(args, option.dest) for option in options.ENGINE_OPTIONS},
     )  # raises ValueError (one clear line from ``octavo``) on bad values, e.g. TP > 1
     check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
     default_name = served_name(args.model) if args.model else EMBEDDED_MODEL_NAME

@@ -13,75 +13,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from octavo.config import SUPPORTED_BLOCK_SIZES, SUPPORTED_DTYPES
+from octavo.arg_types import (
+    non_negative_float,
+    one_of,
+    parse_bool,
+    port_number,
+    positive_float,
+    positive_int,
+)
+from octavo.config import flag_fields
 
 ENV_PREFIX = "OCTAVO_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``4294967296``, ``4G``/``4GB`` (powers of 10) or ``4GiB`` (powers of 2)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*", text.lower())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4GiB, 512MiB)")
-    number, unit, binary = match.groups()
-    scale = 1024 ** ("kmgt".index(unit) + 1) if unit and binary else _SIZE_UNITS[unit]
-    value = int(float(number) * scale)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def port_number(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
-
-
-def one_of(choices: tuple[Any, ...], convert: Callable[[str], Any] = str) -> Callable[[str], Any]:
-    """A type that also checks membership (argparse skips ``choices`` for defaults)."""
-
-    def check(text: str) -> Any:
-        value = convert(text.lower() if convert is str else text)
-        if value not in choices:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not one of {', '.join(map(str, choices))}"
-            )
-        return value
-
-    check.__name__ = convert.__name__
-    return check
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered not in _TRUE | _FALSE:
-        raise ValueError(f"expected true/false, got {text!r}")
-    return lowered in _TRUE
 
 
 @dataclass(frozen=True)
@@ -105,11 +48,23 @@ class Option:
         return ENV_PREFIX + self.dest.upper()
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "--revision",
-        "hub models (hf://ORG/NAME): branch, tag or commit to load (default: main)",
-    ),
+def engine_options() -> tuple[Option, ...]:
+    """The engine's flags, derived from ``EngineArgs`` (their one declaration)."""
+    return tuple(
+        Option(
+            flag="--" + field.name.replace("_", "-"),
+            help=spec.help,
+            type=spec.parse,
+            default=field.default,
+            choices=spec.choices,
+            kind=spec.kind,
+        )
+        for field, spec in flag_fields()
+    )
+
+
+ENGINE_OPTIONS = engine_options()
+SERVER_OPTIONS: tuple[Option, ...] = (
     Option("--host", "address to listen on", default="0.0.0.0"),
     Option("--port", "TCP port to listen on", port_number, 8000),
     Option(
@@ -118,40 +73,6 @@ OPTIONS: tuple[Option, ...] = (
         "(default: the model argument, or the embedded model's name)",
         kind="list",
     ),
-    Option("--max-model-len", "context length (default: from the model's config)", positive_int),
-    Option("--max-num-seqs", "most sequences running at once", positive_int, 256),
-    Option("--max-num-batched-tokens", "token budget of one step", positive_int, 2048),
-    Option(
-        "--block-size",
-        "KV cache block size in tokens",
-        one_of(SUPPORTED_BLOCK_SIZES, int),
-        16,
-        SUPPORTED_BLOCK_SIZES,
-    ),
-    Option(
-        "--kv-cache-memory",
-        "KV cache size on CPU, in bytes or with a unit (e.g. 4GiB; default 2GiB)",
-        parse_size,
-    ),
-    Option(
-        "--gpu-memory-utilization",
-        "fraction of GPU memory for weights and KV cache",
-        float,
-        0.9,
-    ),
-    Option(
-        "--enable-prefix-caching",
-        "reuse KV blocks of shared prompt prefixes",
-        parse_bool,
-        True,
-        kind="bool",
-    ),
-    Option(
-        "--dtype", "weight/activation dtype", one_of(SUPPORTED_DTYPES), "auto", SUPPORTED_DTYPES
-    ),
-    Option("--device", "auto, cpu, cuda or cuda:N", default="auto"),
-    Option("--seed", "seed of the random numbers drawn by requests without a seed", int, 0),
-    Option("--tensor-parallel-size", "GPUs per model (only 1 is supported)", positive_int, 1),
     Option(
         "--api-key",
         "require 'Authorization: Bearer KEY' on every route except /health, /metrics and /version",
@@ -189,6 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--log-level", "log level", one_of(LOG_LEVELS), "info", LOG_LEVELS),
 )
+OPTIONS = ENGINE_OPTIONS + SERVER_OPTIONS
 MODEL_ENV = ENV_PREFIX + "MODEL"
 
 
