@@ -8,7 +8,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -191,19 +190,21 @@ class EngineFaults:
 
     ``build_local_app(..., on_engine=faults.attach)``. With ``REFUSE_SEED`` (``CRASH_SEED``)
     adding the third prompt of a request raises ``ValueError`` (``RuntimeError``); with
-    ``FAIL_SEED`` the engine ends the request after its first step as a failed one: a final
-    output with ``error`` set and ``finish_reason`` "error", as the engine reports a
-    request whose step raised.
+    ``FAIL_SEED`` the request is broken past admission (a stop token id outside the
+    vocabulary, blocked by ``min_tokens``), so its first sampling step really raises and
+    the engine's own isolation fails it alone: a final output with ``error`` set and
+    ``finish_reason`` "error".
     """
 
     REFUSE_SEED, CRASH_SEED, FAIL_SEED = 9001, 9002, 9003
     MESSAGE = "injected fault"
+    FAILURE = "token ids to block must be in"  # the sampler's error for a FAIL_SEED request
 
     def __init__(self) -> None:
         self._doomed: set[str] = set()
 
     def attach(self, engine) -> None:
-        add_request, step = engine.add_request, engine.step
+        add_request = engine.add_request
 
         def faulty_add(request_id, prompt, params, arrival_time=None):
             if params.seed in (self.REFUSE_SEED, self.CRASH_SEED) and request_id.endswith("-2"):
@@ -211,17 +212,6 @@ class EngineFaults:
                 raise error(f"{self.MESSAGE} while adding {request_id}")
             add_request(request_id, prompt, params, arrival_time)
             if params.seed == self.FAIL_SEED:
-                self._doomed.add(request_id)
+                params.min_tokens, params.stop_token_ids = 1, [engine.vocab_size + 1]
 
-        def faulty_step():
-            return [self._failed(engine, output) for output in step()]
-
-        engine.add_request, engine.step = faulty_add, faulty_step
-
-    def _failed(self, engine, output):
-        if output.request_id not in self._doomed or output.finished:
-            return output
-        self._doomed.discard(output.request_id)
-        engine.abort_request(output.request_id)
-        outputs = [replace(done, finish_reason="error") for done in output.outputs]
-        return replace(output, outputs=outputs, finished=True, error=self.MESSAGE)
+        engine.add_request = faulty_add

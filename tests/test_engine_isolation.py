@@ -100,6 +100,32 @@ def test_a_detokenizer_failure_fails_only_its_request(llm, reference):
     assert_only_bad_failed(finished, reference, "UnicodeDecodeError")
 
 
+def test_several_bad_requests_in_one_step_fail_and_the_engine_lives(llm, reference):
+    def add_bad(engine):
+        for name in ("bad", "bad2"):
+            params = SamplingParams(min_tokens=2, max_tokens=8)
+            engine.add_request(name, prompt(20, 2), params)
+            params.stop_token_ids = [engine.vocab_size + 7]
+
+    finished = run_with_bad_neighbour(llm, add_bad)
+    assert finished["bad2"].error is not None
+    assert_only_bad_failed(finished, reference, "token ids to block")
+
+
+def test_when_every_request_fails_alone_a_canary_step_clears_the_engine(llm):
+    engine = llm.engine
+    for name in ("x", "y"):
+        params = SamplingParams(min_tokens=2, max_tokens=8)
+        engine.add_request(name, prompt(20, 2), params)
+        params.stop_token_ids = [engine.vocab_size + 7]
+    outputs = engine.step()
+    assert sorted(o.request_id for o in outputs if o.error) == ["x", "y"]
+    assert not engine.has_unfinished_requests()
+    assert_all_blocks_free(engine)
+    (out,) = llm.generate(prompt(12), GREEDY, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+
+
 def test_a_failure_no_request_explains_is_raised(llm, monkeypatch):
     engine = llm.engine
     engine.add_request("a", prompt(12), GREEDY)

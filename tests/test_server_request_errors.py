@@ -53,7 +53,7 @@ def sse_payloads(response: httpx.Response) -> list[str]:
 
 def assert_request_failed(error: dict) -> None:
     assert error["type"] == "internal_error" and error["code"] == "request_failed"
-    assert EngineFaults.MESSAGE in error["message"]
+    assert EngineFaults.FAILURE in error["message"]
 
 
 @pytest.mark.parametrize(

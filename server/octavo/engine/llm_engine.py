@@ -9,12 +9,14 @@ stop strings), timing and totals, and outputs for the caller.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 
 from octavo.config import EngineArgs
 from octavo.engine.builder import build_engine_parts
 from octavo.engine.detokenizer import IncrementalDetokenizer
-from octavo.engine.isolation import describe, retry_alone
+from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_alone
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
 from octavo.outputs import ModelRunnerOutput, RequestOutput
@@ -23,6 +25,8 @@ from octavo.scheduler.output import SchedulerOutput
 from octavo.scheduler.scheduler import SequenceUpdate
 from octavo.scheduler.sequence import Sequence, SequenceStatus
 from octavo.scheduler.stop_checker import apply_stop_string
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -160,13 +164,25 @@ class LLMEngine:
         def run_alone(request_id: str) -> ModelRunnerOutput:
             return self.executor.execute_model(_only_requests(step, owners, {request_id}))
 
-        outcome = retry_alone(error, owners.values(), run_alone)
+        outcome = retry_alone(error, owners.values(), run_alone, self._canary_passes)
         for request_id, message in outcome.failures.items():
             self._fail_request(request_id, message)
         result = ModelRunnerOutput()
         for part in outcome.results.values():
             result.extend(part)
         return _only_requests(step, owners, set(outcome.results)), result
+
+    def _canary_passes(self) -> bool:
+        """Can the executor still run a step at all? One token, greedy, in the null block."""
+        try:
+            self.executor.execute_model(canary_step())
+        except Exception:  # the engine itself is broken
+            logger.exception("the canary step failed too: the engine is broken")
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                self.executor.execute_model(SchedulerOutput(finished_seq_ids=[CANARY_SEQ_ID]))
+        return True
 
     def _record_all(self, updates: list[SequenceUpdate]) -> list[Request]:
         """Text, timing and totals for each new token; a failure here fails that request."""
