@@ -23,9 +23,6 @@ SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
 PERCENT = r"^(100|[1-9]?[0-9])%$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$"
 MAX_NAME_LENGTH = 50  # leaves room for child suffixes such as "-cache" in 63 characters
-# Flags the operator sets (or that would put a key in the Deployment): refused in extraArgs,
-# spelled out, with a value (--port=1) or abbreviated (--po), which argparse would accept.
-OPERATOR_FLAGS = ("--host", "--port", "--served-model-name", "--api-key")
 
 
 def integer(minimum: int | None = None, maximum: int | None = None, **extra: Any) -> Schema:
@@ -123,73 +120,6 @@ def model_schema() -> Schema:
             ]
         },
     )
-
-
-def engine_schema() -> Schema:
-    return obj(
-        "Engine settings, passed to `octavo serve` as the flags of the same (vLLM) names.",
-        {
-            "maxModelLen": integer(16, 1048576, description="context length in tokens"),
-            "maxNumSeqs": integer(1, 4096, description="most sequences running at once"),
-            "maxNumBatchedTokens": integer(16, 1048576, description="token budget of a step"),
-            "blockSize": integer(description="KV cache block size in tokens", default=16),
-            "gpuMemoryUtilization": {
-                "type": "number",
-                "description": "fraction of GPU memory for weights and KV cache, in (0, 1]",
-                "default": 0.9,
-            },
-            "enablePrefixCaching": {
-                "type": "boolean",
-                "description": "reuse KV blocks of shared prompt prefixes",
-                "default": True,
-            },
-            "dtype": string(
-                "weights and activations",
-                enum=["auto", "float32", "bfloat16", "float16"],
-                default="auto",
-            ),
-            "tensorParallelSize": integer(
-                1, 64, description="GPUs per replica (a power of two)", default=1
-            ),
-            "extraArgs": {
-                "type": "array",
-                "description": "more `octavo serve` flags, appended as given",
-                "items": {"type": "string", "maxLength": 256},
-                "maxItems": 64,
-            },
-        },
-        default={},
-        **{"x-kubernetes-validations": engine_rules()},
-    )
-
-
-def engine_rules() -> list[dict[str, Any]]:
-    flags = ", ".join(OPERATOR_FLAGS)
-    return [
-        rule("self.blockSize in [8, 16, 32]", "engine.blockSize must be 8, 16 or 32"),
-        rule(
-            "self.gpuMemoryUtilization > 0.0 && self.gpuMemoryUtilization <= 1.0",
-            "engine.gpuMemoryUtilization must be in (0, 1]",
-        ),
-        rule(
-            "self.tensorParallelSize in [1, 2, 4, 8, 16, 32, 64]",
-            "engine.tensorParallelSize must be a power of two",
-        ),
-        rule(
-            extra_args_rule(),
-            f"engine.extraArgs must not set {flags}, nor an abbreviation of one (--po): the "
-            "operator sets them, and an API key here would be readable in the Deployment "
-            "(use spec.apiKeySecretRef)",
-        ),
-    ]
-
-
-def extra_args_rule() -> str:
-    """No argument is a guarded flag, starts with one (--port=1, --portx) or is a prefix of
-    one (--po, --api-k=KEY): argparse expands unique prefixes unless allow_abbrev=False."""
-    guarded = "[" + ", ".join(f"'{f}'" for f in OPERATOR_FLAGS) + "]"
-    clash = "a.startsWith(f) || (a.startsWith('--') && f.startsWith(a.split('=')[0]))"
-    return f"!has(self.extraArgs) || self.extraArgs.all(a, !{guarded}.exists(f, {clash}))"
 
 
 def resources_schema() -> Schema:

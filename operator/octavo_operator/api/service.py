@@ -66,14 +66,15 @@ class InferenceService:
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> InferenceService:
         meta, spec = body["metadata"], body.get("spec") or {}
+        engine = Engine.from_spec(section(spec, "engine"))
         return cls(
             name=meta["name"],
             namespace=meta["namespace"],
             uid=meta.get("uid", ""),
             generation=int(meta.get("generation", 0)),
             model=_model(spec),
-            engine=_engine(spec),
-            resources=_resources(spec),
+            engine=engine,
+            resources=_resources(spec, engine),
             replicas=spec.get("replicas"),
             image=spec.get("image"),
             cache=_optional(spec, "cache", _cache),
@@ -101,26 +102,10 @@ def _model(spec: dict[str, Any]) -> ModelSource:
     )
 
 
-def _engine(spec: dict[str, Any]) -> Engine:
-    e = section(spec, "engine")
-    return Engine(
-        max_model_len=e.get("maxModelLen"),
-        max_num_seqs=e.get("maxNumSeqs"),
-        max_num_batched_tokens=e.get("maxNumBatchedTokens"),
-        block_size=e.get("blockSize", 16),
-        gpu_memory_utilization=e.get("gpuMemoryUtilization", 0.9),
-        enable_prefix_caching=e.get("enablePrefixCaching", True),
-        dtype=e.get("dtype", "auto"),
-        tensor_parallel_size=e.get("tensorParallelSize", 1),
-        extra_args=tuple(e.get("extraArgs") or ()),
-    )
-
-
-def _resources(spec: dict[str, Any]) -> Resources:
+def _resources(spec: dict[str, Any], engine: Engine) -> Resources:
     r = section(spec, "resources")
-    tensor_parallel = section(spec, "engine").get("tensorParallelSize", 1)
     return Resources(
-        gpu=r.get("gpu", tensor_parallel),
+        gpu=r.get("gpu", engine.tensor_parallel_size),
         gpu_resource_name=r.get("gpuResourceName", c.DEFAULT_GPU_RESOURCE),
         cpu=None if r.get("cpu") is None else str(r["cpu"]),
         memory=None if r.get("memory") is None else str(r["memory"]),

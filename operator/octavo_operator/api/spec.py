@@ -6,10 +6,13 @@ written before a default was added, unit tests), so each field falls back to the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from octavo_operator import constants as c
+
+from .engine_fields import engine_settings
 
 
 def section(spec: dict[str, Any], key: str) -> dict[str, Any]:
@@ -40,15 +43,22 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class Engine:
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
+    """`spec.engine`: the value of every ENGINE_FIELDS entry by its camelCase name
+    (defaults filled in), and the extra `octavo serve` arguments."""
+
+    settings: Mapping[str, Any] = field(default_factory=lambda: engine_settings({}))
     extra_args: tuple[str, ...] = ()
+
+    @classmethod
+    def from_spec(cls, engine_spec: dict[str, Any]) -> Engine:
+        return cls(
+            settings=engine_settings(engine_spec),
+            extra_args=tuple(engine_spec.get("extraArgs") or ()),
+        )
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.settings["tensorParallelSize"])
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .engine_schema import engine_schema
 from .env_schema import env_schema
 from .network_schema import network_policy_schema
 from .schema import (
@@ -13,7 +14,6 @@ from .schema import (
     autoscaling_schema,
     cache_schema,
     drain_schema,
-    engine_schema,
     free_form,
     int_or_percent,
     integer,

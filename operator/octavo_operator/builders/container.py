@@ -8,32 +8,12 @@ from typing import Any
 from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
+from .engine_flags import engine_flags
 from .volumes import CACHE_PATH, model_argument, volume_mounts
 
 STARTUP_PERIOD_SECONDS = 10
 # Seconds kept between the server's own drain deadline and the kubelet's SIGKILL.
 SHUTDOWN_MARGIN_SECONDS = 5
-
-
-def engine_flags(isvc: InferenceService) -> list[str]:
-    e = isvc.engine
-    flags: list[tuple[str, Any]] = [
-        ("--max-model-len", e.max_model_len),
-        ("--max-num-seqs", e.max_num_seqs),
-        ("--max-num-batched-tokens", e.max_num_batched_tokens),
-        ("--block-size", e.block_size),
-        ("--dtype", e.dtype),
-        ("--tensor-parallel-size", e.tensor_parallel_size),
-    ]
-    if isvc.resources.gpu > 0:
-        flags.append(("--gpu-memory-utilization", e.gpu_memory_utilization))
-    else:
-        flags.append(("--device", "cpu"))
-    out = [item for flag, value in flags if value is not None for item in (flag, str(value))]
-    out.append(
-        "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching"
-    )
-    return out
 
 
 def shutdown_timeout(isvc: InferenceService) -> int:

@@ -1,0 +1,114 @@
+"""The engine settings of `InferenceService` (`spec.engine`), declared once.
+
+Each `EngineField` is a property of `spec.engine` and the `octavo serve` flag it becomes.
+Everything else is derived from ENGINE_FIELDS: the CRD schema (engine_schema.py), the
+parsed settings with their defaults (`Engine` in spec.py) and the Deployment's flags
+(builders/engine_flags.py). tests/test_operator_engine_flags.py checks the flags, defaults
+and allowed values against the server's own options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .schema import Schema, integer, string
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+BLOCK_SIZES = (8, 16, 32)
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class EngineField:
+    """One `spec.engine` property: its camelCase `name`, the `flag` that receives it, its
+    OpenAPI `schema` (type, description, bounds, default), whether it is passed only to
+    replicas with GPUs, and the only values allowed (checked by a CEL rule) if restricted."""
+
+    name: str
+    flag: str
+    schema: Schema
+    needs_gpu: bool = False
+    allowed: tuple[Any, ...] = ()
+
+    @property
+    def default(self) -> Any:
+        """The value when the spec leaves the field out; None: the flag is not passed."""
+        return self.schema.get("default")
+
+    @property
+    def is_switch(self) -> bool:
+        """A boolean, passed as `--flag` or `--no-flag`."""
+        return self.schema["type"] == "boolean"
+
+    @property
+    def choices(self) -> tuple[Any, ...]:
+        """The values the apiserver accepts, from the schema's enum or the CEL rule."""
+        return tuple(self.schema.get("enum", ())) or self.allowed
+
+
+ENGINE_FIELDS: tuple[EngineField, ...] = (
+    EngineField(
+        "maxModelLen",
+        "--max-model-len",
+        integer(16, 1048576, description="context length in tokens"),
+    ),
+    EngineField(
+        "maxNumSeqs",
+        "--max-num-seqs",
+        integer(1, 4096, description="most sequences running at once"),
+    ),
+    EngineField(
+        "maxNumBatchedTokens",
+        "--max-num-batched-tokens",
+        integer(16, 1048576, description="token budget of a step"),
+    ),
+    EngineField(
+        "blockSize",
+        "--block-size",
+        integer(description="KV cache block size in tokens", default=16),
+        allowed=BLOCK_SIZES,
+    ),
+    EngineField(
+        "gpuMemoryUtilization",
+        "--gpu-memory-utilization",
+        {
+            "type": "number",
+            "description": "fraction of GPU memory for weights and KV cache, in (0, 1]",
+            "default": 0.9,
+        },
+        needs_gpu=True,
+    ),
+    EngineField(
+        "enablePrefixCaching",
+        "--enable-prefix-caching",
+        {
+            "type": "boolean",
+            "description": "reuse KV blocks of shared prompt prefixes",
+            "default": True,
+        },
+    ),
+    EngineField(
+        "dtype",
+        "--dtype",
+        string("weights and activations", enum=list(DTYPES), default="auto"),
+    ),
+    EngineField(
+        "tensorParallelSize",
+        "--tensor-parallel-size",
+        integer(1, 64, description="GPUs per replica (a power of two)", default=1),
+        allowed=TENSOR_PARALLEL_SIZES,
+    ),
+)
+
+
+def engine_field(name: str) -> EngineField:
+    """The field called NAME (a KeyError for a name that is not declared)."""
+    return {f.name: f for f in ENGINE_FIELDS}[name]
+
+
+def engine_settings(engine_spec: dict[str, Any]) -> dict[str, Any]:
+    """{name: value} for every field of a `spec.engine`, defaults filled in (None where a
+    field has no default): the apiserver applies them too, but objects written before a
+    default existed, and unit tests, are parsed without."""
+    return {f.name: engine_spec.get(f.name, f.default) for f in ENGINE_FIELDS}

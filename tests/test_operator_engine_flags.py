@@ -1,0 +1,178 @@
+"""The CRD's engine fields and `octavo serve`'s flags cannot drift: every engine field is a
+server flag with the same default and allowed values, every server flag the CRD leaves out
+is listed here with the reason, and the operator's arguments parse with the server's parser
+to the values of the spec."""
+
+from __future__ import annotations
+
+import re
+from argparse import Namespace
+from typing import Any
+
+import pytest
+
+from octavo.cli import build_parser
+from octavo.entrypoints.openai.options import OPTIONS, Option
+from octavo_operator.api.crd import custom_resource_definition
+from octavo_operator.api.engine_fields import ENGINE_FIELDS, EngineField
+from octavo_operator.api.engine_schema import OPERATOR_FLAGS
+from octavo_operator.builders.container import server_args
+
+from isvc_factories import isvc
+
+SERVER_OPTIONS = {option.flag: option for option in OPTIONS}
+# Server flags that are not engine fields because the operator sets them from elsewhere.
+SET_BY_THE_OPERATOR = {
+    "--host": "the pod listens on every address",
+    "--port": "the container port, Service and probes use constants.SERVER_PORT",
+    "--served-model-name": "spec.model.servedName, else metadata.name",
+    "--revision": "spec.model.revision",
+    "--device": "cpu when spec.resources.gpu is 0, else the server's own choice",
+    "--shutdown-timeout": "spec.drain: the grace period less preStopSeconds and a margin",
+}
+# Server flags deliberately not exposed as engine fields; engine.extraArgs can pass them.
+LEFT_TO_EXTRA_ARGS = {
+    "--api-key": "a secret: spec.apiKeySecretRef puts it in OCTAVO_API_KEY, never in args",
+    "--kv-cache-memory": "a byte count fits one GPU model; gpuMemoryUtilization scales",
+    "--seed": "sampling reproducibility for tests and benchmarks, not a serving setting",
+    "--max-queue-len": "HTTP admission tuning, rarely changed",
+    "--max-sequences-per-request": "HTTP admission tuning, derived from the KV cache",
+    "--limit-concurrency": "HTTP admission tuning, derived from --max-num-seqs",
+    "--header-timeout": "HTTP connection tuning, rarely changed",
+    "--log-level": "debugging one deployment, not a lasting setting",
+}
+# Every engine field away from its default, on 2 GPUs (tensorParallelSize <= gpu).
+FULL_ENGINE = {
+    "maxModelLen": 8192,
+    "maxNumSeqs": 64,
+    "maxNumBatchedTokens": 4096,
+    "blockSize": 32,
+    "gpuMemoryUtilization": 0.85,
+    "enablePrefixCaching": False,
+    "dtype": "bfloat16",
+    "tensorParallelSize": 2,
+}
+
+
+def server_option(field: EngineField) -> Option:
+    return SERVER_OPTIONS[field.flag]
+
+
+def crd_engine() -> dict[str, Any]:
+    root = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return root["properties"]["spec"]["properties"]["engine"]
+
+
+def crd_choices(name: str) -> set[Any]:
+    """The values the generated CRD allows for engine.NAME: its enum, or a CEL rule
+    `self.NAME in [...]`; empty if it allows any value of its type."""
+    engine = crd_engine()
+    if "enum" in engine["properties"][name]:
+        return set(engine["properties"][name]["enum"])
+    for validation in engine["x-kubernetes-validations"]:
+        found = re.search(rf"self\.{name} in \[([^\]]*)\]", validation["rule"])
+        if found:
+            return {int(v) for v in found.group(1).split(",")}
+    return set()
+
+
+def parse_serve(args: list[str]) -> Namespace:
+    """ARGS (starting with `serve`) through the real `octavo serve` parser."""
+    return build_parser().parse_args(args)
+
+
+def test_every_engine_field_is_a_serve_flag():
+    missing = [f.flag for f in ENGINE_FIELDS if f.flag not in SERVER_OPTIONS]
+    assert missing == [], f"engine fields without an `octavo serve` flag: {missing}"
+    assert [o.flag for o in OPTIONS if o.flag in OPERATOR_FLAGS] == list(OPERATOR_FLAGS)
+
+
+def test_every_other_serve_flag_is_left_out_for_a_stated_reason():
+    exposed = {f.flag for f in ENGINE_FIELDS}
+    accounted = set(SET_BY_THE_OPERATOR) | set(LEFT_TO_EXTRA_ARGS)
+    assert not exposed & accounted, "a flag is both an engine field and listed as left out"
+    assert not set(SET_BY_THE_OPERATOR) & set(LEFT_TO_EXTRA_ARGS)
+    unaccounted = sorted(set(SERVER_OPTIONS) - exposed - accounted)
+    assert unaccounted == [], (
+        f"new `octavo serve` flags {unaccounted}: add an EngineField for each "
+        "(operator/octavo_operator/api/engine_fields.py) or list it in this test with why not"
+    )
+    assert sorted(accounted - set(SERVER_OPTIONS)) == [], "listed flags the server no longer has"
+
+
+@pytest.mark.parametrize("field", ENGINE_FIELDS, ids=lambda f: f.name)
+def test_engine_default_equals_the_server_default(field: EngineField):
+    crd_default = crd_engine()["properties"][field.name].get("default")
+    assert crd_default == field.default
+    server_default = server_option(field).default
+    if crd_default is not None and server_default is not None:
+        assert crd_default == server_default
+        assert type(crd_default) is type(server_default)
+
+
+@pytest.mark.parametrize("field", ENGINE_FIELDS, ids=lambda f: f.name)
+def test_allowed_values_equal_the_server_choices(field: EngineField):
+    allowed = crd_choices(field.name)
+    assert allowed == set(field.choices)
+    server_choices = server_option(field).choices
+    if server_choices is not None:
+        assert allowed == set(server_choices), f"engine.{field.name} vs {field.flag}"
+    for value in allowed:  # also where only the CRD restricts (tensorParallelSize)
+        parsed = parse_serve(["serve", field.flag, str(value)])
+        assert getattr(parsed, server_option(field).dest) == value
+
+
+@pytest.mark.parametrize("field", ENGINE_FIELDS, ids=lambda f: f.name)
+def test_values_at_the_crd_limits_parse_on_the_server(field: EngineField):
+    schema = crd_engine()["properties"][field.name]
+    edges = [schema[k] for k in ("default", "minimum", "maximum") if k in schema]
+    for value in edges:
+        args = ["serve", *field_args(field, value)]
+        assert getattr(parse_serve(args), server_option(field).dest) == value
+
+
+def field_args(field: EngineField, value: Any) -> list[str]:
+    if field.is_switch:
+        return [field.flag if value else "--no-" + field.flag.removeprefix("--")]
+    return [field.flag, str(value)]
+
+
+def test_full_spec_parses_to_its_values_with_the_server_parser():
+    assert set(FULL_ENGINE) == {f.name for f in ENGINE_FIELDS}, "FULL_ENGINE sets every field"
+    spec = {
+        "model": {"uri": "hf://org/name", "revision": "main", "servedName": "chat-model"},
+        "engine": {**FULL_ENGINE, "extraArgs": ["--seed", "7"]},
+        "resources": {"gpu": 2},
+    }
+    parsed = parse_serve(server_args(isvc(spec)))
+    for field in ENGINE_FIELDS:
+        assert FULL_ENGINE[field.name] != server_option(field).default, field.name
+        assert getattr(parsed, server_option(field).dest) == FULL_ENGINE[field.name]
+    assert (parsed.model, parsed.revision) == ("hf://org/name", "main")
+    assert parsed.served_model_name == ["chat-model"]
+    assert parsed.seed == 7, "extraArgs reach the server"
+
+
+def test_cpu_spec_runs_on_cpu_without_gpu_only_flags():
+    args = server_args(isvc({"resources": {"gpu": 0}}))
+    parsed = parse_serve(args)
+    assert parsed.device == "cpu"
+    for field in ENGINE_FIELDS:
+        if field.needs_gpu:
+            assert field.flag not in args
+            assert getattr(parsed, server_option(field).dest) == server_option(field).default
+
+
+def test_empty_spec_parses_to_the_crd_defaults():
+    parsed = parse_serve(server_args(isvc({})))
+    for field in ENGINE_FIELDS:
+        expected = field.default if field.default is not None else server_option(field).default
+        assert getattr(parsed, server_option(field).dest) == expected, field.name
+
+
+def test_flags_set_by_the_operator_are_in_its_args():
+    spec = {"model": {"uri": "hf://org/name", "revision": "main"}, "resources": {"gpu": 0}}
+    args = server_args(isvc(spec))
+    missing = [flag for flag in SET_BY_THE_OPERATOR if flag not in args]
+    assert missing == []
+    assert not set(LEFT_TO_EXTRA_ARGS) & set(args), "left to extraArgs: not set by default"
