@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
-
 import torch
+
+from octavo.model_executor.cpu_features import cpu_has_native_bf16
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -26,12 +25,3 @@ def select_dtype(requested: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda" or cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32
-
-
-@cache
-def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags

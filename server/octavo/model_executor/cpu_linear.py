@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from octavo.model_executor.cpu_features import cpu_can_pack_bf16
+
 
 class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
@@ -23,9 +25,11 @@ class PackedLinear(nn.Module):
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    """True where prepacking works; elsewhere (e.g. AVX2-only CPUs) bf16 stays unpacked."""
     return (
         device.type == "cpu"
         and dtype == torch.bfloat16
+        and cpu_can_pack_bf16()
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
