@@ -14,10 +14,12 @@
 
 # ---------------------------------------------------------------------------------------
 # builder: the octavo wheel, plus one requirements file per image naming it with extras.
+# Only the serving package is copied from server/: the benchmarks (server/octavo_bench,
+# the `bench` extra) are not built into the wheel, so neither image ships them.
 FROM python:3.12.12-slim-bookworm AS builder
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY server ./server
+COPY server/octavo ./server/octavo
 COPY operator ./operator
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src \
     && wheel="$(find /wheels -name 'octavo-*.whl')" \

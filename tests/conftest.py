@@ -140,7 +140,7 @@ PROMETHEUS_INSTALL = (
 @pytest.fixture(scope="session")
 def prometheus_binary() -> str:
     """The prometheus executable; a missing one fails the test unless skipping is asked."""
-    from octavo.entrypoints.openai.prometheus_testing import find_prometheus
+    from prometheus_runner import find_prometheus
 
     found = find_prometheus()
     if found:
@@ -154,7 +154,8 @@ def prometheus_binary() -> str:
 def running_tiny_server(tiny_folder, served_name: str) -> Iterator[str]:
     """A real uvicorn server on loopback for the tiny random Llama-3 model; yields its URL."""
     from octavo.entrypoints.openai.context import ServerConfig
-    from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app, torch_threads
+
+    from server_harness import ThreadedServer, build_local_app, torch_threads
 
     config = ServerConfig(served_model_names=[served_name], model_root=served_name)
     app = build_local_app(

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from octavo.benchmarks import baselines, offline
-from octavo.benchmarks.capacity import sequences_that_fit
-from octavo.benchmarks.report import BenchReport
-from octavo.benchmarks.workloads import build_workloads, common_prefix_length
 from octavo.model_executor.model_config import ModelConfig
+from octavo_bench import baselines, offline
+from octavo_bench.capacity import sequences_that_fit
+from octavo_bench.report import BenchReport
+from octavo_bench.workloads import build_workloads, common_prefix_length
 
 
 @pytest.fixture(scope="module")

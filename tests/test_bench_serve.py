@@ -8,19 +8,20 @@ import statistics
 
 import pytest
 
-from octavo.benchmarks import serve, serve_client
-from octavo.benchmarks.serve_client import ClientOptions, Target, _Stream
-from octavo.benchmarks.serve_launch import hf_server_command, octavo_serve_command
-from octavo.benchmarks.serve_metrics import RequestRecord, level_metrics, percentile, summarize
-from octavo.benchmarks.serve_workload import (
+from octavo.entrypoints.openai.context import ServerConfig
+from octavo_bench import serve, serve_client
+from octavo_bench.serve_client import ClientOptions, Target, _Stream
+from octavo_bench.serve_launch import hf_server_command, octavo_serve_command
+from octavo_bench.serve_metrics import RequestRecord, level_metrics, percentile, summarize
+from octavo_bench.serve_workload import (
     LengthRange,
     PromptSpec,
     arrival_times,
     build_prompts,
     parse_length,
 )
-from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app
+
+from server_harness import ThreadedServer, build_local_app
 
 MODEL = "tiny"
 
@@ -171,7 +172,7 @@ def test_cli_parsing_and_launch_commands():
     expected = ["/m", "--host", "127.0.0.1", "--port", "8123", "--log-level", "warning"]
     expected += ["--dtype", "float32", "--max-num-seqs", "8"]
     assert command[command.index("serve") + 1 :] == expected
-    assert "octavo.benchmarks.serve_hf_server" in hf_server_command(8124, "/m", "bfloat16")
+    assert "octavo_bench.serve_hf_server" in hf_server_command(8124, "/m", "bfloat16")
 
 
 # ----- end to end on a tiny model ---------------------------------------------------------

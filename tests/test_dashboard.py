@@ -18,13 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from octavo.entrypoints.openai.prometheus_testing import (
+from conftest import running_tiny_server
+from prometheus_runner import (
     Prometheus,
     ScrapeJob,
     running_prometheus,
 )
-
-from conftest import running_tiny_server
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny"

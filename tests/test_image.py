@@ -13,17 +13,19 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from octavo.entrypoints.openai.testing import free_port
 from octavo.model_executor.embedded import BAKED_MODELS_ENV, EMBEDDED_MODEL_NAME
+from octavo_bench.serve_launch import free_port
 
 from conftest import wait_healthy
 
@@ -148,6 +150,25 @@ def test_operator_target_contract(stages):
     assert "operator.txt" in runs and "torch" not in runs
     builder_runs = " ".join(stages["builder"].all("RUN"))
     assert "octavo[operator] @ file://" in builder_runs
+
+
+def test_the_images_wheel_carries_no_benchmarks(stages, tmp_path):
+    """The builder's COPYs, replayed into a folder, build a wheel without octavo_bench."""
+    source = tmp_path / "src"
+    for args in stages["builder"].all("COPY"):
+        *paths, target = shlex.split(args)
+        for path in paths:
+            destination = source / target / (Path(path).name if target.endswith("/") else "")
+            copy = shutil.copytree if (ROOT / path).is_dir() else shutil.copyfile
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            copy(ROOT / path, destination)
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    command += ["--wheel-dir", str(tmp_path / "wheels"), str(source)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheels").glob("octavo-*.whl")
+    packages = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {"octavo", "octavo_operator"} <= packages and "octavo_bench" not in packages
 
 
 def test_operator_entrypoint_accepts_the_image_arguments(stages):

@@ -13,15 +13,15 @@ import pytest
 
 from octavo.entrypoints.openai.app import context_of
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import (
+
+from conftest import EngineFaults
+from server_harness import (
     EngineControl,
     ThreadedServer,
     build_local_app,
     metric_value,
     torch_threads,
 )
-
-from conftest import EngineFaults
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 256

@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app
+
+from server_harness import ThreadedServer, build_local_app
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 128

@@ -116,8 +116,6 @@ def test_abbreviated_flags_are_refused(argv, capsys):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["bench", "offline", "--work", "a"],
-        ["bench", "serve", "--base", "http://x"],
         ["prepare-model", "--int", "/tmp"],
     ],
 )

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import (
+
+from server_harness import (
     EngineControl,
     ThreadedServer,
     build_local_app,

@@ -22,7 +22,8 @@ import pytest
 from octavo.entrypoints.openai.app import context_of
 from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.prompts import encode_texts
-from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app, torch_threads
+
+from server_harness import ThreadedServer, build_local_app, torch_threads
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 2048

@@ -18,7 +18,8 @@ from schemathesis import GenerationMode
 
 from octavo.entrypoints.openai.app import build_app
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app, torch_threads
+
+from server_harness import ThreadedServer, build_local_app, torch_threads
 
 MODEL = "tiny"
 MAX_EXAMPLES = int(os.environ.get("OCTAVO_FUZZ_EXAMPLES", "25"))

@@ -14,7 +14,8 @@ import pytest
 from octavo.entrypoints.openai.app import context_of
 from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.shutdown import drain
-from octavo.entrypoints.openai.testing import EngineControl, ThreadedServer, build_local_app
+
+from server_harness import EngineControl, ThreadedServer, build_local_app
 
 ENGINE = {"max_model_len": 256, "kv_cache_memory": 4 << 20}
 LONG = {"ignore_eos": True, "temperature": 0}

@@ -15,16 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from octavo.entrypoints.openai.prometheus_testing import (
+from conftest import running_tiny_server
+from prometheus_runner import (
     Prometheus,
     ScrapeJob,
     running_prometheus,
 )
-from octavo.entrypoints.openai.testing import (
-    metric_value,
-)
-
-from conftest import running_tiny_server
+from server_harness import metric_value
 
 MODEL = "tiny"
 LONG = {"ignore_eos": True, "temperature": 0}

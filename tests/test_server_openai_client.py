@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import ThreadedServer, build_local_app
 
 from conftest import running_tiny_server
+from server_harness import ThreadedServer, build_local_app
 
 MODEL = "SmolLM2-135M-Instruct"
 TINY = "tiny"

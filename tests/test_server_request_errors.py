@@ -12,14 +12,14 @@ import httpx
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.testing import (
+
+from conftest import EngineFaults
+from server_harness import (
     EngineControl,
     ThreadedServer,
     build_local_app,
     torch_threads,
 )
-
-from conftest import EngineFaults
 
 MODEL = "tiny"
 FAILING = {"seed": EngineFaults.FAIL_SEED, "max_tokens": 20, "ignore_eos": True}

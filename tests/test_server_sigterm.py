@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from octavo.entrypoints.openai.testing import free_port
+from octavo_bench.serve_launch import free_port
 
 from conftest import wait_healthy
 

@@ -10,7 +10,6 @@ import sys
 # Each module exposes ``register(subparsers)``; its parser sets ``func(args) -> int``.
 SUBCOMMAND_MODULES = (
     "octavo.entrypoints.openai.cli",
-    "octavo.benchmarks.cli",
     "octavo.model_executor.cli",
 )
 

@@ -19,6 +19,7 @@ from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_alone
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
+from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
 from octavo.outputs import ModelRunnerOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
 from octavo.scheduler.output import SchedulerOutput
@@ -39,6 +40,7 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.model_name = parts.model_name
         self.vocab_size = parts.config.vocab_size
+        self.prompt_token_limit = prompt_token_limit(self.vocab_size, len(self.tokenizer))
         self.eos_token_ids = parts.scheduler.limits.eos_token_ids
         self.requests: dict[str, Request] = {}
         self._pending_outputs: list[RequestOutput] = []
@@ -76,9 +78,7 @@ class LLMEngine:
         return list(prompt)
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
-        vocab = self.vocab_size
-        if any(not 0 <= token < vocab for token in token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        check_prompt_token_ids(token_ids, self.prompt_token_limit)
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}, "

@@ -9,11 +9,11 @@ from tqdm import tqdm
 
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
+from octavo.inputs.chat import Message, render_chat_prompt
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
 PromptType = str | list[int]
-Message = dict[str, str]
 
 
 class LLM:
@@ -55,15 +55,22 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate."""
+        """Render each conversation as the server does (``render_chat_prompt``), then generate.
+
+        The rendered prompt goes to the engine as token ids, so the special tokens the
+        template wrote (a BOS, say) are not added a second time.
+        """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.engine.tokenizer
         prompts = [
-            self.engine.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
+            render_chat_prompt(tokenizer, conversation, add_generation_prompt)
             for conversation in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        token_ids = [prompt.token_ids for prompt in prompts]
+        outputs = self.generate(token_ids, sampling_params, use_tqdm)
+        for output, prompt in zip(outputs, prompts, strict=True):
+            output.prompt = prompt.text
+        return outputs
 
     def _run(self, total: int, use_tqdm: bool) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -1,17 +1,37 @@
-"""Sizing and allocating the per-layer KV cache tensors from a memory budget."""
+"""Sizing and allocating the per-layer KV cache tensors from a memory budget.
+
+The model's shape comes in as any object with the attributes below (the model
+executor's ``ModelConfig`` has them all), so this package needs nothing from it.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
-
-from octavo.model_executor.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 
-def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+class KVShape(Protocol):
+    """What the KV cache's size depends on: layers, and keys/values per token and layer."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class ModelShape(KVShape, Protocol):
+    """Also what one step's activations depend on (the GPU budget's estimate)."""
+
+    num_heads: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+
+
+def bytes_per_block(config: KVShape, block_size: int, dtype: torch.dtype) -> int:
     element = torch.empty((), dtype=dtype).element_size()
     per_layer = 2 * block_size * config.num_kv_heads * config.head_dim * element
     return per_layer * config.num_layers
@@ -20,7 +40,7 @@ def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) ->
 def cuda_kv_budget(
     gpu_memory_utilization: float,
     device: torch.device,
-    config: ModelConfig,
+    config: ModelShape,
     max_num_batched_tokens: int,
     max_num_seqs: int,
     dtype: torch.dtype,
@@ -42,7 +62,7 @@ def cuda_kv_budget(
 
 
 def allocate_kv_caches(
-    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device
+    config: KVShape, num_blocks: int, block_size: int, dtype: torch.dtype, device
 ) -> list[torch.Tensor]:
     shape = (2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]

@@ -9,7 +9,7 @@ from fastapi import Request
 from octavo.entrypoints.openai.async_engine import AsyncEngine
 from octavo.entrypoints.openai.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import APIError, bad_request
-from octavo.entrypoints.openai.logprobs import TokenDecoder
+from octavo.entrypoints.openai.logprobs_format import TokenDecoder
 from octavo.entrypoints.openai.metrics import ServerMetrics
 from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
 

@@ -18,6 +18,7 @@ class EngineInfo:
     tokenizer: Any  # a private copy: the engine thread keeps using its own
     max_model_len: int
     tokenizer_size: int
+    prompt_token_limit: int  # prompt token ids must be below this (``inputs.token_range``)
     model_name: str
     max_num_seqs: int
     kv_cache_tokens: int  # tokens the whole KV cache holds
@@ -41,6 +42,7 @@ def read_engine_info(engine: Any) -> EngineInfo:
         tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
         tokenizer_size=len(engine.tokenizer),
+        prompt_token_limit=engine.prompt_token_limit,
         model_name=engine.model_name,
         max_num_seqs=engine.args.max_num_seqs,
         kv_cache_tokens=engine.stats().num_blocks * engine.kv.block_size,

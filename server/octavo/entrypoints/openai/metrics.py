@@ -1,18 +1,19 @@
 """Prometheus metrics with vLLM's names, fed by the engine thread after every step.
 
-prometheus_client appends ``_total`` to counters, so ``vllm:prompt_tokens`` is scraped
-as ``vllm:prompt_tokens_total``. Engine counters are cumulative totals; they are turned
-into counter increments by remembering the last value seen.
+The engine's totals and levels (tokens, preemptions, running requests, KV usage) are
+read from its newest stats at scrape time (``EngineStatsCollector``). What only a
+finished request tells — its latencies, its sizes, why it finished — is observed here
+as each request's outputs arrive.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from octavo.engine.stats import EngineStats
+from octavo.entrypoints.openai.engine_stats_collector import EngineStatsCollector
 from octavo.outputs import RequestOutput
 
 LATENCY_BUCKETS = (
@@ -20,14 +21,6 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
-# Counter name (without _total) -> the EngineStats field holding its cumulative value.
-ENGINE_COUNTERS = {
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:generation_tokens": "generation_tokens",
-    "vllm:prefix_cache_queries": "prefix_cache_queries",
-    "vllm:prefix_cache_hits": "prefix_cache_hits",
-    "vllm:num_preemptions": "num_preemptions",
-}
 
 
 @dataclass
@@ -46,14 +39,9 @@ class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        self._lock = threading.Lock()
-        self._seen = dict.fromkeys(ENGINE_COUNTERS.values(), 0)
-        self._last_token_time: dict[str, float] = {}
-        self._make_gauges()
-        self._counters = {
-            name: Counter(name, f"Cumulative {field.replace('_', ' ')}.", **self._labels())
-            for name, field in ENGINE_COUNTERS.items()
-        }
+        self.engine_stats = EngineStatsCollector(model_name)
+        self.registry.register(self.engine_stats)
+        self._last_token_time: dict[str, float] = {}  # request id -> its last token time, for ITL
         self._success = Counter(
             "vllm:request_success",
             "Finished requests, by finish reason.",
@@ -65,13 +53,6 @@ class ServerMetrics:
 
     def _labels(self) -> dict:
         return {"labelnames": ["model_name"], "registry": self.registry}
-
-    def _make_gauges(self) -> None:
-        self._running = Gauge("vllm:num_requests_running", "Requests running.", **self._labels())
-        self._waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", **self._labels())
-        self._kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV cache usage (1 = full).", **self._labels()
-        )
 
     def _make_histograms(self) -> _Histograms:
         def latency(name: str, doc: str) -> Histogram:
@@ -93,32 +74,17 @@ class ServerMetrics:
 
     def _create_children(self) -> None:
         """Create the labelled series up front so a scrape shows them before any request."""
-        name = self.model_name
-        for metric in (self._running, self._waiting, self._kv_usage, *self._counters.values()):
-            metric.labels(name)
         for histogram in vars(self._hist).values():
-            histogram.labels(name)
+            histogram.labels(self.model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     # ----- called on the engine thread ----------------------------------------------------
     def on_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
-        self.record_stats(stats)
+        self.engine_stats.update(stats)
         for output in outputs:
             self.record_output(output)
-
-    def record_stats(self, stats: EngineStats) -> None:
-        name = self.model_name
-        self._running.labels(name).set(stats.num_running)
-        self._waiting.labels(name).set(stats.num_waiting)
-        self._kv_usage.labels(name).set(stats.kv_cache_usage)
-        with self._lock:
-            for counter_name, field in ENGINE_COUNTERS.items():
-                value = getattr(stats, field)
-                delta, self._seen[field] = value - self._seen[field], value
-                if delta > 0:
-                    self._counters[counter_name].labels(name).inc(delta)
 
     def record_output(self, output: RequestOutput) -> None:
         last = output.metrics.last_token_time
@@ -133,8 +99,7 @@ class ServerMetrics:
 
     def record_finished(self, output: RequestOutput) -> None:
         name, times, hist = self.model_name, output.metrics, self._hist
-        reason = output.outputs[0].finish_reason if output.outputs else "abort"
-        self._success.labels(name, reason or "abort").inc()
+        self._success.labels(name, finished_reason(output)).inc()
         hist.prompt_tokens.labels(name).observe(len(output.prompt_token_ids))
         generated = sum(len(completion.token_ids) for completion in output.outputs)
         hist.generation_tokens.labels(name).observe(generated)
@@ -145,3 +110,15 @@ class ServerMetrics:
         finished = times.finished_time or times.last_token_time
         if finished is not None:
             hist.e2e.labels(name).observe(finished - times.arrival_time)
+
+
+def finished_reason(output: RequestOutput) -> str:
+    """The ``finished_reason`` label: stop, length, abort, or error (the engine failed it).
+
+    As in vLLM, whose ``FinishReason`` has the same four values, a failed request is
+    counted in ``vllm:request_success_total`` under ``error``.
+    """
+    if output.error is not None:
+        return "error"
+    reason = output.outputs[0].finish_reason if output.outputs else None
+    return reason or "abort"

@@ -12,6 +12,9 @@ from typing import Any
 from octavo.entrypoints.openai.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import ChatMessage, PromptInput
+from octavo.inputs.chat import render_chat_prompt
+from octavo.inputs.encoding import encode_texts
+from octavo.inputs.token_range import check_prompt_token_ids
 
 PromptItem = str | list[int]
 
@@ -48,9 +51,10 @@ def completion_prompts(items: list[PromptItem], info: EngineInfo) -> list[Prompt
 
 
 def _token_prompt(item: list[int], info: EngineInfo) -> Prompt:
-    size = info.tokenizer_size
-    if any(not 0 <= token < size for token in item):
-        raise bad_request(f"prompt token ids must be in [0, {size})", param="prompt")
+    try:
+        check_prompt_token_ids(item, info.prompt_token_limit)
+    except ValueError as error:
+        raise bad_request(str(error), param="prompt") from None
     return Prompt(token_ids=list(item))
 
 
@@ -63,19 +67,6 @@ def check_text_fits(text: str, info: EngineInfo, param: str) -> None:
             f"{info.max_model_len} tokens",
             param=param,
         )
-
-
-def encode_texts(
-    tokenizer: Any, texts: list[str], add_special_tokens: bool = True
-) -> list[list[int]]:
-    """Token ids of each text, through the Rust tokenizer's GIL-free ``encode_batch``."""
-    if not texts:
-        return []
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:  # a slow (Python) tokenizer: nothing releases the GIL anyway
-        return [tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
-    encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
-    return [encoding.ids for encoding in encodings]
 
 
 def tokenize_text(text: str, info: EngineInfo, add_special_tokens: bool) -> list[int]:
@@ -102,19 +93,19 @@ def prompt_text(prompt: Prompt, tokenizer: Any) -> str:
 def render_chat(
     messages: list[ChatMessage], info: EngineInfo, add_generation_prompt: bool = True
 ) -> list[int]:
-    """Apply the tokenizer's chat template, then tokenize the text it produced."""
+    """The conversation's prompt token ids, rendered exactly as ``LLM.chat`` renders it."""
     conversation = [_message_dict(message) for message in messages]
+
+    def check_fits(text: str) -> None:
+        check_text_fits(text, info, "messages")
+
     try:
-        text = info.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+        prompt = render_chat_prompt(
+            info.tokenizer, conversation, add_generation_prompt, check_text=check_fits
         )
-    except Exception as error:  # jinja errors (e.g. roles must alternate), no template
-        raise bad_request(f"could not apply the chat template: {error}", "messages") from None
-    check_text_fits(text, info, "messages")
-    token_ids = encode_texts(info.tokenizer, [text], add_special_tokens=False)[0]
-    if not token_ids:
-        raise bad_request("the conversation renders to an empty prompt", param="messages")
-    return token_ids
+    except ValueError as error:  # the template failed, or rendered nothing
+        raise bad_request(str(error), param="messages") from None
+    return prompt.token_ids
 
 
 def _message_dict(message: ChatMessage) -> dict[str, str]:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
-from octavo.entrypoints.openai.logprobs import (
+from octavo.entrypoints.openai.logprobs_format import (
     TokenDecoder,
     all_logprobs,
     chat_logprobs,
@@ -19,6 +19,7 @@ from octavo.entrypoints.openai.logprobs import (
 )
 from octavo.entrypoints.openai.prompts import render_chat
 from octavo.entrypoints.openai.protocol import ChatCompletionRequest
+from octavo.entrypoints.openai.request_params import resolve_max_tokens, to_sampling_params
 from octavo.entrypoints.openai.request_stream import RequestStream
 from octavo.entrypoints.openai.responses import (
     AssistantMessage,
@@ -30,7 +31,6 @@ from octavo.entrypoints.openai.responses import (
     DeltaMessage,
     Usage,
 )
-from octavo.entrypoints.openai.sampling import resolve_max_tokens, to_sampling_params
 from octavo.entrypoints.openai.streaming import (
     close_streams,
     open_streams,

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
-from octavo.entrypoints.openai.logprobs import (
+from octavo.entrypoints.openai.logprobs_format import (
     TokenDecoder,
     all_logprobs,
     completion_logprobs,
@@ -26,8 +26,8 @@ from octavo.entrypoints.openai.prompts import (
     prompt_text,
 )
 from octavo.entrypoints.openai.protocol import CompletionRequest
+from octavo.entrypoints.openai.request_params import resolve_max_tokens, to_sampling_params
 from octavo.entrypoints.openai.responses import CompletionChoice, CompletionResponse, Usage
-from octavo.entrypoints.openai.sampling import resolve_max_tokens, to_sampling_params
 from octavo.entrypoints.openai.streaming import (
     close_streams,
     merge_streams,

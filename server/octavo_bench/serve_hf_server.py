@@ -1,4 +1,4 @@
-"""The naive baseline of ``octavo bench serve --baseline hf``: plain HF transformers behind HTTP.
+"""The naive baseline of ``serve --baseline hf``: plain HF transformers behind HTTP.
 
 A minimal OpenAI-style server (``/health``, ``/v1/models``, ``/v1/completions``,
 ``/v1/chat/completions``, streaming or not) that runs a greedy decoding loop with
@@ -6,7 +6,7 @@ transformers' own KV cache, ONE request at a time: an ``asyncio.Lock`` serialize
 requests, so concurrent users simply queue. This is what "put ``model.generate`` behind
 FastAPI" gives you, and what continuous batching is measured against.
 
-Run it alone with ``python -m octavo.benchmarks.serve_hf_server MODEL_FOLDER --port P``.
+Run it alone with ``python -m octavo_bench.serve_hf_server MODEL_FOLDER --port P``.
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ def build_hf_app(hf: HFModel) -> FastAPI:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m octavo.benchmarks.serve_hf_server", allow_abbrev=False
+        prog="python -m octavo_bench.serve_hf_server", allow_abbrev=False
     )
     parser.add_argument("model", type=Path, help="local HF model folder")
     parser.add_argument("--dtype", choices=tuple(HF_DTYPES), default="float32")

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from octavo.benchmarks.results import RunResult
-from octavo.benchmarks.workloads import Workload
+from octavo_bench.report import RunResult
+from octavo_bench.workloads import Workload
 
 HF_BASELINES = {"hf-fp32": torch.float32, "hf-bf16": torch.bfloat16}
 ALL_BASELINES = (*HF_BASELINES, "vllm")

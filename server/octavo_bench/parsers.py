@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
+PROG = "python -m octavo_bench"
 AddArguments = Callable[[argparse.ArgumentParser], None]
 
 
@@ -17,7 +19,7 @@ def register_subcommand(
     add_arguments: AddArguments,
     run: Callable[[argparse.Namespace], int],
 ) -> None:
-    """Add ``octavo bench NAME`` with its arguments; the parsed args carry ``func=run``."""
+    """Add the subcommand ``NAME`` with its arguments; the parsed args carry ``func=run``."""
     parser = kinds.add_parser(
         name,
         help=help_text,
@@ -35,7 +37,7 @@ def standalone_parser(
 ) -> argparse.ArgumentParser:
     """The same arguments as a parser of its own (what tests and ``main(argv)`` use)."""
     parser = argparse.ArgumentParser(
-        prog=f"octavo bench {name}",
+        prog=f"{PROG} {name}",
         description=doc,
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -43,3 +45,13 @@ def standalone_parser(
     )
     add_arguments(parser)
     return parser
+
+
+def add_output_dir(parser: argparse.ArgumentParser, stem: str) -> None:
+    """``--output-dir``: where the benchmark's ``stem``.json and ``stem``.png go."""
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("bench-results"),
+        help=f"where {stem}.json and {stem}.png go (default: %(default)s)",
+    )

@@ -1,4 +1,4 @@
-"""octavo bench serve: online serving benchmark against any OpenAI-compatible server.
+"""`python -m octavo_bench serve`: an online benchmark of any OpenAI-compatible server.
 
 Streams seeded synthetic requests to BASE_URL (Octavo, vLLM, llama.cpp server, ...) at
 each concurrency level of a sweep and reports what `vllm bench serve` reports per level:
@@ -22,27 +22,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from octavo.benchmarks.parsers import register_subcommand, standalone_parser
-from octavo.benchmarks.serve_client import ClientOptions, Target, fetch_model_id, run_level
-from octavo.benchmarks.serve_launch import (
+from octavo.arg_types import positive_int
+from octavo_bench.parsers import PROG, add_output_dir, register_subcommand, standalone_parser
+from octavo_bench.report import BASELINE, OCTAVO, LevelResult, ServeReport, ServerRun, save
+from octavo_bench.serve_client import ClientOptions, Target, fetch_model_id, run_level
+from octavo_bench.serve_launch import (
     LaunchError,
     child_server,
     free_port,
     hf_server_command,
     octavo_serve_command,
 )
-from octavo.benchmarks.serve_metrics import level_metrics
-from octavo.benchmarks.serve_report import (
-    BASELINE,
-    TARGET,
-    LevelResult,
-    ServeReport,
-    ServerRun,
-    print_report,
-    write_json,
-    write_png,
-)
-from octavo.benchmarks.serve_workload import (
+from octavo_bench.serve_metrics import level_metrics
+from octavo_bench.serve_workload import (
     LengthRange,
     PromptSpec,
     arrival_times,
@@ -73,7 +65,7 @@ E2EL: send to end of stream. Throughputs: totals of successful requests / level 
 Results go to OUTPUT_DIR/serve.json (settings, per-level figures, every request's TTFT,
 ITLs, lengths and errors) and OUTPUT_DIR/serve.png; launched servers log to
 OUTPUT_DIR/serve-<name>.log. Example, one command for Octavo against the naive baseline:
-  octavo bench serve --launch --baseline hf --output-len 64
+  python -m octavo_bench serve --launch --baseline hf --output-len 64
 """
 
 
@@ -86,13 +78,6 @@ def int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
     return list(dict.fromkeys(values))
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
 
 
 def request_rate(text: str) -> float:
@@ -123,7 +108,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model name (default: first /v1/models id)")
     parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    parser.add_argument("--label", default=TARGET, help="name of the measured server in reports")
+    parser.add_argument("--label", default=OCTAVO, help="name of the measured server in reports")
 
 
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,12 +172,7 @@ def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the baseline sends only the first N prompts of each level (it is serial)",
     )
-    parser.add_argument(
-        "--output-dir",
-        type=Path,
-        default=Path("bench-results"),
-        help="where serve.json and serve.png go (default: %(default)s)",
-    )
+    add_output_dir(parser, "serve")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -345,9 +325,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = run_sweeps(args)
     except LaunchError as error:
-        print(f"octavo bench serve: {error}", file=sys.stderr)
+        print(f"{PROG} serve: {error}", file=sys.stderr)
         return 1
-    save(report, args.output_dir)
+    save(report, args.output_dir, "serve")
     return 0
 
 
@@ -369,12 +349,3 @@ def run_sweeps(args: argparse.Namespace) -> ServeReport:
                 asyncio.run(measure_level(args, each, concurrency))
     report.runs = [each.run for each in contenders]
     return report
-
-
-def save(report: ServeReport, output_dir: Path) -> None:
-    print_report(report)
-    write_json(report, output_dir / "serve.json")
-    if write_png(report, output_dir / "serve.png"):
-        print(f"\nwrote {output_dir / 'serve.json'} and {output_dir / 'serve.png'}")
-    else:
-        print(f"\nwrote {output_dir / 'serve.json'} (no PNG: matplotlib missing)")

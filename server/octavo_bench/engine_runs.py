@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from octavo import LLM, SamplingParams
-from octavo.benchmarks.results import RunResult
-from octavo.benchmarks.workloads import Workload
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.stats import EngineStats
 from octavo.outputs import RequestOutput
+from octavo_bench.report import RunResult
+from octavo_bench.workloads import Workload
 
 _request_ids = itertools.count()
 

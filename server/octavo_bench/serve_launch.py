@@ -1,4 +1,4 @@
-"""Starting and stopping the servers ``octavo bench serve`` launches itself.
+"""Starting and stopping the servers ``python -m octavo_bench serve`` launches itself.
 
 ``--launch`` runs ``octavo serve`` and ``--baseline hf`` runs the naive HF server, each as
 a child process on a free loopback port with its output in a log file; the benchmark
@@ -67,7 +67,7 @@ def octavo_serve_command(
 
 
 def hf_server_command(port: int, model_path: str | Path, dtype: str) -> list[str]:
-    module = "octavo.benchmarks.serve_hf_server"
+    module = "octavo_bench.serve_hf_server"
     flags = ["--host", LOOPBACK, "--port", str(port), "--dtype", dtype]
     return [sys.executable, "-m", module, str(model_path), *flags]
 

@@ -1,4 +1,4 @@
-"""Seeded synthetic prompts and Poisson arrival times for ``octavo bench serve``.
+"""Seeded synthetic prompts and Poisson arrival times for ``python -m octavo_bench serve``.
 
 Prompts are random sequences of common English words. Each word is one token for the
 usual BPE tokenizers (Llama, SmolLM2, Qwen, GPT-2 style) when preceded by a space, so

@@ -1,4 +1,4 @@
-"""The streaming HTTP client of ``octavo bench serve`` (httpx, asyncio, SSE parsing).
+"""The streaming HTTP client of ``python -m octavo_bench serve`` (httpx, asyncio, SSE parsing).
 
 Every request streams (``stream: true`` with ``stream_options.include_usage``), is greedy
 (``temperature: 0``) and, by default, sends ``ignore_eos: true`` so each request yields
@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from octavo.benchmarks.serve_metrics import RequestRecord
-from octavo.benchmarks.serve_workload import PromptSpec
+from octavo_bench.serve_metrics import RequestRecord
+from octavo_bench.serve_workload import PromptSpec
 
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 ERROR_TEXT_LIMIT = 500

@@ -1,4 +1,4 @@
-"""A real Prometheus server as a subprocess, scraping given targets (tests and tools).
+"""A real Prometheus server as a subprocess, scraping given targets (tests only).
 
 The binary comes from the Debian package `prometheus` (`scripts/install-test-tools.sh`).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from octavo.entrypoints.openai.testing import LOOPBACK, free_port
+from octavo_bench.serve_launch import LOOPBACK, free_port
 
 CANDIDATES = ("/usr/bin/prometheus",)
 

@@ -1,4 +1,4 @@
-"""octavo bench offline: Octavo's offline throughput against HF transformers (and vLLM).
+"""`python -m octavo_bench offline`: Octavo's offline throughput against HF (and vLLM).
 
 Workloads (token counts at ``--scale 1.0``):
   (a) 32 chat-templated "What is <topic>?" prompts x exactly 128 new tokens
@@ -21,29 +21,21 @@ from pathlib import Path
 import torch
 
 from octavo import LLM
-from octavo.benchmarks import baselines
-from octavo.benchmarks.capacity import sequences_that_fit
-from octavo.benchmarks.engine_runs import run_workload, warm_up
-from octavo.benchmarks.parsers import register_subcommand, standalone_parser
-from octavo.benchmarks.report import (
-    OCTAVO,
-    OCTAVO_NO_CACHE,
-    BenchReport,
-    machine_info,
-    print_report,
-    write_json,
-    write_png,
-)
-from octavo.benchmarks.results import RunResult
-from octavo.benchmarks.workloads import (
+from octavo.arg_types import positive_float
+from octavo.engine.device import select_dtype
+from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo_bench import baselines
+from octavo_bench.capacity import sequences_that_fit
+from octavo_bench.engine_runs import run_workload, warm_up
+from octavo_bench.parsers import add_output_dir, register_subcommand, standalone_parser
+from octavo_bench.report import OCTAVO, OCTAVO_NO_CACHE, BenchReport, RunResult, machine_info, save
+from octavo_bench.workloads import (
     DEFAULT_SEED,
     WORKLOAD_NAMES,
     Workload,
     build_workloads,
     chat_prompt,
 )
-from octavo.engine.device import select_dtype
-from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 
 DEFAULT_KV_CACHE_MEMORY = 2 * 1024**3
 DEFAULT_BASELINES = "hf-fp32,hf-bf16"
@@ -57,8 +49,8 @@ HF baselines use static left-padded batches (batch 32 for (a), 1 for (c)); (b) r
 in static batches of 16 sorted by prompt length and counts only the requested tokens.
 
 The vllm baseline runs only if `import vllm` works (a CPU build: VLLM_TARGET_DEVICE=cpu).
-It runs in this process through vLLM's offline LLM class; the `octavo` console script
-keeps worker spawning safe. Useful settings for vLLM's CPU backend:
+It runs in this process through vLLM's offline LLM class; `python -m octavo_bench`
+keeps worker spawning safe (its __main__ is guarded). Useful settings for vLLM's CPU backend:
   VLLM_CPU_KVCACHE_SPACE=4          GiB of KV cache for vLLM
   VLLM_CPU_OMP_THREADS_BIND=0-15    cores for vLLM's OpenMP threads ("auto" by default)
 """
@@ -93,13 +85,6 @@ def name_list(allowed: tuple[str, ...]):
     return parse
 
 
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
@@ -126,12 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="shrink request counts and lengths for quick runs (default: 1.0)",
     )
-    parser.add_argument(
-        "--output-dir",
-        type=Path,
-        default=Path("bench-results"),
-        help="where offline.json and offline.png go (default: %(default)s)",
-    )
+    add_output_dir(parser, "offline")
     add_engine_arguments(parser)
 
 
@@ -197,14 +177,23 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--workloads must name at least one of a, b, c, d")
     torch.set_num_threads(os.cpu_count() or 1)
     setup = prepare(args)
-    report = BenchReport(
-        machine_info(getattr(torch, args.dtype)), run_config(args), setup.workloads
-    )
+    report = BenchReport(torch_machine_info(args.dtype), run_config(args), setup.workloads)
     run_octavo(args, setup, report)
     run_baselines(args, setup, report)
     report.results.sort(key=lambda result: result.workload)  # stable: Octavo first
-    save(report, args.output_dir)
+    save(report, args.output_dir, "offline")
     return 0
+
+
+def torch_machine_info(dtype: str) -> dict:
+    import transformers
+
+    return machine_info(
+        torch_threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        transformers_version=transformers.__version__,
+        dtype=dtype,
+    )
 
 
 def prepare(args: argparse.Namespace) -> BenchSetup:
@@ -314,15 +303,3 @@ def run_vllm_baseline(
     )
     for result in results:
         record(report, result)
-
-
-def save(report: BenchReport, output_dir: Path) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    write_json(report, output_dir / "offline.json")
-    print_report(report)
-    if write_png(report, output_dir / "offline.png"):
-        print(f"\nwrote {output_dir / 'offline.json'} and {output_dir / 'offline.png'}")
-    else:
-        report.notes.append("matplotlib is not installed: no PNG written")
-        write_json(report, output_dir / "offline.json")
-        print(f"\nwrote {output_dir / 'offline.json'} (no PNG: matplotlib missing)")

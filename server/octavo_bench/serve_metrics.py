@@ -1,4 +1,4 @@
-"""Per-request records of ``octavo bench serve`` and the figures of one concurrency level.
+"""Per-request records of ``python -m octavo_bench serve`` and the figures of one concurrency level.
 
 Definitions (as ``vllm bench serve`` reports them):
   TTFT  time from sending the request to its first streamed chunk with content

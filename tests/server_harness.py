@@ -1,4 +1,4 @@
-"""Running an app on a real uvicorn server in a background thread (tests and tools).
+"""Running an app on a real uvicorn server in a background thread (tests only).
 
 The server listens on a free loopback port; signals are left alone (uvicorn only
 installs handlers on the main thread).
@@ -21,8 +21,7 @@ from octavo.config import EngineArgs
 from octavo.entrypoints.openai.app import build_app, context_of
 from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.uvicorn_config import uvicorn_config
-
-LOOPBACK = "127.0.0.1"
+from octavo_bench.serve_launch import LOOPBACK
 
 
 def build_local_app(
@@ -116,13 +115,6 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free right now (for servers started as subprocesses)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
 
 
 class EngineControl:

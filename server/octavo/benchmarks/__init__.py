@@ -1,1 +1,0 @@
-"""Benchmarks: offline engine throughput against HF transformers (and vLLM's CPU build)."""

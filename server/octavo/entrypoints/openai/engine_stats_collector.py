@@ -1,0 +1,63 @@
+"""The engine's running totals as Prometheus metrics, read at scrape time.
+
+The engine keeps cumulative counts (prompt tokens, preemptions, prefix-cache lookups)
+and current levels (requests running, KV cache usage) in ``EngineStats``. The engine
+thread hands each step's stats to ``update``; a scrape reports the newest of them as
+they are, so no increments are computed here. prometheus_client appends ``_total`` to
+counters: ``vllm:prompt_tokens`` is scraped as ``vllm:prompt_tokens_total``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from octavo.engine.stats import EngineStats
+
+# Metric name -> (the EngineStats field holding its current value, help text).
+ENGINE_GAUGES = {
+    "vllm:num_requests_running": ("num_running", "Requests running."),
+    "vllm:num_requests_waiting": ("num_waiting", "Requests waiting."),
+    "vllm:kv_cache_usage_perc": ("kv_cache_usage", "KV cache usage (1 = full)."),
+}
+# Counter name (without _total) -> the EngineStats field holding its cumulative value.
+ENGINE_COUNTERS = {
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+    "vllm:num_preemptions": "num_preemptions",
+}
+LABEL_NAMES = ["model_name"]
+
+
+class EngineStatsCollector(Collector):
+    """Reports the newest ``EngineStats`` of one engine; zeros until the first step."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self._created = time.time()  # the counters count from the engine's start
+        self._latest: EngineStats | None = None
+
+    def update(self, stats: EngineStats) -> None:
+        """Keep ``stats`` for the next scrape (called on the engine thread)."""
+        self._latest = stats  # one reference swap: a scrape sees the old or the new whole
+
+    def collect(self) -> Iterator[Metric]:
+        stats, labels = self._latest, [self.model_name]
+        for name, (field, help_text) in ENGINE_GAUGES.items():
+            gauge = GaugeMetricFamily(name, help_text, labels=LABEL_NAMES)
+            gauge.add_metric(labels, _value(stats, field))
+            yield gauge
+        for name, field in ENGINE_COUNTERS.items():
+            help_text = f"Cumulative {field.replace('_', ' ')}."
+            counter = CounterMetricFamily(name, help_text, labels=LABEL_NAMES)
+            counter.add_metric(labels, _value(stats, field), created=self._created)
+            yield counter
+
+
+def _value(stats: EngineStats | None, field: str) -> float:
+    return 0.0 if stats is None else float(getattr(stats, field))

@@ -1,0 +1,1 @@
+"""Turning prompts into token ids, the same way for the offline ``LLM`` and the server."""

@@ -1,0 +1,30 @@
+"""``python -m octavo_bench offline|serve``: the benchmarks' command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from octavo_bench import offline, serve
+from octavo_bench.parsers import PROG
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, allow_abbrev=False)
+    kinds = parser.add_subparsers(dest="bench_command", required=True)
+    offline.register(kinds)
+    serve.register(kinds)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as error:  # bad input: one clear line, no traceback
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
