@@ -151,19 +151,40 @@ def prometheus_binary() -> str:
 
 
 @contextmanager
-def running_tiny_server(tiny_folder, served_name: str) -> Iterator[str]:
-    """A real uvicorn server on loopback for the tiny random Llama-3 model; yields its URL."""
+def tiny_server(tiny_folder, served_name: str, on_engine=None, **engine_kwargs):
+    """A real uvicorn server on loopback for the tiny random Llama-3 model (ready)."""
     from octavo.entrypoints.openai.context import ServerConfig
 
     from server_harness import ThreadedServer, build_local_app, torch_threads
 
     config = ServerConfig(served_model_names=[served_name], model_root=served_name)
-    app = build_local_app(
-        str(tiny_folder("llama3")), config, max_model_len=256, kv_cache_memory=8 << 20
-    )
+    engine_kwargs = {"max_model_len": 256, "kv_cache_memory": 8 << 20, **engine_kwargs}
+    app = build_local_app(str(tiny_folder("llama3")), config, on_engine, **engine_kwargs)
     with torch_threads(1), ThreadedServer(app) as server:
-        server.wait_ready()
+        yield server.wait_ready()
+
+
+@contextmanager
+def running_tiny_server(tiny_folder, served_name: str) -> Iterator[str]:
+    """``tiny_server``, yielding its URL."""
+    with tiny_server(tiny_folder, served_name) as server:
         yield server.url
+
+
+@contextmanager
+def faulty_tiny_server(tiny_folder, served_name: str, **engine_kwargs):
+    """``tiny_server`` whose engine is wrapped by ``EngineFaults`` and ``EngineControl``;
+    yields ``(server, control)``."""
+    from server_harness import EngineControl
+
+    control, faults = EngineControl(), EngineFaults()
+
+    def attach(engine) -> None:
+        faults.attach(engine)
+        control.attach(engine)
+
+    with tiny_server(tiny_folder, served_name, attach, **engine_kwargs) as server:
+        yield server, control
 
 
 def wait_healthy(

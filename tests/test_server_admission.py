@@ -12,15 +12,12 @@ import httpx
 import pytest
 
 from octavo.entrypoints.openai.app import context_of
-from octavo.entrypoints.openai.context import ServerConfig
 
-from conftest import EngineFaults
+from conftest import EngineFaults, faulty_tiny_server
 from server_harness import (
     EngineControl,
     ThreadedServer,
-    build_local_app,
     metric_value,
-    torch_threads,
 )
 
 MODEL = "tiny"
@@ -43,23 +40,9 @@ class Running:
 
 @pytest.fixture(scope="module")
 def running(tiny_folder) -> Iterator[Running]:
-    control, faults = EngineControl(), EngineFaults()
-
-    def attach(engine) -> None:
-        faults.attach(engine)
-        control.attach(engine)
-
-    config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
-    app = build_local_app(
-        str(tiny_folder("llama3")),
-        config,
-        on_engine=attach,
-        max_model_len=MAX_MODEL_LEN,
-        kv_cache_memory=8 << 20,
-        max_num_seqs=MAX_NUM_SEQS,
-    )
-    with torch_threads(1), ThreadedServer(app) as server:
-        yield Running(server.wait_ready(), control)
+    engine_kwargs = {"max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_NUM_SEQS}
+    with faulty_tiny_server(tiny_folder, MODEL, **engine_kwargs) as (server, control):
+        yield Running(server, control)
 
 
 def kv_cap(running: Running) -> int:

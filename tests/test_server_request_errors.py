@@ -11,14 +11,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from octavo.entrypoints.openai.context import ServerConfig
-
-from conftest import EngineFaults
+from conftest import EngineFaults, faulty_tiny_server
 from server_harness import (
     EngineControl,
-    ThreadedServer,
-    build_local_app,
-    torch_threads,
 )
 
 MODEL = "tiny"
@@ -29,22 +24,8 @@ HI = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def running(tiny_folder) -> Iterator[tuple[str, EngineControl]]:
-    control, faults = EngineControl(), EngineFaults()
-
-    def attach(engine) -> None:
-        faults.attach(engine)
-        control.attach(engine)
-
-    config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
-    app = build_local_app(
-        str(tiny_folder("llama3")),
-        config,
-        on_engine=attach,
-        max_model_len=256,
-        kv_cache_memory=8 << 20,
-    )
-    with torch_threads(1), ThreadedServer(app) as server:
-        yield server.wait_ready().url, control
+    with faulty_tiny_server(tiny_folder, MODEL) as (server, control):
+        yield server.url, control
 
 
 def sse_payloads(response: httpx.Response) -> list[str]:
