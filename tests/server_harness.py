@@ -35,6 +35,7 @@ def build_local_app(
     ``on_engine`` is called on the engine thread with the freshly built ``LLMEngine``
     (tests use it to reach the engine's internals or to wrap its methods).
     """
+    from octavo.engine.core_thread import ThreadCore
     from octavo.engine.llm_engine import LLMEngine
 
     def factory() -> LLMEngine:
@@ -44,7 +45,7 @@ def build_local_app(
         return engine
 
     config = config or ServerConfig(served_model_names=[model], model_root=model)
-    return build_app(config, factory)
+    return build_app(config, ThreadCore(factory))
 
 
 class ThreadedServer:

@@ -16,6 +16,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
+from octavo.engine.core_thread import ThreadCore
 from octavo.entrypoints.openai.app import build_app
 from octavo.entrypoints.openai.context import ServerConfig
 
@@ -32,7 +33,7 @@ def fuzz_cases() -> list[tuple[str, str, GenerationMode]]:
     Negative cases need an input to break, so operations without any get positive only.
     """
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
-    paths = build_app(config, engine_factory=lambda: None).openapi()["paths"]
+    paths = build_app(config, ThreadCore(lambda: None)).openapi()["paths"]
     cases = []
     for path, item in paths.items():
         for method, operation in item.items():

@@ -10,8 +10,8 @@ from typing import Any
 from fastapi import FastAPI
 
 import octavo
+from octavo.engine.async_engine import AsyncEngine, EngineCore
 from octavo.entrypoints.openai import ops_routes, routes
-from octavo.entrypoints.openai.async_engine import AsyncEngine
 from octavo.entrypoints.openai.auth import ApiKeyMiddleware
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.errors import install_error_handlers
@@ -26,19 +26,21 @@ from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 def build_app(
     config: ServerConfig,
-    engine_factory: Callable[[], Any],
+    core: EngineCore,
     on_load_failure: Callable[[], None] | None = None,
+    on_death: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """The app; its lifespan starts the engine thread, which loads the model.
+    """The app; its lifespan starts the engine core, which loads the model.
 
     The port therefore answers (``/health`` 503) while the model loads.
     """
     metrics = ServerMetrics(config.model_name)
     engine = AsyncEngine(
-        engine_factory,
+        core,
         max_queue_len=config.max_queue_len,
         on_step=metrics.on_step,
         on_load_failure=on_load_failure,
+        on_death=on_death,
     )
     tokenizers = TokenizerPool()
     context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from octavo.entrypoints.openai.async_engine import AsyncEngine
-from octavo.entrypoints.openai.engine_info import EngineInfo
+from octavo.engine.async_engine import AsyncEngine
+from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import APIError, bad_request
 from octavo.entrypoints.openai.logprobs_format import TokenDecoder
 from octavo.entrypoints.openai.metrics import ServerMetrics

@@ -10,10 +10,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from octavo.entrypoints.openai.async_engine import EngineDead, EngineUnavailable, QueueFull
+from octavo.engine.async_engine import EngineDead, EngineUnavailable, QueueFull
+from octavo.engine.core_messages import AdmissionFailed
+from octavo.engine.request_stream import RequestFailed
 from octavo.entrypoints.openai.disconnect import ClientDisconnected
-from octavo.entrypoints.openai.engine_commands import AdmissionFailed
-from octavo.entrypoints.openai.request_stream import RequestFailed
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from octavo.entrypoints.openai.engine_info import EngineInfo
+from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import ChatMessage, PromptInput
 from octavo.inputs.chat import render_chat_prompt

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from prometheus_client import disable_created_metrics
 
 from octavo.config import EngineArgs
+from octavo.engine.core_process import ProcessCore
 from octavo.entrypoints.openai.app import build_app, context_of
 from octavo.entrypoints.openai.context import ServerConfig
 from octavo.entrypoints.openai.shutdown import DrainingServer
@@ -16,6 +17,7 @@ from octavo.entrypoints.openai.uvicorn_config import uvicorn_config
 logger = logging.getLogger(__name__)
 
 LOAD_FAILURE_EXIT_CODE = 1
+ENGINE_DEATH_EXIT_CODE = 2
 GRACEFUL_CLOSE_SECONDS = 5  # uvicorn's wait for open connections once draining is done
 
 
@@ -27,15 +29,18 @@ class ListenArgs:
 
 
 def run_server(config: ServerConfig, engine_args: EngineArgs, listen: ListenArgs) -> int:
-    """Serve until SIGTERM/SIGINT; returns the process exit code."""
-    from octavo.engine.llm_engine import LLMEngine
+    """Serve until SIGTERM/SIGINT; returns the process exit code.
 
+    The engine core runs in its own process; if it dies, ``/health`` turns 503 and the
+    server exits with ``ENGINE_DEATH_EXIT_CODE`` so the pod is restarted.
+    """
     disable_created_metrics()  # like vLLM: no *_created series in the scrape
     holder: list[DrainingServer] = []
     app = build_app(
         config,
-        engine_factory=lambda: LLMEngine(engine_args),
+        ProcessCore(engine_args),
         on_load_failure=lambda: holder[0].fail(LOAD_FAILURE_EXIT_CODE),
+        on_death=lambda: holder[0].fail(ENGINE_DEATH_EXIT_CODE),
     )
     uv_config = uvicorn_config(
         app,
@@ -50,6 +55,8 @@ def run_server(config: ServerConfig, engine_args: EngineArgs, listen: ListenArgs
     holder.append(server)
     logger.info("serving %s on http://%s:%d", config.model_name, listen.host, listen.port)
     server.run()
-    if server.exit_code:
+    if server.exit_code == LOAD_FAILURE_EXIT_CODE:
         logger.error("exiting: the engine failed to load")
+    elif server.exit_code == ENGINE_DEATH_EXIT_CODE:
+        logger.error("exiting: the engine core died")
     return server.exit_code

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from octavo.engine.request_stream import RequestStream
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
 from octavo.entrypoints.openai.logprobs_format import (
@@ -20,7 +21,6 @@ from octavo.entrypoints.openai.logprobs_format import (
 from octavo.entrypoints.openai.prompts import render_chat
 from octavo.entrypoints.openai.protocol import ChatCompletionRequest
 from octavo.entrypoints.openai.request_params import resolve_max_tokens, to_sampling_params
-from octavo.entrypoints.openai.request_stream import RequestStream
 from octavo.entrypoints.openai.responses import (
     AssistantMessage,
     ChatChoice,

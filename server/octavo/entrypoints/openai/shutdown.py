@@ -14,7 +14,7 @@ from types import FrameType
 
 import uvicorn
 
-from octavo.entrypoints.openai.async_engine import AsyncEngine
+from octavo.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from octavo.entrypoints.openai.async_engine import AsyncEngine, EngineDead
-from octavo.entrypoints.openai.engine_commands import NewRequest
+from octavo.engine.async_engine import AsyncEngine, EngineDead
+from octavo.engine.core_messages import NewRequest
+from octavo.engine.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.entrypoints.openai.errors import bad_request, error_body
-from octavo.entrypoints.openai.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 

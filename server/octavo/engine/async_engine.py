@@ -1,14 +1,15 @@
-"""The engine off the event loop: one thread owns the ``LLMEngine``; requests stream back.
+"""The asyncio face of the engine core: requests go in as commands, outputs stream back.
 
-The engine is single-threaded, so a dedicated thread loads it, then loops: take the
-add/abort commands waiting in a thread-safe queue, run one ``step()`` while any request
-is unfinished (block on the queue when idle), and hand each ``RequestOutput`` to its
-request's ``asyncio.Queue`` on the event loop via ``call_soon_threadsafe``.
+The engine core (``core_loop``) runs in a process of its own (``ProcessCore``, what
+``octavo serve`` uses) or on a thread (``ThreadCore``, for tests that reach into the
+engine). It reports events on a thread of its own; this class turns them into state
+(ready, dead), statistics for the metrics, acknowledgements and outputs, each handed to
+its request's ``asyncio.Queue`` on the event loop via ``call_soon_threadsafe``.
 
 All the engine requests of one HTTP request travel in one command and are acknowledged
-once: the engine thread adds them all or none, so a prompt the engine rejects is reported
-to the caller (HTTP 400) before any response starts. Letting go of them (a client that
-left) is one abort command for all of them, too.
+once: the core adds them all or none, so a prompt the engine rejects is reported to the
+caller (HTTP 400) before any response starts. Letting go of them (a client that left) is
+one abort command for all of them, too.
 """
 
 from __future__ import annotations
@@ -16,22 +17,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from octavo.engine.stats import EngineStats
-from octavo.entrypoints.openai.engine_commands import (
+from octavo.engine.core_loop import Emit
+from octavo.engine.core_messages import (
     STOP,
     AbortRequests,
     AddRequests,
+    Admitted,
+    CoreReady,
+    CoreStopped,
+    LoadFailed,
     NewRequest,
-    admit,
+    StepDone,
 )
-from octavo.entrypoints.openai.engine_info import EngineInfo, read_engine_info
-from octavo.entrypoints.openai.request_stream import RequestStream
+from octavo.engine.engine_info import EngineInfo
+from octavo.engine.request_stream import RequestStream
+from octavo.engine.stats import EngineStats
 from octavo.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -52,28 +57,37 @@ class QueueFull(Exception):
 
 
 class EngineDead(Exception):
-    """The engine thread stopped while this request was in flight."""
+    """The engine core stopped while this request was in flight."""
+
+
+class EngineCore(Protocol):
+    """Where the engine core runs: ``ThreadCore`` or ``ProcessCore``."""
+
+    def start(self, emit: Emit) -> None: ...
+    def send(self, command: Any) -> None: ...
+    def is_alive(self) -> bool: ...
+    def join(self, timeout: float) -> None: ...
 
 
 class AsyncEngine:
-    """Runs an engine (built by ``factory`` on the engine thread) for asyncio callers."""
+    """Runs an engine core for asyncio callers."""
 
     def __init__(
         self,
-        factory: Callable[[], Any],
+        core: EngineCore,
         max_queue_len: int | None = None,
         on_step: StepObserver | None = None,
         on_load_failure: Callable[[], None] | None = None,
+        on_death: Callable[[], None] | None = None,
     ) -> None:
-        self._factory, self._max_queue_len = factory, max_queue_len
+        self._core, self._max_queue_len = core, max_queue_len
         self._on_step, self._on_load_failure = on_step, on_load_failure
-        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._on_death = on_death
         self._streams: dict[str, RequestStream] = {}
         self._acks: dict[str, asyncio.Future[None]] = {}
         self._lock = threading.Lock()
-        self._pending_adds = 0  # added here, not yet seen by the engine thread
+        self._pending_adds = 0  # added here, not yet acknowledged by the core
         self._engine_waiting = 0  # requests the engine's scheduler has not started
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.status = "loading"  # loading -> ready -> stopped | dead; or failed
         self.draining = False
@@ -81,22 +95,20 @@ class AsyncEngine:
 
     # ----- lifecycle (event loop) ---------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the engine thread; it loads the model, then serves."""
+        """Start the engine core; it loads the model, then serves."""
         self._loop = loop
-        self._thread = threading.Thread(target=self._run, name="octavo-engine", daemon=True)
-        self._thread.start()
+        self._core.start(self._on_event)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ask the engine thread to exit and wait for it (a loading engine is left behind)."""
-        self._commands.put(STOP)
-        if self._thread is not None and self.status != "loading":
-            self._thread.join(timeout)
+        """Ask the engine core to exit and wait for it (a loading engine is left behind)."""
+        self._core.send(STOP)
+        if self.status != "loading":
+            self._core.join(timeout)
 
     @property
     def is_ready(self) -> bool:
-        """True while the engine is loaded and its thread is alive."""
-        alive = self._thread is not None and self._thread.is_alive()
-        return alive and self.status == "ready"
+        """True while the engine is loaded and its core is alive."""
+        return self.status == "ready" and self._core.is_alive()
 
     @property
     def num_open(self) -> int:
@@ -122,7 +134,7 @@ class AsyncEngine:
         self._streams.update((stream.request_id, stream) for stream in streams)
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[batch_id] = ack
-        self._commands.put(AddRequests(batch_id, requests, time.monotonic()))
+        self._core.send(AddRequests(batch_id, requests, time.monotonic()))
         try:
             await ack
         except BaseException:
@@ -153,11 +165,11 @@ class AsyncEngine:
             stream.closed = True
             self._streams.pop(stream.request_id, None)
         if unfinished:
-            self._commands.put(AbortRequests(unfinished))
+            self._core.send(AbortRequests(unfinished))
 
     def abort_all(self) -> None:
         if self._streams:
-            self._commands.put(AbortRequests(list(self._streams)))
+            self._core.send(AbortRequests(list(self._streams)))
 
     # ----- callbacks run on the event loop ------------------------------------------------
     def _resolve_ack(self, batch_id: str, error: Exception | None) -> None:
@@ -187,72 +199,34 @@ class AsyncEngine:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(callback, *args)
 
-    # ----- the engine thread --------------------------------------------------------------
-    def _run(self) -> None:
-        engine = self._load()
-        if engine is None:
-            return
-        message = "the engine stopped"
-        try:
-            self._serve(engine)
-            self.status = "stopped"
-        except BaseException:
-            logger.exception("the engine loop crashed")
-            self.status, message = "dead", "the engine loop crashed"
-        finally:
-            self._call_soon(self._fail_all, message)
-
-    def _load(self) -> Any | None:
-        try:
-            engine = self._factory()
-            self.info = read_engine_info(engine)
-        except BaseException:
-            logger.exception("the engine failed to load")
+    # ----- events, on the core's reporting thread -----------------------------------------
+    def _on_event(self, event: Any) -> None:
+        if isinstance(event, StepDone):
+            self._after_step(event.outputs, event.stats)
+        elif isinstance(event, Admitted):
+            self._admitted(event)
+        elif isinstance(event, CoreReady):
+            self.info, self.status = event.info, "ready"
+        elif isinstance(event, LoadFailed):
             self.status = "failed"
             if self._on_load_failure is not None:
                 self._call_soon(self._on_load_failure)
-            return None
-        self.status = "ready"
-        logger.info("engine ready: %s (max_model_len %d)", engine.model_name, engine.max_model_len)
-        return engine
+        elif isinstance(event, CoreStopped):
+            self._stopped(event)
 
-    def _serve(self, engine: Any) -> None:
-        while True:
-            commands = self._take_commands(block=not engine.has_unfinished_requests())
-            if any(command is STOP for command in commands):
-                return
-            aborted = False
-            for command in commands:
-                aborted |= self._apply(engine, command)
-            if not (engine.has_unfinished_requests() or aborted):
-                continue
-            outputs = engine.step()
-            self._after_step(engine, outputs)
-
-    def _take_commands(self, block: bool) -> list[Any]:
-        commands = [self._commands.get()] if block else []
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
-
-    def _apply(self, engine: Any, command: AddRequests | AbortRequests) -> bool:
-        """Run one command on the engine; True if outputs are pending (aborted requests)."""
-        if isinstance(command, AbortRequests):
-            for request_id in command.request_ids:
-                engine.abort_request(request_id)
-            return True
-        error = admit(engine, command)
-        count = len(command.requests)
+    def _admitted(self, event: Admitted) -> None:
         with self._lock:
-            self._pending_adds -= count
-            self._engine_waiting += 0 if error else count
-        self._call_soon(self._resolve_ack, command.batch_id, error)
-        return error is not None
+            self._pending_adds -= event.count
+            self._engine_waiting += 0 if event.error else event.count
+        self._call_soon(self._resolve_ack, event.batch_id, event.error)
 
-    def _after_step(self, engine: Any, outputs: list[RequestOutput]) -> None:
-        stats = engine.stats()
+    def _stopped(self, event: CoreStopped) -> None:
+        self.status = "dead" if event.dead else "stopped"
+        self._call_soon(self._fail_all, event.message)
+        if event.dead and self._on_death is not None:
+            self._call_soon(self._on_death)
+
+    def _after_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         with self._lock:
             self._engine_waiting = stats.num_waiting
         if self._on_step is not None:

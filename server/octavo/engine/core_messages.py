@@ -1,4 +1,9 @@
-"""What the event loop asks of the engine thread, and how the engine thread does it."""
+"""What the API side and the engine core say to each other, and how a core admits requests.
+
+Commands go to the core (``AddRequests``, ``AbortRequests``, ``STOP``); events come back
+(``CoreReady``, ``LoadFailed``, ``Admitted``, ``StepDone``, ``CoreStopped``). All are plain
+picklable data, so the core can run on a thread of the server or in its own process.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +41,44 @@ class AbortRequests:
     request_ids: list[str]
 
 
-STOP = object()
+class Stop:
+    """Ask the core to exit its loop."""
+
+
+STOP = Stop()
+
+
+@dataclass
+class CoreReady:
+    info: Any  # the EngineInfo the front end may read
+
+
+@dataclass
+class LoadFailed:
+    message: str
+
+
+@dataclass
+class Admitted:
+    """The answer to one ``AddRequests``: ``error`` is None when all were added."""
+
+    batch_id: str
+    count: int
+    error: Exception | None
+
+
+@dataclass
+class StepDone:
+    outputs: list[Any]  # RequestOutput
+    stats: Any  # EngineStats after the step
+
+
+@dataclass
+class CoreStopped:
+    """The core's loop ended: asked to (``dead`` False) or it crashed."""
+
+    message: str
+    dead: bool
 
 
 def admit(engine: Any, command: AddRequests) -> Exception | None:

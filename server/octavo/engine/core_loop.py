@@ -1,0 +1,87 @@
+"""The engine core's loop: take commands, run steps, report events — over any transport.
+
+The same loop runs on a thread of the server (``core_thread``) or in a process of its
+own (``core_process``); only how commands arrive (an ``inbox``) and how events leave
+(``emit``) differ. While requests are unfinished the loop steps without waiting; when
+idle it blocks for the next command.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from octavo.engine.core_messages import (
+    AbortRequests,
+    AddRequests,
+    Admitted,
+    CoreReady,
+    CoreStopped,
+    LoadFailed,
+    StepDone,
+    Stop,
+    admit,
+)
+from octavo.engine.engine_info import read_engine_info
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[[Any], None]
+
+
+class Inbox(Protocol):
+    def get(self, block: bool) -> list[Any]:
+        """Every waiting command; with ``block``, wait for at least one."""
+        ...
+
+
+def run_engine_core(factory: Callable[[], Any], inbox: Inbox, emit: Emit) -> None:
+    """Load the engine with ``factory``, then serve commands until ``STOP`` or a crash."""
+    engine = _load(factory, emit)
+    if engine is None:
+        return
+    try:
+        _serve(engine, inbox, emit)
+    except Exception:
+        logger.exception("the engine loop crashed")
+        emit(CoreStopped("the engine loop crashed", dead=True))
+        return
+    emit(CoreStopped("the engine stopped", dead=False))
+
+
+def _load(factory: Callable[[], Any], emit: Emit) -> Any | None:
+    try:
+        engine = factory()
+        info = read_engine_info(engine)
+    except Exception:
+        logger.exception("the engine failed to load")
+        emit(LoadFailed("the engine failed to load"))
+        return None
+    logger.info("engine ready: %s (max_model_len %d)", engine.model_name, engine.max_model_len)
+    emit(CoreReady(info))
+    return engine
+
+
+def _serve(engine: Any, inbox: Inbox, emit: Emit) -> None:
+    while True:
+        commands = inbox.get(block=not engine.has_unfinished_requests())
+        if any(isinstance(command, Stop) for command in commands):
+            return
+        outputs_pending = False
+        for command in commands:
+            outputs_pending |= _apply(engine, command, emit)
+        if engine.has_unfinished_requests() or outputs_pending:
+            outputs = engine.step()
+            emit(StepDone(outputs, engine.stats()))
+
+
+def _apply(engine: Any, command: AddRequests | AbortRequests, emit: Emit) -> bool:
+    """Run one command; True when it left outputs to report (aborted or undone requests)."""
+    if isinstance(command, AbortRequests):
+        for request_id in command.request_ids:
+            engine.abort_request(request_id)
+        return True
+    error = admit(engine, command)
+    emit(Admitted(command.batch_id, len(command.requests), error))
+    return error is not None

@@ -1,0 +1,76 @@
+"""`octavo serve` runs the engine core in a process of its own; if it dies, the server
+turns unhealthy and exits non-zero (so Kubernetes or Docker restarts it at once)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
+from octavo_bench.serve_launch import free_port
+
+from conftest import wait_healthy
+
+STARTUP_SECONDS = 120
+EXIT_WITHIN_SECONDS = 30
+
+
+@pytest.fixture
+def server(tiny_folder, tmp_path):
+    port = free_port()
+    command = [
+        sys.executable, "-m", "octavo.cli", "serve", str(tiny_folder("llama3")),
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+        "--kv-cache-memory", "8MiB", "--log-level", "warning",
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    env = {"OMP_NUM_THREADS": "1", **os.environ}
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, STARTUP_SECONDS, log)
+        yield process, url, log
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def engine_core_of(process: subprocess.Popen) -> psutil.Process:
+    """The server's child that runs the engine (multiprocessing's spawn entry)."""
+    children = psutil.Process(process.pid).children()
+    cores = [c for c in children if any("spawn_main" in part for part in c.cmdline())]
+    assert len(cores) == 1, [c.cmdline() for c in children]
+    return cores[0]
+
+
+def test_the_engine_core_is_its_own_process_and_serves(server):
+    process, url, _ = server
+    core = engine_core_of(process)
+    assert core.pid != process.pid
+    body = {"prompt": "Hello", "max_tokens": 5, "ignore_eos": True}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 5
+    assert core.cpu_times().user > 0  # the model ran there
+
+
+def test_engine_core_death_makes_the_server_unhealthy_and_exit_non_zero(server):
+    process, url, log = server
+    os.kill(engine_core_of(process).pid, signal.SIGKILL)
+    deadline = time.monotonic() + EXIT_WITHIN_SECONDS
+    while process.poll() is None:
+        assert time.monotonic() < deadline, f"the server kept running:\n{log.read_text()}"
+        with contextlib.suppress(httpx.TransportError):  # already closing
+            assert httpx.get(f"{url}/health", timeout=2).status_code == 503
+        time.sleep(0.05)
+    assert process.returncode == ENGINE_DEATH_EXIT_CODE != 0
+    assert "the engine core died" in log.read_text()
