@@ -18,6 +18,8 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs] | None = None
     delta_text: str = ""  # text added since this request's previous output (streaming)
     delta_token_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # tokens generated so far (also when ``token_ids`` is only a delta)
+    delta_logprobs: list[TokenLogprobs] | None = None  # set by the server's accumulator
 
     @property
     def finished(self) -> bool:
@@ -58,3 +60,4 @@ class RequestOutput:
     num_cached_tokens: int
     metrics: RequestMetrics
     error: str | None = None  # set when the engine failed this request (finish_reason "error")
+    num_prompt_tokens: int = 0  # also when ``prompt_token_ids`` is left out of a delta

@@ -7,10 +7,19 @@ OpenAI-compatible server) can pass the same values. Everything is checked once, 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are treated as 0 (greedy decoding)
 MAX_LOGPROBS = 20  # largest number of top alternatives a request may ask for
+
+
+class RequestOutputKind(enum.Enum):
+    """What each output of a running request carries (vLLM's names)."""
+
+    CUMULATIVE = 0  # everything generated so far, every step
+    DELTA = 1  # only what is new since the previous output (the server's streams)
+    FINAL_ONLY = 2  # one output, when the request finishes (offline ``LLM.generate``)
 
 
 @dataclass
@@ -39,6 +48,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         self._normalise_stops()

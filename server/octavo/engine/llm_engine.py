@@ -146,7 +146,7 @@ class LLMEngine:
         updates = self.scheduler.update_from_output(scheduled, result, now)
         touched = self._record_all(updates)
         outputs, self._pending_outputs = self._pending_outputs, []
-        live = [request for request in touched if request.request_id in self.requests]
+        live = [r for r in touched if r.request_id in self.requests and r.wants_output_now]
         return outputs + [self._output_for(request) for request in live]
 
     def _execute(self, step: SchedulerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput]:
@@ -210,7 +210,7 @@ class LLMEngine:
         self.generation_tokens_total += 1
         text = request.texts[seq.index]
         if update.logprobs is not None:
-            text.logprobs.append(update.logprobs)
+            text.add_logprobs(update.logprobs)
         stop_string = text.detokenizer.update(update.token_id)
         if apply_stop_string(seq, stop_string) and not seq.is_finished:
             self.scheduler.finish(seq)

@@ -1,4 +1,9 @@
-"""A request as the engine tracks it: its ``n`` sequences and their text streams."""
+"""A request as the engine tracks it: its ``n`` sequences and their text streams.
+
+Outputs come in the request's ``output_kind``: cumulative (everything so far), delta
+(only what is new since the previous output; the prompt ids only in the first) or one
+final output. A delta costs what is new, not what was generated before it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from dataclasses import dataclass, field
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from octavo.sampling.sampler import TokenLogprobs
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 from octavo.scheduler.sequence import Sequence
 
 
@@ -18,7 +23,12 @@ class SequenceText:
 
     detokenizer: IncrementalDetokenizer
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
     tokens_reported: int = 0
+
+    def add_logprobs(self, entry: TokenLogprobs) -> None:
+        self.logprobs.append(entry)
+        self.cumulative_logprob += entry.logprob
 
 
 @dataclass
@@ -30,6 +40,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)  # children join when the prompt is done
     texts: dict[int, SequenceText] = field(default_factory=dict)  # by completion index
     finished_time: float | None = None
+    prompt_reported: bool = False
 
     @property
     def finished(self) -> bool:
@@ -39,41 +50,56 @@ class Request:
     def awaiting_fork(self) -> bool:
         return self.params.n > len(self.seqs)
 
+    @property
+    def wants_output_now(self) -> bool:
+        return self.finished or self.params.output_kind is not RequestOutputKind.FINAL_ONLY
+
     def make_output(self) -> RequestOutput:
         if self.finished and self.finished_time is None:
             self.finished_time = time.monotonic()
+        delta = self.params.output_kind is RequestOutputKind.DELTA
         first = self.seqs[0]
-        return RequestOutput(
+        output = RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,
-            outputs=[self._completion(seq) for seq in self.seqs],
+            prompt_token_ids=[] if delta and self.prompt_reported else self.prompt_token_ids,
+            outputs=[self._completion(seq, delta) for seq in self.seqs],
             finished=self.finished,
             num_cached_tokens=first.num_cached_tokens,
-            metrics=RequestMetrics(
-                arrival_time=first.arrival_time,
-                first_scheduled_time=first.first_scheduled_time,
-                first_token_time=first.first_token_time,
-                last_token_time=max((s.last_token_time or 0.0) for s in self.seqs) or None,
-                finished_time=self.finished_time,
-                num_preemptions=sum(seq.num_preemptions for seq in self.seqs),
-            ),
+            metrics=self._metrics(),
+            num_prompt_tokens=len(self.prompt_token_ids),
+        )
+        self.prompt_reported = True
+        return output
+
+    def _metrics(self) -> RequestMetrics:
+        first = self.seqs[0]
+        return RequestMetrics(
+            arrival_time=first.arrival_time,
+            first_scheduled_time=first.first_scheduled_time,
+            first_token_time=first.first_token_time,
+            last_token_time=max((s.last_token_time or 0.0) for s in self.seqs) or None,
+            finished_time=self.finished_time,
+            num_preemptions=sum(seq.num_preemptions for seq in self.seqs),
         )
 
-    def _completion(self, seq: Sequence) -> CompletionOutput:
+    def _completion(self, seq: Sequence, delta: bool) -> CompletionOutput:
         text = self.texts[seq.index]
-        output_ids = seq.output_token_ids
-        logprobs = list(text.logprobs) if self.params.logprobs is not None else None
-        delta_ids = output_ids[text.tokens_reported :]
-        text.tokens_reported = len(output_ids)
+        reported, count = text.tokens_reported, seq.num_output_tokens
+        delta_ids = seq.token_ids[seq.num_prompt_tokens + reported :]
+        text.tokens_reported = count
+        wants = self.params.logprobs is not None
+        logprobs = (text.logprobs[reported:] if delta else list(text.logprobs)) if wants else None
+        delta_text = text.detokenizer.get_delta(finished=seq.is_finished)
         return CompletionOutput(
             index=seq.index,
-            text=text.detokenizer.output_text,
-            token_ids=output_ids,
+            text=delta_text if delta else text.detokenizer.output_text,
+            token_ids=delta_ids if delta else seq.output_token_ids,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
-            cumulative_logprob=sum(lp.logprob for lp in logprobs) if logprobs else None,
+            cumulative_logprob=text.cumulative_logprob if wants and count else None,
             logprobs=logprobs,
-            delta_text=text.detokenizer.get_delta(finished=seq.is_finished),
+            delta_text=delta_text,
             delta_token_ids=delta_ids,
+            num_tokens=count,
         )

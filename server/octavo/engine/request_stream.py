@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+from octavo.engine.output_accumulator import OutputAccumulator
 from octavo.outputs import RequestOutput
 
 
@@ -21,25 +22,44 @@ class RequestStream:
         self.closed = False
         self.release = release  # the engine's: abort the unfinished, forget all
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._accumulator = OutputAccumulator()
+        self._error: BaseException | None = None
 
     def put(self, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait(item)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Yield each output once, ending after the final one.
+        """Yield the request so far each time something new arrived, ending after the final.
 
-        Raises ``RequestFailed`` when the engine failed the request, and the engine
-        wrapper's own exceptions (say ``EngineDead``) when they are put here.
+        The engine sends deltas; the accumulator turns those that arrived together into
+        one view. Raises ``RequestFailed`` when the engine failed the request, and the
+        engine client's own exceptions (say ``EngineDead``) when they are put here.
         """
         while not self.finished:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
+            deltas = await self._take()
+            if not deltas:
                 self.finished = True
-                raise item
-            self.finished = item.finished
-            if item.error is not None:
-                raise RequestFailed(f"the engine failed this request: {item.error}")
-            yield item
+                raise self._error  # type: ignore[misc]
+            view = self._accumulator.merge(deltas)
+            self.finished = view.finished
+            if view.error is not None:
+                raise RequestFailed(f"the engine failed this request: {view.error}")
+            yield view
+
+    async def _take(self) -> list[RequestOutput]:
+        """The outputs waiting now (at least one), up to the first error put here."""
+        if self._error is not None:
+            return []
+        items = [await self._queue.get()]
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        deltas = []
+        for item in items:
+            if isinstance(item, BaseException):
+                self._error = item
+                break
+            deltas.append(item)
+        return deltas
 
     async def final(self) -> RequestOutput:
         """Wait for the request to finish and return its last (complete) output."""

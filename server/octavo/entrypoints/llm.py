@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 
 from tqdm import tqdm
 
@@ -11,7 +12,7 @@ from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
 from octavo.inputs.chat import Message, render_chat_prompt
 from octavo.outputs import RequestOutput
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | list[int]
 
@@ -39,7 +40,8 @@ class LLM:
             for request_id, prompt, params in zip(
                 request_ids, prompt_list, params_list, strict=True
             ):
-                self.engine.add_request(request_id, prompt, params)
+                final_only = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+                self.engine.add_request(request_id, prompt, final_only)
             finished = self._run(len(prompt_list), use_tqdm)
         except BaseException:
             for request_id in request_ids:

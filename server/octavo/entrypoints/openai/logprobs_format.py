@@ -106,5 +106,7 @@ def all_logprobs(output: CompletionOutput) -> list[TokenLogprobs]:
 
 def new_logprobs(output: CompletionOutput) -> list[TokenLogprobs]:
     """The logprobs of the tokens that are new in this output (``delta_token_ids``)."""
+    if output.delta_logprobs is not None:
+        return output.delta_logprobs
     end = len(output.token_ids)
     return (output.logprobs or [])[end - len(output.delta_token_ids) : end]

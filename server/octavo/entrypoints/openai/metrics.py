@@ -100,8 +100,8 @@ class ServerMetrics:
     def record_finished(self, output: RequestOutput) -> None:
         name, times, hist = self.model_name, output.metrics, self._hist
         self._success.labels(name, finished_reason(output)).inc()
-        hist.prompt_tokens.labels(name).observe(len(output.prompt_token_ids))
-        generated = sum(len(completion.token_ids) for completion in output.outputs)
+        hist.prompt_tokens.labels(name).observe(output.num_prompt_tokens)
+        generated = sum(completion.num_tokens for completion in output.outputs)
         hist.generation_tokens.labels(name).observe(generated)
         if times.first_token_time is not None:
             hist.ttft.labels(name).observe(times.first_token_time - times.arrival_time)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import SamplingRequest
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 # Request fields copied to SamplingParams when the client set them (None = engine default).
 _OPTIONAL_FIELDS = (
@@ -69,6 +69,8 @@ def to_sampling_params(
         if value is not None:
             values[name] = value
     try:
-        return SamplingParams(**values, max_tokens=max_tokens, logprobs=logprobs)
+        return SamplingParams(
+            **values, max_tokens=max_tokens, logprobs=logprobs, output_kind=RequestOutputKind.DELTA
+        )
     except ValueError as error:
         raise bad_request(str(error)) from None

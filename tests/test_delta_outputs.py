@@ -1,0 +1,108 @@
+"""Delta outputs: the engine sends only what is new; the server's accumulator rebuilds the
+request so far, whatever number of deltas arrive between two reads."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from itertools import chain
+
+import pytest
+
+from octavo import LLM, SamplingParams
+from octavo.engine.output_accumulator import OutputAccumulator
+from octavo.engine.request_stream import RequestStream
+from octavo.sampling_params import RequestOutputKind
+
+PROMPT = [11, 12, 13, 14, 15]
+PARAMS = SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=12, logprobs=2, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_folder) -> LLM:
+    return LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
+               kv_cache_memory=1 << 20)  # fmt: skip
+
+
+def joined(lists) -> list:
+    return list(chain.from_iterable(lists))
+
+
+def essentials(completion) -> tuple:
+    return completion.token_ids, completion.text, completion.logprobs, completion.finish_reason
+
+
+def run(llm: LLM, kind: RequestOutputKind, request_id: str) -> list:
+    engine = llm.engine
+    engine.add_request(request_id, PROMPT, replace(PARAMS, output_kind=kind))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    return outputs
+
+
+def test_deltas_add_up_to_the_cumulative_outputs(llm):
+    cumulative = run(llm, RequestOutputKind.CUMULATIVE, "c")
+    deltas = run(llm, RequestOutputKind.DELTA, "d")
+    assert len(deltas) == len(cumulative) > 2
+    assert deltas[0].prompt_token_ids == PROMPT and all(not d.prompt_token_ids for d in deltas[1:])
+    assert all(d.num_prompt_tokens == len(PROMPT) for d in deltas)
+    final = cumulative[-1]
+    for index in range(2):
+        pieces = [c for d in deltas for c in d.outputs if c.index == index]
+        assert joined(c.token_ids for c in pieces) == final.outputs[index].token_ids
+        assert "".join(c.text for c in pieces) == final.outputs[index].text
+        assert joined(c.logprobs for c in pieces) == final.outputs[index].logprobs
+        assert pieces[-1].num_tokens == 12 == len(final.outputs[index].token_ids)
+        assert pieces[-1].cumulative_logprob == pytest.approx(
+            final.outputs[index].cumulative_logprob
+        )
+
+
+def test_final_only_sends_one_output(llm):
+    (only,) = run(llm, RequestOutputKind.FINAL_ONLY, "f")
+    cumulative = run(llm, RequestOutputKind.CUMULATIVE, "c2")
+    assert only.finished
+    assert [essentials(c) for c in only.outputs] == [essentials(c) for c in cumulative[-1].outputs]
+
+
+def test_the_accumulator_rebuilds_any_grouping_of_deltas(llm):
+    deltas = run(llm, RequestOutputKind.DELTA, "d2")
+    final = run(llm, RequestOutputKind.CUMULATIVE, "c3")[-1]
+    accumulator, views = OutputAccumulator(), []
+    for start in range(0, len(deltas), 3):  # three deltas per read
+        views.append(accumulator.merge(deltas[start : start + 3]))
+    last = views[-1]
+    assert last.finished and last.prompt_token_ids == PROMPT
+    for index in range(2):
+        got = last.outputs[index]
+        assert (got.token_ids, got.text, got.logprobs) == (
+            final.outputs[index].token_ids, final.outputs[index].text, final.outputs[index].logprobs
+        )  # fmt: skip
+        new_ids = joined(v.outputs[index].delta_token_ids for v in views)
+        assert new_ids == got.token_ids
+        assert "".join(v.outputs[index].delta_text for v in views) == got.text
+        assert joined(v.outputs[index].delta_logprobs for v in views) == got.logprobs
+
+
+def test_a_stream_yields_what_arrived_then_raises_the_error_behind_it(llm):
+    deltas = run(llm, RequestOutputKind.DELTA, "d3")[:3]
+
+    async def read() -> tuple[list, BaseException | None]:
+        stream = RequestStream("d3", lambda streams: None)
+        for delta in deltas:
+            stream.put(delta)
+        stream.put(RuntimeError("engine gone"))
+        seen = []
+        try:
+            async for view in stream.outputs():
+                seen.append(view)
+        except RuntimeError as error:
+            return seen, error
+        return seen, None
+
+    seen, error = asyncio.run(read())
+    assert len(seen) == 1 and str(error) == "engine gone"
+    assert seen[0].outputs[0].delta_token_ids == joined(
+        c.token_ids for d in deltas for c in d.outputs if c.index == 0
+    )
