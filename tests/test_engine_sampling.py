@@ -115,3 +115,15 @@ def test_the_engine_seed_makes_unseeded_sampling_repeatable(tiny_folder):
 
     assert run(1) == run(1)
     assert run(1) != run(2)
+
+
+def test_num_threads_sets_the_engines_cpu_threads(tiny_folder):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
+            kv_cache_memory=1 << 20, num_threads=1)  # fmt: skip
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

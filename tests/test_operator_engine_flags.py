@@ -34,6 +34,7 @@ SET_BY_THE_OPERATOR = {
 LEFT_TO_EXTRA_ARGS = {
     "--api-key": "a secret: spec.apiKeySecretRef puts it in OCTAVO_API_KEY, never in args",
     "--kv-cache-memory": "a byte count fits one GPU model; gpuMemoryUtilization scales",
+    "--num-threads": "torch's default follows the container's CPUs; pin it only by hand",
     "--seed": "sampling reproducibility for tests and benchmarks, not a serving setting",
     "--max-queue-len": "HTTP admission tuning, rarely changed",
     "--max-sequences-per-request": "HTTP admission tuning, derived from the KV cache",

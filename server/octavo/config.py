@@ -67,6 +67,12 @@ class EngineArgs:
     )
     device: str = engine_arg("auto", "auto, cpu, cuda or cuda:N")
     seed: int = engine_arg(0, "seed of the random numbers drawn by requests without a seed", int)
+    num_threads: int | None = engine_arg(
+        None,
+        "CPU threads of the engine's matrix work (default: torch's own, i.e. OMP_NUM_THREADS "
+        "or the physical cores)",
+        positive_int,
+    )
     tensor_parallel_size: int = engine_arg(1, "GPUs per model (only 1 is supported)", positive_int)
 
     def __post_init__(self) -> None:

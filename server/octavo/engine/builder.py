@@ -44,8 +44,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     tokenizer = load_tokenizer(folder)
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
     spec = WorkerConfig(
-        folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed
-    )
+        folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
+        args.num_threads,
+    )  # fmt: skip
     worker = Worker(spec)
     num_blocks = _num_blocks(args, config, dtype, device)
     _check_capacity(num_blocks, args.block_size, max_model_len)

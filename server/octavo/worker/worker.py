@@ -32,12 +32,15 @@ class WorkerConfig:
     block_size: int
     eos_token_ids: frozenset[int]
     seed: int = 0  # the global RNG's seed: requests without their own seed draw from it
+    num_threads: int | None = None  # torch's intra-op threads; None leaves torch's default
 
 
 class Worker:
     def __init__(self, spec: WorkerConfig) -> None:
         self.spec = spec
         torch.manual_seed(spec.seed)
+        if spec.num_threads is not None:
+            torch.set_num_threads(spec.num_threads)
         self.model = load_model(
             spec.folder, spec.config, spec.max_positions, spec.dtype, spec.device
         )
