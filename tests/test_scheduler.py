@@ -7,8 +7,9 @@ from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
 from octavo.scheduler.output import SchedulerOutput
-from octavo.scheduler.scheduler import Scheduler, StopLimits
+from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.sequence import Sequence, SequenceStatus
+from octavo.scheduler.stop_checker import StopLimits
 
 BLOCK = 4
 EOS = 2

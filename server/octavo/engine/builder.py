@@ -16,7 +16,8 @@ from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
-from octavo.scheduler.scheduler import Scheduler, StopLimits
+from octavo.scheduler.scheduler import Scheduler
+from octavo.scheduler.stop_checker import StopLimits
 from octavo.worker.worker import Worker, WorkerConfig
 
 logger = logging.getLogger(__name__)

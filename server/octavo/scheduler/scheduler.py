@@ -25,7 +25,7 @@ from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
 from octavo.scheduler.sequence import Sequence, SequenceStatus, sequence_seed
-from octavo.scheduler.stop_checker import check_stop
+from octavo.scheduler.stop_checker import StopLimits, check_stop
 
 
 @dataclass
@@ -42,12 +42,6 @@ class SequenceUpdate:
     seq: Sequence
     token_id: int
     logprobs: TokenLogprobs | None
-
-
-@dataclass
-class StopLimits:
-    eos_token_ids: frozenset[int]
-    max_model_len: int
 
 
 class Scheduler:
@@ -187,7 +181,7 @@ class Scheduler:
         ):
             seq = self.seqs[seq_id]
             seq.token_ids.append(token)
-            check_stop(seq, token, None, self.limits.eos_token_ids, self.limits.max_model_len)
+            check_stop(seq, token, self.limits)
             if seq.finish_reason is not None:
                 self.finish(seq)
             updates.append(SequenceUpdate(seq, token, logprob))

@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from octavo.scheduler.sequence import Sequence
 
 
-def check_stop(
-    seq: Sequence,
-    token_id: int,
-    stop_string: str | None,
-    eos_token_ids: frozenset[int],
-    max_model_len: int,
-) -> None:
-    """Set ``finish_reason``/``stop_reason`` on ``seq`` if ``token_id`` ends it."""
+@dataclass(frozen=True)
+class StopLimits:
+    """What ends every sequence of a model: its EOS token ids and its context length."""
+
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+
+
+def check_stop(seq: Sequence, token_id: int, limits: StopLimits) -> None:
+    """Set ``finish_reason``/``stop_reason`` on ``seq`` if ``token_id`` ends it.
+
+    EOS and stop token ids count once ``min_tokens`` were generated; the length limit
+    always. Stop strings are the detokenizer's (``apply_stop_string``).
+    """
     params = seq.params
     generated = seq.num_output_tokens
     if generated >= params.min_tokens:
-        if not params.ignore_eos and token_id in eos_token_ids:
+        if not params.ignore_eos and token_id in limits.eos_token_ids:
             seq.finish_reason = "stop"
             return
         if token_id in params.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", token_id
             return
-        if stop_string is not None:
-            seq.finish_reason, seq.stop_reason = "stop", stop_string
-            return
     if (
         params.max_tokens is not None and generated >= params.max_tokens
-    ) or seq.num_tokens >= max_model_len:
+    ) or seq.num_tokens >= limits.max_model_len:
         seq.finish_reason = "length"
 
 
