@@ -41,7 +41,6 @@ class LLMEngine:
         self.model_name = parts.model_name
         self.vocab_size = parts.config.vocab_size
         self.prompt_token_limit = prompt_token_limit(self.vocab_size, len(self.tokenizer))
-        self.eos_token_ids = parts.scheduler.limits.eos_token_ids
         self.requests: dict[str, Request] = {}
         self._pending_outputs: list[RequestOutput] = []
         self.prompt_tokens_total = 0
