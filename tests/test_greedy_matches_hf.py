@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from octavo import LLM, SamplingParams
+from octavo.kernels import cpu_build
 from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.model_executor.model_config import ModelConfig
 
@@ -52,6 +53,18 @@ def test_smollm2_batch_with_chunked_prefill(smol_folder, smol_reference):
     llm = LLM(str(smol_folder), dtype="float32", max_model_len=512, max_num_batched_tokens=64)
     assert run_batch(llm, prompts) == expected
     assert_all_blocks_free(llm.engine)
+
+
+def test_smollm2_on_the_torch_path_without_native_kernels(smol_folder, smol_reference):
+    """The fallback for machines without a compiler: same tokens, with no native kernel."""
+    prompts, expected = smol_reference
+    cpu_build.use_torch_path()
+    try:
+        llm = LLM(str(smol_folder), dtype="float32", max_model_len=512, max_num_batched_tokens=64)
+        assert type(llm.engine.executor.worker.runner.attention).__name__ == "TorchAttention"
+        assert run_batch(llm, prompts) == expected
+    finally:
+        cpu_build.use_torch_path(False)
 
 
 def test_smollm2_batch_with_preemption(smol_folder, smol_reference):

@@ -64,9 +64,16 @@ class TorchAttention:
         )
 
 
-def select_backend(device: torch.device) -> AttentionBackend:
+def select_backend(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     if device.type == "cuda":
         from octavo.attention.triton_backend import TritonAttention
 
         return TritonAttention()
+    from octavo.kernels.cpu_build import ops_for
+
+    ops = ops_for(torch.empty(0, dtype=dtype, device=device))
+    if ops is not None:
+        from octavo.attention.cpu_native import NativeCpuAttention
+
+        return NativeCpuAttention(ops)
     return TorchAttention()

@@ -8,44 +8,52 @@ rows named by ``logits_indices`` reach the LM head.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
+from octavo.model_executor.layers.activation import SiluAndMul
+from octavo.model_executor.layers.layernorm import RMSNorm
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary
+from octavo.model_executor.rotary import RotaryEmbedding, RotaryStep
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim, self.eps = config.head_dim, config.rms_norm_eps
+        self.head_dim = config.head_dim
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         self.scale = config.head_dim**-0.5
         hidden, inter = config.hidden_size, config.intermediate_size
-        self.input_norm = nn.Parameter(torch.ones(hidden), requires_grad=False)
-        self.post_attention_norm = nn.Parameter(torch.ones(hidden), requires_grad=False)
+        self.input_norm = RMSNorm(hidden, config.rms_norm_eps)
+        self.post_attention_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.qkv = nn.Linear(hidden, q_size + 2 * kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=False)
         self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.act = SiluAndMul()
 
-    def forward(self, hidden, rope, kv_cache, meta: AttentionMetadata, attention: AttentionBackend):
-        normed = F.rms_norm(hidden, hidden.shape[-1:], self.input_norm, self.eps)
-        hidden = hidden + self._attention(normed, rope, kv_cache, meta, attention)
-        normed = F.rms_norm(hidden, hidden.shape[-1:], self.post_attention_norm, self.eps)
-        gate, up = self.gate_up(normed).chunk(2, dim=-1)
-        return hidden + self.down_proj(F.silu(gate) * up)
+    def forward(self, hidden, residual, rope: RotaryStep, kv_cache, meta, attention):
+        """One layer; the residual stream travels beside ``hidden`` so each norm can fuse
+        the add before it. Returns the new ``(hidden, residual)``."""
+        if residual is None:
+            hidden, residual = self.input_norm(hidden), hidden
+        else:
+            hidden, residual = self.input_norm(hidden, residual)
+        hidden = self._attention(hidden, rope, kv_cache, meta, attention)
+        hidden, residual = self.post_attention_norm(hidden, residual)
+        return self.down_proj(self.act(self.gate_up(hidden))), residual
 
-    def _attention(self, x, rope, kv_cache, meta, attention: AttentionBackend) -> torch.Tensor:
+    def _attention(
+        self, x, rope: RotaryStep, kv_cache, meta: AttentionMetadata, attention: AttentionBackend
+    ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv(x)
         q_and_k, v = qkv.split([self.split_sizes[0] + self.split_sizes[1], self.split_sizes[2]], -1)
-        cos, sin = rope  # one rotation for the query and key heads together
-        q_and_k = apply_rotary(q_and_k.view(num_tokens, -1, self.head_dim), cos, sin)
+        q_and_k = q_and_k.view(num_tokens, -1, self.head_dim)
+        rope.apply_(q_and_k)  # one rotation for the query and key heads together, in place
         q, k = q_and_k.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention.forward(q, k, v, kv_cache, meta, self.scale)
@@ -58,7 +66,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.final_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -76,9 +84,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         assert self.rotary is not None, "set model.rotary before running the model"
-        rope = self.rotary.tables(positions)
+        rope = self.rotary.for_step(positions)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, rope, kv_cache, meta, attention)
-        hidden = hidden[logits_indices]
-        hidden = F.rms_norm(hidden, hidden.shape[-1:], self.final_norm, self.config.rms_norm_eps)
+            hidden, residual = layer(hidden, residual, rope, kv_cache, meta, attention)
+        hidden, _ = self.final_norm(hidden[logits_indices], residual[logits_indices])
         return self.lm_head(hidden).float()

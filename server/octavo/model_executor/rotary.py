@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from octavo.kernels.cpu_build import ops_for
 
 
 def inverse_frequencies(head_dim: int, rope: dict) -> torch.Tensor:
@@ -47,6 +50,29 @@ class RotaryEmbedding:
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for the step's positions, shaped to broadcast over heads."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def for_step(self, positions: torch.Tensor) -> RotaryStep:
+        """What every layer of one step needs to rotate its queries and keys."""
+        if ops_for(self.cos) is not None:
+            return RotaryStep(self, positions, None)
+        return RotaryStep(self, positions, self.tables(positions))
+
+
+@dataclass
+class RotaryStep:
+    rotary: RotaryEmbedding
+    positions: torch.Tensor  # [tokens] int64
+    rows: tuple[torch.Tensor, torch.Tensor] | None  # the torch path's cos/sin rows, once a step
+
+    def apply_(self, qk: torch.Tensor) -> None:
+        """Rotate ``qk [tokens, heads, head_dim]`` in place."""
+        if self.rows is None:
+            ops = ops_for(qk)
+            assert ops is not None
+            ops.rotary_embedding(self.positions, qk, self.rotary.cos, self.rotary.sin)
+            return
+        cos, sin = self.rows
+        qk.copy_(apply_rotary(qk, cos, sin))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

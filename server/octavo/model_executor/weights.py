@@ -22,8 +22,8 @@ _FUSED = {  # HF name inside a layer -> (our parameter, which slot of the fused 
 _PLAIN = {
     "self_attn.o_proj.weight": "o_proj.weight",
     "mlp.down_proj.weight": "down_proj.weight",
-    "input_layernorm.weight": "input_norm",
-    "post_attention_layernorm.weight": "post_attention_norm",
+    "input_layernorm.weight": "input_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
 }
 
 
@@ -53,7 +53,7 @@ def _copy_into(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str 
     if name == "model.embed_tokens.weight":
         return _assign(model.embed_tokens.weight, tensor, "embed_tokens.weight")
     if name == "model.norm.weight":
-        return _assign(model.final_norm, tensor, "final_norm")
+        return _assign(model.final_norm.weight, tensor, "final_norm.weight")
     if name == "lm_head.weight":
         if model.config.tie_word_embeddings:
             return None
@@ -97,7 +97,7 @@ def _assign(parameter: torch.Tensor, tensor: torch.Tensor, name: str) -> str:
 
 
 def _expected_names(model: LlamaForCausalLM) -> set[str]:
-    names = {"embed_tokens.weight", "final_norm"}
+    names = {"embed_tokens.weight", "final_norm.weight"}
     if not model.config.tie_word_embeddings:
         names.add("lm_head.weight")
     for index, layer in enumerate(model.layers):

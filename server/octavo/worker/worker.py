@@ -56,7 +56,7 @@ class Worker:
             self.model,
             caches,
             spec.block_size,
-            select_backend(spec.device),
+            select_backend(spec.device, spec.dtype),
             spec.device,
             spec.eos_token_ids,
         )

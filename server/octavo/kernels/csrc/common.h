@@ -1,0 +1,82 @@
+// Shared helpers of Octavo's CPU kernels: element access in fp32, dtype dispatch, threading.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace octavo_cpu {
+
+// Kernels see bfloat16 as its raw bits (uint16_t): GCC vectorizes integer shifts, not
+// loads of c10::BFloat16 structs.
+using bf16_bits = uint16_t;
+
+inline float to_float(float value) { return value; }
+inline float to_float(bf16_bits value) { return std::bit_cast<float>(static_cast<uint32_t>(value) << 16); }
+
+template <typename T>
+inline T from_float(float value);
+
+template <>
+inline float from_float<float>(float value) {
+  return value;
+}
+
+// Round to nearest even, as torch does; NaN stays a (quiet) NaN.
+template <>
+inline bf16_bits from_float<bf16_bits>(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return value != value ? bf16_bits{0x7FC0} : static_cast<bf16_bits>(rounded);
+}
+
+template <typename T>
+inline T* ptr(const at::Tensor& tensor) {
+  return static_cast<T*>(tensor.data_ptr());
+}
+
+// exp(x) that the compiler can vectorize (Cephes' range reduction and polynomial, ~1 ulp):
+// glibc's expf is a call per element unless built with -ffast-math.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+// Runs `body.template operator()<T>()` with T = float or bf16_bits by the tensor dtype.
+template <typename Body>
+void dispatch_float_bf16(at::ScalarType dtype, const char* op, Body&& body) {
+  if (dtype == at::kFloat) {
+    body.template operator()<float>();
+  } else if (dtype == at::kBFloat16) {
+    body.template operator()<bf16_bits>();
+  } else {
+    TORCH_CHECK(false, op, ": only float32 and bfloat16 are supported, got ", dtype);
+  }
+}
+
+// Rows per task so that one thread gets at least ~16k elements (thread wake-ups cost µs).
+inline int64_t grain_for(int64_t row_elements) {
+  constexpr int64_t kMinElementsPerTask = 16384;
+  return std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, row_elements));
+}
+
+inline void check_cpu(const at::Tensor& tensor, const char* name) {
+  TORCH_CHECK(tensor.device().is_cpu(), name, " must be a CPU tensor");
+}
+
+}  // namespace octavo_cpu

@@ -1,0 +1,171 @@
+// Paged decode attention: one query token per sequence, keys/values read from the cache
+// blocks in place (no gather), the query heads that share a KV head handled together (GQA),
+// softmax computed online block by block, accumulation in fp32.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common.h"
+
+namespace octavo_cpu {
+namespace {
+
+struct DecodeShape {
+  int64_t heads, kv_heads, group, head_dim, block_size, max_blocks;
+  int64_t q_token_stride, q_head_stride, slot_stride;  // slot_stride: elements per cache slot
+  float scale;
+};
+
+// Running softmax state of the `group` query heads of one (sequence, KV head) pair.
+struct OnlineSoftmax {
+  std::vector<float> query, acc, max, sum, scores;
+
+  OnlineSoftmax(const DecodeShape& s)
+      : query(s.group * s.head_dim), acc(s.group * s.head_dim, 0.f),
+        max(s.group, -std::numeric_limits<float>::infinity()), sum(s.group, 0.f),
+        scores(s.group * s.block_size) {}
+};
+
+// Scores of every query head of the group against the block's `count` keys. `HD` is the
+// head size when known at compile time (0: read it from the shape).
+template <typename T, int HD>
+void score_block(OnlineSoftmax& st, const DecodeShape& s, const T* keys, int64_t count) {
+  const int64_t dim = HD > 0 ? HD : s.head_dim;
+  float* __restrict scores = st.scores.data();
+  for (int64_t g = 0; g < s.group; ++g) {
+    const float* __restrict q = st.query.data() + g * dim;
+    for (int64_t t = 0; t < count; ++t) {
+      const T* __restrict k = keys + t * s.slot_stride;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t i = 0; i < dim; ++i) dot += q[i] * to_float(k[i]);
+      scores[g * s.block_size + t] = dot;
+    }
+  }
+}
+
+// Turns the block's scores into weights, rescaling what was accumulated before.
+void softmax_block(OnlineSoftmax& st, const DecodeShape& s, int64_t count) {
+  for (int64_t g = 0; g < s.group; ++g) {
+    float* scores = st.scores.data() + g * s.block_size;
+    float block_max = scores[0];
+#pragma omp simd reduction(max : block_max)
+    for (int64_t t = 1; t < count; ++t) block_max = std::max(block_max, scores[t]);
+    const float new_max = std::max(st.max[g], block_max);
+    const float correction = fast_exp(st.max[g] - new_max);
+    float block_sum = 0.f;
+#pragma omp simd reduction(+ : block_sum)
+    for (int64_t t = 0; t < count; ++t) {
+      scores[t] = fast_exp(scores[t] - new_max);
+      block_sum += scores[t];
+    }
+    st.sum[g] = st.sum[g] * correction + block_sum;
+    st.max[g] = new_max;
+    float* acc = st.acc.data() + g * s.head_dim;
+#pragma omp simd
+    for (int64_t i = 0; i < s.head_dim; ++i) acc[i] *= correction;
+  }
+}
+
+template <typename T, int HD>
+void accumulate_values(OnlineSoftmax& st, const DecodeShape& s, const T* values, int64_t count) {
+  const int64_t dim = HD > 0 ? HD : s.head_dim;
+  const float* __restrict scores = st.scores.data();
+  for (int64_t g = 0; g < s.group; ++g) {
+    float* __restrict acc = st.acc.data() + g * dim;
+    for (int64_t t = 0; t < count; ++t) {
+      const T* __restrict v = values + t * s.slot_stride;
+      const float weight = scores[g * s.block_size + t];
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) acc[i] += weight * to_float(v[i]);
+    }
+  }
+}
+
+template <typename T, int HD>
+void attend_one(const DecodeShape& s, const T* query, const T* keys, const T* values, const int32_t* table,
+                int64_t seq_len, T* out) {
+  OnlineSoftmax st(s);
+  for (int64_t g = 0; g < s.group; ++g) {
+    const T* q = query + g * s.q_head_stride;
+    for (int64_t i = 0; i < s.head_dim; ++i) st.query[g * s.head_dim + i] = to_float(q[i]) * s.scale;
+  }
+  const int64_t block_elements = s.block_size * s.slot_stride;
+  for (int64_t start = 0, b = 0; start < seq_len; start += s.block_size, ++b) {
+    const int64_t count = std::min(s.block_size, seq_len - start);
+    const int64_t offset = static_cast<int64_t>(table[b]) * block_elements;
+    score_block<T, HD>(st, s, keys + offset, count);
+    softmax_block(st, s, count);
+    accumulate_values<T, HD>(st, s, values + offset, count);
+  }
+  for (int64_t g = 0; g < s.group; ++g) {
+    const float inv = st.sum[g] > 0.f ? 1.f / st.sum[g] : 0.f;
+    for (int64_t i = 0; i < s.head_dim; ++i) out[g * s.head_dim + i] = from_float<T>(st.acc[g * s.head_dim + i] * inv);
+  }
+}
+
+DecodeShape decode_shape(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables, double scale) {
+  const int64_t heads = query.size(1), kv_heads = kv_cache.size(3);
+  TORCH_CHECK(heads % kv_heads == 0, "paged_decode_attention: heads must be a multiple of kv_heads");
+  return DecodeShape{heads, kv_heads, heads / kv_heads, query.size(2), kv_cache.size(2), block_tables.size(1),
+                     query.stride(0), query.stride(1), kv_heads * kv_cache.size(4), static_cast<float>(scale)};
+}
+
+void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                  const at::Tensor& block_tables, const at::Tensor& seq_lens) {
+  check_cpu(query, "paged_decode_attention: query");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "paged_decode_attention: query must be [seqs, heads, head_dim]");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(), "paged_decode_attention: out must be contiguous like query");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.is_contiguous() && kv_cache.size(0) == 2 && kv_cache.size(4) == query.size(2),
+              "paged_decode_attention: kv_cache must be contiguous [2, blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(kv_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
+              "paged_decode_attention: query, out and kv_cache must share a dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() && block_tables.size(0) == query.size(0),
+              "paged_decode_attention: block_tables must be int32 [seqs, max_blocks]");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() && seq_lens.numel() == query.size(0),
+              "paged_decode_attention: seq_lens must be int32 [seqs]");
+}
+
+template <typename T, int HD>
+void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const int32_t* tables,
+                const int32_t* lens, const DecodeShape& s) {
+  const int64_t seqs = query.size(0), num_slots = kv_cache.size(1) * kv_cache.size(2);
+  const T* keys = ptr<T>(kv_cache);
+  const T* values = keys + num_slots * s.slot_stride;
+  const T* q = ptr<T>(query);
+  T* o = ptr<T>(out);
+  // One task per (sequence, KV head): its query heads share every key and value read.
+  at::parallel_for(0, seqs * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / s.kv_heads, h = item % s.kv_heads;
+      const int64_t head_offset = h * s.head_dim;
+      attend_one<T, HD>(s, q + b * s.q_token_stride + h * s.group * s.q_head_stride, keys + head_offset,
+                        values + head_offset, tables + b * s.max_blocks, lens[b],
+                        o + (b * s.heads + h * s.group) * s.head_dim);
+    }
+  });
+}
+
+}  // namespace
+
+void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
+  check_inputs(out, query, kv_cache, block_tables, seq_lens);
+  const DecodeShape s = decode_shape(query, kv_cache, block_tables, scale);
+  const int64_t seqs = query.size(0);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  for (int64_t b = 0; b < seqs; ++b) {
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= s.max_blocks * s.block_size, "paged_decode_attention: seq_len out of range");
+  }
+  dispatch_float_bf16(query.scalar_type(), "paged_decode_attention", [&]<typename T>() {
+    switch (s.head_dim) {
+      case 64: return run_decode<T, 64>(out, query, kv_cache, tables, lens, s);
+      case 128: return run_decode<T, 128>(out, query, kv_cache, tables, lens, s);
+      default: return run_decode<T, 0>(out, query, kv_cache, tables, lens, s);
+    }
+  });
+}
+
+}  // namespace octavo_cpu

@@ -1,0 +1,34 @@
+// Registers Octavo's CPU kernels as torch.ops.octavo_cpu.*.
+#include <torch/library.h>
+
+#include "common.h"
+
+namespace octavo_cpu {
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps);
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+void silu_and_mul(at::Tensor& out, const at::Tensor& x);
+void rotary_embedding(const at::Tensor& positions, at::Tensor& qk, const at::Tensor& cos, const at::Tensor& sin);
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
+void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale);
+}  // namespace octavo_cpu
+
+TORCH_LIBRARY(octavo_cpu, m) {
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
+  m.def("rotary_embedding(Tensor positions, Tensor(a!) qk, Tensor cos, Tensor sin) -> ()");
+  m.def("store_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
+      "Tensor seq_lens, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
+  m.impl("rms_norm", &octavo_cpu::rms_norm);
+  m.impl("fused_add_rms_norm", &octavo_cpu::fused_add_rms_norm);
+  m.impl("silu_and_mul", &octavo_cpu::silu_and_mul);
+  m.impl("rotary_embedding", &octavo_cpu::rotary_embedding);
+  m.impl("store_kv", &octavo_cpu::store_kv);
+  m.impl("paged_decode_attention", &octavo_cpu::paged_decode_attention);
+}

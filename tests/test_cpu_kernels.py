@@ -1,0 +1,221 @@
+"""Octavo's native CPU kernels (server/octavo/kernels/csrc) against the torch path.
+
+Every kernel runs on random shapes (GQA groups, head sizes with and without a compiled
+specialisation, partial last blocks, long contexts, strided inputs) in fp32 and bf16 and
+must match the torch reference the engine falls back to. A machine with a C++ compiler
+must build them; the fallback (no kernels) is exercised in test_greedy_matches_hf.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from octavo.attention import torch_ops
+from octavo.attention.backend import TorchAttention, select_backend
+from octavo.attention.cpu_native import NativeCpuAttention
+from octavo.kernels import cpu_build
+from octavo.model_executor.layers.activation import SiluAndMul
+from octavo.model_executor.layers.layernorm import RMSNorm
+from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary
+
+DTYPES = [torch.float32, torch.bfloat16]
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    kernels = cpu_build.cpu_ops()
+    if kernels is None and shutil.which("c++"):
+        pytest.fail(
+            f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
+        )
+    if kernels is None:
+        pytest.skip(f"no C++ compiler on this machine: {cpu_build.unavailable_reason()}")
+    return kernels
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    torch.testing.assert_close(
+        actual.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,hidden", [(1, 576), (7, 64), (33, 1000)])
+def test_rms_norm_and_fused_add(ops, dtype, tokens, hidden):
+    wide = torch.randn(tokens, hidden + 16, dtype=dtype)
+    x = wide[:, :hidden]  # strided rows
+    norm = RMSNorm(hidden, 1e-5).to(dtype)
+    norm.weight.copy_(torch.randn(hidden))
+    out = torch.empty(tokens, hidden, dtype=dtype)
+    ops.rms_norm(out, x, norm.weight, 1e-5)
+    close(out, norm.forward_native(x), dtype)
+    residual = torch.randn(tokens, hidden, dtype=dtype)
+    expected_out, expected_residual = norm.forward_native(x.contiguous(), residual)
+    got_out, got_residual = norm(x.contiguous(), residual.clone())
+    assert torch.equal(got_residual, expected_residual)  # the add rounds exactly as torch's
+    close(got_out, expected_out, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,size", [(1, 1536), (5, 100), (64, 3072)])
+def test_silu_and_mul(ops, dtype, tokens, size):
+    x = torch.randn(tokens, 2 * size, dtype=dtype) * 4
+    close(SiluAndMul()(x), SiluAndMul.forward_native(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128, 32])
+def test_rotary_in_place_on_a_qkv_view(ops, dtype, head_dim):
+    heads, kv_heads, tokens = 6, 2, 9
+    rope = {"rope_theta": 10000.0, "rope_type": "default"}
+    rotary = RotaryEmbedding(head_dim, 4096, rope, dtype, torch.device("cpu"))
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(tokens, -1, head_dim)
+    positions = torch.randint(0, 4096, (tokens,))
+    cos, sin = rotary.tables(positions)
+    expected = apply_rotary(qk, cos, sin)
+    untouched = qkv[:, (heads + kv_heads) * head_dim :].clone()
+    ops.rotary_embedding(positions, qk, rotary.cos, rotary.sin)
+    close(qk, expected, dtype)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], untouched)
+    if dtype == torch.float32:  # same operations in the same order: bit-identical
+        assert torch.equal(qk, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_skips_negative_slots(ops, dtype):
+    cache = torch.zeros(2, 6, 4, 2, 16, dtype=dtype)
+    expected = cache.clone()
+    qkv = torch.randn(5, 6 * 16, dtype=dtype)
+    key, value = qkv[:, 32:64].view(5, 2, 16), qkv[:, 64:].view(5, 2, 16)
+    slots = torch.tensor([3, -1, 22, 7, 0])
+    ops.store_kv(key, value, cache, slots)
+    torch_ops.store_kv(key, value, expected, slots)
+    assert torch.equal(cache, expected)
+
+
+def random_paged_case(seq_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    width = max(-(-n // block_size) for n in seq_lens) + 1
+    num_blocks = 1 + width * len(seq_lens)
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=generator).to(
+        dtype
+    )
+    order = torch.randperm(num_blocks - 1, generator=generator) + 1  # blocks shuffled, none shared
+    tables = order[: width * len(seq_lens)].view(len(seq_lens), width).int().contiguous()
+    qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * head_dim, generator=generator).to(
+        dtype
+    )
+    query = qkv[:, : heads * head_dim].view(
+        len(seq_lens), heads, head_dim
+    )  # strided like the model's
+    return query, cache, tables, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size",
+    [(9, 3, 64, 16), (8, 8, 128, 16), (8, 2, 32, 8), (4, 1, 64, 32), (16, 4, 80, 16)],
+)
+def test_paged_decode_attention_matches_torch(ops, dtype, heads, kv_heads, head_dim, block_size):
+    seq_lens = [1, block_size, block_size + 1, 3 * block_size - 5, 1500]  # partial blocks, long
+    query, cache, tables, lens = random_paged_case(
+        seq_lens, heads, kv_heads, head_dim, block_size, dtype
+    )
+    out = torch.empty(query.shape, dtype=dtype)
+    scale = head_dim**-0.5
+    ops.paged_decode_attention(out, query, cache, tables, lens, scale)
+    expected = torch_ops.paged_decode_attention(query, cache, tables, lens, max(seq_lens), scale)
+    close(out, expected, dtype)
+
+
+def test_kernels_refuse_bad_input_with_a_clear_error(ops):
+    query, cache, tables, lens = random_paged_case([5], 4, 2, 64, 16, torch.float32)
+    out = torch.empty(query.shape)
+    with pytest.raises(RuntimeError, match="float32 and bfloat16"):
+        ops.paged_decode_attention(out.half(), query.half(), cache.half(), tables, lens, 1.0)
+    with pytest.raises(RuntimeError, match="seq_len out of range"):
+        ops.paged_decode_attention(
+            out, query, cache, tables, torch.tensor([999], dtype=torch.int32), 1.0
+        )
+    with pytest.raises(RuntimeError, match=r"position .* out of range"):
+        qk = torch.randn(1, 2, 64)
+        ops.rotary_embedding(torch.tensor([10]), qk, torch.ones(4, 64), torch.ones(4, 64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_backend_equals_torch_backend_on_a_mixed_step(ops, dtype):
+    """A step with a fresh prefill, a prefill over a cached prefix and three decodes."""
+    from octavo.attention.metadata import AttentionMetadata
+
+    kv_heads, heads, head_dim, block_size = 2, 6, 64, 16
+    cache = torch.randn(2, 40, block_size, kv_heads, head_dim).to(dtype)
+    tables = torch.arange(1, 41, dtype=torch.int32)[: 5 * 7].view(5, 7)[:, :7].contiguous()
+    query_lens, seq_lens = [20, 10, 1, 1, 1], [20, 45, 30, 17, 100]
+    starts = [0, 20, 30, 31, 32, 33]
+    slots = []
+    for row, (q_len, s_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        for pos in range(s_len - q_len, s_len):
+            slots.append(int(tables[row, pos // block_size]) * block_size + pos % block_size)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        num_prefills=2,
+        num_prefill_tokens=30,
+        query_lens_list=query_lens,
+        query_start_loc_list=starts[:-1],
+        seq_lens_list=seq_lens,
+        max_seq_len=max(seq_lens),
+    )
+    query, key, value = (
+        torch.randn(33, n, head_dim).to(dtype) for n in (heads, kv_heads, kv_heads)
+    )
+    expected_cache = cache.clone()
+    expected = TorchAttention().forward(query, key, value, expected_cache, meta, head_dim**-0.5)
+    meta.backend_cache.clear()
+    got = NativeCpuAttention(ops).forward(query, key, value, cache, meta, head_dim**-0.5)
+    assert torch.equal(cache, expected_cache)
+    close(got, expected, dtype)
+
+
+def test_backend_choice_follows_the_kernels(ops):
+    cpu = torch.device("cpu")
+    assert isinstance(select_backend(cpu, torch.bfloat16), NativeCpuAttention)
+    assert type(select_backend(cpu, torch.float16)) is TorchAttention  # no fp16 kernels
+    try:
+        cpu_build.use_torch_path()
+        assert type(select_backend(cpu, torch.float32)) is TorchAttention
+        assert cpu_build.ops_for(torch.ones(1)) is None
+    finally:
+        cpu_build.use_torch_path(False)
+    assert cpu_build.ops_for(torch.ones(1)) is not None
+
+
+def test_a_failed_build_falls_back_with_a_reason(monkeypatch, caplog):
+    def broken_build(plan):
+        raise RuntimeError("Error building extension: c++ not found")
+
+    monkeypatch.setattr(cpu_build, "build", broken_build)
+    loader = cpu_build._Loader()
+    with caplog.at_level(logging.WARNING, logger="octavo.kernels.cpu_build"):
+        assert loader.ops() is None
+    assert "c++ not found" in loader.reason
+    assert "using the torch path" in caplog.text
+    monkeypatch.setenv(cpu_build.DISABLE_ENV, "0")
+    disabled = cpu_build._Loader()
+    assert disabled.ops() is None and disabled.reason == "OCTAVO_NATIVE_KERNELS=0"
+
+
+def test_build_is_keyed_by_sources_flags_and_isa(tmp_path, monkeypatch):
+    monkeypatch.setenv(cpu_build.KERNELS_DIR_ENV, str(tmp_path))
+    plans = {isa: cpu_build.plan_build(isa) for isa in cpu_build.ISA_FLAGS}
+    assert len({plan.name for plan in plans.values()}) == len(plans)
+    assert all(plan.folder.parent == tmp_path for plan in plans.values())
+    assert cpu_build.plan_build("avx2") == plans["avx2"]  # stable: an existing build is reused
