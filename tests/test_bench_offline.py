@@ -7,9 +7,8 @@ import json
 import pytest
 
 from octavo.model_executor.model_config import ModelConfig
-from octavo_bench import baselines, offline
+from octavo_bench import offline
 from octavo_bench.capacity import sequences_that_fit
-from octavo_bench.report import BenchReport
 from octavo_bench.workloads import build_workloads, common_prefix_length
 
 
@@ -105,11 +104,3 @@ def test_tiny_end_to_end_run(tiny_folder, tmp_path, capsys):
     assert "ttft_mean_off/on" in prefix["ratios"]
     printed = capsys.readouterr()
     assert "vs hf-fp32" in printed.out and "ratio off/on" in printed.out
-
-
-def test_vllm_baseline_is_skipped_with_a_reason(monkeypatch, capsys):
-    monkeypatch.setattr(baselines, "vllm_unavailable_reason", lambda: "ModuleNotFoundError: x")
-    report = BenchReport(machine={}, config={}, workloads={})
-    offline.run_vllm_baseline(None, None, report, [])
-    assert report.notes == ["vllm baseline skipped: `import vllm` failed (ModuleNotFoundError: x)"]
-    assert "vllm baseline skipped" in capsys.readouterr().err

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import statistics
+import sys
 
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo_bench import serve, serve_client
+from octavo_bench import serve, serve_client, vllm_baseline
 from octavo_bench.serve_client import ClientOptions, Target, _Stream
 from octavo_bench.serve_launch import hf_server_command, octavo_serve_command
 from octavo_bench.serve_metrics import RequestRecord, level_metrics, percentile, summarize
@@ -215,8 +217,10 @@ def test_end_to_end_against_octavo_and_the_hf_baseline(octavo_url, folder, tmp_p
                 assert len(request["itls"]) >= 1 and request["prompt_len"] > 6
             assert level["ttft"]["median_ms"] > 0 and level["tpot"]["p99_ms"] > 0
     assert result["servers"]["octavo"]["model"] == MODEL
-    ratios = result["improvement_ratios"]["by_concurrency"]
-    assert set(ratios) == {"1", "2"} and all(ratio > 0 for ratio in ratios.values())
+    versus_hf = result["comparisons"]["by_baseline"]["hf"]
+    assert set(versus_hf) == {"1", "2"}
+    assert all(level["output_tok_s_ratio"] > 0 for level in versus_hf.values())
+    assert all(level["ttft_p50_ms"]["hf"] > 0 for level in versus_hf.values())
     assert result["settings"]["concurrency_levels"] == [1, 2]
     assert (tmp_path / "serve.png").stat().st_size > 0
     assert (tmp_path / "serve-hf.log").exists()
@@ -234,3 +238,73 @@ def test_a_server_error_is_a_failed_request_not_a_crash(octavo_url, tmp_path, ca
         assert "no-such-model" in level["errors"][0]
         assert all(request["error"] for request in level["requests"])
     assert "HTTP 404" in capsys.readouterr().out
+
+
+# ----- the vllm baseline, with a stand-in for vLLM's server -------------------------------
+FAKE_VLLM_SERVER = """
+# Stands in for vLLM's OpenAI server: records its command line and environment, then
+# serves the naive HF server under the name and on the port it was given.
+import argparse, json, os, sys
+
+from octavo_bench import serve_hf_server
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    for flag in ("model", "served-model-name", "dtype", "max-model-len", "host", "port"):
+        parser.add_argument("--" + flag)
+    args = parser.parse_args()
+    with open(os.environ["FAKE_VLLM_RECORD"], "w") as out:
+        env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+        json.dump({"argv": sys.argv[1:], "env": env}, out)
+    hf_args = [args.model, "--served-model-name", args.served_model_name, "--dtype", args.dtype]
+    sys.exit(serve_hf_server.main([*hf_args, "--host", args.host, "--port", args.port]))
+"""
+
+
+def test_end_to_end_against_a_stand_in_vllm_server(
+    octavo_url, folder, tmp_path, monkeypatch, capsys
+):
+    package = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for init in (package, package.parent, package.parent.parent):
+        (init / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(FAKE_VLLM_SERVER)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "fake"), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "record.json"))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    vllm = ("--baseline", "vllm", "--baseline-model", str(folder), "--vllm-dtype", "float32")
+    vllm += ("--vllm-python", sys.executable, "--vllm-startup-timeout", "120")
+    # --baseline-num-prompts trims only the serial hf baseline: vLLM gets every prompt
+    assert serve.main(tiny_args(octavo_url, tmp_path, *vllm, "--baseline-num-prompts", "1")) == 0
+    record = json.loads((tmp_path / "record.json").read_text())
+    # the target's model name and max_model_len, from its /v1/models
+    expected = ["--model", str(folder), "--served-model-name", MODEL, "--dtype", "float32"]
+    expected += ["--max-model-len", "256", "--host", "127.0.0.1", "--port", record["argv"][-1]]
+    assert record["argv"] == expected
+    assert record["env"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert record["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert record["env"]["VLLM_CPU_OMP_THREADS_BIND"] == vllm_baseline.cpu_binding()
+    result = json.loads((tmp_path / "serve.json").read_text())
+    assert set(result["servers"]) == {"octavo", "vllm"}
+    for level in result["servers"]["vllm"]["levels"]:
+        assert (level["completed"], level["failed"]) == (3, 0), level["errors"]
+    assert result["servers"]["vllm"]["model"] == MODEL
+    assert "cold start to healthy" in result["servers"]["vllm"]["notes"][0]
+    versus = result["comparisons"]["by_baseline"]["vllm"]
+    assert set(versus) == {"1", "2"} and all(v["output_tok_s_ratio"] > 0 for v in versus.values())
+    settings = result["settings"]["vllm"]
+    assert settings["python"] == sys.executable and settings["dtype"] == "float32"
+    assert settings["max_model_len"] == 256 and settings["startup_s"] > 0
+    printed = capsys.readouterr().out
+    assert "== octavo / vllm per level: output tok/s, and TTFT p50 side by side ==" in printed
+    assert (tmp_path / "serve-vllm.log").exists() and (tmp_path / "serve.png").stat().st_size > 0
+
+
+def test_the_vllm_baseline_without_vllm_is_skipped_with_a_reason(octavo_url, tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_baseline, "find_python", lambda explicit: (None, "no vLLM: why"))
+    assert serve.main(tiny_args(octavo_url, tmp_path, "--baseline", "vllm")) == 0
+    result = json.loads((tmp_path / "serve.json").read_text())
+    assert set(result["servers"]) == {"octavo"}
+    assert result["notes"] == ["vllm baseline skipped: no vLLM: why"]
+    assert result["settings"]["vllm"]["skipped"] == "no vLLM: why"

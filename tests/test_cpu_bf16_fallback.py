@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from octavo import LLM, SamplingParams
-from octavo.model_executor import cpu_features
+from octavo.kernels import cpu_features
 from octavo.model_executor.cpu_linear import PackedLinear
 
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})

@@ -1,4 +1,4 @@
-"""``python -m octavo_bench``: guarded, so that spawned workers (vLLM's) can re-import it."""
+"""``python -m octavo_bench``: guarded, so that spawned worker processes can re-import it."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Baselines run in the same process: HF transformers ``generate`` and, if installed, vLLM.
+"""The HF transformers baseline (``generate``, in this process); vLLM's is ``vllm_baseline``.
 
 HF runs static, left-padded batches (padded with the EOS id), greedy, with
 ``min_new_tokens = max_new_tokens`` so every row yields exactly the tokens asked for.
@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from octavo_bench.report import RunResult
+from octavo_bench.report import VLLM, RunResult
 from octavo_bench.workloads import Workload
 
 HF_BASELINES = {"hf-fp32": torch.float32, "hf-bf16": torch.bfloat16}
-ALL_BASELINES = (*HF_BASELINES, "vllm")
-HF_WORKLOADS = ("a", "b", "c")
+ALL_BASELINES = (*HF_BASELINES, VLLM)
+HF_WORKLOADS = ("a", "b", "c")  # the throughput workloads the baselines run too
 HF_MIXED_BATCH = 16  # (b) runs in static batches of this many requests, sorted by length
 
 
@@ -104,43 +104,4 @@ def run_hf(
     results = [run_hf_workload(model, workload, label, pad_id) for workload in workloads]
     del model
     gc.collect()
-    return results
-
-
-def vllm_unavailable_reason() -> str | None:
-    """None when ``import vllm`` works, else why it does not."""
-    try:
-        import vllm  # noqa: F401
-    except Exception as error:  # not installed, or a broken/CPU-less build
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
-def run_vllm(
-    folder: Path, dtype: str, max_model_len: int, workloads: list[Workload], warmup: list[int]
-) -> list[RunResult]:
-    """vLLM's offline ``LLM.generate`` on the same token-id prompts (greedy, ignore_eos)."""
-    from vllm import LLM as VllmLLM
-    from vllm import SamplingParams as VllmParams
-
-    llm = VllmLLM(model=str(folder), dtype=dtype, max_model_len=max_model_len, seed=0)
-
-    def generate(prompts: list[list[int]], counts: list[int]) -> None:
-        inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
-        params = [
-            VllmParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in counts
-        ]
-        llm.generate(inputs, params, use_tqdm=False)
-
-    generate([warmup, warmup[::-1]], [8, 8])
-    results = []
-    for workload in workloads:
-        start = time.perf_counter()
-        generate(workload.prompts, workload.max_tokens)
-        wall = time.perf_counter() - start
-        results.append(
-            RunResult(
-                "vllm", workload.name, workload.num_requests, workload.total_output_tokens, wall
-            )
-        )
     return results

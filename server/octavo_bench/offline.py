@@ -1,4 +1,4 @@
-"""`python -m octavo_bench offline`: Octavo's offline throughput against HF (and vLLM).
+"""`python -m octavo_bench offline`: Octavo's offline throughput against HF and vLLM.
 
 Workloads (token counts at ``--scale 1.0``):
   (a) 32 chat-templated "What is <topic>?" prompts x exactly 128 new tokens
@@ -24,11 +24,25 @@ from octavo import LLM
 from octavo.arg_types import positive_float
 from octavo.engine.device import select_dtype
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
-from octavo_bench import baselines
+from octavo_bench import baselines, vllm_baseline
 from octavo_bench.capacity import sequences_that_fit
 from octavo_bench.engine_runs import run_workload, warm_up
-from octavo_bench.parsers import add_output_dir, register_subcommand, standalone_parser
-from octavo_bench.report import OCTAVO, OCTAVO_NO_CACHE, BenchReport, RunResult, machine_info, save
+from octavo_bench.parsers import (
+    add_output_dir,
+    name_list,
+    register_subcommand,
+    standalone_parser,
+)
+from octavo_bench.report import (
+    OCTAVO,
+    OCTAVO_NO_CACHE,
+    VLLM,
+    BenchReport,
+    RunResult,
+    machine_info,
+    save,
+)
+from octavo_bench.vllm_baseline import VllmRunError, VllmSetup
 from octavo_bench.workloads import (
     DEFAULT_SEED,
     WORKLOAD_NAMES,
@@ -48,11 +62,14 @@ Octavo runs (a)-(c) with prefix caching off, so the KV figures measure paging al
 HF baselines use static left-padded batches (batch 32 for (a), 1 for (c)); (b) runs
 in static batches of 16 sorted by prompt length and counts only the requested tokens.
 
-The vllm baseline runs only if `import vllm` works (a CPU build: VLLM_TARGET_DEVICE=cpu).
-It runs in this process through vLLM's offline LLM class; `python -m octavo_bench`
-keeps worker spawning safe (its __main__ is guarded). Useful settings for vLLM's CPU backend:
-  VLLM_CPU_KVCACHE_SPACE=4          GiB of KV cache for vLLM
-  VLLM_CPU_OMP_THREADS_BIND=0-15    cores for vLLM's OpenMP threads ("auto" by default)
+The vllm baseline runs vLLM's offline LLM.generate on the same token-id prompts
+(greedy, ignore_eos, min_tokens) in a child process of the python of vLLM's own venv:
+--vllm-python, else .venv-vllm/bin/python (`make vllm-venv` makes it), else this
+interpreter if it has vllm; without any, the report notes it skipped and why. It runs
+(a)-(c) with Octavo's --max-model-len, dtype --vllm-dtype, its log in
+OUTPUT_DIR/offline-vllm.log, and these defaults for vLLM's CPU backend unless set:
+  VLLM_CPU_OMP_THREADS_BIND=<every CPU, e.g. 0-15>  VLLM_CPU_NUM_OF_RESERVED_CPU=0
+  VLLM_CPU_KVCACHE_SPACE=4   (GiB of KV cache)
 """
 
 
@@ -68,21 +85,6 @@ def default_dtype() -> str:
     """bfloat16 where the CPU computes it natively, else float32."""
     dtype = select_dtype("auto", torch.device("cpu"))
     return "bfloat16" if dtype == torch.bfloat16 else "float32"
-
-
-def name_list(allowed: tuple[str, ...]):
-    """An argparse type: a comma-separated subset of ``allowed`` (empty string = none)."""
-
-    def parse(text: str) -> list[str]:
-        names = [name.strip() for name in text.split(",") if name.strip()]
-        unknown = [name for name in names if name not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(
-                f"unknown {', '.join(unknown)}; choose from {', '.join(allowed)}"
-            )
-        return list(dict.fromkeys(names))
-
-    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_output_dir(parser, "offline")
     add_engine_arguments(parser)
+    vllm_baseline.add_vllm_arguments(parser)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +157,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     register_subcommand(
         kinds,
         "offline",
-        "offline throughput vs HF transformers (and vLLM if installed)",
+        "offline throughput vs HF transformers and vLLM",
         __doc__,
         EPILOG,
         add_arguments,
@@ -175,11 +178,14 @@ def run(args: argparse.Namespace) -> int:
     """The benchmark: Octavo, then the baselines, then the table, JSON and PNG."""
     if not args.workloads:
         raise ValueError("--workloads must name at least one of a, b, c, d")
+    vllm = VllmSetup.from_args(args) if VLLM in args.baselines else None
+    if vllm is not None and vllm.python is None and args.vllm_python:
+        raise ValueError(vllm.skip_reason)  # a wrong path: say so before the long Octavo runs
     torch.set_num_threads(os.cpu_count() or 1)
     setup = prepare(args)
     report = BenchReport(torch_machine_info(args.dtype), run_config(args), setup.workloads)
     run_octavo(args, setup, report)
-    run_baselines(args, setup, report)
+    run_baselines(args, setup, report, vllm)
     report.results.sort(key=lambda result: result.workload)  # stable: Octavo first
     save(report, args.output_dir, "offline")
     return 0
@@ -272,7 +278,9 @@ def add_fit(report: BenchReport, llm: LLM, workload: Workload, budget: int) -> N
     )
 
 
-def run_baselines(args: argparse.Namespace, setup: BenchSetup, report: BenchReport) -> None:
+def run_baselines(
+    args: argparse.Namespace, setup: BenchSetup, report: BenchReport, vllm: VllmSetup | None
+) -> None:
     chosen = [w for n, w in setup.workloads.items() if n in baselines.HF_WORKLOADS]
     pad_id = setup.tokenizer.eos_token_id
     for label in (b for b in args.baselines if b in baselines.HF_BASELINES):
@@ -285,21 +293,31 @@ def run_baselines(args: argparse.Namespace, setup: BenchSetup, report: BenchRepo
             "HF (b) runs static batches of 16 sorted by prompt length; each batch decodes to "
             "its longest request and tok/s counts only the requested tokens"
         )
-    if "vllm" in args.baselines:
-        run_vllm_baseline(args, setup, report, chosen)
+    if vllm is not None and chosen:
+        run_vllm_baseline(args, setup, report, chosen, vllm)
 
 
 def run_vllm_baseline(
-    args: argparse.Namespace, setup: BenchSetup, report: BenchReport, chosen: list[Workload]
+    args: argparse.Namespace,
+    setup: BenchSetup,
+    report: BenchReport,
+    chosen: list[Workload],
+    vllm: VllmSetup,
 ) -> None:
-    reason = baselines.vllm_unavailable_reason()
-    if reason is not None:
-        message = f"vllm baseline skipped: `import vllm` failed ({reason})"
+    """vLLM in its own venv on the chosen workloads; a note instead when it cannot run."""
+    if vllm.python is not None:
+        log = args.output_dir / "offline-vllm.log"
+        try:
+            results = vllm_baseline.run_offline(
+                vllm, setup.folder, args.max_model_len, chosen, setup.warmup_prompt, log
+            )
+        except VllmRunError as error:
+            vllm.skip_reason = str(error)
+        else:
+            for result in results:
+                record(report, result)
+    report.config[VLLM] = vllm.describe()
+    if vllm.skip_reason:
+        message = f"vllm baseline skipped: {vllm.skip_reason}"
         print(message, file=sys.stderr)
         report.notes.append(message)
-        return
-    results = baselines.run_vllm(
-        setup.folder, args.dtype, args.max_model_len, chosen, setup.warmup_prompt
-    )
-    for result in results:
-        record(report, result)

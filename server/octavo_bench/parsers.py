@@ -47,6 +47,21 @@ def standalone_parser(
     return parser
 
 
+def name_list(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated subset of ``allowed`` (empty string = none)."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown)}; choose from {', '.join(allowed)}"
+            )
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
 def add_output_dir(parser: argparse.ArgumentParser, stem: str) -> None:
     """``--output-dir``: where the benchmark's ``stem``.json and ``stem``.png go."""
     parser.add_argument(

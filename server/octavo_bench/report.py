@@ -26,7 +26,8 @@ from octavo_bench.workloads import Workload
 
 OCTAVO = "octavo"  # Octavo's label in both benchmarks (the served one's by default)
 OCTAVO_NO_CACHE = "octavo-no-prefix-cache"
-BASELINE = "hf"  # the serve benchmark's naive HF server
+HF = "hf"  # the serve benchmark's naive HF server
+VLLM = "vllm"  # vLLM's CPU build, from its own venv (both benchmarks)
 
 
 class Report(Protocol):
@@ -272,6 +273,19 @@ def throughput_table(report: BenchReport) -> str:
     return table(headers, rows)
 
 
+def versus_lines(report: BenchReport, baseline: str, shown_as: str) -> list[str]:
+    """One line per workload both ran: Octavo's tok/s over ``baseline``'s."""
+    lines = []
+    for name in report.workloads:
+        octavo, other = report.result(name, OCTAVO), report.result(name, baseline)
+        value = None if octavo is None or other is None else ratio(octavo.tok_s, other.tok_s)
+        if value is not None:
+            lines.append(f"  ({name}) {octavo.tok_s:.1f} / {other.tok_s:.1f} tok/s = {value:.2f}x")
+    if not lines:
+        return []
+    return [f"\nOctavo / {shown_as} (output tok/s, same prompts and lengths)", *lines]
+
+
 def kv_table(report: BenchReport) -> str:
     headers = ["workload", "KV util (mean)", "waste", "mean seq len"]
     headers += ["contiguous fit", "paged fit", "peak running", "preemptions"]
@@ -316,6 +330,7 @@ def offline_text(report: BenchReport) -> str:
         *(f"  ({name}) {workload.description}" for name, workload in report.workloads.items()),
         "\nThroughput (output tokens / wall time; ratio = Octavo / baseline)",
         throughput_table(report),
+        *versus_lines(report, VLLM, "vLLM"),
     ]
     if report.fits:
         lines.append("\nKV cache (utilisation = tokens held / slots allocated, mean over steps;")
@@ -404,40 +419,62 @@ class ServeReport:
     def run(self, label: str) -> ServerRun | None:
         return next((run for run in self.runs if run.label == label), None)
 
-    def ratios(self) -> dict[int, float]:
-        """Per concurrency level: target output tok/s over the baseline's."""
-        target, baseline = self.run(self.target), self.run(BASELINE)
-        if target is None or baseline is None:
+    def baselines(self) -> list[str]:
+        return [run.label for run in self.runs if run.label != self.target]
+
+    def ratios(self, baseline: str) -> dict[int, float]:
+        """Per concurrency level: target output tok/s over ``baseline``'s."""
+        return {
+            level: entry["output_tok_s_ratio"]
+            for level, entry in self.comparison(baseline).items()
+            if entry["output_tok_s_ratio"] is not None
+        }
+
+    def comparison(self, baseline: str) -> dict[int, dict[str, Any]]:
+        """Per level both ran: the output tok/s ratio (target / baseline) and both TTFT p50s."""
+        target, other = self.run(self.target), self.run(baseline)
+        if target is None or other is None:
             return {}
         found = {}
         for level in target.levels:
-            other = baseline.level(level.concurrency)
-            value = None if other is None else ratio(*output_throughputs(level, other))
-            if value is not None:
-                found[level.concurrency] = value
+            theirs = other.level(level.concurrency)
+            if theirs is None:
+                continue
+            ours, others = level.metrics, theirs.metrics
+            found[level.concurrency] = {
+                "output_tok_s": {
+                    self.target: ours.output_throughput,
+                    baseline: others.output_throughput,
+                },
+                "output_tok_s_ratio": ratio(ours.output_throughput, others.output_throughput),
+                "ttft_p50_ms": {self.target: ours.ttft.median_ms, baseline: others.ttft.median_ms},
+            }
         return found
 
     def to_json(self) -> dict[str, Any]:
-        definition = f"{self.target} output tok/s / {BASELINE} output tok/s, per level"
+        definition = (
+            f"per baseline and concurrency level: {self.target} output tok/s over the "
+            "baseline's (output_tok_s_ratio), and both TTFT medians in ms"
+        )
         return {
             "settings": self.settings,
             "machine": self.machine,
             "notes": self.notes,
             "servers": {run.label: run.to_json() for run in self.runs},
-            "improvement_ratios": {"definition": definition, "by_concurrency": self.ratios()},
+            "comparisons": {
+                "definition": definition,
+                "by_baseline": {name: self.comparison(name) for name in self.baselines()},
+            },
         }
 
     def text(self) -> str:
-        parts = [run_text(run) for run in self.runs] + [comparison_text(self)]
+        parts = [run_text(run) for run in self.runs]
+        parts += [comparison_text(self, name) for name in self.baselines()]
         parts += [f"note: {note}" for note in self.notes]
         return "\n" + "\n\n".join(filter(None, parts))
 
     def draw(self, plt: Any) -> Any:
         return serve_figure(self, plt)
-
-
-def output_throughputs(*levels: LevelResult) -> list[float]:
-    return [level.metrics.output_throughput for level in levels]
 
 
 def _triple(summary: Summary) -> str:
@@ -465,20 +502,24 @@ def run_text(run: ServerRun) -> str:
     return "\n".join(lines + [f"  note: {note}" for note in run.notes])
 
 
-def comparison_text(report: ServeReport) -> str:
-    target, baseline = report.run(report.target), report.run(BASELINE)
-    if target is None or baseline is None:
-        return ""
-    ratios = report.ratios()
+def comparison_text(report: ServeReport, baseline: str) -> str:
+    """``target / baseline`` per level: output tok/s and their ratio, TTFT p50 side by side."""
+    target = report.target
+    headers = ["conc", f"{target} tok/s", f"{baseline} tok/s", "ratio"]
+    headers += [f"{target} TTFT p50 ms", f"{baseline} TTFT p50 ms"]
     rows = []
-    for level in target.levels:
-        other = baseline.level(level.concurrency)
-        shown = ratios.get(level.concurrency)
-        hf = "-" if other is None else f"{other.metrics.output_throughput:.1f}"
-        speedup = "-" if shown is None else f"{shown:.2f}x"
-        rows.append([str(level.concurrency), f"{level.metrics.output_throughput:.1f}", hf, speedup])
-    headers = ["conc", report.target, BASELINE, "ratio"]
-    return f"== output tok/s: {report.target} vs {BASELINE} ==\n" + table(headers, rows)
+    for level, entry in report.comparison(baseline).items():
+        tok_s, ttft = entry["output_tok_s"], entry["ttft_p50_ms"]
+        value = entry["output_tok_s_ratio"]
+        rows.append(
+            [str(level), f"{tok_s[target]:.1f}", f"{tok_s[baseline]:.1f}"]
+            + ["-" if value is None else f"{value:.2f}x"]
+            + ["-" if ttft[name] is None else f"{ttft[name]:.0f}" for name in (target, baseline)]
+        )
+    if not rows:
+        return ""
+    title = f"== {target} / {baseline} per level: output tok/s, and TTFT p50 side by side =="
+    return title + "\n" + table(headers, rows)
 
 
 def serve_figure(report: ServeReport, plt: Any) -> Any:
@@ -495,12 +536,14 @@ def serve_figure(report: ServeReport, plt: Any) -> Any:
         axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axis.yaxis.set_minor_formatter(NullFormatter())
-    ratios = report.ratios()
-    if ratios:
-        top = max(ratios)
-        figure.suptitle(
-            f"{report.target} vs {BASELINE}: {ratios[top]:.1f}x output tok/s at {top} users"
-        )
+    summary = []
+    for name in report.baselines():
+        ratios = report.ratios(name)
+        if ratios:
+            top = max(ratios)
+            summary.append(f"{ratios[top]:.2f}x {name} at {top} users")
+    if summary:
+        figure.suptitle(f"{report.target} output tok/s: " + ", ".join(summary))
     return figure
 
 

@@ -4,8 +4,9 @@ Streams seeded synthetic requests to BASE_URL (Octavo, vLLM, llama.cpp server, .
 each concurrency level of a sweep and reports what `vllm bench serve` reports per level:
 successful/failed requests, duration, request and token throughputs, and TTFT, TPOT,
 ITL and end-to-end latency (mean, median, p99). `--launch` starts `octavo serve` itself;
-`--baseline hf` also measures a naive HF transformers server (one request at a time) with
-the same client and prompts, and prints Octavo's output tok/s over the baseline's.
+`--baseline hf` also measures a naive HF transformers server (one request at a time) and
+`--baseline vllm` vLLM's OpenAI server (its CPU build, from its own venv) with the same
+client and prompts, and prints Octavo's output tok/s over each baseline's.
 """
 
 from __future__ import annotations
@@ -23,15 +24,29 @@ from pathlib import Path
 from typing import Any
 
 from octavo.arg_types import positive_int
-from octavo_bench.parsers import PROG, add_output_dir, register_subcommand, standalone_parser
-from octavo_bench.report import BASELINE, OCTAVO, LevelResult, ServeReport, ServerRun, save
-from octavo_bench.serve_client import ClientOptions, Target, fetch_model_id, run_level
+from octavo_bench.parsers import (
+    PROG,
+    add_output_dir,
+    name_list,
+    register_subcommand,
+    standalone_parser,
+)
+from octavo_bench.report import HF, OCTAVO, VLLM, LevelResult, ServeReport, ServerRun, save
+from octavo_bench.serve_client import (
+    ClientOptions,
+    Target,
+    fetch_model_id,
+    fetch_models,
+    run_level,
+)
 from octavo_bench.serve_launch import (
+    ChildServer,
     LaunchError,
     child_server,
     free_port,
     hf_server_command,
     octavo_serve_command,
+    vllm_server_command,
 )
 from octavo_bench.serve_metrics import level_metrics
 from octavo_bench.serve_workload import (
@@ -42,9 +57,11 @@ from octavo_bench.serve_workload import (
     level_seed,
     parse_length,
 )
+from octavo_bench.vllm_baseline import VllmSetup, add_vllm_arguments
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_SWEEP = "1,5,10,20"
+BASELINES = (HF, VLLM)
 MIN_PROMPTS = 4
 WARMUP = PromptSpec("Say hello.", 3, 4)
 
@@ -54,9 +71,18 @@ concurrency level, so every server sees the same requests whatever its tokenizer
 and output token counts come from the server's usage (stream_options.include_usage).
 Each request asks for max_tokens with temperature 0 and, unless --no-ignore-eos,
 ignore_eos so it runs to its full length. An untimed warm-up request precedes each sweep.
-With --baseline, both servers stay up (the idle one waits) and the levels alternate:
+With --baseline, all servers stay up (the idle ones wait) and the levels alternate:
 target at 1 user, baseline at 1 user, target at 5, ... so that drifts in machine load
-hit both alike; --baseline-num-prompts N sends the serial baseline only N per level.
+hit all alike; --baseline-num-prompts N sends the serial hf baseline only N per level
+(vllm, a concurrent server, always gets every prompt).
+
+--baseline vllm runs `<python> -m vllm.entrypoints.openai.api_server` with the python
+of vLLM's venv (--vllm-python, else .venv-vllm/bin/python, made by `make vllm-venv`;
+without one the report notes it skipped and why) on the baseline model folder, serving
+it under the target's model name, with the target's max_model_len (from its /v1/models,
+or --max-model-len) and --vllm-dtype. Unless set, VLLM_CPU_OMP_THREADS_BIND binds every
+CPU, VLLM_CPU_NUM_OF_RESERVED_CPU=0 and VLLM_CPU_KVCACHE_SPACE=4 (GiB). A cold vLLM
+start takes minutes (--vllm-startup-timeout, default 900 s).
 
 TTFT: send to first chunk with text. TPOT: (latency - TTFT) / (output tokens - 1), over
 requests with more than one token. ITL: gaps between text chunks, pooled over requests.
@@ -64,8 +90,8 @@ E2EL: send to end of stream. Throughputs: totals of successful requests / level 
 
 Results go to OUTPUT_DIR/serve.json (settings, per-level figures, every request's TTFT,
 ITLs, lengths and errors) and OUTPUT_DIR/serve.png; launched servers log to
-OUTPUT_DIR/serve-<name>.log. Example, one command for Octavo against the naive baseline:
-  python -m octavo_bench serve --launch --baseline hf --output-len 64
+OUTPUT_DIR/serve-<name>.log. Example, one command for Octavo against both baselines:
+  python -m octavo_bench serve --launch --baseline hf,vllm --output-len 64
 """
 
 
@@ -103,7 +129,10 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         "--serve-args", default="", help="--launch: more `octavo serve` flags, one quoted string"
     )
     parser.add_argument(
-        "--startup-timeout", type=float, default=600.0, help="seconds to wait for launched servers"
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for launched servers (vLLM: --vllm-startup-timeout)",
     )
     parser.add_argument("--model", default=None, help="model name (default: first /v1/models id)")
     parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
@@ -154,9 +183,10 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baseline",
-        choices=("hf",),
-        default=None,
-        help="also measure a naive HF transformers server (one request at a time)",
+        type=name_list(BASELINES),
+        default=[],
+        help="also measure, comma-separated: hf (a naive HF transformers server, one request "
+        "at a time), vllm (vLLM's OpenAI server from its own venv)",
     )
     parser.add_argument(
         "--baseline-model",
@@ -170,7 +200,20 @@ def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline-num-prompts",
         type=positive_int,
         default=None,
-        help="the baseline sends only the first N prompts of each level (it is serial)",
+        help="the hf baseline sends only the first N prompts of each level (it is serial)",
+    )
+    add_vllm_arguments(parser)
+    parser.add_argument(
+        "--vllm-startup-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for vLLM's server to be healthy (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="vLLM's max_model_len, and --launch's (default: the target's, from /v1/models)",
     )
     add_output_dir(parser, "serve")
 
@@ -297,33 +340,90 @@ def target_url(args: argparse.Namespace) -> Iterator[str]:
         return
     port = free_port()
     extra = shlex.split(args.serve_args)
+    if args.max_model_len is not None:
+        extra += ["--max-model-len", str(args.max_model_len)]
     command = octavo_serve_command(port, args.model_path, args.dtype, extra)
     log = args.output_dir / f"serve-{args.label}.log"
     with child_server(args.label, command, port, log, args.startup_timeout) as server:
         yield server.base_url
 
 
-@contextlib.contextmanager
-def baseline_url(args: argparse.Namespace) -> Iterator[str]:
-    """The naive HF server on a free loopback port, for the block."""
+def baseline_folder(args: argparse.Namespace) -> str | Path:
+    """--baseline-model, else --model-path, else the embedded SmolLM2 folder."""
     folder = args.baseline_model or args.model_path
     if folder is None:
         from octavo.model_executor.embedded import embedded_model_folder
 
         folder = embedded_model_folder()
+    return folder
+
+
+@contextlib.contextmanager
+def hf_url(args: argparse.Namespace) -> Iterator[str]:
+    """The naive HF server on a free loopback port, for the block."""
     port = free_port()
-    command = hf_server_command(port, folder, args.baseline_dtype)
-    log = args.output_dir / f"serve-{BASELINE}.log"
-    with child_server(BASELINE, command, port, log, args.startup_timeout) as server:
+    command = hf_server_command(port, baseline_folder(args), args.baseline_dtype)
+    log = args.output_dir / f"serve-{HF}.log"
+    with child_server(HF, command, port, log, args.startup_timeout) as server:
         yield server.base_url
+
+
+def reported_max_model_len(args: argparse.Namespace, target: Target) -> int | None:
+    """The target's max_model_len as its /v1/models card says (Octavo's does), else None."""
+    cards = asyncio.run(fetch_models(target.base_url, args.api_key))
+    card = next((card for card in cards if card.get("id") == target.model), cards[0])
+    value = card.get("max_model_len")
+    return value if isinstance(value, int) else None
+
+
+@contextlib.contextmanager
+def vllm_server(
+    args: argparse.Namespace, vllm: VllmSetup, served_name: str, max_model_len: int | None
+) -> Iterator[ChildServer]:
+    """vLLM's OpenAI server from its venv on a free loopback port, for the block."""
+    port = free_port()
+    folder = baseline_folder(args)
+    command = vllm_server_command(
+        str(vllm.python), port, folder, served_name, vllm.dtype, max_model_len
+    )
+    log = args.output_dir / f"serve-{VLLM}.log"
+    with child_server(VLLM, command, port, log, args.vllm_startup_timeout, vllm.env) as server:
+        yield server
+
+
+def open_vllm(
+    args: argparse.Namespace,
+    stack: contextlib.ExitStack,
+    vllm: VllmSetup,
+    target: Contender,
+    report: ServeReport,
+) -> Contender | None:
+    """vLLM serving the target's model name and max_model_len; None (noted) without vLLM."""
+    report.settings[VLLM] = vllm.describe()
+    if vllm.python is None:
+        message = f"vllm baseline skipped: {vllm.skip_reason}"
+        print(message, file=sys.stderr)
+        report.notes.append(message)
+        return None
+    name = target.target.model
+    max_model_len = args.max_model_len or reported_max_model_len(args, target.target)
+    server = stack.enter_context(vllm_server(args, vllm, name, max_model_len))
+    vllm.facts.update(max_model_len=max_model_len, startup_s=round(server.startup_s, 1))
+    report.settings[VLLM] = vllm.describe()
+    contender = open_contender(args, server.base_url, name, VLLM, None)
+    contender.run.notes.append(f"cold start to healthy: {server.startup_s:.0f} s")
+    return contender
 
 
 def run(args: argparse.Namespace) -> int:
     """The benchmark; a launched server that fails to start ends it with exit code 1."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
+    vllm = VllmSetup.from_args(args) if VLLM in args.baseline else None
+    if vllm is not None and vllm.python is None and args.vllm_python:
+        raise ValueError(vllm.skip_reason)  # a wrong path: say so before starting anything
     args.output_dir.mkdir(parents=True, exist_ok=True)
     try:
-        report = run_sweeps(args)
+        report = run_sweeps(args, vllm)
     except LaunchError as error:
         print(f"{PROG} serve: {error}", file=sys.stderr)
         return 1
@@ -331,19 +431,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_sweeps(args: argparse.Namespace) -> ServeReport:
-    """Every level against the server under test and then the baseline, level by level.
+def run_sweeps(args: argparse.Namespace, vllm: VllmSetup | None = None) -> ServeReport:
+    """Every level against the server under test and then each baseline, level by level.
 
     Alternating per level (rather than one full sweep after the other) spreads slow
-    drifts in machine load over both servers alike.
+    drifts in machine load over all servers alike.
     """
     report = ServeReport(settings(args), target=args.label)
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(target_url(args))
-        contenders = [open_contender(args, url, args.model, args.label, None)]
-        if args.baseline == BASELINE:
-            url = stack.enter_context(baseline_url(args))
-            contenders.append(open_contender(args, url, None, BASELINE, args.baseline_num_prompts))
+        target = open_contender(args, url, args.model, args.label, None)
+        contenders = [target]
+        for name in args.baseline:
+            if name == HF:
+                url = stack.enter_context(hf_url(args))
+                contenders.append(open_contender(args, url, None, HF, args.baseline_num_prompts))
+            elif name == VLLM and vllm is not None:
+                contenders += filter(None, [open_vllm(args, stack, vllm, target, report)])
         for concurrency in concurrency_levels(args):
             for each in contenders:
                 asyncio.run(measure_level(args, each, concurrency))

@@ -224,8 +224,10 @@ async def run_level(
     return list(records), duration
 
 
-async def fetch_model_id(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> str:
-    """The first model id that ``GET /v1/models`` lists."""
+async def fetch_models(
+    base_url: str, api_key: str | None, timeout_s: float = 30.0
+) -> list[dict[str, Any]]:
+    """The model cards ``GET /v1/models`` lists (id, and max_model_len on Octavo and vLLM)."""
     url = normalize_base_url(base_url) + "/v1/models"
     try:
         async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
@@ -237,4 +239,10 @@ async def fetch_model_id(base_url: str, api_key: str | None, timeout_s: float = 
     models = response.json().get("data") or []
     if not models:
         raise ValueError(f"{url} lists no models; pass --model")
+    return models
+
+
+async def fetch_model_id(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> str:
+    """The first model id that ``GET /v1/models`` lists."""
+    models = await fetch_models(base_url, api_key, timeout_s)
     return str(models[0]["id"])

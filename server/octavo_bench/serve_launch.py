@@ -1,8 +1,9 @@
 """Starting and stopping the servers ``python -m octavo_bench serve`` launches itself.
 
-``--launch`` runs ``octavo serve`` and ``--baseline hf`` runs the naive HF server, each as
-a child process on a free loopback port with its output in a log file; the benchmark
-waits for ``/health`` to answer 200 and stops the child with SIGTERM at the end.
+``--launch`` runs ``octavo serve``, ``--baseline hf`` the naive HF server and ``--baseline
+vllm`` vLLM's OpenAI server (with the python of its own venv), each as a child process on
+a free loopback port with its output in a log file; the benchmark waits for ``/health``
+to answer 200 and stops the child (its whole process group) with SIGTERM at the end.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class ChildServer:
     process: subprocess.Popen
     port: int
     log_path: Path
+    startup_s: float = 0.0  # start to healthy
 
     @property
     def base_url(self) -> str:
@@ -72,6 +74,22 @@ def hf_server_command(port: int, model_path: str | Path, dtype: str) -> list[str
     return [sys.executable, "-m", module, str(model_path), *flags]
 
 
+def vllm_server_command(
+    python: str,
+    port: int,
+    model_path: str | Path,
+    served_name: str,
+    dtype: str,
+    max_model_len: int | None,
+) -> list[str]:
+    """vLLM's OpenAI server from its own venv's python, on loopback, serving ``served_name``."""
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path)]
+    command += ["--served-model-name", served_name, "--dtype", dtype]
+    if max_model_len is not None:
+        command += ["--max-model-len", str(max_model_len)]
+    return [*command, "--host", LOOPBACK, "--port", str(port)]
+
+
 def wait_healthy(server: ChildServer, timeout_s: float) -> None:
     """Poll ``/health`` until it answers 200; raise if the child exits or time runs out."""
     deadline = time.monotonic() + timeout_s
@@ -90,31 +108,47 @@ def wait_healthy(server: ChildServer, timeout_s: float) -> None:
 
 
 def stop(server: ChildServer) -> None:
-    """SIGTERM, then SIGKILL if it has not exited after ``STOP_TIMEOUT_S``."""
-    if server.process.poll() is not None:
-        return
-    server.process.send_signal(signal.SIGTERM)
-    try:
-        server.process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+    """SIGTERM, then SIGKILL if it has not exited after ``STOP_TIMEOUT_S``; each to the
+    child's process group (its own session), so workers it spawned (vLLM's) go too."""
+    if server.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGTERM)
+        try:
+            server.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+    with contextlib.suppress(ProcessLookupError):  # stragglers of the group
+        os.killpg(server.process.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
 def child_server(
-    name: str, command: list[str], port: int, log_path: Path, timeout_s: float
+    name: str,
+    command: list[str],
+    port: int,
+    log_path: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[ChildServer]:
     """Run ``command`` (a server on ``port``) for the duration of the ``with`` block."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
+        start = time.monotonic()
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=os.environ
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=os.environ if env is None else env,
+            start_new_session=True,
         )
         server = ChildServer(name, process, port, log_path)
         try:
             print(f"starting {name} on {server.base_url} (log: {log_path})", flush=True)
             wait_healthy(server, timeout_s)
+            server.startup_s = time.monotonic() - start
+            print(f"{name} healthy after {server.startup_s:.0f} s", flush=True)
             yield server
         finally:
             stop(server)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.model_executor.cpu_features import cpu_has_native_bf16
+from octavo.kernels.cpu_features import cpu_has_native_bf16
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from octavo.model_executor.cpu_features import cpu_flags
+from octavo.cache_dirs import cache_root
+from octavo.kernels.cpu_features import cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,6 @@ def kernels_dir() -> Path:
     configured = os.environ.get(KERNELS_DIR_ENV)
     if configured:
         return Path(configured)
-    from octavo.model_executor.embedded import cache_root
-
     return cache_root() / "kernels"
 
 

@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def prepare_model(args: argparse.Namespace) -> int:
-    from octavo.model_executor.embedded import cache_root, prepare_embedded_model
+    from octavo.cache_dirs import cache_root
+    from octavo.model_executor.embedded import prepare_embedded_model
 
     models_dir = args.into if args.into is not None else cache_root() / "models"
     print(prepare_embedded_model(models_dir.expanduser().resolve()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octavo.model_executor.cpu_features import cpu_can_pack_bf16
+from octavo.kernels.cpu_features import cpu_can_pack_bf16
 
 
 class PackedLinear(nn.Module):

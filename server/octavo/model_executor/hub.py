@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from octavo.model_executor.embedded import cache_root
+from octavo.cache_dirs import cache_root
 
 logger = logging.getLogger(__name__)
 

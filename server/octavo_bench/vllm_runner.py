@@ -1,0 +1,103 @@
+"""The offline benchmark's vLLM baseline, run by path with the vLLM venv's python.
+
+    <vllm venv>/bin/python vllm_runner.py REQUEST.json RESULT.json
+
+Standalone on purpose: it imports only vLLM and the standard library (never ``octavo``
+or ``octavo_bench``), so it runs in a venv that has vLLM and nothing of Octavo.
+
+REQUEST.json::
+
+    {"model": "/path/to/hf/folder", "dtype": "bfloat16", "max_model_len": 2048, "seed": 0,
+     "warmup": {"prompts": [[1, 2, 3], ...], "max_tokens": [8, ...]},
+     "workloads": [{"name": "a", "prompts": [[...], ...], "max_tokens": [128, ...]}, ...]}
+
+Prompts are token ids. vLLM's offline ``LLM.generate`` runs greedy with ``ignore_eos``
+and ``min_tokens = max_tokens``, so every request yields exactly its tokens; after one
+untimed warm-up, each workload is submitted whole and timed.
+
+RESULT.json::
+
+    {"vllm_version": "0.32.0", "load_s": 12.3,
+     "results": [{"name": "a", "num_requests": 32, "requested_tokens": 4096,
+                  "output_tokens": 4096, "wall_s": 5.1}, ...]}
+
+or, when vLLM cannot be imported, ``{"error": "..."}`` and exit status 3.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+IMPORT_FAILED = 3  # exit status when vLLM cannot be imported
+
+# Run by path, this folder comes first on sys.path; its modules (cli, report, ...) must not
+# shadow top-level modules vLLM imports.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [entry for entry in sys.path if str(Path(entry or ".").resolve()) != _HERE]
+
+
+def generate(llm, sampling_params, prompts: list[list[int]], max_tokens: list[int]) -> int:
+    """Exactly ``max_tokens[i]`` greedy tokens for each prompt; returns the tokens made."""
+    inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
+    params = [
+        sampling_params(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
+        for n in max_tokens
+    ]
+    outputs = llm.generate(inputs, params, use_tqdm=False)
+    return sum(len(output.outputs[0].token_ids) for output in outputs)
+
+
+def run(request: dict) -> dict:
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams
+    except Exception as error:  # not installed, or a build that cannot load here
+        return {"error": f"import vllm failed: {type(error).__name__}: {error}"}
+    start = time.perf_counter()
+    llm = LLM(
+        model=request["model"],
+        dtype=request["dtype"],
+        max_model_len=request["max_model_len"],
+        seed=request.get("seed", 0),
+    )
+    load_s = time.perf_counter() - start
+    warmup = request["warmup"]
+    generate(llm, SamplingParams, warmup["prompts"], warmup["max_tokens"])
+    results = []
+    for workload in request["workloads"]:
+        print(f"vllm_runner: workload {workload['name']}", flush=True)
+        start = time.perf_counter()
+        made = generate(llm, SamplingParams, workload["prompts"], workload["max_tokens"])
+        wall = time.perf_counter() - start
+        results.append(
+            {
+                "name": workload["name"],
+                "num_requests": len(workload["prompts"]),
+                "requested_tokens": sum(workload["max_tokens"]),
+                "output_tokens": made,
+                "wall_s": wall,
+            }
+        )
+        print(f"vllm_runner: {workload['name']}: {made} tokens in {wall:.2f} s", flush=True)
+    version = getattr(vllm, "__version__", "unknown")
+    return {"vllm_version": version, "load_s": load_s, "results": results}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(f"usage: {Path(__file__).name} REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    request = json.loads(Path(argv[0]).read_text())
+    result = run(request)
+    Path(argv[1]).write_text(json.dumps(result))
+    if "error" in result:
+        print(f"vllm_runner: {result['error']}", file=sys.stderr)
+        return IMPORT_FAILED
+    return 0
+
+
+if __name__ == "__main__":  # guarded: vLLM's spawned workers re-import this file
+    sys.exit(main(sys.argv[1:]))
