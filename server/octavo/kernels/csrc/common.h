@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace octavo_cpu {
 
@@ -55,6 +56,59 @@ inline float fast_exp(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
   return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+// Reductions keep 16 partial results in a fixed array that the compiler turns into vector
+// registers (`#pragma omp simd reduction` makes GCC spill per-lane arrays to memory), then
+// add them pairwise: a tree of 4 vector steps instead of 16 dependent scalar additions.
+constexpr int64_t kLanes = 16;
+
+inline float add_lanes(float* __restrict lanes) {
+  for (int64_t width = kLanes / 2; width >= 1; width /= 2) {
+    for (int64_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
+  }
+  return lanes[0];
+}
+
+template <typename T>
+inline float dot(const float* __restrict a, const T* __restrict b, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += a[i + j] * to_float(b[i + j]);
+  }
+  float total = 0.f;
+  for (; i < n; ++i) total += a[i] * to_float(b[i]);
+  return total + add_lanes(lanes);
+}
+
+template <typename T>
+inline float sum_of_squares(const T* __restrict x, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += to_float(x[i + j]) * to_float(x[i + j]);
+  }
+  float total = 0.f;
+  for (; i < n; ++i) total += to_float(x[i]) * to_float(x[i]);
+  return total + add_lanes(lanes);
+}
+
+inline float sum(const float* __restrict x, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += x[i + j];
+  }
+  float total = 0.f;
+  for (; i < n; ++i) total += x[i];
+  return total + add_lanes(lanes);
+}
+
+inline float max_of(const float* __restrict x, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) best = std::max(best, x[i]);
+  return best;
 }
 
 // Runs `body.template operator()<T>()` with T = float or bf16_bits by the tensor dtype.

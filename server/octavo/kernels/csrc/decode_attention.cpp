@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "vec16.h"
 
 namespace octavo_cpu {
 namespace {
@@ -37,10 +38,7 @@ void score_block(OnlineSoftmax& st, const DecodeShape& s, const T* keys, int64_t
     const float* __restrict q = st.query.data() + g * dim;
     for (int64_t t = 0; t < count; ++t) {
       const T* __restrict k = keys + t * s.slot_stride;
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < dim; ++i) dot += q[i] * to_float(k[i]);
-      scores[g * s.block_size + t] = dot;
+      scores[g * s.block_size + t] = dot(q, k, dim);
     }
   }
 }
@@ -49,18 +47,11 @@ void score_block(OnlineSoftmax& st, const DecodeShape& s, const T* keys, int64_t
 void softmax_block(OnlineSoftmax& st, const DecodeShape& s, int64_t count) {
   for (int64_t g = 0; g < s.group; ++g) {
     float* scores = st.scores.data() + g * s.block_size;
-    float block_max = scores[0];
-#pragma omp simd reduction(max : block_max)
-    for (int64_t t = 1; t < count; ++t) block_max = std::max(block_max, scores[t]);
-    const float new_max = std::max(st.max[g], block_max);
+    const float new_max = std::max(st.max[g], max_of(scores, count));
     const float correction = fast_exp(st.max[g] - new_max);
-    float block_sum = 0.f;
-#pragma omp simd reduction(+ : block_sum)
-    for (int64_t t = 0; t < count; ++t) {
-      scores[t] = fast_exp(scores[t] - new_max);
-      block_sum += scores[t];
-    }
-    st.sum[g] = st.sum[g] * correction + block_sum;
+#pragma omp simd
+    for (int64_t t = 0; t < count; ++t) scores[t] = fast_exp(scores[t] - new_max);
+    st.sum[g] = st.sum[g] * correction + sum(scores, count);
     st.max[g] = new_max;
     float* acc = st.acc.data() + g * s.head_dim;
 #pragma omp simd
@@ -81,6 +72,111 @@ void accumulate_values(OnlineSoftmax& st, const DecodeShape& s, const T* values,
       for (int64_t i = 0; i < dim; ++i) acc[i] += weight * to_float(v[i]);
     }
   }
+}
+
+
+// The fast path, for head sizes and block sizes that are multiples of 16: the context goes
+// 16 tokens at a time; each query head's 16 scores come out of one `transpose_add`, and
+// the next 16 tokens' keys and values are prefetched (blocks are scattered in memory).
+constexpr int64_t kChunk = 16;
+constexpr int64_t kMaxGroup = 16;
+
+template <typename T>
+void prefetch_rows(const T* rows, int64_t count, int64_t stride, int64_t row_bytes) {
+  for (int64_t t = 0; t < count; ++t) {
+    const char* row = reinterpret_cast<const char*>(rows + t * stride);
+    for (int64_t byte = 0; byte < row_bytes; byte += 64) __builtin_prefetch(row + byte);
+  }
+}
+
+template <typename T, int HD>
+struct ChunkedDecode {
+  static constexpr int kVecs = HD / 16;
+  const DecodeShape& s;
+  vec16 query[kMaxGroup][kVecs], acc[kMaxGroup][kVecs];
+  float max[kMaxGroup], sum[kMaxGroup];
+  alignas(64) float weights[kMaxGroup][kChunk];
+
+  ChunkedDecode(const DecodeShape& shape, const T* q) : s(shape) {
+    for (int64_t g = 0; g < s.group; ++g) {
+      for (int c = 0; c < kVecs; ++c) {
+        query[g][c] = load16(q + g * s.q_head_stride + 16 * c) * s.scale;
+        acc[g][c] = vec16{};
+      }
+      max[g] = -std::numeric_limits<float>::infinity();
+      sum[g] = 0.f;
+    }
+  }
+
+  void scores(const T* keys, int64_t count) {
+    vec16 rows[kMaxGroup][kChunk];
+    for (int64_t t = 0; t < kChunk; ++t) {
+      if (t >= count) {
+        for (int64_t g = 0; g < s.group; ++g) rows[g][t] = vec16{};
+        continue;
+      }
+      vec16 key[kVecs];
+      for (int c = 0; c < kVecs; ++c) key[c] = load16(keys + t * s.slot_stride + 16 * c);
+      for (int64_t g = 0; g < s.group; ++g) {
+        vec16 partial = query[g][0] * key[0];
+        for (int c = 1; c < kVecs; ++c) partial += query[g][c] * key[c];
+        rows[g][t] = partial;
+      }
+    }
+    const ivec16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    for (int64_t g = 0; g < s.group; ++g) {
+      vec16 score = transpose_add(rows[g]);
+      score = lane < static_cast<int32_t>(count) ? score : splat16(-std::numeric_limits<float>::infinity());
+      const float new_max = std::max(max[g], max16(score));
+      const float correction = fast_exp(max[g] - new_max);
+      const vec16 weight = exp16(score - new_max);
+      sum[g] = sum[g] * correction + sum16(weight);
+      max[g] = new_max;
+      for (int c = 0; c < kVecs; ++c) acc[g][c] *= correction;
+      store16(weights[g], weight);
+    }
+  }
+
+  void values(const T* values, int64_t count) {
+    for (int64_t t = 0; t < count; ++t) {
+      vec16 value[kVecs];
+      for (int c = 0; c < kVecs; ++c) value[c] = load16(values + t * s.slot_stride + 16 * c);
+      for (int64_t g = 0; g < s.group; ++g) {
+        const vec16 weight = splat16(weights[g][t]);
+        for (int c = 0; c < kVecs; ++c) acc[g][c] += weight * value[c];
+      }
+    }
+  }
+
+  void write(T* out) const {
+    for (int64_t g = 0; g < s.group; ++g) {
+      const float inv = sum[g] > 0.f ? 1.f / sum[g] : 0.f;
+      alignas(64) float row[HD];
+      for (int c = 0; c < kVecs; ++c) store16(row + 16 * c, acc[g][c] * inv);
+      for (int64_t i = 0; i < HD; ++i) out[g * HD + i] = from_float<T>(row[i]);
+    }
+  }
+};
+
+template <typename T, int HD>
+void attend_chunked(const DecodeShape& s, const T* query, const T* keys, const T* values, const int32_t* table,
+                    int64_t seq_len, T* out) {
+  ChunkedDecode<T, HD> state(s, query);
+  const int64_t row_bytes = HD * static_cast<int64_t>(sizeof(T));
+  auto chunk_offset = [&](int64_t start) {
+    return (static_cast<int64_t>(table[start / s.block_size]) * s.block_size + start % s.block_size) * s.slot_stride;
+  };
+  for (int64_t start = 0; start < seq_len; start += kChunk) {
+    const int64_t count = std::min(kChunk, seq_len - start), offset = chunk_offset(start);
+    if (start + kChunk < seq_len) {
+      const int64_t next = chunk_offset(start + kChunk), next_count = std::min(kChunk, seq_len - start - kChunk);
+      prefetch_rows(keys + next, next_count, s.slot_stride, row_bytes);
+      prefetch_rows(values + next, next_count, s.slot_stride, row_bytes);
+    }
+    state.scores(keys + offset, count);
+    state.values(values + offset, count);
+  }
+  state.write(out);
 }
 
 template <typename T, int HD>
@@ -128,6 +224,16 @@ void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tens
 }
 
 template <typename T, int HD>
+void attend(const DecodeShape& s, const T* query, const T* keys, const T* values, const int32_t* table,
+            int64_t seq_len, T* out) {
+  if (HD > 0 && HD % 16 == 0 && s.block_size % kChunk == 0 && s.group <= kMaxGroup) {
+    attend_chunked<T, (HD > 0 ? HD : 16)>(s, query, keys, values, table, seq_len, out);
+  } else {
+    attend_one<T, HD>(s, query, keys, values, table, seq_len, out);
+  }
+}
+
+template <typename T, int HD>
 void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const int32_t* tables,
                 const int32_t* lens, const DecodeShape& s) {
   const int64_t seqs = query.size(0), num_slots = kv_cache.size(1) * kv_cache.size(2);
@@ -140,7 +246,7 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.kv_heads, h = item % s.kv_heads;
       const int64_t head_offset = h * s.head_dim;
-      attend_one<T, HD>(s, q + b * s.q_token_stride + h * s.group * s.q_head_stride, keys + head_offset,
+      attend<T, HD>(s, q + b * s.q_token_stride + h * s.group * s.q_head_stride, keys + head_offset,
                         values + head_offset, tables + b * s.max_blocks, lens[b],
                         o + (b * s.heads + h * s.group) * s.head_dim);
     }
@@ -162,7 +268,10 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
   dispatch_float_bf16(query.scalar_type(), "paged_decode_attention", [&]<typename T>() {
     switch (s.head_dim) {
       case 64: return run_decode<T, 64>(out, query, kv_cache, tables, lens, s);
+      case 80: return run_decode<T, 80>(out, query, kv_cache, tables, lens, s);
+      case 96: return run_decode<T, 96>(out, query, kv_cache, tables, lens, s);
       case 128: return run_decode<T, 128>(out, query, kv_cache, tables, lens, s);
+      case 256: return run_decode<T, 256>(out, query, kv_cache, tables, lens, s);
       default: return run_decode<T, 0>(out, query, kv_cache, tables, lens, s);
     }
   });

@@ -8,13 +8,7 @@ namespace {
 
 template <typename T>
 float inverse_rms(const T* row, int64_t size, float eps) {
-  float sum_squares = 0.f;
-#pragma omp simd reduction(+ : sum_squares)
-  for (int64_t i = 0; i < size; ++i) {
-    const float value = to_float(row[i]);
-    sum_squares += value * value;
-  }
-  return 1.f / std::sqrt(sum_squares / static_cast<float>(size) + eps);
+  return 1.f / std::sqrt(sum_of_squares(row, size) / static_cast<float>(size) + eps);
 }
 
 template <typename T>

@@ -1,0 +1,87 @@
+// 16 floats as one GCC vector: one AVX-512 register, or two AVX2 registers, from the same
+// source. Loads widen bfloat16 bits to fp32; `transpose_add` turns 16 vectors into the
+// vector of their 16 horizontal sums with 15 shuffle+add steps (no scalar reductions).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace octavo_cpu {
+
+typedef float vec16 __attribute__((vector_size(64)));
+typedef int32_t ivec16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+inline vec16 load16(const float* src) {
+  vec16 out;
+  std::memcpy(&out, src, sizeof(out));
+  return out;
+}
+
+inline vec16 load16(const uint16_t* src) {  // bfloat16 bits
+  u16x16 raw;
+  std::memcpy(&raw, src, sizeof(raw));
+  const u32x16 wide = __builtin_convertvector(raw, u32x16) << 16;
+  return reinterpret_cast<const vec16&>(wide);
+}
+
+inline void store16(float* dst, vec16 value) { std::memcpy(dst, &value, sizeof(value)); }
+
+inline vec16 splat16(float value) { return vec16{} + value; }
+
+// fast_exp (common.h) lane by lane, written with vector operations.
+inline vec16 exp16(vec16 x) {
+  x = x < -87.3f ? splat16(-87.3f) : x;
+  x = x > 88.7f ? splat16(88.7f) : x;
+  const vec16 y = x * 1.44269504088896341f + 0.5f;
+  ivec16 whole = __builtin_convertvector(y, ivec16);  // toward zero; then down to floor
+  whole += __builtin_convertvector(whole, vec16) > y;  // a true comparison is -1
+  const vec16 n = __builtin_convertvector(whole, vec16);
+  const vec16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vec16 p = splat16(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const ivec16 scale = (whole + 127) << 23;
+  return p * reinterpret_cast<const vec16&>(scale);
+}
+
+inline float max16(vec16 x) {
+  float best = x[0];
+  for (int i = 1; i < 16; ++i) best = x[i] > best ? x[i] : best;
+  return best;
+}
+
+inline float sum16(vec16 x) {
+  float total = 0.f;
+  for (int i = 0; i < 16; ++i) total += x[i];
+  return total;
+}
+
+// Pairs up (a, b): lanes of `a` and `b` selected by the two masks, added.
+inline vec16 fold(vec16 a, vec16 b, ivec16 low, ivec16 high) {
+  return __builtin_shuffle(a, b, low) + __builtin_shuffle(a, b, high);
+}
+
+// out[t] = sum over lanes of rows[t], for 16 rows.
+inline vec16 transpose_add(const vec16* rows) {
+  const ivec16 l1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const ivec16 h1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const ivec16 l2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const ivec16 h2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const ivec16 l3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const ivec16 h3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  const ivec16 l4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const ivec16 h4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  vec16 pairs[8], quads[4], octs[2];
+  for (int i = 0; i < 8; ++i) pairs[i] = fold(rows[2 * i], rows[2 * i + 1], l1, h1);
+  for (int i = 0; i < 4; ++i) quads[i] = fold(pairs[2 * i], pairs[2 * i + 1], l2, h2);
+  for (int i = 0; i < 2; ++i) octs[i] = fold(quads[2 * i], quads[2 * i + 1], l3, h3);
+  return fold(octs[0], octs[1], l4, h4);
+}
+
+}  // namespace octavo_cpu
