@@ -9,6 +9,10 @@
 #include "common.h"
 #include "vec16.h"
 
+// Attention sums in its own order anyway: let multiply-adds fuse here (the build turns
+// contraction off for the kernels that must round exactly as torch does).
+#pragma GCC optimize("fp-contract=fast")
+
 namespace octavo_cpu {
 namespace {
 
