@@ -148,8 +148,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=2048,
-        help="Octavo's per-step token budget (default: %(default)s)",
+        default=None,
+        help="Octavo's per-step token budget (default: the offline LLM's, 2048)",
     )
 
 
@@ -226,15 +226,18 @@ def run_config(args: argparse.Namespace) -> dict:
 
 
 def make_llm(args: argparse.Namespace, prefix_caching: bool) -> LLM:
+    budget = {}  # unset: the offline LLM's own default
+    if args.max_num_batched_tokens is not None:
+        budget["max_num_batched_tokens"] = args.max_num_batched_tokens
     return LLM(
         model=args.model,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory,
         enable_prefix_caching=prefix_caching,
         block_size=BLOCK_SIZE,
+        **budget,
     )
 
 

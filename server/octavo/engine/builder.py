@@ -10,6 +10,7 @@ import torch
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.engine.device import select_device, select_dtype
 from octavo.executor.executor import Executor, UniProcExecutor
+from octavo.kernels.cpu_count import usable_cpus
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.cache_tensors import bytes_per_block, cuda_kv_budget
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
@@ -46,7 +47,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        args.num_threads,
+        args.num_threads or usable_cpus(),
     )  # fmt: skip
     worker = Worker(spec)
     num_blocks = _num_blocks(args, config, dtype, device)
@@ -55,7 +56,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     pool = BlockPool(num_blocks, args.enable_prefix_caching)
     kv = KVCacheManager(pool, args.block_size)
     limits = StopLimits(eos, max_model_len)
-    scheduler = Scheduler(kv, args.max_num_seqs, args.max_num_batched_tokens, limits)
+    scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
         config, tokenizer, UniProcExecutor(worker), scheduler, pool, max_model_len, device,
@@ -86,7 +87,7 @@ def _num_blocks(args: EngineArgs, config: ModelConfig, dtype, device: torch.devi
     if device.type == "cuda":
         budget = cuda_kv_budget(
             args.gpu_memory_utilization, device, config,
-            args.max_num_batched_tokens, args.max_num_seqs, dtype,
+            args.token_budget(device.type), args.max_num_seqs, dtype,
         )  # fmt: skip
         if budget <= 0:
             raise ValueError(

@@ -1,0 +1,56 @@
+"""Defaults chosen for speed on the machine at hand: the step's token budget by device and
+use (served vs offline), and the engine core's CPU threads (affinity and cgroup quota)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from octavo import LLM
+from octavo.config import EngineArgs
+from octavo.engine.builder import build_engine_parts
+from octavo.kernels import cpu_count
+
+
+def test_token_budget_is_smaller_on_cpu_and_explicit_values_win():
+    assert EngineArgs().token_budget("cpu") == 512
+    assert EngineArgs().token_budget("cuda") == 2048
+    assert EngineArgs(max_num_batched_tokens=96).token_budget("cpu") == 96
+
+
+def test_offline_llm_takes_big_steps_and_the_server_small_ones(tiny_folder):
+    folder = str(tiny_folder("qwen2"))
+    threads = torch.get_num_threads()
+    try:
+        offline = LLM(folder, dtype="float32", kv_cache_memory=2**22)
+        assert offline.engine.scheduler.max_num_batched_tokens == 2048
+        served = build_engine_parts(EngineArgs(model=folder, kv_cache_memory=2**22, num_threads=1))
+        assert served.scheduler.max_num_batched_tokens == 512
+        assert torch.get_num_threads() == 1  # --num-threads reaches the engine's torch
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "cpu_max,expected",
+    [("max 100000\n", None), ("150000 100000\n", 1.5), ("200000 100000\n", 2.0)],
+)
+def test_cgroup_v2_quota(tmp_path, monkeypatch, cpu_max, expected):
+    (tmp_path / "cpu.max").write_text(cpu_max)
+    monkeypatch.setattr(cpu_count, "CGROUP_V2_CPU_MAX", tmp_path / "cpu.max")
+    assert cpu_count.cgroup_cpu_quota() == expected
+
+
+def test_cgroup_v1_quota_and_the_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_count, "CGROUP_V2_CPU_MAX", tmp_path / "absent")
+    (tmp_path / "quota").write_text("-1\n")
+    (tmp_path / "period").write_text("100000\n")
+    monkeypatch.setattr(cpu_count, "CGROUP_V1_QUOTA", tmp_path / "quota")
+    monkeypatch.setattr(cpu_count, "CGROUP_V1_PERIOD", tmp_path / "period")
+    assert cpu_count.cgroup_cpu_quota() is None
+    assert cpu_count.usable_cpus() == len(os.sched_getaffinity(0))
+    (tmp_path / "quota").write_text("50000\n")  # half a CPU: still one thread
+    assert cpu_count.cgroup_cpu_quota() == 0.5
+    assert cpu_count.usable_cpus() == 1
