@@ -9,6 +9,7 @@ must build them; the fallback (no kernels) is exercised in test_greedy_matches_h
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from octavo.attention import torch_ops
 from octavo.attention.backend import TorchAttention, select_backend
 from octavo.attention.cpu_native import NativeCpuAttention
-from octavo.kernels import cpu_build
+from octavo.kernels import cpu_build, cpu_features
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.layernorm import RMSNorm
 from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary
@@ -219,3 +220,22 @@ def test_build_is_keyed_by_sources_flags_and_isa(tmp_path, monkeypatch):
     assert len({plan.name for plan in plans.values()}) == len(plans)
     assert all(plan.folder.parent == tmp_path for plan in plans.values())
     assert cpu_build.plan_build("avx2") == plans["avx2"]  # stable: an existing build is reused
+
+
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+def test_the_narrower_builds_pass_the_same_tests(ops, isa, tmp_path):
+    """Machines without AVX-512 (AVX2 only, or neither) get their own build: it is compiled
+    here and this file's kernel tests run against it in a child process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if isa == "avx2" and not {"avx2", "fma", "f16c"} <= cpu_features.cpu_flags():
+        pytest.skip("this CPU cannot run AVX2 code")
+    env = {**os.environ, cpu_build.ISA_ENV: isa}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    command += ["-k", "not narrower_builds", "--rootdir", str(Path(__file__).parent)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
+    assert cpu_build.plan_build(isa).library.exists()  # the child built and used that ISA

@@ -35,6 +35,7 @@ SOURCES = (
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"
+ISA_ENV = "OCTAVO_CPU_ISA"  # force a narrower build (avx2, generic), e.g. to test it
 COMMON_FLAGS = (
     "-O3",
     "-std=c++20",
@@ -71,7 +72,12 @@ class KernelBuild:
 
 
 def cpu_isa() -> str:
-    """The widest instruction set the kernels are built for on this CPU."""
+    """The widest instruction set the kernels are built for on this CPU (or ``$OCTAVO_CPU_ISA``)."""
+    forced = os.environ.get(ISA_ENV)
+    if forced:
+        if forced not in ISA_FLAGS:
+            raise ValueError(f"{ISA_ENV}={forced!r}: expected one of {sorted(ISA_FLAGS)}")
+        return forced
     flags = cpu_flags()
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         return "avx512"
