@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch
+
 from octavo.engine.core_messages import (
     AbortRequests,
     AddRequests,
@@ -58,7 +60,13 @@ def _load(factory: Callable[[], Any], emit: Emit) -> Any | None:
         logger.exception("the engine failed to load")
         emit(LoadFailed("the engine failed to load"))
         return None
-    logger.info("engine ready: %s (max_model_len %d)", engine.model_name, engine.max_model_len)
+    logger.info(
+        "engine ready: %s (max_model_len %d, %d tokens per step, %d threads)",
+        engine.model_name,
+        engine.max_model_len,
+        engine.scheduler.max_num_batched_tokens,
+        torch.get_num_threads(),
+    )
     emit(CoreReady(info))
     return engine
 
