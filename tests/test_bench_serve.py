@@ -201,9 +201,10 @@ def tiny_args(url: str, out, *extra: str) -> list[str]:
     ]
 
 
-def test_end_to_end_against_octavo_and_the_hf_baseline(octavo_url, folder, tmp_path):
+@pytest.mark.parametrize("order", ["--one-at-a-time", "--no-one-at-a-time"])
+def test_end_to_end_against_octavo_and_the_hf_baseline(octavo_url, folder, tmp_path, order):
     baseline = ("--baseline", "hf", "--baseline-model", str(folder), "--startup-timeout", "120")
-    assert serve.main(tiny_args(octavo_url, tmp_path, *baseline)) == 0
+    assert serve.main(tiny_args(octavo_url, tmp_path, *baseline, order)) == 0
     result = json.loads((tmp_path / "serve.json").read_text())
     assert set(result["servers"]) == {"octavo", "hf"}
     for name, server in result["servers"].items():

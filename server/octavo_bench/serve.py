@@ -71,10 +71,13 @@ concurrency level, so every server sees the same requests whatever its tokenizer
 and output token counts come from the server's usage (stream_options.include_usage).
 Each request asks for max_tokens with temperature 0 and, unless --no-ignore-eos,
 ignore_eos so it runs to its full length. An untimed warm-up request precedes each sweep.
-With --baseline, all servers stay up (the idle ones wait) and the levels alternate:
-target at 1 user, baseline at 1 user, target at 5, ... so that drifts in machine load
-hit all alike; --baseline-num-prompts N sends the serial hf baseline only N per level
-(vllm, a concurrent server, always gets every prompt).
+With --baseline, one server is up at a time: the target runs every level and stops,
+then each baseline (a resident second server, vLLM's ~6 GB, skewed the first's figures
+on the 2-core machine: TTFT p50 at 20 users 440 ms alone, 880 ms beside an idle vLLM).
+--no-one-at-a-time keeps all up and alternates the levels (target at 1 user, baseline
+at 1 user, target at 5, ...) so that drifts in machine load hit all alike.
+--baseline-num-prompts N sends the serial hf baseline only N per level (vllm, a
+concurrent server, always gets every prompt).
 
 --baseline vllm runs `<python> -m vllm.entrypoints.openai.api_server` with the python
 of vLLM's venv (--vllm-python, else .venv-vllm/bin/python, made by `make vllm-venv`;
@@ -201,6 +204,12 @@ def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="the hf baseline sends only the first N prompts of each level (it is serial)",
+    )
+    parser.add_argument(
+        "--one-at-a-time",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one server up at a time (default); --no-one-at-a-time alternates levels",
     )
     add_vllm_arguments(parser)
     parser.add_argument(
@@ -395,7 +404,7 @@ def open_vllm(
     args: argparse.Namespace,
     stack: contextlib.ExitStack,
     vllm: VllmSetup,
-    target: Contender,
+    target: TargetFacts,
     report: ServeReport,
 ) -> Contender | None:
     """vLLM serving the target's model name and max_model_len; None (noted) without vLLM."""
@@ -405,8 +414,7 @@ def open_vllm(
         print(message, file=sys.stderr)
         report.notes.append(message)
         return None
-    name = target.target.model
-    max_model_len = args.max_model_len or reported_max_model_len(args, target.target)
+    name, max_model_len = target.model, target.max_model_len
     server = stack.enter_context(vllm_server(args, vllm, name, max_model_len))
     vllm.facts.update(max_model_len=max_model_len, startup_s=round(server.startup_s, 1))
     report.settings[VLLM] = vllm.describe()
@@ -431,25 +439,64 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_sweeps(args: argparse.Namespace, vllm: VllmSetup | None = None) -> ServeReport:
-    """Every level against the server under test and then each baseline, level by level.
+@dataclass
+class TargetFacts:
+    """What the baselines copy from the server under test."""
 
-    Alternating per level (rather than one full sweep after the other) spreads slow
-    drifts in machine load over all servers alike.
+    model: str
+    max_model_len: int | None
+
+
+def run_sweeps(args: argparse.Namespace, vllm: VllmSetup | None = None) -> ServeReport:
+    """Every level against the server under test and each baseline.
+
+    By default one server is up at a time (all its levels, then it stops): on a small
+    machine a second resident server (vLLM's holds ~6 GB) skews the first's figures.
+    ``--no-one-at-a-time`` keeps them all up and alternates per level instead, which
+    spreads slow drifts in machine load over all servers alike.
     """
     report = ServeReport(settings(args), target=args.label)
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(target_url(args))
         target = open_contender(args, url, args.model, args.label, None)
+        facts = TargetFacts(
+            target.target.model,
+            args.max_model_len or reported_max_model_len(args, target.target),
+        )
         contenders = [target]
+        if args.one_at_a_time:
+            sweep(args, target)
+            stack.close()
         for name in args.baseline:
-            if name == HF:
-                url = stack.enter_context(hf_url(args))
-                contenders.append(open_contender(args, url, None, HF, args.baseline_num_prompts))
-            elif name == VLLM and vllm is not None:
-                contenders += filter(None, [open_vllm(args, stack, vllm, target, report)])
-        for concurrency in concurrency_levels(args):
-            for each in contenders:
-                asyncio.run(measure_level(args, each, concurrency))
+            each = open_baseline(args, stack, name, vllm, facts, report)
+            if each is not None and args.one_at_a_time:
+                sweep(args, each)
+                stack.close()
+            contenders += filter(None, [each])
+        if not args.one_at_a_time:
+            for concurrency in concurrency_levels(args):
+                for each in contenders:
+                    asyncio.run(measure_level(args, each, concurrency))
     report.runs = [each.run for each in contenders]
     return report
+
+
+def sweep(args: argparse.Namespace, contender: Contender) -> None:
+    for concurrency in concurrency_levels(args):
+        asyncio.run(measure_level(args, contender, concurrency))
+
+
+def open_baseline(
+    args: argparse.Namespace,
+    stack: contextlib.ExitStack,
+    name: str,
+    vllm: VllmSetup | None,
+    facts: TargetFacts,
+    report: ServeReport,
+) -> Contender | None:
+    if name == HF:
+        url = stack.enter_context(hf_url(args))
+        return open_contender(args, url, None, HF, args.baseline_num_prompts)
+    if name == VLLM and vllm is not None:
+        return open_vllm(args, stack, vllm, facts, report)
+    return None
