@@ -35,7 +35,7 @@ def ops():
             f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
         )
     if kernels is None:
-        pytest.skip(f"no C++ compiler on this machine: {cpu_build.unavailable_reason()}")
+        pytest.skip(reason=f"no C++ compiler on this machine: {cpu_build.unavailable_reason()}")
     return kernels
 
 
@@ -231,7 +231,7 @@ def test_the_narrower_builds_pass_the_same_tests(ops, isa, tmp_path):
     from pathlib import Path
 
     if isa == "avx2" and not {"avx2", "fma", "f16c"} <= cpu_features.cpu_flags():
-        pytest.skip("this CPU cannot run AVX2 code")
+        pytest.skip(reason="this CPU cannot run AVX2 code")
     env = {**os.environ, cpu_build.ISA_ENV: isa}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
     command += ["-k", "not narrower_builds", "--rootdir", str(Path(__file__).parent)]
