@@ -27,14 +27,17 @@ class TorchAttention:
     """CPU path: a loop over prefill chunks and one batched, masked call for all decodes."""
 
     def forward(self, query, key, value, kv_cache, meta: AttentionMetadata, scale: float):
-        torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping, may_skip=False)
+        self.store(key, value, kv_cache, meta)
         outputs = [
             self._prefill(i, query, key, value, kv_cache, meta, scale)
             for i in range(meta.num_prefills)
         ]
         if meta.num_decodes:
-            outputs.append(self._decode(query, kv_cache, meta, scale))
+            outputs.append(self.decode(query[meta.num_prefill_tokens :], kv_cache, meta, scale))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def store(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
+        torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping, may_skip=False)
 
     @staticmethod
     def _prefill(index, query, key, value, kv_cache, meta, scale) -> torch.Tensor:
@@ -49,8 +52,8 @@ class TorchAttention:
             query[start:end], kv_cache, meta.block_tables[index], seq_len, scale
         )
 
-    @staticmethod
-    def _decode(query, kv_cache, meta, scale) -> torch.Tensor:
+    def decode(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """The decoding sequences' single queries ``[num_decodes, heads, head_dim]``."""
         plan = meta.backend_cache.get("decode_plan")
         if plan is None:  # same for every layer: derive once per step
             first = meta.num_prefills
@@ -59,9 +62,7 @@ class TorchAttention:
             )
             meta.backend_cache["decode_plan"] = plan
         slots, mask = plan
-        return torch_ops.grouped_decode_attention(
-            query[meta.num_prefill_tokens :], kv_cache, slots, mask, scale
-        )
+        return torch_ops.grouped_decode_attention(query, kv_cache, slots, mask, scale)
 
 
 def select_backend(device: torch.device, dtype: torch.dtype) -> AttentionBackend:

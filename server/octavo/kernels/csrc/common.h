@@ -42,20 +42,25 @@ inline T* ptr(const at::Tensor& tensor) {
   return static_cast<T*>(tensor.data_ptr());
 }
 
+// e^r for |r| <= ln(2)/2 (Cephes' expf polynomial); V is float or a GCC float vector.
+template <typename V>
+inline V exp_polynomial(V r) {
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return p * r * r + r + 1.f;
+}
+
 // exp(x) that the compiler can vectorize (Cephes' range reduction and polynomial, ~1 ulp):
 // glibc's expf is a call per element unless built with -ffast-math.
 inline float fast_exp(float x) {
   x = std::min(std::max(x, -87.3f), 88.7f);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return exp_polynomial(r) * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
 }
 
 // Reductions keep 16 partial results in a fixed array that the compiler turns into vector

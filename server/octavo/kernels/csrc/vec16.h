@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common.h"
+
 namespace octavo_cpu {
 
 typedef float vec16 __attribute__((vector_size(64)));
@@ -39,15 +41,8 @@ inline vec16 exp16(vec16 x) {
   whole += __builtin_convertvector(whole, vec16) > y;  // a true comparison is -1
   const vec16 n = __builtin_convertvector(whole, vec16);
   const vec16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vec16 p = splat16(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
   const ivec16 scale = (whole + 127) << 23;
-  return p * reinterpret_cast<const vec16&>(scale);
+  return exp_polynomial(r) * reinterpret_cast<const vec16&>(scale);
 }
 
 inline float max16(vec16 x) {
