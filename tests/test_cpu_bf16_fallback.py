@@ -11,7 +11,7 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.kernels import cpu_features
-from octavo.model_executor.cpu_linear import PackedLinear
+from octavo.model_executor.layers.linear import LinearBase
 
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
 SAPPHIRE_RAPIDS = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"}
@@ -19,7 +19,8 @@ SAPPHIRE_RAPIDS = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "a
 
 def packed_layers(llm: LLM) -> int:
     model = llm.engine.executor.worker.model
-    return sum(isinstance(module, PackedLinear) for module in model.modules())
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    return sum(m.packed_weight is not None for m in linears)
 
 
 @pytest.mark.parametrize(("flags", "packs"), [(AVX2_ONLY, False), (SAPPHIRE_RAPIDS, True)])

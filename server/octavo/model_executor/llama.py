@@ -2,7 +2,8 @@
 
 Tokens of one step arrive flattened (no padding): ``input_ids [T]``, ``positions [T]``.
 Q/K/V and gate/up projections are fused into single matrices at load time. Only the
-rows named by ``logits_indices`` reach the LM head.
+rows named by ``logits_indices`` reach the LM head. The linear layers, the embedding and
+the LM head come from ``layers/`` and hold this process's tensor-parallel shard.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.layernorm import RMSNorm
+from octavo.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from octavo.model_executor.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.rotary import RotaryEmbedding, RotaryStep
 
@@ -21,18 +28,19 @@ from octavo.model_executor.rotary import RotaryEmbedding, RotaryStep
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim = config.head_dim
-        q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        self.split_sizes = [q_size, kv_size, kv_size]
-        self.scale = config.head_dim**-0.5
-        hidden, inter = config.hidden_size, config.intermediate_size
+        hidden, inter, head_dim = config.hidden_size, config.intermediate_size, config.head_dim
+        self.qkv = QKVParallelLinear(
+            hidden, head_dim, config.num_heads, config.num_kv_heads, bias=config.attention_bias
+        )
+        self.num_heads, self.num_kv_heads = self.qkv.num_heads, self.qkv.num_kv_heads  # shard
+        self.head_dim = head_dim
+        self.split_sizes = [self.qkv.q_size, self.qkv.kv_size, self.qkv.kv_size]
+        self.scale = head_dim**-0.5
         self.input_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.post_attention_norm = RMSNorm(hidden, config.rms_norm_eps)
-        self.qkv = nn.Linear(hidden, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_size, hidden, bias=False)
-        self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.o_proj = RowParallelLinear(config.num_heads * head_dim, hidden)
+        self.gate_up = MergedColumnParallelLinear(hidden, [inter, inter])
+        self.down_proj = RowParallelLinear(inter, hidden)
         self.act = SiluAndMul()
 
     def forward(self, hidden, residual, rope: RotaryStep, kv_cache, meta, attention):
@@ -64,12 +72,12 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+            self.lm_head.tie_to(self.embed_tokens)
         self.rotary: RotaryEmbedding | None = None  # set once dtype and device are known
         self.requires_grad_(False)
 

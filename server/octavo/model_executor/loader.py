@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from octavo.model_executor.cpu_linear import can_pack, pack_linears
 from octavo.model_executor.embedded import embedded_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
+from octavo.model_executor.layers.linear import LinearBase
 from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.rotary import RotaryEmbedding
@@ -55,12 +55,13 @@ def load_model(
         skeleton = LlamaForCausalLM(config)
     model = skeleton.to_empty(device=device).to(dtype)
     model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope, dtype, device)
+    if config.tie_word_embeddings:
+        model.lm_head.tie_to(model.embed_tokens)  # to_empty gave each its own storage
     with torch.no_grad():
         load_weights(model, folder)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    if can_pack(dtype, device):
-        pack_linears(model)
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN
     logger.info("loaded %s (%s) as %s on %s", folder.name, config.architecture, dtype, device)
     return model.eval()
 

@@ -12,19 +12,22 @@ from safetensors import safe_open
 from octavo.model_executor.llama import LlamaForCausalLM
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_FUSED = {  # HF name inside a layer -> (our parameter, which slot of the fused matrix)
-    "self_attn.q_proj": ("qkv", 0),
-    "self_attn.k_proj": ("qkv", 1),
-    "self_attn.v_proj": ("qkv", 2),
-    "mlp.gate_proj": ("gate_up", 0),
-    "mlp.up_proj": ("gate_up", 1),
+_FUSED = {  # HF name inside a layer -> (our layer, its shard id, slot name in the bookkeeping)
+    "self_attn.q_proj": ("qkv", "q", 0),
+    "self_attn.k_proj": ("qkv", "k", 1),
+    "self_attn.v_proj": ("qkv", "v", 2),
+    "mlp.gate_proj": ("gate_up", 0, 0),
+    "mlp.up_proj": ("gate_up", 1, 1),
 }
-_PLAIN = {
+_SHARDED = {  # HF name inside a layer -> our parameter (its layer's weight_loader slices it)
     "self_attn.o_proj.weight": "o_proj.weight",
     "mlp.down_proj.weight": "down_proj.weight",
+}
+_REPLICATED = {
     "input_layernorm.weight": "input_norm.weight",
     "post_attention_layernorm.weight": "post_attention_norm.weight",
 }
+_PLAIN = {**_SHARDED, **_REPLICATED}
 
 
 def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,13 +54,16 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
 
 def _copy_into(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str | None:
     if name == "model.embed_tokens.weight":
-        return _assign(model.embed_tokens.weight, tensor, "embed_tokens.weight")
+        embed = model.embed_tokens
+        embed.weight_loader(embed.weight, tensor, name)
+        return "embed_tokens.weight"
     if name == "model.norm.weight":
         return _assign(model.final_norm.weight, tensor, "final_norm.weight")
     if name == "lm_head.weight":
         if model.config.tie_word_embeddings:
             return None
-        return _assign(model.lm_head.weight, tensor, "lm_head.weight")
+        model.lm_head.weight_loader(model.lm_head.weight, tensor, name)
+        return "lm_head.weight"
     match = _LAYER.match(name)
     if match is None:
         return None  # e.g. rotary inv_freq buffers in old checkpoints
@@ -67,24 +73,22 @@ def _copy_into(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str 
 
 def _copy_into_layer(layer, index: int, name: str, tensor: torch.Tensor) -> str | None:
     prefix = f"layers.{index}."
-    if name in _PLAIN:
-        target = _PLAIN[name]
-        parameter = layer.get_parameter(target)
-        return _assign(parameter, tensor, prefix + target)
+    if name in _REPLICATED:
+        target = _REPLICATED[name]
+        return _assign(layer.get_parameter(target), tensor, prefix + target)
+    if name in _SHARDED:
+        target = _SHARDED[name]
+        module_name, _, kind = target.partition(".")
+        module = getattr(layer, module_name)
+        module.weight_loader(module.get_parameter(kind), tensor, prefix + target)
+        return prefix + target
     module_name, _, kind = name.rpartition(".")
     if module_name not in _FUSED:
         return None
-    fused, slot = _FUSED[module_name]
-    parameter = getattr(layer, fused).get_parameter(kind)
-    start, end = _slot_range(layer, fused, slot)
-    _assign(parameter[start:end], tensor, f"{prefix}{module_name}.{kind}")
+    fused, shard_id, slot = _FUSED[module_name]
+    module = getattr(layer, fused)
+    module.weight_loader(module.get_parameter(kind), tensor, f"{prefix}{name}", shard_id)
     return f"{prefix}{fused}.{kind}.{slot}"
-
-
-def _slot_range(layer, fused: str, slot: int) -> tuple[int, int]:
-    sizes = layer.split_sizes if fused == "qkv" else [layer.gate_up.out_features // 2] * 2
-    start = sum(sizes[:slot])
-    return start, start + sizes[slot]
 
 
 def _assign(parameter: torch.Tensor, tensor: torch.Tensor, name: str) -> str:

@@ -1,0 +1,1 @@
+"""Which shard of the model this process holds, and the collectives between shards."""

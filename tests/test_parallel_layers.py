@@ -1,0 +1,117 @@
+"""The linear-layer library's tensor-parallel shards, checked without processes: each rank's
+layer is built under its group, loads its slice of a full checkpoint tensor, and the
+ranks' outputs — concatenated (column), summed (row) or masked and summed (vocabulary) —
+must equal the unsharded layer's. (Running the ranks as processes over gloo comes with
+tensor parallelism itself.)"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from octavo.distributed import parallel_state
+from octavo.distributed.parallel_state import TensorParallelGroup
+from octavo.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from octavo.model_executor.layers.linear_method import can_pack
+from octavo.model_executor.layers.vocab import VocabParallelEmbedding
+
+
+@contextlib.contextmanager
+def rank_of(rank: int, size: int):
+    parallel_state.set_tensor_parallel_group(TensorParallelGroup(rank, size))
+    try:
+        yield
+    finally:
+        parallel_state.set_tensor_parallel_group(TensorParallelGroup())
+
+
+def on_ranks(size: int, build):
+    layers = []
+    for rank in range(size):
+        with rank_of(rank, size):
+            layers.append(build())
+    return layers
+
+
+def test_shards_and_their_errors():
+    assert TensorParallelGroup(1, 4).shard(8, "heads") == (2, 4)
+    with pytest.raises(ValueError, match=r"heads \(9\) is not divisible by tensor_parallel_size 2"):
+        TensorParallelGroup(0, 2).shard(9, "heads")
+    with pytest.raises(ValueError, match="rank 2 outside a group of 2"):
+        TensorParallelGroup(2, 2)
+
+
+def test_column_and_row_parallel_halves_compose_to_the_full_mlp():
+    torch.manual_seed(0)
+    gate_up, down, x = torch.randn(2 * 12, 8), torch.randn(8, 12), torch.randn(3, 8)
+    expected = F.linear(F.silu(x @ gate_up[:12].T) * (x @ gate_up[12:].T), down)
+    total = torch.zeros(3, 8)
+    for merged, row in zip(
+        on_ranks(2, lambda: MergedColumnParallelLinear(8, [12, 12])),
+        on_ranks(2, lambda: RowParallelLinear(12, 8)),
+        strict=True,
+    ):
+        merged.weight_loader(merged.weight, gate_up[:12], "gate", 0)
+        merged.weight_loader(merged.weight, gate_up[12:], "up", 1)
+        row.weight_loader(row.weight, down, "down")
+        g, u = merged(x).chunk(2, dim=-1)
+        total += row.method.apply(row, F.silu(g) * u)  # the all-reduce, by hand
+    torch.testing.assert_close(total, expected)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])  # 1 < ranks: the KV head is replicated
+def test_qkv_heads_split_across_ranks(num_kv_heads):
+    torch.manual_seed(1)
+    heads, head_dim, hidden = 4, 3, 6
+    q = torch.randn(heads * head_dim, hidden)
+    k, v = (torch.randn(num_kv_heads * head_dim, hidden) for _ in range(2))
+    bias = {name: torch.randn(t.shape[0]) for name, t in (("q", q), ("k", k), ("v", v))}
+    x = torch.randn(2, hidden)
+    ranks = on_ranks(2, lambda: QKVParallelLinear(hidden, head_dim, heads, num_kv_heads, bias=True))
+    queries, keys = [], []
+    for layer in ranks:
+        for shard, weight in (("q", q), ("k", k), ("v", v)):
+            layer.weight_loader(layer.weight, weight, shard, shard)
+            layer.weight_loader(layer.bias, bias[shard], shard, shard)
+        out = layer(x)
+        queries.append(out[:, : layer.q_size])
+        keys.append(out[:, layer.q_size : layer.q_size + layer.kv_size])
+    torch.testing.assert_close(torch.cat(queries, dim=-1), F.linear(x, q, bias["q"]))
+    full_k = F.linear(x, k, bias["k"])
+    if num_kv_heads >= 2:
+        torch.testing.assert_close(torch.cat(keys, dim=-1), full_k)
+    else:
+        assert all(torch.allclose(piece, full_k) for piece in keys)
+
+
+def test_vocab_parallel_embedding_masks_what_other_ranks_hold(monkeypatch):
+    table, ids = torch.randn(10, 4), torch.tensor([0, 4, 5, 9])
+    monkeypatch.setattr(TensorParallelGroup, "all_reduce", lambda self, t: t)  # summed below
+    total = torch.zeros(4, 4)
+    for embed in on_ranks(2, lambda: VocabParallelEmbedding(10, 4)):
+        embed.weight_loader(embed.weight, table, "embed")
+        total += embed(ids)
+    torch.testing.assert_close(total, table[ids])
+
+
+@pytest.mark.skipif(
+    not can_pack(torch.bfloat16, torch.device("cpu")),
+    reason="this CPU cannot prepack bf16 weights (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)",
+)
+def test_prepacked_bf16_equals_the_plain_matmul():
+    layer = ColumnParallelLinear(64, 96, bias=True).to(torch.bfloat16)
+    layer.weight.normal_()
+    layer.bias.normal_()
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    expected = F.linear(x, layer.weight, layer.bias)
+    layer.process_weights_after_loading()
+    assert layer.weight is None and layer.packed_weight is not None
+    torch.testing.assert_close(layer(x).float(), expected.float(), atol=0.1, rtol=0.02)
