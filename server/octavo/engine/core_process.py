@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import signal
 import threading
 from multiprocessing.connection import Connection
@@ -85,7 +86,12 @@ class ProcessCore:
             self._conn.send(command)
 
     def is_alive(self) -> bool:
-        return self._process is not None and self._process.is_alive()
+        """Whether the core process still runs, read from its sentinel (readable once it has
+        exited). ``Process.is_alive()`` would call ``waitpid`` and race the reader thread's
+        ``join``: the loser gets ECHILD, which multiprocessing reports as "still alive"."""
+        if self._process is None:
+            return False
+        return not multiprocessing.connection.wait([self._process.sentinel], timeout=0)
 
     def join(self, timeout: float) -> None:
         if self._process is None:
