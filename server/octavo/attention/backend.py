@@ -70,9 +70,9 @@ def select_backend(device: torch.device, dtype: torch.dtype) -> AttentionBackend
         from octavo.attention.triton_backend import TritonAttention
 
         return TritonAttention()
-    from octavo.kernels.cpu_build import ops_for
+    from octavo.kernels.cpu_build import native_ops
 
-    ops = ops_for(torch.empty(0, dtype=dtype, device=device))
+    ops = native_ops(device, dtype)
     if ops is not None:
         from octavo.attention.cpu_native import NativeCpuAttention
 

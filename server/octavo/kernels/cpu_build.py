@@ -144,11 +144,10 @@ class _Loader:
         self.reason = ""
 
     def ops(self):
-        if self.loaded is not None:
-            return torch.ops.octavo_cpu if self.loaded else None
-        with self.lock:
-            if self.loaded is None:
-                self.loaded = self._load()
+        if self.loaded is None:
+            with self.lock:
+                if self.loaded is None:
+                    self.loaded = self._load()
         return torch.ops.octavo_cpu if self.loaded else None
 
     def _load(self) -> bool:
@@ -176,11 +175,16 @@ def cpu_ops():
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def ops_for(tensor: torch.Tensor):
-    """The native ops when they can handle ``tensor`` (a float32/bfloat16 CPU tensor), else None."""
-    if tensor.device.type != "cpu" or tensor.dtype not in NATIVE_DTYPES:
+def native_ops(device: torch.device, dtype: torch.dtype):
+    """The native ops when they handle ``dtype`` on ``device`` (float32/bfloat16 on CPU)."""
+    if device.type != "cpu" or dtype not in NATIVE_DTYPES:
         return None
     return _LOADER.ops()
+
+
+def ops_for(tensor: torch.Tensor):
+    """``native_ops`` for this tensor's device and dtype."""
+    return native_ops(tensor.device, tensor.dtype)
 
 
 def unavailable_reason() -> str:

@@ -53,23 +53,22 @@ class RotaryEmbedding:
 
     def for_step(self, positions: torch.Tensor) -> RotaryStep:
         """What every layer of one step needs to rotate its queries and keys."""
-        if ops_for(self.cos) is not None:
-            return RotaryStep(self, positions, None)
-        return RotaryStep(self, positions, self.tables(positions))
+        ops = ops_for(self.cos)
+        rows = self.tables(positions) if ops is None else None
+        return RotaryStep(self, positions, ops, rows)
 
 
 @dataclass
 class RotaryStep:
     rotary: RotaryEmbedding
     positions: torch.Tensor  # [tokens] int64
+    ops: object | None  # the native kernels, or None for the torch path
     rows: tuple[torch.Tensor, torch.Tensor] | None  # the torch path's cos/sin rows, once a step
 
     def apply_(self, qk: torch.Tensor) -> None:
         """Rotate ``qk [tokens, heads, head_dim]`` in place."""
-        if self.rows is None:
-            ops = ops_for(qk)
-            assert ops is not None
-            ops.rotary_embedding(self.positions, qk, self.rotary.cos, self.rotary.sin)
+        if self.ops is not None:
+            self.ops.rotary_embedding(self.positions, qk, self.rotary.cos, self.rotary.sin)
             return
         cos, sin = self.rows
         qk.copy_(apply_rotary(qk, cos, sin))
