@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -90,3 +91,23 @@ def pod_is_ready(pod: Any) -> bool:
     return pod.status.phase == "Running" and any(
         c.type == "Ready" and c.status == "True" for c in conditions
     )
+
+
+@contextmanager
+def persistent_volume_for(core, namespace: str, claim: str, size: str) -> Iterator[str]:
+    """A hostPath PersistentVolume bound to CLAIM: the test cluster has no provisioner."""
+    name = f"{namespace}-{claim}"[:63]
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "hostPath": {"path": f"/tmp/{name}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    core.create_persistent_volume(body)
+    try:
+        yield name
+    finally:
+        core.delete_persistent_volume(name)

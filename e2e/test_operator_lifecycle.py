@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client
 
 from e2e import isvc
-from e2e.helpers import wait_for
+from e2e.helpers import persistent_volume_for, wait_for
 
 CHILD_DEADLINE_SECONDS = 2.0
 
@@ -27,19 +27,8 @@ def read_or_none(read, *args):
 @pytest.fixture
 def volume(core: client.CoreV1Api, namespace: str):
     """A PersistentVolume for the cache claim: the test cluster has no provisioner."""
-    name = f"{namespace}-cache"[:63]
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "20Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "hostPath": {"path": f"/tmp/{name}"},
-            "claimRef": {"namespace": namespace, "name": "chat-cache"},
-        },
-    }
-    core.create_persistent_volume(body)
-    yield name
-    core.delete_persistent_volume(name)
+    with persistent_volume_for(core, namespace, "chat-cache", "20Gi") as name:
+        yield name
 
 
 def test_apply_creates_children_and_reports_ready(

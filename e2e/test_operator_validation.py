@@ -33,6 +33,11 @@ INVALID = {
         {"engine": {"tensorParallelSize": 4}, "resources": {"gpu": 2}},
         "must not exceed resources.gpu",
     ),
+    "tensor-times-pipeline-above-gpus": (
+        {"engine": {"tensorParallelSize": 2, "pipelineParallelSize": 2}, "resources": {"gpu": 2}},
+        "must not exceed resources.gpu",
+    ),
+    "pipeline-parallel-zero": ({"engine": {"pipelineParallelSize": 0}}, "pipelineParallelSize"),
     "block-size": ({"engine": {"blockSize": 12}}, "blockSize must be 8, 16 or 32"),
     "gpu-memory-zero": ({"engine": {"gpuMemoryUtilization": 0}}, "must be in (0, 1]"),
     "gpu-memory-above-one": ({"engine": {"gpuMemoryUtilization": 1.5}}, "must be in (0, 1]"),

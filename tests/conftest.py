@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -16,44 +15,7 @@ import torch
 
 from octavo.model_executor.embedded import embedded_model_folder
 
-TINY_CONFIGS = {
-    # Qwen2: q/k/v biases, GQA 4:2, untied embeddings.
-    "qwen2": {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
-        "use_sliding_window": False,
-    },
-    # Llama-3 style: llama3 RoPE scaling, GQA 4:1, tied embeddings.
-    "llama3": {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 1,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        },
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": True,
-    },
-}
+from tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -83,30 +45,10 @@ def tiny_folder(tmp_path_factory, smol_folder, smol_tokenizer):
 
     def make(name: str) -> Path:
         if name not in made:
-            made[name] = _build_tiny_model(
-                tmp_path_factory.mktemp(name), name, smol_tokenizer, smol_folder
-            )
+            made[name] = build_tiny_model(tmp_path_factory.mktemp(name), name, smol_tokenizer)
         return made[name]
 
     return make
-
-
-def _build_tiny_model(folder: Path, name: str, tokenizer, smol_folder: Path) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = dict(TINY_CONFIGS[name], vocab_size=len(tokenizer))
-    raw["bos_token_id"], raw["eos_token_id"] = tokenizer.bos_token_id, tokenizer.eos_token_id
-    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    torch.manual_seed(1234)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
-            parameter.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    saved = json.loads((folder / "config.json").read_text())
-    assert saved["architectures"] == raw["architectures"]
-    return folder
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -10,30 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from octavo import LLM, SamplingParams
+from octavo import LLM
 from octavo.kernels import cpu_build
 from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.model_executor.model_config import ModelConfig
 
 from conftest import assert_all_blocks_free, hf_greedy
-
-MAX_NEW_TOKENS = 20
-TOPICS = ["PagedAttention", "a cat", "Kubernetes", "the moon", "rust", "tea", "jazz", "GPUs"]
-
-
-def mixed_prompts(tokenizer) -> list[list[int]]:
-    prompts = []
-    for index, topic in enumerate(TOPICS):
-        question = f"Tell me about {topic}." + " Please explain it in detail." * (index * 7)
-        messages = [{"role": "user", "content": question}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompts.append(tokenizer.encode(text))
-    return prompts
-
-
-def run_batch(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
-    return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+from greedy_prompts import MAX_NEW_TOKENS, mixed_prompts, run_batch
 
 
 @pytest.fixture(scope="module")

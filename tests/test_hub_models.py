@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,8 @@ from octavo.model_executor.hub import (
     served_name,
 )
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
+from hub_cache import COMMIT, seed_snapshot
+
 TINY_ARGS = {"dtype": "float32", "max_model_len": 64, "kv_cache_memory": 2**20}
 
 
@@ -31,17 +31,6 @@ def offline_cache(monkeypatch, tmp_path) -> Path:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     return cache
-
-
-def seed_snapshot(cache: Path, repo_id: str, source: Path, refs: tuple[str, ...]) -> Path:
-    """Lay out ``source`` as the hub cache does: models--org--name/{refs,snapshots/<sha>}."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / COMMIT
-    shutil.copytree(source, snapshot)
-    (repo / "refs").mkdir()
-    for ref in refs:
-        (repo / "refs" / ref).write_text(COMMIT)
-    return snapshot
 
 
 @pytest.mark.parametrize(

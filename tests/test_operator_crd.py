@@ -49,6 +49,7 @@ def test_defaults_are_in_the_schema():
         "enablePrefixCaching": True,
         "dtype": "auto",
         "tensorParallelSize": 1,
+        "pipelineParallelSize": 1,
     }
     assert props["rollout"]["default"] == {
         "strategy": "RollingUpdate",

@@ -42,7 +42,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--header-timeout": "HTTP connection tuning, rarely changed",
     "--log-level": "debugging one deployment, not a lasting setting",
 }
-# Every engine field away from its default, on 2 GPUs (tensorParallelSize <= gpu).
+# Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {
     "maxModelLen": 8192,
     "maxNumSeqs": 64,
@@ -52,6 +52,7 @@ FULL_ENGINE = {
     "enablePrefixCaching": False,
     "dtype": "bfloat16",
     "tensorParallelSize": 2,
+    "pipelineParallelSize": 2,
 }
 
 
@@ -143,7 +144,7 @@ def test_full_spec_parses_to_its_values_with_the_server_parser():
     spec = {
         "model": {"uri": "hf://org/name", "revision": "main", "servedName": "chat-model"},
         "engine": {**FULL_ENGINE, "extraArgs": ["--seed", "7"]},
-        "resources": {"gpu": 2},
+        "resources": {"gpu": 4},
     }
     parsed = parse_serve(server_args(isvc(spec)))
     for field in ENGINE_FIELDS:

@@ -21,8 +21,8 @@ from octavo.entrypoints.openai.context import ServerConfig
 from octavo.inputs.chat import ChatTemplateError, render_chat_prompt
 from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
 
-from conftest import _build_tiny_model
 from server_harness import ThreadedServer, build_local_app, torch_threads
+from tiny_models import build_tiny_model
 
 BOS = "<|begin_of_text|>"
 MODEL = "bos-tiny"
@@ -55,7 +55,7 @@ def bos_tokenizer(smol_tokenizer) -> Any:
 @pytest.fixture(scope="module")
 def bos_folder(tmp_path_factory, bos_tokenizer, smol_folder) -> Path:
     """A tiny random Llama-3 whose tokenizer adds a BOS."""
-    return _build_tiny_model(tmp_path_factory.mktemp(MODEL), "llama3", bos_tokenizer, smol_folder)
+    return build_tiny_model(tmp_path_factory.mktemp(MODEL), "llama3", bos_tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ FLAGS = (
     "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
     "--max-num-batched-tokens", "--block-size", "--kv-cache-memory",
     "--gpu-memory-utilization", "--enable-prefix-caching", "--no-enable-prefix-caching",
-    "--dtype", "--tensor-parallel-size", "--api-key", "--max-queue-len",
+    "--dtype", "--tensor-parallel-size", "--pipeline-parallel-size", "--api-key",
+    "--max-queue-len",
     "--shutdown-timeout", "--log-level", "--max-sequences-per-request",
     "--limit-concurrency", "--header-timeout",
 )  # fmt: skip
@@ -85,10 +86,13 @@ def test_sizes():
         parse_size("lots")
 
 
-def test_tensor_parallel_above_one_is_refused(tiny_folder, capsys):
-    code = main(["serve", str(tiny_folder("llama3")), "--tensor-parallel-size", "2"])
+def test_a_layout_the_model_cannot_take_is_refused_before_serving(smol_folder, capsys):
+    """SmolLM2 has 9 attention heads: 2 ranks cannot split them (3 can)."""
+    code = main(["serve", str(smol_folder), "--tensor-parallel-size", "2"])
     assert code == 2
-    assert "tensor_parallel_size" in capsys.readouterr().err
+    assert "attention heads (9) cannot be split evenly over tensor_parallel_size 2" in (
+        capsys.readouterr().err
+    )
 
 
 def test_missing_model_folder_is_refused_before_serving(tmp_path, capsys):

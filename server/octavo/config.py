@@ -61,7 +61,10 @@ class EngineArgs:
         choices=SUPPORTED_BLOCK_SIZES,
     )
     kv_cache_memory: int | None = engine_arg(
-        None, "KV cache size on CPU, in bytes or with a unit (e.g. 4GiB; default 2GiB)", parse_size
+        None,
+        "KV cache size on CPU per worker (each tensor/pipeline rank holds its shard), "
+        "in bytes or with a unit (e.g. 4GiB; default 2GiB)",
+        parse_size,
     )
     gpu_memory_utilization: float = engine_arg(
         0.9, "fraction of GPU memory for weights and KV cache", positive_float
@@ -76,11 +79,21 @@ class EngineArgs:
     seed: int = engine_arg(0, "seed of the random numbers drawn by requests without a seed", int)
     num_threads: int | None = engine_arg(
         None,
-        "CPU threads of the engine core's compute (default: every CPU the process may use, "
-        "its affinity mask capped by the cgroup CPU quota, i.e. a Kubernetes CPU limit)",
+        "CPU threads of the model's compute, per worker (default: every CPU the process may "
+        "use, its affinity mask capped by the cgroup CPU quota, i.e. a Kubernetes CPU "
+        "limit, shared out among the tensor/pipeline-parallel workers)",
         positive_int,
     )
-    tensor_parallel_size: int = engine_arg(1, "GPUs per model (only 1 is supported)", positive_int)
+    tensor_parallel_size: int = engine_arg(
+        1,
+        "ranks each layer is split over (one worker process each; GPUs on a GPU machine)",
+        positive_int,
+    )
+    pipeline_parallel_size: int = engine_arg(
+        1,
+        "stages the layers are split over (one worker process per stage and tensor rank)",
+        positive_int,
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -117,10 +130,8 @@ class EngineArgs:
             self.max_model_len is None or self.max_model_len >= 1,
             "max_model_len must be >= 1",
         )
-        _require(
-            self.tensor_parallel_size == 1,
-            "tensor_parallel_size > 1 is not supported yet; use 1",
-        )
+        _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
+        _require(self.pipeline_parallel_size >= 1, "pipeline_parallel_size must be >= 1")
 
     @classmethod
     def from_kwargs(cls, model: str | None, kwargs: dict) -> EngineArgs:

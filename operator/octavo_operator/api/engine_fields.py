@@ -96,8 +96,19 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
     EngineField(
         "tensorParallelSize",
         "--tensor-parallel-size",
-        integer(1, 64, description="GPUs per replica (a power of two)", default=1),
+        integer(1, 64, description="ranks each layer is split over (a power of two)", default=1),
         allowed=TENSOR_PARALLEL_SIZES,
+    ),
+    EngineField(
+        "pipelineParallelSize",
+        "--pipeline-parallel-size",
+        integer(
+            1,
+            64,
+            description="stages the layers are split over; a replica uses "
+            "tensorParallelSize × pipelineParallelSize GPUs",
+            default=1,
+        ),
     ),
 )
 

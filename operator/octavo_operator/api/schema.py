@@ -124,7 +124,8 @@ def model_schema() -> Schema:
 
 def resources_schema() -> Schema:
     return obj(
-        "Compute per replica. `gpu` defaults to engine.tensorParallelSize; 0 runs on CPU.",
+        "Compute per replica. `gpu` defaults to engine.tensorParallelSize × "
+        "engine.pipelineParallelSize; 0 runs on CPU.",
         {
             "gpu": integer(0, 64, description="GPUs per replica"),
             "gpuResourceName": string(

@@ -105,7 +105,7 @@ def _model(spec: dict[str, Any]) -> ModelSource:
 def _resources(spec: dict[str, Any], engine: Engine) -> Resources:
     r = section(spec, "resources")
     return Resources(
-        gpu=r.get("gpu", engine.tensor_parallel_size),
+        gpu=r.get("gpu", engine.world_size),
         gpu_resource_name=r.get("gpuResourceName", c.DEFAULT_GPU_RESOURCE),
         cpu=None if r.get("cpu") is None else str(r["cpu"]),
         memory=None if r.get("memory") is None else str(r["memory"]),

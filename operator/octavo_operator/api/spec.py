@@ -60,6 +60,15 @@ class Engine:
     def tensor_parallel_size(self) -> int:
         return int(self.settings["tensorParallelSize"])
 
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return int(self.settings["pipelineParallelSize"] or 1)
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes (and GPUs) of one replica: tensor × pipeline ranks."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
 
 @dataclass(frozen=True)
 class Resources:

@@ -96,9 +96,11 @@ def spec_rules() -> list[dict[str, Any]]:
         ),
         rule(
             "!has(self.resources.gpu) || (self.resources.gpu == 0 ? "
-            "self.engine.tensorParallelSize == 1 : "
-            "self.engine.tensorParallelSize <= self.resources.gpu)",
-            "engine.tensorParallelSize must not exceed resources.gpu (and must be 1 on CPU)",
+            "self.engine.tensorParallelSize * self.engine.pipelineParallelSize == 1 : "
+            "self.engine.tensorParallelSize * self.engine.pipelineParallelSize "
+            "<= self.resources.gpu)",
+            "engine.tensorParallelSize × engine.pipelineParallelSize must not exceed "
+            "resources.gpu (and must be 1 on CPU)",
         ),
         rule(
             "!has(self.model.uri) || !self.model.uri.startsWith('pvc://') || "

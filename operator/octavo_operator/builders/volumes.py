@@ -10,7 +10,7 @@ from .metadata import cache_claim_name
 
 CACHE_PATH = "/cache"
 MODELS_PATH = "/models"
-SHM_SIZE = "16Gi"  # NCCL's shared-memory transport between tensor-parallel workers
+SHM_SIZE = "16Gi"  # NCCL's shared-memory transport between tensor/pipeline-parallel workers
 
 
 def model_argument(isvc: InferenceService) -> str | None:
@@ -38,7 +38,7 @@ def volumes(isvc: InferenceService) -> list[dict[str, Any]]:
         out.append(
             {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         )
-    if isvc.engine.tensor_parallel_size > 1:
+    if isvc.engine.world_size > 1:
         out.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}})
     return out
 
@@ -48,6 +48,6 @@ def volume_mounts(isvc: InferenceService) -> list[dict[str, Any]]:
     if isvc.model.scheme == "pvc":
         claim, _ = isvc.model.claim_and_path
         out.append({"name": "model", "mountPath": f"{MODELS_PATH}/{claim}", "readOnly": True})
-    if isvc.engine.tensor_parallel_size > 1:
+    if isvc.engine.world_size > 1:
         out.append({"name": "shm", "mountPath": "/dev/shm"})
     return out

@@ -8,18 +8,18 @@ from dataclasses import dataclass
 import torch
 
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.device import select_device, select_dtype
-from octavo.executor.executor import Executor, UniProcExecutor
+from octavo.executor.executor import Executor, create_executor
 from octavo.kernels.cpu_count import usable_cpus
 from octavo.kv_cache.block_pool import BlockPool
-from octavo.kv_cache.cache_tensors import bytes_per_block, cuda_kv_budget
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.stop_checker import StopLimits
-from octavo.worker.worker import Worker, WorkerConfig
+from octavo.worker.worker import KVBudget, WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,26 +42,53 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     config = ModelConfig.from_folder(folder)
     device = select_device(args.device)
     dtype = select_dtype(args.dtype, device)
+    parallel = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
+    parallel.check(config, device)
     max_model_len = _max_model_len(args, config)
     tokenizer = load_tokenizer(folder)
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
+    threads = args.num_threads or max(1, usable_cpus() // parallel.world_size)
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        args.num_threads or usable_cpus(),
+        threads,
     )  # fmt: skip
-    worker = Worker(spec)
-    num_blocks = _num_blocks(args, config, dtype, device)
-    _check_capacity(num_blocks, args.block_size, max_model_len)
-    worker.initialize_cache(num_blocks)
+    executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    try:
+        num_blocks = _initialize_cache(executor, args, device, max_model_len)
+    except BaseException:
+        executor.shutdown()
+        raise
     pool = BlockPool(num_blocks, args.enable_prefix_caching)
     kv = KVCacheManager(pool, args.block_size)
     limits = StopLimits(eos, max_model_len)
     scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
-        config, tokenizer, UniProcExecutor(worker), scheduler, pool, max_model_len, device,
-        dtype, name,
+        config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
     )  # fmt: skip
+
+
+def _initialize_cache(
+    executor: Executor, args: EngineArgs, device: torch.device, max_model_len: int
+) -> int:
+    """Size the KV cache (the fewest blocks any worker can hold) and allocate it."""
+    budget = KVBudget(
+        args.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY,
+        args.gpu_memory_utilization,
+        args.token_budget(device.type),
+        args.max_num_seqs,
+    )
+    num_blocks = executor.num_available_blocks(budget)
+    if device.type == "cuda" and num_blocks <= 0:
+        raise ValueError(
+            "no GPU memory left for the KV cache; raise gpu_memory_utilization "
+            "or lower max_num_batched_tokens / max_num_seqs"
+        )
+    logger.info("KV cache: %d blocks of %d tokens (%d tokens)",
+                num_blocks, args.block_size, num_blocks * args.block_size)  # fmt: skip
+    _check_capacity(num_blocks, args.block_size, max_model_len)
+    executor.initialize_cache(num_blocks)
+    return num_blocks
 
 
 def _eos_token_ids(config: ModelConfig, tokenizer) -> set[int]:
@@ -80,28 +107,6 @@ def _max_model_len(args: EngineArgs, config: ModelConfig) -> int:
     if args.max_model_len > limit:
         raise ValueError(f"max_model_len {args.max_model_len} exceeds the model's limit of {limit}")
     return args.max_model_len
-
-
-def _num_blocks(args: EngineArgs, config: ModelConfig, dtype, device: torch.device) -> int:
-    per_block = bytes_per_block(config, args.block_size, dtype)
-    if device.type == "cuda":
-        budget = cuda_kv_budget(
-            args.gpu_memory_utilization, device, config,
-            args.token_budget(device.type), args.max_num_seqs, dtype,
-        )  # fmt: skip
-        if budget <= 0:
-            raise ValueError(
-                "no GPU memory left for the KV cache; raise gpu_memory_utilization "
-                "or lower max_num_batched_tokens / max_num_seqs"
-            )
-    else:
-        budget = args.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
-    num_blocks = budget // per_block
-    logger.info(
-        "KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens)",
-        num_blocks, args.block_size, num_blocks * per_block / 2**20, num_blocks * args.block_size,
-    )  # fmt: skip
-    return int(num_blocks)
 
 
 def _check_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:

@@ -3,7 +3,9 @@
 The same loop runs on a thread of the server (``core_thread``) or in a process of its
 own (``core_process``); only how commands arrive (an ``inbox``) and how events leave
 (``emit``) differ. While requests are unfinished the loop steps without waiting; when
-idle it blocks for the next command.
+idle it waits for the next command, checking every ``HEALTH_CHECK_SECONDS`` that the
+engine's workers are still alive (a dead one crashes the loop, so the server exits).
+Whichever way the loop ends, the engine is shut down (its worker processes stopped).
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from octavo.engine.engine_info import read_engine_info
 
 logger = logging.getLogger(__name__)
 
+HEALTH_CHECK_SECONDS = 1.0
+
 Emit = Callable[[Any], None]
 
 
 class Inbox(Protocol):
-    def get(self, block: bool) -> list[Any]:
-        """Every waiting command; with ``block``, wait for at least one."""
+    def get(self, block: bool, timeout: float | None = None) -> list[Any]:
+        """Every waiting command; with ``block``, wait for at least one (at most ``timeout``
+        seconds, then return none)."""
         ...
 
 
@@ -47,9 +52,18 @@ def run_engine_core(factory: Callable[[], Any], inbox: Inbox, emit: Emit) -> Non
         _serve(engine, inbox, emit)
     except Exception:
         logger.exception("the engine loop crashed")
+        _shutdown(engine)
         emit(CoreStopped("the engine loop crashed", dead=True))
         return
+    _shutdown(engine)
     emit(CoreStopped("the engine stopped", dead=False))
+
+
+def _shutdown(engine: Any) -> None:
+    try:
+        engine.shutdown()
+    except Exception:
+        logger.exception("the engine did not shut down cleanly")
 
 
 def _load(factory: Callable[[], Any], emit: Emit) -> Any | None:
@@ -73,7 +87,11 @@ def _load(factory: Callable[[], Any], emit: Emit) -> Any | None:
 
 def _serve(engine: Any, inbox: Inbox, emit: Emit) -> None:
     while True:
-        commands = inbox.get(block=not engine.has_unfinished_requests())
+        idle = not engine.has_unfinished_requests()
+        commands = inbox.get(block=idle, timeout=HEALTH_CHECK_SECONDS if idle else None)
+        if idle and not commands:
+            engine.check_health()
+            continue
         if any(isinstance(command, Stop) for command in commands):
             return
         outputs_pending = False

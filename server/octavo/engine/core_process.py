@@ -33,8 +33,10 @@ class PipeInbox:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
 
-    def get(self, block: bool) -> list[Any]:
+    def get(self, block: bool, timeout: float | None = None) -> list[Any]:
         try:
+            if block and not self._conn.poll(timeout):
+                return []
             commands = [self._conn.recv()] if block else []
             while self._conn.poll():
                 commands.append(self._conn.recv())

@@ -17,8 +17,11 @@ class QueueInbox:
     def put(self, command: Any) -> None:
         self._queue.put(command)
 
-    def get(self, block: bool) -> list[Any]:
-        commands = [self._queue.get()] if block else []
+    def get(self, block: bool, timeout: float | None = None) -> list[Any]:
+        try:
+            commands = [self._queue.get(timeout=timeout)] if block else []
+        except queue.Empty:
+            return []
         while True:
             try:
                 commands.append(self._queue.get_nowait())

@@ -17,6 +17,7 @@ from typing import Generic, TypeVar
 
 import torch
 
+from octavo.executor.multiproc_executor import WorkerDied
 from octavo.kv_cache.block_pool import NULL_BLOCK_ID
 from octavo.sampling_params import SamplingParams
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
@@ -26,8 +27,12 @@ logger = logging.getLogger(__name__)
 Key = TypeVar("Key", bound=Hashable)
 Result = TypeVar("Result")
 
-# Errors that say the engine (memory, device) is broken, never one request.
-ENGINE_ERRORS: tuple[type[BaseException], ...] = (MemoryError, torch.OutOfMemoryError)
+# Errors that say the engine (memory, device, a lost worker) is broken, never one request.
+ENGINE_ERRORS: tuple[type[BaseException], ...] = (
+    MemoryError,
+    torch.OutOfMemoryError,
+    WorkerDied,
+)
 MAX_ERROR_MESSAGE = 500  # characters of an exception's text passed on to the client
 CANARY_SEQ_ID = -1  # never a real sequence's id
 

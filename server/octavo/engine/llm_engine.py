@@ -220,6 +220,15 @@ class LLMEngine:
             self.requests.pop(request.request_id, None)
         return output
 
+    # ----- lifecycle -----------------------------------------------------------------------
+    def check_health(self) -> None:
+        """Raise if the executor lost a worker (the engine core then stops)."""
+        self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers; the engine takes no more steps."""
+        self.executor.shutdown()
+
     # ----- statistics --------------------------------------------------------------------
     def stats(self) -> EngineStats:
         pool, counters = self.parts.pool, self.scheduler.counters

@@ -31,6 +31,17 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (with tensor/pipeline parallelism). They also
+        stop when this object is collected or the program exits."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

@@ -1,9 +1,9 @@
 """The seam between the engine core and the workers that run the model.
 
-The engine core talks to an ``Executor`` only: it hands over each step's
-``SchedulerOutput`` and gets the sampled tokens back. ``UniProcExecutor`` runs the one
-worker in this process; a multi-process executor (one worker per tensor-parallel rank,
-the driver sampling) plugs in here without changes above it.
+The engine core talks to an ``Executor`` only: it sizes and allocates the KV cache
+through it, hands over each step's ``SchedulerOutput`` and gets the sampled tokens back.
+``UniProcExecutor`` runs the one worker in this process; ``MultiprocExecutor``
+(``multiproc_executor.py``) runs one worker process per tensor/pipeline-parallel rank.
 """
 
 from __future__ import annotations
@@ -12,11 +12,21 @@ from typing import Protocol
 
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
-from octavo.worker.worker import Worker
+from octavo.worker.worker import KVBudget, Worker, WorkerConfig
 
 
 class Executor(Protocol):
+    def num_available_blocks(self, budget: KVBudget) -> int:
+        """KV blocks that fit on every worker (the smallest of the ranks' answers)."""
+        ...
+
+    def initialize_cache(self, num_blocks: int) -> None: ...
+
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    def check_health(self) -> None:
+        """Raise if a worker is gone (called between steps while idle)."""
+        ...
 
     def shutdown(self) -> None: ...
 
@@ -24,11 +34,29 @@ class Executor(Protocol):
 class UniProcExecutor:
     """One worker, called directly."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    def __init__(self, spec: WorkerConfig) -> None:
+        self.worker = Worker(spec)
+
+    def num_available_blocks(self, budget: KVBudget) -> int:
+        return self.worker.num_available_blocks(budget)
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_cache(num_blocks)
 
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(step)
 
+    def check_health(self) -> None:
+        pass  # the worker is this process
+
     def shutdown(self) -> None:
         self.worker.runner = None
+
+
+def create_executor(spec: WorkerConfig, tensor_parallel_size: int, pipeline_parallel_size: int):
+    """The in-process executor for one rank, worker processes for more."""
+    if tensor_parallel_size * pipeline_parallel_size == 1:
+        return UniProcExecutor(spec)
+    from octavo.executor.multiproc_executor import MultiprocExecutor
+
+    return MultiprocExecutor(spec, tensor_parallel_size, pipeline_parallel_size)

@@ -4,6 +4,11 @@ Tokens of one step arrive flattened (no padding): ``input_ids [T]``, ``positions
 Q/K/V and gate/up projections are fused into single matrices at load time. Only the
 rows named by ``logits_indices`` reach the LM head. The linear layers, the embedding and
 the LM head come from ``layers/`` and hold this process's tensor-parallel shard.
+
+With pipeline parallelism a process builds only its stage: its slice of the decoder
+layers, the embedding on the first stage, the final norm and LM head on the last. A
+stage that is not first takes the previous stage's ``IntermediateTensors``; one that
+is not last returns its own instead of logits.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from torch import nn
 
 from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
+from octavo.distributed.parallel_state import pipeline_stage
+from octavo.distributed.pipeline_comm import IntermediateTensors
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.layernorm import RMSNorm
 from octavo.model_executor.layers.linear import (
@@ -72,14 +79,26 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if config.tie_word_embeddings:
-            self.lm_head.tie_to(self.embed_tokens)
+        self.stage = pipeline_stage()
+        self.first_layer, last_layer = self.stage.layer_range(config.num_layers)
+        self.embed_tokens = None
+        self.final_norm = self.lm_head = None
+        if self.stage.is_first:
+            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config) for _ in range(self.first_layer, last_layer)
+        )
+        if self.stage.is_last:
+            self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_lm_head()
         self.rotary: RotaryEmbedding | None = None  # set once dtype and device are known
         self.requires_grad_(False)
+
+    def tie_lm_head(self) -> None:
+        """Share the embedding with the LM head when both live in this stage."""
+        if self.config.tie_word_embeddings and None not in (self.embed_tokens, self.lm_head):
+            self.lm_head.tie_to(self.embed_tokens)
 
     def forward(
         self,
@@ -89,12 +108,20 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         attention: AttentionBackend,
         logits_indices: torch.Tensor,
-    ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors | None:
+        """Logits of the ``logits_indices`` rows (last stage; ``None`` on tensor ranks other
+        than 0, which do not sample), else this stage's ``IntermediateTensors``."""
         assert self.rotary is not None, "set model.rotary before running the model"
         rope = self.rotary.for_step(positions)
-        residual = None
+        if intermediate is None:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden, residual = intermediate.hidden, intermediate.residual
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(hidden, residual, rope, kv_cache, meta, attention)
+        if self.lm_head is None:
+            return IntermediateTensors(hidden, residual)
         hidden, _ = self.final_norm(hidden[logits_indices], residual[logits_indices])
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        return None if logits is None else logits.float()

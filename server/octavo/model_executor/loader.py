@@ -55,8 +55,7 @@ def load_model(
         skeleton = LlamaForCausalLM(config)
     model = skeleton.to_empty(device=device).to(dtype)
     model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope, dtype, device)
-    if config.tie_word_embeddings:
-        model.lm_head.tie_to(model.embed_tokens)  # to_empty gave each its own storage
+    model.tie_lm_head()  # to_empty gave the embedding and the LM head each their own storage
     with torch.no_grad():
         load_weights(model, folder)
     for module in model.modules():

@@ -9,6 +9,11 @@ their last token are projected through the LM head and sampled; a sequence that 
 
 A step is all or nothing for the runner's own state: sampled tokens are added to the
 histories only after the whole batch was sampled, so a failed step can be run again.
+
+Under tensor parallelism only the driver (tensor rank 0 of the last stage) keeps
+sampling state and samples; the other ranks compute their shards and return nothing.
+Under pipeline parallelism the step runs as micro-batches (``micro_batches.py``): a
+stage receives each one's activations from the previous stage and sends its own on.
 """
 
 from __future__ import annotations
@@ -20,8 +25,15 @@ import torch
 
 from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
+from octavo.distributed.parallel_state import PipelineStage
+from octavo.distributed.pipeline_comm import (
+    IntermediateTensors,
+    receive_from_previous_stage,
+    send_to_next_stage,
+)
 from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.model_executor.llama import LlamaForCausalLM
+from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.sampler import Sampler, SamplingRow
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
@@ -66,10 +78,13 @@ class ModelRunner:
         attention: AttentionBackend,
         device: torch.device,
         eos_token_ids: frozenset[int] = frozenset(),
+        stage: PipelineStage | None = None,
+        is_driver: bool = True,
     ) -> None:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.attention, self.device = attention, device
         self.eos_token_ids = eos_token_ids
+        self.stage, self.is_driver = stage or PipelineStage(), is_driver
         self.sampler = Sampler()
         self.states: dict[int, SequenceState] = {}
 
@@ -80,24 +95,60 @@ class ModelRunner:
         copy_blocks(self.kv_caches, step.block_copies)
         if step.is_empty:
             return ModelRunnerOutput()
-        inputs = self.prepare(step.scheduled, len(step.prefills))
-        logits = self.model(
+        if self.stage.size > 1:
+            output = self._execute_pipelined(step)
+        else:
+            inputs = self.prepare(step.scheduled, len(step.prefills))
+            output = self._sample(self._forward(inputs), inputs.sampled)
+        self._remember(output)
+        return output
+
+    def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
+        return self.model(
             inputs.input_ids,
             inputs.positions,
             self.kv_caches,
             inputs.meta,
             self.attention,
             inputs.logits_indices,
+            intermediate,
         )
-        return self._sample(logits, inputs.sampled)
+
+    def _execute_pipelined(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        """Each micro-batch: take the previous stage's activations, run this stage's layers,
+        send them on without waiting (or sample, on the last stage)."""
+        output, sends = ModelRunnerOutput(), []
+        batches = split_micro_batches(step.scheduled, len(step.prefills), self.stage.size)
+        for index, batch in enumerate(batches):
+            inputs = self.prepare(batch.scheduled, batch.num_prefills)
+            received = None
+            if not self.stage.is_first:
+                received = receive_from_previous_stage(
+                    len(inputs.positions), self.model.config.hidden_size,
+                    self.kv_caches[0].dtype, self.device, self.stage, index,
+                )  # fmt: skip
+            result = self._forward(inputs, received)
+            if isinstance(result, IntermediateTensors):
+                sends += send_to_next_stage(result, self.stage, index)
+            else:
+                output.extend(self._sample(result, inputs.sampled))
+        for work in sends:
+            work.wait()
+        return output
 
     def _update_states(self, step: SchedulerOutput) -> None:
+        if not self.is_driver:
+            return
         for seq_id in step.finished_seq_ids:
             self.states.pop(seq_id, None)
         for data in step.new_sequences:
             self.states[data.seq_id] = SequenceState.create(data, self.eos_token_ids)
 
-    def _sample(self, logits: torch.Tensor, sampled: list[ScheduledSequence]) -> ModelRunnerOutput:
+    def _sample(
+        self, logits: torch.Tensor | None, sampled: list[ScheduledSequence]
+    ) -> ModelRunnerOutput:
+        if logits is None or not self.is_driver:  # a rank that does not sample
+            return ModelRunnerOutput()
         rows, seq_ids = [], []
         for row, scheduled in enumerate(sampled):
             for seq_id in [scheduled.seq_id, *scheduled.fork_seq_ids]:
@@ -106,9 +157,12 @@ class ModelRunner:
         if rows != list(range(len(sampled))):
             logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
         result = self.sampler(logits, [self.states[seq_id].row for seq_id in seq_ids])
-        for seq_id, token in zip(seq_ids, result.token_ids, strict=True):
-            self.states[seq_id].row.output_token_ids.append(token)
         return ModelRunnerOutput(seq_ids, result.token_ids, result.logprobs)
+
+    def _remember(self, output: ModelRunnerOutput) -> None:
+        """Add the sampled tokens to the histories, once the whole step has succeeded."""
+        for seq_id, token in zip(output.seq_ids, output.sampled_token_ids, strict=True):
+            self.states[seq_id].row.output_token_ids.append(token)
 
     def prepare(self, scheduled: list[ScheduledSequence], num_prefills: int) -> StepInputs:
         token_ids, positions, slots, starts = [], [], [], [0]

@@ -1,4 +1,8 @@
-"""Reading Hugging Face safetensors checkpoints into Octavo's fused Llama-family layout."""
+"""Reading Hugging Face safetensors checkpoints into Octavo's fused Llama-family layout.
+
+Each tensor is handed over as a ``CheckpointSlice``: the layer's weight loader reads only
+this rank's part of it. Under pipeline parallelism a stage skips the layers it lacks.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from octavo.model_executor.checkpoint_slice import CheckpointSlice, materialize
 from octavo.model_executor.llama import LlamaForCausalLM
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -30,14 +35,14 @@ _REPLICATED = {
 _PLAIN = {**_SHARDED, **_REPLICATED}
 
 
-def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, CheckpointSlice]]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors weights in {folder}")
     for file in files:
         with safe_open(str(file), framework="pt") as reader:
             for name in reader.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                yield name, reader.get_tensor(name)
+                yield name, CheckpointSlice(reader.get_slice(name))
 
 
 def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
@@ -52,26 +57,40 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
         raise ValueError(f"checkpoint in {folder} lacks weights: {sorted(missing)[:5]}")
 
 
-def _copy_into(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str | None:
+def _copy_into(model: LlamaForCausalLM, name: str, tensor: CheckpointSlice) -> str | None:
+    tied = model.config.tie_word_embeddings
     if name == "model.embed_tokens.weight":
-        embed = model.embed_tokens
-        embed.weight_loader(embed.weight, tensor, name)
-        return "embed_tokens.weight"
+        return _copy_embedding(model, tensor, name)
     if name == "model.norm.weight":
+        if model.final_norm is None:
+            return None
         return _assign(model.final_norm.weight, tensor, "final_norm.weight")
     if name == "lm_head.weight":
-        if model.config.tie_word_embeddings:
+        if tied or model.lm_head is None:
             return None
         model.lm_head.weight_loader(model.lm_head.weight, tensor, name)
         return "lm_head.weight"
     match = _LAYER.match(name)
     if match is None:
         return None  # e.g. rotary inv_freq buffers in old checkpoints
-    layer = model.layers[int(match.group(1))]
-    return _copy_into_layer(layer, int(match.group(1)), match.group(2), tensor)
+    index = int(match.group(1)) - model.first_layer
+    if not 0 <= index < len(model.layers):
+        return None  # another pipeline stage's layer
+    return _copy_into_layer(model.layers[index], int(match.group(1)), match.group(2), tensor)
 
 
-def _copy_into_layer(layer, index: int, name: str, tensor: torch.Tensor) -> str | None:
+def _copy_embedding(model: LlamaForCausalLM, tensor: CheckpointSlice, name: str) -> str | None:
+    """The embedding, and the tied LM head of a last stage that has no embedding."""
+    if model.embed_tokens is not None:
+        model.embed_tokens.weight_loader(model.embed_tokens.weight, tensor, name)
+        return "embed_tokens.weight"
+    if model.config.tie_word_embeddings and model.lm_head is not None:
+        model.lm_head.weight_loader(model.lm_head.weight, tensor, name)
+        return "lm_head.weight"
+    return None
+
+
+def _copy_into_layer(layer, index: int, name: str, tensor: CheckpointSlice) -> str | None:
     prefix = f"layers.{index}."
     if name in _REPLICATED:
         target = _REPLICATED[name]
@@ -91,20 +110,24 @@ def _copy_into_layer(layer, index: int, name: str, tensor: torch.Tensor) -> str 
     return f"{prefix}{fused}.{kind}.{slot}"
 
 
-def _assign(parameter: torch.Tensor, tensor: torch.Tensor, name: str) -> str:
+def _assign(parameter: torch.Tensor, tensor: CheckpointSlice, name: str) -> str:
     if parameter.shape != tensor.shape:
         raise ValueError(
             f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(parameter.shape)}"
         )
-    parameter.copy_(tensor)
+    parameter.copy_(materialize(tensor))
     return name
 
 
 def _expected_names(model: LlamaForCausalLM) -> set[str]:
-    names = {"embed_tokens.weight", "final_norm.weight"}
-    if not model.config.tie_word_embeddings:
-        names.add("lm_head.weight")
-    for index, layer in enumerate(model.layers):
+    names = set()
+    if model.embed_tokens is not None:
+        names.add("embed_tokens.weight")
+    if model.lm_head is not None:
+        names.add("final_norm.weight")
+        if model.embed_tokens is None or not model.config.tie_word_embeddings:
+            names.add("lm_head.weight")
+    for index, layer in enumerate(model.layers, start=model.first_layer):
         prefix = f"layers.{index}."
         names.update(prefix + target for target in _PLAIN.values())
         kinds = ["weight", "bias"] if layer.qkv.bias is not None else ["weight"]

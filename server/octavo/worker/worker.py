@@ -1,7 +1,8 @@
 """A worker owns one device's share of the model: the weights, the KV cache, the runner.
 
-Today there is one worker, in the engine's process. With tensor parallelism there is
-one per rank, each in its own process, built from the same ``WorkerConfig``.
+Without parallelism there is one worker, in the engine's process. With tensor or
+pipeline parallelism there is one per rank, each in its own process
+(``worker_process``), built from the same ``WorkerConfig`` plus its ``Placement``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from pathlib import Path
 import torch
 
 from octavo.attention.backend import select_backend
-from octavo.kv_cache.cache_tensors import allocate_kv_caches
+from octavo.distributed.parallel_state import pipeline_stage
+from octavo.distributed.worker_group import Placement, join_process_group
+from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
 from octavo.model_executor.loader import load_model
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
+
+STOP_WORKER = "stop"  # the message that ends a worker process (``worker_process``)
 
 
 @dataclass
@@ -35,32 +40,95 @@ class WorkerConfig:
     num_threads: int | None = None  # torch's intra-op threads; None leaves torch's default
 
 
+@dataclass(frozen=True)
+class KVBudget:
+    """How much memory a worker may give its KV cache (each rank sizes its own shard)."""
+
+    cpu_bytes: int  # on CPU: this many bytes per worker
+    gpu_memory_utilization: float  # on GPU: this fraction of the device, minus the rest
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """This worker's share of the KV cache: its stage's layers, its rank's KV heads."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
 class Worker:
-    def __init__(self, spec: WorkerConfig) -> None:
-        self.spec = spec
+    def __init__(self, spec: WorkerConfig, placement: Placement | None = None,
+                 init_method: str = "") -> None:  # fmt: skip
+        self.spec, self.placement = spec, placement
+        self.device = spec.device
+        if placement is not None:
+            self.device = _rank_device(spec.device, placement.rank)
+            join_process_group(placement, init_method, _backend(self.device))
         torch.manual_seed(spec.seed)
         if spec.num_threads is not None:
             torch.set_num_threads(spec.num_threads)
         self.model = load_model(
-            spec.folder, spec.config, spec.max_positions, spec.dtype, spec.device
+            spec.folder, spec.config, spec.max_positions, spec.dtype, self.device
         )
+        layers = self.model.layers
+        kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
+        self.cache_shape = CacheShape(len(layers), kv_heads, spec.config.head_dim)
         self.runner: ModelRunner | None = None
+
+    @property
+    def is_driver(self) -> bool:
+        return self.placement is None or self.placement.is_driver
+
+    def parameter_bytes(self) -> int:
+        """Bytes of this rank's weights (its shard; tied tensors counted once)."""
+        unique = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
+        return sum(unique.values())
+
+    def num_available_blocks(self, budget: KVBudget) -> int:
+        """How many KV blocks fit this worker's memory budget."""
+        per_block = bytes_per_block(self.cache_shape, self.spec.block_size, self.spec.dtype)
+        if self.device.type != "cuda":
+            return budget.cpu_bytes // per_block
+        free = cuda_kv_budget(
+            budget.gpu_memory_utilization, self.device, self.spec.config,
+            budget.max_num_batched_tokens, budget.max_num_seqs, self.spec.dtype,
+        )  # fmt: skip
+        return max(0, free) // per_block
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the paged KV cache and get the runner ready to take steps."""
         spec = self.spec
         caches = allocate_kv_caches(
-            spec.config, num_blocks, spec.block_size, spec.dtype, spec.device
+            self.cache_shape, num_blocks, spec.block_size, spec.dtype, self.device
         )
         self.runner = ModelRunner(
             self.model,
             caches,
             spec.block_size,
-            select_backend(spec.device, spec.dtype),
-            spec.device,
+            select_backend(self.device, spec.dtype),
+            self.device,
             spec.eos_token_ids,
+            pipeline_stage(),
+            self.is_driver,
         )
 
-    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput | None:
+        """The step's sampled tokens on the driver; ``None`` on the other ranks."""
         assert self.runner is not None, "initialize_cache() comes before the first step"
-        return self.runner.execute_model(step)
+        output = self.runner.execute_model(step)
+        return output if self.is_driver else None
+
+
+def _rank_device(device: torch.device, rank: int) -> torch.device:
+    """One GPU per rank on this node (``CUDA_VISIBLE_DEVICES`` picks which); CPU is shared."""
+    if device.type != "cuda":
+        return device
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from octavo.distributed.parallel_state import tensor_parallel_group
+from octavo.model_executor.checkpoint_slice import materialize
 from octavo.model_executor.layers.linear_method import LinearMethod, UnquantizedLinearMethod
 
 
@@ -37,10 +38,11 @@ class LinearBase(nn.Module):
         self.method.process_weights_after_loading(self)
 
 
-def copy_checked(target: torch.Tensor, source: torch.Tensor, name: str) -> None:
+def copy_checked(target: torch.Tensor, source, name: str) -> None:
+    """Copy a checkpoint tensor (or a lazily read one, whole) after checking its shape."""
     if target.shape != source.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(source.shape)} != {tuple(target.shape)}")
-    target.copy_(source)
+    target.copy_(materialize(source))
 
 
 class ColumnParallelLinear(LinearBase):

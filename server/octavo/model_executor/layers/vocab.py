@@ -1,6 +1,7 @@
 """The token embedding and the LM head, split across tensor-parallel ranks by vocabulary
 rows: each rank embeds the ids it holds (zeros elsewhere, then an all-reduce) and
-projects onto its slice of the vocabulary (the logits gathered side by side)."""
+projects onto its slice of the vocabulary (the logits gathered side by side on tensor
+rank 0, the one that samples)."""
 
 from __future__ import annotations
 
@@ -42,5 +43,5 @@ class ParallelLMHead(ColumnParallelLinear):
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight  # same rows: both are split by vocabulary
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last_dim(super().forward(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        return self.tp.gather_last_dim(super().forward(x))

@@ -1,0 +1,70 @@
+"""Joining the workers' process group: one ``torch.distributed`` world of N×M ranks.
+
+Each worker calls ``join_process_group`` once, before it builds its model: gloo on CPU,
+NCCL on GPU, rendezvous over TCP on loopback (the executor picks the port). Every rank
+creates every stage's tensor-parallel group (``new_group`` is collective), keeps its own,
+and records its place in ``parallel_state``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from octavo.distributed.parallel_state import (
+    PipelineStage,
+    TensorParallelGroup,
+    set_parallel_state,
+)
+
+# A collective waits this long for a missing peer before failing. The executor notices a
+# dead worker long before (its pipe closes); this only bounds a worker that is left behind.
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one worker sits: its global rank in a world of ``tp × pp``."""
+
+    rank: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def tensor_rank(self) -> int:
+        return self.rank % self.tensor_parallel_size
+
+    @property
+    def stage(self) -> int:
+        return self.rank // self.tensor_parallel_size
+
+    @property
+    def is_driver(self) -> bool:
+        """The rank that samples: tensor rank 0 of the last stage."""
+        return self.tensor_rank == 0 and self.stage == self.pipeline_parallel_size - 1
+
+
+def join_process_group(placement: Placement, init_method: str, backend: str) -> None:
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=placement.rank,
+        world_size=placement.world_size,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+    tp, pp = placement.tensor_parallel_size, placement.pipeline_parallel_size
+    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
+    stage = placement.stage
+    group = TensorParallelGroup(placement.tensor_rank, tp, groups[stage], stage * tp)
+    set_parallel_state(group, PipelineStage(stage, pp, placement.tensor_rank, tp))
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

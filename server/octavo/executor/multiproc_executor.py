@@ -1,0 +1,198 @@
+"""One worker process per tensor/pipeline-parallel rank, driven from the engine core.
+
+The executor starts ``tensor_parallel_size × pipeline_parallel_size`` worker processes
+on this node (``worker_process``), each holding a socket-pair pipe to it. Every call is
+broadcast: the step is pickled once and sent to every rank, every rank answers, and
+the driver's answer (tensor rank 0 of the last stage, the one that samples) is the
+step's result. The scheduler and block manager stay in the engine core, once.
+
+Supervision: a worker that exits or whose pipe closes is a ``WorkerDied`` (fatal: the
+engine core stops and the server exits non-zero so the pod restarts); ``check_health``
+notices one between steps too. An error reported by some ranks while others never
+answer (stuck in a collective) is fatal as well; the same error from every rank is an
+ordinary step failure. ``shutdown`` (or the executor being collected) stops every
+worker, killing what does not stop in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import octavo
+from octavo.distributed.worker_group import Placement
+from octavo.outputs import ModelRunnerOutput
+from octavo.scheduler.output import SchedulerOutput
+from octavo.worker.worker import STOP_WORKER, KVBudget, WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+PEER_ERROR_GRACE_SECONDS = 10.0  # after one rank reports an error, wait this long for the rest
+STOP_GRACE_SECONDS = 10.0
+
+
+class WorkerDied(RuntimeError):
+    """A worker process is gone (or stuck): the executor cannot run steps any more."""
+
+
+class WorkerCallFailed(RuntimeError):
+    """Every rank raised the same kind of error in a call; the workers are still usable."""
+
+
+class WorkerOutOfMemory(WorkerCallFailed, MemoryError):
+    """A rank ran out of memory: an engine error, never one request's fault."""
+
+
+class WorkerHandle:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        ours, theirs = socket.socketpair()
+        command = [sys.executable, "-m", "octavo.worker.worker_process", str(theirs.fileno())]
+        self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=_worker_env())
+        theirs.close()
+        self.conn = Connection(ours.detach())
+
+    def exit_description(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=1.0)
+        code = self.process.returncode
+        how = "is not answering" if code is None else f"exited with code {code}"
+        return f"worker {self.rank} (pid {self.process.pid}) {how}"
+
+
+class MultiprocExecutor:
+    def __init__(
+        self, spec: WorkerConfig, tensor_parallel_size: int, pipeline_parallel_size: int
+    ) -> None:
+        world = tensor_parallel_size * pipeline_parallel_size
+        self.placements = [
+            Placement(rank, tensor_parallel_size, pipeline_parallel_size) for rank in range(world)
+        ]
+        self.driver = next(p.rank for p in self.placements if p.is_driver)
+        self.workers = [WorkerHandle(rank) for rank in range(world)]
+        self._broken: str | None = None
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        logger.info("starting %d workers (tensor parallel %d × pipeline parallel %d)",
+                    world, tensor_parallel_size, pipeline_parallel_size)  # fmt: skip
+        try:
+            for worker, placement in zip(self.workers, self.placements, strict=True):
+                worker.conn.send((spec, placement, init_method))
+            self._collect()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ----- the Executor interface ----------------------------------------------------------
+    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        return self.call("execute_model", step)[self.driver]
+
+    def num_available_blocks(self, budget: KVBudget) -> int:
+        return min(self.call("num_available_blocks", budget))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.call("initialize_cache", num_blocks)
+
+    def check_health(self) -> None:
+        """Raise ``WorkerDied`` if any worker has exited."""
+        if self._broken is None:
+            dead = [w for w in self.workers if w.process.poll() is not None]
+            if dead:
+                self._fail(dead[0].exit_description())
+        if self._broken is not None:
+            raise WorkerDied(self._broken)
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+    # ----- calls ---------------------------------------------------------------------------
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """Run ``worker.method(*args)`` on every rank; their results in rank order."""
+        self.check_health()
+        message = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        for worker in self.workers:
+            try:
+                worker.conn.send_bytes(message)
+            except OSError:
+                self._fail(worker.exit_description())
+        return self._collect()
+
+    def _collect(self) -> list[Any]:
+        results: list[Any] = [None] * len(self.workers)
+        pending = {worker.conn: worker for worker in self.workers}
+        errors: list[tuple[int, str, str]] = []
+        deadline: float | None = None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(list(pending), timeout)
+            if not ready:
+                ranks = sorted(w.rank for w in pending.values())
+                self._fail(f"worker {errors[0][0]} failed ({errors[0][1]}) and ranks {ranks} "
+                           "stopped answering")  # fmt: skip
+            for conn in ready:
+                worker = pending.pop(conn)
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    self._fail(worker.exit_description())
+                if status == "ok":
+                    results[worker.rank] = value
+                else:
+                    errors.append((worker.rank, *value))
+                    deadline = deadline or time.monotonic() + PEER_ERROR_GRACE_SECONDS
+        if errors:
+            _raise_reported(errors)
+        return results
+
+    def _fail(self, reason: str) -> None:
+        """The workers cannot go on: stop them all and raise ``WorkerDied``."""
+        self._broken = self._broken or reason
+        logger.error("%s; stopping every worker", self._broken)
+        self.shutdown()
+        raise WorkerDied(self._broken)
+
+
+def _raise_reported(errors: list[tuple[int, str, str]]) -> None:
+    rank, text, trace = errors[0]
+    logger.error("worker %d failed:\n%s", rank, trace)
+    kind = WorkerOutOfMemory if "OutOfMemoryError" in text or "MemoryError" in text else None
+    raise (kind or WorkerCallFailed)(text)
+
+
+def _stop_workers(workers: list[WorkerHandle]) -> None:
+    for worker in workers:
+        with contextlib.suppress(OSError):
+            worker.conn.send(STOP_WORKER)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            logger.warning("worker %d did not stop in time; killing it", worker.rank)
+            worker.process.kill()
+            worker.process.wait()
+        worker.conn.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _worker_env() -> dict[str, str]:
+    """Our environment, with this ``octavo`` first on the workers' import path."""
+    env = dict(os.environ)
+    source = str(Path(octavo.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    return env

@@ -1,0 +1,27 @@
+"""A checkpoint tensor read lazily: a tensor-parallel rank reads only its slice of it.
+
+``safetensors`` can read part of a tensor (``get_slice``) without loading the rest, so a
+rank holding half of a matrix reads half of it from disk and never holds the whole. The
+layers' weight loaders call ``narrow`` (as on a tensor) or ``full`` for unsplit weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class CheckpointSlice:
+    def __init__(self, handle) -> None:  # a safetensors PySafeSlice
+        self._handle = handle
+        self.shape = torch.Size(handle.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * dim + [slice(start, start + length)]
+        return self._handle[tuple(index)]
+
+    def full(self) -> torch.Tensor:
+        return self._handle[:]
+
+
+def materialize(tensor: torch.Tensor | CheckpointSlice) -> torch.Tensor:
+    return tensor.full() if isinstance(tensor, CheckpointSlice) else tensor

@@ -1,0 +1,100 @@
+"""Tensor and pipeline parallelism on CPU (gloo): greedy fp32 output token-identical to one rank.
+
+Each layout runs the eight mixed prompts with a small step budget (chunked prefill) and a
+KV pool squeezed until sequences are preempted and recomputed, then checks every block
+came back and every worker process is gone after ``shutdown``. SmolLM2 has 9 attention
+heads and 3 KV heads, so its tensor-parallel size is 3 (2 is refused, see
+test_parallel_layout.py); the tiny Qwen2 at 4 ranks has fewer KV heads (2) than ranks,
+so each KV head is replicated on two ranks; the tiny Llama-3 has one KV head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from octavo import LLM
+from octavo.executor.multiproc_executor import MultiprocExecutor
+from octavo.model_executor.model_config import ModelConfig
+
+from conftest import assert_all_blocks_free
+from greedy_prompts import mixed_prompts, run_batch
+
+BLOCKS_PER_WORKER = 30  # fewer than the batch needs: sequences are preempted
+STEP_BUDGET = 48  # tokens per step: the longer prompts are prefilled in chunks
+
+
+def worker_kv_bytes(config: ModelConfig, tensor: int, pipeline: int, blocks: int) -> int:
+    """Bytes of ``blocks`` KV blocks on the busiest worker (fp32, 16 tokens a block)."""
+    kv_heads = max(1, config.num_kv_heads // tensor)
+    layers = math.ceil(config.num_layers / pipeline)
+    return blocks * 2 * 16 * kv_heads * config.head_dim * 4 * layers
+
+
+def run_layout(folder, prompts, tensor: int, pipeline: int) -> tuple[list[list[int]], LLM]:
+    config = ModelConfig.from_folder(folder)
+    llm = LLM(
+        str(folder),
+        dtype="float32",
+        max_model_len=384,
+        max_num_batched_tokens=STEP_BUDGET,
+        kv_cache_memory=worker_kv_bytes(config, tensor, pipeline, BLOCKS_PER_WORKER),
+        tensor_parallel_size=tensor,
+        pipeline_parallel_size=pipeline,
+    )
+    try:
+        return run_batch(llm, prompts), llm
+    finally:
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def references(smol_folder, tiny_folder, smol_tokenizer):
+    """One rank's output per model, computed once (the layouts are compared with it)."""
+    prompts = mixed_prompts(smol_tokenizer)
+    names = ("qwen2", "llama3")
+    folders = {"smollm2": smol_folder, **{name: tiny_folder(name) for name in names}}
+    made: dict[str, list[list[int]]] = {}
+
+    def reference(name: str):
+        if name not in made:
+            made[name] = run_layout(folders[name], prompts, 1, 1)[0]
+        return folders[name], prompts, made[name]
+
+    return reference
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor", "pipeline"),
+    [
+        ("smollm2", 3, 1),
+        ("smollm2", 1, 2),
+        ("llama3", 2, 1),
+        ("llama3", 1, 2),
+        ("llama3", 2, 2),
+        ("qwen2", 4, 1),
+        ("qwen2", 2, 2),
+    ],
+)
+def test_layout_is_token_identical_to_one_rank(references, name, tensor, pipeline):
+    folder, prompts, expected = references(name)
+    outputs, llm = run_layout(folder, prompts, tensor, pipeline)
+    assert outputs == expected
+    assert llm.engine.stats().num_preemptions > 0
+    assert_all_blocks_free(llm.engine)
+    executor = llm.engine.executor
+    assert isinstance(executor, MultiprocExecutor)
+    assert len(executor.workers) == tensor * pipeline
+    assert all(worker.process.poll() is not None for worker in executor.workers)
+
+
+def test_each_rank_holds_only_its_shard(tiny_folder):
+    """Two ranks of the tiny Llama-3 hold half the MLP and attention weights each (and the
+    KV cache is sized per rank): their summed parameter bytes are below twice the model's."""
+    folder = tiny_folder("llama3")
+    with LLM(str(folder), dtype="float32", max_model_len=128, tensor_parallel_size=2) as llm:
+        sizes = llm.engine.executor.call("parameter_bytes")
+    with LLM(str(folder), dtype="float32", max_model_len=128) as single:
+        whole = single.engine.executor.worker.parameter_bytes()
+    assert all(size < 0.6 * whole for size in sizes), (sizes, whole)

@@ -1,0 +1,122 @@
+"""`octavo serve --tensor-parallel-size 2` on CPU: two worker processes under the engine core.
+
+The real openai client gets answers (plain and streamed) and /metrics counts them; a
+killed worker makes /health answer 503 and the server exit non-zero (so the pod is
+restarted, never left hanging); SIGTERM drains and leaves no worker behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
+from octavo_bench.serve_launch import free_port
+
+from conftest import wait_healthy
+
+STARTUP_SECONDS = 180
+EXIT_WITHIN_SECONDS = 30
+WORKER_MODULE = "octavo.worker.worker_process"
+
+
+@pytest.fixture
+def tp_server(tiny_folder, tmp_path):
+    port = free_port()
+    command = [
+        sys.executable, "-m", "octavo.cli", "serve", str(tiny_folder("llama3")),
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+        "--kv-cache-memory", "8MiB", "--tensor-parallel-size", "2",
+        "--served-model-name", "tiny",
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, STARTUP_SECONDS, log)
+        yield process, url, log
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def workers_of(process: subprocess.Popen) -> list[psutil.Process]:
+    descendants = psutil.Process(process.pid).children(recursive=True)
+    return [p for p in descendants if WORKER_MODULE in " ".join(p.cmdline())]
+
+
+def gone(worker: psutil.Process) -> bool:
+    try:
+        return worker.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_serves_the_openai_client_streams_and_exports_metrics(tp_server):
+    process, url, _ = tp_server
+    assert len(workers_of(process)) == 2
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    completion = client.completions.create(
+        model="tiny", prompt="Hello", max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert completion.usage.completion_tokens == 8
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert len(pieces) >= 2 and "".join(pieces)
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    generated = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    ]
+    assert generated and generated[0] >= 16
+
+
+def test_a_dead_worker_makes_the_server_unhealthy_and_exit_non_zero(tp_server):
+    process, url, log = tp_server
+    victim = workers_of(process)[1]
+    victim.kill()
+    deadline = time.monotonic() + EXIT_WITHIN_SECONDS
+    statuses: list[int] = []
+    while process.poll() is None:
+        assert time.monotonic() < deadline, f"the server kept running:\n{log.read_text()}"
+        with contextlib.suppress(httpx.TransportError):  # already closing
+            statuses.append(httpx.get(f"{url}/health", timeout=2).status_code)
+        time.sleep(0.05)
+    assert process.returncode == ENGINE_DEATH_EXIT_CODE != 0
+    if 503 in statuses:  # once unhealthy, never healthy again
+        assert 200 not in statuses[statuses.index(503) :], statuses
+    text = log.read_text()
+    assert f"worker 1 (pid {victim.pid}) exited" in text and "the engine core died" in text
+
+
+def test_sigterm_drains_and_leaves_no_worker(tp_server):
+    process, url, log = tp_server
+    workers = workers_of(process)
+    assert len(workers) == 2
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    os.kill(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=EXIT_WITHIN_SECONDS) == 0, log.read_text()
+    deadline = time.monotonic() + 10
+    while not all(gone(worker) for worker in workers):
+        assert time.monotonic() < deadline, f"workers left behind:\n{log.read_text()}"
+        time.sleep(0.05)
