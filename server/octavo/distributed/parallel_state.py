@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from octavo.distributed.comm_timer import timed
+
 
 @dataclass(frozen=True)
 class TensorParallelGroup:
@@ -38,7 +40,8 @@ class TensorParallelGroup:
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the ranks, in place (nothing to do for one rank)."""
         if self.size > 1:
-            dist.all_reduce(tensor, group=self.group)
+            with timed("all_reduce"):
+                dist.all_reduce(tensor, group=self.group)
         return tensor
 
     def gather_last_dim(self, tensor: torch.Tensor) -> torch.Tensor | None:
@@ -48,7 +51,8 @@ class TensorParallelGroup:
             return tensor
         tensor = tensor.contiguous()
         pieces = [torch.empty_like(tensor) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(tensor, pieces, dst=self.first_global_rank, group=self.group)
+        with timed("gather"):
+            dist.gather(tensor, pieces, dst=self.first_global_rank, group=self.group)
         return torch.cat(pieces, dim=-1) if pieces is not None else None
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from octavo.distributed.comm_timer import timed
 from octavo.distributed.parallel_state import PipelineStage
 
 
@@ -38,6 +39,7 @@ def receive_from_previous_stage(
 ) -> IntermediateTensors:
     peer = stage.peer(stage.stage - 1)
     pieces = [torch.empty(num_tokens, hidden_size, dtype=dtype, device=device) for _ in range(2)]
-    for i, tensor in enumerate(pieces):
-        dist.recv(tensor, peer, tag=2 * micro_batch + i)
+    with timed("pipeline_receive"):  # includes waiting for the previous stage's compute
+        for i, tensor in enumerate(pieces):
+            dist.recv(tensor, peer, tag=2 * micro_batch + i)
     return IntermediateTensors(*pieces)

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from octavo.attention.backend import select_backend
+from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
@@ -86,6 +87,10 @@ class Worker:
         """Bytes of this rank's weights (its shard; tied tensors counted once)."""
         unique = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
         return sum(unique.values())
+
+    def communication_stats(self) -> dict[str, tuple[float, int]]:
+        """Seconds and calls per kind of communication since the last ask (benchmarks)."""
+        return take_communication_stats()
 
     def num_available_blocks(self, budget: KVBudget) -> int:
         """How many KV blocks fit this worker's memory budget."""

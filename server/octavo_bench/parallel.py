@@ -1,0 +1,162 @@
+"""`python -m octavo_bench parallel`: one engine on 1 rank against tensor/pipeline layouts.
+
+Each layout (``TPxPP``) runs the same offline workloads in one process tree, one layout
+at a time: (a) 32 chat prompts × 128 new tokens and (c) a single stream of 128 tokens,
+greedy with ``ignore_eos``, after an untimed warm-up. Reported per layout: tok/s, its
+ratio to 1×1, steps, and the communication per step measured inside the workers
+(all-reduce, logits gather, pipeline receive — the last includes waiting for the
+previous stage). On a CPU the ranks share the same cores and memory bandwidth, so more
+ranks are not faster; the figures show what the split costs.
+
+The default model is a random-weight model of SmolLM2's size with 8 attention heads
+(``synthetic_model.py``), since SmolLM2's 9 heads do not split over 2 ranks; ``--model``
+runs another folder (e.g. SmolLM2 with ``--layouts 1x1,3x1,1x2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from octavo import LLM
+from octavo.cache_dirs import cache_root
+from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo_bench.engine_runs import greedy, warm_up
+from octavo_bench.offline import default_dtype
+from octavo_bench.parsers import add_output_dir, register_subcommand
+from octavo_bench.report import machine_info, ratio, save, table
+from octavo_bench.synthetic_model import build_even_head_model
+from octavo_bench.workloads import Workload, build_workloads
+
+WORKLOADS = ("a", "c")
+COMM_KINDS = ("all_reduce", "gather", "pipeline_receive")
+
+
+@dataclass
+class LayoutRun:
+    layout: str  # "TPxPP"
+    workload: str
+    tokens_per_s: float
+    steps: int
+    comm_ms_per_step: dict[str, float]  # the busiest worker's, per kind
+
+
+@dataclass
+class ParallelReport:
+    model: str
+    dtype: str
+    runs: list[LayoutRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=machine_info)
+
+    def baseline(self, workload: str) -> float | None:
+        rates = [r.tokens_per_s for r in self.runs if r.workload == workload and r.layout == "1x1"]
+        return rates[0] if rates else None
+
+    def to_json(self) -> dict[str, Any]:
+        runs = [
+            {**asdict(r), "vs_1x1": ratio(r.tokens_per_s, self.baseline(r.workload) or 0)}
+            for r in self.runs
+        ]
+        return {"model": self.model, "dtype": self.dtype, "runs": runs,
+                "notes": self.notes, "machine": self.machine}  # fmt: skip
+
+    def text(self) -> str:
+        rows = []
+        for r in self.runs:
+            base = self.baseline(r.workload)
+            versus = ratio(r.tokens_per_s, base) if base else None
+            comm = [f"{r.comm_ms_per_step.get(kind, 0.0):.2f}" for kind in COMM_KINDS]
+            shown = "-" if versus is None else f"{versus:.2f}x"
+            rows.append([r.layout, r.workload, f"{r.tokens_per_s:.1f}", shown, str(r.steps), *comm])
+        headers = ["TPxPP", "workload", "tok/s", "vs 1x1", "steps",
+                   "all-reduce ms/step", "gather ms/step", "pipeline recv ms/step"]  # fmt: skip
+        return "\n".join([f"{self.model} ({self.dtype})", table(headers, rows), *self.notes])
+
+    def draw(self, plt: Any) -> Any:
+        figure, axes = plt.subplots(1, len(WORKLOADS), figsize=(10, 4))
+        for axis, workload in zip(axes, WORKLOADS, strict=True):
+            runs = [r for r in self.runs if r.workload == workload]
+            compute = [r.tokens_per_s for r in runs]
+            axis.bar([r.layout for r in runs], compute, color="tab:blue")
+            axis.set_title(f"workload {workload}: tok/s by TPxPP")
+            axis.set_ylabel("output tok/s")
+        return figure
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=None, help="local HF model folder (default: SmolLM2-sized, 8 heads)"
+    )
+    parser.add_argument("--layouts", default="1x1,2x1,1x2",
+                        help="comma-separated TPxPP layouts (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--dtype", default=default_dtype(), choices=("bfloat16", "float32"))
+    parser.add_argument("--scale", type=float, default=1.0, help="shrink the workloads")
+    add_output_dir(parser, "parallel")
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    register_subcommand(kinds, "parallel", "1 rank vs tensor/pipeline layouts", __doc__,
+                        "", add_arguments, run)  # fmt: skip
+
+
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    layouts = []
+    for item in text.split(","):
+        tensor, _, pipeline = item.strip().partition("x")
+        if not (tensor.isdigit() and pipeline.isdigit()) or "0" in (tensor, pipeline):
+            raise ValueError(f"layout {item!r} is not TPxPP, e.g. 2x1")
+        layouts.append((int(tensor), int(pipeline)))
+    return layouts
+
+
+def run(args: argparse.Namespace) -> int:
+    layouts = parse_layouts(args.layouts)
+    folder = Path(args.model) if args.model else build_even_head_model(
+        resolve_model_folder(None), cache_root() / "bench-models" / "smollm2-size-8-heads"
+    )  # fmt: skip
+    workloads = build_workloads(load_tokenizer(folder), list(WORKLOADS), args.scale)
+    report = ParallelReport(str(folder), args.dtype)
+    for tensor, pipeline in layouts:
+        report.runs += run_layout(folder, tensor, pipeline, args.dtype, workloads)
+    save(report, args.output_dir, "parallel")
+    return 0
+
+
+def run_layout(folder: Path, tensor: int, pipeline: int, dtype: str,
+               workloads: dict[str, Workload]) -> list[LayoutRun]:  # fmt: skip
+    with LLM(str(folder), dtype=dtype, max_model_len=1024, kv_cache_memory=2**30,
+             tensor_parallel_size=tensor, pipeline_parallel_size=pipeline) as llm:  # fmt: skip
+        warm_up(llm, workloads["c"].prompts[0])
+        return [timed_run(llm, f"{tensor}x{pipeline}", w) for w in workloads.values()]
+
+
+def timed_run(llm: LLM, layout: str, workload: Workload) -> LayoutRun:
+    engine = llm.engine
+    communication_stats(llm)  # start from zero
+    pairs = zip(workload.prompts, workload.max_tokens, strict=True)
+    for index, (prompt, count) in enumerate(pairs):
+        engine.add_request(f"parallel-{layout}-{workload.name}-{index}", prompt, greedy(count))
+    steps, generated, start = 0, 0, time.perf_counter()
+    while engine.has_unfinished_requests():
+        generated += sum(len(o.outputs[0].token_ids) for o in engine.step() if o.finished)
+        steps += 1
+    wall = time.perf_counter() - start
+    per_step = {kind: 1000 * seconds / steps for kind, seconds in communication_stats(llm).items()}
+    print(f"{layout} {workload.name}: {generated / wall:.1f} tok/s, {steps} steps")
+    return LayoutRun(layout, workload.name, generated / wall, steps, per_step)
+
+
+def communication_stats(llm: LLM) -> dict[str, float]:
+    """Seconds per kind of the busiest worker (none with one rank in-process)."""
+    executor = llm.engine.executor
+    if not hasattr(executor, "call"):
+        return {}
+    busiest: dict[str, float] = {}
+    for stats in executor.call("communication_stats"):
+        for kind, (seconds, _calls) in stats.items():
+            busiest[kind] = max(busiest.get(kind, 0.0), seconds)
+    return busiest
