@@ -23,6 +23,7 @@ class TensorParallelGroup:
     size: int = 1
     group: Any = None  # torch.distributed ProcessGroup of this stage's ranks
     first_global_rank: int = 0  # global rank of this group's rank 0 (it gathers the logits)
+    shared_memory: Any = None  # a SharedMemoryAllReduce for CPU ranks, else gloo/NCCL
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -39,8 +40,12 @@ class TensorParallelGroup:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the ranks, in place (nothing to do for one rank)."""
-        if self.size > 1:
-            with timed("all_reduce"):
+        if self.size == 1:
+            return tensor
+        with timed("all_reduce"):
+            if self.shared_memory is not None and self.shared_memory.can_take(tensor):
+                self.shared_memory.all_reduce(tensor)
+            else:
                 dist.all_reduce(tensor, group=self.group)
         return tensor
 

@@ -18,6 +18,7 @@ from octavo.distributed.parallel_state import (
     TensorParallelGroup,
     set_parallel_state,
 )
+from octavo.distributed.shm_all_reduce import create_shared_all_reduce
 
 # A collective waits this long for a missing peer before failing. The executor notices a
 # dead worker long before (its pipe closes); this only bounds a worker that is left behind.
@@ -50,7 +51,11 @@ class Placement:
         return self.tensor_rank == 0 and self.stage == self.pipeline_parallel_size - 1
 
 
-def join_process_group(placement: Placement, init_method: str, backend: str) -> None:
+def join_process_group(
+    placement: Placement, init_method: str, backend: str, session: str = ""
+) -> None:
+    """Join the world, build the groups, and (CPU) the shared-memory all-reduce named after
+    ``session`` (unique per engine)."""
     dist.init_process_group(
         backend,
         init_method=init_method,
@@ -61,7 +66,12 @@ def join_process_group(placement: Placement, init_method: str, backend: str) -> 
     tp, pp = placement.tensor_parallel_size, placement.pipeline_parallel_size
     groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
     stage = placement.stage
-    group = TensorParallelGroup(placement.tensor_rank, tp, groups[stage], stage * tp)
+    shared = None
+    if backend == "gloo" and tp > 1:
+        shared = create_shared_all_reduce(
+            f"{session}-stage{stage}", placement.tensor_rank, tp, groups[stage], stage * tp
+        )
+    group = TensorParallelGroup(placement.tensor_rank, tp, groups[stage], stage * tp, shared)
     set_parallel_state(group, PipelineStage(stage, pp, placement.tensor_rank, tp))
 
 

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import pickle
+import secrets
 import socket
 import subprocess
 import sys
@@ -83,11 +84,12 @@ class MultiprocExecutor:
         self._broken: str | None = None
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
+        session = f"{os.getpid()}-{secrets.token_hex(4)}"  # names this engine's shared memory
         logger.info("starting %d workers (tensor parallel %d × pipeline parallel %d)",
                     world, tensor_parallel_size, pipeline_parallel_size)  # fmt: skip
         try:
             for worker, placement in zip(self.workers, self.placements, strict=True):
-                worker.conn.send((spec, placement, init_method))
+                worker.conn.send((spec, placement, init_method, session))
             self._collect()
         except BaseException:
             self.shutdown()

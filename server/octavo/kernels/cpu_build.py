@@ -32,6 +32,7 @@ SOURCES = (
     "rotary.cpp",
     "kv_store.cpp",
     "decode_attention.cpp",
+    "shm_all_reduce.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

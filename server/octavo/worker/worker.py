@@ -62,12 +62,12 @@ class CacheShape:
 
 class Worker:
     def __init__(self, spec: WorkerConfig, placement: Placement | None = None,
-                 init_method: str = "") -> None:  # fmt: skip
+                 init_method: str = "", session: str = "") -> None:  # fmt: skip
         self.spec, self.placement = spec, placement
         self.device = spec.device
         if placement is not None:
             self.device = _rank_device(spec.device, placement.rank)
-            join_process_group(placement, init_method, _backend(self.device))
+            join_process_group(placement, init_method, _backend(self.device), session)
         torch.manual_seed(spec.seed)
         if spec.num_threads is not None:
             torch.set_num_threads(spec.num_threads)

@@ -39,10 +39,10 @@ def serve(conn: Connection) -> None:
     """Build the worker from the first message, then answer calls until told to stop."""
     from octavo.worker.worker import STOP_WORKER, Worker
 
-    spec, placement, init_method = conn.recv()
+    spec, placement, init_method, session = conn.recv()
     _configure_logging(placement.rank)
     workers: list[Worker] = []
-    _answer(conn, lambda: workers.append(Worker(spec, placement, init_method)))
+    _answer(conn, lambda: workers.append(Worker(spec, placement, init_method, session)))
     if not workers:
         return
     worker = workers[0]

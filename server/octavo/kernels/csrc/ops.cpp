@@ -11,6 +11,8 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& qk, const at::Ten
 void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale);
+void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
+                    int64_t call, int64_t slot_bytes);
 }  // namespace octavo_cpu
 
 TORCH_LIBRARY(octavo_cpu, m) {
@@ -22,6 +24,9 @@ TORCH_LIBRARY(octavo_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, float scale) -> ()");
+  m.def(
+      "shm_all_reduce(Tensor(a!) tensor, Tensor(b!) segment, int rank, int world, int call, "
+      "int slot_bytes) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
@@ -31,4 +36,5 @@ TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
   m.impl("rotary_embedding", &octavo_cpu::rotary_embedding);
   m.impl("store_kv", &octavo_cpu::store_kv);
   m.impl("paged_decode_attention", &octavo_cpu::paged_decode_attention);
+  m.impl("shm_all_reduce", &octavo_cpu::shm_all_reduce);
 }
