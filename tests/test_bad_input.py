@@ -54,7 +54,8 @@ def test_unsupported_uri_scheme_is_refused():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"block_size": 12}, "block_size"), ({"gpu_memory_utilization": 1.5}, "gpu_memory"),
-     ({"dtype": "int8"}, "dtype"), ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+     ({"dtype": "int8"}, "dtype"), ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+         ({"pipeline_parallel_size": 0}, "pipeline_parallel_size"),
      ({"max_num_seqs": 0}, "max_num_seqs")],
 )  # fmt: skip
 def test_bad_engine_args(kwargs, message):
