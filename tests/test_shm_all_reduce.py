@@ -1,7 +1,8 @@
 """The shared-memory all-reduce between CPU tensor-parallel workers: two real processes
 joined by gloo exchange many tensors (so both buffers are reused) and every result equals
-the sum taken in rank order, bit for bit; a tensor larger than a slot goes through gloo;
-the segment is gone from /dev/shm once both ranks have mapped it."""
+the sum taken in rank order, bit for bit; gathers interleaved with them hand rank 0 every
+rank's tensor; a tensor larger than a slot goes through gloo; the segment is gone from
+/dev/shm once both ranks have mapped it."""
 
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ def rank_main(rank: int, port: int, name: str, results) -> None:
     for call in range(CALLS):
         dtype = torch.bfloat16 if call % 2 else torch.float32
         tensor = rank_tensor(rank, call, dtype)
+        if call % 3 == 0:  # a gather: rank 0 gets both pieces side by side
+            gathered = group.gather_last_dim(tensor)
+            expected = torch.cat([rank_tensor(r, call, dtype) for r in range(WORLD)])
+            if (gathered is None) != (rank != 0) or (
+                rank == 0 and not torch.equal(gathered, expected)
+            ):
+                mismatches.append(call)
+            continue
         group.all_reduce(tensor)
         if not torch.equal(tensor, expected_sum(call, dtype)):
             mismatches.append(call)

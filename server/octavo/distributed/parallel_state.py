@@ -55,9 +55,13 @@ class TensorParallelGroup:
         if self.size == 1:
             return tensor
         tensor = tensor.contiguous()
-        pieces = [torch.empty_like(tensor) for _ in range(self.size)] if self.rank == 0 else None
         with timed("gather"):
-            dist.gather(tensor, pieces, dst=self.first_global_rank, group=self.group)
+            if self.shared_memory is not None and self.shared_memory.can_take(tensor):
+                pieces = self.shared_memory.gather(tensor)
+            else:
+                pieces = [torch.empty_like(tensor) for _ in range(self.size)]
+                pieces = pieces if self.rank == 0 else None
+                dist.gather(tensor, pieces, dst=self.first_global_rank, group=self.group)
         return torch.cat(pieces, dim=-1) if pieces is not None else None
 
 

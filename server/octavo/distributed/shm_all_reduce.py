@@ -1,4 +1,4 @@
-"""Tensor-parallel all-reduce through shared memory, between CPU workers on one machine.
+"""Tensor-parallel all-reduce (and gather) through shared memory, between CPU workers.
 
 gloo's all-reduce goes through TCP loopback: about a millisecond a call on a small VM,
 and a model makes two per layer per step. Here the ranks of one tensor-parallel group
@@ -46,6 +46,22 @@ class SharedMemoryAllReduce:
         self.ops.shm_all_reduce(tensor, self.segment, self.rank, self.world, self.calls,
                                 SLOT_BYTES)  # fmt: skip
 
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's ``tensor``, in rank order, on rank 0 (``None`` elsewhere)."""
+        self.calls += 1
+        self.ops.shm_publish(tensor, self.segment, self.rank, self.world, self.calls, SLOT_BYTES)
+        if self.rank != 0:
+            return None
+        start = LINE * self.world + (self.calls & 1) * self.world * SLOT_BYTES
+        nbytes = tensor.numel() * tensor.element_size()
+        return [
+            self.segment.narrow(0, start + rank * SLOT_BYTES, nbytes)
+            .view(tensor.dtype)
+            .view(tensor.shape)
+            .clone()
+            for rank in range(self.world)
+        ]
+
 
 def segment_bytes(world: int) -> int:
     return LINE * world + 2 * world * SLOT_BYTES
@@ -70,7 +86,7 @@ def create_shared_all_reduce(
 
     path = SHM_DIR / f"octavo-{name}"
     ops, segment = cpu_ops(), None
-    if ops is not None and hasattr(ops, "shm_all_reduce") and SHM_DIR.is_dir():
+    if ops is not None and hasattr(ops, "shm_publish") and SHM_DIR.is_dir():
         try:
             segment = open_segment(path, world)
         except OSError as error:

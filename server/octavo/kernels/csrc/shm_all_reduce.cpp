@@ -56,17 +56,31 @@ void sum_slots(T* out, uint8_t* first_slot, int64_t world, int64_t slot_bytes, i
 
 }  // namespace
 
-void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
-                    int64_t call, int64_t slot_bytes) {
-  TORCH_CHECK(tensor.is_contiguous(), "shm_all_reduce: the tensor must be contiguous");
+// Copy `tensor` into this rank's slot of call `call`'s buffer, publish it, and wait until
+// every rank has published theirs; returns the buffer (the slots of ranks 0..world-1).
+uint8_t* publish(const at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
+                 int64_t call, int64_t slot_bytes) {
+  TORCH_CHECK(tensor.is_contiguous(), "shared-memory exchange: the tensor must be contiguous");
   const int64_t bytes = tensor.numel() * tensor.element_size();
-  TORCH_CHECK(bytes <= slot_bytes, "shm_all_reduce: tensor larger than a slot");
+  TORCH_CHECK(bytes <= slot_bytes, "shared-memory exchange: tensor larger than a slot");
   TORCH_CHECK(segment.numel() >= kLine * world + 2 * world * slot_bytes, "segment too small");
   uint8_t* base = segment.data_ptr<uint8_t>();
   uint8_t* buffer = base + kLine * world + (call & 1) * world * slot_bytes;
   std::memcpy(buffer + rank * slot_bytes, tensor.data_ptr(), bytes);
   std::atomic_ref<int64_t>(*flag_of(base, rank)).store(call, std::memory_order_release);
   wait_for_all(base, world, call);
+  return buffer;
+}
+
+// Every rank's tensor is in the segment once this returns (a gather reads the slots).
+void shm_publish(const at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
+                 int64_t call, int64_t slot_bytes) {
+  publish(tensor, segment, rank, world, call, slot_bytes);
+}
+
+void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
+                    int64_t call, int64_t slot_bytes) {
+  uint8_t* buffer = publish(tensor, segment, rank, world, call, slot_bytes);
   const int64_t count = tensor.numel();
   if (tensor.scalar_type() == at::kFloat) {
     sum_slots(ptr<float>(tensor), buffer, world, slot_bytes, count);
