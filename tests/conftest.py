@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -147,6 +148,32 @@ def wait_healthy(
             pass
         time.sleep(0.2)
     pytest.fail(f"/health was not 200 within {timeout:.0f} s:\n{tail()}")
+
+
+@contextmanager
+def serve_subprocess(
+    folder: Path, tmp_path: Path, extra_args: list[str], startup_seconds: float, env=None
+) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    """``octavo serve FOLDER`` as a process on a free loopback port, healthy; yields
+    (process, base URL, log file) and kills it afterwards if it is still running."""
+    from octavo_bench.serve_launch import free_port
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "octavo.cli", "serve", str(folder),
+        "--host", "127.0.0.1", "--port", str(port), *extra_args,
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, startup_seconds, log)
+        yield process, url, log
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
 
 
 class EngineFaults:

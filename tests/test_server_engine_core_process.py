@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
@@ -15,9 +14,8 @@ import psutil
 import pytest
 
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
-from octavo_bench.serve_launch import free_port
 
-from conftest import wait_healthy
+from conftest import serve_subprocess
 
 STARTUP_SECONDS = 120
 EXIT_WITHIN_SECONDS = 30
@@ -25,24 +23,10 @@ EXIT_WITHIN_SECONDS = 30
 
 @pytest.fixture
 def server(tiny_folder, tmp_path):
-    port = free_port()
-    command = [
-        sys.executable, "-m", "octavo.cli", "serve", str(tiny_folder("llama3")),
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-        "--kv-cache-memory", "8MiB", "--log-level", "warning",
-    ]  # fmt: skip
-    log = tmp_path / "serve.log"
+    args = ["--max-model-len", "256", "--kv-cache-memory", "8MiB", "--log-level", "warning"]
     env = {"OMP_NUM_THREADS": "1", **os.environ}
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(process, url, STARTUP_SECONDS, log)
-        yield process, url, log
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
+    with serve_subprocess(tiny_folder("llama3"), tmp_path, args, STARTUP_SECONDS, env) as served:
+        yield served
 
 
 def engine_core_of(process: subprocess.Popen) -> psutil.Process:

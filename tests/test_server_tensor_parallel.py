@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
@@ -20,9 +19,8 @@ import psutil
 import pytest
 
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
-from octavo_bench.serve_launch import free_port
 
-from conftest import wait_healthy
+from conftest import serve_subprocess
 
 STARTUP_SECONDS = 180
 EXIT_WITHIN_SECONDS = 30
@@ -31,24 +29,10 @@ WORKER_MODULE = "octavo.worker.worker_process"
 
 @pytest.fixture
 def tp_server(tiny_folder, tmp_path):
-    port = free_port()
-    command = [
-        sys.executable, "-m", "octavo.cli", "serve", str(tiny_folder("llama3")),
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-        "--kv-cache-memory", "8MiB", "--tensor-parallel-size", "2",
-        "--served-model-name", "tiny",
-    ]  # fmt: skip
-    log = tmp_path / "serve.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(process, url, STARTUP_SECONDS, log)
-        yield process, url, log
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
+    args = ["--max-model-len", "256", "--kv-cache-memory", "8MiB", "--tensor-parallel-size",
+            "2", "--served-model-name", "tiny"]  # fmt: skip
+    with serve_subprocess(tiny_folder("llama3"), tmp_path, args, STARTUP_SECONDS) as served:
+        yield served
 
 
 def workers_of(process: subprocess.Popen) -> list[psutil.Process]:

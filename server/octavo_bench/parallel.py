@@ -77,12 +77,20 @@ class ParallelReport:
         return "\n".join([f"{self.model} ({self.dtype})", table(headers, rows), *self.notes])
 
     def draw(self, plt: Any) -> Any:
+        """Bars of tok/s per layout, labelled with the ratio to 1×1 and communication/step."""
         figure, axes = plt.subplots(1, len(WORKLOADS), figsize=(10, 4))
         for axis, workload in zip(axes, WORKLOADS, strict=True):
             runs = [r for r in self.runs if r.workload == workload]
-            compute = [r.tokens_per_s for r in runs]
-            axis.bar([r.layout for r in runs], compute, color="tab:blue")
-            axis.set_title(f"workload {workload}: tok/s by TPxPP")
+            bars = axis.bar([r.layout for r in runs], [r.tokens_per_s for r in runs])
+            base = self.baseline(workload) or 0
+            labels = [
+                f"{ratio(r.tokens_per_s, base) or 0:.2f}x\n"
+                f"comm {sum(r.comm_ms_per_step.values()):.1f} ms/step"
+                for r in runs
+            ]
+            axis.bar_label(bars, labels, fontsize=8)
+            axis.set_ylim(0, 1.2 * max(r.tokens_per_s for r in runs))
+            axis.set_title(f"workload {workload}: output tok/s by TPxPP")
             axis.set_ylabel("output tok/s")
         return figure
 
