@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from octavo import LLM
+from octavo import LLM, SamplingParams
 from octavo.executor.multiproc_executor import MultiprocExecutor
 from octavo.model_executor.model_config import ModelConfig
 
@@ -98,3 +98,21 @@ def test_each_rank_holds_only_its_shard(tiny_folder):
     with LLM(str(folder), dtype="float32", max_model_len=128) as single:
         whole = single.engine.executor.worker.parameter_bytes()
     assert all(size < 0.6 * whole for size in sizes), (sizes, whole)
+
+
+def test_seeded_sampling_with_forks_matches_one_rank(tiny_folder, smol_tokenizer):
+    """``n = 3`` sampled completions with a seed (forks share the prompt's blocks, copied on
+    write on every rank): the driver samples exactly what one rank would."""
+    folder = tiny_folder("llama3")
+    prompt = mixed_prompts(smol_tokenizer)[1]
+    params = SamplingParams(n=3, temperature=0.8, top_p=0.95, seed=11, max_tokens=16)
+
+    def sample(tensor: int, pipeline: int) -> list[list[int]]:
+        with LLM(str(folder), dtype="float32", max_model_len=256,
+                 tensor_parallel_size=tensor, pipeline_parallel_size=pipeline) as llm:  # fmt: skip
+            (output,) = llm.generate([prompt], params, use_tqdm=False)
+        return [completion.token_ids for completion in output.outputs]
+
+    expected = sample(1, 1)
+    assert len({tuple(tokens) for tokens in expected}) > 1  # really sampled
+    assert sample(2, 2) == expected
