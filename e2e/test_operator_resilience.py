@@ -53,9 +53,20 @@ def test_restart_keeps_children_unique_and_status_right(operator, namespace, cus
         timeout=30,
         what="the restarted operator to apply the change made while it was down",
     )
-    after = isvc.wait_condition(custom, namespace, "steady", "Ready", "True")
-    assert after["status"]["readyReplicas"] == 1
-    assert after["status"]["observedGeneration"] == after["metadata"]["generation"]
+
+    def settled() -> dict | None:
+        """Ready, one ready replica, and the new generation observed: the scaled-down pod
+        may still be terminating when the Deployment already says 1 (kwok deletes it)."""
+        obj = isvc.get(custom, namespace, "steady")
+        status = obj.get("status") or {}
+        done = (
+            status.get("readyReplicas") == 1
+            and status.get("observedGeneration") == obj["metadata"]["generation"]
+            and isvc.condition(obj, "Ready").get("status") == "True"
+        )
+        return obj if done else None
+
+    after = wait_for(settled, timeout=30, what="the status to settle at 1 ready replica")
     assert len(apps.list_namespaced_deployment(namespace, label_selector=selector).items) == 1
     assert len(core.list_namespaced_service(namespace, label_selector=selector).items) == 1
     ready_before = isvc.condition(before, "Ready")["lastTransitionTime"]
