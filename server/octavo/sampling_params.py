@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from octavo.structured_output.params import StructuredOutputsParams
+
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are treated as 0 (greedy decoding)
 MAX_LOGPROBS = 20  # largest number of top alternatives a request may ask for
 
@@ -49,6 +51,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, ...
 
     def __post_init__(self) -> None:
         self._normalise_stops()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -35,6 +36,7 @@ class EngineParts:
     device: torch.device
     dtype: torch.dtype
     model_name: str
+    folder: Path  # the model's files (structured output compiles against its tokenizer)
 
 
 def build_engine_parts(args: EngineArgs) -> EngineParts:
@@ -65,6 +67,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
         config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
+        folder,
     )  # fmt: skip
 
 

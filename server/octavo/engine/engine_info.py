@@ -23,6 +23,8 @@ class EngineInfo:
     max_num_seqs: int
     kv_cache_tokens: int  # tokens the whole KV cache holds
     max_token_chars: int  # characters of text the longest token can stand for
+    vocab_size: int = 0  # the model's (logits width; structured output's bitmasks)
+    eos_token_ids: frozenset[int] = frozenset()
 
     @property
     def max_prompt_chars(self) -> int:
@@ -47,6 +49,8 @@ def read_engine_info(engine: Any) -> EngineInfo:
         max_num_seqs=engine.args.max_num_seqs,
         kv_cache_tokens=engine.stats().num_blocks * engine.kv.block_size,
         max_token_chars=longest_token_chars(tokenizer),
+        vocab_size=engine.vocab_size,
+        eos_token_ids=engine.scheduler.limits.eos_token_ids,
     )
 
 

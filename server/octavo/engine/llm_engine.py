@@ -26,6 +26,7 @@ from octavo.scheduler.output import SchedulerOutput
 from octavo.scheduler.scheduler import SequenceUpdate
 from octavo.scheduler.sequence import Sequence, SequenceStatus
 from octavo.scheduler.stop_checker import apply_stop_string
+from octavo.structured_output.manager import shared_compiler
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +220,18 @@ class LLMEngine:
         if output.finished:
             self.requests.pop(request.request_id, None)
         return output
+
+    def check_constraint(self, params: SamplingParams) -> None:
+        """Compile ``params``' structured-output constraint now (``ValueError`` if invalid).
+        The offline API calls this; the server compiles in its own process instead, and
+        the runner finds the grammar cached or compiles it in the background."""
+        if params.structured_outputs is None:
+            return
+        compiler = shared_compiler(
+            self.parts.folder, lambda: self.tokenizer, self.vocab_size,
+            self.scheduler.limits.eos_token_ids,
+        )  # fmt: skip
+        compiler.compile(params.structured_outputs)
 
     # ----- lifecycle -----------------------------------------------------------------------
     def check_health(self) -> None:

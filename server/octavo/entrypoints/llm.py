@@ -51,6 +51,8 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
         request_ids = [f"offline-{next(self._ids)}" for _ in prompt_list]
+        for params in params_list:
+            self.engine.check_constraint(params)  # a bad schema fails before anything runs
         try:
             for request_id, prompt, params in zip(
                 request_ids, prompt_list, params_list, strict=True

@@ -37,6 +37,7 @@ from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.sampler import Sampler, SamplingRow
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
+from octavo.structured_output.manager import PendingGrammar, StructuredOutputManager
 
 
 @dataclass
@@ -44,9 +45,15 @@ class SequenceState:
     """What the runner remembers of one sequence between steps."""
 
     row: SamplingRow  # prompt ids, generated ids, settings and generator
+    grammar: PendingGrammar | None = None  # structured output, compiled in the background
 
     @classmethod
-    def create(cls, data: NewSequenceData, eos_token_ids: frozenset[int]) -> SequenceState:
+    def create(
+        cls,
+        data: NewSequenceData,
+        eos_token_ids: frozenset[int],
+        structured: StructuredOutputManager | None = None,
+    ) -> SequenceState:
         generator = None
         if data.seed is not None:
             generator = torch.Generator().manual_seed(data.seed)
@@ -57,7 +64,10 @@ class SequenceState:
             generator=generator,
             eos_token_ids=eos_token_ids,
         )
-        return cls(row)
+        constraint = data.params.structured_outputs
+        if constraint is None or structured is None:
+            return cls(row)
+        return cls(row, structured.start(constraint, data.output_token_ids))
 
 
 @dataclass
@@ -80,11 +90,13 @@ class ModelRunner:
         eos_token_ids: frozenset[int] = frozenset(),
         stage: PipelineStage | None = None,
         is_driver: bool = True,
+        structured: StructuredOutputManager | None = None,
     ) -> None:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.attention, self.device = attention, device
         self.eos_token_ids = eos_token_ids
         self.stage, self.is_driver = stage or PipelineStage(), is_driver
+        self.structured = structured
         self.sampler = Sampler()
         self.states: dict[int, SequenceState] = {}
 
@@ -142,7 +154,9 @@ class ModelRunner:
         for seq_id in step.finished_seq_ids:
             self.states.pop(seq_id, None)
         for data in step.new_sequences:
-            self.states[data.seq_id] = SequenceState.create(data, self.eos_token_ids)
+            self.states[data.seq_id] = SequenceState.create(
+                data, self.eos_token_ids, self.structured
+            )
 
     def _sample(
         self, logits: torch.Tensor | None, sampled: list[ScheduledSequence]
@@ -156,13 +170,24 @@ class ModelRunner:
                 seq_ids.append(seq_id)
         if rows != list(range(len(sampled))):
             logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
-        result = self.sampler(logits, [self.states[seq_id].row for seq_id in seq_ids])
+        result = self.sampler(logits, [self._sampling_row(seq_id) for seq_id in seq_ids])
         return ModelRunnerOutput(seq_ids, result.token_ids, result.logprobs)
 
+    def _sampling_row(self, seq_id: int) -> SamplingRow:
+        """The sequence's row, with its grammar state once its compile is done."""
+        state = self.states[seq_id]
+        if state.grammar is not None and state.row.grammar is None:
+            state.row.grammar = state.grammar.state()  # waits for a compile still running
+        return state.row
+
     def _remember(self, output: ModelRunnerOutput) -> None:
-        """Add the sampled tokens to the histories, once the whole step has succeeded."""
+        """Add the sampled tokens to the histories (and grammars), once the whole step has
+        succeeded."""
         for seq_id, token in zip(output.seq_ids, output.sampled_token_ids, strict=True):
-            self.states[seq_id].row.output_token_ids.append(token)
+            row = self.states[seq_id].row
+            row.output_token_ids.append(token)
+            if row.grammar is not None:
+                row.grammar.accept(token)
 
     def prepare(self, scheduled: list[ScheduledSequence], num_prefills: int) -> StepInputs:
         token_ids, positions, slots, starts = [], [], [], [0]

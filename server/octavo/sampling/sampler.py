@@ -2,6 +2,7 @@
 
 Processing order for a batch (each stage is skipped when no row needs it):
 
+0. structured output: tokens a row's grammar forbids are set to -inf (a masked copy);
 1. logprobs from the raw logits (``log_softmax`` before anything below);
 2. ``min_tokens``: EOS and stop tokens are blocked until enough tokens were generated;
 3. penalties: repetition (prompt + output), presence and frequency (output only);
@@ -27,6 +28,7 @@ from octavo.sampling.penalties import (
     mask_tokens,
 )
 from octavo.sampling_params import SamplingParams
+from octavo.structured_output.matcher import GrammarState, apply_grammar_bitmasks
 
 __all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs"]
 
@@ -46,6 +48,7 @@ class SamplingRow:
     output_token_ids: list[int]
     generator: torch.Generator | None = None
     eos_token_ids: frozenset[int] = frozenset()
+    grammar: GrammarState | None = None  # structured output: what may come next
 
     def blocked_token_ids(self) -> list[int]:
         """Token ids that must not be sampled this step because of ``min_tokens``."""
@@ -72,11 +75,14 @@ class Sampler:
         _check_inputs(logits, rows)
         if not rows:
             return SampleResult(token_ids=[], logprobs=[])
+        allowed = logits
+        if any(row.grammar is not None for row in rows):
+            allowed = apply_grammar_bitmasks(logits, [row.grammar for row in rows])
         if _is_plain_greedy(rows):
-            return SampleResult(row_argmax(logits), [None] * len(rows))
+            return SampleResult(row_argmax(allowed), [None] * len(rows))
         logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         raw = raw_logprobs(logits, logprob_rows) if logprob_rows else None
-        work = _prepare_logits(logits, rows)
+        work = _prepare_logits(allowed, rows)
         token_ids = _choose_tokens(work, rows)
         result = SampleResult(token_ids=token_ids, logprobs=[None] * len(rows))
         if raw is not None:

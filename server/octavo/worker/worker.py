@@ -17,11 +17,13 @@ from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
-from octavo.model_executor.loader import load_model
+from octavo.model_executor.loader import load_model, load_tokenizer
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
+from octavo.structured_output.compiler import GrammarCompiler
+from octavo.structured_output.manager import StructuredOutputManager, shared_compiler
 
 STOP_WORKER = "stop"  # the message that ends a worker process (``worker_process``)
 
@@ -118,7 +120,15 @@ class Worker:
             spec.eos_token_ids,
             pipeline_stage(),
             self.is_driver,
+            StructuredOutputManager(self._grammar_compiler) if self.is_driver else None,
         )
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        spec = self.spec
+        return shared_compiler(
+            spec.folder, lambda: load_tokenizer(spec.folder), spec.config.vocab_size,
+            spec.eos_token_ids,
+        )  # fmt: skip
 
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput | None:
         """The step's sampled tokens on the driver; ``None`` on the other ranks."""

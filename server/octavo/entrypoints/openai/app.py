@@ -44,7 +44,7 @@ def build_app(
     )
     tokenizers = TokenizerPool()
     context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)
-    lifespan = _lifespan(engine, tokenizers)
+    lifespan = _lifespan(engine, [tokenizers, context.grammars])
     app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
     app.state.octavo = context
     install_error_handlers(app)
@@ -59,7 +59,10 @@ def build_app(
     return app
 
 
-def _lifespan(engine: AsyncEngine, tokenizers: TokenizerPool) -> Callable[[FastAPI], Any]:
+def _lifespan(engine: AsyncEngine, pools: list) -> Callable[[FastAPI], Any]:
+    """Start the engine; at the end abort what is left, drop queued tokenizing and grammar
+    work (``pools``: each has ``shutdown()``), and stop the engine."""
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start(asyncio.get_running_loop())
@@ -67,7 +70,8 @@ def _lifespan(engine: AsyncEngine, tokenizers: TokenizerPool) -> Callable[[FastA
             yield
         finally:
             engine.abort_all()
-            tokenizers.shutdown()
+            for pool in pools:
+                pool.shutdown()
             await asyncio.to_thread(engine.stop)
 
     return lifespan

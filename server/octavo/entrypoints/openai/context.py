@@ -11,6 +11,7 @@ from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import APIError, bad_request
 from octavo.entrypoints.openai.logprobs_format import TokenDecoder
 from octavo.entrypoints.openai.metrics import ServerMetrics
+from octavo.entrypoints.openai.structured_outputs import GrammarChecker
 from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -44,6 +45,7 @@ class ServerContext:
     engine: AsyncEngine
     metrics: ServerMetrics
     tokenizers: TokenizerPool = field(default_factory=TokenizerPool)
+    grammars: GrammarChecker = field(default_factory=GrammarChecker)
     _decoder: TokenDecoder | None = field(default=None, repr=False)
 
     def check_model(self, model: str | None) -> None:

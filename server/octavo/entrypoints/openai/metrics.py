@@ -21,6 +21,7 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass
@@ -49,6 +50,19 @@ class ServerMetrics:
             registry=self.registry,
         )
         self._hist = self._make_histograms()
+        self._structured = Counter(
+            "octavo:structured_output_requests",
+            "Requests whose output is constrained (JSON schema, JSON object, regex, choice, "
+            "grammar, tool calls), by kind.",
+            ["model_name", "kind"],
+            registry=self.registry,
+        )
+        self._compile_seconds = Histogram(
+            "octavo:grammar_compile_seconds",
+            "Time to compile a structured-output constraint (cache misses only).",
+            buckets=COMPILE_BUCKETS,
+            **self._labels(),
+        )
         self._create_children()
 
     def _labels(self) -> dict:
@@ -74,11 +88,18 @@ class ServerMetrics:
 
     def _create_children(self) -> None:
         """Create the labelled series up front so a scrape shows them before any request."""
-        for histogram in vars(self._hist).values():
+        for histogram in [*vars(self._hist).values(), self._compile_seconds]:
             histogram.labels(self.model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def record_constrained(self, kind: str, compile_seconds: float | None) -> None:
+        """A constrained request was admitted; its grammar took ``compile_seconds`` to
+        compile (``None``: it came from the cache)."""
+        self._structured.labels(self.model_name, kind).inc()
+        if compile_seconds is not None:
+            self._compile_seconds.labels(self.model_name).observe(compile_seconds)
 
     # ----- called on the engine thread ----------------------------------------------------
     def on_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:

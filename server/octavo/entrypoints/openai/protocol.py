@@ -2,8 +2,8 @@
 
 Unknown fields are rejected (HTTP 400) rather than silently ignored; a few fields that
 OpenAI clients send but that do not change generation (``user``, ``metadata``, ...) are
-accepted. Features the engine does not have (tools, JSON mode, logit bias, ...) are
-refused with a message naming the field.
+accepted. Features the engine does not have (tools, logit bias, ...) are refused with a
+message naming the field.
 """
 
 from __future__ import annotations
@@ -76,6 +76,21 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
+class StructuredOutputsRequest(StrictModel):
+    """vLLM's ``structured_outputs`` object: exactly one of these constrains the output."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        return super().model_dump(by_alias=True, **kwargs)
+
+
 class SamplingRequest(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -99,6 +114,12 @@ class SamplingRequest(RequestBody):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    # Structured output (vLLM's extra parameters; see structured_outputs.py).
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # Accepted for compatibility; they do not change what is generated.
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -198,15 +219,32 @@ class ChatMessage(StrictModel):
         return self.content or ""
 
 
+class JsonSchemaFormat(StrictModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+
 class ResponseFormat(StrictModel):
-    type: str
-    json_schema: dict[str, Any] | None = None
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _text_only(self) -> ResponseFormat:
-        if self.type != "text":
-            raise ValueError(f"response_format type {self.type!r} is not supported; only 'text' is")
+    def _schema_for_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("response_format json_schema goes with type 'json_schema' only")
         return self
+
+    def constraint(self) -> dict[str, Any] | None:
+        """As ``StructuredOutputsParams`` keywords (``None`` for plain text)."""
+        if self.type == "json_object":
+            return {"json_object": True}
+        if self.type == "json_schema":
+            return {"json": self.json_schema.schema_ or {}}
+        return None
 
 
 _UNSUPPORTED_CHAT_FIELDS = ("tools", "functions", "function_call", "audio", "prediction")

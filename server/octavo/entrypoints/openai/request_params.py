@@ -5,6 +5,7 @@ from __future__ import annotations
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import SamplingRequest
 from octavo.sampling_params import RequestOutputKind, SamplingParams
+from octavo.structured_output.params import StructuredOutputsParams
 
 # Request fields copied to SamplingParams when the client set them (None = engine default).
 _OPTIONAL_FIELDS = (
@@ -60,10 +61,14 @@ def resolve_max_tokens(
 
 
 def to_sampling_params(
-    request: SamplingRequest, max_tokens: int, logprobs: int | None
+    request: SamplingRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    constraint: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """Build the engine's parameters; the engine's own checks become HTTP 400s."""
     values = {name: getattr(request, name) for name in _PLAIN_FIELDS}
+    values["structured_outputs"] = constraint
     for name in _OPTIONAL_FIELDS:
         value = getattr(request, name)
         if value is not None:

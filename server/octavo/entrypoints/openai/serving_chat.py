@@ -38,6 +38,7 @@ from octavo.entrypoints.openai.streaming import (
     sse_frames,
     sse_response,
 )
+from octavo.entrypoints.openai.structured_outputs import checked_constraint
 from octavo.outputs import CompletionOutput, RequestOutput
 
 
@@ -83,7 +84,8 @@ async def create_chat_completion(
         num_prompt_tokens=len(token_ids),
         decoder=context.decoder(),
     )
-    params = to_sampling_params(body, max_tokens, job.num_top_logprobs)
+    constraint = await checked_constraint(body, info, context)
+    params = to_sampling_params(body, max_tokens, job.num_top_logprobs, constraint)
     streams = await open_streams(context.engine, job.response_id, [token_ids], [params])
     if body.stream:
         return sse_response(_stream(job, streams[0]))

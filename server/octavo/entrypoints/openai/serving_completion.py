@@ -36,6 +36,7 @@ from octavo.entrypoints.openai.streaming import (
     sse_frames,
     sse_response,
 )
+from octavo.entrypoints.openai.structured_outputs import checked_constraint
 from octavo.outputs import CompletionOutput, RequestOutput
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
@@ -80,12 +81,13 @@ async def create_completion(
     items = prompt_items(body.prompt)
     context.check_fan_out(len(items) * body.n, info, "prompt")
     prompts = await context.tokenizers.run(completion_prompts, items, info)
+    constraint = await checked_constraint(body, info, context)
     params = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(
             body.max_tokens, len(prompt.token_ids), info.max_model_len, DEFAULT_MAX_TOKENS, "prompt"
         )
-        params.append(to_sampling_params(body, max_tokens, body.logprobs))
+        params.append(to_sampling_params(body, max_tokens, body.logprobs, constraint))
     job = CompletionJob(
         body=body,
         response_id=f"cmpl-{uuid.uuid4().hex}",

@@ -1,0 +1,57 @@
+"""The runner's side of structured output: compile in the background, match per sequence.
+
+A constrained sequence's grammar is compiled on a thread of its own as soon as the
+sequence reaches the runner, so the compile overlaps the prefill forward instead of
+stalling the step; the first sampling of the sequence waits for it if it is not done.
+Compilers are shared within a process (``shared_compiler``), so the offline engine's
+validation and its runner compile each constraint once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from threading import Lock
+from typing import Any
+
+from octavo.structured_output.compiler import GrammarCompiler
+from octavo.structured_output.matcher import GrammarState
+from octavo.structured_output.params import StructuredOutputsParams
+
+_COMPILERS: dict[tuple[Any, int], GrammarCompiler] = {}
+_COMPILERS_LOCK = Lock()
+
+
+def shared_compiler(
+    key: Any, load_tokenizer: Callable[[], Any], vocab_size: int, stop_token_ids: Iterable[int]
+) -> GrammarCompiler:
+    """This process's compiler for the model ``key`` (its folder), made on first use."""
+    with _COMPILERS_LOCK:
+        compiler = _COMPILERS.get((key, vocab_size))
+        if compiler is None:
+            compiler = GrammarCompiler(load_tokenizer(), vocab_size, stop_token_ids)
+            _COMPILERS[(key, vocab_size)] = compiler
+        return compiler
+
+
+class PendingGrammar:
+    """A sequence's grammar state once its compile is done (waits for it on first use)."""
+
+    def __init__(self, compiled: Future, output_token_ids: list[int]) -> None:
+        self._compiled, self._replay = compiled, list(output_token_ids)
+        self._state: GrammarState | None = None
+
+    def state(self) -> GrammarState:
+        if self._state is None:
+            self._state = GrammarState(self._compiled.result(), self._replay)
+        return self._state
+
+
+class StructuredOutputManager:
+    def __init__(self, compiler: Callable[[], GrammarCompiler]) -> None:
+        self._compiler = compiler  # called on the compile thread: loading it is slow too
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="octavo-grammar")
+
+    def start(self, params: StructuredOutputsParams, output_token_ids: list[int]) -> PendingGrammar:
+        future = self._pool.submit(lambda: self._compiler().compile(params))
+        return PendingGrammar(future, output_token_ids)

@@ -1,0 +1,191 @@
+"""Structured output through the real openai client against a served SmolLM2: JSON schemas
+(nested objects, enums, arrays with min/max items, integer bounds, string patterns),
+JSON object mode, regex, choice and EBNF grammars, on chat and completions, greedy,
+sampled and streamed, the client's pydantic ``parse`` helper, metrics, and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from octavo.entrypoints.openai.context import ServerConfig
+
+from server_harness import ThreadedServer, build_local_app, metric_value, torch_threads
+
+MODEL = "smol"
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "role": {"type": "string", "enum": ["admin", "editor", "viewer"]},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+SCHEMAS = {
+    "nested-object": {
+        "type": "object",
+        "properties": {
+            "user": PERSON,
+            "address": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 20},
+                    "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                },
+                "required": ["city", "zip"],
+            },
+        },
+        "required": ["user", "address"],
+    },
+    "array-min-max-items": {
+        "type": "object",
+        "properties": {
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["red", "green", "blue"]},
+                "minItems": 2,
+                "maxItems": 3,
+            },
+        },
+        "required": ["tags"],
+    },
+    "integer-bounds": {
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer", "minimum": -5, "maximum": 5},
+            "ratio": {"type": "number"},
+        },
+        "required": ["count", "ratio"],
+    },
+    "string-pattern": {
+        "type": "object",
+        "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}},
+        "required": ["sku"],
+    },
+}
+QUESTION = [{"role": "user", "content": "Give me an example record as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def server(smol_folder) -> Iterator[ThreadedServer]:
+    config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
+    app = build_local_app(str(smol_folder), config, max_model_len=1024, kv_cache_memory=64 << 20)
+    with torch_threads(2), ThreadedServer(app) as running:
+        yield running.wait_ready()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def chat(client, **kwargs) -> str:
+    kwargs = {"model": MODEL, "messages": QUESTION, "max_tokens": 200, **kwargs}
+    return client.chat.completions.create(**kwargs).choices[0].message.content
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_json_schema_output_parses_and_validates(client, name, temperature):
+    schema = SCHEMAS[name]
+    response_format = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+    text = chat(client, response_format=response_format, temperature=temperature, seed=3)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_guided_json_and_structured_outputs_spellings(client):
+    schema = SCHEMAS["string-pattern"]
+    for extra in ({"guided_json": schema}, {"structured_outputs": {"json": schema}}):
+        jsonschema.validate(json.loads(chat(client, extra_body=extra)), schema)
+
+
+def test_json_object_mode(client):
+    text = chat(client, response_format={"type": "json_object"}, max_tokens=300)
+    assert isinstance(json.loads(text), dict)
+
+
+def test_regex_choice_and_grammar(client):
+    regex = r"[0-9]{3}-[a-z]{2,6}"
+    assert re.fullmatch(regex, chat(client, extra_body={"guided_regex": regex}))
+    choices = ["yes", "no", "it depends"]
+    assert chat(client, extra_body={"guided_choice": choices}) in choices
+    grammar = 'root ::= "(" item ("," item)? ")"\nitem ::= [a-c] [a-c]?'  # bounded length
+    text = chat(client, extra_body={"guided_grammar": grammar}, max_tokens=40, temperature=0.8)
+    assert re.fullmatch(r"\([a-c]{1,2}(,[a-c]{1,2})?\)", text), text
+    choice = chat(client, extra_body={"structured_outputs": {"choice": ["left", "right"]}})
+    assert choice in ("left", "right")
+
+
+def test_completions_endpoint_is_constrained_too(client):
+    schema = SCHEMAS["array-min-max-items"]
+    completion = client.completions.create(
+        model=MODEL, prompt="Colors as JSON:", max_tokens=80, extra_body={"guided_json": schema}
+    )
+    jsonschema.validate(json.loads(completion.choices[0].text), schema)
+    regex = client.completions.create(
+        model=MODEL, prompt="A code:", max_tokens=20, extra_body={"guided_regex": "[A-F]{4}"}
+    )
+    assert re.fullmatch("[A-F]{4}", regex.choices[0].text)
+
+
+def test_streamed_deltas_concatenate_to_valid_json(client):
+    schema = SCHEMAS["nested-object"]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=200, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    )  # fmt: skip
+    pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert len([p for p in pieces if p]) > 3
+    jsonschema.validate(json.loads("".join(pieces)), schema)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=24)
+    age: int = Field(ge=18, le=99)
+    role: str
+
+
+def test_pydantic_parse_helper(client):
+    completion = client.chat.completions.parse(
+        model=MODEL, messages=QUESTION, max_tokens=120, response_format=Person
+    )
+    person = completion.choices[0].message.parsed
+    assert isinstance(person, Person) and 18 <= person.age <= 99
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"guided_json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}},
+         "invalid JSON schema"),
+        ({"guided_json": "{not json"}, "not JSON"),
+        ({"guided_regex": "([a-z"}, "invalid regex"),
+        ({"guided_grammar": "root ::= undefined_rule"}, "invalid grammar"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "only one of"),
+        ({"guided_choice": []}, "non-empty"),
+        ({"structured_outputs": {"json": {}, "regex": "a"}}, "exactly one"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+    ],
+)  # fmt: skip
+def test_bad_constraints_are_400_naming_the_problem(server, extra, message):
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 5, **extra}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+
+
+def test_metrics_count_constrained_requests_and_compile_time(client, server):
+    chat(client, extra_body={"guided_regex": "[xyz]{5}"}, max_tokens=10)
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert metric_value(text, "octavo:structured_output_requests_total", kind="regex") >= 1
+    assert metric_value(text, "octavo:grammar_compile_seconds_count") >= 1
