@@ -135,6 +135,25 @@ def test_paged_decode_attention_matches_torch(ops, dtype, heads, kv_heads, head_
     close(out, expected, dtype)
 
 
+@pytest.mark.parametrize("vocab", [49152, 1000, 37])
+def test_token_bitmask_matches_xgrammar(ops, vocab):
+    """Structured output's mask: the native kernel equals xgrammar's own torch path, with a
+    vocabulary that is not a multiple of 32, on a subset of the rows."""
+    import xgrammar as xgr
+
+    generator = torch.Generator().manual_seed(vocab)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (5, (vocab + 31) // 32), dtype=torch.int32,
+                            generator=generator)  # fmt: skip
+    bitmask[1] = -1  # a row that allows everything
+    logits = torch.randn(5, vocab, generator=generator)
+    rows = [0, 1, 3]
+    expected = logits.clone()
+    xgr.apply_token_bitmask_inplace(expected, bitmask, indices=rows, backend="torch_native")
+    actual = logits.clone()
+    ops.apply_token_bitmask(actual, bitmask, torch.tensor(rows))
+    assert torch.equal(actual, expected)
+
+
 def test_kernels_refuse_bad_input_with_a_clear_error(ops):
     query, cache, tables, lens = random_paged_case([5], 4, 2, 64, 16, torch.float32)
     out = torch.empty(query.shape)

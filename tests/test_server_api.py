@@ -256,8 +256,8 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
     [
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, None),  # no name
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"max_tokens": "many"}, "max_tokens"),
         ({"n": 0}, "n"),

@@ -1,4 +1,4 @@
-"""``python -m octavo_bench offline|serve|parallel``: the benchmarks' command line."""
+"""``python -m octavo_bench offline|serve|parallel|structured``: the benchmarks' command line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from octavo_bench import offline, parallel, serve
+from octavo_bench import offline, parallel, serve, structured
 from octavo_bench.parsers import PROG
 
 
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     offline.register(kinds)
     serve.register(kinds)
     parallel.register(kinds)
+    structured.register(kinds)
     return parser
 
 

@@ -33,6 +33,7 @@ SOURCES = (
     "kv_store.cpp",
     "decode_attention.cpp",
     "shm_all_reduce.cpp",
+    "token_bitmask.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

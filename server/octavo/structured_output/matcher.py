@@ -8,7 +8,9 @@ matcher keeps its history, so speculative decoding can roll rejected tokens back
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 
 import torch
 
@@ -38,13 +40,57 @@ class GrammarState:
 
 def apply_grammar_bitmasks(logits: torch.Tensor, states: list[GrammarState | None]) -> torch.Tensor:
     """A float32 copy of ``logits`` with every token a row's grammar forbids at -inf
-    (rows without a grammar untouched)."""
+    (rows without a grammar untouched). The rows' bitmasks are filled by xgrammar's
+    batch matcher on several threads; on CPU the native kernel applies them."""
     import xgrammar as xgr
 
     rows = [i for i, state in enumerate(states) if state is not None]
     bitmask = xgr.allocate_token_bitmask(len(states), logits.shape[-1])
-    for row in rows:
-        states[row].fill_bitmask(bitmask, row)
+    _FILLER.fill([states[row].matcher for row in rows], bitmask, rows)
     masked = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
-    xgr.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), indices=rows)
+    native = _native_ops(masked)
+    if native is not None:
+        native.apply_token_bitmask(masked, bitmask, torch.tensor(rows, dtype=torch.long))
+    else:
+        xgr.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), indices=rows)
     return masked
+
+
+class BitmaskFiller:
+    """Fills the rows' bitmasks with xgrammar's batch matcher (C++, without the GIL): on one
+    thread while that is quick — most grammar states answer from xgrammar's token cache in
+    microseconds, and waking threads costs more — on every core once a fill took longer
+    than ``MULTI_THREAD_AFTER_SECONDS`` (e.g. strings with ``maxLength``, checked token by
+    token). Measured at 20 sequences on 2 cores: 4.5 % overhead on one thread, 8 % on two."""
+
+    MULTI_THREAD_AFTER_SECONDS = 0.001
+
+    def __init__(self) -> None:
+        self._last_seconds = 0.0
+
+    def fill(self, matchers: list, bitmask: torch.Tensor, rows: list[int]) -> None:
+        threads = 1 if self._last_seconds < self.MULTI_THREAD_AFTER_SECONDS else _cores()
+        started = time.perf_counter()
+        _batch_matcher(threads).batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
+        self._last_seconds = time.perf_counter() - started
+
+
+_FILLER = BitmaskFiller()
+
+
+def _cores() -> int:
+    return max(1, torch.get_num_threads())
+
+
+@functools.cache
+def _batch_matcher(threads: int):
+    import xgrammar as xgr
+
+    return xgr.BatchGrammarMatcher(max_threads=threads)
+
+
+def _native_ops(logits: torch.Tensor):
+    from octavo.kernels.cpu_build import native_ops
+
+    ops = native_ops(logits.device, torch.float32)
+    return ops if ops is not None and hasattr(ops, "apply_token_bitmask") else None

@@ -13,6 +13,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale);
 void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
                     int64_t call, int64_t slot_bytes);
+void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
 void shm_publish(const at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
                  int64_t call, int64_t slot_bytes);
 }  // namespace octavo_cpu
@@ -29,6 +30,7 @@ TORCH_LIBRARY(octavo_cpu, m) {
   m.def(
       "shm_all_reduce(Tensor(a!) tensor, Tensor(b!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
+  m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
   m.def(
       "shm_publish(Tensor tensor, Tensor(a!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
@@ -43,4 +45,5 @@ TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
   m.impl("paged_decode_attention", &octavo_cpu::paged_decode_attention);
   m.impl("shm_all_reduce", &octavo_cpu::shm_all_reduce);
   m.impl("shm_publish", &octavo_cpu::shm_publish);
+  m.impl("apply_token_bitmask", &octavo_cpu::apply_token_bitmask);
 }
