@@ -1,0 +1,93 @@
+"""Reading tool calls out of a model's text (``tool_choice: auto``), per model family.
+
+``--tool-call-parser`` picks one, as in vLLM:
+
+- ``hermes`` (Hermes, Qwen2/2.5): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  blocks, any number, text around them is the message's content;
+- ``llama3_json`` (Llama 3.1+): the whole output is one JSON object ``{"name": ...,
+  "parameters": {...}}`` (or several separated by ``;``), optionally after
+  ``<|python_tag|>``.
+
+A block that is not valid JSON, or lacks a name, is left in the content: the client
+sees what the model wrote rather than a call that was never made.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ParsedToolCall:
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's ``function.arguments``)
+
+
+@dataclass
+class ToolCallParse:
+    content: str | None
+    calls: list[ParsedToolCall] = field(default_factory=list)
+
+
+HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+PYTHON_TAG = "<|python_tag|>"
+
+
+def parse_hermes(text: str) -> ToolCallParse:
+    calls, kept, position = [], [], 0
+    for match in HERMES_BLOCK.finditer(text):
+        call = _call_from_json(match.group(1), ("arguments", "parameters"))
+        kept.append(text[position : match.start()] if call else text[position : match.end()])
+        position = match.end()
+        if call:
+            calls.append(call)
+    kept.append(text[position:])
+    content = "".join(kept).strip()
+    return ToolCallParse(content or None, calls)
+
+
+def parse_llama3_json(text: str) -> ToolCallParse:
+    body = text.strip().removeprefix(PYTHON_TAG).strip()
+    if not body.startswith("{"):
+        return ToolCallParse(text or None)
+    calls = [_call_from_json(part, ("parameters", "arguments")) for part in _json_objects(body)]
+    if not calls or None in calls:
+        return ToolCallParse(text or None)
+    return ToolCallParse(None, calls)
+
+
+def _json_objects(body: str) -> list[str]:
+    """``{...}; {...}`` split into its objects (a decoder walks, so ';' inside strings is safe)."""
+    decoder, parts, position = json.JSONDecoder(), [], 0
+    while position < len(body):
+        try:
+            _, end = decoder.raw_decode(body, position)
+        except json.JSONDecodeError:
+            return []
+        parts.append(body[position:end])
+        position = end
+        while position < len(body) and body[position] in " \n\t;":
+            position += 1
+    return parts
+
+
+def _call_from_json(text: str, argument_keys: tuple[str, ...]) -> ParsedToolCall | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = next((value[key] for key in argument_keys if key in value), {})
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        return ParsedToolCall(value["name"], arguments)
+    return ParsedToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+TOOL_CALL_PARSERS: dict[str, Callable[[str], ToolCallParse]] = {
+    "hermes": parse_hermes,
+    "llama3_json": parse_llama3_json,
+}

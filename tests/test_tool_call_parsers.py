@@ -1,0 +1,108 @@
+"""Tool calls read from canned model outputs by each parser, and ``tool_choice`` turned
+into constraints whose outputs become calls (the xgrammar compile of those schemas too)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from octavo.entrypoints.openai.tool_calls.constraints import (
+    calls_from_required_output,
+    named_call_constraint,
+    required_calls_constraint,
+    required_calls_schema,
+)
+from octavo.entrypoints.openai.tool_calls.parsers import (
+    ParsedToolCall,
+    parse_hermes,
+    parse_llama3_json,
+)
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+
+
+def test_hermes_blocks_become_calls_and_the_rest_stays_content():
+    text = (
+        "Let me check.\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    parsed = parse_hermes(text)
+    assert parsed.content == "Let me check."
+    assert parsed.calls == [
+        ParsedToolCall("get_weather", '{"city": "Paris"}'),
+        ParsedToolCall("get_time", "{}"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Just text.", "<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>'],
+)
+def test_hermes_without_a_valid_block_is_all_content(text):
+    parsed = parse_hermes(text)
+    assert parsed.calls == [] and parsed.content == text
+
+
+def test_llama3_json_single_and_several_calls():
+    one = parse_llama3_json('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}')
+    assert one.content is None and one.calls == [ParsedToolCall("get_weather", '{"city": "Oslo"}')]
+    first = '{"name": "get_time", "parameters": {"zone": "a;b"}}'
+    two = parse_llama3_json(first + '; {"name": "get_time", "parameters": {}}')
+    assert [call.arguments for call in two.calls] == ['{"zone": "a;b"}', "{}"]
+
+
+@pytest.mark.parametrize("text", ["The weather is fine.", '{"city": "Oslo"}', "{broken"])
+def test_llama3_json_that_is_not_a_call_is_content(text):
+    parsed = parse_llama3_json(text)
+    assert parsed.calls == [] and parsed.content == text
+
+
+def test_required_schema_accepts_calls_to_the_tools_only():
+    schema = required_calls_schema([WEATHER, TIME], parallel=True)
+    good = [{"name": "get_weather", "parameters": {"city": "Rome"}},
+            {"name": "get_time", "parameters": {}}]  # fmt: skip
+    jsonschema.validate(good, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "launch", "parameters": {}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(good, required_calls_schema([WEATHER, TIME], parallel=False))
+    assert calls_from_required_output(json.dumps(good)) == [
+        ParsedToolCall("get_weather", '{"city": "Rome"}'),
+        ParsedToolCall("get_time", "{}"),
+    ]
+
+
+def test_named_call_constraint_is_the_parameters_schema():
+    assert json.loads(named_call_constraint(WEATHER["parameters"]).json) == WEATHER["parameters"]
+    assert json.loads(named_call_constraint(None).json) == {"type": "object"}
+
+
+def test_constrained_tool_calls_from_a_tiny_model_are_valid_calls(tiny_folder):
+    """The constraints compile and any model's output under them reads back as calls (the
+    tools' arguments are bounded: a random model would fill a free string forever)."""
+    from octavo import LLM, SamplingParams
+
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+            "required": ["city"], "additionalProperties": False}  # fmt: skip
+    weather = {"name": "get_weather", "parameters": city}
+    clock = {"name": "get_time", "parameters": {"type": "object", "additionalProperties": False}}
+    llm = LLM(str(tiny_folder("qwen2")), dtype="float32", max_model_len=256)
+    required = required_calls_constraint([weather, clock], parallel=False)
+    named = named_call_constraint(city)
+    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c)
+              for c in (required, named)]  # fmt: skip
+    outputs = llm.generate(["Call a tool:", "Weather in"], params, use_tqdm=False)
+    (call,) = calls_from_required_output(outputs[0].outputs[0].text)
+    assert call.name in {"get_weather", "get_time"}
+    jsonschema.validate(json.loads(outputs[1].outputs[0].text), city)
