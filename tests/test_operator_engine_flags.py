@@ -41,6 +41,8 @@ LEFT_TO_EXTRA_ARGS = {
     "--limit-concurrency": "HTTP admission tuning, derived from --max-num-seqs",
     "--header-timeout": "HTTP connection tuning, rarely changed",
     "--log-level": "debugging one deployment, not a lasting setting",
+    "--enable-auto-tool-choice": "tool calling is new; a spec field follows with the parsers",
+    "--tool-call-parser": "tool calling is new; a spec field follows with the parsers",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {

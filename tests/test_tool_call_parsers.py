@@ -106,3 +106,27 @@ def test_constrained_tool_calls_from_a_tiny_model_are_valid_calls(tiny_folder):
     (call,) = calls_from_required_output(outputs[0].outputs[0].text)
     assert call.name in {"get_weather", "get_time"}
     jsonschema.validate(json.loads(outputs[1].outputs[0].text), city)
+
+
+class _ToolsTemplate:
+    chat_template = "{% for tool in tools %}{{ tool }}{% endfor %}"
+
+
+def test_auto_needs_the_server_flags():
+    from octavo.entrypoints.openai.errors import APIError
+    from octavo.entrypoints.openai.protocol import ChatCompletionRequest
+    from octavo.entrypoints.openai.tool_calls.plan import plan_tools
+
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}],
+                                 tools=[{"type": "function", "function": WEATHER}])  # fmt: skip
+    with pytest.raises(APIError, match="--enable-auto-tool-choice and --tool-call-parser"):
+        plan_tools(body, False, None, _ToolsTemplate())
+    plan = plan_tools(body, True, "llama3_json", _ToolsTemplate())
+    assert plan.mode == "auto" and plan.read('{"name": "get_weather", "parameters": {}}').calls
+
+
+def test_serve_refuses_auto_tool_choice_without_a_parser(capsys):
+    from octavo.cli import main
+
+    assert main(["serve", "--enable-auto-tool-choice"]) == 2
+    assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err

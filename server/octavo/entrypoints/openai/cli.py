@@ -66,6 +66,10 @@ def serve(args: argparse.Namespace) -> int:
         limit_concurrency=args.limit_concurrency
         or max(DEFAULT_LIMIT_CONCURRENCY, 2 * args.max_num_seqs),
         header_timeout=args.header_timeout,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
+    if config.enable_auto_tool_choice and config.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
     listen = ListenArgs(host=args.host, port=args.port, log_level=args.log_level)
     return run_server(config, engine_args, listen)

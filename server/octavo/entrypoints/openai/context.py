@@ -32,6 +32,8 @@ class ServerConfig:
     max_sequences_per_request: int | None = None  # None: derived from the KV cache
     limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None  # a name in tool_calls.parsers.TOOL_CALL_PARSERS
 
     @property
     def model_name(self) -> str:

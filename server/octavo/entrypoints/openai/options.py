@@ -25,6 +25,7 @@ from octavo.config import flag_fields
 
 ENV_PREFIX = "OCTAVO_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,22 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "seconds to finish in-flight requests after SIGTERM",
         non_negative_float,
         30.0,
+    ),
+    Option(
+        "--enable-auto-tool-choice",
+        "let the model decide when to call tools (tool_choice 'auto', the default when "
+        "tools are given); needs --tool-call-parser",
+        parse_bool,
+        False,
+        kind="bool",
+    ),
+    Option(
+        "--tool-call-parser",
+        "how tool calls are read from the model's text with tool_choice 'auto': hermes "
+        "(Hermes/Qwen <tool_call> blocks) or llama3_json (Llama 3.1+ JSON)",
+        one_of(TOOL_CALL_PARSER_NAMES),
+        None,
+        TOOL_CALL_PARSER_NAMES,
     ),
     Option("--log-level", "log level", one_of(LOG_LEVELS), "info", LOG_LEVELS),
 )

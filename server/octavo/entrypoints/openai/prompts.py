@@ -6,12 +6,13 @@ loop. A text that surely cannot fit in the context is refused before it is token
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import bad_request
-from octavo.entrypoints.openai.protocol import ChatMessage, PromptInput
+from octavo.entrypoints.openai.protocol import ChatMessage, PromptInput, ToolCall
 from octavo.inputs.chat import render_chat_prompt
 from octavo.inputs.encoding import encode_texts
 from octavo.inputs.token_range import check_prompt_token_ids
@@ -91,7 +92,10 @@ def prompt_text(prompt: Prompt, tokenizer: Any) -> str:
 
 
 def render_chat(
-    messages: list[ChatMessage], info: EngineInfo, add_generation_prompt: bool = True
+    messages: list[ChatMessage],
+    info: EngineInfo,
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """The conversation's prompt token ids, rendered exactly as ``LLM.chat`` renders it."""
     conversation = [_message_dict(message) for message in messages]
@@ -101,16 +105,31 @@ def render_chat(
 
     try:
         prompt = render_chat_prompt(
-            info.tokenizer, conversation, add_generation_prompt, check_text=check_fits
+            info.tokenizer, conversation, add_generation_prompt, check_fits, tools
         )
     except ValueError as error:  # the template failed, or rendered nothing
-        raise bad_request(str(error), param="messages") from None
+        param = "tools" if "support tools" in str(error) else "messages"
+        raise bad_request(str(error), param=param) from None
     return prompt.token_ids
 
 
-def _message_dict(message: ChatMessage) -> dict[str, str]:
+def _message_dict(message: ChatMessage) -> dict[str, Any]:
     role = "system" if message.role == "developer" else message.role
-    entry = {"role": role, "content": message.text()}
+    entry: dict[str, Any] = {"role": role, "content": message.text()}
     if message.name:
         entry["name"] = message.name
+    if message.tool_calls:
+        entry["tool_calls"] = [_call_dict(call) for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        entry["tool_call_id"] = message.tool_call_id
     return entry
+
+
+def _call_dict(call: ToolCall) -> dict[str, Any]:
+    """Templates expect the arguments as an object (they ``tojson`` them), as vLLM passes."""
+    try:
+        arguments: Any = json.loads(call.function.arguments)
+    except json.JSONDecodeError:
+        arguments = call.function.arguments
+    function = {"name": call.function.name, "arguments": arguments}
+    return {"id": call.id, "type": "function", "function": function}

@@ -2,7 +2,7 @@
 
 Unknown fields are rejected (HTTP 400) rather than silently ignored; a few fields that
 OpenAI clients send but that do not change generation (``user``, ``metadata``, ...) are
-accepted. Features the engine does not have (tools, logit bias, ...) are refused with a
+accepted. Features the engine does not have (logit bias, audio, ...) are refused with a
 message naming the field.
 """
 
@@ -208,10 +208,33 @@ class TextPart(StrictModel):
         return self
 
 
+class FunctionCall(StrictModel):
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+
+
+class ToolCall(StrictModel):
+    """A call the assistant made, sent back in the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this is the result of
+
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("tool messages, and only they, need a tool_call_id")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -247,7 +270,28 @@ class ResponseFormat(StrictModel):
         return None
 
 
-_UNSUPPORTED_CHAT_FIELDS = ("tools", "functions", "function_call", "audio", "prediction")
+class FunctionDefinition(StrictModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ToolDefinition(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+_UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call", "audio", "prediction")
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -257,8 +301,8 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -273,12 +317,26 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError(f"{info.field_name} is not supported by this server")
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _distinct_tool_names(cls, tools: list[ToolDefinition] | None) -> Any:
+        names = [tool.function.name for tool in tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools must have distinct function names")
+        return tools
+
     @field_validator("tool_choice")
     @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none"):
-            raise ValueError("tool_choice is not supported by this server (no tools)")
-        return value
+    def _tool_choice_fits_the_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        names = [tool.function.name for tool in info.data.get("tools") or []]
+        if choice not in (None, "none") and not names:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names the function {choice.function.name!r}, which is not "
+                f"among the tools ({', '.join(names)})"
+            )
+        return choice
 
     @field_validator("modalities")
     @classmethod

@@ -68,9 +68,21 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -90,15 +102,34 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
-class DeltaMessage(BaseModel):
-    """A streamed piece of the assistant message; absent fields are left out."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+class _DropUnset(BaseModel):
+    """Fields left ``None`` are left out, as in OpenAI's stream chunks."""
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: Any) -> dict[str, Any]:
         return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class DeltaFunction(_DropUnset):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_DropUnset):
+    """A piece of a streamed tool call: the first carries id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+
+class DeltaMessage(_DropUnset):
+    """A streamed piece of the assistant message; absent fields are left out."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

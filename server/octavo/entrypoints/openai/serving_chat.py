@@ -29,6 +29,8 @@ from octavo.entrypoints.openai.responses import (
     ChatCompletionResponse,
     ChatLogprobs,
     DeltaMessage,
+    FunctionCallOut,
+    ToolCallOut,
     Usage,
 )
 from octavo.entrypoints.openai.streaming import (
@@ -39,6 +41,13 @@ from octavo.entrypoints.openai.streaming import (
     sse_response,
 )
 from octavo.entrypoints.openai.structured_outputs import checked_constraint
+from octavo.entrypoints.openai.tool_calls.plan import (
+    ToolPlan,
+    finish_reason_with_calls,
+    new_call_id,
+    plan_tools,
+)
+from octavo.entrypoints.openai.tool_calls.stream import ToolCallStream
 from octavo.outputs import CompletionOutput, RequestOutput
 
 
@@ -49,8 +58,15 @@ class ChatJob:
     model_name: str
     num_prompt_tokens: int
     decoder: TokenDecoder
+    tools: ToolPlan = field(default_factory=lambda: ToolPlan("none"))
     tokens_by_choice: dict[int, int] = field(default_factory=dict)
     finished_choices: set[int] = field(default_factory=set)
+    tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)
+
+    def tool_stream(self, index: int) -> ToolCallStream:
+        if index not in self.tool_streams:
+            self.tool_streams[index] = ToolCallStream(self.tools)
+        return self.tool_streams[index]
 
     @property
     def num_top_logprobs(self) -> int | None:
@@ -71,8 +87,12 @@ async def create_chat_completion(
     context.check_model(body.model)
     info = context.ready_info()
     context.check_fan_out(body.n, info, "n")
+    config = context.config
+    tools = plan_tools(
+        body, config.enable_auto_tool_choice, config.tool_call_parser, info.tokenizer
+    )
     token_ids = await context.tokenizers.run(
-        render_chat, body.messages, info, body.add_generation_prompt
+        render_chat, body.messages, info, body.add_generation_prompt, tools.template_tools()
     )
     max_tokens = resolve_max_tokens(
         body.requested_max_tokens, len(token_ids), info.max_model_len, None, "messages"
@@ -83,8 +103,9 @@ async def create_chat_completion(
         model_name=context.config.model_name,
         num_prompt_tokens=len(token_ids),
         decoder=context.decoder(),
+        tools=tools,
     )
-    constraint = await checked_constraint(body, info, context)
+    constraint = await checked_constraint(body, info, context, tools.constraint())
     params = to_sampling_params(body, max_tokens, job.num_top_logprobs, constraint)
     streams = await open_streams(context.engine, job.response_id, [token_ids], [params])
     if body.stream:
@@ -98,20 +119,26 @@ async def create_chat_completion(
 
 # ----- non-streaming -------------------------------------------------------------------
 def _full_response(job: ChatJob, final: RequestOutput) -> ChatCompletionResponse:
-    choices = [
-        ChatChoice(
-            index=output.index,
-            message=AssistantMessage(content=output.text),
-            logprobs=job.logprobs(all_logprobs(output)),
-            finish_reason=output.finish_reason,
-            stop_reason=output.stop_reason,
-        )
-        for output in sorted(final.outputs, key=lambda output: output.index)
-    ]
+    choices = [_full_choice(job, output) for output in sorted(final.outputs, key=lambda o: o.index)]
     generated = sum(len(output.token_ids) for output in final.outputs)
     response = ChatCompletionResponse(id=job.response_id, model=job.model_name, choices=choices)
     response.usage = Usage.of(job.num_prompt_tokens, generated)
     return response
+
+
+def _full_choice(job: ChatJob, output: CompletionOutput) -> ChatChoice:
+    parsed = job.tools.read(output.text)
+    calls = [
+        ToolCallOut(id=new_call_id(), function=FunctionCallOut(name=c.name, arguments=c.arguments))
+        for c in parsed.calls
+    ]
+    return ChatChoice(
+        index=output.index,
+        message=AssistantMessage(content=parsed.content, tool_calls=calls),
+        logprobs=job.logprobs(all_logprobs(output)),
+        finish_reason=finish_reason_with_calls(calls, output.finish_reason),
+        stop_reason=output.stop_reason,
+    )
 
 
 # ----- streaming -----------------------------------------------------------------------
@@ -127,27 +154,34 @@ async def _chunks(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
         yield sse_event(job.chunk([ChatChunkChoice(index=index, delta=role)]), exclude)
     async for output in stream.outputs():
         for completion in output.outputs:
-            choice = _delta_choice(job, completion)
-            if choice is not None:
+            for choice in _delta_choices(job, completion):
                 yield sse_event(job.chunk([choice]), exclude=exclude)
 
 
-def _delta_choice(job: ChatJob, output: CompletionOutput) -> ChatChunkChoice | None:
+def _delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoice]:
+    """The chunks this output update makes: its delta (content, or a tool call's piece),
+    and, once it finished, what the tool-call stream kept back, then the finish reason."""
     if output.index in job.finished_choices:
-        return None
+        return []
     job.tokens_by_choice[output.index] = len(output.token_ids)
+    stream = job.tool_stream(output.index)
+    delta = stream.delta(output.delta_text)
+    logprobs = job.logprobs(new_logprobs(output)) if job.tools.mode == "none" else None
+    pieces = [delta] if delta is not None or logprobs is not None else []
     if output.finished:
         job.finished_choices.add(output.index)
-    wants_logprobs = job.num_top_logprobs is not None and bool(output.delta_token_ids)
-    if not (output.delta_text or output.finished or wants_logprobs):
-        return None
-    return ChatChunkChoice(
-        index=output.index,
-        delta=DeltaMessage(content=output.delta_text or None),
-        logprobs=job.logprobs(new_logprobs(output)),
-        finish_reason=output.finish_reason,
-        stop_reason=output.stop_reason,
-    )
+        pieces += stream.finish()
+    choices = [
+        ChatChunkChoice(index=output.index, delta=piece or DeltaMessage(), logprobs=logprobs)
+        for piece in pieces
+    ]
+    if output.finished:
+        if not choices:
+            choices.append(ChatChunkChoice(index=output.index, delta=DeltaMessage()))
+        calls = range(stream.num_calls)
+        choices[-1].finish_reason = finish_reason_with_calls(calls, output.finish_reason)
+        choices[-1].stop_reason = output.stop_reason
+    return choices
 
 
 def _usage_chunk(job: ChatJob) -> ChatCompletionChunk:

@@ -59,12 +59,24 @@ def _spellings(body: Any) -> dict[str, dict | None]:
 
 
 async def checked_constraint(
-    body: Any, info: EngineInfo, context: Any
+    body: Any,
+    info: EngineInfo,
+    context: Any,
+    tool_constraint: StructuredOutputsParams | None = None,
 ) -> StructuredOutputsParams | None:
-    """The request's constraint, compiled once here (400 if invalid or too slow)."""
-    constraint = requested_constraint(body)
+    """The request's constraint (or the one ``tool_choice`` implies), compiled once here
+    (400 if invalid or too slow, or if both are given)."""
+    constraint, kind = requested_constraint(body), None
+    if tool_constraint is not None:
+        if constraint is not None:
+            raise bad_request(
+                "tool_choice 'required' or a named function constrains the output already; "
+                "drop response_format / structured_outputs / guided_*",
+                param="tool_choice",
+            )
+        constraint, kind = tool_constraint, "tool_calls"
     if constraint is not None:
-        await context.grammars.check(constraint, info, context.metrics)
+        await context.grammars.check(constraint, info, context.metrics, kind)
     return constraint
 
 
@@ -77,8 +89,14 @@ class GrammarChecker:
         self._lock = threading.Lock()
 
     async def check(
-        self, constraint: StructuredOutputsParams, info: EngineInfo, metrics: ServerMetrics
+        self,
+        constraint: StructuredOutputsParams,
+        info: EngineInfo,
+        metrics: ServerMetrics,
+        kind: str | None = None,
     ) -> None:
+        """Compile ``constraint`` (400 if invalid or too slow); count it under ``kind``
+        (default: the constraint's own kind)."""
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._pool, self._compile, constraint, info)
         try:
@@ -90,7 +108,7 @@ class GrammarChecker:
             ) from None
         except GrammarCompileError as error:
             raise bad_request(str(error)) from None
-        metrics.record_constrained(constraint.kind, seconds)
+        metrics.record_constrained(kind or constraint.kind, seconds)
 
     def _compile(self, constraint: StructuredOutputsParams, info: EngineInfo):
         with self._lock:

@@ -32,6 +32,7 @@ class ToolCallParse:
     calls: list[ParsedToolCall] = field(default_factory=list)
 
 
+HERMES_OPEN = "<tool_call>"
 HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 PYTHON_TAG = "<|python_tag|>"
 
@@ -44,6 +45,8 @@ def parse_hermes(text: str) -> ToolCallParse:
         position = match.end()
         if call:
             calls.append(call)
+    if not calls:
+        return ToolCallParse(text or None)  # plain content, exactly as written
     kept.append(text[position:])
     content = "".join(kept).strip()
     return ToolCallParse(content or None, calls)
@@ -87,7 +90,32 @@ def _call_from_json(text: str, argument_keys: tuple[str, ...]) -> ParsedToolCall
     return ParsedToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-TOOL_CALL_PARSERS: dict[str, Callable[[str], ToolCallParse]] = {
-    "hermes": parse_hermes,
-    "llama3_json": parse_llama3_json,
+def hermes_safe_prefix(text: str) -> int:
+    """How much of a streamed text is surely content: up to the first ``<tool_call>``, and
+    never a tail that may be the start of one."""
+    start = text.find(HERMES_OPEN)
+    if start >= 0:
+        return start
+    for length in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(HERMES_OPEN[:length]):
+            return len(text) - length
+    return len(text)
+
+
+def llama3_json_safe_prefix(text: str) -> int:
+    """Nothing while the text may still be a JSON call; everything once it cannot be."""
+    head = text.lstrip()
+    maybe_call = not head or head.startswith(("{", PYTHON_TAG)) or PYTHON_TAG.startswith(head)
+    return 0 if maybe_call else len(text)
+
+
+@dataclass(frozen=True)
+class ToolCallParser:
+    parse: Callable[[str], ToolCallParse]
+    safe_prefix: Callable[[str], int]  # streaming: characters that can go out as content
+
+
+TOOL_CALL_PARSERS: dict[str, ToolCallParser] = {
+    "hermes": ToolCallParser(parse_hermes, hermes_safe_prefix),
+    "llama3_json": ToolCallParser(parse_llama3_json, llama3_json_safe_prefix),
 }
