@@ -49,12 +49,21 @@ def test_the_engine_core_is_its_own_process_and_serves(server):
 
 def wait_until_dead(core: psutil.Process, timeout: float = 10.0) -> None:
     """SIGKILL is asynchronous: the kernel may still be tearing the process down (freeing
-    gigabytes of KV cache) for a while, and until then the parent rightly sees it alive."""
+    gigabytes of KV cache) for a while, and until then the parent rightly sees it alive.
+    The main thread turns zombie before the other threads are gone, and the process's
+    files (the pipe the parent watches) close only with the last thread: wait for both."""
     deadline = time.monotonic() + timeout
     with contextlib.suppress(psutil.NoSuchProcess):
-        while core.status() != psutil.STATUS_ZOMBIE:
+        while core.status() != psutil.STATUS_ZOMBIE or _threads_left(core.pid) > 1:
             assert time.monotonic() < deadline, "the engine core survived SIGKILL"
             time.sleep(0.01)
+
+
+def _threads_left(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:  # reaped already
+        return 0
 
 
 def test_engine_core_death_makes_the_server_unhealthy_and_exit_non_zero(server):
