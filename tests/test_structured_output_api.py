@@ -15,6 +15,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from octavo.entrypoints.openai.app import context_of
 from octavo.entrypoints.openai.context import ServerConfig
 
 from server_harness import ThreadedServer, build_local_app, metric_value, torch_threads
@@ -189,3 +190,18 @@ def test_metrics_count_constrained_requests_and_compile_time(client, server):
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert metric_value(text, "octavo:structured_output_requests_total", kind="regex") >= 1
     assert metric_value(text, "octavo:grammar_compile_seconds_count") >= 1
+
+
+def test_a_constraint_that_does_not_compile_in_time_is_a_400(server, monkeypatch):
+    """The compile runs in a thread with a deadline; past it the request is refused and the
+    engine never sees it (the deadline is shrunk here instead of writing a huge schema)."""
+    from octavo.entrypoints.openai import structured_outputs
+
+    monkeypatch.setattr(structured_outputs, "COMPILE_TIMEOUT_SECONDS", 0.0)
+    properties = {f"p{i}": {"type": "string", "pattern": f"^x{i}[a-z]+$"} for i in range(60)}
+    schema = {"type": "object", "properties": properties, "required": list(properties)}
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 5, "guided_json": schema}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert "did not compile within" in response.json()["error"]["message"]
+    assert context_of(server.app).engine.num_open == 0
