@@ -175,3 +175,20 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     if not values:
         raise KeyError(f"no sample {name} {labels or ''} in the scrape")
     return sum(values)
+
+
+@contextmanager
+def served_model(
+    folder: str, config: Any, threads: int, **engine_kwargs: Any
+) -> Iterator[ThreadedServer]:
+    """``folder`` served on loopback with ``config`` (a ``ServerConfig``), once loaded."""
+    app = build_local_app(folder, config, **engine_kwargs)
+    with torch_threads(threads), ThreadedServer(app) as running:
+        yield running.wait_ready()
+
+
+def openai_client(server: ThreadedServer) -> Any:
+    """The real openai client pointed at ``server``, without retries."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

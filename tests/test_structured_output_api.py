@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from octavo.entrypoints.openai.app import context_of
 from octavo.entrypoints.openai.context import ServerConfig
 
-from server_harness import ThreadedServer, build_local_app, metric_value, torch_threads
+from server_harness import ThreadedServer, metric_value, openai_client, served_model
 
 MODEL = "smol"
 PERSON = {
@@ -79,14 +79,14 @@ QUESTION = [{"role": "user", "content": "Give me an example record as JSON."}]
 @pytest.fixture(scope="module")
 def server(smol_folder) -> Iterator[ThreadedServer]:
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
-    app = build_local_app(str(smol_folder), config, max_model_len=1024, kv_cache_memory=64 << 20)
-    with torch_threads(2), ThreadedServer(app) as running:
-        yield running.wait_ready()
+    with served_model(str(smol_folder), config, 2, max_model_len=1024,
+                      kv_cache_memory=64 << 20) as running:  # fmt: skip
+        yield running
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 def chat(client, **kwargs) -> str:

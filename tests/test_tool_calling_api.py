@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from octavo.entrypoints.openai.context import ServerConfig
 
-from server_harness import ThreadedServer, build_local_app, torch_threads
+from server_harness import ThreadedServer, openai_client, served_model
 from tiny_models import build_tiny_model
 
 MODEL = "tiny-tools"
@@ -63,14 +63,14 @@ def server(tmp_path_factory, smol_folder) -> Iterator[ThreadedServer]:
     folder = build_tiny_model(tmp_path_factory.mktemp("tools"), "qwen2", tokenizer)
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL,
                           enable_auto_tool_choice=True, tool_call_parser="hermes")  # fmt: skip
-    app = build_local_app(str(folder), config, max_model_len=1024, kv_cache_memory=16 << 20)
-    with torch_threads(1), ThreadedServer(app) as running:
-        yield running.wait_ready()
+    with served_model(str(folder), config, 1, max_model_len=1024,
+                      kv_cache_memory=16 << 20) as running:  # fmt: skip
+        yield running
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 def parameters_of(name: str) -> dict:
