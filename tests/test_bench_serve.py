@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -135,6 +136,18 @@ def test_request_body_per_endpoint():
     text = serve_client.request_body(target, prompt, ClientOptions(ignore_eos=False))
     assert text["prompt"] == "hello world" and "ignore_eos" not in text
     assert target.url == "http://h:1/v1/completions"
+    constrained = ClientOptions(extra_body={"guided_regex": "[a-z]+", "temperature": 0.5})
+    body = serve_client.request_body(target, prompt, constrained)
+    assert body["guided_regex"] == "[a-z]+" and body["temperature"] == 0.5  # extra wins
+
+
+def test_extra_body_must_be_a_json_object():
+    from octavo_bench.serve import json_object
+
+    assert json_object('{"guided_json": {"type": "object"}}') == {"guided_json": {"type": "object"}}
+    for bad in ("[1]", "{nope"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            json_object(bad)
 
 
 # ----- workloads --------------------------------------------------------------------------

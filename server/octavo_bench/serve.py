@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import shlex
@@ -109,6 +110,17 @@ def int_list(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def request_rate(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -181,6 +193,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     parser.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--extra-body",
+        type=json_object,
+        default={},
+        help="a JSON object merged into every request, e.g. '{\"guided_json\": {...}}' to "
+        "measure structured output",
+    )
 
 
 def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
@@ -273,7 +292,10 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def client_options(args: argparse.Namespace) -> ClientOptions:
     return ClientOptions(
-        ignore_eos=args.ignore_eos, timeout_s=args.timeout, show_progress=not args.disable_tqdm
+        ignore_eos=args.ignore_eos,
+        timeout_s=args.timeout,
+        show_progress=not args.disable_tqdm,
+        extra_body=args.extra_body,
     )
 
 

@@ -45,6 +45,7 @@ class ClientOptions:
     ignore_eos: bool = True
     timeout_s: float = 600.0
     show_progress: bool = True
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request
 
 
 @dataclass
@@ -83,7 +84,7 @@ def request_body(target: Target, prompt: PromptSpec, options: ClientOptions) -> 
         body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
         body["prompt"] = prompt.text
-    return body
+    return {**body, **options.extra_body}
 
 
 def error_message(status: int, text: str) -> str:
