@@ -94,3 +94,27 @@ def test_schema_dicts_keep_their_key_order_and_share_a_cache_key():
 
 def test_choice_grammar_escapes_quotes_and_backslashes():
     assert choice_grammar(['say "hi"', "a\\b", "é"]) == 'root ::= "say \\"hi\\"" | "a\\\\b" | "é"'
+
+
+def test_generation_past_the_grammar_end_keeps_to_stop_tokens(llm):
+    """With ``ignore_eos`` (or ``min_tokens``) a sequence outlives its grammar: after the
+    stop token only stop tokens may follow, and nothing fails (a served benchmark hit it)."""
+    eos = llm.engine.scheduler.limits.eos_token_ids
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                            structured_outputs=StructuredOutputsParams(regex="ab"))  # fmt: skip
+    (output,) = llm.generate(["Hello"], params, use_tqdm=False)
+    tokens = output.outputs[0].token_ids
+    assert len(tokens) == 8 and output.outputs[0].text == "ab"
+    assert set(tokens[-3:]) <= set(eos)
+
+
+def test_allow_only_sets_exactly_those_bits():
+    import xgrammar as xgr
+
+    from octavo.structured_output.matcher import allow_only
+
+    bitmask = xgr.allocate_token_bitmask(2, 100)
+    allow_only(bitmask, 1, [0, 31, 33, 95])
+    allowed = [t for t in range(100) if (int(bitmask[1, t // 32]) >> (t % 32)) & 1]
+    assert allowed == [0, 31, 33, 95]
+    assert int(bitmask[0, 0]) == -1  # other rows untouched

@@ -22,11 +22,21 @@ class GrammarState:
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
+        self.stop_token_ids = list(compiled.tokenizer_info.stop_token_ids)
         for token in output_token_ids:
             self.accept(token)
 
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and its stop token was accepted (the sequence goes on
+        only because of ``ignore_eos`` / ``min_tokens``): only stop tokens may follow."""
+        return self.matcher.is_terminated()
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        if self.finished:
+            allow_only(bitmask, row, self.stop_token_ids)
+        else:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token: int) -> None:
         if self.matcher.is_terminated():
@@ -46,7 +56,10 @@ def apply_grammar_bitmasks(logits: torch.Tensor, states: list[GrammarState | Non
 
     rows = [i for i, state in enumerate(states) if state is not None]
     bitmask = xgr.allocate_token_bitmask(len(states), logits.shape[-1])
-    _FILLER.fill([states[row].matcher for row in rows], bitmask, rows)
+    active = [row for row in rows if not states[row].finished]
+    _FILLER.fill([states[row].matcher for row in active], bitmask, active)
+    for row in set(rows) - set(active):
+        states[row].fill_bitmask(bitmask, row)
     masked = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
     native = _native_ops(masked)
     if native is not None:
@@ -54,6 +67,15 @@ def apply_grammar_bitmasks(logits: torch.Tensor, states: list[GrammarState | Non
     else:
         xgr.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), indices=rows)
     return masked
+
+
+def allow_only(bitmask: torch.Tensor, row: int, token_ids: list[int]) -> None:
+    """Row ``row`` of an xgrammar bitmask allows exactly ``token_ids``."""
+    bitmask[row].zero_()
+    for token in token_ids:
+        word, bit = divmod(token, 32)
+        value = int(bitmask[row, word]) | (1 << bit)
+        bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value  # int32
 
 
 class BitmaskFiller:
@@ -69,6 +91,8 @@ class BitmaskFiller:
         self._last_seconds = 0.0
 
     def fill(self, matchers: list, bitmask: torch.Tensor, rows: list[int]) -> None:
+        if not rows:
+            return
         threads = 1 if self._last_seconds < self.MULTI_THREAD_AFTER_SECONDS else _cores()
         started = time.perf_counter()
         _batch_matcher(threads).batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
