@@ -57,10 +57,16 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, smol_folder) -> Iterator[ThreadedServer]:
+def tools_folder(tmp_path_factory, smol_folder):
+    """A tiny random Qwen2 whose chat template shows tools Hermes-style."""
     tokenizer = AutoTokenizer.from_pretrained(smol_folder)
     tokenizer.chat_template = TEMPLATE
-    folder = build_tiny_model(tmp_path_factory.mktemp("tools"), "qwen2", tokenizer)
+    return build_tiny_model(tmp_path_factory.mktemp("tools"), "qwen2", tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(tools_folder) -> Iterator[ThreadedServer]:
+    folder = tools_folder
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL,
                           enable_auto_tool_choice=True, tool_call_parser="hermes")  # fmt: skip
     with served_model(str(folder), config, 1, max_model_len=1024,
@@ -191,3 +197,15 @@ def test_bad_tool_requests_are_400(server, extra, param, message):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and message in error["message"]
+
+
+def test_offline_chat_shows_the_tools_to_the_template(tools_folder):
+    """``LLM.chat(messages, tools=...)`` renders the tools as the server does."""
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(str(tools_folder), dtype="float32", max_model_len=512)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    (with_tools,) = llm.chat(ASK, params, use_tqdm=False, tools=TOOLS)
+    (without,) = llm.chat(ASK, params, use_tqdm=False)
+    assert '"name": "get_weather"' in with_tools.prompt
+    assert "get_weather" not in without.prompt

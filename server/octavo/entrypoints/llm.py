@@ -73,16 +73,20 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation as the server does (``render_chat_prompt``), then generate.
 
         The rendered prompt goes to the engine as token ids, so the special tokens the
-        template wrote (a BOS, say) are not added a second time.
+        template wrote (a BOS, say) are not added a second time. ``tools`` (OpenAI tool
+        definitions) are shown to the chat template, as vLLM's ``LLM.chat`` does; reading
+        calls out of the output is the caller's (or constrain it with
+        ``structured_outputs``).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
         prompts = [
-            render_chat_prompt(tokenizer, conversation, add_generation_prompt)
+            render_chat_prompt(tokenizer, conversation, add_generation_prompt, tools=tools)
             for conversation in conversations
         ]
         token_ids = [prompt.token_ids for prompt in prompts]
