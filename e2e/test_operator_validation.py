@@ -38,6 +38,7 @@ INVALID = {
         "must not exceed resources.gpu",
     ),
     "pipeline-parallel-zero": ({"engine": {"pipelineParallelSize": 0}}, "pipelineParallelSize"),
+    "unknown-quantization": ({"engine": {"quantization": "int4"}}, "Unsupported value"),
     "block-size": ({"engine": {"blockSize": 12}}, "blockSize must be 8, 16 or 32"),
     "gpu-memory-zero": ({"engine": {"gpuMemoryUtilization": 0}}, "must be in (0, 1]"),
     "gpu-memory-above-one": ({"engine": {"gpuMemoryUtilization": 1.5}}, "must be in (0, 1]"),

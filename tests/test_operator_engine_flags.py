@@ -55,6 +55,7 @@ FULL_ENGINE = {
     "dtype": "bfloat16",
     "tensorParallelSize": 2,
     "pipelineParallelSize": 2,
+    "quantization": "int8",
 }
 
 

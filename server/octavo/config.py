@@ -19,6 +19,7 @@ DEFAULT_CPU_TOKEN_BUDGET = 512  # measured: served TTFT p50 at 20 users 912 ms -
 DEFAULT_GPU_TOKEN_BUDGET = 2048
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATION_NAMES = ("int8",)  # model_executor/layers/quantization/registry.py has each
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,13 @@ class EngineArgs:
         "ranks each layer is split over (one worker process each; GPUs on a GPU machine)",
         positive_int,
     )
+    quantization: str | None = engine_arg(
+        None,
+        "quantize the decoder's linear layers: int8 (W8A8: int8 weights per output channel, "
+        "int8 activations per token, int8 GEMMs)",
+        one_of(QUANTIZATION_NAMES),
+        choices=QUANTIZATION_NAMES,
+    )
     pipeline_parallel_size: int = engine_arg(
         1,
         "stages the layers are split over (one worker process per stage and tensor rank)",
@@ -132,6 +140,11 @@ class EngineArgs:
         )
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.pipeline_parallel_size >= 1, "pipeline_parallel_size must be >= 1")
+        _require(
+            self.quantization in (None, *QUANTIZATION_NAMES),
+            f"unknown quantization {self.quantization!r}; supported: "
+            f"{', '.join(QUANTIZATION_NAMES)}",
+        )
 
     @classmethod
     def from_kwargs(cls, model: str | None, kwargs: dict) -> EngineArgs:

@@ -22,6 +22,7 @@ import torch
 
 from octavo import LLM
 from octavo.arg_types import positive_float
+from octavo.config import QUANTIZATION_NAMES
 from octavo.engine.device import select_dtype
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo_bench import baselines, vllm_baseline
@@ -151,6 +152,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Octavo's per-step token budget (default: the offline LLM's, 2048)",
     )
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_NAMES,
+        default=None,
+        help="Octavo's --quantization (default: none)",
+    )
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
@@ -222,6 +229,7 @@ def run_config(args: argparse.Namespace) -> dict:
         "block_size": BLOCK_SIZE,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
+        "quantization": args.quantization,
     }
 
 
@@ -237,6 +245,7 @@ def make_llm(args: argparse.Namespace, prefix_caching: bool) -> LLM:
         kv_cache_memory=args.kv_cache_memory,
         enable_prefix_caching=prefix_caching,
         block_size=BLOCK_SIZE,
+        quantization=args.quantization,
         **budget,
     )
 

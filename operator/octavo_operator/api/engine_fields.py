@@ -17,6 +17,7 @@ from .schema import Schema, integer, string
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BLOCK_SIZES = (8, 16, 32)
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
+QUANTIZATION_METHODS = ("int8",)  # octavo.config.QUANTIZATION_NAMES (checked by a test)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,15 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
         "--tensor-parallel-size",
         integer(1, 64, description="ranks each layer is split over (a power of two)", default=1),
         allowed=TENSOR_PARALLEL_SIZES,
+    ),
+    EngineField(
+        "quantization",
+        "--quantization",
+        string(
+            "quantize the decoder's linear layers (int8: W8A8); unset serves the checkpoint's "
+            "own weights",
+            enum=list(QUANTIZATION_METHODS),
+        ),
     ),
     EngineField(
         "pipelineParallelSize",

@@ -52,7 +52,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     threads = args.num_threads or max(1, usable_cpus() // parallel.world_size)
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        threads,
+        threads, args.quantization,
     )  # fmt: skip
     executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:

@@ -13,6 +13,8 @@ is not last returns its own instead of logits.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -27,27 +29,30 @@ from octavo.model_executor.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from octavo.model_executor.layers.quantization.registry import linear_method_for
 from octavo.model_executor.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.rotary import RotaryEmbedding, RotaryStep
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__()
         hidden, inter, head_dim = config.hidden_size, config.intermediate_size, config.head_dim
+        method = functools.partial(linear_method_for, quantization)  # one per layer
         self.qkv = QKVParallelLinear(
-            hidden, head_dim, config.num_heads, config.num_kv_heads, bias=config.attention_bias
-        )
+            hidden, head_dim, config.num_heads, config.num_kv_heads,
+            bias=config.attention_bias, method=method(),
+        )  # fmt: skip
         self.num_heads, self.num_kv_heads = self.qkv.num_heads, self.qkv.num_kv_heads  # shard
         self.head_dim = head_dim
         self.split_sizes = [self.qkv.q_size, self.qkv.kv_size, self.qkv.kv_size]
         self.scale = head_dim**-0.5
         self.input_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.post_attention_norm = RMSNorm(hidden, config.rms_norm_eps)
-        self.o_proj = RowParallelLinear(config.num_heads * head_dim, hidden)
-        self.gate_up = MergedColumnParallelLinear(hidden, [inter, inter])
-        self.down_proj = RowParallelLinear(inter, hidden)
+        self.o_proj = RowParallelLinear(config.num_heads * head_dim, hidden, method=method())
+        self.gate_up = MergedColumnParallelLinear(hidden, [inter, inter], method=method())
+        self.down_proj = RowParallelLinear(inter, hidden, method=method())
         self.act = SiluAndMul()
 
     def forward(self, hidden, residual, rope: RotaryStep, kv_cache, meta, attention):
@@ -76,7 +81,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__()
         self.config = config
         self.stage = pipeline_stage()
@@ -86,7 +91,7 @@ class LlamaForCausalLM(nn.Module):
         if self.stage.is_first:
             self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config) for _ in range(self.first_layer, last_layer)
+            DecoderLayer(config, quantization) for _ in range(self.first_layer, last_layer)
         )
         if self.stage.is_last:
             self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

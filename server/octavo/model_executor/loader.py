@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from octavo.model_executor.embedded import embedded_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
@@ -49,10 +50,15 @@ def check_model_early(model: str | None, revision: str | None = None) -> None:
 
 
 def load_model(
-    folder: Path, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device
+    folder: Path,
+    config: ModelConfig,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
     with torch.device("meta"):
-        skeleton = LlamaForCausalLM(config)
+        skeleton = LlamaForCausalLM(config, quantization)
     model = skeleton.to_empty(device=device).to(dtype)
     model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope, dtype, device)
     model.tie_lm_head()  # to_empty gave the embedding and the LM head each their own storage
@@ -61,8 +67,26 @@ def load_model(
     for module in model.modules():
         if isinstance(module, LinearBase):
             module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN
-    logger.info("loaded %s (%s) as %s on %s", folder.name, config.architecture, dtype, device)
+    logger.info(
+        "loaded %s (%s) as %s on %s%s: weights take %.1f MiB",
+        folder.name, config.architecture, dtype, device,
+        f", {quantization} linears" if quantization else "", weight_bytes(model) / 2**20,
+    )  # fmt: skip
     return model.eval()
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights as stored (quantized or prepacked ones included; a
+    tensor shared by two modules counted once)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [getattr(m, "packed_weight", None) for m in model.modules()]
+    unique = {_storage_key(t): t.numel() * t.element_size() for t in tensors if t is not None}
+    return sum(unique.values())
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    """Shared storage is one key; oneDNN-packed (opaque) tensors have no data pointer."""
+    return tensor.data_ptr() if tensor.layout == torch.strided else id(tensor)
 
 
 def load_tokenizer(folder: Path):

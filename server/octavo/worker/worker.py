@@ -41,6 +41,7 @@ class WorkerConfig:
     eos_token_ids: frozenset[int]
     seed: int = 0  # the global RNG's seed: requests without their own seed draw from it
     num_threads: int | None = None  # torch's intra-op threads; None leaves torch's default
+    quantization: str | None = None  # the decoder linears' method (``--quantization``)
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ class Worker:
         if spec.num_threads is not None:
             torch.set_num_threads(spec.num_threads)
         self.model = load_model(
-            spec.folder, spec.config, spec.max_positions, spec.dtype, self.device
-        )
+            spec.folder, spec.config, spec.max_positions, spec.dtype, self.device,
+            spec.quantization,
+        )  # fmt: skip
         layers = self.model.layers
         kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
         self.cache_shape = CacheShape(len(layers), kv_heads, spec.config.head_dim)

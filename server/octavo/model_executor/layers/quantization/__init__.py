@@ -1,0 +1,1 @@
+"""Quantized linear methods, chosen by ``--quantization`` (vLLM's names)."""

@@ -1,0 +1,29 @@
+"""``--quantization NAME`` → the linear method every quantizable layer of the model uses.
+
+Only the decoder's linears (Q/K/V, O, gate/up, down) are quantized; the embedding and
+the LM head keep the model's dtype, as in vLLM. Methods live beside this file and plug
+into the one ``LinearMethod`` seam (``layers/linear_method.py``), under the
+tensor-parallel layers, so quantization and tensor parallelism combine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from octavo.model_executor.layers.linear_method import LinearMethod
+from octavo.model_executor.layers.quantization.int8 import Int8LinearMethod
+
+QUANTIZATION_METHODS: dict[str, Callable[[], LinearMethod]] = {
+    "int8": Int8LinearMethod,
+}
+
+
+def linear_method_for(quantization: str | None) -> LinearMethod | None:
+    """A fresh method for one layer (``None``: the unquantized default)."""
+    if quantization is None:
+        return None
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"unknown quantization {quantization!r}; supported: {', '.join(QUANTIZATION_METHODS)}"
+        )
+    return QUANTIZATION_METHODS[quantization]()
