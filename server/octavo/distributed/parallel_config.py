@@ -23,8 +23,9 @@ class ParallelConfig:
 
     def check(self, model, device: torch.device) -> None:
         """Raise ``ValueError`` naming what does not fit ``model`` (a ``ModelConfig``)."""
-        for problem in self.problems(model, device):
-            raise ValueError(problem)
+        problems = self.problems(model, device)
+        if problems:
+            raise ValueError(problems[0])
 
     def problems(self, model, device: torch.device) -> list[str]:
         tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size

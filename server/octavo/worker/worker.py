@@ -17,7 +17,7 @@ from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
-from octavo.model_executor.loader import load_model, load_tokenizer
+from octavo.model_executor.loader import load_model, load_tokenizer, weight_bytes
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
 from octavo.outputs import ModelRunnerOutput
@@ -88,9 +88,8 @@ class Worker:
         return self.placement is None or self.placement.is_driver
 
     def parameter_bytes(self) -> int:
-        """Bytes of this rank's weights (its shard; tied tensors counted once)."""
-        unique = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
-        return sum(unique.values())
+        """Bytes of this rank's weights as stored (its shard; ``loader.weight_bytes``)."""
+        return weight_bytes(self.model)
 
     def communication_stats(self) -> dict[str, tuple[float, int]]:
         """Seconds and calls per kind of communication since the last ask (benchmarks)."""
