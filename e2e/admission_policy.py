@@ -62,3 +62,16 @@ def wait_until_enforced(
         timeout=30,
         what="the admission policy to take effect",
     )
+
+
+def wait_until_lifted(
+    custom: client.CustomObjectsApi, namespace: str, refused_spec: dict[str, Any]
+) -> None:
+    """The reverse of ``wait_until_enforced``: after the policy is deleted, the apiserver
+    keeps enforcing it until its informers see the deletion; poll until it no longer does."""
+    body = isvc.manifest("probe", refused_spec)
+    wait_for(
+        lambda: refusal(custom, namespace, body) is None,
+        timeout=60,
+        what="the deleted admission policy to stop judging InferenceServices",
+    )

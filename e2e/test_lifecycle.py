@@ -23,6 +23,7 @@ from kubernetes import client
 
 from e2e import cluster as e2e_cluster
 from e2e import isvc
+from e2e.admission_policy import wait_until_lifted
 from e2e.cluster.paths import REPO_ROOT
 from e2e.helpers import wait_for
 from e2e.operator_process import OperatorProcess
@@ -39,6 +40,8 @@ EXAMPLE = REPO_ROOT / "manifests/examples/smollm2-cpu.yaml"
 EXAMPLE_NAME, SERVED_NAME = "smollm2-cpu", "smollm2"
 BAKED_MODELS = "/opt/octavo/models"  # where the Dockerfile's server target bakes the model
 CRD_NAME = "inferenceservices.octavo.dev"
+# A spec the chart's admission policy refuses: the probe that it has stopped judging.
+OUTSIDE_ALLOWED_REGISTRIES = {"image": "registry.invalid/octavo/probe:0"}
 Run = Callable[..., Any]
 
 
@@ -229,6 +232,7 @@ def test_helm_install_to_openai_call_to_uninstall(
     finally:
         operator.stop()
         helm("uninstall", "octavo", "-n", release_ns, "--wait", "--timeout", "2m")
+        wait_until_lifted(custom, namespace, OUTSIDE_ALLOWED_REGISTRIES)
     assert apiext.read_custom_resource_definition(CRD_NAME)  # kept: users' data survives
     assert not apps.list_namespaced_deployment(release_ns).items
     client.CoreV1Api(api_client).delete_namespace(release_ns)
@@ -253,3 +257,4 @@ def test_kubectl_apply_manifests_to_openai_call(
         # Always: manifests/ holds a cluster-wide admission policy that would judge the
         # InferenceServices of every later test.
         kubectl("delete", "-f", str(REPO_ROOT / "manifests"), "--wait=false")
+        wait_until_lifted(custom, namespace, OUTSIDE_ALLOWED_REGISTRIES)
