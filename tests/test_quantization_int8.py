@@ -52,7 +52,7 @@ def test_each_parallel_layer_matches_its_float_reference(kind, dtype):
     expected, actual = reference(x).float(), quantized(x).float()
     relative = (actual - expected).norm() / expected.norm()
     assert actual.dtype == torch.float32 and relative < 0.03, float(relative)
-    assert quantized.weight is None and quantized.qweight_t.dtype == torch.int8
+    assert quantized.weight is None and quantized.qweight.dtype == torch.int8
 
 
 NATURAL = [
@@ -89,12 +89,16 @@ def test_int8_under_tensor_parallelism(tiny_folder):
 
 
 def test_an_unknown_method_is_refused(tiny_folder, capsys):
-    with pytest.raises(ValueError, match="unknown quantization 'int4'; supported: int8"):
+    with pytest.raises(
+        ValueError, match="unknown quantization 'int4'; supported: int8, fp8, gptq, awq, gguf"
+    ):
         LLM(str(tiny_folder("llama3")), quantization="int4")
     with pytest.raises(SystemExit) as exited:
         main(["serve", str(tiny_folder("llama3")), "--quantization", "nf4"])
     assert exited.value.code == 2
-    assert "--quantization: 'nf4' is not one of int8" in capsys.readouterr().err
+    assert (
+        "--quantization: 'nf4' is not one of int8, fp8, gptq, awq, gguf" in capsys.readouterr().err
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -281,7 +281,7 @@ def test_chat_validation_errors_are_400(client, body, param):
         {"prompt": ["a", [1, 2]]},
         {"prompt": [10**9]},
         {"prompt": "x", "logprobs": 21},
-        {"prompt": "x", "echo": True, "logprobs": 1},
+        {"prompt": "x", "echo": True, "logprobs": 1, "stream": True},  # scoring: no stream
         {"prompt": "x", "temperature": -1},
         {"prompt": "x", "min_tokens": 5, "max_tokens": 2},
         {"prompt": "x", "stream_options": {"include_usage": True}},

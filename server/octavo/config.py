@@ -19,7 +19,8 @@ DEFAULT_CPU_TOKEN_BUDGET = 512  # measured: served TTFT p50 at 20 users 912 ms -
 DEFAULT_GPU_TOKEN_BUDGET = 2048
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATION_NAMES = ("int8",)  # model_executor/layers/quantization/registry.py has each
+# Each one's linear method is in model_executor/layers/quantization/registry.py.
+QUANTIZATION_NAMES = ("int8", "fp8", "gptq", "awq", "gguf")
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,10 @@ class EngineArgs:
     )
     quantization: str | None = engine_arg(
         None,
-        "quantize the decoder's linear layers: int8 (W8A8: int8 weights per output channel, "
-        "int8 activations per token, int8 GEMMs)",
+        "how the decoder's linear layers are quantized: int8 (W8A8, quantized at load), fp8 "
+        "(FP8 weights per output channel, quantized at load), gptq / awq (4-bit checkpoints; "
+        "detected from config.json without the flag), gguf (a .gguf file's blocks kept "
+        "quantized; with no --model, the embedded SmolLM2 Q4_1 file)",
         one_of(QUANTIZATION_NAMES),
         choices=QUANTIZATION_NAMES,
     )

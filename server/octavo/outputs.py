@@ -33,11 +33,14 @@ class ModelRunnerOutput:
     seq_ids: list[int] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    # seq_id -> (position of the first entry, one entry per prompt position scored)
+    prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
 
     def extend(self, other: ModelRunnerOutput) -> None:
         self.seq_ids += other.seq_ids
         self.sampled_token_ids += other.sampled_token_ids
         self.logprobs += other.logprobs
+        self.prompt_logprobs.update(other.prompt_logprobs)
 
 
 @dataclass
@@ -61,3 +64,5 @@ class RequestOutput:
     metrics: RequestMetrics
     error: str | None = None  # set when the engine failed this request (finish_reason "error")
     num_prompt_tokens: int = 0  # also when ``prompt_token_ids`` is left out of a delta
+    # with ``prompt_logprobs``: None for the first prompt token, then one entry per token
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

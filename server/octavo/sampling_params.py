@@ -30,7 +30,9 @@ class SamplingParams:
 
     ``top_k`` of 0 or -1 disables top-k filtering. ``logprobs`` is the number of top
     alternatives to return per generated token (0 = only the chosen token's logprob,
-    ``None`` = no logprobs at all). ``max_tokens=None`` means "until the context is full".
+    ``None`` = no logprobs at all). ``prompt_logprobs`` asks the same for every prompt
+    token after the first (scored while the prompt is computed; such a prompt never
+    reuses the prefix cache). ``max_tokens=None`` means "until the context is full".
     """
 
     n: int = 1
@@ -48,6 +50,7 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -140,6 +143,12 @@ class SamplingParams:
             self.logprobs is None
             or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
             f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+        )
+        _require(
+            self.prompt_logprobs is None
+            or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+            f"prompt_logprobs must be None or an integer in [0, {MAX_LOGPROBS}], "
+            f"got {self.prompt_logprobs!r}",
         )
 
 

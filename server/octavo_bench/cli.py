@@ -1,4 +1,4 @@
-"""``python -m octavo_bench offline|serve|parallel|structured``: the benchmarks' command line."""
+"""``python -m octavo_bench offline|serve|parallel|structured|quantized``: the command line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from octavo_bench import offline, parallel, serve, structured
+from octavo_bench import offline, parallel, quantized, serve, structured
 from octavo_bench.parsers import PROG
 
 
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(kinds)
     parallel.register(kinds)
     structured.register(kinds)
+    quantized.register(kinds)
     return parser
 
 

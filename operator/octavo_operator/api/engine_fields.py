@@ -17,7 +17,8 @@ from .schema import Schema, integer, string
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BLOCK_SIZES = (8, 16, 32)
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
-QUANTIZATION_METHODS = ("int8",)  # octavo.config.QUANTIZATION_NAMES (checked by a test)
+# octavo.config.QUANTIZATION_NAMES (checked by a test)
+QUANTIZATION_METHODS = ("int8", "fp8", "gptq", "awq", "gguf")
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,10 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
         "quantization",
         "--quantization",
         string(
-            "quantize the decoder's linear layers (int8: W8A8); unset serves the checkpoint's "
-            "own weights",
+            "how the decoder's linear layers are quantized: int8 (W8A8) and fp8 quantize a "
+            "float checkpoint at load; gptq and awq checkpoints are detected without it; gguf "
+            "keeps a .gguf file's blocks (the embedded model's Q4_1 when no model is set); "
+            "unset serves the checkpoint as it is",
             enum=list(QUANTIZATION_METHODS),
         ),
     ),

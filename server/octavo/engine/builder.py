@@ -18,6 +18,7 @@ from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.stop_checker import StopLimits
 from octavo.worker.worker import KVBudget, WorkerConfig
@@ -42,6 +43,7 @@ class EngineParts:
 def build_engine_parts(args: EngineArgs) -> EngineParts:
     folder = resolve_model_folder(args.model, args.revision)
     config = ModelConfig.from_folder(folder)
+    quantization = resolve_quantization(folder, args.quantization)
     device = select_device(args.device)
     dtype = select_dtype(args.dtype, device)
     parallel = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
@@ -52,7 +54,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     threads = args.num_threads or max(1, usable_cpus() // parallel.world_size)
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        threads, args.quantization,
+        threads, quantization,
     )  # fmt: skip
     executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:
@@ -87,8 +89,10 @@ def _initialize_cache(
             "no GPU memory left for the KV cache; raise gpu_memory_utilization "
             "or lower max_num_batched_tokens / max_num_seqs"
         )
-    logger.info("KV cache: %d blocks of %d tokens (%d tokens)",
-                num_blocks, args.block_size, num_blocks * args.block_size)  # fmt: skip
+    logger.info("KV cache: %d blocks of %d tokens (%d tokens)%s",
+                num_blocks, args.block_size, num_blocks * args.block_size,
+                "" if device.type == "cuda" else
+                f" in a budget of {budget.cpu_bytes / 2**20:.0f} MiB")  # fmt: skip
     _check_capacity(num_blocks, args.block_size, max_model_len)
     executor.initialize_cache(num_blocks)
     return num_blocks

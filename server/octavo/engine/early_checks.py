@@ -11,6 +11,7 @@ from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME, baked_model_fold
 from octavo.model_executor.hub import parse_hub_model
 from octavo.model_executor.loader import resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.quantized_checkpoint import resolve_quantization
 
 
 def check_parallel_layout_early(args) -> None:
@@ -24,6 +25,17 @@ def check_parallel_layout_early(args) -> None:
         return  # checked again, as always, when the engine loads
     layout = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
     layout.check(ModelConfig.from_folder(folder), select_device(args.device))
+
+
+def check_quantization_early(args) -> None:
+    """Refuse a ``--quantization`` the model does not fit (e.g. gptq on a float
+    checkpoint, gguf without a .gguf file, an unsupported GGUF block type) before the port
+    opens, when the model is at hand locally."""
+    if args.quantization is None and (args.model is None or not args.model.endswith(".gguf")):
+        return
+    folder = _local_config_folder(args.model, args.revision)
+    if folder is not None:
+        resolve_quantization(folder, args.quantization)
 
 
 def _local_config_folder(model: str | None, revision: str | None) -> Path | None:

@@ -95,4 +95,5 @@ class OutputAccumulator:
             metrics=last.metrics,
             error=last.error,
             num_prompt_tokens=last.num_prompt_tokens,
+            prompt_logprobs=last.prompt_logprobs,
         )

@@ -68,9 +68,15 @@ class Request:
             num_cached_tokens=first.num_cached_tokens,
             metrics=self._metrics(),
             num_prompt_tokens=len(self.prompt_token_ids),
+            prompt_logprobs=self._prompt_logprobs(),
         )
         self.prompt_reported = True
         return output
+
+    def _prompt_logprobs(self) -> list | None:
+        if self.params.prompt_logprobs is None or not self.seqs:
+            return None
+        return [None, *self.seqs[0].prompt_logprobs]
 
     def _metrics(self) -> RequestMetrics:
         first = self.seqs[0]

@@ -34,6 +34,7 @@ SOURCES = (
     "decode_attention.cpp",
     "shm_all_reduce.cpp",
     "token_bitmask.cpp",
+    "quantized_linear.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

@@ -23,5 +23,10 @@ class CheckpointSlice:
         return self._handle[:]
 
 
-def materialize(tensor: torch.Tensor | CheckpointSlice) -> torch.Tensor:
-    return tensor.full() if isinstance(tensor, CheckpointSlice) else tensor
+def materialize(tensor) -> torch.Tensor:
+    """A plain tensor of a lazily read slice, or of a quantized matrix (dequantized)."""
+    if isinstance(tensor, CheckpointSlice):
+        return tensor.full()
+    if hasattr(tensor, "dequantize") and not isinstance(tensor, torch.Tensor):
+        return tensor.dequantize()  # e.g. a GGUF embedding feeding a float embedding table
+    return tensor

@@ -29,7 +29,10 @@ from octavo.model_executor.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from octavo.model_executor.layers.quantization.registry import linear_method_for
+from octavo.model_executor.layers.quantization.registry import (
+    linear_method_for,
+    lm_head_method_for,
+)
 from octavo.model_executor.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.rotary import RotaryEmbedding, RotaryStep
@@ -95,14 +98,21 @@ class LlamaForCausalLM(nn.Module):
         )
         if self.stage.is_last:
             self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, lm_head_method_for(quantization)
+            )
         self.tie_lm_head()
         self.rotary: RotaryEmbedding | None = None  # set once dtype and device are known
         self.requires_grad_(False)
 
     def tie_lm_head(self) -> None:
-        """Share the embedding with the LM head when both live in this stage."""
-        if self.config.tie_word_embeddings and None not in (self.embed_tokens, self.lm_head):
+        """Share the embedding with the LM head when both live in this stage (a quantized
+        LM head keeps its own copy of the checkpoint's matrix)."""
+        if (
+            self.config.tie_word_embeddings
+            and None not in (self.embed_tokens, self.lm_head)
+            and self.lm_head.is_unquantized
+        ):
             self.lm_head.tie_to(self.embed_tokens)
 
     def forward(

@@ -9,10 +9,12 @@ import torch
 from torch import nn
 
 from octavo.model_executor.embedded import embedded_model_folder
+from octavo.model_executor.gguf_folder import gguf_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
 from octavo.model_executor.layers.linear import LinearBase
 from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.quantized_checkpoint import checkpoint_tensors
 from octavo.model_executor.rotary import RotaryEmbedding
 from octavo.model_executor.weights import load_weights
 
@@ -29,6 +31,8 @@ def resolve_model_folder(model: str | None, revision: str | None = None) -> Path
     if revision:
         logger.warning("--revision %s ignored: %s is a local folder", revision, model)
     folder = Path(model.removeprefix("file://")).expanduser()
+    if folder.suffix == ".gguf" and folder.is_file():
+        return gguf_model_folder(folder)
     if not (folder / "config.json").is_file():
         raise ValueError(f"model path {str(folder)!r} is not a folder with a config.json")
     return folder
@@ -63,7 +67,7 @@ def load_model(
     model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope, dtype, device)
     model.tie_lm_head()  # to_empty gave the embedding and the LM head each their own storage
     with torch.no_grad():
-        load_weights(model, folder)
+        load_weights(model, folder, checkpoint_tensors(folder, config, quantization))
     for module in model.modules():
         if isinstance(module, LinearBase):
             module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN

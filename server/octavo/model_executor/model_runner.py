@@ -19,7 +19,7 @@ stage receives each one's activations from the previous stage and sends its own 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,6 +35,7 @@ from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.outputs import ModelRunnerOutput
+from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from octavo.sampling.sampler import Sampler, SamplingRow
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
 from octavo.structured_output.manager import PendingGrammar, StructuredOutputManager
@@ -75,8 +76,19 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    logits_indices: torch.Tensor
-    sampled: list[ScheduledSequence]  # one per logits row
+    logits_indices: torch.Tensor  # the sampled rows, then the prompt-scoring rows
+    sampled: list[ScheduledSequence]  # one per sampled logits row
+    scored: list[PromptScoring] = field(default_factory=list)  # prompt_logprobs requests
+
+
+@dataclass
+class PromptScoring:
+    """Prompt positions whose next (prompt) token a request wants the logprob of."""
+
+    seq_id: int
+    first_position: int
+    next_tokens: list[int]  # the prompt token after each position
+    num_top: int
 
 
 class ModelRunner:
@@ -99,6 +111,7 @@ class ModelRunner:
         self.structured = structured
         self.sampler = Sampler()
         self.states: dict[int, SequenceState] = {}
+        self.scoring: dict[int, tuple[list[int], int]] = {}  # prompt_logprobs: (prompt, top)
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -111,7 +124,7 @@ class ModelRunner:
             output = self._execute_pipelined(step)
         else:
             inputs = self.prepare(step.scheduled, len(step.prefills))
-            output = self._sample(self._forward(inputs), inputs.sampled)
+            output = self._sample(self._forward(inputs), inputs)
         self._remember(output)
         return output
 
@@ -143,12 +156,20 @@ class ModelRunner:
             if isinstance(result, IntermediateTensors):
                 sends += send_to_next_stage(result, self.stage, index)
             else:
-                output.extend(self._sample(result, inputs.sampled))
+                output.extend(self._sample(result, inputs))
         for work in sends:
             work.wait()
         return output
 
     def _update_states(self, step: SchedulerOutput) -> None:
+        for seq_id in step.finished_seq_ids:  # every rank: the LM head's rows must agree
+            self.scoring.pop(seq_id, None)
+        for data in step.new_sequences:
+            if data.params.prompt_logprobs is not None:
+                self.scoring[data.seq_id] = (
+                    list(data.prompt_token_ids),
+                    data.params.prompt_logprobs,
+                )
         if not self.is_driver:
             return
         for seq_id in step.finished_seq_ids:
@@ -158,10 +179,19 @@ class ModelRunner:
                 data, self.eos_token_ids, self.structured
             )
 
-    def _sample(
-        self, logits: torch.Tensor | None, sampled: list[ScheduledSequence]
-    ) -> ModelRunnerOutput:
+    def _sample(self, logits: torch.Tensor | None, inputs: StepInputs) -> ModelRunnerOutput:
         if logits is None or not self.is_driver:  # a rank that does not sample
+            return ModelRunnerOutput()
+        sampled = inputs.sampled
+        scored_logits, logits = logits[len(sampled) :], logits[: len(sampled)]
+        output = self._sample_rows(logits, sampled)
+        output.prompt_logprobs = score_prompts(scored_logits, inputs.scored)
+        return output
+
+    def _sample_rows(
+        self, logits: torch.Tensor, sampled: list[ScheduledSequence]
+    ) -> ModelRunnerOutput:
+        if not sampled:
             return ModelRunnerOutput()
         rows, seq_ids = [], []
         for row, scheduled in enumerate(sampled):
@@ -204,6 +234,7 @@ class ModelRunner:
             if seq.sample:
                 logits_rows.append(starts[-1] - 1)
                 sampled.append(seq)
+        scored = self._prompt_scoring(scheduled, starts, logits_rows)
         meta = self._metadata(slots, tables, seq_lens, starts, num_prefills)
         return StepInputs(
             input_ids=self._tensor(token_ids, torch.long),
@@ -211,7 +242,23 @@ class ModelRunner:
             meta=meta,
             logits_indices=self._tensor(logits_rows, torch.long),
             sampled=sampled,
+            scored=scored,
         )
+
+    def _prompt_scoring(self, scheduled, starts, logits_rows: list[int]) -> list[PromptScoring]:
+        """Rows (appended to ``logits_rows``) of the prompt positions to score."""
+        scored = []
+        for index, seq in enumerate(scheduled):
+            if seq.seq_id not in self.scoring:
+                continue
+            prompt, wanted = self.scoring[seq.seq_id]
+            start = seq.num_computed_tokens
+            end = min(start + seq.num_new_tokens, len(prompt) - 1)
+            if end <= start:
+                continue
+            logits_rows.extend(range(starts[index], starts[index] + end - start))
+            scored.append(PromptScoring(seq.seq_id, start, prompt[start + 1 : end + 1], wanted))
+        return scored
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
         size = self.block_size
@@ -236,3 +283,21 @@ class ModelRunner:
 
     def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
+
+
+def score_prompts(
+    logits: torch.Tensor, scored: list[PromptScoring]
+) -> dict[int, tuple[int, list[TokenLogprobs]]]:
+    """Each scored sequence's prompt-token logprobs (raw logits, as for sampled tokens)."""
+    if not scored:
+        return {}
+    logprobs = raw_logprobs(logits, list(range(logits.shape[0])))
+    chosen = [token for item in scored for token in item.next_tokens]
+    num_top = [item.num_top for item in scored for _ in item.next_tokens]
+    entries = gather_logprobs(logprobs, chosen, num_top)
+    result, offset = {}, 0
+    for item in scored:
+        count = len(item.next_tokens)
+        result[item.seq_id] = (item.first_position, entries[offset : offset + count])
+        offset += count
+    return result

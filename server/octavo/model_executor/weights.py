@@ -7,7 +7,7 @@ this rank's part of it. Under pipeline parallelism a stage skips the layers it l
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -45,49 +45,61 @@ def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, CheckpointSlice]]:
                 yield name, CheckpointSlice(reader.get_slice(name))
 
 
-def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
-    """Copy every checkpoint tensor into the model; fail loudly on anything left unset."""
+def load_weights(
+    model: LlamaForCausalLM, folder: Path, tensors: Iterable[tuple[str, object]] | None = None
+) -> None:
+    """Copy every checkpoint tensor (the folder's safetensors unless ``tensors`` are given,
+    e.g. a GGUF file's) into the model; fail loudly on anything left unset."""
     loaded: set[str] = set()
-    for name, tensor in iterate_checkpoint(folder):
-        target = _copy_into(model, name, tensor)
-        if target:
-            loaded.add(target)
+    for name, tensor in iterate_checkpoint(folder) if tensors is None else tensors:
+        loaded.update(_copy_into(model, name, tensor))
     missing = _expected_names(model) - loaded
     if missing:
         raise ValueError(f"checkpoint in {folder} lacks weights: {sorted(missing)[:5]}")
 
 
-def _copy_into(model: LlamaForCausalLM, name: str, tensor: CheckpointSlice) -> str | None:
+def _copy_into(model: LlamaForCausalLM, name: str, tensor: CheckpointSlice) -> list[str]:
+    """The names (in ``_expected_names``' terms) this checkpoint tensor filled."""
     tied = model.config.tie_word_embeddings
     if name == "model.embed_tokens.weight":
         return _copy_embedding(model, tensor, name)
     if name == "model.norm.weight":
         if model.final_norm is None:
-            return None
-        return _assign(model.final_norm.weight, tensor, "final_norm.weight")
+            return []
+        return [_assign(model.final_norm.weight, tensor, "final_norm.weight")]
     if name == "lm_head.weight":
         if tied or model.lm_head is None:
-            return None
+            return []
         model.lm_head.weight_loader(model.lm_head.weight, tensor, name)
-        return "lm_head.weight"
+        return ["lm_head.weight"]
     match = _LAYER.match(name)
     if match is None:
-        return None  # e.g. rotary inv_freq buffers in old checkpoints
+        return []  # e.g. rotary inv_freq buffers in old checkpoints
     index = int(match.group(1)) - model.first_layer
     if not 0 <= index < len(model.layers):
-        return None  # another pipeline stage's layer
-    return _copy_into_layer(model.layers[index], int(match.group(1)), match.group(2), tensor)
+        return []  # another pipeline stage's layer
+    target = _copy_into_layer(model.layers[index], int(match.group(1)), match.group(2), tensor)
+    return [target] if target else []
 
 
-def _copy_embedding(model: LlamaForCausalLM, tensor: CheckpointSlice, name: str) -> str | None:
-    """The embedding, and the tied LM head of a last stage that has no embedding."""
+def _copy_embedding(model: LlamaForCausalLM, tensor: CheckpointSlice, name: str) -> list[str]:
+    """The embedding, and a tied LM head that does not share its storage (one in a last
+    stage without the embedding, or a quantized one)."""
+    filled = []
     if model.embed_tokens is not None:
         model.embed_tokens.weight_loader(model.embed_tokens.weight, tensor, name)
-        return "embed_tokens.weight"
-    if model.config.tie_word_embeddings and model.lm_head is not None:
+        filled.append("embed_tokens.weight")
+    if model.config.tie_word_embeddings and _lm_head_separate(model):
         model.lm_head.weight_loader(model.lm_head.weight, tensor, name)
-        return "lm_head.weight"
-    return None
+        filled.append("lm_head.weight")
+    return filled
+
+
+def _lm_head_separate(model: LlamaForCausalLM) -> bool:
+    """The last stage's LM head has storage of its own (not the embedding's)."""
+    if model.lm_head is None:
+        return False
+    return model.embed_tokens is None or model.lm_head.weight is not model.embed_tokens.weight
 
 
 def _copy_into_layer(layer, index: int, name: str, tensor: CheckpointSlice) -> str | None:
@@ -99,14 +111,14 @@ def _copy_into_layer(layer, index: int, name: str, tensor: CheckpointSlice) -> s
         target = _SHARDED[name]
         module_name, _, kind = target.partition(".")
         module = getattr(layer, module_name)
-        module.weight_loader(module.get_parameter(kind), tensor, prefix + target)
+        module.weight_loader(getattr(module, kind), tensor, prefix + target)
         return prefix + target
     module_name, _, kind = name.rpartition(".")
     if module_name not in _FUSED:
         return None
     fused, shard_id, slot = _FUSED[module_name]
     module = getattr(layer, fused)
-    module.weight_loader(module.get_parameter(kind), tensor, f"{prefix}{name}", shard_id)
+    module.weight_loader(getattr(module, kind), tensor, f"{prefix}{name}", shard_id)
     return f"{prefix}{fused}.{kind}.{slot}"
 
 
@@ -125,7 +137,7 @@ def _expected_names(model: LlamaForCausalLM) -> set[str]:
         names.add("embed_tokens.weight")
     if model.lm_head is not None:
         names.add("final_norm.weight")
-        if model.embed_tokens is None or not model.config.tie_word_embeddings:
+        if _lm_head_separate(model):
             names.add("lm_head.weight")
     for index, layer in enumerate(model.layers, start=model.first_layer):
         prefix = f"layers.{index}."

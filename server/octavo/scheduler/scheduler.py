@@ -118,7 +118,8 @@ class Scheduler:
     def _admit_waiting(self, plan: list[tuple[Sequence, int]], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.kv.find_cached_prefix(seq.token_ids)
+            scored = seq.params.prompt_logprobs is not None  # every prompt token is computed
+            hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids)
             num_cached = len(hits) * self.kv.block_size
             num_new = min(seq.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(seq.seq_id, num_cached, num_new, hits):
@@ -175,6 +176,9 @@ class Scheduler:
             self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
             if scheduled.fork_seq_ids:
                 self._fork(seq)
+        for seq_id, (first, entries) in result.prompt_logprobs.items():
+            seq = self.seqs[seq_id]  # entries recomputed after a preemption are dropped
+            seq.prompt_logprobs.extend(entries[max(0, len(seq.prompt_logprobs) - first) :])
         updates = []
         for seq_id, token, logprob in zip(
             result.seq_ids, result.sampled_token_ids, result.logprobs, strict=True

@@ -28,6 +28,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache on first admission
+    prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1..
     num_preemptions: int = 0
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that matched

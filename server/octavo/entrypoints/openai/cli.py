@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Validate everything that can be checked before the port opens, then serve."""
     from octavo.config import EngineArgs
-    from octavo.engine.early_checks import check_parallel_layout_early
+    from octavo.engine.early_checks import check_parallel_layout_early, check_quantization_early
     from octavo.entrypoints.openai.context import DEFAULT_LIMIT_CONCURRENCY, ServerConfig
     from octavo.entrypoints.openai.server import ListenArgs, run_server
     from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
@@ -55,6 +55,7 @@ def serve(args: argparse.Namespace) -> int:
     )  # raises ValueError (one clear line from ``octavo``) on bad values
     check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
     check_parallel_layout_early(engine_args)  # so does a layout the model cannot take
+    check_quantization_early(engine_args)  # and a quantization it does not fit
     default_name = served_name(args.model) if args.model else EMBEDDED_MODEL_NAME
     config = ServerConfig(
         served_model_names=args.served_model_name or [default_name],

@@ -192,8 +192,8 @@ class CompletionRequest(SamplingRequest):
     def _check_combinations(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (it must be omitted or equal n)")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported (no prompt logprobs)")
+        if self.echo and self.logprobs is not None and self.stream:
+            raise ValueError("echo with logprobs (prompt scoring) is supported without stream")
         return self
 
 

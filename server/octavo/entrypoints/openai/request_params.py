@@ -65,9 +65,11 @@ def to_sampling_params(
     max_tokens: int,
     logprobs: int | None,
     constraint: StructuredOutputsParams | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """Build the engine's parameters; the engine's own checks become HTTP 400s."""
     values = {name: getattr(request, name) for name in _PLAIN_FIELDS}
+    values["prompt_logprobs"] = prompt_logprobs
     values["structured_outputs"] = constraint
     for name in _OPTIONAL_FIELDS:
         value = getattr(request, name)

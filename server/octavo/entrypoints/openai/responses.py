@@ -35,6 +35,15 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
+    def followed_by(self, other: CompletionLogprobs) -> CompletionLogprobs:
+        """These entries, then ``other``'s (an echoed prompt's, then the completion's)."""
+        return CompletionLogprobs(
+            tokens=self.tokens + other.tokens,
+            token_logprobs=self.token_logprobs + other.token_logprobs,
+            top_logprobs=self.top_logprobs + other.top_logprobs,
+            text_offset=self.text_offset + other.text_offset,
+        )
+
 
 class CompletionChoice(BaseModel):
     index: int

@@ -18,6 +18,7 @@ from octavo.entrypoints.openai.logprobs_format import (
     all_logprobs,
     completion_logprobs,
     new_logprobs,
+    prompt_scoring_logprobs,
 )
 from octavo.entrypoints.openai.prompts import (
     Prompt,
@@ -87,7 +88,8 @@ async def create_completion(
         max_tokens = resolve_max_tokens(
             body.max_tokens, len(prompt.token_ids), info.max_model_len, DEFAULT_MAX_TOKENS, "prompt"
         )
-        params.append(to_sampling_params(body, max_tokens, body.logprobs, constraint))
+        scored = body.logprobs if body.echo else None  # echo + logprobs scores the prompt
+        params.append(to_sampling_params(body, max_tokens, body.logprobs, constraint, scored))
     job = CompletionJob(
         body=body,
         response_id=f"cmpl-{uuid.uuid4().hex}",
@@ -113,7 +115,7 @@ async def create_completion(
 # ----- non-streaming -------------------------------------------------------------------
 def _full_response(job: CompletionJob, finals: list[RequestOutput]) -> CompletionResponse:
     choices = [
-        _full_choice(job, prompt_index, output)
+        _full_choice(job, prompt_index, output, final.prompt_logprobs)
         for prompt_index, final in enumerate(finals)
         for output in final.outputs
     ]
@@ -124,7 +126,7 @@ def _full_response(job: CompletionJob, finals: list[RequestOutput]) -> Completio
 
 
 def _full_choice(
-    job: CompletionJob, prompt_index: int, output: CompletionOutput
+    job: CompletionJob, prompt_index: int, output: CompletionOutput, prompt_logprobs=None
 ) -> CompletionChoice:
     echo = job.echo_text(prompt_index)
     logprobs = None
@@ -132,6 +134,11 @@ def _full_choice(
         logprobs, _ = completion_logprobs(
             all_logprobs(output), job.decoder, job.body.logprobs, len(echo)
         )
+        if echo and prompt_logprobs is not None:  # lm-eval's local-completions scoring
+            prompt_ids = job.prompts[prompt_index].token_ids
+            scored = prompt_scoring_logprobs(prompt_ids, prompt_logprobs, job.decoder,
+                                             job.body.logprobs)  # fmt: skip
+            logprobs = scored.followed_by(logprobs)
     return CompletionChoice(
         index=prompt_index * job.body.n + output.index,
         text=echo + output.text,

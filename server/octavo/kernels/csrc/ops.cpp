@@ -16,6 +16,10 @@ void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
 void shm_publish(const at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
                  int64_t call, int64_t slot_bytes);
+void quantized_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
+                      const c10::optional<at::Tensor>& row_scale);
+void dequantize_blocks(at::Tensor& out, const at::Tensor& blocks, int64_t kind,
+                       const c10::optional<at::Tensor>& row_scale);
 }  // namespace octavo_cpu
 
 TORCH_LIBRARY(octavo_cpu, m) {
@@ -31,6 +35,8 @@ TORCH_LIBRARY(octavo_cpu, m) {
       "shm_all_reduce(Tensor(a!) tensor, Tensor(b!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
+  m.def("quantized_linear(Tensor(a!) out, Tensor x, Tensor blocks, int kind, Tensor? row_scale) -> ()");
+  m.def("dequantize_blocks(Tensor(a!) out, Tensor blocks, int kind, Tensor? row_scale) -> ()");
   m.def(
       "shm_publish(Tensor tensor, Tensor(a!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
@@ -46,4 +52,6 @@ TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
   m.impl("shm_all_reduce", &octavo_cpu::shm_all_reduce);
   m.impl("shm_publish", &octavo_cpu::shm_publish);
   m.impl("apply_token_bitmask", &octavo_cpu::apply_token_bitmask);
+  m.impl("quantized_linear", &octavo_cpu::quantized_linear);
+  m.impl("dequantize_blocks", &octavo_cpu::dequantize_blocks);
 }

@@ -37,12 +37,17 @@ class LinearBase(nn.Module):
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)
 
+    @property
+    def is_unquantized(self) -> bool:
+        return type(self.method) is UnquantizedLinearMethod
 
-def copy_checked(target: torch.Tensor, source, name: str) -> None:
-    """Copy a checkpoint tensor (or a lazily read one, whole) after checking its shape."""
+
+def copy_checked(target, source, name: str) -> None:
+    """Copy a checkpoint tensor (or a lazily read one, whole) after checking its shape; a
+    quantized weight slot (not a tensor) keeps a quantized source as it is."""
     if target.shape != source.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(source.shape)} != {tuple(target.shape)}")
-    target.copy_(materialize(source))
+    target.copy_(materialize(source) if isinstance(target, torch.Tensor) else source)
 
 
 class ColumnParallelLinear(LinearBase):

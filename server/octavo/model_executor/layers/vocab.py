@@ -37,8 +37,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(ColumnParallelLinear):
     """Hidden states → logits over the whole vocabulary (this rank's slice, gathered)."""
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
-        super().__init__(hidden_size, vocab_size, bias=False)
+    def __init__(self, vocab_size: int, hidden_size: int, method=None) -> None:
+        super().__init__(hidden_size, vocab_size, bias=False, method=method)
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight  # same rows: both are split by vocabulary

