@@ -7,6 +7,7 @@
 // lanes), scaled by d_w * d_x into 8 float lanes, summed once per output. A weight row is
 // read once per call and reused for every activation row. Best for a few rows (decode);
 // for many rows `dequantize_blocks` expands the weights for a float GEMM instead.
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -23,7 +24,7 @@ namespace {
 constexpr int64_t kBlock = 32;
 
 // Kind ids: GGML's type numbers for the GGUF kinds, Octavo's own above 100.
-enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_F32 = 100, INT8_ROWS = 101 };
+enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_F32 = 100, INT8_ROWS = 101, FP8_ROWS = 102 };
 
 constexpr int64_t block_bytes(int64_t kind) {
   switch (kind) {
@@ -32,6 +33,7 @@ constexpr int64_t block_bytes(int64_t kind) {
     case Q8_0: return 34;   // fp16 d, 32 int8: w = d * q
     case Q4_F32: return 24; // fp32 d, fp32 m, 16 bytes of nibbles: w = d * q + m
     case INT8_ROWS: return 32;  // 32 int8; the row's scale is separate
+    case FP8_ROWS: return 32;   // 32 fp8 e4m3fn; the row's scale is separate (dequantize only)
     default: return 0;
   }
 }
@@ -54,6 +56,23 @@ inline float half_to_float(const uint8_t* src) {
   const uint32_t bits = exponent == 31 ? sign | 0x7F800000u | (mantissa << 13)
                                        : sign | ((exponent + 112) << 23) | (mantissa << 13);
   return std::bit_cast<float>(bits);
+}
+
+// Every e4m3fn byte's value (sign, 4-bit exponent biased by 7, 3-bit mantissa; exponent 0
+// is subnormal; S.1111.111 is NaN).
+inline float fp8_e4m3_value(uint8_t byte) {
+  static const auto table = [] {
+    std::array<float, 256> values{};
+    for (int b = 0; b < 256; ++b) {
+      const int exponent = (b >> 3) & 0xF, mantissa = b & 7;
+      float value = exponent == 0 ? std::ldexp(mantissa / 8.f, -6)
+                                  : std::ldexp(1.f + mantissa / 8.f, exponent - 7);
+      if (exponent == 15 && mantissa == 7) value = std::numeric_limits<float>::quiet_NaN();
+      values[b] = (b & 0x80) ? -value : value;
+    }
+    return values;
+  }();
+  return table[byte];
 }
 
 inline float read_f32(const uint8_t* src) {
@@ -308,9 +327,13 @@ void dequantize_rows(at::Tensor& out, const at::Tensor& blocks, const float* sca
       const float scale = scales ? scales[j] : 1.f;
       for (int64_t b = 0; b < per_row; ++b) {
         const BlockView block = view_block<kind>(weights + j * row_bytes + b * bytes);
-        unpack_block<kind>(block, q);
         const float d = block.d * scale, m = block.m * scale;
-        for (int64_t i = 0; i < kBlock; ++i) values[i] = d * static_cast<float>(q[i]) + m;
+        if constexpr (kind == FP8_ROWS) {
+          for (int64_t i = 0; i < kBlock; ++i) values[i] = fp8_e4m3_value(block.q[i]) * scale;
+        } else {
+          unpack_block<kind>(block, q);
+          for (int64_t i = 0; i < kBlock; ++i) values[i] = d * static_cast<float>(q[i]) + m;
+        }
         const int64_t at = j * k + b * kBlock;
         if (out_bf16) {
           for (int64_t i = 0; i < kBlock; ++i) out_bf16[at + i] = from_float<bf16_bits>(values[i]);
@@ -329,6 +352,7 @@ void quantized_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& bl
                       const c10::optional<at::Tensor>& row_scale) {
   const int64_t rows = x.size(0), k = x.size(1), n = blocks.size(0), per_row = k / kBlock;
   check_blocks(blocks, kind, k);
+  TORCH_CHECK(kind != FP8_ROWS, "quantized_linear: fp8 rows are dequantized, not multiplied here");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "quantized_linear: x must be contiguous [rows, k]");
   TORCH_CHECK((out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16) &&
                   out.is_contiguous() && out.size(0) == rows && out.size(1) == n,
@@ -359,6 +383,7 @@ void dequantize_blocks(at::Tensor& out, const at::Tensor& blocks, int64_t kind,
     case Q4_1: return dequantize_rows<Q4_1>(out, blocks, scales);
     case Q8_0: return dequantize_rows<Q8_0>(out, blocks, scales);
     case Q4_F32: return dequantize_rows<Q4_F32>(out, blocks, scales);
+    case FP8_ROWS: return dequantize_rows<FP8_ROWS>(out, blocks, scales);
     default: return dequantize_rows<INT8_ROWS>(out, blocks, scales);
   }
 }

@@ -33,6 +33,7 @@ class BlockKind(IntEnum):
     Q8_0 = 8
     Q4_F32 = 100
     INT8_ROWS = 101
+    FP8_ROWS = 102  # e4m3fn with one scale per row; dequantized only (the fp8 CPU path)
 
 
 BLOCK_BYTES = {
@@ -41,6 +42,7 @@ BLOCK_BYTES = {
     BlockKind.Q8_0: 34,
     BlockKind.Q4_F32: 24,
     BlockKind.INT8_ROWS: 32,
+    BlockKind.FP8_ROWS: 32,
 }
 
 
@@ -57,7 +59,9 @@ def dequantize(
     rows = blocks.shape[0]
     per_block = blocks.reshape(rows, -1, BLOCK_BYTES[kind])
     scale, offset, payload = _split_blocks(per_block, kind)
-    if kind == BlockKind.Q8_0 or kind == BlockKind.INT8_ROWS:
+    if kind == BlockKind.FP8_ROWS:
+        values = payload.view(torch.float8_e4m3fn).float()
+    elif kind == BlockKind.Q8_0 or kind == BlockKind.INT8_ROWS:
         values = payload.view(torch.int8).float()
     else:
         values = torch.cat([payload & 0x0F, payload >> 4], dim=-1).float()

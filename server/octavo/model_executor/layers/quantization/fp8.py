@@ -3,9 +3,10 @@ output row (vLLM's dynamic FP8; per-row scales keep a row's small weights from b
 crushed by another row's outliers).
 
 On GPU the Triton kernel (``triton_fp8.py``) reads the FP8 weights tile by tile and
-multiplies in the activations' dtype; on CPU the weights are widened to the activations'
-dtype for each call (exact: every e4m3 value is a bf16 value), a correct but slower path
-kept so the method is testable anywhere.
+multiplies in the activations' dtype; on CPU the weights (scale included) are widened to
+the activations' dtype for each call by the native dequantization kernel, then one GEMM:
+a correct but slower path (CPUs have no FP8 arithmetic), kept so the method runs and is
+tested anywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.kernels.cpu_build import cpu_ops
 from octavo.model_executor.layers.linear_method import UnquantizedLinearMethod
+from octavo.model_executor.layers.quantization.blocks import BlockKind, dequantize_like
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -42,7 +45,8 @@ class Fp8LinearMethod(UnquantizedLinearMethod):
             from octavo.model_executor.layers.quantization.triton_fp8 import fp8_linear
 
             out = fp8_linear(x, layer.fp8_weight, layer.weight_scale)
-        else:
-            widened = layer.fp8_weight.to(x.dtype)
-            out = (F.linear(x, widened).float() * layer.weight_scale).to(x.dtype)
+        else:  # the native kernel widens the bytes through a table (torch's cast is scalar)
+            blocks = layer.fp8_weight.view(torch.uint8)
+            widened = dequantize_like(x, blocks, BlockKind.FP8_ROWS, layer.weight_scale, cpu_ops())
+            out = F.linear(x, widened)
         return out if layer.bias is None else out + layer.bias
