@@ -49,14 +49,9 @@ vllm_version() { # prints vLLM's version; fails when `import vllm` does
 }
 
 # Step 0: the venv.
-if [ ! -x "$VPY" ]; then
-    command -v "$PYTHON" >/dev/null 2>&1 || die "no $PYTHON on PATH (set PYTHON=...)"
-    say "creating venv $VENV with $($PYTHON --version 2>&1)"
-    "$PYTHON" -m venv "$VENV"
-    "${VPIP[@]}" install --quiet --upgrade pip
-else
-    say "using existing venv $VENV"
-fi
+# shellcheck source=scripts/venv-lib.sh
+. "$(dirname "$0")/venv-lib.sh"
+ensure_venv
 
 # Already done? (the idempotent fast path)
 if [ "$(installed_version torch)" = "$TORCH_VERSION" ] \
