@@ -1,0 +1,1 @@
+"""Speculative decoding: proposing several next tokens cheaply and verifying them exactly."""
