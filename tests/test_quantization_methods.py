@@ -30,6 +30,7 @@ from octavo.model_executor.layers.quantization.fp8 import Fp8LinearMethod, quant
 from octavo.model_executor.layers.quantization.int8 import quantize_per_row
 from octavo.model_executor.layers.quantization.prequantized import PrequantizedLinearMethod
 from octavo.model_executor.layers.quantization.quantized_tensor import QuantizedTensor
+from octavo.model_executor.layers.vocab import QuantizedVocabEmbedding
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 
 from int4_checkpoints import awq_tensors, gptq_tensors, quantize_groups
@@ -173,6 +174,18 @@ def test_each_parallel_layer_keeps_a_quantized_checkpoint(kind, block_kind):
     expected, actual = reference(x), layer(x)
     relative = (actual - expected).norm() / expected.norm()
     assert relative < 0.02, float(relative)
+
+
+def test_quantized_embedding_dequantizes_the_rows_it_reads():
+    weight = torch.randn(64, 96)
+    blocks = gguf_blocks(weight, BlockKind.Q8_0)
+    embedding = QuantizedVocabEmbedding(64, 96)
+    embedding.weight_loader(embedding.weight, QuantizedTensor(blocks, BlockKind.Q8_0, 96), "e")
+    embedding.process_weights_after_loading()
+    ids = torch.tensor([[3, 0], [63, 3]])
+    expected = dequantize(blocks, BlockKind.Q8_0)[ids]
+    assert torch.equal(embedding(ids), expected)
+    assert embedding.embedding_blocks.data_ptr() == blocks.data_ptr()  # kept as loaded
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.entrypoints.openai.context import ServerConfig
+from octavo.kernels import cpu_build
 from octavo.model_executor.embedded import gguf_path
 from octavo.model_executor.loader import weight_bytes
 
@@ -50,29 +52,38 @@ def int4_folders(tmp_path_factory, tiny_folder):
     }
 
 
+@pytest.fixture
+def torch_path():
+    """The torch path in this process and in worker processes (they inherit the
+    variable); the native kernels load again afterwards."""
+    os.environ[cpu_build.DISABLE_ENV] = "0"
+    cpu_build.use_torch_path()
+    yield
+    del os.environ[cpu_build.DISABLE_ENV]
+    cpu_build.use_torch_path(False)
+
+
 @pytest.mark.parametrize(("method", "act_order"), CASES)
-def test_int4_checkpoint_matches_its_dequantized_reference(
-    int4_folders, method, act_order, monkeypatch
-):
-    """The torch path (weights dequantized exactly) is token-identical; the native integer
-    kernel (activations quantized per 32) scores every prompt token within 0.05 nats."""
+def test_int4_checkpoint_matches_its_dequantized_reference(int4_folders, method, act_order):
+    """The native integer kernel (activations quantized per 32) scores every prompt token
+    within 0.05 nats of the dequantized reference (the torch path: next test)."""
     quantized, reference = int4_folders[method, act_order]
     native = prompt_logprobs(quantized)
     assert max(abs(a - b) for a, b in zip(native, prompt_logprobs(reference), strict=True)) < 0.05
-    monkeypatch.setenv("OCTAVO_NATIVE_KERNELS", "0")
-    from octavo.kernels import cpu_build
-
-    cpu_build.use_torch_path()
-    try:
-        assert greedy_tokens(quantized) == greedy_tokens(reference)
-    finally:
-        cpu_build.use_torch_path(False)
 
 
-def test_gptq_under_tensor_parallelism(tmp_path, tiny_folder, monkeypatch):
+@pytest.mark.parametrize(("method", "act_order"), CASES)
+def test_int4_checkpoint_is_token_identical_on_the_torch_path(
+    int4_folders, method, act_order, torch_path
+):
+    """Weights dequantized exactly: greedy output equals the reference model's."""
+    quantized, reference = int4_folders[method, act_order]
+    assert greedy_tokens(quantized) == greedy_tokens(reference)
+
+
+def test_gptq_under_tensor_parallelism(tmp_path, tiny_folder, torch_path):
     """Two ranks each keep their rows (column layers) or 32-column blocks (row layers)."""
     quantized, reference = write_int4_checkpoint(tiny_folder("qwen2"), tmp_path, "gptq")
-    monkeypatch.setenv("OCTAVO_NATIVE_KERNELS", "0")  # workers inherit it: exact weights
     assert greedy_tokens(quantized, tensor_parallel_size=2) == greedy_tokens(reference)
 
 
@@ -98,8 +109,9 @@ NATURAL = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
 
 
 def test_embedded_model_runs_from_its_q4_1_gguf_kept_quantized(smol_folder):
-    """Same next tokens as the float expansion (5 of 6 or better), a third of the bytes;
-    ``--model file.gguf`` is the same model."""
+    """Same next tokens as the float expansion (5 of 6 or better), no more bytes than the
+    file (embedding and LM head share its Q8_0 blocks); ``--model file.gguf`` is the same
+    model."""
     params = SamplingParams(temperature=0.0, max_tokens=6)
     runs = {}
     for name, engine in {
@@ -115,6 +127,7 @@ def test_embedded_model_runs_from_its_q4_1_gguf_kept_quantized(smol_folder):
     assert sum(same) >= len(NATURAL) - 1, same
     assert runs["file"] == runs["gguf"]
     assert runs["gguf-bytes"] < 0.4 * runs["expanded-bytes"]
+    assert runs["gguf-bytes"] <= gguf_path().stat().st_size  # nothing expanded, one LM head
 
 
 TEXT = (

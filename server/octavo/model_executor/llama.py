@@ -30,10 +30,15 @@ from octavo.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from octavo.model_executor.layers.quantization.registry import (
+    QUANTIZED_EMBEDDING,
     linear_method_for,
     lm_head_method_for,
 )
-from octavo.model_executor.layers.vocab import ParallelLMHead, VocabParallelEmbedding
+from octavo.model_executor.layers.vocab import (
+    ParallelLMHead,
+    QuantizedVocabEmbedding,
+    VocabParallelEmbedding,
+)
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.rotary import RotaryEmbedding, RotaryStep
 
@@ -92,7 +97,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = None
         self.final_norm = self.lm_head = None
         if self.stage.is_first:
-            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            quantized = quantization in QUANTIZED_EMBEDDING
+            embedding = QuantizedVocabEmbedding if quantized else VocabParallelEmbedding
+            self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, quantization) for _ in range(self.first_layer, last_layer)
         )

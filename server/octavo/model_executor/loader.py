@@ -12,6 +12,7 @@ from octavo.model_executor.embedded import embedded_model_folder
 from octavo.model_executor.gguf_folder import gguf_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
 from octavo.model_executor.layers.linear import LinearBase
+from octavo.model_executor.layers.vocab import QuantizedVocabEmbedding
 from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.quantized_checkpoint import checkpoint_tensors
@@ -69,7 +70,7 @@ def load_model(
     with torch.no_grad():
         load_weights(model, folder, checkpoint_tensors(folder, config, quantization))
     for module in model.modules():
-        if isinstance(module, LinearBase):
+        if isinstance(module, LinearBase | QuantizedVocabEmbedding):
             module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN
     logger.info(
         "loaded %s (%s) as %s on %s%s: weights take %.1f MiB",

@@ -1,8 +1,8 @@
 """``--quantization NAME`` → the linear method every quantizable layer of the model uses.
 
 Only the decoder's linears (Q/K/V, O, gate/up, down) are quantized; the embedding and
-the LM head keep the model's dtype, as in vLLM, except a GGUF file's LM head (llama.cpp
-stores and runs it quantized; the embedding is read from the same blocks, as floats).
+the LM head keep the model's dtype, as in vLLM, except a GGUF file's: llama.cpp stores
+both quantized, and both keep the file's blocks (one storage when they are tied).
 Methods live beside this file and plug into the one ``LinearMethod`` seam
 (``layers/linear_method.py``), under the tensor-parallel layers, so quantization and
 tensor parallelism combine.
@@ -25,6 +25,7 @@ QUANTIZATION_METHODS: dict[str, Callable[[], LinearMethod]] = {
     "gguf": PrequantizedLinearMethod,
 }
 QUANTIZED_LM_HEAD = ("gguf",)  # a GGUF file quantizes its output matrix too (llama.cpp's)
+QUANTIZED_EMBEDDING = ("gguf",)  # ... and its token embedding (rows dequantized on lookup)
 
 
 def linear_method_for(quantization: str | None) -> LinearMethod | None:
