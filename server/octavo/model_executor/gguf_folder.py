@@ -10,6 +10,7 @@ to a ``model.gguf`` link (``quantized_checkpoint.GGUF_LINK``).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
@@ -62,11 +63,11 @@ def _write_config_and_tokenizer(path: Path, out: Path) -> None:
         config.architectures = [ARCHITECTURES.get(config.model_type, config.model_type)]
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    quantization = out / "config.json"  # the weights come from the file, not this config
-    text = quantization.read_text()
-    if '"quantization_config"' in text:
-        import json
+    _drop_quantization_config(out / "config.json")
 
-        raw = json.loads(text)
-        raw.pop("quantization_config", None)
-        quantization.write_text(json.dumps(raw, indent=2))
+
+def _drop_quantization_config(path: Path) -> None:
+    """The weights come from the GGUF file itself, not from what this config says."""
+    raw = json.loads(path.read_text())
+    if raw.pop("quantization_config", None) is not None:
+        path.write_text(json.dumps(raw, indent=2))

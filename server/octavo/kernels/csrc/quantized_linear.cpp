@@ -47,7 +47,7 @@ inline float half_to_float(const uint8_t* src) {
   std::memcpy(&h, src, 2);
 #if defined(__F16C__)
   return _cvtsh_ss(h);  // one instruction; the bit manipulation below cost ~1/3 of the kernel
-#endif
+#else
   const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
   if (exponent == 0) {  // zero or subnormal
     const float value = std::ldexp(static_cast<float>(mantissa), -24);
@@ -56,6 +56,7 @@ inline float half_to_float(const uint8_t* src) {
   const uint32_t bits = exponent == 31 ? sign | 0x7F800000u | (mantissa << 13)
                                        : sign | ((exponent + 112) << 23) | (mantissa << 13);
   return std::bit_cast<float>(bits);
+#endif
 }
 
 // Every e4m3fn byte's value (sign, 4-bit exponent biased by 7, 3-bit mantissa; exponent 0
@@ -350,7 +351,7 @@ void dequantize_rows(at::Tensor& out, const at::Tensor& blocks, const float* sca
 // out[m, n] = sum_k x[m, k] * w[n, k] (* row_scale[n] when given); out float32 or bfloat16.
 void quantized_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
                       const c10::optional<at::Tensor>& row_scale) {
-  const int64_t rows = x.size(0), k = x.size(1), n = blocks.size(0), per_row = k / kBlock;
+  const int64_t rows = x.size(0), k = x.size(1), n = blocks.size(0);
   check_blocks(blocks, kind, k);
   TORCH_CHECK(kind != FP8_ROWS, "quantized_linear: fp8 rows are dequantized, not multiplied here");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "quantized_linear: x must be contiguous [rows, k]");

@@ -58,7 +58,7 @@ def dequantize(
     """The float32 ``[rows, cols]`` matrix the blocks stand for (torch ops, any device)."""
     rows = blocks.shape[0]
     per_block = blocks.reshape(rows, -1, BLOCK_BYTES[kind])
-    scale, offset, payload = _split_blocks(per_block, kind)
+    scale, offset, payload = split_blocks(per_block, kind)
     if kind == BlockKind.FP8_ROWS:
         values = payload.view(torch.float8_e4m3fn).float()
     elif kind == BlockKind.Q8_0 or kind == BlockKind.INT8_ROWS:
@@ -69,7 +69,7 @@ def dequantize(
     return weight if row_scale is None else weight * row_scale.unsqueeze(-1)
 
 
-def _split_blocks(per_block: torch.Tensor, kind: BlockKind):
+def split_blocks(per_block: torch.Tensor, kind: BlockKind):
     """(scale, offset, payload bytes) of ``[rows, blocks, bytes]`` blocks."""
 
     def half(start: int) -> torch.Tensor:

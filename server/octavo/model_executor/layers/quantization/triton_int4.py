@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.model_executor.layers.quantization.blocks import BLOCK, BLOCK_BYTES, _split_blocks
+from octavo.model_executor.layers.quantization.blocks import BLOCK, BLOCK_BYTES, split_blocks
 from octavo.model_executor.layers.quantization.quantized_tensor import QuantizedTensor
 
 FOUR_BIT_KINDS = ("Q4_0", "Q4_1", "Q4_F32")
@@ -34,7 +34,7 @@ class Int4Planes:
             return None
         rows = weight.blocks.shape[0]
         per_block = weight.blocks.reshape(rows, -1, BLOCK_BYTES[weight.kind])
-        scales, offsets, payload = _split_blocks(per_block, weight.kind)
+        scales, offsets, payload = split_blocks(per_block, weight.kind)
         values = torch.cat([payload & 0x0F, payload >> 4], dim=-1).reshape(rows, -1)
         packed = values[:, 0::2] | (values[:, 1::2] << 4)
         return cls(packed.contiguous(), scales.contiguous(), offsets.contiguous(),

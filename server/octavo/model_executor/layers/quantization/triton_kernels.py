@@ -19,13 +19,25 @@ GROUP = 32  # columns per scale/offset pair in Int4Planes
 
 
 @triton.jit
+def _output_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's output rows and columns, and which of them exist."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return offs_m, offs_n, offs_m < M, offs_n < N
+
+
+@triton.jit
+def _store_tile(out_ptr, values, offs_m, offs_n, mask_m, mask_n, stride_om):
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, values.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _int4_matmul_kernel(
     x_ptr, packed_ptr, scale_ptr, offset_ptr, out_ptr, M, N, K, stride_xm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m, mask_n = offs_m < M, offs_n < N
+    offs_m, offs_n, mask_m, mask_n = _output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
@@ -40,8 +52,7 @@ def _int4_matmul_kernel(
         offset = tl.load(offset_ptr + group, mask=mask_n[None, :], other=0.0)
         w = q.to(tl.float32) * scale + offset
         acc += tl.dot(x, w.to(x.dtype))
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    _store_tile(out_ptr, acc, offs_m, offs_n, mask_m, mask_n, stride_om)
 
 
 @triton.jit
@@ -49,9 +60,7 @@ def _fp8_matmul_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m, mask_n = offs_m < M, offs_n < N
+    offs_m, offs_n, mask_m, mask_n = _output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
@@ -62,9 +71,7 @@ def _fp8_matmul_kernel(
                     mask=mask_n[None, :] & mask_k[:, None], other=0.0)  # fmt: skip
         acc += tl.dot(x, w.to(x.dtype))
     scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    result = (acc * scale[None, :]).to(out_ptr.dtype.element_ty)
-    tl.store(out, result, mask=mask_m[:, None] & mask_n[None, :])
+    _store_tile(out_ptr, acc * scale[None, :], offs_m, offs_n, mask_m, mask_n, stride_om)
 
 
 def _tiles(rows: int) -> tuple[int, int, int]:
