@@ -12,6 +12,8 @@ from e2e import isvc
 EXTRA_ARGS_REFUSED = (
     "must not set --host, --port, --served-model-name, --api-key, nor an abbreviation of one"
 )
+INVERTED_LOOKUP = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
+                   "prompt_lookup_max": 2}  # fmt: skip
 INVALID = {
     "replicas-and-autoscaling": (
         {"replicas": 2, "autoscaling": {"maxReplicas": 3}},
@@ -39,6 +41,22 @@ INVALID = {
     ),
     "pipeline-parallel-zero": ({"engine": {"pipelineParallelSize": 0}}, "pipelineParallelSize"),
     "unknown-quantization": ({"engine": {"quantization": "int4"}}, "Unsupported value"),
+    "speculation-unknown-method": (
+        {"engine": {"speculativeConfig": {"method": "eagle", "num_speculative_tokens": 2}}},
+        "Unsupported value",
+    ),
+    "speculation-zero-tokens": (
+        {"engine": {"speculativeConfig": {"method": "ngram", "num_speculative_tokens": 0}}},
+        "num_speculative_tokens",
+    ),
+    "speculation-draft-without-model": (
+        {"engine": {"speculativeConfig": {"method": "draft_model", "num_speculative_tokens": 2}}},
+        "method draft_model needs a model",
+    ),
+    "speculation-lookup-inverted": (
+        {"engine": {"speculativeConfig": INVERTED_LOOKUP}},
+        "prompt_lookup_min must not exceed prompt_lookup_max",
+    ),
     "block-size": ({"engine": {"blockSize": 12}}, "blockSize must be 8, 16 or 32"),
     "gpu-memory-zero": ({"engine": {"gpuMemoryUtilization": 0}}, "must be in (0, 1]"),
     "gpu-memory-above-one": ({"engine": {"gpuMemoryUtilization": 1.5}}, "must be in (0, 1]"),
@@ -153,6 +171,15 @@ def test_other_extra_args_and_typed_env_are_accepted(namespace, custom, operator
     )
     assert created["spec"]["engine"]["extraArgs"] == ALLOWED_EXTRA_ARGS
     assert created["spec"]["env"] == spec["env"]
+
+
+def test_speculative_config_reaches_the_server_as_json(namespace, custom, operator):
+    speculative = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    body = isvc.manifest("spec", {"engine": {"speculativeConfig": speculative}})
+    created = custom.create_namespaced_custom_object(
+        isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL, body, dry_run="All"
+    )
+    assert created["spec"]["engine"]["speculativeConfig"] == speculative
 
 
 def test_bad_name_is_refused(namespace, custom, operator):

@@ -59,7 +59,7 @@ def test_fork_shares_blocks_and_copies_the_partial_last_block_on_write():
     pool = BlockPool(16)
     kv = KVCacheManager(pool, BLOCK)
     assert kv.allocate_slots(1, 0, 6)  # 1.5 blocks
-    kv.fork(1, 2)
+    kv.fork(1, 2, 6)
     assert kv.block_ids(1) == kv.block_ids(2)
     assert kv.allocate_slots(2, 6, 1)  # child writes into the shared partial block
     copies = kv.take_pending_copies()
@@ -70,6 +70,20 @@ def test_fork_shares_blocks_and_copies_the_partial_last_block_on_write():
     kv.free(2)
     assert pool.num_free_blocks == pool.num_usable_blocks
     assert all(block.ref_count == 0 for block in pool.blocks)
+
+
+def test_fork_leaves_the_blocks_kept_ahead_to_the_parent_and_copies_a_shared_middle_block():
+    pool = BlockPool(16)
+    kv = KVCacheManager(pool, BLOCK)
+    assert kv.allocate_slots(1, 0, 6 + 2 * BLOCK)  # 6 tokens + slots kept ahead (a draft's)
+    kv.fork(1, 2, 6)
+    assert kv.block_ids(2) == kv.block_ids(1)[:2]
+    assert kv.allocate_slots(1, 6, 3)  # the parent writes into block 1, shared, not its last
+    ((source, copy),) = kv.take_pending_copies()
+    assert source == kv.block_ids(2)[1] and kv.block_ids(1)[1] == copy
+    kv.free(1)
+    kv.free(2)
+    assert pool.num_free_blocks == pool.num_usable_blocks
 
 
 def test_failed_allocation_changes_nothing():

@@ -13,6 +13,7 @@ import pytest
 
 from octavo.cli import build_parser
 from octavo.entrypoints.openai.options import OPTIONS, Option
+from octavo.spec_decode.config import KNOWN_KEYS, MAX_SPECULATIVE_TOKENS, METHODS, SpeculativeConfig
 from octavo_operator.api.crd import custom_resource_definition
 from octavo_operator.api.engine_fields import ENGINE_FIELDS, EngineField
 from octavo_operator.api.engine_schema import OPERATOR_FLAGS
@@ -56,6 +57,7 @@ FULL_ENGINE = {
     "tensorParallelSize": 2,
     "pipelineParallelSize": 2,
     "quantization": "int8",
+    "speculativeConfig": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5},
 }
 
 
@@ -152,10 +154,27 @@ def test_full_spec_parses_to_its_values_with_the_server_parser():
     parsed = parse_serve(server_args(isvc(spec)))
     for field in ENGINE_FIELDS:
         assert FULL_ENGINE[field.name] != server_option(field).default, field.name
-        assert getattr(parsed, server_option(field).dest) == FULL_ENGINE[field.name]
+        assert getattr(parsed, server_option(field).dest) == server_value(field, FULL_ENGINE)
     assert (parsed.model, parsed.revision) == ("hf://org/name", "main")
     assert parsed.served_model_name == ["chat-model"]
     assert parsed.seed == 7, "extraArgs reach the server"
+
+
+def server_value(field: EngineField, engine: dict[str, Any]) -> Any:
+    """What the server's parser makes of engine[field]: objects are parsed configs."""
+    value = engine[field.name]
+    return SpeculativeConfig.parse(value) if isinstance(value, dict) else value
+
+
+def test_speculative_config_is_checked_by_the_crd_as_the_server_checks_it():
+    schema = crd_engine()["properties"]["speculativeConfig"]
+    assert tuple(schema["properties"]["method"]["enum"]) == METHODS
+    count = schema["properties"]["num_speculative_tokens"]
+    assert (count["minimum"], count["maximum"]) == (1, MAX_SPECULATIVE_TOKENS)
+    assert set(schema["properties"]) == KNOWN_KEYS, "the CRD spells vLLM's keys, all of them"
+    draft = {"model": "/models/draft", "num_speculative_tokens": 4}
+    parsed = parse_serve(server_args(isvc({"engine": {"speculativeConfig": draft}})))
+    assert parsed.speculative_config == SpeculativeConfig("draft_model", 4, model="/models/draft")
 
 
 def test_cpu_spec_runs_on_cpu_without_gpu_only_flags():

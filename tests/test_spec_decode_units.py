@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from octavo.sampling.rejection_sampler import verify_greedy, verify_sampled
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.ngram_proposer import NgramProposer
-from octavo.spec_decode.rejection_sampler import verify_greedy, verify_sampled
 
 VOCAB = 5
 CHI_SQUARE_CRITICAL_4_DOF = 18.47  # P(chi2 > 18.47) = 0.001 with 4 degrees of freedom

@@ -52,7 +52,7 @@ def build_tiny_model(folder: Path, name: str, tokenizer, **overrides) -> Path:
     with config ``overrides``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    raw = dict(TINY_CONFIGS[name], vocab_size=len(tokenizer), **overrides)
+    raw = {**TINY_CONFIGS[name], "vocab_size": len(tokenizer), **overrides}
     raw["bos_token_id"], raw["eos_token_id"] = tokenizer.bos_token_id, tokenizer.eos_token_id
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     torch.manual_seed(1234)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octavo.arg_types import one_of, parse_bool, parse_size, positive_float, positive_int
+from octavo.spec_decode.config import SpeculativeConfig
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3  # bytes of KV cache on CPU when none is given
 DEFAULT_CPU_TOKEN_BUDGET = 512  # measured: served TTFT p50 at 20 users 912 ms -> 440 ms
@@ -106,7 +107,21 @@ class EngineArgs:
         positive_int,
     )
 
+    # engine_arg's field() is evaluated once, like every other field's here
+    speculative_config: SpeculativeConfig | None = engine_arg(  # noqa: RUF009
+        None,
+        'speculative decoding, as JSON in vLLM\'s spelling: {"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} '
+        '(proposals copied from the prompt and output) or {"model": "<folder>", '
+        '"num_speculative_tokens": 4} (a small draft model of the same vocabulary)',
+        SpeculativeConfig.parse,
+    )
+
     def __post_init__(self) -> None:
+        if self.speculative_config is not None and not isinstance(
+            self.speculative_config, SpeculativeConfig
+        ):  # LLM(speculative_config={...})
+            self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.validate()
 
     def token_budget(self, device_type: str) -> int:

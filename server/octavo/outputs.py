@@ -28,19 +28,25 @@ class CompletionOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """What one step of the model runner returns: the next token of each sampled sequence."""
+    """What one step of the model runner returns: the next token of each sampled sequence.
+
+    A sequence that verified proposals appears once per kept token, in order.
+    ``draft_token_ids`` are the next step's proposals for sequences that have some.
+    """
 
     seq_ids: list[int] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     # seq_id -> (position of the first entry, one entry per prompt position scored)
     prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
+    draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
 
     def extend(self, other: ModelRunnerOutput) -> None:
         self.seq_ids += other.seq_ids
         self.sampled_token_ids += other.sampled_token_ids
         self.logprobs += other.logprobs
         self.prompt_logprobs.update(other.prompt_logprobs)
+        self.draft_token_ids.update(other.draft_token_ids)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""``python -m octavo_bench offline|serve|parallel|structured|quantized``: the command line."""
+"""``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative``: the
+command line."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from octavo_bench import offline, parallel, quantized, serve, structured
+from octavo_bench import offline, parallel, quantized, serve, speculative, structured
 from octavo_bench.parsers import PROG
 
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parallel.register(kinds)
     structured.register(kinds)
     quantized.register(kinds)
+    speculative.register(kinds)
     return parser
 
 

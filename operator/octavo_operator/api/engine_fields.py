@@ -12,13 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .schema import Schema, integer, string
+from .schema import Schema, integer, obj, rule, string
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BLOCK_SIZES = (8, 16, 32)
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # octavo.config.QUANTIZATION_NAMES (checked by a test)
 QUANTIZATION_METHODS = ("int8", "fp8", "gptq", "awq", "gguf")
+# octavo.spec_decode.config.METHODS and MAX_SPECULATIVE_TOKENS (checked by a test)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,36 @@ class EngineField:
     def choices(self) -> tuple[Any, ...]:
         """The values the apiserver accepts, from the schema's enum or the CEL rule."""
         return tuple(self.schema.get("enum", ())) or self.allowed
+
+
+def speculative_config_schema() -> Schema:
+    """vLLM's `--speculative-config` keys, checked by the apiserver, passed on as JSON."""
+    count = MAX_SPECULATIVE_TOKENS
+    return obj(
+        "speculative decoding, in vLLM's spelling: {method: ngram, num_speculative_tokens, "
+        "prompt_lookup_max, prompt_lookup_min} copies proposals from the prompt and output; "
+        "{model, num_speculative_tokens} runs a small draft model of the same tokenizer (a "
+        "folder in the container or hf://ORG/NAME)",
+        {
+            "method": string("ngram or draft_model (the default with a model)",
+                             enum=list(SPECULATIVE_METHODS)),
+            "model": string("the draft model", maxLength=512),
+            "num_speculative_tokens": integer(1, count, description="tokens proposed a step"),
+            "prompt_lookup_max": integer(1, 64, description="ngram: longest suffix matched"),
+            "prompt_lookup_min": integer(1, 64, description="ngram: shortest suffix matched"),
+        },
+        required=["num_speculative_tokens"],
+        **{"x-kubernetes-validations": [
+            rule("has(self.method) || has(self.model)", "give a method (ngram) or a draft model"),
+            rule("!has(self.method) || self.method != 'draft_model' || has(self.model)",
+                 "method draft_model needs a model"),
+            rule("!has(self.method) || self.method != 'ngram' || !has(self.model)",
+                 "method ngram takes no model"),
+            rule("!has(self.prompt_lookup_min) || !has(self.prompt_lookup_max) || "
+                 "self.prompt_lookup_min <= self.prompt_lookup_max",
+                 "prompt_lookup_min must not exceed prompt_lookup_max"),
+        ]},
+    )  # fmt: skip
 
 
 ENGINE_FIELDS: tuple[EngineField, ...] = (
@@ -123,6 +156,7 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
             default=1,
         ),
     ),
+    EngineField("speculativeConfig", "--speculative-config", speculative_config_schema()),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from octavo_operator.api.engine_fields import ENGINE_FIELDS, EngineField
@@ -39,4 +40,6 @@ def field_flags(field: EngineField, value: Any) -> list[str]:
         return []
     if field.is_switch:
         return [field.flag if value else "--no-" + field.flag.removeprefix("--")]
+    if isinstance(value, dict):  # an object field: the JSON the flag takes
+        return [field.flag, json.dumps(value, sort_keys=True, separators=(",", ":"))]
     return [field.flag, str(value)]

@@ -21,6 +21,7 @@ from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.stop_checker import StopLimits
+from octavo.spec_decode.draft_checks import resolve_draft
 from octavo.worker.worker import KVBudget, WorkerConfig
 
 logger = logging.getLogger(__name__)
@@ -52,9 +53,11 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     tokenizer = load_tokenizer(folder)
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
     threads = args.num_threads or max(1, usable_cpus() // parallel.world_size)
+    speculative = args.speculative_config
+    draft = resolve_draft(speculative, config, max_model_len, parallel)
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        threads, quantization,
+        threads, quantization, speculative, draft,
     )  # fmt: skip
     executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:
@@ -65,7 +68,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     pool = BlockPool(num_blocks, args.enable_prefix_caching)
     kv = KVCacheManager(pool, args.block_size)
     limits = StopLimits(eos, max_model_len)
-    scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits)
+    lookahead = speculative.num_speculative_tokens if draft is not None else 0
+    scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits, lookahead)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
         config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,

@@ -25,6 +25,7 @@ from octavo.sampling_params import SamplingParams
 from octavo.scheduler.output import SchedulerOutput
 from octavo.scheduler.scheduler import SequenceUpdate
 from octavo.scheduler.sequence import Sequence, SequenceStatus
+from octavo.scheduler.spec_decode_counters import SpecDecodeCounters, SpecDecodeLog
 from octavo.scheduler.stop_checker import apply_stop_string
 from octavo.structured_output.manager import shared_compiler
 
@@ -46,6 +47,7 @@ class LLMEngine:
         self._pending_outputs: list[RequestOutput] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.spec_log = SpecDecodeLog()
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(
@@ -145,6 +147,8 @@ class LLMEngine:
         scheduled, result = self._execute(scheduled)
         updates = self.scheduler.update_from_output(scheduled, result, now)
         touched = self._record_all(updates)
+        if self.args.speculative_config is not None:
+            self.spec_log.maybe_log(self.scheduler.spec_counters)
         outputs, self._pending_outputs = self._pending_outputs, []
         live = [r for r in touched if r.request_id in self.requests and r.wants_output_now]
         return outputs + [self._output_for(request) for request in live]
@@ -189,8 +193,8 @@ class LLMEngine:
         touched: dict[str, Request] = {}
         for update in updates:
             request = self.requests.get(update.seq.request_id)
-            if request is None:  # failed earlier in this step
-                continue
+            if request is None or update.num_tokens > update.seq.num_tokens:
+                continue  # failed earlier in this step, or a token after its stop string
             try:
                 self._record(request, update)
             except Exception as error:  # detokenizing one request's tokens
@@ -212,7 +216,7 @@ class LLMEngine:
         if update.logprobs is not None:
             text.add_logprobs(update.logprobs)
         stop_string = text.detokenizer.update(update.token_id)
-        if apply_stop_string(seq, stop_string) and not seq.is_finished:
+        if apply_stop_string(seq, stop_string, update.num_tokens) and not seq.is_finished:
             self.scheduler.finish(seq)
 
     def _output_for(self, request: Request) -> RequestOutput:
@@ -258,7 +262,13 @@ class LLMEngine:
             num_preemptions=counters.preemptions,
             prompt_tokens=self.prompt_tokens_total,
             generation_tokens=self.generation_tokens_total,
+            spec_decode=self._spec_counters(),
         )
+
+    def _spec_counters(self) -> SpecDecodeCounters | None:
+        if self.args.speculative_config is None:
+            return None
+        return self.scheduler.spec_counters.copy()  # the engine goes on counting
 
 
 def _owners(step: SchedulerOutput, seqs: dict[int, Sequence]) -> dict[int, str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
+
 
 @dataclass
 class EngineStats:
@@ -18,3 +20,4 @@ class EngineStats:
     num_preemptions: int  # counter
     prompt_tokens: int  # counter
     generation_tokens: int  # counter
+    spec_decode: SpecDecodeCounters | None = None  # with speculative decoding on (counters)

@@ -58,7 +58,7 @@ class KVCacheManager:
         cover the first ``len(cached) * block_size`` tokens (``num_computed`` must equal that).
         """
         table = self.tables.setdefault(seq_id, SequenceBlocks())
-        needs_copy = self._last_block_is_shared(table, num_computed, num_new)
+        needs_copy = self._written_block_is_shared(table, num_computed, num_new)
         have = len(table.blocks) + len(cached)
         new_blocks = max(0, -(-(num_computed + num_new) // self.block_size) - have)
         revived = sum(1 for block in cached if block.ref_count == 0)
@@ -70,26 +70,33 @@ class KVCacheManager:
         table.blocks.extend(cached)
         table.hashes.extend(_chain_of(cached))
         if needs_copy:
-            self._copy_last_block(table)
+            self._copy_block(table, num_computed // self.block_size)
         table.blocks.extend(self.pool.allocate(new_blocks) or [])
         return True
 
-    def _last_block_is_shared(self, table: SequenceBlocks, num_computed: int, num_new: int) -> bool:
-        writes_into_last = num_new > 0 and num_computed % self.block_size != 0
-        return bool(table.blocks) and writes_into_last and table.blocks[-1].ref_count > 1
+    def _written_block_is_shared(
+        self, table: SequenceBlocks, num_computed: int, num_new: int
+    ) -> bool:
+        """Does the first write go into a partly filled block another sequence holds too?
+        (Only that one can be shared: forks share the blocks of computed tokens.)"""
+        index = num_computed // self.block_size
+        partly_filled = num_new > 0 and num_computed % self.block_size != 0
+        return partly_filled and index < len(table.blocks) and table.blocks[index].ref_count > 1
 
-    def _copy_last_block(self, table: SequenceBlocks) -> None:
-        shared = table.blocks[-1]
+    def _copy_block(self, table: SequenceBlocks, index: int) -> None:
+        shared = table.blocks[index]
         (copy,) = self.pool.allocate(1) or []
         self.pending_copies.append((shared.block_id, copy.block_id))
         self.pool.free([shared])
-        table.blocks[-1] = copy
+        table.blocks[index] = copy
 
-    def fork(self, parent_id: int, child_id: int) -> None:
-        """Let a child sequence share every block of its parent (n > 1 sampling)."""
+    def fork(self, parent_id: int, child_id: int, num_computed: int) -> None:
+        """Let a child sequence share the blocks of its parent's ``num_computed`` tokens
+        (n > 1 sampling); blocks kept ahead for proposals stay the parent's own."""
         parent = self.tables[parent_id]
-        self.pool.touch(parent.blocks)
-        self.tables[child_id] = SequenceBlocks(list(parent.blocks), list(parent.hashes))
+        shared = parent.blocks[: -(-num_computed // self.block_size)]
+        self.pool.touch(shared)
+        self.tables[child_id] = SequenceBlocks(list(shared), list(parent.hashes))
 
     def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
         """Register every block whose tokens are now all computed."""

@@ -18,13 +18,11 @@ stage receives each one's activations from the previous stage and sends its own 
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from octavo.attention.backend import AttentionBackend
-from octavo.attention.metadata import AttentionMetadata
 from octavo.distributed.parallel_state import PipelineStage
 from octavo.distributed.pipeline_comm import (
     IntermediateTensors,
@@ -34,9 +32,12 @@ from octavo.distributed.pipeline_comm import (
 from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.micro_batches import split_micro_batches
+from octavo.model_executor.proposer import Proposer
+from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from octavo.sampling.sampler import Sampler, SamplingRow
+from octavo.sampling.spec_verifier import Proposal, verify_proposals
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
 from octavo.structured_output.manager import PendingGrammar, StructuredOutputManager
 
@@ -72,16 +73,6 @@ class SequenceState:
 
 
 @dataclass
-class StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor  # the sampled rows, then the prompt-scoring rows
-    sampled: list[ScheduledSequence]  # one per sampled logits row
-    scored: list[PromptScoring] = field(default_factory=list)  # prompt_logprobs requests
-
-
-@dataclass
 class PromptScoring:
     """Prompt positions whose next (prompt) token a request wants the logprob of."""
 
@@ -103,12 +94,14 @@ class ModelRunner:
         stage: PipelineStage | None = None,
         is_driver: bool = True,
         structured: StructuredOutputManager | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.attention, self.device = attention, device
         self.eos_token_ids = eos_token_ids
         self.stage, self.is_driver = stage or PipelineStage(), is_driver
         self.structured = structured
+        self.proposer = proposer  # speculative decoding: next steps' proposed tokens
         self.sampler = Sampler()
         self.states: dict[int, SequenceState] = {}
         self.scoring: dict[int, tuple[list[int], int]] = {}  # prompt_logprobs: (prompt, top)
@@ -126,6 +119,7 @@ class ModelRunner:
             inputs = self.prepare(step.scheduled, len(step.prefills))
             output = self._sample(self._forward(inputs), inputs)
         self._remember(output)
+        output.draft_token_ids = self._propose(step, output)
         return output
 
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
@@ -172,6 +166,8 @@ class ModelRunner:
                 )
         if not self.is_driver:
             return
+        if self.proposer is not None:
+            self.proposer.forget(step.finished_seq_ids + step.preempted_seq_ids)
         for seq_id in step.finished_seq_ids:
             self.states.pop(seq_id, None)
         for data in step.new_sequences:
@@ -183,7 +179,8 @@ class ModelRunner:
         if logits is None or not self.is_driver:  # a rank that does not sample
             return ModelRunnerOutput()
         sampled = inputs.sampled
-        scored_logits, logits = logits[len(sampled) :], logits[: len(sampled)]
+        num_rows = sum(1 + scheduled.num_spec_tokens for scheduled in sampled)
+        scored_logits, logits = logits[num_rows:], logits[:num_rows]
         output = self._sample_rows(logits, sampled)
         output.prompt_logprobs = score_prompts(scored_logits, inputs.scored)
         return output
@@ -191,14 +188,35 @@ class ModelRunner:
     def _sample_rows(
         self, logits: torch.Tensor, sampled: list[ScheduledSequence]
     ) -> ModelRunnerOutput:
-        if not sampled:
+        """One token per plain sequence (and its forks); 1..k+1 per speculating one."""
+        plain_rows, proposals, first_row = [], [], 0
+        for scheduled in sampled:
+            if scheduled.is_speculative:
+                tokens = scheduled.token_ids[-scheduled.num_spec_tokens :]
+                row = self._sampling_row(scheduled.seq_id)
+                proposals.append(Proposal(scheduled.seq_id, row, tokens, first_row))
+            else:
+                plain_rows.append((first_row, scheduled))
+            first_row += 1 + scheduled.num_spec_tokens
+        output = self._sample_plain(logits, plain_rows)
+        for verified in verify_proposals(logits, proposals) if proposals else []:
+            count = len(verified.token_ids)
+            output.extend(ModelRunnerOutput(
+                [verified.seq_id] * count, verified.token_ids, verified.logprobs
+            ))  # fmt: skip
+        return output
+
+    def _sample_plain(
+        self, logits: torch.Tensor, plain_rows: list[tuple[int, ScheduledSequence]]
+    ) -> ModelRunnerOutput:
+        if not plain_rows:
             return ModelRunnerOutput()
         rows, seq_ids = [], []
-        for row, scheduled in enumerate(sampled):
+        for row, scheduled in plain_rows:
             for seq_id in [scheduled.seq_id, *scheduled.fork_seq_ids]:
                 rows.append(row)
                 seq_ids.append(seq_id)
-        if rows != list(range(len(sampled))):
+        if rows != list(range(logits.shape[0])):
             logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
         result = self.sampler(logits, [self._sampling_row(seq_id) for seq_id in seq_ids])
         return ModelRunnerOutput(seq_ids, result.token_ids, result.logprobs)
@@ -210,6 +228,18 @@ class ModelRunner:
             state.row.grammar = state.grammar.state()  # waits for a compile still running
         return state.row
 
+    def _propose(self, step: SchedulerOutput, output: ModelRunnerOutput) -> dict[int, list[int]]:
+        """The next step's proposals for the sequences that got tokens (not constrained ones:
+        their grammar would have to follow the proposals)."""
+        if self.proposer is None:  # (a draft model also follows steps that sample nothing)
+            return {}
+        seq_ids = [i for i in dict.fromkeys(output.seq_ids) if self.states[i].grammar is None]
+        return self.proposer.propose_step(step, seq_ids, self._history)
+
+    def _history(self, seq_id: int) -> list[int]:
+        row = self.states[seq_id].row
+        return row.prompt_token_ids + row.output_token_ids
+
     def _remember(self, output: ModelRunnerOutput) -> None:
         """Add the sampled tokens to the histories (and grammars), once the whole step has
         succeeded."""
@@ -220,35 +250,14 @@ class ModelRunner:
                 row.grammar.accept(token)
 
     def prepare(self, scheduled: list[ScheduledSequence], num_prefills: int) -> StepInputs:
-        token_ids, positions, slots, starts = [], [], [], [0]
-        tables, seq_lens, logits_rows, sampled = [], [], [], []
-        for seq in scheduled:
-            start = seq.num_computed_tokens
-            end = start + seq.num_new_tokens
-            token_ids.extend(seq.token_ids)
-            positions.extend(range(start, end))
-            slots.extend(self._slots(seq.block_ids, start, end))
-            starts.append(starts[-1] + seq.num_new_tokens)
-            tables.append(seq.block_ids)
-            seq_lens.append(end)
-            if seq.sample:
-                logits_rows.append(starts[-1] - 1)
-                sampled.append(seq)
-        scored = self._prompt_scoring(scheduled, starts, logits_rows)
-        meta = self._metadata(slots, tables, seq_lens, starts, num_prefills)
-        return StepInputs(
-            input_ids=self._tensor(token_ids, torch.long),
-            positions=self._tensor(positions, torch.long),
-            meta=meta,
-            logits_indices=self._tensor(logits_rows, torch.long),
-            sampled=sampled,
-            scored=scored,
-        )
+        layout = lay_out(scheduled, self.block_size)
+        scored = self._prompt_scoring(scheduled, layout)
+        return step_inputs(layout, num_prefills, self.device, scored)
 
-    def _prompt_scoring(self, scheduled, starts, logits_rows: list[int]) -> list[PromptScoring]:
-        """Rows (appended to ``logits_rows``) of the prompt positions to score."""
+    def _prompt_scoring(self, scheduled, layout: StepLayout) -> list[PromptScoring]:
+        """Rows (appended to the layout's logits rows) of the prompt positions to score."""
         scored = []
-        for index, seq in enumerate(scheduled):
+        for first, seq in zip(layout.seq_starts, scheduled, strict=True):
             if seq.seq_id not in self.scoring:
                 continue
             prompt, wanted = self.scoring[seq.seq_id]
@@ -256,33 +265,9 @@ class ModelRunner:
             end = min(start + seq.num_new_tokens, len(prompt) - 1)
             if end <= start:
                 continue
-            logits_rows.extend(range(starts[index], starts[index] + end - start))
+            layout.logits_rows.extend(range(first, first + end - start))
             scored.append(PromptScoring(seq.seq_id, start, prompt[start + 1 : end + 1], wanted))
         return scored
-
-    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
-        size = self.block_size
-        return [block_ids[pos // size] * size + pos % size for pos in range(start, end)]
-
-    def _metadata(self, slots, tables, seq_lens, starts, num_prefills) -> AttentionMetadata:
-        width = max(len(table) for table in tables)
-        padded = [table + [0] * (width - len(table)) for table in tables]
-        query_lens = [b - a for a, b in itertools.pairwise(starts)]
-        return AttentionMetadata(
-            slot_mapping=self._tensor(slots, torch.long),
-            block_tables=self._tensor(padded, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
-            query_start_loc=self._tensor(starts, torch.int32),
-            num_prefills=num_prefills,
-            num_prefill_tokens=starts[num_prefills],
-            query_lens_list=query_lens,
-            query_start_loc_list=starts[:-1],
-            seq_lens_list=seq_lens,
-            max_seq_len=max(seq_lens),
-        )
-
-    def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
 
 
 def score_prompts(

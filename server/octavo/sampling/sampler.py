@@ -30,7 +30,7 @@ from octavo.sampling.penalties import (
 from octavo.sampling_params import SamplingParams
 from octavo.structured_output.matcher import GrammarState, apply_grammar_bitmasks
 
-__all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs"]
+__all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs", "target_probabilities"]
 
 
 @dataclass
@@ -172,6 +172,13 @@ def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
 
 def _sample(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> list[int]:
     """Temperature-scale, filter and randomly draw one token for each of ``rows``."""
+    probs = _probabilities(work, rows, indices)
+    noise = _exponential_noise(probs, [row.generator for row in rows])
+    return row_argmax(probs.div_(noise))
+
+
+def _probabilities(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> torch.Tensor:
+    """The distributions ``rows`` draw from: temperature, top-k, top-p, min-p, softmax."""
     index = torch.tensor(indices, dtype=torch.long, device=work.device)
     logits = work[index]  # advanced indexing copies, so the filters may work in place
     temperatures = [row.params.temperature for row in rows]
@@ -181,9 +188,24 @@ def _sample(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> 
         logits, [row.params.top_k for row in rows], [row.params.top_p for row in rows]
     )
     apply_min_p(logits, [row.params.min_p for row in rows])
-    probs = torch.softmax(logits, dim=-1)
-    noise = _exponential_noise(probs, [row.generator for row in rows])
-    return row_argmax(probs.div_(noise))
+    return torch.softmax(logits, dim=-1)
+
+
+def target_probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row's distribution after all of its processing (``min_tokens``, penalties,
+    temperature, filters): what the sampler draws from. A greedy row's is one-hot on its
+    ``argmax``. Speculative decoding verifies proposals against these."""
+    _check_inputs(logits, rows)
+    work = _prepare_logits(logits, rows)
+    probs = torch.zeros_like(work)
+    sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+    if sampled:
+        probs[sampled] = _probabilities(work, [rows[i] for i in sampled], sampled)
+    greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
+    if greedy:
+        best = work[greedy].max(dim=-1).indices
+        probs[greedy, best] = 1.0
+    return probs
 
 
 def row_argmax(values: torch.Tensor) -> list[int]:

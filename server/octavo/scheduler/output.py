@@ -34,6 +34,11 @@ class ScheduledSequence:
     block_ids: list[int]  # the sequence's whole block table
     sample: bool  # the chunk reaches the last known token, so a next token is sampled
     fork_seq_ids: list[int] = field(default_factory=list)  # children sampling from this row
+    num_spec_tokens: int = 0  # the last ones of ``token_ids`` are proposals to verify
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.num_spec_tokens > 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -43,7 +48,7 @@ class ScheduledSequence:
 @dataclass
 class SchedulerOutput:
     prefills: list[ScheduledSequence] = field(default_factory=list)  # several tokens each
-    decodes: list[ScheduledSequence] = field(default_factory=list)  # one token each
+    decodes: list[ScheduledSequence] = field(default_factory=list)  # one token (+ proposals)
     new_sequences: list[NewSequenceData] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination)
     finished_seq_ids: list[int] = field(default_factory=list)  # the runner may forget these

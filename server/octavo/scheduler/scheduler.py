@@ -12,12 +12,19 @@ executor runs it and returns a ``ModelRunnerOutput`` (one sampled token per sequ
 ``update_from_output()`` advances the sequences, registers their full blocks for prefix
 caching, forks ``n > 1`` requests once their prompt is computed, appends the tokens and
 finishes the sequences that hit EOS, a stop token id or their length limit.
+
+Speculative decoding: a decoding sequence that holds proposed tokens (``spec_token_ids``,
+from the runner's previous step) schedules its last token followed by as many proposals
+as its budget, length limit and ``max_tokens`` allow. The runner returns the tokens it
+kept (one or more per sequence, in order); only the kept ones count as computed, so the
+KV slots of rejected proposals are written over by the next step. With a draft model,
+slots for ``num_lookahead_tokens`` more positions are kept ready for its proposals.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
@@ -25,6 +32,7 @@ from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
 from octavo.scheduler.sequence import Sequence, SequenceStatus, sequence_seed
+from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 from octavo.scheduler.stop_checker import StopLimits, check_stop
 
 
@@ -42,6 +50,18 @@ class SequenceUpdate:
     seq: Sequence
     token_id: int
     logprobs: TokenLogprobs | None
+    num_tokens: int  # the sequence's length with this token (later ones may follow it)
+
+
+@dataclass
+class PlannedSequence:
+    seq: Sequence
+    num_new: int  # known tokens to compute
+    spec: list[int]  # proposals verified after them
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_new + len(self.spec)
 
 
 class Scheduler:
@@ -51,11 +71,14 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         limits: StopLimits | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.limits = limits or StopLimits(frozenset(), 1 << 62)
+        self.num_lookahead_tokens = num_lookahead_tokens  # slots a draft model writes ahead
+        self.spec_counters = SpecDecodeCounters()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence by id
@@ -74,32 +97,52 @@ class Scheduler:
     # ----- schedule ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        plan: list[tuple[Sequence, int]] = []
+        plan: list[PlannedSequence] = []
         budget = self._schedule_running(out, plan, self.max_num_batched_tokens)
         if not out.preempted_seq_ids:
             self._admit_waiting(plan, budget)
-        for seq, num_new in plan:
-            self._place(out, seq, num_new)
+        for planned in plan:
+            self._place(out, planned)
         out.block_copies = self.kv.take_pending_copies()
         out.finished_seq_ids, self._finished_ids = self._finished_ids, []
         return out
 
     def _schedule_running(
-        self, out: SchedulerOutput, plan: list[tuple[Sequence, int]], budget: int
+        self, out: SchedulerOutput, plan: list[PlannedSequence], budget: int
     ) -> int:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(seq, num_new, out):
+            planned = PlannedSequence(seq, num_new, self._proposals_that_fit(seq, budget))
+            if not self._allocate_or_preempt(planned, out):
                 break
-            plan.append((seq, num_new))
-            budget -= num_new
+            plan.append(planned)
+            budget -= planned.num_slots
             index += 1
         return budget
 
-    def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
-        while not self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens, num_new):
+    def _proposals_that_fit(self, seq: Sequence, budget: int) -> list[int]:
+        """The proposals a decoding sequence verifies this step: within the token budget,
+        and no more than could be kept before ``max_tokens`` or the context length."""
+        if not seq.spec_token_ids or seq.num_tokens - seq.num_computed_tokens != 1:
+            return []
+        room = min(budget, self.limits.max_model_len - seq.num_tokens) - 1
+        if seq.params.max_tokens is not None:
+            room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+        return seq.spec_token_ids[: max(0, room)]
+
+    def _lookahead(self, seq: Sequence, num_computed: int, planned: PlannedSequence) -> int:
+        """Slots kept past this step's tokens for a draft model's next proposals."""
+        if num_computed + planned.num_new < seq.num_tokens:  # a prompt chunk: no sampling yet
+            return 0
+        end = num_computed + planned.num_slots
+        return max(0, min(self.num_lookahead_tokens, self.limits.max_model_len - end))
+
+    def _allocate_or_preempt(self, planned: PlannedSequence, out: SchedulerOutput) -> bool:
+        seq = planned.seq
+        num_slots = planned.num_slots + self._lookahead(seq, seq.num_computed_tokens, planned)
+        while not self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens, num_slots):
             victim = self.running.pop()  # the newest
             self.preempt(victim)
             out.preempted_seq_ids.append(victim.seq_id)
@@ -112,22 +155,24 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
+        seq.spec_token_ids = []
         self.waiting.appendleft(seq)
         self.counters.preemptions += 1
 
-    def _admit_waiting(self, plan: list[tuple[Sequence, int]], budget: int) -> None:
+    def _admit_waiting(self, plan: list[PlannedSequence], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             scored = seq.params.prompt_logprobs is not None  # every prompt token is computed
             hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids)
             num_cached = len(hits) * self.kv.block_size
-            num_new = min(seq.num_tokens - num_cached, budget)
-            if not self.kv.allocate_slots(seq.seq_id, num_cached, num_new, hits):
+            planned = PlannedSequence(seq, min(seq.num_tokens - num_cached, budget), [])
+            num_slots = planned.num_new + self._lookahead(seq, num_cached, planned)
+            if not self.kv.allocate_slots(seq.seq_id, num_cached, num_slots, hits):
                 break
             self.waiting.popleft()
             self._start(seq, num_cached)
-            plan.append((seq, num_new))
-            budget -= num_new
+            plan.append(planned)
+            budget -= planned.num_new
 
     def _start(self, seq: Sequence, num_cached: int) -> None:
         self.counters.queries += seq.num_tokens
@@ -138,14 +183,15 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def _place(self, out: SchedulerOutput, seq: Sequence, num_new: int) -> None:
-        start = seq.num_computed_tokens
+    def _place(self, out: SchedulerOutput, planned: PlannedSequence) -> None:
+        seq, num_new, start = planned.seq, planned.num_new, planned.seq.num_computed_tokens
         scheduled = ScheduledSequence(
             seq_id=seq.seq_id,
-            token_ids=seq.token_ids[start : start + num_new],
+            token_ids=seq.token_ids[start : start + num_new] + planned.spec,
             num_computed_tokens=start,
             block_ids=self.kv.block_ids(seq.seq_id),
             sample=start + num_new == seq.num_tokens,
+            num_spec_tokens=len(planned.spec),
         )
         if not seq.announced:
             seq.announced = True
@@ -172,29 +218,60 @@ class Scheduler:
             seq = self.seqs[scheduled.seq_id]
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            seq.num_computed_tokens += scheduled.num_new_tokens
-            self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            seq.num_computed_tokens += scheduled.num_new_tokens - scheduled.num_spec_tokens
+            seq.spec_token_ids = []
+            if not scheduled.is_speculative:  # else once the kept proposals are known
+                self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
             if scheduled.fork_seq_ids:
                 self._fork(seq)
         for seq_id, (first, entries) in result.prompt_logprobs.items():
             seq = self.seqs[seq_id]  # entries recomputed after a preemption are dropped
             seq.prompt_logprobs.extend(entries[max(0, len(seq.prompt_logprobs) - first) :])
-        updates = []
+        updates = self._append_tokens(result)
+        self._after_verification(out, result)
+        for seq_id, proposal in result.draft_token_ids.items():
+            seq = self.seqs.get(seq_id)
+            if seq is not None and seq.status is SequenceStatus.RUNNING:
+                seq.spec_token_ids = proposal
+        return updates
+
+    def _append_tokens(self, result: ModelRunnerOutput) -> list[SequenceUpdate]:
+        """Append each kept token in order; a sequence's later tokens follow a kept
+        proposal, whose keys/values this step computed. Tokens after a finish are dropped."""
+        updates, seen = [], set()
         for seq_id, token, logprob in zip(
             result.seq_ids, result.sampled_token_ids, result.logprobs, strict=True
         ):
-            seq = self.seqs[seq_id]
+            seq = self.seqs.get(seq_id)
+            if seq is None:  # finished by an earlier token of this step
+                continue
+            if seq_id in seen:
+                seq.num_computed_tokens += 1
+            seen.add(seq_id)
             seq.token_ids.append(token)
             check_stop(seq, token, self.limits)
             if seq.finish_reason is not None:
                 self.finish(seq)
-            updates.append(SequenceUpdate(seq, token, logprob))
+            updates.append(SequenceUpdate(seq, token, logprob, seq.num_tokens))
         return updates
+
+    def _after_verification(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """Count each verification and register the blocks its kept proposals filled."""
+        speculative = [s for s in out.decodes if s.is_speculative]
+        if not speculative:
+            return
+        kept = Counter(result.seq_ids)
+        for scheduled in speculative:
+            num_accepted = min(kept[scheduled.seq_id] - 1, scheduled.num_spec_tokens)
+            self.spec_counters.record(scheduled.num_spec_tokens, max(0, num_accepted))
+            seq = self.seqs.get(scheduled.seq_id)
+            if seq is not None:
+                self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
     def _fork(self, parent: Sequence) -> None:
         for index, child_id in enumerate(parent.fork_seq_ids, start=1):
             child = parent.fork(child_id, index)
-            self.kv.fork(parent.seq_id, child_id)
+            self.kv.fork(parent.seq_id, child_id, parent.num_computed_tokens)
             child.status = SequenceStatus.RUNNING
             self.seqs[child_id] = child
             self.running.append(child)

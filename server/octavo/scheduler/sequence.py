@@ -39,6 +39,7 @@ class Sequence:
     announced: bool = False  # the model runner has been sent this sequence
     forked: bool = False  # the request's other n - 1 completions were forked from this one
     fork_seq_ids: list[int] = field(default_factory=list)  # ids planned for those forks
+    spec_token_ids: list[int] = field(default_factory=list)  # proposed next tokens, unverified
 
     @property
     def num_tokens(self) -> int:

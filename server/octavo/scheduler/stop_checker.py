@@ -36,16 +36,23 @@ def check_stop(seq: Sequence, token_id: int, limits: StopLimits) -> None:
         seq.finish_reason = "length"
 
 
-def apply_stop_string(seq: Sequence, stop_string: str | None) -> bool:
-    """Finish ``seq`` with ``stop_string`` if one just matched; True if that changed its fate.
+def apply_stop_string(
+    seq: Sequence, stop_string: str | None, num_tokens: int | None = None
+) -> bool:
+    """Finish ``seq`` with ``stop_string`` if one just matched at the token that made it
+    ``num_tokens`` long (default: its last); True if that changed its fate.
 
     Stop strings are found by the detokenizer after the scheduler's own checks: a match
     wins over the length limit (as the checks above order them), never over EOS or a
-    stop token id, and only once ``min_tokens`` tokens were generated.
+    stop token id of the same token, and only once ``min_tokens`` tokens were generated.
+    Tokens kept after the match in the same (speculative) step are dropped.
     """
-    if stop_string is None or seq.finish_reason not in (None, "length"):
+    num_tokens = seq.num_tokens if num_tokens is None else num_tokens
+    ended_later = num_tokens < seq.num_tokens  # on a token after the match
+    if stop_string is None or (seq.finish_reason not in (None, "length") and not ended_later):
         return False
-    if seq.num_output_tokens < seq.params.min_tokens:
+    if num_tokens - seq.num_prompt_tokens < seq.params.min_tokens:
         return False
     seq.finish_reason, seq.stop_reason = "stop", stop_string
+    del seq.token_ids[num_tokens:]
     return True

@@ -17,11 +17,16 @@ from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
+from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.loader import load_model, load_tokenizer, weight_bytes
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
+from octavo.model_executor.proposer import Proposer
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
+from octavo.spec_decode.config import SpeculativeConfig
+from octavo.spec_decode.draft_model import DraftModelProposer
+from octavo.spec_decode.ngram_proposer import NgramProposer, NgramStepProposer
 from octavo.structured_output.compiler import GrammarCompiler
 from octavo.structured_output.manager import StructuredOutputManager, shared_compiler
 
@@ -42,6 +47,8 @@ class WorkerConfig:
     seed: int = 0  # the global RNG's seed: requests without their own seed draw from it
     num_threads: int | None = None  # torch's intra-op threads; None leaves torch's default
     quantization: str | None = None  # the decoder linears' method (``--quantization``)
+    speculative: SpeculativeConfig | None = None  # proposals for speculative decoding
+    draft: tuple[Path, ModelConfig] | None = None  # the draft model's folder and config
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,21 @@ class Worker:
         layers = self.model.layers
         kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
         self.cache_shape = CacheShape(len(layers), kv_heads, spec.config.head_dim)
+        self.draft = self._load_draft()
         self.runner: ModelRunner | None = None
+
+    def _load_draft(self) -> LlamaForCausalLM | None:
+        """The draft model, on the driver (the only rank that proposes)."""
+        if self.spec.draft is None or not self.is_driver:
+            return None
+        folder, config = self.spec.draft
+        return load_model(folder, config, self.spec.max_positions, self.spec.dtype, self.device)
+
+    def _draft_cache_shape(self) -> CacheShape | None:
+        if self.draft is None or self.spec.draft is None:
+            return None
+        config = self.spec.draft[1]
+        return CacheShape(config.num_layers, config.num_kv_heads, config.head_dim)
 
     @property
     def is_driver(self) -> bool:
@@ -98,6 +119,9 @@ class Worker:
     def num_available_blocks(self, budget: KVBudget) -> int:
         """How many KV blocks fit this worker's memory budget."""
         per_block = bytes_per_block(self.cache_shape, self.spec.block_size, self.spec.dtype)
+        draft_shape = self._draft_cache_shape()
+        if draft_shape is not None:  # the draft's cache has as many blocks as the target's
+            per_block += bytes_per_block(draft_shape, self.spec.block_size, self.spec.dtype)
         if self.device.type != "cuda":
             return budget.cpu_bytes // per_block
         free = cuda_kv_budget(
@@ -122,7 +146,26 @@ class Worker:
             pipeline_stage(),
             self.is_driver,
             StructuredOutputManager(self._grammar_compiler) if self.is_driver else None,
+            self._proposer(num_blocks) if self.is_driver else None,
         )
+
+    def _proposer(self, num_blocks: int) -> Proposer | None:
+        speculative, spec = self.spec.speculative, self.spec
+        if speculative is None:
+            return None
+        if speculative.method == "ngram":
+            return NgramStepProposer(NgramProposer(
+                speculative.num_speculative_tokens,
+                speculative.prompt_lookup_min,
+                speculative.prompt_lookup_max,
+            ))  # fmt: skip
+        shape = self._draft_cache_shape()
+        assert self.draft is not None and shape is not None
+        caches = allocate_kv_caches(shape, num_blocks, spec.block_size, spec.dtype, self.device)
+        return DraftModelProposer(
+            self.draft, caches, spec.block_size, select_backend(self.device, spec.dtype),
+            self.device, speculative.num_speculative_tokens,
+        )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
         spec = self.spec

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from octavo.engine.stats import EngineStats
+from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 
 # Metric name -> (the EngineStats field holding its current value, help text).
 ENGINE_GAUGES = {
@@ -32,6 +33,13 @@ ENGINE_COUNTERS = {
     "vllm:num_preemptions": "num_preemptions",
 }
 LABEL_NAMES = ["model_name"]
+# With speculative decoding on: counter name -> the SpecDecodeCounters field.
+SPEC_DECODE_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+SPEC_DECODE_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 class EngineStatsCollector(Collector):
@@ -57,6 +65,24 @@ class EngineStatsCollector(Collector):
             counter = CounterMetricFamily(name, help_text, labels=LABEL_NAMES)
             counter.add_metric(labels, _value(stats, field), created=self._created)
             yield counter
+        if stats is not None and stats.spec_decode is not None:
+            yield from self._spec_decode(stats.spec_decode)
+
+    def _spec_decode(self, counters: SpecDecodeCounters) -> Iterator[Metric]:
+        labels = [self.model_name]
+        for name, field in SPEC_DECODE_COUNTERS.items():
+            help_text = f"Speculative decoding: cumulative {field.replace('_', ' ')}."
+            counter = CounterMetricFamily(name, help_text, labels=LABEL_NAMES)
+            counter.add_metric(labels, getattr(counters, field), created=self._created)
+            yield counter
+        per_position = CounterMetricFamily(
+            SPEC_DECODE_PER_POSITION,
+            "Speculative decoding: accepted proposals, by position in the proposal.",
+            labels=[*LABEL_NAMES, "position"],
+        )
+        for position, count in enumerate(counters.accepted_per_position):
+            per_position.add_metric([*labels, str(position)], count, created=self._created)
+        yield per_position
 
 
 def _value(stats: EngineStats | None, field: str) -> float:

@@ -19,7 +19,12 @@ import torch
 
 def verify_greedy(target_logits: torch.Tensor, proposed: list[int]) -> list[int]:
     """``target_logits [k + 1, vocab]``: the accepted proposals, then the target's token."""
-    best = target_logits.argmax(dim=-1).tolist()
+    return keep_matching(target_logits.argmax(dim=-1).tolist(), proposed)
+
+
+def keep_matching(best: list[int], proposed: list[int]) -> list[int]:
+    """The proposals while they equal the target's choices ``best`` (k + 1 of them), then
+    the target's choice at the first difference (or after the last proposal)."""
     emitted = []
     for position, token in enumerate(proposed):
         if best[position] != token:

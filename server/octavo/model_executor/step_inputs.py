@@ -1,0 +1,102 @@
+"""A step's scheduled sequences laid out flat for one forward pass.
+
+Tokens go one sequence after another: prefill chunks first, then the decoding sequences.
+A decoding sequence that verifies proposals has several query tokens; each becomes its
+own decode row of attention (same block table, a context one token longer than the
+previous row's), so the decode kernels verify them without a causal-mask path. Its logits
+are taken at every one of those rows; other sampling sequences at their last token.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from octavo.attention.metadata import AttentionMetadata
+from octavo.scheduler.output import ScheduledSequence
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # the sampled rows, then the prompt-scoring rows
+    sampled: list[ScheduledSequence]  # each samples 1 + num_spec_tokens logits rows
+    scored: list = field(default_factory=list)  # PromptScoring of prompt_logprobs requests
+
+
+@dataclass
+class StepLayout:
+    """The flat lists a ``StepInputs`` is made of, before they become tensors."""
+
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=lambda: [0])  # per attention row
+    tables: list[list[int]] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    logits_rows: list[int] = field(default_factory=list)
+    sampled: list[ScheduledSequence] = field(default_factory=list)
+    seq_starts: list[int] = field(default_factory=list)  # each sequence's first token
+
+
+def lay_out(scheduled: list[ScheduledSequence], block_size: int) -> StepLayout:
+    layout = StepLayout()
+    for seq in scheduled:
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
+        first = len(layout.token_ids)
+        layout.seq_starts.append(first)
+        layout.token_ids.extend(seq.token_ids)
+        layout.positions.extend(range(start, end))
+        layout.slots.extend(slots_of(seq.block_ids, start, end, block_size))
+        rows = range(start + 1, end + 1) if seq.is_speculative else [end]
+        for seq_len in rows:  # one attention row, or one per verified token
+            layout.starts.append(first + seq_len - start)
+            layout.tables.append(seq.block_ids)
+            layout.seq_lens.append(seq_len)
+        if seq.sample:
+            num_rows = 1 + seq.num_spec_tokens
+            layout.logits_rows.extend(range(first + seq.num_new_tokens - num_rows,
+                                            first + seq.num_new_tokens))  # fmt: skip
+            layout.sampled.append(seq)
+    return layout
+
+
+def step_inputs(
+    layout: StepLayout, num_prefills: int, device: torch.device, scored: list | None = None
+) -> StepInputs:
+    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    width = max(len(table) for table in layout.tables)
+    padded = [table + [0] * (width - len(table)) for table in layout.tables]
+    starts = layout.starts
+    meta = AttentionMetadata(
+        slot_mapping=tensor(layout.slots, torch.long),
+        block_tables=tensor(padded, torch.int32),
+        seq_lens=tensor(layout.seq_lens, torch.int32),
+        query_start_loc=tensor(starts, torch.int32),
+        num_prefills=num_prefills,
+        num_prefill_tokens=starts[num_prefills],
+        query_lens_list=[b - a for a, b in itertools.pairwise(starts)],
+        query_start_loc_list=starts[:-1],
+        seq_lens_list=layout.seq_lens,
+        max_seq_len=max(layout.seq_lens),
+    )
+    return StepInputs(
+        input_ids=tensor(layout.token_ids, torch.long),
+        positions=tensor(layout.positions, torch.long),
+        meta=meta,
+        logits_indices=tensor(layout.logits_rows, torch.long),
+        sampled=layout.sampled,
+        scored=scored or [],
+    )
+
+
+def slots_of(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """The cache slots of positions ``[start, end)`` through a block table."""
+    return [block_ids[pos // block_size] * block_size + pos % block_size
+            for pos in range(start, end)]  # fmt: skip
