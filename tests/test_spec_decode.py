@@ -183,6 +183,9 @@ def test_bad_speculative_configs_are_refused(tiny_folder, tmp_path, smol_tokeniz
     other = build_tiny_model(tmp_path / "other", "llama3", smol_tokenizer, vocab_size=1000)
     with pytest.raises(ValueError, match="vocabulary of 1000 tokens but the target has"):
         LLM(folder, speculative_config={"model": str(other), "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="a draft model runs with tensor_parallel_size"):
+        LLM(folder, tensor_parallel_size=2,
+            speculative_config={"model": folder, "num_speculative_tokens": 2})  # fmt: skip
     with pytest.raises(ValueError, match=r"is not a folder with a config\.json"):
         LLM(folder, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
 
@@ -209,3 +212,13 @@ def test_served_stream_carries_several_tokens_per_delta_and_metrics(tiny_folder)
     assert metric_value(metrics, "vllm:spec_decode_num_drafts_total") > 0
     assert metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
                         position="0") > 0  # fmt: skip
+
+
+def test_ngram_under_tensor_parallelism_is_token_identical(tiny_folder, reference):
+    """Proposals come from the driver and reach every rank through the scheduler's step."""
+    prompts = mixed_prompts()
+    with LLM(str(tiny_folder("llama3")), tensor_parallel_size=2, speculative_config=NGRAM,
+             **SQUEEZED) as llm:  # fmt: skip
+        outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert [out.outputs[0].token_ids for out in outputs] == reference
+        assert llm.engine.scheduler.spec_counters.num_accepted_tokens > 0

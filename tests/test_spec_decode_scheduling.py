@@ -13,6 +13,7 @@ from octavo.sampling_params import SamplingParams
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.sequence import Sequence
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
+from octavo.scheduler.speculation_policy import SpeculationPolicy
 from octavo.scheduler.stop_checker import StopLimits
 
 BLOCK = 4
@@ -100,3 +101,15 @@ def test_spec_decode_metrics_have_vllm_names():
     assert counters.acceptance_rate == 7 / 12 and counters.mean_accepted_length == 1 + 7 / 4
     collector.update(EngineStats(1, 0, 0.1, 10, 16, 64, 0, 0, 0, 5, 9))
     assert not any(m.name.startswith("vllm:spec_decode") for m in collector.collect())
+
+
+def test_in_a_large_batch_poorly_accepted_proposals_are_held_back_and_probed():
+    policy = SpeculationPolicy(small_batch=4, min_acceptance=0.75, probe_interval=3)
+    seq = Sequence(1, "r", 0, [1, 2, 3], 3, SamplingParams(), spec_token_ids=[5, 6, 7, 8])
+    assert policy.how_many(seq, num_running=20) == 4  # starts at the bar: verified
+    policy.record(seq, 4, 0)
+    assert policy.how_many(seq, num_running=2) == 4  # a small batch verifies everything
+    assert [policy.how_many(seq, num_running=20) for _ in range(6)] == [0, 0, 2, 0, 0, 2]
+    for _ in range(5):
+        policy.record(seq, 2, 2)  # the probes were accepted: it speculates again
+    assert policy.how_many(seq, num_running=20) == 4

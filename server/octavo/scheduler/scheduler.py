@@ -33,6 +33,7 @@ from octavo.sampling.logprobs import TokenLogprobs
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
 from octavo.scheduler.sequence import Sequence, SequenceStatus, sequence_seed
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
+from octavo.scheduler.speculation_policy import SpeculationPolicy
 from octavo.scheduler.stop_checker import StopLimits, check_stop
 
 
@@ -79,6 +80,7 @@ class Scheduler:
         self.limits = limits or StopLimits(frozenset(), 1 << 62)
         self.num_lookahead_tokens = num_lookahead_tokens  # slots a draft model writes ahead
         self.spec_counters = SpecDecodeCounters()
+        self.speculation = SpeculationPolicy()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence by id
@@ -128,6 +130,7 @@ class Scheduler:
         if not seq.spec_token_ids or seq.num_tokens - seq.num_computed_tokens != 1:
             return []
         room = min(budget, self.limits.max_model_len - seq.num_tokens) - 1
+        room = min(room, self.speculation.how_many(seq, len(self.running)))
         if seq.params.max_tokens is not None:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
         return seq.spec_token_ids[: max(0, room)]
@@ -266,6 +269,7 @@ class Scheduler:
             self.spec_counters.record(scheduled.num_spec_tokens, max(0, num_accepted))
             seq = self.seqs.get(scheduled.seq_id)
             if seq is not None:
+                self.speculation.record(seq, scheduled.num_spec_tokens, max(0, num_accepted))
                 self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
 
     def _fork(self, parent: Sequence) -> None:

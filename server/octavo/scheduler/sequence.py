@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from octavo.sampling_params import SamplingParams
 
 SEED_STRIDE = 0x9E3779B1  # spreads the seeds of one request's n completions apart
+SPEC_ACCEPTANCE_START = 0.75  # a new sequence's assumed share of proposals accepted
 
 
 class SequenceStatus(enum.Enum):
@@ -40,6 +41,8 @@ class Sequence:
     forked: bool = False  # the request's other n - 1 completions were forked from this one
     fork_seq_ids: list[int] = field(default_factory=list)  # ids planned for those forks
     spec_token_ids: list[int] = field(default_factory=list)  # proposed next tokens, unverified
+    spec_acceptance: float = SPEC_ACCEPTANCE_START  # moving average: proposals accepted
+    spec_steps_held: int = 0  # steps its proposals were held back (see SpeculationPolicy)
 
     @property
     def num_tokens(self) -> int:

@@ -26,28 +26,34 @@ class NgramProposer:
     def propose(self, token_ids: list[int]) -> list[int]:
         """Up to ``num_speculative_tokens`` proposed next tokens ([] when nothing matches)."""
         tokens = np.asarray(token_ids, dtype=np.int64)
-        for size in range(
-            min(self.prompt_lookup_max, len(tokens) - 1), self.prompt_lookup_min - 1, -1
-        ):
-            start = _latest_earlier_match(tokens, size, self.num_speculative_tokens)
-            if start is not None:
-                follow = start + size
-                return tokens[follow : follow + self.num_speculative_tokens].tolist()
-        return []
+        ends = _longest_earlier_match(tokens, self.prompt_lookup_min, self.prompt_lookup_max)
+        if ends is None:
+            return []
+        follow = _preferred_end(ends, len(tokens), self.num_speculative_tokens) + 1
+        return tokens[follow : follow + self.num_speculative_tokens].tolist()
 
 
-def _latest_earlier_match(tokens: np.ndarray, size: int, wanted: int) -> int | None:
-    """Start of the latest window of ``size`` tokens before the suffix that equals it and
-    is followed by ``wanted`` tokens; failing that, the latest one (in a loop shorter than
-    ``wanted`` the latest match has fewer tokens after it than an earlier one)."""
-    suffix = tokens[-size:]
-    # windows of all tokens but the last: each has at least one token after it
-    windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], size)
-    hits = np.flatnonzero((windows == suffix).all(axis=1))
-    if not len(hits):
-        return None
-    followed = hits[hits + size + wanted <= len(tokens)]
-    return int(followed[-1]) if len(followed) else int(hits[-1])
+def _longest_earlier_match(tokens: np.ndarray, shortest: int, longest: int) -> np.ndarray | None:
+    """Where the earlier occurrences of the longest suffix of n tokens, n in [shortest,
+    longest], end (each is followed by at least one token); None if there is none."""
+    length = len(tokens)
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # windows of 1 that match
+    best = ends if shortest <= 1 and len(ends) else None
+    for size in range(2, min(longest, length - 1) + 1):
+        ends = ends[ends >= size - 1]
+        ends = ends[tokens[ends - size + 1] == tokens[length - size]]
+        if not len(ends):
+            break
+        if size >= shortest:
+            best = ends
+    return best
+
+
+def _preferred_end(ends: np.ndarray, length: int, wanted: int) -> int:
+    """The latest match followed by ``wanted`` tokens; failing that, the latest (in a
+    loop shorter than ``wanted`` the latest match has fewer tokens after it)."""
+    followed = ends[ends + 1 + wanted <= length]
+    return int(followed[-1]) if len(followed) else int(ends[-1])
 
 
 @dataclass(frozen=True)
