@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.attention.backend import AttentionBackend
 from octavo.distributed.parallel_state import PipelineStage
 from octavo.distributed.pipeline_comm import (
     IntermediateTensors,
@@ -30,8 +29,8 @@ from octavo.distributed.pipeline_comm import (
     send_to_next_stage,
 )
 from octavo.kv_cache.cache_tensors import copy_blocks
-from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.micro_batches import split_micro_batches
+from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.proposer import Proposer
 from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
 from octavo.outputs import ModelRunnerOutput
@@ -85,19 +84,16 @@ class PromptScoring:
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
-        kv_caches: list[torch.Tensor],
-        block_size: int,
-        attention: AttentionBackend,
-        device: torch.device,
+        paged: PagedModel,
         eos_token_ids: frozenset[int] = frozenset(),
         stage: PipelineStage | None = None,
         is_driver: bool = True,
         structured: StructuredOutputManager | None = None,
         proposer: Proposer | None = None,
     ) -> None:
-        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
-        self.attention, self.device = attention, device
+        self.paged = paged
+        self.model, self.kv_caches, self.block_size = paged.model, paged.kv_caches, paged.block_size
+        self.attention, self.device = paged.attention, paged.device
         self.eos_token_ids = eos_token_ids
         self.stage, self.is_driver = stage or PipelineStage(), is_driver
         self.structured = structured
@@ -123,15 +119,7 @@ class ModelRunner:
         return output
 
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
-        return self.model(
-            inputs.input_ids,
-            inputs.positions,
-            self.kv_caches,
-            inputs.meta,
-            self.attention,
-            inputs.logits_indices,
-            intermediate,
-        )
+        return self.paged.forward(inputs, intermediate)
 
     def _execute_pipelined(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Each micro-batch: take the previous stage's activations, run this stage's layers,

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.attention.backend import AttentionBackend
 from octavo.kv_cache.cache_tensors import copy_blocks
-from octavo.model_executor.llama import LlamaForCausalLM
+from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.step_inputs import lay_out, step_inputs
 from octavo.sampling.sampler import row_argmax
 from octavo.scheduler.output import ScheduledSequence, SchedulerOutput
@@ -37,17 +36,8 @@ class DraftJob:
 
 
 class DraftModelProposer:
-    def __init__(
-        self,
-        model: LlamaForCausalLM,
-        kv_caches: list[torch.Tensor],
-        block_size: int,
-        attention: AttentionBackend,
-        device: torch.device,
-        num_speculative_tokens: int,
-    ) -> None:
-        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
-        self.attention, self.device = attention, device
+    def __init__(self, paged: PagedModel, num_speculative_tokens: int) -> None:
+        self.paged, self.kv_caches, self.block_size = paged, paged.kv_caches, paged.block_size
         self.k = num_speculative_tokens
         self.computed: dict[int, int] = {}  # tokens of each sequence in the draft's cache
 
@@ -118,7 +108,6 @@ class DraftModelProposer:
     def _forward(self, chunks: list[ScheduledSequence]) -> list[int]:
         """One draft forward over ``chunks``; the greedy next token of each sampling one."""
         num_prefills = sum(1 for chunk in chunks if chunk.num_new_tokens > 1)
-        inputs = step_inputs(lay_out(chunks, self.block_size), num_prefills, self.device)
-        logits = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                            self.attention, inputs.logits_indices, None)  # fmt: skip
+        inputs = step_inputs(lay_out(chunks, self.block_size), num_prefills, self.paged.device)
+        logits = self.paged.forward(inputs)
         return row_argmax(logits) if len(inputs.sampled) else []

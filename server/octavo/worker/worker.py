@@ -21,6 +21,7 @@ from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.loader import load_model, load_tokenizer, weight_bytes
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
+from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.proposer import Proposer
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
@@ -136,12 +137,9 @@ class Worker:
         caches = allocate_kv_caches(
             self.cache_shape, num_blocks, spec.block_size, spec.dtype, self.device
         )
+        attention = select_backend(self.device, spec.dtype)
         self.runner = ModelRunner(
-            self.model,
-            caches,
-            spec.block_size,
-            select_backend(self.device, spec.dtype),
-            self.device,
+            PagedModel(self.model, caches, spec.block_size, attention, self.device),
             spec.eos_token_ids,
             pipeline_stage(),
             self.is_driver,
@@ -162,10 +160,9 @@ class Worker:
         shape = self._draft_cache_shape()
         assert self.draft is not None and shape is not None
         caches = allocate_kv_caches(shape, num_blocks, spec.block_size, spec.dtype, self.device)
-        return DraftModelProposer(
-            self.draft, caches, spec.block_size, select_backend(self.device, spec.dtype),
-            self.device, speculative.num_speculative_tokens,
-        )  # fmt: skip
+        attention = select_backend(self.device, spec.dtype)
+        paged = PagedModel(self.draft, caches, spec.block_size, attention, self.device)
+        return DraftModelProposer(paged, speculative.num_speculative_tokens)
 
     def _grammar_compiler(self) -> GrammarCompiler:
         spec = self.spec

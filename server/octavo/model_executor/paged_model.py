@@ -1,0 +1,27 @@
+"""A model with its paged KV cache: what a forward pass needs besides the step itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octavo.attention.backend import AttentionBackend
+from octavo.distributed.pipeline_comm import IntermediateTensors
+from octavo.model_executor.llama import LlamaForCausalLM
+from octavo.model_executor.step_inputs import StepInputs
+
+
+@dataclass
+class PagedModel:
+    model: LlamaForCausalLM
+    kv_caches: list[torch.Tensor]  # one per layer of this rank's stage
+    block_size: int
+    attention: AttentionBackend
+    device: torch.device
+
+    def forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
+        """Logits of the step's ``logits_indices`` rows (or the activations for the next
+        pipeline stage)."""
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                          self.attention, inputs.logits_indices, intermediate)  # fmt: skip
