@@ -222,3 +222,25 @@ def test_ngram_under_tensor_parallelism_is_token_identical(tiny_folder, referenc
         outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
         assert [out.outputs[0].token_ids for out in outputs] == reference
         assert llm.engine.scheduler.spec_counters.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_aborts_while_speculating_free_every_block(tiny_folder, draft_folder, steps):
+    """Aborted ``steps`` steps after the first verification (prompts still being chunked,
+    forks, proposals in flight)."""
+    config = {"model": str(draft_folder), "num_speculative_tokens": 3}
+    llm = LLM(str(tiny_folder("llama3")), speculative_config=config,
+              **{**SQUEEZED, "kv_cache_memory": DRAFT_KV})  # fmt: skip
+    engine = llm.engine
+    for index, prompt in enumerate(mixed_prompts()[:4]):
+        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=40, n=1 + index % 2))
+    while engine.scheduler.spec_counters.num_drafts == 0:
+        engine.step()
+    for _ in range(steps):
+        engine.step()
+    assert engine.has_unfinished_requests()
+    for index in range(4):
+        engine.abort_request(f"r{index}")
+    engine.step()
+    assert not engine.has_unfinished_requests()
+    assert_all_blocks_free(engine)
