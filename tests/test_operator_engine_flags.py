@@ -44,6 +44,10 @@ LEFT_TO_EXTRA_ARGS = {
     "--log-level": "debugging one deployment, not a lasting setting",
     "--enable-auto-tool-choice": "tool calling is new; a spec field follows with the parsers",
     "--tool-call-parser": "tool calling is new; a spec field follows with the parsers",
+    "--enable-lora": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
+    "--max-loras": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
+    "--max-lora-rank": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
+    "--max-cpu-loras": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {

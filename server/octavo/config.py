@@ -117,6 +117,15 @@ class EngineArgs:
         SpeculativeConfig.parse,
     )
 
+    enable_lora: bool = engine_arg(
+        False, "serve LoRA adapters on the base model (per request)", parse_bool, kind="bool"
+    )
+    max_loras: int = engine_arg(1, "most LoRA adapters in one step", positive_int)
+    max_lora_rank: int = engine_arg(16, "largest LoRA rank an adapter may have", positive_int)
+    max_cpu_loras: int | None = engine_arg(
+        None, "LoRA adapters kept in CPU memory (default: max_loras)", positive_int
+    )
+
     def __post_init__(self) -> None:
         if self.speculative_config is not None and not isinstance(
             self.speculative_config, SpeculativeConfig

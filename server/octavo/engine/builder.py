@@ -15,6 +15,7 @@ from octavo.executor.executor import Executor, create_executor
 from octavo.kernels.cpu_count import usable_cpus
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
+from octavo.lora.config import LoRAConfig
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
@@ -57,7 +58,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        threads, quantization, speculative, draft,
+        threads, quantization, speculative, draft, lora_config(args),
     )  # fmt: skip
     executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     try:
@@ -70,11 +71,18 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     limits = StopLimits(eos, max_model_len)
     lookahead = speculative.num_speculative_tokens if draft is not None else 0
     scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits, lookahead)
+    scheduler.max_loras = args.max_loras
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
         config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
         folder,
     )  # fmt: skip
+
+
+def lora_config(args: EngineArgs) -> LoRAConfig | None:
+    if not args.enable_lora:
+        return None
+    return LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras or args.max_loras)
 
 
 def _initialize_cache(

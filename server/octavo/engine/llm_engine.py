@@ -20,6 +20,8 @@ from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
 from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
+from octavo.lora.peft_adapter import load_peft_adapter
+from octavo.lora_request import LoRARequest
 from octavo.outputs import ModelRunnerOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
 from octavo.scheduler.output import SchedulerOutput
@@ -48,6 +50,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.spec_log = SpecDecodeLog()
+        self.adapter_paths: dict[int, str] = {}  # LoRA adapters checked, by lora_int_id
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(
@@ -56,14 +59,16 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids)
         self._validate_params(params)
+        self._check_adapter(lora_request)
         text = prompt if isinstance(prompt, str) else None
-        request = Request(request_id, text, token_ids, params)
+        request = Request(request_id, text, token_ids, params, lora_request=lora_request)
         first = self._new_sequence(request, 0, token_ids)
         if arrival_time is not None:
             first.arrival_time = arrival_time
@@ -95,6 +100,21 @@ class LLMEngine:
                 f"stop_token_ids must be in [0, {self.vocab_size}) for this model, got {outside}"
             )
 
+    def _check_adapter(self, lora_request: LoRARequest | None) -> None:
+        """A LoRA adapter is read and checked against the model once per id (ValueError
+        naming the problem); the workers load it into a slot when it is scheduled."""
+        if lora_request is None:
+            return
+        if not self.args.enable_lora:
+            raise ValueError("LoRA adapters need an engine started with enable_lora")
+        known = self.adapter_paths.get(lora_request.lora_int_id)
+        if known == lora_request.lora_path:
+            return
+        if known is not None:
+            raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already {known}")
+        load_peft_adapter(lora_request.lora_path, self.parts.config, self.args.max_lora_rank)
+        self.adapter_paths[lora_request.lora_int_id] = lora_request.lora_path
+
     def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
         seq = Sequence(
             seq_id=self.scheduler.next_seq_id(),
@@ -103,6 +123,7 @@ class LLMEngine:
             token_ids=list(token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
             params=request.params,
+            lora_request=request.lora_request,
         )
         self._track(request, seq)
         return seq

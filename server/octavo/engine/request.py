@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from octavo.engine.detokenizer import IncrementalDetokenizer
+from octavo.lora_request import LoRARequest
 from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from octavo.sampling.sampler import TokenLogprobs
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -41,6 +42,7 @@ class Request:
     texts: dict[int, SequenceText] = field(default_factory=dict)  # by completion index
     finished_time: float | None = None
     prompt_reported: bool = False
+    lora_request: LoRARequest | None = None  # the adapter its completions run with
 
     @property
     def finished(self) -> bool:

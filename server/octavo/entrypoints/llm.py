@@ -11,6 +11,7 @@ from tqdm import tqdm
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
 from octavo.inputs.chat import Message, render_chat_prompt
+from octavo.lora_request import LoRARequest
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -47,18 +48,21 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
+        """``lora_request``: one adapter for every prompt, or one (or None) per prompt."""
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
+        adapters = _as_adapter_list(lora_request, len(prompt_list))
         request_ids = [f"offline-{next(self._ids)}" for _ in prompt_list]
         for params in params_list:
             self.engine.check_constraint(params)  # a bad schema fails before anything runs
         try:
-            for request_id, prompt, params in zip(
-                request_ids, prompt_list, params_list, strict=True
+            for request_id, prompt, params, adapter in zip(
+                request_ids, prompt_list, params_list, adapters, strict=True
             ):
                 final_only = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-                self.engine.add_request(request_id, prompt, final_only)
+                self.engine.add_request(request_id, prompt, final_only, lora_request=adapter)
             finished = self._run(len(prompt_list), use_tqdm)
         except BaseException:
             for request_id in request_ids:
@@ -128,3 +132,14 @@ def _as_params_list(
     if len(params_list) != count:
         raise ValueError(f"got {len(params_list)} sampling params for {count} prompts")
     return params_list
+
+
+def _as_adapter_list(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, count: int
+) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * count
+    adapters = list(lora_request)
+    if len(adapters) != count:
+        raise ValueError(f"got {len(adapters)} lora_requests for {count} prompts")
+    return adapters

@@ -35,11 +35,12 @@ class KVCacheManager:
     def block_ids(self, seq_id: int) -> list[int]:
         return [block.block_id for block in self.tables[seq_id].blocks]
 
-    def find_cached_prefix(self, token_ids: list[int]) -> list[KVBlock]:
-        """Longest run of cached full blocks, leaving at least one token to compute."""
+    def find_cached_prefix(self, token_ids: list[int], salt: int | None = None) -> list[KVBlock]:
+        """Longest run of cached full blocks, leaving at least one token to compute; ``salt``
+        starts the hash chain (a LoRA adapter's KV is its own)."""
         if not self.pool.enable_prefix_caching:
             return []
-        size, parent, hits = self.block_size, None, []
+        size, parent, hits = self.block_size, salt, []
         for start in range(0, len(token_ids) - 1 - size + 1, size):
             chunk = tuple(token_ids[start : start + size])
             parent = chain_hash(parent, chunk)
@@ -98,13 +99,15 @@ class KVCacheManager:
         self.pool.touch(shared)
         self.tables[child_id] = SequenceBlocks(list(shared), list(parent.hashes))
 
-    def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
-        """Register every block whose tokens are now all computed."""
+    def cache_full_blocks(
+        self, seq_id: int, token_ids: list[int], num_computed: int, salt: int | None = None
+    ) -> None:
+        """Register every block whose tokens are now all computed (chained from ``salt``)."""
         table = self.tables[seq_id]
         size = self.block_size
         for index in range(len(table.hashes), num_computed // size):
             chunk = tuple(token_ids[index * size : (index + 1) * size])
-            parent = table.hashes[-1] if table.hashes else None
+            parent = table.hashes[-1] if table.hashes else salt
             block_hash = chain_hash(parent, chunk)
             table.hashes.append(block_hash)
             self.pool.register(table.blocks[index], block_hash, chunk)

@@ -19,6 +19,7 @@ stage receives each one's activations from the previous stage and sends its own 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -29,6 +30,8 @@ from octavo.distributed.pipeline_comm import (
     send_to_next_stage,
 )
 from octavo.kv_cache.cache_tensors import copy_blocks
+from octavo.lora_request import LoRARequest
+from octavo.model_executor.layers.lora import LoRABatch, LoRAState
 from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.proposer import Proposer
@@ -81,6 +84,14 @@ class PromptScoring:
     num_top: int
 
 
+class AdapterSlotSource(Protocol):
+    """Where LoRA adapters live in the model (``lora.slots.AdapterSlots``)."""
+
+    state: LoRAState
+
+    def slot_of(self, request: LoRARequest, in_use: set[int]) -> int: ...
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -90,6 +101,7 @@ class ModelRunner:
         is_driver: bool = True,
         structured: StructuredOutputManager | None = None,
         proposer: Proposer | None = None,
+        loras: AdapterSlotSource | None = None,
     ) -> None:
         self.paged = paged
         self.model, self.kv_caches, self.block_size = paged.model, paged.kv_caches, paged.block_size
@@ -98,6 +110,8 @@ class ModelRunner:
         self.stage, self.is_driver = stage or PipelineStage(), is_driver
         self.structured = structured
         self.proposer = proposer  # speculative decoding: next steps' proposed tokens
+        self.loras = loras  # LoRA: which slot holds each adapter
+        self.lora_of: dict[int, LoRARequest] = {}  # every rank: each sequence's adapter
         self.sampler = Sampler()
         self.states: dict[int, SequenceState] = {}
         self.scoring: dict[int, tuple[list[int], int]] = {}  # prompt_logprobs: (prompt, top)
@@ -119,6 +133,8 @@ class ModelRunner:
         return output
 
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
+        if self.loras is not None:
+            self.loras.state.batch = inputs.lora
         return self.paged.forward(inputs, intermediate)
 
     def _execute_pipelined(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -146,6 +162,10 @@ class ModelRunner:
     def _update_states(self, step: SchedulerOutput) -> None:
         for seq_id in step.finished_seq_ids:  # every rank: the LM head's rows must agree
             self.scoring.pop(seq_id, None)
+            self.lora_of.pop(seq_id, None)
+        for data in step.new_sequences:
+            if data.lora_request is not None:
+                self.lora_of[data.seq_id] = data.lora_request
         for data in step.new_sequences:
             if data.params.prompt_logprobs is not None:
                 self.scoring[data.seq_id] = (
@@ -240,7 +260,22 @@ class ModelRunner:
     def prepare(self, scheduled: list[ScheduledSequence], num_prefills: int) -> StepInputs:
         layout = lay_out(scheduled, self.block_size)
         scored = self._prompt_scoring(scheduled, layout)
-        return step_inputs(layout, num_prefills, self.device, scored)
+        inputs = step_inputs(layout, num_prefills, self.device, scored)
+        inputs.lora = self._lora_batch(scheduled, layout)
+        return inputs
+
+    def _lora_batch(self, scheduled, layout: StepLayout) -> LoRABatch | None:
+        """The rows of each adapter in the step (loading adapters into slots as needed)."""
+        if self.loras is None:
+            return None
+        rows: dict[int, list[int]] = {}
+        for first, seq in zip(layout.seq_starts, scheduled, strict=True):
+            request = self.lora_of.get(seq.seq_id)
+            if request is not None:
+                slot = self.loras.slot_of(request, set(rows))
+                rows.setdefault(slot, []).extend(range(first, first + seq.num_new_tokens))
+        return LoRABatch([(slot, torch.tensor(ids, device=self.device))
+                          for slot, ids in rows.items()])  # fmt: skip
 
     def _prompt_scoring(self, scheduled, layout: StepLayout) -> list[PromptScoring]:
         """Rows (appended to the layout's logits rows) of the prompt positions to score."""

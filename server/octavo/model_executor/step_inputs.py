@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from octavo.attention.metadata import AttentionMetadata
+from octavo.model_executor.layers.lora import LoRABatch
 from octavo.scheduler.output import ScheduledSequence
 
 
@@ -26,6 +27,7 @@ class StepInputs:
     logits_indices: torch.Tensor  # the sampled rows, then the prompt-scoring rows
     sampled: list[ScheduledSequence]  # each samples 1 + num_spec_tokens logits rows
     scored: list = field(default_factory=list)  # PromptScoring of prompt_logprobs requests
+    lora: LoRABatch | None = None  # the rows of each adapter slot
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from octavo.lora_request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
 
@@ -22,6 +23,7 @@ class NewSequenceData:
     output_token_ids: list[int]
     params: SamplingParams
     seed: int | None  # seeds this sequence's own random generator (None: the global RNG)
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
 
 
 @dataclass

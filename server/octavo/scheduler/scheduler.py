@@ -81,6 +81,7 @@ class Scheduler:
         self.num_lookahead_tokens = num_lookahead_tokens  # slots a draft model writes ahead
         self.spec_counters = SpecDecodeCounters()
         self.speculation = SpeculationPolicy()
+        self.max_loras = 1  # distinct LoRA adapters in one step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence by id
@@ -112,9 +113,12 @@ class Scheduler:
     def _schedule_running(
         self, out: SchedulerOutput, plan: list[PlannedSequence], budget: int
     ) -> int:
-        index = 0
+        index, adapters = 0, set()
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if not self._adapter_fits(seq, adapters):
+                index += 1
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             planned = PlannedSequence(seq, num_new, self._proposals_that_fit(seq, budget))
             if not self._allocate_or_preempt(planned, out):
@@ -123,6 +127,15 @@ class Scheduler:
             budget -= planned.num_slots
             index += 1
         return budget
+
+    def _adapter_fits(self, seq: Sequence, adapters: set[int]) -> bool:
+        """Room for ``seq``'s LoRA adapter in a step that already uses ``adapters``?"""
+        if seq.lora_id is None or seq.lora_id in adapters:
+            return True
+        if len(adapters) >= self.max_loras:
+            return False
+        adapters.add(seq.lora_id)
+        return True
 
     def _proposals_that_fit(self, seq: Sequence, budget: int) -> list[int]:
         """The proposals a decoding sequence verifies this step: within the token budget,
@@ -163,10 +176,13 @@ class Scheduler:
         self.counters.preemptions += 1
 
     def _admit_waiting(self, plan: list[PlannedSequence], budget: int) -> None:
+        adapters = {p.seq.lora_id for p in plan if p.seq.lora_id is not None}
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not self._adapter_fits(seq, adapters):
+                break  # first come, first served: it waits for a step with room
             scored = seq.params.prompt_logprobs is not None  # every prompt token is computed
-            hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids)
+            hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.cache_salt)
             num_cached = len(hits) * self.kv.block_size
             planned = PlannedSequence(seq, min(seq.num_tokens - num_cached, budget), [])
             num_slots = planned.num_new + self._lookahead(seq, num_cached, planned)
@@ -224,7 +240,7 @@ class Scheduler:
             seq.num_computed_tokens += scheduled.num_new_tokens - scheduled.num_spec_tokens
             seq.spec_token_ids = []
             if not scheduled.is_speculative:  # else once the kept proposals are known
-                self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+                self._cache_blocks(seq)
             if scheduled.fork_seq_ids:
                 self._fork(seq)
         for seq_id, (first, entries) in result.prompt_logprobs.items():
@@ -270,7 +286,12 @@ class Scheduler:
             seq = self.seqs.get(scheduled.seq_id)
             if seq is not None:
                 self.speculation.record(seq, scheduled.num_spec_tokens, max(0, num_accepted))
-                self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+                self._cache_blocks(seq)
+
+    def _cache_blocks(self, seq: Sequence) -> None:
+        self.kv.cache_full_blocks(
+            seq.seq_id, seq.token_ids, seq.num_computed_tokens, seq.cache_salt
+        )
 
     def _fork(self, parent: Sequence) -> None:
         for index, child_id in enumerate(parent.fork_seq_ids, start=1):
@@ -307,4 +328,5 @@ def _new_sequence_data(seq: Sequence, seq_id: int, index: int) -> NewSequenceDat
         output_token_ids=seq.output_token_ids,
         params=seq.params,
         seed=sequence_seed(seq.params.seed, index),
+        lora_request=seq.lora_request,
     )

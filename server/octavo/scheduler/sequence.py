@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from octavo.lora_request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
 SEED_STRIDE = 0x9E3779B1  # spreads the seeds of one request's n completions apart
@@ -43,6 +44,7 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)  # proposed next tokens, unverified
     spec_acceptance: float = SPEC_ACCEPTANCE_START  # moving average: proposals accepted
     spec_steps_held: int = 0  # steps its proposals were held back (see SpeculationPolicy)
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +61,15 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def lora_id(self) -> int | None:
+        return None if self.lora_request is None else self.lora_request.lora_int_id
+
+    @property
+    def cache_salt(self) -> int | None:
+        """Starts its blocks' hash chain: the same prompt under two adapters shares no KV."""
+        return None if self.lora_request is None else hash(("lora", self.lora_id))
 
     @property
     def is_finished(self) -> bool:
@@ -81,6 +92,7 @@ class Sequence:
             num_computed_tokens=self.num_computed_tokens,
             arrival_time=self.arrival_time,
             first_scheduled_time=self.first_scheduled_time,
+            lora_request=self.lora_request,
             announced=True,
             forked=True,
         )

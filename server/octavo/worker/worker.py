@@ -17,6 +17,10 @@ from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
+from octavo.lora.config import LoRAConfig
+from octavo.lora.model_lora import LoRAModel
+from octavo.lora.slots import AdapterSlots
+from octavo.model_executor.layers.lora import LoRASize
 from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.loader import load_model, load_tokenizer, weight_bytes
 from octavo.model_executor.model_config import ModelConfig
@@ -50,6 +54,7 @@ class WorkerConfig:
     quantization: str | None = None  # the decoder linears' method (``--quantization``)
     speculative: SpeculativeConfig | None = None  # proposals for speculative decoding
     draft: tuple[Path, ModelConfig] | None = None  # the draft model's folder and config
+    lora: LoRAConfig | None = None  # LoRA adapters: slots and limits
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Worker:
         kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
         self.cache_shape = CacheShape(len(layers), kv_heads, spec.config.head_dim)
         self.draft = self._load_draft()
+        self.adapters = self._lora_slots()
         self.runner: ModelRunner | None = None
 
     def _load_draft(self) -> LlamaForCausalLM | None:
@@ -98,6 +104,15 @@ class Worker:
             return None
         folder, config = self.spec.draft
         return load_model(folder, config, self.spec.max_positions, self.spec.dtype, self.device)
+
+    def _lora_slots(self) -> AdapterSlots | None:
+        """LoRA layers around the linears and the slots that hold adapters."""
+        lora, spec = self.spec.lora, self.spec
+        if lora is None:
+            return None
+        size = LoRASize(lora.max_loras, lora.max_rank, spec.dtype, self.device)
+        model = LoRAModel(self.model, size)
+        return AdapterSlots(model, spec.config, lora.max_loras, lora.max_cpu_loras, lora.max_rank)
 
     def _draft_cache_shape(self) -> CacheShape | None:
         if self.draft is None or self.spec.draft is None:
@@ -145,6 +160,7 @@ class Worker:
             self.is_driver,
             StructuredOutputManager(self._grammar_compiler) if self.is_driver else None,
             self._proposer(num_blocks) if self.is_driver else None,
+            self.adapters,
         )
 
     def _proposer(self, num_blocks: int) -> Proposer | None:

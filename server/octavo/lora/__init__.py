@@ -1,0 +1,1 @@
+"""LoRA adapters: fine-tuned low-rank deltas served beside the base model."""

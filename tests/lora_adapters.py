@@ -1,0 +1,36 @@
+"""LoRA adapters made in the test with peft: random, non-zero A and B, saved in PEFT's
+format, and the HF transformers + PEFT reference model for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(base_folder: Path, folder: Path, seed: int, rank: int = 8,
+                 targets: list[str] | None = None, alpha: int = 16) -> Path:  # fmt: skip
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets or ALL_MODULES,
+                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_" in name:  # B starts at zero in PEFT: make the delta real
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    peft_model.save_pretrained(folder)
+    return folder
+
+
+def hf_with_adapter(base_folder: Path, adapter: Path | None):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32).eval()
+    return model if adapter is None else PeftModel.from_pretrained(model, adapter).eval()
