@@ -53,8 +53,3 @@ class AdapterSlots:
         while len(self.cpu) > self.max_cpu_loras:
             self.cpu.popitem(last=False)
         return adapter
-
-    def forget(self, lora_int_id: int) -> None:
-        """Unloaded at run time: drop it from the slots and from CPU memory."""
-        self.slots.pop(lora_int_id, None)
-        self.cpu.pop(lora_int_id, None)

@@ -48,17 +48,20 @@ def verify_proposals(logits: torch.Tensor, proposals: list[Proposal]) -> list[Ve
     index = [p.first_row + i for p in proposals for i in range(len(p.tokens) + 1)]
     rows = logits[torch.tensor(index, dtype=torch.long, device=logits.device)]
     position_rows = [row for p in proposals for row in p.position_rows()]
-    kept = _keep(rows, proposals, position_rows)
+    offsets = _offsets(proposals)
+    kept = _keep(rows, proposals, offsets, position_rows)
     return [
         Verified(p.seq_id, tokens, _logprobs(rows, offset, p, tokens))
-        for p, tokens, offset in zip(proposals, kept, _offsets(proposals), strict=True)
+        for p, tokens, offset in zip(proposals, kept, offsets, strict=True)
     ]
 
 
 def _keep(
-    rows: torch.Tensor, proposals: list[Proposal], position_rows: list[SamplingRow]
+    rows: torch.Tensor,
+    proposals: list[Proposal],
+    offsets: list[int],
+    position_rows: list[SamplingRow],
 ) -> list[list[int]]:
-    offsets = _offsets(proposals)
     if all(_plain_greedy(row) for row in position_rows):  # one argmax for every row
         best = row_argmax(rows)
         return [keep_matching(best[o : o + len(p.tokens) + 1], p.tokens)
