@@ -50,6 +50,10 @@ class PodProcess:
     workdir: Path
     image_paths: dict[str, Path] = field(default_factory=dict)  # image folder -> local folder
     secrets: dict[tuple[str, str], str] = field(default_factory=dict)  # (secret, key) -> value
+    config_maps: dict[tuple[str, str], str] = field(default_factory=dict)  # (map, key) -> value
+    # A loopback address (127.x.y.z) standing in for the pod IP: the server listens there on
+    # the container's own ports, so whoever reads status.podIP (the operator) reaches it.
+    pod_ip: str | None = None
     proc: subprocess.Popen | None = None
     port_map: dict[int, int] = field(default_factory=dict)
 
@@ -78,6 +82,9 @@ class PodProcess:
         for var in self.container.get("env") or []:
             if "value" in var:
                 env[var["name"]] = self.rewrite(var["value"])
+            elif "configMapKeyRef" in var["valueFrom"]:
+                ref = var["valueFrom"]["configMapKeyRef"]
+                env[var["name"]] = self.config_maps[(ref["name"], ref["key"])]
             else:
                 ref = var["valueFrom"]["secretKeyRef"]
                 env[var["name"]] = self.secrets[(ref["name"], ref["key"])]
@@ -87,10 +94,13 @@ class PodProcess:
         """command + args, paths rewritten and container ports mapped to local ones."""
         args = [self.rewrite(a) for a in self.container.get("args") or []]
         for port in self.container.get("ports") or []:
-            self.port_map[port["containerPort"]] = free_port()
+            own = port["containerPort"]
+            self.port_map[own] = own if self.pod_ip else free_port()
         if "--port" in args:
             i = args.index("--port") + 1
             args[i] = str(self.port_map[int(args[i])])
+        if self.pod_ip and "--host" in args:
+            args[args.index("--host") + 1] = self.pod_ip
         command = list(self.container["command"])
         binary = Path(sys.executable).parent / command[0]  # installed in this venv
         return [str(binary), *command[1:], *args]
@@ -101,6 +111,9 @@ class PodProcess:
             port = named[port]
         return self.port_map[port]
 
+    def base_url(self, port: int | str) -> str:
+        return f"http://{self.pod_ip or '127.0.0.1'}:{self.local_port(port)}"
+
     def start(self, image_env: dict[str, str]) -> None:
         command = self.argv()
         env = self.environment(image_env)
@@ -110,7 +123,7 @@ class PodProcess:
     def probe(self, name: str) -> bool:
         """One HTTP GET of the probe named NAME (startupProbe, readinessProbe...)."""
         http = self.container[name]["httpGet"]
-        url = f"http://127.0.0.1:{self.local_port(http['port'])}{http['path']}"
+        url = f"{self.base_url(http['port'])}{http['path']}"
         try:
             with urllib.request.urlopen(url, timeout=self.container[name].get("timeoutSeconds", 1)):
                 return True

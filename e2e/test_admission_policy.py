@@ -46,6 +46,15 @@ REFUSED = {
     ),
     "cache-on-an-unlisted-claim": ({"cache": {"claimName": "payroll"}}, "only these claims"),
     "model-on-an-unlisted-claim": ({"model": {"uri": "pvc://payroll/db"}}, "only these claims"),
+    "adapter-on-an-unlisted-claim": (
+        {
+            "adapters": [
+                {"name": "ok", "uri": "pvc://shared-loras/a"},
+                {"name": "sneaky", "uri": "pvc://payroll/db"},
+            ]
+        },
+        "only these claims",
+    ),
     "tolerations": (
         {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]},
         "spec.tolerations may not be set",
@@ -67,6 +76,10 @@ PERMITTED = {
     "model": {"uri": "pvc://shared-models/llama"},
     "cache": {"claimName": "weights"},
     "nodeSelector": {"gpu": "h100"},
+    "adapters": [
+        {"name": "sql", "uri": "pvc://shared-loras/sql"},
+        {"name": "hub", "uri": "hf://o/n"},
+    ],
 }
 
 

@@ -62,6 +62,12 @@ INVALID = {
     "gpu-memory-above-one": ({"engine": {"gpuMemoryUtilization": 1.5}}, "must be in (0, 1]"),
     "bad-uri-scheme": ({"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
     "hf-uri-without-name": ({"model": {"uri": "hf://just-org"}}, "spec.model.uri"),
+    "adapter-bad-uri": ({"adapters": [{"name": "a", "uri": "s3://b/a"}]}, "spec.adapters[0].uri"),
+    "adapter-twice": (
+        {"adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "a", "uri": "hf://o/b"}]},
+        "Duplicate value",
+    ),
+    "adapter-without-uri": ({"adapters": [{"name": "a"}]}, "spec.adapters[0].uri"),
     "revision-without-hf": (
         {"model": {"uri": "file:///models/x", "revision": "main"}},
         "revision applies only to an hf://",

@@ -97,6 +97,7 @@ def test_minimal_spec_gets_deployment_and_service_and_turns_the_rest_off():
     out = desired_children(isvc(), "img:1", service_monitors_served=False)
     assert kinds(out.apply) == ["Deployment", "Service"]
     assert out.remove == [
+        ChildRef("v1", "ConfigMap", "chat-adapters"),
         ChildRef("policy/v1", "PodDisruptionBudget", "chat"),
         ChildRef("autoscaling/v2", "HorizontalPodAutoscaler", "chat"),
         ChildRef("networking.k8s.io/v1", "NetworkPolicy", "chat"),
@@ -112,9 +113,11 @@ def test_everything_asked_for():
         "autoscaling": {"maxReplicas": 3},
         "monitoring": {"serviceMonitor": True},
         "networkPolicy": {"enabled": True},
+        "adapters": [{"name": "sql", "uri": "hf://org/sql"}],
     }
     out = desired_children(isvc(spec), "img:1", service_monitors_served=True)
     assert kinds(out.apply) == [
+        "ConfigMap",
         "Deployment",
         "Service",
         "PersistentVolumeClaim",
@@ -124,7 +127,7 @@ def test_everything_asked_for():
         "ServiceMonitor",
     ]
     assert out.remove == []
-    assert out.apply[0]["spec"]["template"]["spec"]["containers"][0]["image"] == "mine:2"
+    assert out.apply[1]["spec"]["template"]["spec"]["containers"][0]["image"] == "mine:2"
 
 
 def test_service_monitor_needs_its_crd():

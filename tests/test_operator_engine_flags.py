@@ -17,7 +17,7 @@ from octavo.spec_decode.config import KNOWN_KEYS, MAX_SPECULATIVE_TOKENS, METHOD
 from octavo_operator.api.crd import custom_resource_definition
 from octavo_operator.api.engine_fields import ENGINE_FIELDS, EngineField
 from octavo_operator.api.engine_schema import OPERATOR_FLAGS
-from octavo_operator.builders.container import server_args
+from octavo_operator.builders.container import server_args, server_env
 
 from isvc_factories import isvc
 
@@ -30,6 +30,8 @@ SET_BY_THE_OPERATOR = {
     "--revision": "spec.model.revision",
     "--device": "cpu when spec.resources.gpu is 0, else the server's own choice",
     "--shutdown-timeout": "spec.drain: the grace period less preStopSeconds and a margin",
+    "--enable-lora": "on whenever spec.adapters is set (even empty)",
+    "--lora-modules": "spec.adapters, through a ConfigMap read as OCTAVO_LORA_MODULES",
 }
 # Server flags deliberately not exposed as engine fields; engine.extraArgs can pass them.
 LEFT_TO_EXTRA_ARGS = {
@@ -44,10 +46,6 @@ LEFT_TO_EXTRA_ARGS = {
     "--log-level": "debugging one deployment, not a lasting setting",
     "--enable-auto-tool-choice": "tool calling is new; a spec field follows with the parsers",
     "--tool-call-parser": "tool calling is new; a spec field follows with the parsers",
-    "--enable-lora": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
-    "--max-loras": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
-    "--max-lora-rank": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
-    "--max-cpu-loras": "LoRA is engine-only so far; spec.adapters (issue 17) will set it",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {
@@ -62,6 +60,9 @@ FULL_ENGINE = {
     "pipelineParallelSize": 2,
     "quantization": "int8",
     "speculativeConfig": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5},
+    "maxLoras": 4,
+    "maxLoraRank": 64,
+    "maxCpuLoras": 32,
 }
 
 
@@ -199,8 +200,11 @@ def test_empty_spec_parses_to_the_crd_defaults():
 
 
 def test_flags_set_by_the_operator_are_in_its_args():
-    spec = {"model": {"uri": "hf://org/name", "revision": "main"}, "resources": {"gpu": 0}}
+    spec = {"model": {"uri": "hf://org/name", "revision": "main"}, "resources": {"gpu": 0},
+            "adapters": [{"name": "a", "uri": "hf://org/a"}]}  # fmt: skip
     args = server_args(isvc(spec))
-    missing = [flag for flag in SET_BY_THE_OPERATOR if flag not in args]
+    env = {e["name"] for e in server_env(isvc(spec))}
+    assert "OCTAVO_LORA_MODULES" in env, "--lora-modules comes through the environment"
+    missing = [flag for flag in SET_BY_THE_OPERATOR if flag not in [*args, "--lora-modules"]]
     assert missing == []
     assert not set(LEFT_TO_EXTRA_ARGS) & set(args), "left to extraArgs: not set by default"

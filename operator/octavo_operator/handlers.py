@@ -17,11 +17,14 @@ import time
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from octavo_operator import constants as c
 from octavo_operator import metrics
+from octavo_operator.adapter_sync import sync_adapters
 from octavo_operator.api.service import InferenceService
 from octavo_operator.kube import Kube, load_api_client
+from octavo_operator.pod_adapters import PodAdapterAPI
 from octavo_operator.reconcile import Controller, Key, Settings, TransientError
 from octavo_operator.status import Observed
 
@@ -35,11 +38,13 @@ CHILD_RESOURCES = (
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("monitoring.coreos.com", "v1", "servicemonitors"),
+    ("", "v1", "configmaps"),
 )
 RETRY_DELAY_SECONDS = 30
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 MONITORING_API = "monitoring.coreos.com/v1"
 DISCOVERY_WAIT_SECONDS = 10
+ADAPTER_SYNC_SECONDS = float(os.environ.get("OCTAVO_OPERATOR_ADAPTER_SYNC_SECONDS", "10"))
 logger = logging.getLogger(__name__)
 
 
@@ -123,6 +128,7 @@ def observe(ctl: Controller, key: Key, body: dict[str, Any], indexes: dict[str, 
         deployment=newest(indexed, applied.deployment if applied else None),
         pods=list(indexes["pod_index"].get(key, [])),
         missing_claims=missing_claims(body, indexes["claim_index"]),
+        adapters=ctl.adapter_reports.get(key),
     )
 
 
@@ -186,6 +192,31 @@ def on_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs:
         ctl: Controller = memo.controller
         with ctl.lock(key):
             ctl.write_status(owner, observe(ctl, key, owner, kwargs))
+
+
+def _has_adapters(spec: kopf.Spec, **_: Any) -> bool:
+    return spec.get("adapters") is not None
+
+
+@kopf.timer(*ISVC, interval=ADAPTER_SYNC_SECONDS, when=_has_adapters)
+def on_adapter_timer(
+    body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """Load and unload spec.adapters in the ready pods (HTTP, outside the lock); then
+    rewrite the status with the outcome (the AdaptersReady condition)."""
+    ctl: Controller = memo.controller
+    key, owner = (namespace, name), plain(body)
+    isvc = InferenceService.from_body(owner)
+    try:
+        api_key = ctl.api_key(isvc)
+    except client.ApiException as error:
+        logger.warning("cannot read the API key of %s/%s: %s", namespace, name, error.reason)
+        return
+    pods = list(kwargs["pod_index"].get(key, []))
+    report = sync_adapters(isvc, pods, lambda url: PodAdapterAPI(url, api_key))
+    with ctl.lock(key):
+        ctl.adapter_reports[key] = report
+        ctl.write_status(owner, observe(ctl, key, owner, kwargs))
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")

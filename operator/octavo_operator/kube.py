@@ -24,6 +24,8 @@ PLURALS = {
     "NetworkPolicy": "networkpolicies",
     "ServiceMonitor": "servicemonitors",
     "Event": "events",
+    "ConfigMap": "configmaps",
+    "Secret": "secrets",
     c.KIND: c.PLURAL,
 }
 DISCOVERY_TTL_SECONDS = 30.0

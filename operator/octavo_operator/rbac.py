@@ -39,6 +39,10 @@ def namespaced_rules() -> list[dict[str, Any]]:
         _rule("autoscaling", "horizontalpodautoscalers", [*WATCH, *APPLY, "delete"]),
         _rule("networking.k8s.io", "networkpolicies", [*WATCH, *APPLY, "delete"]),
         _rule("monitoring.coreos.com", "servicemonitors", [*WATCH, *APPLY, "delete"]),
+        # The list of LoRA adapters a starting pod loads (spec.adapters).
+        _rule("", "configmaps", [*WATCH, *APPLY, "delete"]),
+        # The API key of spec.apiKeySecretRef, sent when loading adapters into ready pods.
+        _rule("", "secrets", ["get"]),
         # Pods are read to explain what a Deployment's status does not (unschedulable).
         _rule("", "pods", WATCH),
         # Events on the InferenceService for every condition change.

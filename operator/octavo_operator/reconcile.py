@@ -3,6 +3,7 @@ write its status. Thread-safe; kopf calls it from its worker threads."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -14,6 +15,7 @@ from kubernetes import client
 
 from octavo_operator import constants as c
 from octavo_operator import metrics
+from octavo_operator.adapter_sync import AdapterReport
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.children import desired_children
 from octavo_operator.conditions import merge, transitions
@@ -59,10 +61,19 @@ class Controller:
         self.kube = kube
         self.settings = settings
         self.applied: dict[Key, Applied] = {}
+        self.adapter_reports: dict[Key, AdapterReport] = {}
         self._locks: defaultdict[Key, threading.Lock] = defaultdict(threading.Lock)
 
     def lock(self, key: Key) -> threading.Lock:
         return self._locks[key]
+
+    def api_key(self, isvc: InferenceService) -> str | None:
+        """The key of spec.apiKeySecretRef (to call the pods' adapter routes); None without."""
+        if isvc.api_key is None:
+            return None
+        path = object_path("v1", "Secret", isvc.namespace, isvc.api_key.name)
+        data = (self.kube.call("GET", path).get("data") or {}).get(isvc.api_key.key)
+        return base64.b64decode(data).decode() if data else None
 
     def reconcile(self, body: dict[str, Any], trigger: str) -> Applied:
         """Apply every child; raises TransientError when a retry may help."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from octavo_operator.adapter_sync import AdapterReport, adapters_condition
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.metadata import selector_string
 from octavo_operator.conditions import DEGRADED, PROGRESSING, READY, Condition
@@ -22,6 +23,7 @@ class Observed:
     deployment: dict[str, Any] | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
     missing_claims: list[tuple[str, str]] = field(default_factory=list)  # (role, claim)
+    adapters: AdapterReport | None = None  # the last adapter sync (with spec.adapters)
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,8 @@ def ready(
 
 
 def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any], list[Condition]]:
-    """The status fields (without conditions' timestamps) and the three conditions."""
+    """The status fields (without conditions' timestamps) and the conditions: Ready,
+    Progressing, Degraded, and AdaptersReady with spec.adapters."""
     counts = replica_counts(isvc, observed.deployment)
     degrade = degraded(isvc, observed)
     progress = progressing(isvc, observed, counts)
@@ -156,4 +159,7 @@ def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any],
     }
     if observed.applied_generation is not None:
         fields["observedGeneration"] = observed.applied_generation
-    return fields, [ready(isvc, counts, progress, degrade), progress, degrade]
+    conditions = [ready(isvc, counts, progress, degrade), progress, degrade]
+    if isvc.adapters is not None:
+        conditions.append(adapters_condition(observed.adapters))
+    return fields, conditions

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octavo.arg_types import one_of, parse_bool, parse_size, positive_float, positive_int
+from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.spec_decode.config import SpeculativeConfig
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3  # bytes of KV cache on CPU when none is given
@@ -125,12 +126,24 @@ class EngineArgs:
     max_cpu_loras: int | None = engine_arg(
         None, "LoRA adapters kept in CPU memory (default: max_loras)", positive_int
     )
+    lora_modules: list[LoRAModulePath] | None = engine_arg(  # noqa: RUF009
+        None,
+        "LoRA adapters served from the start, each NAME=PATH (a PEFT folder or hf://ORG/NAME) "
+        'or JSON {"name": NAME, "path": PATH}; requests pick one by its name in "model"; '
+        "implies --enable-lora",
+        parse_lora_module,
+        kind="list",
+    )
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None and not isinstance(
             self.speculative_config, SpeculativeConfig
         ):  # LLM(speculative_config={...})
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.lora_modules:
+            self.lora_modules = [m if isinstance(m, LoRAModulePath) else parse_lora_module(m)
+                                 for m in self.lora_modules]  # fmt: skip
+            self.enable_lora = True
         self.validate()
 
     def token_budget(self, device_type: str) -> int:
@@ -140,6 +153,8 @@ class EngineArgs:
         return DEFAULT_CPU_TOKEN_BUDGET if device_type == "cpu" else DEFAULT_GPU_TOKEN_BUDGET
 
     def validate(self) -> None:
+        names = [module.name for module in self.lora_modules or []]
+        _require(len(set(names)) == len(names), f"--lora-modules names repeat: {names}")
         _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
         _require(
             self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,

@@ -1,5 +1,5 @@
-"""``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative``: the
-command line."""
+"""``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora``:
+the command line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from octavo_bench import offline, parallel, quantized, serve, speculative, structured
+from octavo_bench import lora, offline, parallel, quantized, serve, speculative, structured
 from octavo_bench.parsers import PROG
 
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     structured.register(kinds)
     quantized.register(kinds)
     speculative.register(kinds)
+    lora.register(kinds)
     return parser
 
 

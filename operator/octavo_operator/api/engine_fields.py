@@ -157,6 +157,21 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
         ),
     ),
     EngineField("speculativeConfig", "--speculative-config", speculative_config_schema()),
+    EngineField(
+        "maxLoras",
+        "--max-loras",
+        integer(1, 256, description="most LoRA adapters in one step (with spec.adapters)"),
+    ),
+    EngineField(
+        "maxLoraRank",
+        "--max-lora-rank",
+        integer(1, 512, description="largest LoRA rank an adapter may have (server: 16)"),
+    ),
+    EngineField(
+        "maxCpuLoras",
+        "--max-cpu-loras",
+        integer(1, 4096, description="LoRA adapters kept in CPU memory (server: maxLoras)"),
+    ),
 )
 
 

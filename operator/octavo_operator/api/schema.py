@@ -249,3 +249,36 @@ def drain_schema() -> Schema:
             ]
         },
     )
+
+
+def adapters_schema() -> Schema:
+    """`spec.adapters`: LoRA adapters served on the base model, changed without restarts."""
+    adapter = obj(
+        "A LoRA adapter in PEFT's format (adapter_config.json + safetensors).",
+        {
+            "name": string(
+                "the name clients put in the `model` field to use this adapter",
+                pattern=SERVED_NAME,
+            ),
+            "uri": string(
+                "hf://org/name, pvc://claim/path/in/claim or file:///path/in/image",
+                pattern=MODEL_URI,
+                maxLength=512,
+            ),
+        },
+        required=["name", "uri"],
+    )
+    return {
+        "type": "array",
+        "description": (
+            "LoRA adapters every replica serves (turns on --enable-lora, even when empty). "
+            "A new pod loads them before it reports Ready; a change is loaded into and "
+            "unloaded from the ready pods through their API, without restarting them (an "
+            "adapter on a pvc:// claim not yet mounted rolls the pods once to mount it). "
+            "status.conditions AdaptersReady says where each adapter stands."
+        ),
+        "maxItems": 256,
+        "items": adapter,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+    }

@@ -8,6 +8,7 @@ from typing import Any
 from octavo_operator import constants as c
 
 from .spec import (
+    Adapter,
     Autoscaling,
     Cache,
     DisruptionBudget,
@@ -46,6 +47,7 @@ class InferenceService:
     scheduling: Scheduling = field(default_factory=Scheduling)
     env: tuple[dict[str, Any], ...] = ()
     network_policy: NetworkPolicy | None = None
+    adapters: tuple[Adapter, ...] | None = None  # None: LoRA off; () on without adapters
 
     @property
     def served_name(self) -> str:
@@ -88,7 +90,14 @@ class InferenceService:
             scheduling=_scheduling(spec),
             env=tuple(spec.get("env") or ()),
             network_policy=_network_policy(spec),
+            adapters=_adapters(spec),
         )
+
+
+def _adapters(spec: dict[str, Any]) -> tuple[Adapter, ...] | None:
+    if spec.get("adapters") is None:
+        return None
+    return tuple(Adapter(a["name"], a["uri"]) for a in spec["adapters"])
 
 
 def _optional(spec: dict[str, Any], key: str, parse: Any) -> Any:

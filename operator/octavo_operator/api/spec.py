@@ -141,3 +141,20 @@ class NetworkPolicy:
 
     allow_from: tuple[dict[str, Any], ...] = ()
     allow_scrape_from: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter of `spec.adapters`: its served name and where it comes from."""
+
+    name: str
+    uri: str
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+    @property
+    def claim_and_path(self) -> tuple[str, str]:
+        claim, _, path = self.uri.removeprefix("pvc://").partition("/")
+        return claim, path.strip("/")

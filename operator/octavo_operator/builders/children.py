@@ -7,6 +7,7 @@ from typing import Any
 
 from octavo_operator.api.service import InferenceService
 
+from .adapters import adapters_config_map, adapters_config_map_name
 from .autoscaler import horizontal_pod_autoscaler
 from .cache_claim import cache_claim
 from .deployment import deployment
@@ -34,8 +35,13 @@ class DesiredChildren:
 def desired_children(
     isvc: InferenceService, default_image: str, service_monitors_served: bool
 ) -> DesiredChildren:
-    """The Deployment comes first: it is what users wait for."""
+    """The Deployment comes first (after the adapter list its pods read): it is what
+    users wait for."""
     out = DesiredChildren()
+    if isvc.adapters:  # before the Deployment: its pods read it when they start
+        out.apply.append(adapters_config_map(isvc))
+    else:
+        out.remove.append(ChildRef("v1", "ConfigMap", adapters_config_map_name(isvc)))
     out.apply.append(deployment(isvc, isvc.image or default_image))
     out.apply.append(service(isvc))
     if isvc.cache is not None and isvc.cache.size is not None:

@@ -8,6 +8,7 @@ from typing import Any
 from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
+from .adapters import lora_modules_env
 from .engine_flags import engine_flags
 from .volumes import CACHE_PATH, model_argument, volume_mounts
 
@@ -32,6 +33,8 @@ def server_args(isvc: InferenceService) -> list[str]:
     args += ["--host", "0.0.0.0", "--port", str(c.SERVER_PORT)]
     args += ["--served-model-name", isvc.served_name]
     args += engine_flags(isvc)
+    if isvc.adapters is not None:
+        args.append("--enable-lora")
     args += ["--shutdown-timeout", str(shutdown_timeout(isvc))]
     return args + list(isvc.engine.extra_args)
 
@@ -45,6 +48,8 @@ def server_env(isvc: InferenceService) -> list[dict[str, Any]]:
     if isvc.api_key is not None:
         ref = {"name": isvc.api_key.name, "key": isvc.api_key.key}
         env.append({"name": "OCTAVO_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    if isvc.adapters:
+        env.append(lora_modules_env(isvc))
     return env + [dict(e) for e in isvc.env]
 
 

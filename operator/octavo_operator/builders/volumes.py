@@ -6,6 +6,7 @@ from typing import Any
 
 from octavo_operator.api.service import InferenceService
 
+from .adapters import adapter_mounts, adapter_volumes
 from .metadata import cache_claim_name
 
 CACHE_PATH = "/cache"
@@ -40,7 +41,7 @@ def volumes(isvc: InferenceService) -> list[dict[str, Any]]:
         )
     if isvc.engine.world_size > 1:
         out.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}})
-    return out
+    return out + adapter_volumes(isvc)
 
 
 def volume_mounts(isvc: InferenceService) -> list[dict[str, Any]]:
@@ -50,4 +51,4 @@ def volume_mounts(isvc: InferenceService) -> list[dict[str, Any]]:
         out.append({"name": "model", "mountPath": f"{MODELS_PATH}/{claim}", "readOnly": True})
     if isvc.engine.world_size > 1:
         out.append({"name": "shm", "mountPath": "/dev/shm"})
-    return out
+    return out + adapter_mounts(isvc)

@@ -26,13 +26,16 @@ from octavo.engine.core_loop import Emit
 from octavo.engine.core_messages import (
     STOP,
     AbortRequests,
+    AdapterChanged,
     AddRequests,
     Admitted,
     CoreReady,
     CoreStopped,
+    LoadAdapter,
     LoadFailed,
     NewRequest,
     StepDone,
+    UnloadAdapter,
 )
 from octavo.engine.engine_info import EngineInfo
 from octavo.engine.request_stream import RequestStream
@@ -147,6 +150,17 @@ class AsyncEngine:
             raise
         return streams
 
+    async def change_adapter(self, command: LoadAdapter | UnloadAdapter) -> None:
+        """Load or unload a LoRA adapter in the engine; ``ValueError`` when it refused."""
+        self.check_available()
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks[command.command_id] = ack
+        self._core.send(command)
+        try:
+            await ack
+        finally:
+            self._acks.pop(command.command_id, None)
+
     def _reserve_queue_slots(self, count: int) -> None:
         """Refuse while the queue is full; a request's prompts are admitted as one."""
         with self._lock:
@@ -205,6 +219,8 @@ class AsyncEngine:
             self._after_step(event.outputs, event.stats)
         elif isinstance(event, Admitted):
             self._admitted(event)
+        elif isinstance(event, AdapterChanged):
+            self._call_soon(self._resolve_ack, event.command_id, event.error)
         elif isinstance(event, CoreReady):
             self.info, self.status = event.info, "ready"
         elif isinstance(event, LoadFailed):

@@ -18,14 +18,16 @@ import torch
 
 from octavo.engine.core_messages import (
     AbortRequests,
-    AddRequests,
     Admitted,
     CoreReady,
     CoreStopped,
+    LoadAdapter,
     LoadFailed,
     StepDone,
     Stop,
+    UnloadAdapter,
     admit,
+    change_adapter,
 )
 from octavo.engine.engine_info import read_engine_info
 
@@ -102,12 +104,15 @@ def _serve(engine: Any, inbox: Inbox, emit: Emit) -> None:
             emit(StepDone(outputs, engine.stats()))
 
 
-def _apply(engine: Any, command: AddRequests | AbortRequests, emit: Emit) -> bool:
+def _apply(engine: Any, command: Any, emit: Emit) -> bool:
     """Run one command; True when it left outputs to report (aborted or undone requests)."""
     if isinstance(command, AbortRequests):
         for request_id in command.request_ids:
             engine.abort_request(request_id)
         return True
+    if isinstance(command, LoadAdapter | UnloadAdapter):
+        emit(change_adapter(engine, command))
+        return False
     error = admit(engine, command)
     emit(Admitted(command.batch_id, len(command.requests), error))
     return error is not None

@@ -1,7 +1,8 @@
 """What the API side and the engine core say to each other, and how a core admits requests.
 
-Commands go to the core (``AddRequests``, ``AbortRequests``, ``STOP``); events come back
-(``CoreReady``, ``LoadFailed``, ``Admitted``, ``StepDone``, ``CoreStopped``). All are plain
+Commands go to the core (``AddRequests``, ``AbortRequests``, ``LoadAdapter``,
+``UnloadAdapter``, ``STOP``); events come back (``CoreReady``, ``LoadFailed``,
+``Admitted``, ``AdapterChanged``, ``StepDone``, ``CoreStopped``). All are plain
 picklable data, so the core can run on a thread of the server or in its own process.
 """
 
@@ -11,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from octavo.lora_request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,7 @@ class NewRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    lora_request: LoRARequest | None = None
 
 
 @dataclass
@@ -39,6 +42,20 @@ class AddRequests:
 @dataclass
 class AbortRequests:
     request_ids: list[str]
+
+
+@dataclass
+class LoadAdapter:
+    """Check and register a LoRA adapter (answered by ``AdapterChanged``)."""
+
+    command_id: str
+    lora_request: LoRARequest
+
+
+@dataclass
+class UnloadAdapter:
+    command_id: str
+    lora_int_id: int
 
 
 class Stop:
@@ -68,6 +85,14 @@ class Admitted:
 
 
 @dataclass
+class AdapterChanged:
+    """The answer to ``LoadAdapter``/``UnloadAdapter``: ``error`` None when it was done."""
+
+    command_id: str
+    error: Exception | None
+
+
+@dataclass
 class StepDone:
     outputs: list[Any]  # RequestOutput
     stats: Any  # EngineStats after the step
@@ -92,8 +117,9 @@ def admit(engine: Any, command: AddRequests) -> Exception | None:
     try:
         for request in command.requests:
             engine.add_request(
-                request.request_id, request.prompt_token_ids, request.params, command.arrival_time
-            )
+                request.request_id, request.prompt_token_ids, request.params,
+                command.arrival_time, lora_request=request.lora_request,
+            )  # fmt: skip
             added.append(request.request_id)
     except ValueError as error:
         return _undo(engine, added, error)
@@ -107,3 +133,19 @@ def _undo(engine: Any, added: list[str], error: Exception) -> Exception:
     for request_id in added:
         engine.abort_request(request_id)
     return error
+
+
+def change_adapter(engine: Any, command: LoadAdapter | UnloadAdapter) -> AdapterChanged:
+    """Run one adapter command: a bad adapter or an unknown id is a ``ValueError``."""
+    try:
+        if isinstance(command, LoadAdapter):
+            engine.add_lora(command.lora_request)
+        elif not engine.remove_lora(command.lora_int_id):
+            raise ValueError(f"no LoRA adapter with id {command.lora_int_id}")
+    except ValueError as error:
+        return AdapterChanged(command.command_id, error)
+    except Exception as error:
+        logger.exception("changing LoRA adapters failed")
+        failure = AdmissionFailed(f"changing LoRA adapters failed: {error}")
+        return AdapterChanged(command.command_id, failure)
+    return AdapterChanged(command.command_id, None)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from octavo.engine.adapters import StartupAdapters
 
 # A normalizer (NFC, say) may shrink text before it is split into tokens; twice the
 # longest token's length keeps the "cannot fit" bound safely above any real prompt.
@@ -25,6 +27,9 @@ class EngineInfo:
     max_token_chars: int  # characters of text the longest token can stand for
     vocab_size: int = 0  # the model's (logits width; structured output's bitmasks)
     eos_token_ids: frozenset[int] = frozenset()
+    enable_lora: bool = False
+    max_loras: int = 0
+    startup_adapters: StartupAdapters = field(default_factory=StartupAdapters)  # --lora-modules
 
     @property
     def max_prompt_chars(self) -> int:
@@ -51,6 +56,9 @@ def read_engine_info(engine: Any) -> EngineInfo:
         max_token_chars=longest_token_chars(tokenizer),
         vocab_size=engine.vocab_size,
         eos_token_ids=engine.scheduler.limits.eos_token_ids,
+        enable_lora=engine.args.enable_lora,
+        max_loras=engine.args.max_loras,
+        startup_adapters=engine.startup_adapters,
     )
 
 

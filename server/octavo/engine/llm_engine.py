@@ -12,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 
 from octavo.config import EngineArgs
+from octavo.engine.adapters import EngineAdapters, StartupAdapters
 from octavo.engine.builder import build_engine_parts
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_alone
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
 from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
-from octavo.lora.peft_adapter import load_peft_adapter
 from octavo.lora_request import LoRARequest
 from octavo.outputs import ModelRunnerOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -50,7 +51,10 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.spec_log = SpecDecodeLog()
-        self.adapter_paths: dict[int, str] = {}  # LoRA adapters checked, by lora_int_id
+        self.adapters = EngineAdapters(
+            args.enable_lora, parts.config, args.max_lora_rank, self.scheduler
+        )
+        self.startup_adapters: StartupAdapters = self.adapters.load_modules(args.lora_modules or [])
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(
@@ -101,19 +105,21 @@ class LLMEngine:
             )
 
     def _check_adapter(self, lora_request: LoRARequest | None) -> None:
-        """A LoRA adapter is read and checked against the model once per id (ValueError
-        naming the problem); the workers load it into a slot when it is scheduled."""
-        if lora_request is None:
-            return
-        if not self.args.enable_lora:
-            raise ValueError("LoRA adapters need an engine started with enable_lora")
-        known = self.adapter_paths.get(lora_request.lora_int_id)
-        if known == lora_request.lora_path:
-            return
-        if known is not None:
-            raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already {known}")
-        load_peft_adapter(lora_request.lora_path, self.parts.config, self.args.max_lora_rank)
-        self.adapter_paths[lora_request.lora_int_id] = lora_request.lora_path
+        if lora_request is not None:
+            self.adapters.add(lora_request)
+
+    # ----- LoRA adapters (vLLM's names) ----------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check and register an adapter; ValueError naming what is wrong with it."""
+        self.adapters.add(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (running requests finish with it); False if unknown."""
+        return self.adapters.remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return set(self.adapters.known)
 
     def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
         seq = Sequence(
@@ -284,12 +290,19 @@ class LLMEngine:
             prompt_tokens=self.prompt_tokens_total,
             generation_tokens=self.generation_tokens_total,
             spec_decode=self._spec_counters(),
+            max_loras=self.args.max_loras if self.args.enable_lora else 0,
+            running_loras=_adapter_names(self.scheduler.running),
+            waiting_loras=_adapter_names(self.scheduler.waiting),
         )
 
     def _spec_counters(self) -> SpecDecodeCounters | None:
         if self.args.speculative_config is None:
             return None
         return self.scheduler.spec_counters.copy()  # the engine goes on counting
+
+
+def _adapter_names(seqs: Iterable[Sequence]) -> tuple[str, ...]:
+    return tuple(sorted({s.lora_request.lora_name for s in seqs if s.lora_request is not None}))
 
 
 def _owners(step: SchedulerOutput, seqs: dict[int, Sequence]) -> dict[int, str]:
@@ -315,4 +328,5 @@ def _only_requests(
         decodes=[s for s in step.decodes if keep(s.seq_id)],
         new_sequences=[d for d in step.new_sequences if keep(d.seq_id)],
         block_copies=step.block_copies,
+        unloaded_lora_ids=step.unloaded_lora_ids,
     )

@@ -21,3 +21,6 @@ class EngineStats:
     prompt_tokens: int  # counter
     generation_tokens: int  # counter
     spec_decode: SpecDecodeCounters | None = None  # with speculative decoding on (counters)
+    max_loras: int = 0  # adapters in one step; 0 with LoRA off
+    running_loras: tuple[str, ...] = ()  # adapters of running requests, by name (sorted)
+    waiting_loras: tuple[str, ...] = ()

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from octavo.model_executor.hub import download_snapshot, parse_hub_model
 from octavo.model_executor.model_config import ModelConfig
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -33,7 +34,7 @@ class PeftAdapter:
 
 def load_peft_adapter(path: str, config: ModelConfig, max_rank: int) -> PeftAdapter:
     """The adapter at ``path``; ValueError naming what is wrong with it."""
-    folder = Path(path)
+    folder = adapter_folder(path)
     settings = _settings(folder)
     rank = int(settings.get("r", 0))
     if not 1 <= rank <= max_rank:
@@ -44,6 +45,21 @@ def load_peft_adapter(path: str, config: ModelConfig, max_rank: int) -> PeftAdap
     weights = _weights(folder, path)
     _check_shapes(weights, config, path)
     return PeftAdapter(rank, scaling, weights)
+
+
+def adapter_folder(path: str) -> Path:
+    """A local folder, ``file://PATH`` or ``hf://ORG/NAME[@REV]`` (downloaded to the hub
+    cache unless ``HF_HUB_OFFLINE``); ValueError when it is none of them."""
+    try:
+        hub = parse_hub_model(path)
+    except ValueError as error:
+        raise ValueError(f"LoRA adapter {path}: {error}") from None
+    if hub is not None:
+        return download_snapshot(hub, marker="adapter_config.json")
+    folder = Path(path.removeprefix("file://")).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"LoRA adapter {path}: no such folder")
+    return folder
 
 
 def _settings(folder: Path) -> dict:

@@ -53,3 +53,9 @@ class AdapterSlots:
         while len(self.cpu) > self.max_cpu_loras:
             self.cpu.popitem(last=False)
         return adapter
+
+    def forget(self, lora_int_ids: list[int]) -> None:
+        """Drop removed adapters from the slots and from CPU memory."""
+        for lora_int_id in lora_int_ids:
+            self.slots.pop(lora_int_id, None)
+            self.cpu.pop(lora_int_id, None)

@@ -99,12 +99,13 @@ def hub_cache_dir() -> Path:
     return Path(configured) if configured else cache_root() / "hf"
 
 
-def download_snapshot(hub: HubModel) -> Path:
-    """The local snapshot folder of ``hub``, downloaded unless offline; ValueError if absent."""
+def download_snapshot(hub: HubModel, marker: str = "config.json") -> Path:
+    """The local snapshot folder of ``hub``, downloaded unless offline; ValueError if absent
+    or without ``marker`` (a LoRA adapter's is adapter_config.json)."""
     offline = hub_offline()
     folder = Path(_snapshot_download(hub, offline))
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"model {hub.uri!r}: the snapshot {folder} has no config.json")
+    if not (folder / marker).is_file():
+        raise ValueError(f"model {hub.uri!r}: the snapshot {folder} has no {marker}")
     logger.info("model %s resolved to %s", hub.uri, folder)
     return folder
 

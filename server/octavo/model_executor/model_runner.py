@@ -90,6 +90,7 @@ class AdapterSlotSource(Protocol):
     state: LoRAState
 
     def slot_of(self, request: LoRARequest, in_use: set[int]) -> int: ...
+    def forget(self, lora_int_ids: list[int]) -> None: ...
 
 
 class ModelRunner:
@@ -160,6 +161,8 @@ class ModelRunner:
         return output
 
     def _update_states(self, step: SchedulerOutput) -> None:
+        if self.loras is not None and step.unloaded_lora_ids:  # every rank, same step
+            self.loras.forget(step.unloaded_lora_ids)
         for seq_id in step.finished_seq_ids:  # every rank: the LM head's rows must agree
             self.scoring.pop(seq_id, None)
             self.lora_of.pop(seq_id, None)

@@ -55,6 +55,7 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination)
     finished_seq_ids: list[int] = field(default_factory=list)  # the runner may forget these
     preempted_seq_ids: list[int] = field(default_factory=list)
+    unloaded_lora_ids: list[int] = field(default_factory=list)  # adapters the workers drop
 
     @property
     def scheduled(self) -> list[ScheduledSequence]:

@@ -82,6 +82,7 @@ class Scheduler:
         self.spec_counters = SpecDecodeCounters()
         self.speculation = SpeculationPolicy()
         self.max_loras = 1  # distinct LoRA adapters in one step
+        self.lora_unloads: set[int] = set()  # removed adapters the workers may drop once unused
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence by id
@@ -108,7 +109,16 @@ class Scheduler:
             self._place(out, planned)
         out.block_copies = self.kv.take_pending_copies()
         out.finished_seq_ids, self._finished_ids = self._finished_ids, []
+        out.unloaded_lora_ids = self._unloads_ready()
         return out
+
+    def _unloads_ready(self) -> list[int]:
+        """Removed adapters no unfinished sequence uses any more (told to the workers once)."""
+        if not self.lora_unloads:
+            return []
+        ready = self.lora_unloads - {seq.lora_id for seq in self.seqs.values()}
+        self.lora_unloads -= ready
+        return sorted(ready)
 
     def _schedule_running(
         self, out: SchedulerOutput, plan: list[PlannedSequence], budget: int

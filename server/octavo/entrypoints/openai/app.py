@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 import octavo
 from octavo.engine.async_engine import AsyncEngine, EngineCore
-from octavo.entrypoints.openai import ops_routes, routes
+from octavo.entrypoints.openai import lora_routes, ops_routes, routes
 from octavo.entrypoints.openai.auth import ApiKeyMiddleware
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.errors import install_error_handlers
@@ -50,6 +50,7 @@ def build_app(
     install_error_handlers(app)
     app.include_router(routes.router)
     app.include_router(ops_routes.router)
+    app.include_router(lora_routes.router)
     # add_middleware puts each new one outermost: request ids wrap everything.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(ConcurrencyLimitMiddleware, limit=config.limit_concurrency)

@@ -8,11 +8,13 @@ from fastapi import Request
 
 from octavo.engine.async_engine import AsyncEngine
 from octavo.engine.engine_info import EngineInfo
+from octavo.entrypoints.openai.adapters import ServedAdapters
 from octavo.entrypoints.openai.errors import APIError, bad_request
 from octavo.entrypoints.openai.logprobs_format import TokenDecoder
 from octavo.entrypoints.openai.metrics import ServerMetrics
 from octavo.entrypoints.openai.structured_outputs import GrammarChecker
 from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
+from octavo.lora_request import LoRARequest
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_LIMIT_CONCURRENCY = 512
@@ -49,18 +51,41 @@ class ServerContext:
     tokenizers: TokenizerPool = field(default_factory=TokenizerPool)
     grammars: GrammarChecker = field(default_factory=GrammarChecker)
     _decoder: TokenDecoder | None = field(default=None, repr=False)
+    _adapters: ServedAdapters | None = field(default=None, repr=False)
 
-    def check_model(self, model: str | None) -> None:
-        """A request may omit ``model``; if it names one, it must be a served name."""
-        if model is not None and model not in self.config.served_model_names:
-            raise APIError(
-                404,
-                f"The model '{model}' does not exist; this server serves "
-                f"{', '.join(repr(name) for name in self.config.served_model_names)}.",
-                type="invalid_request_error",
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """A request may omit ``model``; if it names one, it must be a served name (None:
+        the base model) or a served LoRA adapter's (its ``LoRARequest``); else 404."""
+        if model is None or model in self.config.served_model_names:
+            return None
+        if self.engine.info is None:  # adapters are known once the engine has loaded
+            self.engine.check_available()
+        adapter = self.adapters().by_name.get(model)
+        if adapter is not None:
+            return adapter
+        served = [*self.config.served_model_names, *self.adapters().by_name]
+        raise APIError(
+            404,
+            f"The model '{model}' does not exist; this server serves "
+            f"{', '.join(repr(name) for name in served)}.",
+            type="invalid_request_error",
+            param="model",
+            code="model_not_found",
+        )
+
+    def response_model(self, model: str | None) -> str:
+        """What a response reports in ``model``: the adapter's name, else the first name."""
+        if model is not None and self.engine.info is not None and model in self.adapters().by_name:
+            return model
+        return self.config.model_name
+
+    def adapters(self) -> ServedAdapters:
+        """The served LoRA adapters (none before the engine has loaded)."""
+        if self._adapters is None:
+            if self.engine.info is None:
+                return ServedAdapters(False, {}, 1)
+            self._adapters = ServedAdapters.from_info(self.engine.info)
+        return self._adapters
 
     def ready_info(self) -> EngineInfo:
         """The loaded engine's facts, or a 503 while loading/draining/dead."""

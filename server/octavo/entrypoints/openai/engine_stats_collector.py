@@ -40,6 +40,9 @@ SPEC_DECODE_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 SPEC_DECODE_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# With LoRA on, vLLM's info gauge: its value is when the labels were last seen.
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+LORA_INFO_LABELS = ["max_lora", "waiting_lora_adapters", "running_lora_adapters"]
 
 
 class EngineStatsCollector(Collector):
@@ -49,10 +52,12 @@ class EngineStatsCollector(Collector):
         self.model_name = model_name
         self._created = time.time()  # the counters count from the engine's start
         self._latest: EngineStats | None = None
+        self._latest_time = self._created
 
     def update(self, stats: EngineStats) -> None:
         """Keep ``stats`` for the next scrape (called on the engine thread)."""
         self._latest = stats  # one reference swap: a scrape sees the old or the new whole
+        self._latest_time = time.time()
 
     def collect(self) -> Iterator[Metric]:
         stats, labels = self._latest, [self.model_name]
@@ -67,6 +72,18 @@ class EngineStatsCollector(Collector):
             yield counter
         if stats is not None and stats.spec_decode is not None:
             yield from self._spec_decode(stats.spec_decode)
+        if stats is not None and stats.max_loras > 0:
+            yield self._lora_info(stats)
+
+    def _lora_info(self, stats: EngineStats) -> Metric:
+        gauge = GaugeMetricFamily(
+            LORA_REQUESTS_INFO, "Running and waiting LoRA adapters, by name.",
+            labels=LORA_INFO_LABELS,
+        )  # fmt: skip
+        labels = [str(stats.max_loras), ",".join(stats.waiting_loras),
+                  ",".join(stats.running_loras)]  # fmt: skip
+        gauge.add_metric(labels, self._latest_time)
+        return gauge
 
     def _spec_decode(self, counters: SpecDecodeCounters) -> Iterator[Metric]:
         labels = [self.model_name]

@@ -135,6 +135,8 @@ def add_options(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> 
     """Add every option, its default taken from the environment when set there."""
     for option in OPTIONS:
         default = environ.get(option.env, option.default)
+        if option.kind == "list" and isinstance(default, str):
+            default = _split_list(default)  # argparse would convert the whole text as one
         shown = "(set)" if option.secret and default else default
         help_text = option.help if shown is None else f"{option.help} (default: {shown})"
         help_text += f" [env {option.env}]"
@@ -157,6 +159,10 @@ def add_options(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> 
         )
 
 
+def _split_list(text: str) -> list[str]:
+    return [item for item in re.split(r"[,\s]+", text) if item]
+
+
 def _env_bool(value: Any) -> Any:
     """Environment booleans are converted here; a bad one is reported by ``finish``."""
     if isinstance(value, str):
@@ -173,8 +179,10 @@ def finish(args: argparse.Namespace) -> None:
         value = getattr(args, option.dest)
         if option.kind == "bool" and not isinstance(value, bool):
             raise ValueError(f"{option.env} must be true or false, got {value!r}")
-        if option.kind == "list" and isinstance(value, str):
-            setattr(args, option.dest, [n for n in re.split(r"[,\s]+", value) if n])
+        if option.kind == "list" and value is not None:  # from the environment: text
+            items = _split_list(value) if isinstance(value, str) else value
+            setattr(args, option.dest, [option.type(v) if isinstance(v, str) else v
+                                        for v in items])  # fmt: skip
 
 
 def env_epilog() -> str:
@@ -184,7 +192,8 @@ def env_epilog() -> str:
         f"Every option can also be set from the environment: {MODEL_ENV} for MODEL and "
         f"OCTAVO_<FLAG> for --<flag> (upper case, '-' -> '_'): {names}. Booleans accept "
         "1/0, true/false, yes/no, on/off; OCTAVO_SERVED_MODEL_NAME takes a comma-separated "
-        "list. A flag given on the command line wins over its environment variable. "
+        "list, and OCTAVO_LORA_MODULES a comma- or space-separated list of NAME=PATH. "
+        "A flag given on the command line wins over its environment variable. "
         "OCTAVO_CACHE sets where the embedded model is cached (OCTAVO_BAKED_MODELS names "
         "read-only folders searched first) and, unless HF_HUB_CACHE is set, where hub "
         "models are downloaded ($OCTAVO_CACHE/hf); HF_HUB_OFFLINE=1 loads hub models from "

@@ -32,8 +32,15 @@ async def chat_completions(
 async def models(context: Context) -> ModelList:
     info = context.engine.info
     max_model_len = info.max_model_len if info is not None else None
+    root = context.config.model_root
     cards = [
-        ModelCard(id=name, root=context.config.model_root, max_model_len=max_model_len)
+        ModelCard(id=name, root=root, max_model_len=max_model_len)
         for name in context.config.served_model_names
     ]
+    parent = context.config.model_name
+    for name, adapter in context.adapters().by_name.items():
+        card = ModelCard(
+            id=name, root=adapter.lora_path, parent=parent, max_model_len=max_model_len
+        )
+        cards.append(card)
     return ModelList(data=cards)

@@ -84,7 +84,7 @@ class ChatJob:
 async def create_chat_completion(
     body: ChatCompletionRequest, raw_request: Request, context: ServerContext
 ) -> Response:
-    context.check_model(body.model)
+    adapter = context.check_model(body.model)
     info = context.ready_info()
     context.check_fan_out(body.n, info, "n")
     config = context.config
@@ -100,14 +100,14 @@ async def create_chat_completion(
     job = ChatJob(
         body=body,
         response_id=f"chatcmpl-{uuid.uuid4().hex}",
-        model_name=context.config.model_name,
+        model_name=context.response_model(body.model),
         num_prompt_tokens=len(token_ids),
         decoder=context.decoder(),
         tools=tools,
     )
     constraint = await checked_constraint(body, info, context, tools.constraint())
     params = to_sampling_params(body, max_tokens, job.num_top_logprobs, constraint)
-    streams = await open_streams(context.engine, job.response_id, [token_ids], [params])
+    streams = await open_streams(context.engine, job.response_id, [token_ids], [params], adapter)
     if body.stream:
         return sse_response(_stream(job, streams[0]))
     try:

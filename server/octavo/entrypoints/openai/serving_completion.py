@@ -77,7 +77,7 @@ class CompletionJob:
 async def create_completion(
     body: CompletionRequest, raw_request: Request, context: ServerContext
 ) -> Response:
-    context.check_model(body.model)
+    adapter = context.check_model(body.model)
     info = context.ready_info()
     items = prompt_items(body.prompt)
     context.check_fan_out(len(items) * body.n, info, "prompt")
@@ -93,13 +93,13 @@ async def create_completion(
     job = CompletionJob(
         body=body,
         response_id=f"cmpl-{uuid.uuid4().hex}",
-        model_name=context.config.model_name,
+        model_name=context.response_model(body.model),
         prompts=prompts,
         decoder=context.decoder(),
         tokenizer=info.tokenizer,
     )
     streams = await open_streams(
-        context.engine, job.response_id, [p.token_ids for p in prompts], params
+        context.engine, job.response_id, [p.token_ids for p in prompts], params, adapter
     )
     if body.stream:
         return sse_response(_stream(job, streams))

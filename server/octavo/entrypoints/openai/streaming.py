@@ -15,6 +15,7 @@ from octavo.engine.async_engine import AsyncEngine, EngineDead
 from octavo.engine.core_messages import NewRequest
 from octavo.engine.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.entrypoints.openai.errors import bad_request, error_body
+from octavo.lora_request import LoRARequest
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -99,11 +100,13 @@ async def open_streams(
     base_id: str,
     prompts: list[list[int]],
     params: list[SamplingParams],
+    lora_request: LoRARequest | None = None,
 ) -> list[RequestStream]:
     """One engine request per prompt, all admitted in one command (or none of them)."""
+    ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
     requests = [
-        NewRequest(base_id if len(prompts) == 1 else f"{base_id}-{index}", token_ids, sampling)
-        for index, (token_ids, sampling) in enumerate(zip(prompts, params, strict=True))
+        NewRequest(request_id, token_ids, sampling, lora_request)
+        for request_id, token_ids, sampling in zip(ids, prompts, params, strict=True)
     ]
     try:
         return await engine.add_requests(base_id, requests)
