@@ -694,7 +694,7 @@ def test_tensor_parallel_example_autoscales() -> None:
         "metric": "requestsWaiting",
         "target": 5,
     }
-    assert "replicas" not in spec, "replicas and autoscaling are exclusive"
+    assert "replicas" not in spec, "with autoscaling, replicas is the autoscaler's (GitOps-safe)"
 
 
 def test_chart_example_is_the_smollm2_manifest(helm: Helm) -> None:

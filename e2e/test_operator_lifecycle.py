@@ -74,14 +74,14 @@ def test_apply_creates_children_and_reports_ready(
     assert hpa.spec.scale_target_ref.name == "chat"
     dep = children["Deployment"]()
     assert dep.metadata.owner_references[0].kind == "InferenceService"
-    assert dep.spec.replicas == 2  # autoscaling starts at minReplicas, seeded into spec
+    assert dep.spec.replicas == 2  # spec.replicas defaults to 1: clamped up to minReplicas
 
     obj = isvc.wait_condition(custom, namespace, "chat", "Ready", "True", "Serving")
     status = obj["status"]
     assert status["url"] == f"http://chat.{namespace}.svc.cluster.local:8000/v1"
     assert status["readyReplicas"] == 2 and status["replicas"] == 2
     assert status["observedGeneration"] == obj["metadata"]["generation"]
-    assert obj["spec"]["replicas"] == 2
+    assert obj["spec"]["replicas"] in (1, 2), "the CRD's default, or the HPA's /scale write"
     assert isvc.condition(obj, "Degraded")["status"] == "False"
 
     table = kubectl("get", "isvc", "chat", "-n", namespace).stdout.splitlines()

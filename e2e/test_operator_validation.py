@@ -15,10 +15,6 @@ EXTRA_ARGS_REFUSED = (
 INVERTED_LOOKUP = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
                    "prompt_lookup_max": 2}  # fmt: skip
 INVALID = {
-    "replicas-and-autoscaling": (
-        {"replicas": 2, "autoscaling": {"maxReplicas": 3}},
-        "replicas and autoscaling are exclusive",
-    ),
     "max-below-min": (
         {"autoscaling": {"minReplicas": 4, "maxReplicas": 2}},
         "maxReplicas must be >= autoscaling.minReplicas",

@@ -58,7 +58,9 @@ def test_defaults_are_in_the_schema():
     }
     assert props["drain"]["default"] == {"preStopSeconds": 10, "terminationGracePeriodSeconds": 60}
     assert props["startup"]["default"] == {"timeoutSeconds": 1800}
-    assert "default" not in props["replicas"]  # a default would clash with autoscaling
+    # The autoscaler starts from it through /scale: the operator never writes spec.replicas
+    # (GitOps tools own the spec), and clamps the Deployment into the autoscaling range.
+    assert props["replicas"]["default"] == 1
 
 
 def test_rbac_rules_are_exact():

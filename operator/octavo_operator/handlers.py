@@ -149,6 +149,14 @@ def reconcile_isvc(
         ctl.write_status(owner, observe(ctl, key, owner, kwargs))
 
 
+@kopf.on.event(*ISVC)
+def on_isvc_event(event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo,
+                  **_: Any) -> None:  # fmt: skip
+    """A deleted InferenceService leaves nothing behind in the operator's memory."""
+    if event.get("type") == "DELETED":
+        memo.controller.forget((namespace, name))
+
+
 def owner_of(isvc_index: kopf.Index, key: Key) -> dict[str, Any] | None:
     owner = first(isvc_index.get(key))
     if owner is None or (owner.get("metadata") or {}).get("deletionTimestamp"):

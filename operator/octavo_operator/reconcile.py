@@ -67,6 +67,12 @@ class Controller:
     def lock(self, key: Key) -> threading.Lock:
         return self._locks[key]
 
+    def forget(self, key: Key) -> None:
+        """Drop what is kept about a deleted InferenceService (memory stays bounded)."""
+        self.applied.pop(key, None)
+        self.adapter_reports.pop(key, None)
+        self._locks.pop(key, None)
+
     def api_key(self, isvc: InferenceService) -> str | None:
         """The key of spec.apiKeySecretRef (to call the pods' adapter routes); None without."""
         if isvc.api_key is None:
@@ -81,7 +87,6 @@ class Controller:
         started = time.perf_counter()
         applied = Applied(generation=isvc.generation)
         try:
-            self._seed_replicas(isvc, body)
             self._apply_children(isvc, applied, check_all=trigger == "resume")
         except client.ApiException as error:
             applied.error = f"{error.status}: {api_error_message(error)}"
@@ -116,15 +121,6 @@ class Controller:
                 logger.info(
                     "deleted %s %s/%s (off in the spec)", ref.kind, isvc.namespace, ref.name
                 )
-
-    def _seed_replicas(self, isvc: InferenceService, body: dict[str, Any]) -> None:
-        """An autoscaler does not scale a target whose /scale reports 0 replicas: start the
-        InferenceService at minReplicas when autoscaling is on and replicas is unset."""
-        if isvc.autoscaling is None or isvc.replicas is not None:
-            return
-        path = object_path(c.API_VERSION, c.KIND, isvc.namespace, isvc.name)
-        self.kube.merge_patch(path, {"spec": {"replicas": isvc.autoscaling.min_replicas}})
-        body.setdefault("spec", {})["replicas"] = isvc.autoscaling.min_replicas
 
     def drifted(self, key: Key, child: dict[str, Any], deleted: bool) -> bool:
         """Did someone else delete or change this child since our last apply?"""

@@ -89,13 +89,6 @@ def scheduling_schemas() -> dict[str, Schema]:
 def spec_rules() -> list[dict[str, Any]]:
     return [
         rule(
-            "oldSelf.hasValue() || !(has(self.replicas) && has(self.autoscaling))",
-            "replicas and autoscaling are exclusive: set either replicas or "
-            "autoscaling.minReplicas/maxReplicas (the autoscaler then writes replicas "
-            "through /scale)",
-            optionalOldSelf=True,
-        ),
-        rule(
             "!has(self.resources.gpu) || (self.resources.gpu == 0 ? "
             "self.engine.tensorParallelSize * self.engine.pipelineParallelSize == 1 : "
             "self.engine.tensorParallelSize * self.engine.pipelineParallelSize "
@@ -120,7 +113,14 @@ def spec_schema() -> Schema:
             pattern=r"^[^\s]+$",
             maxLength=512,
         ),
-        "replicas": integer(0, 1000, description="replicas; written by HPA/KEDA via /scale"),
+        "replicas": integer(
+            0,
+            1000,
+            description="replicas (default 1); with autoscaling, the autoscaler's: HPA/KEDA "
+            "write it through /scale and the operator keeps the Deployment within "
+            "[minReplicas, maxReplicas]. Leave it out of GitOps manifests when autoscaling",
+            default=1,
+        ),
         "engine": engine_schema(),
         "adapters": adapters_schema(),
         "resources": resources_schema(),

@@ -8,9 +8,10 @@ of A and the whole B, with the rank-sized intermediate all-reduced before B.
 
 Each step the runner sets ``LoRAState.batch``: the rows of the step that use each slot.
 The delta of a slot's rows is ``(x A^T) B^T`` (B pre-scaled), added to the base output;
-rows of the base model get none. In torch (CPU, fp32 weights): every row against every
-slot in one shrink matmul, each row's own slot kept by a mask, then one expand matmul per
-slice — a fixed number of GEMMs per layer however many adapters the step mixes. On GPU,
+rows of the base model get none, and a layer no adapter of the step adapts is skipped.
+In torch (CPU, fp32 weights): every row against every slot and slice in one shrink
+matmul, each row's own slot kept by a mask, then one expand matmul against a block
+matrix of every B — two GEMMs per layer however many adapters the step mixes. On GPU,
 two Triton launches for all rows and slices (``lora_kernels``), each row reading its
 slot's A and B (Punica/S-LoRA's gather-and-batched-matmul).
 """
@@ -31,14 +32,14 @@ from octavo.model_executor.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from octavo.model_executor.layers.lora_gemm import LoRAGemms
 
 
 @dataclass
 class LoRABatch:
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (slot, row ids)
     slots: torch.Tensor | None = field(default=None, repr=False, compare=False)  # row_slots
-    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False,
-                                                   compare=False)  # fmt: skip
+    masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def row_slots(self, num_rows: int, device: torch.device) -> torch.Tensor:
         """Each row's slot (int32, ``-1``: base model); made once, shared by every layer."""
@@ -49,16 +50,20 @@ class LoRABatch:
             self.slots = slots
         return self.slots
 
-    def slot_mask(self, num_rows: int, num_slots: int, device: torch.device,
-                  dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
-        """[rows, slots]: 1 at each row's slot, 0 elsewhere (all 0 for the base model)."""
-        mask = self.masks.get(dtype)
-        if mask is None or mask.shape != (num_rows, num_slots) or mask.device != device:
+    def column_mask(self, num_rows: int, layout: tuple[int, int, int], device: torch.device,
+                    dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+        """[rows, slice * slot * rank]: 1 in the columns of each row's slot, else 0 (all 0
+        for the base model); made once a step for each layout (slices, slots, rank)."""
+        key = (*layout, dtype)
+        mask = self.masks.get(key)
+        if mask is None or mask.shape[0] != num_rows or mask.device != device:
+            num_slices, num_slots, rank = layout
             slots = self.row_slots(num_rows, device).long()
-            mask = torch.zeros(num_rows, num_slots + 1, dtype=dtype, device=device)
-            mask.scatter_(1, (slots % (num_slots + 1)).unsqueeze(1), 1.0)
-            mask = mask[:, :num_slots]  # slot -1 landed in the extra last column
-            self.masks[dtype] = mask
+            one_hot = torch.zeros(num_rows, num_slots + 1, dtype=dtype, device=device)
+            one_hot.scatter_(1, (slots % (num_slots + 1)).unsqueeze(1), 1.0)
+            per_slot = one_hot[:, :num_slots]  # slot -1 landed in the extra last column
+            mask = per_slot[:, None, :, None].expand(-1, num_slices, -1, rank)
+            self.masks[key] = mask = mask.reshape(num_rows, -1).contiguous()
         return mask
 
 
@@ -91,23 +96,32 @@ class LoRALinear(nn.Module):
         self.base, self.slices, self.state = base, slices, state
         self.input_start = input_start  # row-parallel: A's columns start here
         max_loras, max_rank, dtype, device = size
-        dtype = torch.float32 if device.type == "cpu" else dtype  # no bf16 GEMMs on many CPUs
+        self.activation_dtype = dtype
+        if device.type == "cpu":
+            dtype = torch.float32  # kept in fp32; lora_gemm packs bf16 copies where it pays
         a_shape = (max_loras, len(slices), max_rank, base.input_size)
         self.register_buffer("lora_a", torch.zeros(a_shape, dtype=dtype, device=device))
         b_shape = (max_loras, base.output_size, max_rank)
         self.register_buffer("lora_b", torch.zeros(b_shape, dtype=dtype, device=device))
-        bt_shape = (max_loras, max_rank, base.output_size)  # the torch path's B, transposed
-        needs_bt = not (device.type == "cuda" and triton_available())
-        bt = torch.zeros(bt_shape, dtype=dtype, device=device) if needs_bt else None
-        self.register_buffer("lora_bt", bt)
+        # The torch path's copies, ordered (slice, slot, rank): A row by row, and B as a
+        # block matrix whose rows of slice s reach only slice s's output columns.
+        flat_shape = (len(slices), max_loras, max_rank)
+        needs_torch = not (device.type == "cuda" and triton_available())
+        for name, width in (("flat_a", base.input_size), ("block_b", base.output_size)):
+            copy = torch.zeros(*flat_shape, width, dtype=dtype, device=device)
+            self.register_buffer(name, copy if needs_torch else None)
+        self.active = [False] * max_loras  # slots whose adapter adapts this layer
+        self.gemms: LoRAGemms | None = None  # made from flat_a/block_b when first needed
 
     def set_slot(self, slot: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]],
                  scaling: float) -> None:  # fmt: skip
         """Write one adapter's A and scaled B (whole, by module) into ``slot``."""
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
-        if self.lora_bt is not None:
-            self.lora_bt[slot].zero_()
+        if self.flat_a is not None and self.block_b is not None:
+            self.flat_a[:, slot].zero_()
+            self.block_b[:, slot].zero_()
+        self.active[slot], self.gemms = False, None
         for index, piece in enumerate(self.slices):
             if piece.module not in weights:
                 continue
@@ -116,16 +130,19 @@ class LoRALinear(nn.Module):
             if self.input_start is not None:
                 a = a[:, self.input_start : self.input_start + self.base.input_size]
             rows = b[piece.start : piece.start + piece.size] * scaling
+            end = piece.offset + piece.size
             self.lora_a[slot, index, :rank].copy_(a)
-            self.lora_b[slot, piece.offset : piece.offset + piece.size, :rank].copy_(rows)
-            if self.lora_bt is not None:
-                self.lora_bt[slot, :rank, piece.offset : piece.offset + piece.size].copy_(rows.T)
+            self.lora_b[slot, piece.offset : end, :rank].copy_(rows)
+            if self.flat_a is not None and self.block_b is not None:
+                self.flat_a[index, slot, :rank].copy_(a)
+                self.block_b[index, slot, :rank, piece.offset : end].copy_(rows.T)
+            self.active[slot] = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         batch = self.state.batch
-        if batch is None or not batch.groups:
-            return out
+        if batch is None or not any(self.active[slot] for slot, _ in batch.groups):
+            return out  # no row of this step uses an adapter that adapts this layer
         if use_triton(x):
             return self._add_deltas_triton(out, x, batch)
         return self._add_deltas_torch(out, x, batch)
@@ -133,23 +150,18 @@ class LoRALinear(nn.Module):
     def _add_deltas_torch(
         self, out: torch.Tensor, x: torch.Tensor, batch: LoRABatch
     ) -> torch.Tensor:
-        """Every row at once, whatever the adapters: one shrink against every slot, each
-        row keeping its own slot's (the rest masked to zero, all of it for base-model
-        rows), then one expand per slice against every slot's B."""
-        assert self.lora_bt is not None
-        num_slots, num_slices, rank, width = self.lora_a.shape
-        mask = batch.slot_mask(x.shape[0], num_slots, x.device, self.lora_a.dtype)
-        flat_a = self.lora_a.view(num_slots * num_slices * rank, width)
-        shrunk = x.to(flat_a.dtype) @ flat_a.T  # [rows, slot * slice * rank]
+        """Every row at once, whatever the adapters: one shrink against every slot and
+        slice, each row keeping its own slot's (the rest masked to zero, all of it for
+        base-model rows), then one expand against the block matrix of every B."""
+        assert self.flat_a is not None and self.block_b is not None
+        if self.gemms is None:
+            self.gemms = LoRAGemms.of(self.flat_a, self.block_b, self.activation_dtype)
+        layout = self.flat_a.shape[:3]  # slices, slots, rank
+        mask = batch.column_mask(x.shape[0], layout, x.device, self.gemms.dtype)
+        own = self.gemms.shrink(x, mask)  # [rows, slice * slot * rank], others' zeroed
         if self.input_start is not None:  # row-parallel: partial sums over the input
-            shrunk = self.base.tp.all_reduce(shrunk)
-        shrunk = shrunk.view(-1, num_slots, num_slices, rank) * mask[:, :, None, None]
-        for index, piece in enumerate(self.slices):
-            end = piece.offset + piece.size
-            b = self.lora_bt[:, :, piece.offset : end].reshape(num_slots * rank, piece.size)
-            own = shrunk[:, :, index].reshape(-1, num_slots * rank)
-            out[:, piece.offset : end] += (own @ b).to(out.dtype)
-        return out
+            own = self.base.tp.all_reduce(own)
+        return self.gemms.expand_into(out, own)
 
     def _add_deltas_triton(
         self, out: torch.Tensor, x: torch.Tensor, batch: LoRABatch
