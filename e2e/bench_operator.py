@@ -3,8 +3,12 @@
     python -m e2e.bench_operator [--count 100] [--out bench-results/operator]
 
 Reports, for each service, the time from its create call returning to its Deployment
-appearing in a watch (p50/p99/max), the time until every one is Ready, and the operator's
-resident memory (current and peak). Writes operator.json and operator.png.
+appearing in a watch (p50/p99/max), the time until every one is Ready, the operator's
+resident memory (idle, with every service, peak, and once all are deleted again) and its
+status writes. Then the control plane's own share: the same burst with an "ideal
+operator" (each Deployment applied by the creating thread right after its
+InferenceService, no operator running), whose latencies are the floor on this machine.
+Writes operator.json and operator.png.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ def run(count: int, out: Path) -> dict:
     cpu = cpu_seconds(operator.proc.pid) - cpu_at_start
     operator_metrics = scrape(operator.metrics())
     stop.set()
+    rss_deleted = delete_all_and_measure(custom, apps, namespace, operator)
     latencies = [max(0.0, seen[n] - created[n]) for n in created if n in seen]
     result = {
         "count": count,
@@ -107,13 +112,84 @@ def run(count: int, out: Path) -> dict:
         "operator_rss_idle_mib": idle_rss,
         "operator_rss_mib": rss,
         "operator_rss_peak_mib": peak,
+        "operator_rss_after_delete_mib": rss_deleted,
         "operator_cpu_seconds": cpu,
         **operator_metrics,
     }
     operator.stop()
     core.delete_namespace(namespace)
+    floor = control_plane_floor(api, count)
+    result.update(floor_p50_s=statistics.median(floor), floor_p99_s=percentile(floor, 0.99))
+    result["operator_share_of_p99"] = 1 - result["floor_p99_s"] / result["latency_p99_s"]
     write(out, result, latencies)
     return result
+
+
+def delete_all_and_measure(custom: client.CustomObjectsApi, apps: client.AppsV1Api,
+                           namespace: str, operator: OperatorProcess) -> float:  # fmt: skip
+    """Delete every service, wait until the operator has forgotten them; its RSS then."""
+    for item in custom.list_namespaced_custom_object(isvc.GROUP, isvc.VERSION, namespace,
+                                                     isvc.PLURAL)["items"]:  # fmt: skip
+        custom.delete_namespaced_custom_object(isvc.GROUP, isvc.VERSION, namespace,
+                                               isvc.PLURAL, item["metadata"]["name"])  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        tracked = [line for line in operator.metrics().splitlines()
+                   if line.startswith("octavo_operator_tracked_services ")]  # fmt: skip
+        if tracked and float(tracked[0].split()[1]) == 0:
+            break
+        time.sleep(0.5)
+    time.sleep(2)  # let the watch streams settle
+    return rss_mib(operator.proc.pid)[0]
+
+
+def control_plane_floor(api: client.ApiClient, count: int, workers: int = 64) -> list[float]:
+    """Latencies with an ideal operator: the same burst of creates, each InferenceService's
+    Deployment applied by a thread pool as soon as a watch sees it (no kopf, no status,
+    no Service): what this control plane alone takes."""
+    from octavo_operator.api.service import InferenceService
+    from octavo_operator.builders.deployment import deployment
+    from octavo_operator.kube import Kube
+
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    custom, kube = client.CustomObjectsApi(api), Kube(api)
+    namespace = f"bench-floor-{int(time.time())}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    seen: dict[str, float] = {}
+    created: dict[str, float] = {}
+    stop = threading.Event()
+    threading.Thread(target=watch_deployments, args=(apps, namespace, seen, stop)).start()
+    pool = ThreadPoolExecutor(workers)
+
+    def apply_on_sight() -> None:
+        w = watch.Watch()
+        list_isvc = custom.list_namespaced_custom_object
+        for event in w.stream(list_isvc, isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL,
+                              timeout_seconds=120):  # fmt: skip
+            body = event["object"]
+            pool.submit(kube.apply, deployment(InferenceService.from_body(body), isvc.FAKE_IMAGE))
+            if stop.is_set():
+                w.stop()
+
+    threading.Thread(target=apply_on_sight, daemon=True).start()
+    time.sleep(1)  # the watch is open
+
+    def create(i: int) -> None:
+        name = f"svc-{i:03d}"
+        isvc.create(
+            custom, namespace, isvc.manifest(name, {"replicas": 1, "resources": {"gpu": 0}})
+        )
+        created[name] = time.monotonic()
+
+    with ThreadPoolExecutor(16) as creators:
+        list(tqdm(creators.map(create, range(count)), total=count, desc="floor"))
+    deadline = time.monotonic() + 120
+    while len(seen) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    pool.shutdown(wait=False)
+    core.delete_namespace(namespace)
+    return [max(0.0, seen[n] - created[n]) for n in created if n in seen]
 
 
 def wait_no_other_services(custom: client.CustomObjectsApi, timeout: float = 300) -> None:

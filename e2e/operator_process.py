@@ -27,6 +27,7 @@ NAMESPACE = "octavo-e2e"
 SERVICE_ACCOUNT = "octavo-operator-e2e"
 CRD_FILE = REPO_ROOT / "manifests/crds/inferenceservices.octavo.dev.yaml"
 RULES_FILE = REPO_ROOT / "charts/octavo/files/rbac/clusterrole-rules.yaml"
+LEASE_RULES_FILE = REPO_ROOT / "charts/octavo/files/rbac/leader-election-rules.yaml"
 ROLE_NAME = "octavo-operator-e2e"
 
 
@@ -83,6 +84,22 @@ def install_rbac(api: client.ApiClient) -> None:
     }
     _apply(rbac.create_cluster_role_binding, binding)
     rbac.replace_cluster_role_binding(ROLE_NAME, binding)
+    install_lease_role(rbac)
+
+
+def install_lease_role(rbac: client.RbacAuthorizationV1Api) -> None:
+    """The Lease the operator's replicas share, in its own namespace (a Role, as the chart)."""
+    rules = yaml.safe_load(LEASE_RULES_FILE.read_text())
+    role = {"metadata": {"name": ROLE_NAME}, "rules": rules}
+    _apply(rbac.create_namespaced_role, NAMESPACE, role)
+    rbac.replace_namespaced_role(ROLE_NAME, NAMESPACE, role)
+    binding = {
+        "metadata": {"name": ROLE_NAME},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE_NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}],
+    }
+    _apply(rbac.create_namespaced_role_binding, NAMESPACE, binding)
+    rbac.replace_namespaced_role_binding(ROLE_NAME, NAMESPACE, binding)
 
 
 class OperatorProcess:

@@ -131,11 +131,13 @@ def test_watch_namespaces_gives_roles_per_namespace_and_a_small_cluster_role(
         "cluster-scoped-rules.yaml"
     )
     assert find(objects, "ClusterRoleBinding", OPERATOR)["roleRef"]["kind"] == "ClusterRole"
-    roles = find_all(objects, "Role")
+    lease_role, *roles = find_all(objects, "Role")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE, "the Lease: release namespace"
+    assert lease_role["rules"] == load_rules("leader-election-rules.yaml")
     assert [r["metadata"]["namespace"] for r in roles] == ["team-a", "team-b"]
     for role in roles:
         assert role["rules"] == load_rules("namespaced-rules.yaml")
-    bindings = find_all(objects, "RoleBinding")
+    _, *bindings = find_all(objects, "RoleBinding")
     assert [b["metadata"]["namespace"] for b in bindings] == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"] == {

@@ -276,7 +276,7 @@ def test_values_yaml_is_valid_against_its_schema() -> None:
         ),
         (["--set", "resources=small"], "/resources"),
         (["--set", "operator.logFormat=xml"], "/operator/logFormat"),
-        (["--set", "replicaCount=2"], "/replicaCount"),
+        (["--set", "replicaCount=6"], "/replicaCount"),
         (["--set", "unknownKey=1"], "unknownKey"),
     ],
 )
@@ -341,8 +341,14 @@ def test_operator_deployment_defaults(default_objects: list[Obj]) -> None:
     deployment = find(default_objects, "Deployment", OPERATOR)
     assert deployment["metadata"]["namespace"] == NAMESPACE
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2, "one leads, one stands by"
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    args = spec["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args
+    env = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    pdb = find(default_objects, "PodDisruptionBudget", OPERATOR)
+    assert pdb["spec"]["minAvailable"] == 1
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == OPERATOR
     assert pod["automountServiceAccountToken"] is True
@@ -376,9 +382,11 @@ def test_operator_container_command_env_probes_ports(default_objects: list[Obj])
     assert container["command"] == ["octavo-operator"]
     assert container["args"] == [
         "--liveness-port", "8080", "--metrics-port", "8081", "--log-format", "json",
+        "--leader-elect",
     ]  # fmt: skip
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env == {"OCTAVO_OPERATOR_DEFAULT_IMAGE": "ghcr.io/octavo-dev/octavo-server:0.1.0"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env == {"OCTAVO_OPERATOR_DEFAULT_IMAGE": "ghcr.io/octavo-dev/octavo-server:0.1.0",
+                   "POD_NAMESPACE": None, "POD_NAME": None}  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"liveness": 8080, "metrics": 8081}
     for probe in ("livenessProbe", "readinessProbe"):

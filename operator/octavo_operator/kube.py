@@ -26,6 +26,7 @@ PLURALS = {
     "Event": "events",
     "ConfigMap": "configmaps",
     "Secret": "secrets",
+    "Lease": "leases",
     c.KIND: c.PLURAL,
 }
 DISCOVERY_TTL_SECONDS = 30.0

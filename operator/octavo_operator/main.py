@@ -2,6 +2,7 @@
 
 octavo-operator [run] [--namespace NS ...] [--liveness-port 8080] [--metrics-port 8081]
                       [--log-format json|plain] [--default-image IMAGE] [--kubeconfig FILE]
+                      [--leader-elect] [--leader-election-namespace NS]
 octavo-operator selfcheck --operator-url http://octavo-operator:8080/healthz
 """
 
@@ -54,6 +55,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "[env OCTAVO_OPERATOR_DEFAULT_IMAGE]",
     )
     parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, else in-cluster")
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=env.get("OCTAVO_OPERATOR_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
+        help="run as one of several replicas: only the holder of the Lease reconciles "
+        "[env OCTAVO_OPERATOR_LEADER_ELECT]",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        default=env.get("POD_NAMESPACE", "default"),
+        help="where the Lease lives (default: $POD_NAMESPACE, else default)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

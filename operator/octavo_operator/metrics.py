@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
     "octavo_operator_reconciles_total",
@@ -21,4 +21,11 @@ DRIFT_CORRECTIONS = Counter(
     "octavo_operator_drift_corrections_total",
     "Children put back after being deleted or edited by someone else",
     ["kind"],
+)
+LEADER = Gauge(
+    "octavo_operator_leader", "1 while this replica holds the Lease and reconciles (or runs alone)"
+)
+TRACKED_SERVICES = Gauge(
+    "octavo_operator_tracked_services",
+    "InferenceServices the operator keeps state for (back to 0 once they are all deleted)",
 )

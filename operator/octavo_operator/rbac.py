@@ -61,3 +61,8 @@ def cluster_scoped_rules() -> list[dict[str, Any]]:
 
 def _rule(group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
     return {"apiGroups": [group], "resources": [resource], "verbs": verbs}
+
+
+def leader_election_rules() -> list[dict[str, Any]]:
+    """Rights in the operator's own namespace (a Role there): the Lease its replicas share."""
+    return [_rule("coordination.k8s.io", "leases", ["get", "create", "update"])]

@@ -62,6 +62,9 @@ class Controller:
         self.settings = settings
         self.applied: dict[Key, Applied] = {}
         self.adapter_reports: dict[Key, AdapterReport] = {}
+        self.written: dict[Key, dict[str, Any]] = {}  # the last status this process wrote
+        self.statuses: Any = None  # the StatusQueue, set at start-up (handlers.configure)
+        self.drift_checks: Any = None  # a small executor, set at start-up as well
         self._locks: defaultdict[Key, threading.Lock] = defaultdict(threading.Lock)
 
     def lock(self, key: Key) -> threading.Lock:
@@ -71,7 +74,9 @@ class Controller:
         """Drop what is kept about a deleted InferenceService (memory stays bounded)."""
         self.applied.pop(key, None)
         self.adapter_reports.pop(key, None)
+        self.written.pop(key, None)
         self._locks.pop(key, None)
+        metrics.TRACKED_SERVICES.set(len(self.applied))
 
     def api_key(self, isvc: InferenceService) -> str | None:
         """The key of spec.apiKeySecretRef (to call the pods' adapter routes); None without."""
@@ -100,6 +105,7 @@ class Controller:
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
         metrics.RECONCILES.labels(trigger, "ok").inc()
         self.applied[(isvc.namespace, isvc.name)] = applied
+        metrics.TRACKED_SERVICES.set(len(self.applied))
         return applied
 
     def _apply_children(self, isvc: InferenceService, applied: Applied, check_all: bool) -> None:
@@ -138,8 +144,11 @@ class Controller:
     ) -> bool:
         """Patch the status if it changed; post an Event per condition transition."""
         isvc = InferenceService.from_body(body)
+        key = (isvc.namespace, isvc.name)
         fields, conds = compute(isvc, observed)
-        old_status = body.get("status") or {}
+        # The body may predate our last write (its watch event not yet seen): compare
+        # with what we wrote, so an unchanged status is never patched twice.
+        old_status = self.written.get(key) or body.get("status") or {}
         old_conditions = old_status.get("conditions") or []
         generation = observed.applied_generation or isvc.generation
         new_status = {
@@ -156,6 +165,7 @@ class Controller:
                 return False
             raise
         metrics.STATUS_UPDATES.inc()
+        self.written[key] = new_status
         body["status"] = new_status
         if post_events:
             post_transitions(self.kube, body, transitions(old_conditions, conds))

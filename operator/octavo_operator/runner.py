@@ -1,4 +1,6 @@
-"""Start kopf with the operator's handlers, JSON logs, liveness and metrics endpoints."""
+"""Start kopf with the operator's handlers, JSON logs, liveness and metrics endpoints;
+with --leader-elect, only once this replica holds the Lease (a standby answers /healthz
+meanwhile), and stop when the Lease is lost."""
 
 from __future__ import annotations
 
@@ -6,9 +8,17 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
+import threading
 
 import kopf
 from prometheus_client import start_http_server
+
+from octavo_operator import metrics
+from octavo_operator.standby import StandbyHealth
+
+logger = logging.getLogger(__name__)
+LEASE_LOST_EXIT_CODE = 3
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,13 +32,45 @@ def run(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port)
     import octavo_operator.handlers  # noqa: F401  (registers the handlers)
 
+    if not args.leader_elect:
+        metrics.LEADER.set(1)
+        return _operate(args)
+    return _run_as_replica(args)
+
+
+def _operate(args: argparse.Namespace, stop_flag: threading.Event | None = None) -> int:
+    """kopf until a signal, or until ``stop_flag`` is set (the Lease was lost)."""
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
-    asyncio.run(
-        kopf.operator(
-            standalone=True,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            liveness_endpoint=liveness,
-        )
-    )
+    operator = kopf.operator(standalone=True, clusterwide=not args.namespace,
+                             namespaces=args.namespace, liveness_endpoint=liveness,
+                             stop_flag=stop_flag)  # fmt: skip
+    asyncio.run(operator)
     return 0
+
+
+def _run_as_replica(args: argparse.Namespace) -> int:
+    from octavo_operator.kube import Kube, load_api_client
+    from octavo_operator.leader import LeaderLease, LeaseSettings, keep_leading, wait_to_lead
+
+    lease = LeaderLease(Kube(load_api_client(args.kubeconfig)),
+                        LeaseSettings(namespace=args.leader_election_namespace))  # fmt: skip
+    quit_waiting = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: quit_waiting.set())
+    with StandbyHealth(args.liveness_port):
+        if not wait_to_lead(lease, quit_waiting):
+            return 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)  # kopf installs its own handlers
+    metrics.LEADER.set(1)
+    lost, done = threading.Event(), threading.Event()
+    renewer = threading.Thread(target=keep_leading, args=(lease, done, lost.set), daemon=True)
+    renewer.start()
+    try:
+        _operate(args, stop_flag=lost)
+    finally:
+        done.set()
+        metrics.LEADER.set(0)
+        if not lost.is_set():
+            lease.release()
+    return LEASE_LOST_EXIT_CODE if lost.is_set() else 0

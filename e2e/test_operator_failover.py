@@ -1,0 +1,78 @@
+"""Two operator replicas with leader election: one leads (holds the Lease) and reconciles,
+the other stands by and reconciles nothing; kill the leader (SIGKILL: no hand-over) and
+the standby takes over within 15 s, reconciling what changed while nobody led."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from kubernetes import client
+
+from e2e import isvc
+from e2e.helpers import wait_for
+from e2e.operator_process import NAMESPACE, OperatorProcess
+
+TAKEOVER_DEADLINE_SECONDS = 15.0
+ELECT = ("--leader-elect", "--leader-election-namespace", NAMESPACE)
+
+
+def leads(operator: OperatorProcess) -> bool:
+    found = re.search(r"^octavo_operator_leader (\S+)$", operator.metrics(), re.M)
+    return bool(found) and float(found.group(1)) == 1.0
+
+
+def reconciles(operator: OperatorProcess) -> float:
+    text = operator.metrics()
+    return sum(float(v) for v in re.findall(r"^octavo_operator_reconciles_total\{.*\} (\S+)$",
+                                             text, re.M))  # fmt: skip
+
+
+def deployment_args(apps: client.AppsV1Api, namespace: str, name: str) -> list[str] | None:
+    try:
+        return (
+            apps.read_namespaced_deployment(name, namespace).spec.template.spec.containers[0].args
+        )
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def test_the_standby_takes_over_when_the_leader_dies(
+    cluster, operator, no_other_operator, namespace, custom, apps, tmp_path
+):
+    replicas = [OperatorProcess(cluster, tmp_path / f"replica-{i}", args=ELECT) for i in (0, 1)]
+    for replica in replicas:
+        replica.start()
+    try:
+        wait_for(lambda: sum(leads(r) for r in replicas) == 1, timeout=30, what="one leader")
+        leader = next(r for r in replicas if leads(r))
+        standby = next(r for r in replicas if r is not leader)
+        isvc.create(custom, namespace, isvc.manifest("before", {"replicas": 1}))
+        wait_for(lambda: deployment_args(apps, namespace, "before"), timeout=15,
+                 what="the leader's Deployment")  # fmt: skip
+        assert reconciles(standby) == 0 and not leads(standby), "the standby reconciles nothing"
+
+        leader.proc.kill()  # no hand-over: the standby waits the lease out
+        killed = time.monotonic()
+        isvc.patch(custom, namespace, "before", {"spec": {"engine": {"maxNumSeqs": 7}}})
+        isvc.create(custom, namespace, isvc.manifest("during", {"replicas": 1}))
+
+        def caught_up() -> bool:
+            args = deployment_args(apps, namespace, "before") or []
+            return (
+                "--max-num-seqs" in args and deployment_args(apps, namespace, "during") is not None
+            )
+
+        wait_for(caught_up, timeout=TAKEOVER_DEADLINE_SECONDS + 15, interval=0.2,
+                 what="the standby reconciling what changed", describe=standby.tail)  # fmt: skip
+        took = time.monotonic() - killed
+        assert leads(standby)
+        assert took < TAKEOVER_DEADLINE_SECONDS, f"takeover took {took:.1f} s"
+        print(f"takeover and catch-up: {took:.1f} s")
+    finally:
+        for replica in replicas:
+            if replica.proc is not None and replica.proc.poll() is None:
+                replica.stop()
+            replica.proc = None
