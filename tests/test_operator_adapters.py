@@ -143,3 +143,14 @@ def test_the_condition_appears_only_with_spec_adapters():
     _, pending = compute(isvc({"adapters": TWO}), Observed())
     (adapters,) = [c for c in pending if c.type == "AdaptersReady"]
     assert adapters.reason == "Pending" and not adapters.status
+
+
+def test_adapter_claims_count_with_the_model_and_cache_claims():
+    service = isvc({"model": {"uri": "pvc://models/llama"}, "cache": {"claimName": "cache"},
+                    "adapters": TWO})  # fmt: skip
+    assert service.claims == [
+        ("model.uri", "models"), ("cache.claimName", "cache"), ("adapters[sql].uri", "loras"),
+    ]  # fmt: skip
+    _, conditions = compute(service, Observed(missing_claims=service.claims[2:]))
+    (degraded,) = [c for c in conditions if c.type == "Degraded"]
+    assert degraded.reason == "ClaimNotFound" and "adapters[sql].uri" in degraded.message

@@ -10,6 +10,7 @@ status reads no API.  Run with `octavo-operator`, or `kopf run -m octavo_operato
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
@@ -119,12 +120,9 @@ def newest(*objs: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def missing_claims(body: dict[str, Any], claim_index: kopf.Index) -> list[tuple[str, str]]:
     isvc = InferenceService.from_body(body)
-    wanted = []
-    if isvc.model.scheme == "pvc":
-        wanted.append(("model.uri", isvc.model.claim_and_path[0]))
-    if isvc.cache is not None and isvc.cache.claim_name:
-        wanted.append(("cache.claimName", isvc.cache.claim_name))
-    return [(role, claim) for role, claim in wanted if (isvc.namespace, claim) not in claim_index]
+    return [
+        (role, claim) for role, claim in isvc.claims if (isvc.namespace, claim) not in claim_index
+    ]
 
 
 def observe(ctl: Controller, key: Key, body: dict[str, Any], indexes: dict[str, Any]) -> Observed:
@@ -281,10 +279,7 @@ def on_claim_event(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) ->
 
 
 def _names_claim(body: dict[str, Any], claim: str) -> bool:
-    isvc = InferenceService.from_body(body)
-    own = isvc.cache.claim_name if isvc.cache else None
-    model = isvc.model.claim_and_path[0] if isvc.model.scheme == "pvc" else None
-    return claim in (own, model)
+    return any(named == claim for _, named in InferenceService.from_body(body).claims)
 
 
 @kopf.on.event(
@@ -293,19 +288,26 @@ def _names_claim(body: dict[str, Any], claim: str) -> bool:
     "customresourcedefinitions",
     when=lambda name, **_: name == SERVICE_MONITOR_CRD,
 )
-def on_monitoring_api(
+async def on_monitoring_api(
     body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, isvc_index: kopf.Index, **_: Any
 ) -> None:
     """The Prometheus Operator's CRD came or went: services asking for a ServiceMonitor get
-    (or stop expecting) one now, not at their next change."""
+    (or stop expecting) one now, not at their next change. Waiting for discovery to catch
+    up happens on the event loop, not on a handler thread."""
     ctl: Controller = memo.controller
     ctl.kube.forget_served()
     if event.get("type") != "DELETED" and not _established(body):
         return  # a later event of this CRD says Established
     deadline = time.monotonic() + DISCOVERY_WAIT_SECONDS
-    while not ctl.kube.served(MONITORING_API, "servicemonitors") and time.monotonic() < deadline:
-        time.sleep(0.5)  # discovery follows Established closely, not at once
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(ctl.kube.served, MONITORING_API, "servicemonitors"):
+            break
+        await asyncio.sleep(0.5)  # discovery follows Established closely, not at once
         ctl.kube.forget_served()
+    await asyncio.to_thread(_reconcile_monitored, ctl, isvc_index)
+
+
+def _reconcile_monitored(ctl: Controller, isvc_index: kopf.Index) -> None:
     for key in list(isvc_index):
         owner = owner_of(isvc_index, key)
         if owner is None or not InferenceService.from_body(owner).monitoring.service_monitor:

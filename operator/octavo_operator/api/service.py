@@ -50,6 +50,20 @@ class InferenceService:
     adapters: tuple[Adapter, ...] | None = None  # None: LoRA off; () on without adapters
 
     @property
+    def claims(self) -> list[tuple[str, str]]:
+        """(field, claim) for every existing PersistentVolumeClaim the pods mount: the
+        model's, the cache's when named, and each pvc:// adapter's."""
+        named = []
+        if self.model.scheme == "pvc":
+            named.append(("model.uri", self.model.claim_and_path[0]))
+        if self.cache is not None and self.cache.claim_name:
+            named.append(("cache.claimName", self.cache.claim_name))
+        for adapter in self.adapters or ():
+            if adapter.scheme == "pvc":
+                named.append((f"adapters[{adapter.name}].uri", adapter.claim_and_path[0]))
+        return named
+
+    @property
     def served_name(self) -> str:
         return self.model.served_name or self.name
 
