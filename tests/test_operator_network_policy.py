@@ -44,3 +44,13 @@ def test_turned_off_it_is_removed():
         out = desired_children(isvc(spec), "img:1", service_monitors_served=False)
         assert "NetworkPolicy" not in [o["kind"] for o in out.apply]
         assert ChildRef("networking.k8s.io/v1", "NetworkPolicy", "chat") in out.remove
+
+
+def test_with_adapters_the_operator_may_reach_the_adapter_routes():
+    spec = {"networkPolicy": {"enabled": True}, "adapters": [{"name": "a", "uri": "hf://o/a"}]}
+    (rule,) = network_policy(isvc(spec))["spec"]["ingress"]
+    assert rule["from"][-1]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "operator"
+    )
+    (plain,) = network_policy(isvc({"networkPolicy": {"enabled": True}}))["spec"]["ingress"]
+    assert len(plain["from"]) == 1, "without adapters the operator needs no way in"

@@ -53,7 +53,20 @@ logger = logging.getLogger(__name__)
 
 
 def plain(body: Any) -> dict[str, Any]:
-    return copy.deepcopy(dict(body))
+    """A copy of ``body`` without ``metadata.managedFields`` (often most of an object)."""
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    return copy.deepcopy({**body, "metadata": meta})
+
+
+def deployment_summary(body: Any) -> dict[str, Any]:
+    """What a status needs of a Deployment: its identity, spec.replicas and status."""
+    meta = body.get("metadata") or {}
+    identity = ("name", "namespace", "generation", "resourceVersion")
+    return copy.deepcopy({
+        "metadata": {k: meta.get(k) for k in identity},
+        "spec": {"replicas": (body.get("spec") or {}).get("replicas")},
+        "status": dict(body.get("status") or {}),
+    })  # fmt: skip
 
 
 def first(store: Any) -> Any:
@@ -95,7 +108,7 @@ def isvc_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
 
 @kopf.index("apps", "v1", "deployments", labels=OWNED)
 def deployment_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels.get(c.INSTANCE_LABEL)): plain(body)}
+    return {(namespace, labels.get(c.INSTANCE_LABEL)): deployment_summary(body)}
 
 
 @kopf.index("", "v1", "pods", labels=OWNED)

@@ -119,7 +119,7 @@ class Controller:
             result = self.kube.apply(obj)
             applied.versions[(obj["kind"], obj["metadata"]["name"])] = child_version(result)
             if obj["kind"] == "Deployment":
-                applied.deployment = result
+                applied.deployment = {k: result.get(k) for k in ("metadata", "spec", "status")}
         for ref in children.remove:
             if not check_all and (ref.kind, ref.name) not in previous:
                 continue
