@@ -197,11 +197,11 @@ class EngineFaults:
     def attach(self, engine) -> None:
         add_request = engine.add_request
 
-        def faulty_add(request_id, prompt, params, arrival_time=None):
+        def faulty_add(request_id, prompt, params, arrival_time=None, **adapter):
             if params.seed in (self.REFUSE_SEED, self.CRASH_SEED) and request_id.endswith("-2"):
                 error = ValueError if params.seed == self.REFUSE_SEED else RuntimeError
                 raise error(f"{self.MESSAGE} while adding {request_id}")
-            add_request(request_id, prompt, params, arrival_time)
+            add_request(request_id, prompt, params, arrival_time, **adapter)
             if params.seed == self.FAIL_SEED:
                 params.min_tokens, params.stop_token_ids = 1, [engine.vocab_size + 1]
 
