@@ -243,17 +243,20 @@ def test_kubectl_apply_manifests_to_openai_call(
     baked_models,
 ):  # fmt: skip
     kubectl("apply", "-f", str(REPO_ROOT / "manifests/crds"), "-f", str(REPO_ROOT / "manifests"))
-    wait_for(
-        lambda: operator_deployment(apps, "octavo-system").status.ready_replicas == 1,
-        timeout=60,
-        what="the operator Deployment from manifests/",
-    )
-    operator = start_operator_like(cluster, apps, "octavo-system", tmp_path / "operator")
+    operator = None
     try:
+
+        def all_ready() -> bool:
+            deployment = operator_deployment(apps, "octavo-system")
+            return deployment.status.ready_replicas == deployment.spec.replicas == 2
+
+        wait_for(all_ready, timeout=60, what="the operator Deployment (2 replicas) from manifests/")
+        operator = start_operator_like(cluster, apps, "octavo-system", tmp_path / "operator")
         serve_example(api_client, custom, kubectl, namespace, tmp_path, baked_models)
         edit_rolls_and_delete_cleans(custom, apps, namespace)
     finally:
-        operator.stop()
+        if operator is not None:
+            operator.stop()
         # Always: manifests/ holds a cluster-wide admission policy that would judge the
         # InferenceServices of every later test.
         kubectl("delete", "-f", str(REPO_ROOT / "manifests"), "--wait=false")

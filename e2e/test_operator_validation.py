@@ -199,4 +199,4 @@ def test_defaults_are_filled_by_the_apiserver(namespace, custom, operator):
     assert spec["engine"]["blockSize"] == 16 and spec["engine"]["tensorParallelSize"] == 1
     assert spec["rollout"] == {"strategy": "RollingUpdate", "maxSurge": 0, "maxUnavailable": 1}
     assert spec["drain"] == {"preStopSeconds": 10, "terminationGracePeriodSeconds": 60}
-    assert "replicas" not in spec
+    assert spec["replicas"] == 1, "defaulted: /scale starts the autoscaler from it"
