@@ -66,6 +66,17 @@ def time_to_first_token(output: RequestOutput) -> float | None:
     return metrics.first_token_time - metrics.arrival_time
 
 
+def per_request_tpot_ms(outputs: list[RequestOutput]) -> list[float]:
+    """Each request's (last token time - first token time) / (tokens - 1), in ms."""
+    per_request = []
+    for out in outputs:
+        times, count = out.metrics, len(out.outputs[0].token_ids)
+        if count > 1 and times.first_token_time is not None and times.last_token_time is not None:
+            seconds = times.last_token_time - times.first_token_time
+            per_request.append(1000 * seconds / (count - 1))
+    return per_request
+
+
 def hit_rate(before: EngineStats, after: EngineStats) -> float | None:
     queries = after.prefix_cache_queries - before.prefix_cache_queries
     if queries <= 0:

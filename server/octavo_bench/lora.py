@@ -34,7 +34,7 @@ from typing import Any
 from octavo import LLM, LoRARequest
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.outputs import RequestOutput
-from octavo_bench.engine_runs import StepTracker, drain, greedy
+from octavo_bench.engine_runs import StepTracker, drain, greedy, per_request_tpot_ms
 from octavo_bench.lora_workloads import TARGET_MODULES, make_adapters, round_robin, user_prompts
 from octavo_bench.offline import default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
@@ -263,9 +263,5 @@ def timed_round(llm: LLM, prompts: list[list[int]], requests: list[LoRARequest |
 
 def mean_tpot_ms(outputs: list[RequestOutput]) -> float | None:
     """Mean over requests of (last token time - first token time) / (tokens - 1), in ms."""
-    per_request = []
-    for out in outputs:
-        times, count = out.metrics, len(out.outputs[0].token_ids)
-        if count > 1 and times.first_token_time is not None and times.last_token_time is not None:
-            per_request.append((times.last_token_time - times.first_token_time) / (count - 1))
-    return 1000 * statistics.fmean(per_request) if per_request else None
+    per_request = per_request_tpot_ms(outputs)
+    return statistics.fmean(per_request) if per_request else None

@@ -25,6 +25,7 @@ from typing import Any
 
 from octavo import LLM, SamplingParams
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo_bench.engine_runs import per_request_tpot_ms
 from octavo_bench.offline import default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
@@ -170,12 +171,8 @@ def run_engine(llm: LLM, variant: str, workload: SpecWorkload, users: int,
 
 
 def _tpot_ms(outputs) -> float | None:
-    per_request = []
-    for out in outputs:
-        times, count = out.metrics, len(out.outputs[0].token_ids)
-        if count > 1 and times.first_token_time is not None and times.last_token_time is not None:
-            per_request.append((times.last_token_time - times.first_token_time) / (count - 1))
-    return 1000 * statistics.median(per_request) if per_request else None
+    per_request = per_request_tpot_ms(outputs)
+    return statistics.median(per_request) if per_request else None
 
 
 def run_hf(folder, workloads: list[SpecWorkload], args, threads: int) -> list[SpecRun]:
