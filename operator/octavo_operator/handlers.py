@@ -177,6 +177,8 @@ def reconcile_isvc(
     ctl: Controller = memo.controller
     key, owner = (namespace, name), plain(body)
     with ctl.lock(key):
+        if owner_of(kwargs["isvc_index"], key) is None:
+            return  # deleted while this event waited: nothing to apply, nothing to keep
         try:
             ctl.reconcile(owner, trigger=str(reason))
         except TransientError as error:
@@ -277,7 +279,10 @@ def on_adapter_timer(
         return
     pods = list(kwargs["pod_index"].get(key, []))
     report = sync_adapters(isvc, pods, lambda url: PodAdapterAPI(url, api_key))
-    ctl.adapter_reports[key] = report
+    with ctl.lock(key):
+        if owner_of(kwargs["isvc_index"], key) is None:
+            return  # deleted meanwhile
+        ctl.adapter_reports[key] = report
     ctl.statuses.request(key, indexes_of(kwargs))
 
 

@@ -71,11 +71,17 @@ class Controller:
         return self._locks[key]
 
     def forget(self, key: Key) -> None:
-        """Drop what is kept about a deleted InferenceService (memory stays bounded)."""
-        self.applied.pop(key, None)
-        self.adapter_reports.pop(key, None)
-        self.written.pop(key, None)
-        self._locks.pop(key, None)
+        """Drop what is kept about a deleted InferenceService (memory stays bounded). Taken
+        under the service's lock: a reconcile or status write in flight finishes first, and
+        the ones after it find the service gone from kopf's index and record nothing."""
+        with self.lock(key):
+            self.applied.pop(key, None)
+            self.adapter_reports.pop(key, None)
+            self.written.pop(key, None)
+            self._locks.pop(key, None)
+            self._count_tracked()
+
+    def _count_tracked(self) -> None:
         metrics.TRACKED_SERVICES.set(len(self.applied))
 
     def api_key(self, isvc: InferenceService) -> str | None:
@@ -99,13 +105,14 @@ class Controller:
             result = "permanent_error" if error.status in PERMANENT_STATUSES else "error"
             metrics.RECONCILES.labels(trigger, result).inc()
             self.applied[(isvc.namespace, isvc.name)] = applied
+            self._count_tracked()
             if result == "error":
                 raise TransientError(applied.error) from error
             return applied
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
         metrics.RECONCILES.labels(trigger, "ok").inc()
         self.applied[(isvc.namespace, isvc.name)] = applied
-        metrics.TRACKED_SERVICES.set(len(self.applied))
+        self._count_tracked()
         return applied
 
     def _apply_children(self, isvc: InferenceService, applied: Applied, check_all: bool) -> None:
