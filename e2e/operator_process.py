@@ -129,10 +129,11 @@ class OperatorProcess:
             self.cluster, namespace, name, self.workdir / "operator.kubeconfig"
         )
         self.liveness_port, self.metrics_port = free_port(), free_port()
+        own_port = () if "--activator-port" in self.args else ("--activator-port", str(free_port()))
         command = [
             sys.executable, "-m", "octavo_operator.main", "--kubeconfig", str(kubeconfig),
             "--liveness-port", str(self.liveness_port), "--metrics-port", str(self.metrics_port),
-            "--log-format", "json", *self.args,
+            "--log-format", "json", *own_port, *self.args,
         ]  # fmt: skip
         env = {**os.environ, **self.env}
         env.pop("KUBECONFIG", None)

@@ -381,14 +381,16 @@ def test_operator_container_command_env_probes_ports(default_objects: list[Obj])
     assert container["image"] == "ghcr.io/octavo-dev/octavo-operator:0.1.0"
     assert container["command"] == ["octavo-operator"]
     assert container["args"] == [
-        "--liveness-port", "8080", "--metrics-port", "8081", "--log-format", "json",
-        "--leader-elect",
+        "--liveness-port", "8080", "--metrics-port", "8081", "--activator-port", "8082",
+        "--log-format", "json", "--leader-elect",
     ]  # fmt: skip
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env == {"OCTAVO_OPERATOR_DEFAULT_IMAGE": "ghcr.io/octavo-dev/octavo-server:0.1.0",
-                   "POD_NAMESPACE": None, "POD_NAME": None}  # fmt: skip
+                   "POD_NAMESPACE": None, "POD_NAME": None, "POD_IP": None}  # fmt: skip
+    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"liveness": 8080, "metrics": 8081}
+    assert ports == {"liveness": 8080, "metrics": 8081, "activator": 8082}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "liveness"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
@@ -434,7 +436,7 @@ def test_operator_cli_accepts_the_rendered_args(
         monkeypatch.setenv("OCTAVO_OPERATOR_DEFAULT_IMAGE", env["OCTAVO_OPERATOR_DEFAULT_IMAGE"])
         args = build_parser().parse_args(container["args"])
         assert args.command is None, "runs the operator (the default command)"
-        assert (args.liveness_port, args.metrics_port) == (8080, 8081)
+        assert (args.liveness_port, args.metrics_port, args.activator_port) == (8080, 8081, 8082)
         assert args.namespace == namespaces
         assert args.log_format == log_format
         assert args.default_image == env["OCTAVO_OPERATOR_DEFAULT_IMAGE"]
@@ -459,7 +461,9 @@ def test_operator_service_and_network_policy(default_objects: list[Obj]) -> None
     assert policy["spec"]["podSelector"]["matchLabels"] == selector
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     allowed = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
-    assert allowed == ["liveness", "metrics"]
+    assert allowed == ["liveness", "metrics", "activator"]
+    activator_rule = policy["spec"]["ingress"][-1]
+    assert "from" not in activator_rule, "clients of services at zero come from anywhere"
 
 
 def test_helm_test_pod_runs_the_selfcheck(default_objects: list[Obj]) -> None:

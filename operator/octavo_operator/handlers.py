@@ -26,7 +26,8 @@ from octavo_operator import constants as c
 from octavo_operator import metrics
 from octavo_operator.adapter_sync import sync_adapters
 from octavo_operator.api.service import InferenceService
-from octavo_operator.kube import Kube, load_api_client
+from octavo_operator.builders.activator_slice import ActivatorAddress
+from octavo_operator.kube import Kube, api_error_message, load_api_client
 from octavo_operator.pod_adapters import PodAdapterAPI
 from octavo_operator.reconcile import Controller, Key, Settings, TransientError
 from octavo_operator.status import Observed
@@ -49,6 +50,7 @@ SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 MONITORING_API = "monitoring.coreos.com/v1"
 DISCOVERY_WAIT_SECONDS = 10
 ADAPTER_SYNC_SECONDS = float(os.environ.get("OCTAVO_OPERATOR_ADAPTER_SYNC_SECONDS", "10"))
+IDLE_CHECK_SECONDS = float(os.environ.get("OCTAVO_OPERATOR_IDLE_CHECK_SECONDS", "10"))
 logger = logging.getLogger(__name__)
 
 
@@ -90,9 +92,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     workers = settings.execution.max_workers
     kube = Kube(load_api_client(os.environ.get("KUBECONFIG") or None, pool_size=workers + 4))
     image = os.environ.get("OCTAVO_OPERATOR_DEFAULT_IMAGE") or c.DEFAULT_SERVER_IMAGE
-    memo.controller = Controller(kube, Settings(default_image=image))
+    memo.controller = Controller(kube, Settings(default_image=image, activator=activator()))
     memo.controller.statuses = StatusQueue(partial(write_status_now, memo.controller))
     memo.controller.drift_checks = ThreadPoolExecutor(4, thread_name_prefix="drift")
+
+
+def activator() -> ActivatorAddress | None:
+    """The activator's address and port, as runner.start_activator left them."""
+    address = os.environ.get("OCTAVO_ACTIVATOR_ADDRESS")
+    port = os.environ.get("OCTAVO_ACTIVATOR_PORT")
+    return ActivatorAddress(address, int(port)) if address and port else None
 
 
 @kopf.on.login()
@@ -284,6 +293,33 @@ def on_adapter_timer(
             return  # deleted meanwhile
         ctl.adapter_reports[key] = report
     ctl.statuses.request(key, indexes_of(kwargs))
+
+
+def _autoscales(spec: kopf.Spec, **_: Any) -> bool:
+    return spec.get("autoscaling") is not None
+
+
+@kopf.timer(*ISVC, interval=IDLE_CHECK_SECONDS, when=_autoscales)
+def on_idle_timer(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
+                  **kwargs: Any) -> None:  # fmt: skip
+    """Scale to zero: an idle service (autoscaling.minReplicas 0) goes to 0 replicas, and
+    while it has no ready pod its traffic goes to the activator (idle_scaler.py)."""
+    ctl: Controller = memo.controller
+    key = (namespace, name)
+    pods = list(kwargs["pod_index"].get(key, []))
+    with ctl.lock(key):
+        if owner_of(kwargs["isvc_index"], key) is None:
+            return
+        try:
+            scaled = ctl.idle.check(plain(body), pods, time.monotonic())
+        except client.ApiException as error:  # tried again at the next tick
+            logger.warning("scale to zero of %s/%s: %s", *key, api_error_message(error))
+            return
+    if scaled:
+        metrics.SCALED_TO_ZERO.inc()
+        after = body["spec"]["autoscaling"].get("scaleToZeroAfterSeconds", 300)
+        message = f"no request for {after} s: replicas 0 until the next request"
+        kopf.event(body, type="Normal", reason="ScaledToZero", message=message)
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")

@@ -27,6 +27,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Secret": "secrets",
     "Lease": "leases",
+    "EndpointSlice": "endpointslices",
     c.KIND: c.PLURAL,
 }
 DISCOVERY_TTL_SECONDS = 30.0

@@ -29,3 +29,16 @@ TRACKED_SERVICES = Gauge(
     "octavo_operator_tracked_services",
     "InferenceServices the operator keeps state for (back to 0 once they are all deleted)",
 )
+SCALED_TO_ZERO = Counter(
+    "octavo_operator_scaled_to_zero_total", "Idle InferenceServices set to 0 replicas"
+)
+ACTIVATOR_REQUESTS = Counter(
+    "octavo_operator_activator_requests_total",
+    "Requests the activator received, by outcome (forwarded, no_service, timeout, error)",
+    ["result"],
+)
+ACTIVATOR_WAIT_SECONDS = Histogram(
+    "octavo_operator_activator_wait_seconds",
+    "Time a request waited in the activator for a ready pod",
+    buckets=(0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600),
+)

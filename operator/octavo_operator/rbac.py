@@ -30,6 +30,11 @@ def namespaced_rules() -> list[dict[str, Any]]:
         # written; kopf records its progress in annotations (a patch of the object).
         _rule(c.GROUP, c.PLURAL, [*WATCH, "patch"]),
         _rule(c.GROUP, f"{c.PLURAL}/status", ["get", "patch", "update"]),
+        # Scale to zero: the idle scaler sets replicas to 0 and the activator back to 1,
+        # through /scale as the HPA does; while at zero an EndpointSlice of the service's
+        # Service points at the activator.
+        _rule(c.GROUP, f"{c.PLURAL}/scale", ["get", "patch"]),
+        _rule("discovery.k8s.io", "endpointslices", [*APPLY, "delete"]),
         # Children, created by server-side apply and watched for drift and status.
         _rule("apps", "deployments", [*WATCH, *APPLY]),
         _rule("", "services", [*WATCH, *APPLY]),

@@ -17,9 +17,11 @@ from octavo_operator import constants as c
 from octavo_operator import metrics
 from octavo_operator.adapter_sync import AdapterReport
 from octavo_operator.api.service import InferenceService
+from octavo_operator.builders.activator_slice import ActivatorAddress
 from octavo_operator.builders.children import desired_children
 from octavo_operator.conditions import merge, transitions
 from octavo_operator.events import now_rfc3339, post_transitions
+from octavo_operator.idle_scaler import IdleScaler
 from octavo_operator.kube import Kube, api_error_message, object_path
 from octavo_operator.status import Observed, compute
 
@@ -48,6 +50,7 @@ class Applied:
 @dataclass(frozen=True)
 class Settings:
     default_image: str = c.DEFAULT_SERVER_IMAGE
+    activator: ActivatorAddress | None = None  # where services at zero send their traffic
 
 
 def child_version(obj: dict[str, Any]) -> str:
@@ -65,6 +68,7 @@ class Controller:
         self.written: dict[Key, dict[str, Any]] = {}  # the last status this process wrote
         self.statuses: Any = None  # the StatusQueue, set at start-up (handlers.configure)
         self.drift_checks: Any = None  # a small executor, set at start-up as well
+        self.idle = IdleScaler(kube, settings.activator)
         self._locks: defaultdict[Key, threading.Lock] = defaultdict(threading.Lock)
 
     def lock(self, key: Key) -> threading.Lock:
@@ -78,6 +82,7 @@ class Controller:
             self.applied.pop(key, None)
             self.adapter_reports.pop(key, None)
             self.written.pop(key, None)
+            self.idle.forget(key)
             self._locks.pop(key, None)
             self._count_tracked()
 

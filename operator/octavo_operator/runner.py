@@ -30,12 +30,31 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port)
+    start_activator(args)
     import octavo_operator.handlers  # noqa: F401  (registers the handlers)
 
     if not args.leader_elect:
         metrics.LEADER.set(1)
         return _operate(args)
     return _run_as_replica(args)
+
+
+def start_activator(args: argparse.Namespace) -> None:
+    """Every replica serves the activator; the leader's address goes into the EndpointSlices
+    of services at zero (handlers.configure reads it from the environment)."""
+    if not args.activator_port:
+        os.environ.pop("OCTAVO_ACTIVATOR_ADDRESS", None)
+        return
+    from octavo_operator.activator import Activator, ActivatorSettings, serve_in_thread
+    from octavo_operator.activator_waker import ServiceWaker
+    from octavo_operator.kube import Kube, load_api_client
+
+    waker = ServiceWaker(Kube(load_api_client(args.kubeconfig)))
+    settings = ActivatorSettings(timeout_seconds=args.activation_timeout)
+    serve_in_thread(Activator(waker, settings), args.activator_port)
+    os.environ["OCTAVO_ACTIVATOR_PORT"] = str(args.activator_port)
+    if args.activator_address:
+        os.environ["OCTAVO_ACTIVATOR_ADDRESS"] = args.activator_address
 
 
 def _operate(args: argparse.Namespace, stop_flag: threading.Event | None = None) -> int:

@@ -132,6 +132,9 @@ def ready(
 ) -> Condition:
     if degrade.status:
         return Condition(READY, False, degrade.reason, degrade.message)
+    if counts.desired == 0 and isvc.scales_to_zero:
+        message = f"idle, no replicas; the first request to {isvc.url} starts one"
+        return Condition(READY, True, "ScaledToZero", message)
     if counts.desired == 0:
         return Condition(READY, False, "ScaledToZero", "replicas is 0")
     if counts.all_ready:

@@ -173,9 +173,19 @@ def autoscaling_schema() -> Schema:
     return obj(
         "Autoscale through the InferenceService's /scale with a HorizontalPodAutoscaler on "
         "a per-pod metric (served by prometheus-adapter as vllm_num_requests_waiting or "
-        "vllm_kv_cache_usage_perc).",
+        "vllm_kv_cache_usage_perc). minReplicas 0 scales to zero: after "
+        "scaleToZeroAfterSeconds with no request running or waiting the operator sets "
+        "replicas to 0, and the operator's activator holds the next request while it starts "
+        "a pod.",
         {
-            "minReplicas": integer(1, 1000, default=1),
+            "minReplicas": integer(0, 1000, default=1),
+            "scaleToZeroAfterSeconds": integer(
+                10,
+                86400,
+                default=300,
+                description="with minReplicas 0: the idle period "
+                "(no request running or waiting on any pod) before scaling to zero",
+            ),
             "maxReplicas": integer(1, 1000),
             "metric": string(
                 "the per-pod metric to track",

@@ -72,6 +72,10 @@ class InferenceService:
         return f"http://{self.name}.{self.namespace}.svc.cluster.local:{c.SERVER_PORT}/v1"
 
     @property
+    def scales_to_zero(self) -> bool:
+        return self.autoscaling is not None and self.autoscaling.to_zero
+
+    @property
     def desired_replicas(self) -> int:
         """What the Deployment gets: spec.replicas, kept inside the autoscaling range."""
         if self.autoscaling is None:
@@ -150,6 +154,7 @@ def _autoscaling(a: dict[str, Any]) -> Autoscaling:
         max_replicas=a["maxReplicas"],
         metric=a.get("metric", "requestsWaiting"),
         target=float(a.get("target", 5)),
+        scale_to_zero_after_seconds=a.get("scaleToZeroAfterSeconds", 300),
     )
 
 

@@ -92,6 +92,13 @@ class Autoscaling:
     max_replicas: int
     metric: str = "requestsWaiting"
     target: float = 5.0
+    scale_to_zero_after_seconds: int = 300
+
+    @property
+    def to_zero(self) -> bool:
+        """minReplicas 0: idle for scale_to_zero_after_seconds -> no pods; the activator
+        brings one back for the next request."""
+        return self.min_replicas == 0
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,9 @@ def horizontal_pod_autoscaler(isvc: InferenceService) -> dict[str, Any]:
         "metadata": metadata(isvc, isvc.name),
         "spec": {
             "scaleTargetRef": target,
-            "minReplicas": scaling.min_replicas,
+            # The HPA cannot go below 1 (HPAScaleToZero is alpha); at minReplicas 0 the
+            # operator's idle scaler sets replicas to 0, which also pauses the HPA.
+            "minReplicas": max(1, scaling.min_replicas),
             "maxReplicas": scaling.max_replicas,
             "metrics": [metric],
         },

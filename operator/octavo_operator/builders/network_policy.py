@@ -10,8 +10,9 @@ from octavo_operator.api.service import InferenceService
 from .metadata import metadata, selector_labels
 
 SAME_NAMESPACE: dict[str, Any] = {"podSelector": {}}
-# With spec.adapters the operator calls the pods' adapter routes: its pods (the chart's
-# labels), in whatever namespace it runs.
+# With spec.adapters the operator calls the pods' adapter routes, and with scale to zero
+# its activator forwards requests and reads /metrics: its pods (the chart's labels), in
+# whatever namespace it runs.
 OPERATOR_PODS: dict[str, Any] = {
     "namespaceSelector": {},
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "octavo",
@@ -25,7 +26,7 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
     policy = isvc.network_policy
     assert policy is not None
     peers = [*(policy.allow_from or (SAME_NAMESPACE,)), *policy.allow_scrape_from]
-    if isvc.adapters is not None:
+    if isvc.adapters is not None or isvc.scales_to_zero:
         peers.append(OPERATOR_PODS)
     port = {"port": c.SERVER_PORT, "protocol": "TCP"}
     return {

@@ -1,0 +1,134 @@
+"""Scale to zero on the real control plane, served by the pod's own command: an
+InferenceService with autoscaling.minReplicas 0 starts with one replica; idle for
+scaleToZeroAfterSeconds, the operator sets it to 0 through /scale (the Deployment follows,
+Ready stays True with reason ScaledToZero, an Event says so) and points its Service at the
+activator with an EndpointSlice. A request sent to the activator with the service's
+DNS name as Host then sets it back to 1, waits until the new pod answers and gets the
+model's answer; the EndpointSlice goes once the pod is ready.
+
+The pods run on loopback addresses standing in for their IPs (e2e/loopback_pod.py); the
+activator's address in the EndpointSlice is a made-up pod IP (the EndpointSlice API
+refuses loopback ones), and the request is sent to the activator's port directly, as
+kube-proxy would forward it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from e2e import isvc
+from e2e.helpers import wait_for
+from e2e.loopback_pod import pod_on_loopback, tiny_llama
+from e2e.operator_process import OperatorProcess, free_port
+from e2e.pod_process import PodProcess, dockerfile_env
+from octavo.cache_dirs import cache_root
+
+NAME = "idle"
+ACTIVATOR_IP = "10.244.7.7"
+IDLE_SECONDS = 10
+
+
+@pytest.fixture
+def tiny_model():
+    root = Path(tempfile.mkdtemp(prefix="e2e-scale-to-zero-", dir=cache_root()))
+    yield tiny_llama(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def spec_of(model: Path) -> dict:
+    return {"model": {"uri": f"file://{model}", "servedName": "tiny"}, "resources": {"gpu": 0},
+            "engine": {"maxModelLen": 128, "extraArgs": ["--kv-cache-memory", "64MiB"]},
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 1,
+                            "scaleToZeroAfterSeconds": IDLE_SECONDS}}  # fmt: skip
+
+
+def replicas(custom: client.CustomObjectsApi, namespace: str) -> int | None:
+    return isvc.get(custom, namespace, NAME)["spec"].get("replicas")
+
+
+def activator_slice(discovery: client.DiscoveryV1Api, namespace: str) -> dict | None:
+    try:
+        piece = discovery.read_namespaced_endpoint_slice(f"{NAME}-activator", namespace)
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return client.ApiClient().sanitize_for_serialization(piece)
+
+
+def complete(base_url: str, out: dict) -> None:
+    """POST a completion to the activator as a client of the Service would send it."""
+    body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 3}).encode()
+    headers = {"Content-Type": "application/json", "Host": out["host"]}
+    request = urllib.request.Request(base_url + "/v1/completions", body, headers)
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=300) as reply:
+        out.update(status=reply.status, body=json.load(reply), seconds=time.monotonic() - started)
+
+
+def start_pod(core, api_client, namespace: str, workdir: Path, skip=frozenset()) -> PodProcess:
+    pod = pod_on_loopback(core, api_client, namespace, NAME, workdir, skip=skip)
+    pod.start(dockerfile_env("server"))
+    pod.wait_probe("startupProbe", limit=300)
+    return pod
+
+
+def test_idle_service_scales_to_zero_and_a_request_brings_it_back(
+    cluster, operator, no_other_operator, namespace, api_client, core, apps, custom,
+    tiny_model, tmp_path,
+):  # fmt: skip
+    port = free_port()
+    own = OperatorProcess(cluster, tmp_path / "operator", OCTAVO_OPERATOR_IDLE_CHECK_SECONDS="1",
+                          args=("--activator-port", str(port), "--activator-address", ACTIVATOR_IP,
+                                "--activation-timeout", "300"))  # fmt: skip
+    own.start()
+    discovery = client.DiscoveryV1Api(api_client)
+    pods: list[PodProcess] = []
+    try:
+        isvc.create(custom, namespace, isvc.manifest(NAME, spec_of(tiny_model)))
+        assert replicas(custom, namespace) == 1, "a new service starts with one replica"
+        pods.append(start_pod(core, api_client, namespace, tmp_path / "pod-1"))
+        first = pods[0].pod["metadata"]["name"]
+
+        wait_for(lambda: replicas(custom, namespace) == 0, timeout=IDLE_SECONDS + 60,
+                 what="the idle service set to 0 replicas")  # fmt: skip
+        wait_for(lambda: apps.read_namespaced_deployment(NAME, namespace).spec.replicas == 0,
+                 timeout=30, what="the Deployment at 0")  # fmt: skip
+        isvc.wait_condition(custom, namespace, NAME, "Ready", "True", reason="ScaledToZero",
+                            timeout=30)  # fmt: skip
+        piece = wait_for(lambda: activator_slice(discovery, namespace), timeout=30,
+                         what="the activator's EndpointSlice")  # fmt: skip
+        assert piece["metadata"]["labels"]["kubernetes.io/service-name"] == NAME
+        assert piece["endpoints"][0]["addresses"] == [ACTIVATOR_IP]
+        assert piece["ports"] == [{"name": "http", "port": port, "protocol": "TCP"}]
+        reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
+        assert "ScaledToZero" in reasons, reasons
+        pods.pop().stop()
+
+        answer = {"host": f"{NAME}.{namespace}.svc.cluster.local:8000"}
+        caller = threading.Thread(target=complete, args=(f"http://127.0.0.1:{port}", answer))
+        caller.start()
+        wait_for(lambda: replicas(custom, namespace) == 1, timeout=30,
+                 what="the activator to set replicas back to 1")  # fmt: skip
+        pods.append(start_pod(core, api_client, namespace, tmp_path / "pod-2",
+                              skip=frozenset({first})))  # fmt: skip
+        caller.join(timeout=120)
+        assert answer.get("status") == 200, answer
+        assert answer["body"]["model"] == "tiny" and answer["body"]["choices"][0]["text"]
+        wait_for(lambda: activator_slice(discovery, namespace) is None, timeout=30,
+                 what="the activator's EndpointSlice removed once a pod is ready")  # fmt: skip
+        assert "Traceback" not in own.tail(400), own.tail(80)
+        print(f"request held by the activator for {answer['seconds']:.1f} s")
+    finally:
+        for pod in pods:
+            pod.stop()
+        own.stop()

@@ -1,0 +1,136 @@
+"""Scale to zero (autoscaling.minReplicas 0): the operator's half of it.
+
+On a timer per autoscaled InferenceService, the leader reads each ready pod's load from
+its /metrics (``vllm:num_requests_running`` + ``vllm:num_requests_waiting``). A service
+whose pods have carried no request for ``scaleToZeroAfterSeconds`` is set to 0 replicas
+through its /scale subresource, as the HPA writes it (the HPA then pauses: it does not
+scale a target at 0). While a service has no ready pod, an extra EndpointSlice sends its
+Service's traffic to the activator (activator.py), which sets replicas back to 1 and holds
+the requests until a pod answers. The slice is removed once a pod is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from octavo_operator import constants as c
+from octavo_operator.adapter_sync import ready_pod_addresses
+from octavo_operator.api.service import InferenceService
+from octavo_operator.builders.activator_slice import (
+    ActivatorAddress,
+    activator_slice,
+    activator_slice_name,
+)
+from octavo_operator.kube import Kube, object_path
+
+logger = logging.getLogger(__name__)
+LOAD_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+SCRAPE_TIMEOUT_SECONDS = 3
+
+
+@dataclass
+class IdleClock:
+    """What the idle scaler remembers of one service between its timer's ticks."""
+
+    last_busy: float
+    replicas: int
+    slice_present: bool | None = None  # None: not known (this process has not written it)
+
+
+@dataclass(frozen=True)
+class IdleDecision:
+    scale_to_zero: bool
+    slice_wanted: bool
+
+
+def pod_load(base_url: str) -> float | None:
+    """Requests running + waiting on one pod; None when its /metrics did not answer."""
+    try:
+        with urllib.request.urlopen(base_url + "/metrics", timeout=SCRAPE_TIMEOUT_SECONDS) as r:
+            text = r.read().decode()
+    except (OSError, ValueError):
+        return None
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name in LOAD_METRICS)  # fmt: skip
+
+
+def decide(clock: IdleClock, replicas: int, loads: list[float | None], now: float,
+           after_seconds: float) -> IdleDecision:  # fmt: skip
+    """Update ``clock`` with this tick's loads (one per ready pod) and say what to do. A
+    service without a ready pod, or with a pod that did not answer, counts as busy (it is
+    starting, or cannot be judged); coming back from 0 restarts the idle period."""
+    if clock.replicas == 0 and replicas > 0:
+        clock.last_busy = now
+    clock.replicas = replicas
+    if replicas > 0 and (not loads or any(load is None or load > 0 for load in loads)):
+        clock.last_busy = now
+    return IdleDecision(
+        scale_to_zero=replicas > 0 and now - clock.last_busy >= after_seconds,
+        slice_wanted=not loads,
+    )
+
+
+class IdleScaler:
+    def __init__(self, kube: Kube, activator: ActivatorAddress | None) -> None:
+        self.kube = kube
+        self.activator = activator
+        self.clocks: dict[tuple[str, str], IdleClock] = {}
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self.clocks.pop(key, None)
+
+    def check(self, body: dict[str, Any], pods: list[dict[str, Any]], now: float) -> bool:
+        """One tick for one service; True when it was just scaled to zero."""
+        isvc = InferenceService.from_body(body)
+        key = (isvc.namespace, isvc.name)
+        replicas = isvc.desired_replicas
+        clock = self.clocks.setdefault(key, IdleClock(last_busy=now, replicas=replicas))
+        if not isvc.scales_to_zero:
+            self._keep_slice(isvc, clock, wanted=False)
+            return False
+        addresses = ready_pod_addresses(pods).values()
+        loads = [pod_load(f"http://{ip}:{c.SERVER_PORT}") for ip in addresses]
+        decision = decide(clock, replicas, loads, now,
+                          isvc.autoscaling.scale_to_zero_after_seconds)  # fmt: skip
+        self._keep_slice(isvc, clock, wanted=decision.slice_wanted or decision.scale_to_zero)
+        if decision.scale_to_zero and self._scale_to_zero(body):
+            clock.replicas = 0
+            return True
+        return False
+
+    def _keep_slice(self, isvc: InferenceService, clock: IdleClock, wanted: bool) -> None:
+        """Write or delete the activator's EndpointSlice when its state changes."""
+        if clock.slice_present == wanted:
+            return
+        if wanted and self.activator is None:
+            logger.warning("%s/%s is at zero but no activator address is set (POD_IP): its "
+                           "requests fail until a pod runs", isvc.namespace, isvc.name)  # fmt: skip
+            clock.slice_present = False
+            return
+        if wanted:
+            self.kube.apply(activator_slice(isvc, self.activator))
+        else:
+            self.kube.delete("discovery.k8s.io/v1", "EndpointSlice", isvc.namespace,
+                             activator_slice_name(isvc))  # fmt: skip
+        clock.slice_present = wanted
+
+    def _scale_to_zero(self, body: dict[str, Any]) -> bool:
+        """replicas 0 through /scale, only if the service was not changed meanwhile."""
+        meta = body["metadata"]
+        path = object_path(c.API_VERSION, c.KIND, meta["namespace"], meta["name"]) + "/scale"
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]},
+                 "spec": {"replicas": 0}}  # fmt: skip
+        try:
+            self.kube.merge_patch(path, patch)
+        except client.ApiException as error:
+            if error.status in (404, 409):  # gone, or changed: the next tick decides again
+                return False
+            raise
+        logger.info("%s/%s idle: scaled to zero", meta["namespace"], meta["name"])
+        return True
