@@ -82,9 +82,13 @@ CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
 # ---------------------------------------------------------------------------------------
 # operator: the kopf operator only (no torch), listening for probes and scrapes.
 FROM python:3.12.12-slim-bookworm AS operator
+# PYTHONMALLOC/MALLOC_ARENA_MAX: memory freed after services are deleted can be given back
+# to the system (operator/octavo_operator/memory.py).
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONMALLOC=malloc \
+    MALLOC_ARENA_MAX=2
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir -r /wheels/operator.txt \
     && groupadd --gid 10001 octavo \
@@ -92,8 +96,8 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
         --shell /usr/sbin/nologin octavo
 WORKDIR /opt/octavo
 USER 10001:10001
-EXPOSE 8080 8081
+EXPOSE 8080 8081 8082
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
 ENTRYPOINT ["octavo-operator"]
-CMD ["--liveness-port", "8080", "--metrics-port", "8081", "--log-format", "json"]
+CMD ["--liveness-port", "8080", "--metrics-port", "8081", "--activator-port", "8082", "--log-format", "json"]

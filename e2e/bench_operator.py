@@ -99,7 +99,7 @@ def run(count: int, out: Path) -> dict:
     cpu = cpu_seconds(operator.proc.pid) - cpu_at_start
     operator_metrics = scrape(operator.metrics())
     stop.set()
-    rss_deleted = delete_all_and_measure(custom, apps, namespace, operator)
+    rss_deleted = delete_all_and_measure(custom, core, namespace, operator)
     latencies = [max(0.0, seen[n] - created[n]) for n in created if n in seen]
     result = {
         "count": count,
@@ -125,9 +125,10 @@ def run(count: int, out: Path) -> dict:
     return result
 
 
-def delete_all_and_measure(custom: client.CustomObjectsApi, apps: client.AppsV1Api,
+def delete_all_and_measure(custom: client.CustomObjectsApi, core: client.CoreV1Api,
                            namespace: str, operator: OperatorProcess) -> float:  # fmt: skip
-    """Delete every service, wait until the operator has forgotten them; its RSS then."""
+    """Delete every service, wait until the operator has forgotten them and their pods are
+    gone; its RSS then."""
     for item in custom.list_namespaced_custom_object(isvc.GROUP, isvc.VERSION, namespace,
                                                      isvc.PLURAL)["items"]:  # fmt: skip
         custom.delete_namespaced_custom_object(isvc.GROUP, isvc.VERSION, namespace,
@@ -139,7 +140,12 @@ def delete_all_and_measure(custom: client.CustomObjectsApi, apps: client.AppsV1A
         if tracked and float(tracked[0].split()[1]) == 0:
             break
         time.sleep(0.5)
-    time.sleep(2)  # let the watch streams settle
+    # Garbage collection then deletes the children and pods (their watch events reach the
+    # operator); it gives memory back a few seconds after the last deletion (memory.py),
+    # and its burst threads exit after 5 idle seconds (elastic_executor.py).
+    while time.monotonic() < deadline and core.list_namespaced_pod(namespace).items:
+        time.sleep(1)
+    time.sleep(15)
     return rss_mib(operator.proc.pid)[0]
 
 

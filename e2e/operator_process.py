@@ -135,7 +135,9 @@ class OperatorProcess:
             "--liveness-port", str(self.liveness_port), "--metrics-port", str(self.metrics_port),
             "--log-format", "json", *own_port, *self.args,
         ]  # fmt: skip
-        env = {**os.environ, **self.env}
+        from e2e.pod_process import dockerfile_env  # (it imports this module)
+
+        env = {**os.environ, **dockerfile_env("operator"), **self.env}  # as the image runs it
         env.pop("KUBECONFIG", None)
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -144,7 +144,7 @@ def test_pinned_versions_match_the_project(stages):
 
 def test_operator_target_contract(stages):
     operator = stages["operator"]
-    assert operator.all("EXPOSE") == ["8080 8081"]
+    assert operator.all("EXPOSE") == ["8080 8081 8082"]
     assert json.loads(operator.last("ENTRYPOINT")) == ["octavo-operator"]
     runs = " ".join(operator.all("RUN"))
     assert "operator.txt" in runs and "torch" not in runs

@@ -27,10 +27,11 @@ from octavo_operator import metrics
 from octavo_operator.adapter_sync import sync_adapters
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.activator_slice import ActivatorAddress
+from octavo_operator.elastic_executor import ElasticExecutor
 from octavo_operator.kube import Kube, api_error_message, load_api_client
 from octavo_operator.pod_adapters import PodAdapterAPI
 from octavo_operator.reconcile import Controller, Key, Settings, TransientError
-from octavo_operator.status import Observed
+from octavo_operator.status import Observed, deployment_summary
 from octavo_operator.status_queue import StatusQueue
 
 ISVC = (c.GROUP, c.VERSION, c.PLURAL)
@@ -60,17 +61,6 @@ def plain(body: Any) -> dict[str, Any]:
     return copy.deepcopy({**body, "metadata": meta})
 
 
-def deployment_summary(body: Any) -> dict[str, Any]:
-    """What a status needs of a Deployment: its identity, spec.replicas and status."""
-    meta = body.get("metadata") or {}
-    identity = ("name", "namespace", "generation", "resourceVersion")
-    return copy.deepcopy({
-        "metadata": {k: meta.get(k) for k in identity},
-        "spec": {"replicas": (body.get("spec") or {}).get("replicas")},
-        "status": dict(body.get("status") or {}),
-    })  # fmt: skip
-
-
 def first(store: Any) -> Any:
     return next(iter(store), None) if store is not None else None
 
@@ -86,6 +76,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # 5.2 s for a burst of 100 creates on 2 cores, e2e/bench_operator.py) serve a burst
     # sooner; the figures for this default are in the README.
     settings.execution.max_workers = int(os.environ.get("OCTAVO_OPERATOR_WORKERS", "128"))
+    # Threads for a burst, gone once it is over (memory returns to idle).
+    settings.execution.executor = ElasticExecutor(settings.execution.max_workers, name="handler")
     settings.batching.batch_window = 0.05
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
@@ -93,6 +85,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     kube = Kube(load_api_client(os.environ.get("KUBECONFIG") or None, pool_size=workers + 4))
     image = os.environ.get("OCTAVO_OPERATOR_DEFAULT_IMAGE") or c.DEFAULT_SERVER_IMAGE
     memo.controller = Controller(kube, Settings(default_image=image, activator=activator()))
+    # After deletions, also close the API connections a burst opened (TLS state per socket).
+    memo.controller.trimmer.releases.append(kube.api.rest_client.pool_manager.clear)
     memo.controller.statuses = StatusQueue(partial(write_status_now, memo.controller))
     memo.controller.drift_checks = ThreadPoolExecutor(4, thread_name_prefix="drift")
 
@@ -211,7 +205,7 @@ def owner_of(isvc_index: kopf.Index, key: Key) -> dict[str, Any] | None:
     return owner
 
 
-def on_child_event(
+async def on_child_event(
     event: kopf.RawEvent,
     body: kopf.Body,
     namespace: str,
@@ -219,20 +213,35 @@ def on_child_event(
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
+    """On kopf's event loop, no thread hop: nearly every child event is our own apply's
+    echo or a status change, checked in microseconds. A child someone else changed is put
+    back on a drift-check thread, as is the check of an echo that arrives mid-reconcile."""
     key = (namespace, labels.get(c.INSTANCE_LABEL, ""))
     if owner_of(kwargs["isvc_index"], key) is None:
         return
     ctl: Controller = memo.controller
-    child, deleted, indexes = plain(body), event.get("type") == "DELETED", indexes_of(kwargs)
+    child, deleted, indexes = (
+        child_identity(body),
+        event.get("type") == "DELETED",
+        indexes_of(kwargs),
+    )
     lock = ctl.lock(key)
+    check_later = True  # mid-reconcile: check once the reconcile has recorded its applies
     if lock.acquire(blocking=False):
         try:
-            correct_drift(ctl, key, child, deleted, indexes)
+            check_later = ctl.drifted(key, child, deleted=deleted)
         finally:
             lock.release()
-    else:  # most likely our own apply's echo, mid-reconcile: check once it is recorded
+    if check_later:
         ctl.drift_checks.submit(correct_drift_when_free, ctl, key, child, deleted, indexes)
     ctl.statuses.request(key, indexes)
+
+
+def child_identity(body: Any) -> dict[str, Any]:
+    """What a drift check reads of a child: its kind, name and versions."""
+    meta = body.get("metadata") or {}
+    keep = ("name", "namespace", "generation", "resourceVersion")
+    return {"kind": body.get("kind"), "metadata": {k: meta.get(k) for k in keep}}
 
 
 def correct_drift(ctl: Controller, key: Key, child: dict[str, Any], deleted: bool,
@@ -251,8 +260,8 @@ def correct_drift(ctl: Controller, key: Key, child: dict[str, Any], deleted: boo
 
 def correct_drift_when_free(ctl: Controller, key: Key, child: dict[str, Any], deleted: bool,
                             indexes: dict[str, Any]) -> None:  # fmt: skip
-    """The same check, on a thread of its own that waits for the running reconcile: kopf's
-    handler threads stay free for new services."""
+    """The check under the service's lock, on a drift-check thread (it may wait for a
+    running reconcile, and may reconcile): kopf's loop and handler threads stay free."""
     with ctl.lock(key):
         correct_drift(ctl, key, child, deleted, indexes)
 
@@ -262,7 +271,12 @@ for _group, _version, _plural in CHILD_RESOURCES:
 
 
 @kopf.on.event("", "v1", "pods", labels=OWNED)
-def on_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+async def on_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo,
+                       **kwargs: Any) -> None:  # fmt: skip
+    """On kopf's event loop: only asks for a status write (StatusQueue); a deleted pod
+    also asks for memory to be given back once deletions are over."""
+    if kwargs["event"].get("type") == "DELETED":
+        memo.controller.trimmer.request()
     key = (namespace, labels.get(c.INSTANCE_LABEL, ""))
     if owner_of(kwargs["isvc_index"], key) is not None:
         memo.controller.statuses.request(key, indexes_of(kwargs))

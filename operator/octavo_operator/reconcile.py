@@ -23,7 +23,8 @@ from octavo_operator.conditions import merge, transitions
 from octavo_operator.events import now_rfc3339, post_transitions
 from octavo_operator.idle_scaler import IdleScaler
 from octavo_operator.kube import Kube, api_error_message, object_path
-from octavo_operator.status import Observed, compute
+from octavo_operator.memory import Trimmer
+from octavo_operator.status import Observed, compute, deployment_summary
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
@@ -69,6 +70,7 @@ class Controller:
         self.statuses: Any = None  # the StatusQueue, set at start-up (handlers.configure)
         self.drift_checks: Any = None  # a small executor, set at start-up as well
         self.idle = IdleScaler(kube, settings.activator)
+        self.trimmer = Trimmer()
         self._locks: defaultdict[Key, threading.Lock] = defaultdict(threading.Lock)
 
     def lock(self, key: Key) -> threading.Lock:
@@ -85,6 +87,7 @@ class Controller:
             self.idle.forget(key)
             self._locks.pop(key, None)
             self._count_tracked()
+        self.trimmer.request()
 
     def _count_tracked(self) -> None:
         metrics.TRACKED_SERVICES.set(len(self.applied))
@@ -131,7 +134,7 @@ class Controller:
             result = self.kube.apply(obj)
             applied.versions[(obj["kind"], obj["metadata"]["name"])] = child_version(result)
             if obj["kind"] == "Deployment":
-                applied.deployment = {k: result.get(k) for k in ("metadata", "spec", "status")}
+                applied.deployment = deployment_summary(result)  # not the whole object
         for ref in children.remove:
             if not check_all and (ref.kind, ref.name) not in previous:
                 continue

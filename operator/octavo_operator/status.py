@@ -5,6 +5,7 @@ Pure: the inputs are plain dicts as the API returns them, so every rule is unit-
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,3 +167,14 @@ def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any],
     if isvc.adapters is not None:
         conditions.append(adapters_condition(observed.adapters))
     return fields, conditions
+
+
+def deployment_summary(body: Any) -> dict[str, Any]:
+    """What a status needs of a Deployment: its identity, spec.replicas and status."""
+    meta = body.get("metadata") or {}
+    identity = ("name", "namespace", "generation", "resourceVersion")
+    return copy.deepcopy({
+        "metadata": {k: meta.get(k) for k in identity},
+        "spec": {"replicas": (body.get("spec") or {}).get("replicas")},
+        "status": dict(body.get("status") or {}),
+    })  # fmt: skip

@@ -1,0 +1,64 @@
+"""What gives the operator's memory back after a burst: the elastic thread pool (threads
+for the burst, gone after it) and the trimmer (one release for a burst of deletions)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from octavo_operator.elastic_executor import ElasticExecutor
+from octavo_operator.memory import Trimmer
+
+
+def wait_until(check, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+def test_the_pool_grows_for_a_burst_and_shrinks_after_it() -> None:
+    pool = ElasticExecutor(max_workers=8, idle_seconds=0.2)
+    gate = threading.Event()
+    futures = [pool.submit(lambda i=i: (gate.wait(5), i)[1]) for i in range(20)]
+    assert wait_until(lambda: pool.threads == 8), "a blocked burst gets every worker"
+    gate.set()
+    assert [f.result(timeout=5) for f in futures] == list(range(20))
+    assert wait_until(lambda: pool.threads == 0, timeout=3), "idle workers exit"
+    assert pool.submit(lambda: "again").result(timeout=5) == "again", "and come back"
+
+
+def test_errors_reach_the_caller_and_the_worker_goes_on() -> None:
+    pool = ElasticExecutor(max_workers=1, idle_seconds=1)
+    failing = pool.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failing.result(timeout=5)
+    assert pool.submit(lambda: 42).result(timeout=5) == 42
+    pool.shutdown()
+    assert wait_until(lambda: pool.threads == 0)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(lambda: None)
+
+
+def test_sequential_work_reuses_one_worker() -> None:
+    pool = ElasticExecutor(max_workers=8, idle_seconds=1)
+    for i in range(50):
+        assert pool.submit(lambda i=i: i * 2).result(timeout=5) == i * 2
+    assert pool.threads == 1
+
+
+def test_a_burst_of_deletions_is_one_release() -> None:
+    trimmer = Trimmer(delay=0.1)
+    released = []
+    trimmer.releases.append(lambda: released.append(time.monotonic()))
+    for _ in range(100):
+        trimmer.request()
+    assert wait_until(lambda: len(released) == 1)
+    time.sleep(0.3)
+    assert len(released) == 1
+    trimmer.request()
+    assert wait_until(lambda: len(released) == 2)
