@@ -30,7 +30,7 @@ from octavo_operator.builders.activator_slice import ActivatorAddress
 from octavo_operator.elastic_executor import ElasticExecutor
 from octavo_operator.kube import Kube, api_error_message, load_api_client
 from octavo_operator.pod_adapters import PodAdapterAPI
-from octavo_operator.reconcile import Controller, Key, Settings, TransientError
+from octavo_operator.reconcile import DESIRED_FIELDS, Controller, Key, Settings, TransientError
 from octavo_operator.status import Observed, deployment_summary
 from octavo_operator.status_queue import StatusQueue
 
@@ -238,10 +238,14 @@ async def on_child_event(
 
 
 def child_identity(body: Any) -> dict[str, Any]:
-    """What a drift check reads of a child: its kind, name and versions."""
+    """What a drift check reads of a child: its kind, name and generation, or its desired
+    fields where it has no generation (reconcile.child_version)."""
     meta = body.get("metadata") or {}
     keep = ("name", "namespace", "generation", "resourceVersion")
-    return {"kind": body.get("kind"), "metadata": {k: meta.get(k) for k in keep}}
+    identity = {"kind": body.get("kind"), "metadata": {k: meta.get(k) for k in keep}}
+    if not meta.get("generation"):
+        identity.update(copy.deepcopy({k: body.get(k) for k in DESIRED_FIELDS}))
+    return identity
 
 
 def correct_drift(ctl: Controller, key: Key, child: dict[str, Any], deleted: bool,

@@ -4,6 +4,8 @@ write its status. Thread-safe; kopf calls it from its worker threads."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -54,10 +56,18 @@ class Settings:
     activator: ActivatorAddress | None = None  # where services at zero send their traffic
 
 
+# What someone else may change in a child without a generation (Services, ConfigMaps,
+# claims, HorizontalPodAutoscalers): its status changes often and is nobody's drift.
+DESIRED_FIELDS = ("spec", "data", "binaryData")
+
+
 def child_version(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    generation = meta.get("generation")
-    return f"g{generation}" if generation else f"r{meta.get('resourceVersion', '')}"
+    """metadata.generation where the API keeps one, else a digest of the desired fields."""
+    generation = (obj.get("metadata") or {}).get("generation")
+    if generation:
+        return f"g{generation}"
+    desired = json.dumps({k: obj.get(k) for k in DESIRED_FIELDS}, sort_keys=True, default=str)
+    return "h" + hashlib.blake2b(desired.encode(), digest_size=12).hexdigest()
 
 
 class Controller:
