@@ -11,9 +11,11 @@ status reads no API.  Run with `octavo-operator`, or `kopf run -m octavo_operato
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import logging
 import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -72,6 +74,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         prefix=c.GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our own Events say what happened
+    settings.posting.reporting_component = c.MANAGED_BY  # "From" in kubectl describe
+    settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
     # Handlers mostly wait on the apiserver: more threads than the old 16 (p50 2.9 s / p99
     # 5.2 s for a burst of 100 creates on 2 cores, e2e/bench_operator.py) serve a burst
     # sooner; the figures for this default are in the README.
@@ -232,8 +236,9 @@ async def on_child_event(
             check_later = ctl.drifted(key, child, deleted=deleted)
         finally:
             lock.release()
-    if check_later:
-        ctl.drift_checks.submit(correct_drift_when_free, ctl, key, child, deleted, indexes)
+    if check_later:  # in kopf's context (a correction's status write posts Events)
+        ctl.drift_checks.submit(contextvars.copy_context().run, correct_drift_when_free,
+                                ctl, key, child, deleted, indexes)  # fmt: skip
     ctl.statuses.request(key, indexes)
 
 

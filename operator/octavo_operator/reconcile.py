@@ -193,7 +193,7 @@ class Controller:
         self.written[key] = new_status
         body["status"] = new_status
         if post_events:
-            post_transitions(self.kube, body, transitions(old_conditions, conds))
+            post_transitions(body, transitions(old_conditions, conds))
         return True
 
 

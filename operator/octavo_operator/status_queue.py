@@ -9,6 +9,7 @@ The handlers' threads are then free for what users wait for: applying children.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections import deque
@@ -23,18 +24,19 @@ Write = Callable[[Key, Mapping[str, Any]], None]  # key, kopf's indexes by name
 class StatusQueue:
     def __init__(self, write: Write, workers: int = 4) -> None:
         self._write = write
-        self._pending: dict[Key, Mapping[str, Any]] = {}
+        self._pending: dict[Key, tuple[Mapping[str, Any], contextvars.Context]] = {}
         self._order: deque[Key] = deque()
         self._ready = threading.Condition()
         for index in range(workers):
             threading.Thread(target=self._run, name=f"status-{index}", daemon=True).start()
 
     def request(self, key: Key, indexes: Mapping[str, Any]) -> None:
-        """Write ``key``'s status soon; asking again before it is written adds nothing."""
+        """Write ``key``'s status soon; asking again before it is written adds nothing.
+        The write runs in the caller's context (kopf's, for the Events it posts)."""
         with self._ready:
             if key not in self._pending:
                 self._order.append(key)
-            self._pending[key] = indexes
+            self._pending[key] = (indexes, contextvars.copy_context())
             self._ready.notify()
 
     def _run(self) -> None:
@@ -43,8 +45,8 @@ class StatusQueue:
                 while not self._order:
                     self._ready.wait()
                 key = self._order.popleft()
-                indexes = self._pending.pop(key)
+                indexes, context = self._pending.pop(key)
             try:
-                self._write(key, indexes)
+                context.run(self._write, key, indexes)
             except Exception:  # one service's write must not stop the writers
                 logger.exception("writing the status of %s/%s failed", *key)
