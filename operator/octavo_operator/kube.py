@@ -3,6 +3,13 @@
 Children are written with server-side apply under one field manager (`octavo-operator`),
 forcing ownership of the fields it sets: a hand edit of one of those fields is put back by
 the next apply, and an apply that changes nothing is not written (no new resourceVersion).
+
+Why not `kubernetes.dynamic.DynamicClient`: its LazyDiscoverer answers a resource it does
+not find (ServiceMonitors on a cluster without the Prometheus Operator, asked on every
+reconcile) by rediscovering every API group and rewriting a cache file under /tmp, and it
+has no lock while up to 128 handler threads would share it. The kinds the operator writes
+are fixed, so a table of their plurals and one cached discovery answer do the job.
+Events go through kopf (events.py), watches and retries are kopf's.
 """
 
 from __future__ import annotations
