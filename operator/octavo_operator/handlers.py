@@ -80,7 +80,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # 5.2 s for a burst of 100 creates on 2 cores, e2e/bench_operator.py) serve a burst
     # sooner; the figures for this default are in the README.
     settings.execution.max_workers = int(os.environ.get("OCTAVO_OPERATOR_WORKERS", "128"))
-    # Threads for a burst, gone once it is over (memory returns to idle).
+    # Threads for a burst, gone (stacks and allocator caches freed) once it is over.
     settings.execution.executor = ElasticExecutor(settings.execution.max_workers, name="handler")
     settings.batching.batch_window = 0.05
     settings.watching.server_timeout = 300
