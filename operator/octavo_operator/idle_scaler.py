@@ -60,6 +60,11 @@ def pod_load(base_url: str) -> float | None:
                for sample in family.samples if sample.name in LOAD_METRICS)  # fmt: skip
 
 
+def pod_loads(pods: list[dict[str, Any]]) -> list[float | None]:
+    """The load of each ready pod (HTTP: read it outside the service's lock)."""
+    return [pod_load(f"http://{ip}:{c.SERVER_PORT}") for ip in ready_pod_addresses(pods).values()]
+
+
 def decide(clock: IdleClock, replicas: int, loads: list[float | None], now: float,
            after_seconds: float) -> IdleDecision:  # fmt: skip
     """Update ``clock`` with this tick's loads (one per ready pod) and say what to do. A
@@ -85,8 +90,9 @@ class IdleScaler:
     def forget(self, key: tuple[str, str]) -> None:
         self.clocks.pop(key, None)
 
-    def check(self, body: dict[str, Any], pods: list[dict[str, Any]], now: float) -> bool:
-        """One tick for one service; True when it was just scaled to zero."""
+    def check(self, body: dict[str, Any], loads: list[float | None], now: float) -> bool:
+        """One tick for one service, given its ready pods' loads; True when it was just
+        scaled to zero."""
         isvc = InferenceService.from_body(body)
         key = (isvc.namespace, isvc.name)
         replicas = isvc.desired_replicas
@@ -94,8 +100,6 @@ class IdleScaler:
         if not isvc.scales_to_zero:
             self._keep_slice(isvc, clock, wanted=False)
             return False
-        addresses = ready_pod_addresses(pods).values()
-        loads = [pod_load(f"http://{ip}:{c.SERVER_PORT}") for ip in addresses]
         decision = decide(clock, replicas, loads, now,
                           isvc.autoscaling.scale_to_zero_after_seconds)  # fmt: skip
         self._keep_slice(isvc, clock, wanted=decision.slice_wanted or decision.scale_to_zero)
