@@ -3,7 +3,8 @@
 kwok plays the kubelet, so a pod's IP is fake: `pod_on_loopback` gives the pod a loopback
 address of its own (status.podIP patched; the server listens there on the container's
 port), which is what the operator and its activator read and call, as they would a real
-pod IP. (The EndpointSlice controller refuses loopback addresses: tests using this call
+pod IP. The move waits until kwok has marked the pod Ready: kwok's later status patches
+carry its own IP, which the apiserver then refuses, so the pod would never turn Ready. (The EndpointSlice controller refuses loopback addresses: tests using this call
 the pod or the activator directly, not the Service.) `tiny_llama` builds a small random
 model outside /tmp (a pod's /tmp is a volume of its own, so file:// paths there would
 not be the same).
@@ -43,7 +44,11 @@ def pod_on_loopback(
             p for p in pods if p.metadata.name not in skip and not p.metadata.deletion_timestamp
         ]
 
-    (pod,) = wait_for(fresh_pods, timeout=60, what="the service's pod")
+    def kwok_ready() -> list:  # kwok's own patches carry its IP: once moved, they fail
+        pods = fresh_pods()
+        return pods if pods and all(is_ready(p) for p in pods) else []
+
+    (pod,) = wait_for(kwok_ready, timeout=60, what="the service's pod, Ready by kwok")
     ip = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}.{random.randint(2, 250)}"
     moved = [{"op": "add", "path": "/status/podIP", "value": ip},
              {"op": "add", "path": "/status/podIPs", "value": [{"ip": ip}]}]  # fmt: skip
@@ -53,6 +58,11 @@ def pod_on_loopback(
     )
     assert fresh["status"]["podIP"] == ip, "kwok put its own pod IP back"
     return PodProcess(fresh, workdir, config_maps=config_maps_of(core, namespace, fresh), pod_ip=ip)
+
+
+def is_ready(pod: client.V1Pod) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 def config_maps_of(core: client.CoreV1Api, namespace: str, pod: dict) -> dict:
