@@ -168,6 +168,56 @@ def test_kernels_refuse_bad_input_with_a_clear_error(ops):
         ops.rotary_embedding(torch.tensor([10]), qk, torch.ones(4, 64), torch.ones(4, 64))
 
 
+def lora_case(slices: list[int], slots: int, rank: int, width: int, rows: int, dtype):
+    """A LoRA layer's torch-path weights (``LoRALinear.flat_a`` / ``block_b``) with each
+    slot's adapter of a smaller rank than ``rank`` (zero rows past it), ``rows`` rows
+    spread over the slots and the base model (-1), and the base output to add to."""
+    offsets = [sum(slices[:i]) for i in range(len(slices))]
+    flat_a = torch.zeros(len(slices), slots, rank, width)
+    block_b = torch.zeros(len(slices), slots, rank, sum(slices))
+    for slot in range(slots):
+        own = max(1, rank - slot)  # adapters of different ranks share the slots' rank
+        for index, (offset, size) in enumerate(zip(offsets, slices, strict=True)):
+            flat_a[index, slot, :own] = torch.randn(own, width) / width**0.5
+            block_b[index, slot, :own, offset : offset + size] = torch.randn(own, size)
+    row_slots = torch.randint(-1, slots, (rows,), dtype=torch.int32)
+    x, out = torch.randn(rows, width).to(dtype), torch.randn(rows, sum(slices)).to(dtype)
+    return flat_a, block_b, row_slots, x, out, offsets
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "slices,slots,rows", [([96, 32, 32], 4, 20), ([64], 3, 1), ([40, 24], 1, 9)]
+)
+def test_lora_delta_equals_the_torch_paths_gemms(ops, dtype, slices, slots, rows):
+    """The decode-step kernel against the masked shrink/expand GEMMs it replaces."""
+    from octavo.model_executor.layers.lora import LoRABatch
+    from octavo.model_executor.layers.lora_gemm import LoRAGemms
+
+    flat_a, block_b, row_slots, x, out, offsets = lora_case(slices, slots, 8, 72, rows, dtype)
+    gemms = LoRAGemms.of(flat_a, block_b, dtype)
+    groups = [(slot, (row_slots == slot).nonzero().flatten()) for slot in range(slots)]
+    mask = LoRABatch(groups).column_mask(rows, flat_a.shape[:3], x.device, gemms.dtype)
+    expected = gemms.expand_into(out.clone(), gemms.shrink(x, mask))
+    actual = out.clone()
+    ops.lora_delta(actual, x, flat_a, block_b, row_slots, offsets, slices)
+    scale = expected.float().abs().max()
+    assert torch.allclose(actual.float(), expected.float(), atol=TOLERANCE[dtype] * scale, rtol=0)
+    base_rows = row_slots < 0
+    assert torch.equal(actual[base_rows], out[base_rows]), "base-model rows are left alone"
+
+
+def test_lora_delta_refuses_bad_input(ops):
+    flat_a, block_b, row_slots, x, out, offsets = lora_case([16], 2, 4, 8, 3, torch.float32)
+    with pytest.raises(RuntimeError, match="has slot 5"):
+        ops.lora_delta(out, x, flat_a, block_b, torch.tensor([0, 5, -1], dtype=torch.int32),
+                       offsets, [16])  # fmt: skip
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.lora_delta(out, x, flat_a, block_b, row_slots, [8], [16])
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.lora_delta(out, x, flat_a.double(), block_b, row_slots, offsets, [16])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_native_backend_equals_torch_backend_on_a_mixed_step(ops, dtype):
     """A step with a fresh prefill, a prefill over a cached prefix and three decodes."""

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from octavo import LLM, LoRARequest, SamplingParams
+from octavo.kernels import cpu_build
 
 from conftest import assert_all_blocks_free, hf_greedy
 from lora_adapters import hf_with_adapter, make_adapter
@@ -47,11 +48,20 @@ def lora_llm(folder, **engine) -> LLM:
     return LLM(str(folder), dtype="float32", max_model_len=128, enable_lora=True, **engine)
 
 
-def test_a_batch_mixing_base_and_three_adapters_matches_hf_peft(tiny_folder, adapters, expected):
-    llm = lora_llm(tiny_folder("qwen2"), max_loras=3)
-    requests = [None, *adapters]
-    prompts = [prompt(12 + seed, seed) for seed in range(3) for _ in requests]
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=requests * 3)
+@pytest.mark.parametrize("native", [True, False], ids=["native-kernels", "torch-path"])
+def test_a_batch_mixing_base_and_three_adapters_matches_hf_peft(
+    tiny_folder, adapters, expected, native
+):
+    """With the native kernels, decode steps take ``lora_delta`` and the prompts' step the
+    masked GEMMs; on the torch path (no compiler) every step takes the GEMMs."""
+    cpu_build.use_torch_path(not native)
+    try:
+        llm = lora_llm(tiny_folder("qwen2"), max_loras=3)
+        requests = [None, *adapters]
+        prompts = [prompt(12 + seed, seed) for seed in range(3) for _ in requests]
+        outputs = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=requests * 3)
+    finally:
+        cpu_build.use_torch_path(False)
     got = [out.outputs[0].token_ids for out in outputs]
     assert got == [tokens for seed in range(3) for tokens in expected[seed]]
     assert_all_blocks_free(llm.engine)

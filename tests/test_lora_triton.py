@@ -41,6 +41,8 @@ MAX_RANK = 20  # two rank tiles; the adapters use 4 and 18 of them
 class DoublingGroup:
     """A stand-in for two identical ranks: ``all_reduce`` doubles, and counts its calls."""
 
+    size = 2  # as many ranks as the doubling stands for
+
     def __init__(self) -> None:
         self.shapes: list[tuple[int, ...]] = []
 

@@ -35,6 +35,7 @@ SOURCES = (
     "shm_all_reduce.cpp",
     "token_bitmask.cpp",
     "quantized_linear.cpp",
+    "lora_delta.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

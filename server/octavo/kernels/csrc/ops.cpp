@@ -20,6 +20,8 @@ void quantized_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& bl
                       const c10::optional<at::Tensor>& row_scale);
 void dequantize_blocks(at::Tensor& out, const at::Tensor& blocks, int64_t kind,
                        const c10::optional<at::Tensor>& row_scale);
+void lora_delta(at::Tensor& out, const at::Tensor& x, const at::Tensor& flat_a, const at::Tensor& block_b,
+                const at::Tensor& row_slots, at::IntArrayRef offsets, at::IntArrayRef sizes);
 }  // namespace octavo_cpu
 
 TORCH_LIBRARY(octavo_cpu, m) {
@@ -38,6 +40,9 @@ TORCH_LIBRARY(octavo_cpu, m) {
   m.def("quantized_linear(Tensor(a!) out, Tensor x, Tensor blocks, int kind, Tensor? row_scale) -> ()");
   m.def("dequantize_blocks(Tensor(a!) out, Tensor blocks, int kind, Tensor? row_scale) -> ()");
   m.def(
+      "lora_delta(Tensor(a!) out, Tensor x, Tensor flat_a, Tensor block_b, Tensor row_slots, "
+      "int[] offsets, int[] sizes) -> ()");
+  m.def(
       "shm_publish(Tensor tensor, Tensor(a!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
 }
@@ -54,4 +59,5 @@ TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
   m.impl("apply_token_bitmask", &octavo_cpu::apply_token_bitmask);
   m.impl("quantized_linear", &octavo_cpu::quantized_linear);
   m.impl("dequantize_blocks", &octavo_cpu::dequantize_blocks);
+  m.impl("lora_delta", &octavo_cpu::lora_delta);
 }

@@ -9,11 +9,13 @@ of A and the whole B, with the rank-sized intermediate all-reduced before B.
 Each step the runner sets ``LoRAState.batch``: the rows of the step that use each slot.
 The delta of a slot's rows is ``(x A^T) B^T`` (B pre-scaled), added to the base output;
 rows of the base model get none, and a layer no adapter of the step adapts is skipped.
-In torch (CPU, fp32 weights): every row against every slot and slice in one shrink
-matmul, each row's own slot kept by a mask, then one expand matmul against a block
-matrix of every B — two GEMMs per layer however many adapters the step mixes. On GPU,
-two Triton launches for all rows and slices (``lora_kernels``), each row reading its
-slot's A and B (Punica/S-LoRA's gather-and-batched-matmul).
+On the CPU (fp32 weights), the native kernel ``octavo_cpu.lora_delta`` multiplies each
+row by its own slot's A and B only (decode-sized steps, and any step with many slots);
+otherwise one shrink matmul multiplies every row by every slot and slice, each row's
+own slot kept by a mask, then one expand matmul against a block matrix of every B: two
+GEMMs per layer however many adapters the step mixes. On GPU, two Triton launches for
+all rows and slices (``lora_kernels``), each row reading its slot's A and B
+(Punica/S-LoRA's gather-and-batched-matmul).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from octavo.kernels.cpu_build import ops_for
 from octavo.model_executor.layers.linear import (
     LinearBase,
     MergedColumnParallelLinear,
@@ -33,6 +36,14 @@ from octavo.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from octavo.model_executor.layers.lora_gemm import LoRAGemms
+
+# When the native CPU kernel takes a step: it costs about the same per row whatever the
+# slots, the masked GEMMs cost per row and slot (every row meets every slot). Measured on
+# 2 cores (bf16, SmolLM2's q/k/v, rank 16), kernel against GEMMs: 1 slot 20 rows 40/60 µs,
+# 64 rows 97/87, 1024 rows 1334/475; 4 slots 20 rows 35/87, 256 rows 339/446; 16 slots
+# 1024 rows 1521/6784. So: decode-sized steps always, any step from 4 slots on.
+NATIVE_MAX_ROWS = 64
+NATIVE_MIN_SLOTS = 4
 
 
 @dataclass
@@ -152,8 +163,14 @@ class LoRALinear(nn.Module):
     ) -> torch.Tensor:
         """Every row at once, whatever the adapters: one shrink against every slot and
         slice, each row keeping its own slot's (the rest masked to zero, all of it for
-        base-model rows), then one expand against the block matrix of every B."""
+        base-model rows), then one expand against the block matrix of every B. A
+        decode-sized step on the CPU takes the native kernel instead (``_native_ops``)."""
         assert self.flat_a is not None and self.block_b is not None
+        ops = self._native_ops(x)
+        if ops is not None:
+            row_slots = batch.row_slots(x.shape[0], x.device)
+            ops.lora_delta(out, x, self.flat_a, self.block_b, row_slots, *self._slice_columns)
+            return out
         if self.gemms is None:
             self.gemms = LoRAGemms.of(self.flat_a, self.block_b, self.activation_dtype)
         layout = self.flat_a.shape[:3]  # slices, slots, rank
@@ -162,6 +179,23 @@ class LoRALinear(nn.Module):
         if self.input_start is not None:  # row-parallel: partial sums over the input
             own = self.base.tp.all_reduce(own)
         return self.gemms.expand_into(out, own)
+
+    def _native_ops(self, x: torch.Tensor):
+        """The native CPU ops when they take this step (each row times its own slot's A
+        and B): at most ``NATIVE_MAX_ROWS`` rows or at least ``NATIVE_MIN_SLOTS`` slots
+        (below both, two GEMMs against every slot cost less), contiguous rows, and no
+        all-reduce between A and B."""
+        few_slots = len(self.active) < NATIVE_MIN_SLOTS
+        if (x.shape[0] > NATIVE_MAX_ROWS and few_slots) or x.stride(-1) != 1:
+            return None
+        if self.input_start is not None and self.base.tp.size > 1:
+            return None  # row-parallel under TP: the rank-sized sums meet before B
+        return ops_for(x)
+
+    @functools.cached_property
+    def _slice_columns(self) -> tuple[list[int], list[int]]:
+        """Each slice's first output column and width, as the native kernel takes them."""
+        return [piece.offset for piece in self.slices], [piece.size for piece in self.slices]
 
     def _add_deltas_triton(
         self, out: torch.Tensor, x: torch.Tensor, batch: LoRABatch
