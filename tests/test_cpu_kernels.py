@@ -200,9 +200,13 @@ def test_lora_delta_equals_the_torch_paths_gemms(ops, dtype, slices, slots, rows
     mask = LoRABatch(groups).column_mask(rows, flat_a.shape[:3], x.device, gemms.dtype)
     expected = gemms.expand_into(out.clone(), gemms.shrink(x, mask))
     actual = out.clone()
-    ops.lora_delta(actual, x, flat_a, block_b, row_slots, offsets, slices)
+    weights = (flat_a.to(dtype), block_b.to(dtype))  # the layer's bf16 copies for bf16
+    ops.lora_delta(actual, x, *weights, row_slots, offsets, slices)
     scale = expected.float().abs().max()
     assert torch.allclose(actual.float(), expected.float(), atol=TOLERANCE[dtype] * scale, rtol=0)
+    if dtype == torch.bfloat16:  # fp32 weights with bf16 activations work too
+        ops.lora_delta(fp32 := out.clone(), x, flat_a, block_b, row_slots, offsets, slices)
+        assert torch.allclose(fp32.float(), expected.float(), atol=TOLERANCE[dtype] * scale, rtol=0)
     base_rows = row_slots < 0
     assert torch.equal(actual[base_rows], out[base_rows]), "base-model rows are left alone"
 

@@ -123,6 +123,7 @@ class LoRALinear(nn.Module):
             self.register_buffer(name, copy if needs_torch else None)
         self.active = [False] * max_loras  # slots whose adapter adapts this layer
         self.gemms: LoRAGemms | None = None  # made from flat_a/block_b when first needed
+        self.native_weights: tuple[torch.Tensor, torch.Tensor] | None = None  # likewise
 
     def set_slot(self, slot: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]],
                  scaling: float) -> None:  # fmt: skip
@@ -132,7 +133,7 @@ class LoRALinear(nn.Module):
         if self.flat_a is not None and self.block_b is not None:
             self.flat_a[:, slot].zero_()
             self.block_b[:, slot].zero_()
-        self.active[slot], self.gemms = False, None
+        self.active[slot], self.gemms, self.native_weights = False, None, None
         for index, piece in enumerate(self.slices):
             if piece.module not in weights:
                 continue
@@ -168,8 +169,11 @@ class LoRALinear(nn.Module):
         assert self.flat_a is not None and self.block_b is not None
         ops = self._native_ops(x)
         if ops is not None:
+            if self.native_weights is None:  # bf16 activations: bf16 copies, half the reads
+                dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+                self.native_weights = (self.flat_a.to(dtype), self.block_b.to(dtype))
             row_slots = batch.row_slots(x.shape[0], x.device)
-            ops.lora_delta(out, x, self.flat_a, self.block_b, row_slots, *self._slice_columns)
+            ops.lora_delta(out, x, *self.native_weights, row_slots, *self._slice_columns)
             return out
         if self.gemms is None:
             self.gemms = LoRAGemms.of(self.flat_a, self.block_b, self.activation_dtype)
