@@ -11,8 +11,10 @@ on the base model (rank ``--rank``, alpha 2×rank, q/k/v/o projections, seeded r
 and B) in a temporary folder. Prefix caching is off in every run, so each one prefills
 every prompt (caches are not shared across adapters). Each engine first runs the whole
 round untimed with 8 new tokens (adapters loaded into their slots, kernels of the
-step's shapes built), then ``--repeats`` (3) timed rounds; the report keeps every round
-and the medians.
+step's shapes built); then ``--repeats`` (3) timed rounds, interleaved across the
+variants (round 1 of each, then round 2 of each, ...), so that the machine's drift
+during the run weighs on every variant alike; the report keeps every round and the
+medians. Every variant's engine stays open for the whole run (one KV budget each).
 
 Reported per variant: output tok/s, mean TPOT (per request, the time between its first
 and last token over the further tokens; mean over requests), and the ratio to ``base``;
@@ -27,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,11 +201,20 @@ def run(args: argparse.Namespace) -> int:
     prompts = user_prompts(load_tokenizer(folder), args.num_users, args.prompt_tokens)
     threads = args.threads or len(os.sched_getaffinity(0))
     report = LoraReport(settings(args, folder, threads, counts, prompts))
-    with tempfile.TemporaryDirectory(prefix="octavo-bench-lora-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="octavo-bench-lora-") as scratch, ExitStack() as stack:
         adapters = make_adapters(folder, Path(scratch), max(counts), args.rank, 2 * args.rank)
+        engines = []
         for variant in variants(counts):
             requests = round_robin(adapters[: variant.adapters], args.num_users)
-            report.runs.append(run_variant(folder, variant, prompts, requests, args, threads))
+            llm = stack.enter_context(open_engine(folder, variant, args, threads))
+            warm_up(llm, prompts, requests)
+            engines.append((llm, requests, LoraRun(variant.name, variant.enable_lora,
+                                                   variant.adapters, len(prompts))))  # fmt: skip
+        for round_index in range(args.repeats):  # rounds interleaved: drift hits every variant
+            for llm, requests, result in engines:
+                label = f"{result.variant} round {round_index + 1}/{args.repeats}"
+                timed_round(llm, prompts, requests, args.max_tokens, label, result)
+        report.runs = [result for _, _, result in engines]
     save(report, args.output_dir, "lora")
     return 0
 
@@ -218,22 +230,14 @@ def settings(args: argparse.Namespace, folder: Path, threads: int, counts: list[
             "kv_cache_memory": args.kv_cache_memory}  # fmt: skip
 
 
-def run_variant(folder: Path, variant: Variant, prompts: list[list[int]],
-                requests: list[LoRARequest | None], args: argparse.Namespace,
-                threads: int) -> LoraRun:  # fmt: skip
-    """One engine for the variant: an untimed warm-up, then ``--repeats`` timed rounds."""
+def open_engine(folder: Path, variant: Variant, args: argparse.Namespace, threads: int) -> LLM:
+    """The variant's engine (LoRA slots for every adapter it spreads users over)."""
     lora = {"enable_lora": True, "max_loras": max(1, variant.adapters),
             "max_cpu_loras": max(1, variant.adapters),
             "max_lora_rank": args.rank} if variant.enable_lora else {}  # fmt: skip
-    result = LoraRun(variant.name, variant.enable_lora, variant.adapters, len(prompts))
-    with LLM(str(folder), dtype=args.dtype, max_model_len=1024, num_threads=threads,
-             kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=False,
-             **lora) as llm:  # fmt: skip
-        warm_up(llm, prompts, requests)
-        for round_index in range(args.repeats):
-            label = f"{variant.name} round {round_index + 1}/{args.repeats}"
-            timed_round(llm, prompts, requests, args.max_tokens, label, result)
-    return result
+    return LLM(str(folder), dtype=args.dtype, max_model_len=1024, num_threads=threads,
+               kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=False,
+               **lora)  # fmt: skip
 
 
 def warm_up(llm: LLM, prompts: list[list[int]], requests: list[LoRARequest | None]) -> None:
