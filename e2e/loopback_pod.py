@@ -4,10 +4,11 @@ kwok plays the kubelet, so a pod's IP is fake: `pod_on_loopback` gives the pod a
 address of its own (status.podIP patched; the server listens there on the container's
 port), which is what the operator and its activator read and call, as they would a real
 pod IP. The move waits until kwok has marked the pod Ready: kwok's later status patches
-carry its own IP, which the apiserver then refuses, so the pod would never turn Ready. (The EndpointSlice controller refuses loopback addresses: tests using this call
-the pod or the activator directly, not the Service.) `tiny_llama` builds a small random
-model outside /tmp (a pod's /tmp is a volume of its own, so file:// paths there would
-not be the same).
+carry its own IP, which the apiserver then refuses, so the pod would never turn Ready.
+(The EndpointSlice controller refuses loopback addresses: tests using this call the pod
+or the activator directly, not the Service.) `tiny_llama` builds a small random model
+outside /tmp (a pod's /tmp is a volume of its own, so file:// paths there would not be
+the same).
 """
 
 from __future__ import annotations
