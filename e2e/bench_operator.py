@@ -4,10 +4,11 @@
 
 Reports, for each service, the time from its create call returning to its Deployment
 appearing in a watch (p50/p99/max), the time until every one is Ready, the operator's
-resident memory (idle, with every service, peak, and once all are deleted again) and its
-status writes. Then the control plane's own share: the same burst with an "ideal
-operator" (each Deployment applied by the creating thread right after its
-InferenceService, no operator running), whose latencies are the floor on this machine.
+resident memory (idle; "warm idle", after one service was created and deleted before the
+burst; with every service; peak; and once all are deleted again) and its status writes.
+Then the control plane's own share: the same burst with an "ideal operator" (each
+Deployment applied by a thread pool as soon as a watch sees its InferenceService, no
+operator running), whose latencies are the floor on this machine.
 Writes operator.json and operator.png.
 """
 
@@ -71,6 +72,7 @@ def run(count: int, out: Path) -> dict:
     operator = OperatorProcess(cluster, Path(tempfile.mkdtemp(prefix="octavo-bench-")))
     operator.start()
     idle_rss, _ = rss_mib(operator.proc.pid)
+    warm_idle_rss = warm_up(custom, core, namespace, operator)
     cpu_at_start = cpu_seconds(operator.proc.pid)
     seen: dict[str, float] = {}
     stop = threading.Event()
@@ -100,6 +102,8 @@ def run(count: int, out: Path) -> dict:
     operator_metrics = scrape(operator.metrics())
     stop.set()
     rss_deleted = delete_all_and_measure(custom, core, namespace, operator)
+    heap_deleted = {f"{name}_after_delete": value for name, value in
+                    scrape(operator.metrics()).items() if "_heap_" in name}  # fmt: skip
     latencies = [max(0.0, seen[n] - created[n]) for n in created if n in seen]
     result = {
         "count": count,
@@ -110,11 +114,13 @@ def run(count: int, out: Path) -> dict:
         "all_deployments_s": all_deployments,
         "all_ready_s": ready_at,
         "operator_rss_idle_mib": idle_rss,
+        "operator_rss_warm_idle_mib": warm_idle_rss,
         "operator_rss_mib": rss,
         "operator_rss_peak_mib": peak,
         "operator_rss_after_delete_mib": rss_deleted,
         "operator_cpu_seconds": cpu,
         **operator_metrics,
+        **heap_deleted,
     }
     operator.stop()
     core.delete_namespace(namespace)
@@ -123,6 +129,17 @@ def run(count: int, out: Path) -> dict:
     result["operator_share_of_p99"] = 1 - result["floor_p99_s"] / result["latency_p99_s"]
     write(out, result, latencies)
     return result
+
+
+def warm_up(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: str,
+            operator: OperatorProcess) -> float:  # fmt: skip
+    """One service created, Ready, deleted and forgotten before the burst: the operator's
+    RSS then ("warm idle"), with the code and caches that its first reconcile loads
+    once (imports, API client models, kopf's per-resource machinery) already counted."""
+    spec = {"replicas": 1, "resources": {"gpu": 0}}
+    isvc.create(custom, namespace, isvc.manifest("warm-up", spec))
+    wait_all_ready(custom, namespace, 1, time.monotonic())
+    return delete_all_and_measure(custom, core, namespace, operator)
 
 
 def delete_all_and_measure(custom: client.CustomObjectsApi, core: client.CoreV1Api,
@@ -211,7 +228,8 @@ def wait_no_other_services(custom: client.CustomObjectsApi, timeout: float = 300
 
 
 def scrape(text: str) -> dict[str, float]:
-    """The operator's own counters: reconciles, their total time, status writes."""
+    """The operator's own counters: reconciles, their total time, status writes, and its C
+    heap (live and freed-but-kept MiB)."""
     wanted = {
         "octavo_operator_reconcile_duration_seconds_count": "reconciles",
         "octavo_operator_reconcile_duration_seconds_sum": "reconcile_seconds_total",
@@ -224,6 +242,8 @@ def scrape(text: str) -> dict[str, float]:
             out[wanted[name]] = float(value)
         elif name.startswith(("octavo_operator_reconciles_total{", "octavo_operator_drift")):
             out[name] = float(value)
+        elif name.startswith("octavo_operator_heap_"):  # bytes -> MiB
+            out[name.removesuffix("_bytes") + "_mib"] = float(value) / 2**20
     return out
 
 

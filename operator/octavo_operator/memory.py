@@ -17,6 +17,7 @@ import gc
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 TRIM_DELAY_SECONDS = 8.0
@@ -56,3 +57,36 @@ class Trimmer:
         gc.collect()
         self._trim()
         logger.debug("memory trimmed after deletions")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HeapUsage:
+    in_use: int  # bytes of live allocations in glibc's heaps (Python's objects among them)
+    free: int  # bytes freed but kept inside the heaps (fragmentation after a burst)
+
+
+def _mallinfo2() -> Callable[[], HeapUsage | None]:
+    """glibc's mallinfo2() (2.33+) as a HeapUsage, or None where it is missing."""
+    name = ctypes.util.find_library("c")
+    try:
+        call = ctypes.CDLL(name).mallinfo2 if name else None
+    except (OSError, AttributeError):
+        call = None
+    if call is None:
+        return lambda: None
+    call.restype = _MallInfo2
+
+    def read() -> HeapUsage:
+        info = call()
+        return HeapUsage(in_use=info.uordblks + info.hblkhd, free=info.fordblks)
+
+    return read
+
+
+heap_usage = _mallinfo2()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from octavo_operator.memory import heap_usage
+
 RECONCILES = Counter(
     "octavo_operator_reconciles_total",
     "InferenceService reconciles, by trigger and result",
@@ -29,6 +31,16 @@ TRACKED_SERVICES = Gauge(
     "octavo_operator_tracked_services",
     "InferenceServices the operator keeps state for (back to 0 once they are all deleted)",
 )
+HEAP_IN_USE = Gauge(
+    "octavo_operator_heap_in_use_bytes",
+    "Bytes of live allocations in the C heap (glibc's mallinfo2; NaN elsewhere)",
+)
+HEAP_FREE = Gauge(
+    "octavo_operator_heap_free_bytes",
+    "Bytes freed but kept inside the C heap: resident memory that is not live data",
+)
+HEAP_IN_USE.set_function(lambda: _heap_field("in_use"))
+HEAP_FREE.set_function(lambda: _heap_field("free"))
 SCALED_TO_ZERO = Counter(
     "octavo_operator_scaled_to_zero_total", "Idle InferenceServices set to 0 replicas"
 )
@@ -42,3 +54,8 @@ ACTIVATOR_WAIT_SECONDS = Histogram(
     "Time a request waited in the activator for a ready pod",
     buckets=(0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600),
 )
+
+
+def _heap_field(name: str) -> float:
+    usage = heap_usage()
+    return float("nan") if usage is None else float(getattr(usage, name))
