@@ -72,12 +72,13 @@ def test_heap_gauges_follow_live_allocations() -> None:
     before = heap_usage()
     if before is None:
         pytest.skip(reason="no glibc mallinfo2 here (musl or glibc < 2.33)")
-    block = bytearray(64 * 2**20)  # above the mmap threshold: counted in in_use, then gone
+    block = bytearray(256 * 2**20)  # above the mmap threshold: counted in in_use, then gone
     grown = heap_usage()
-    assert grown is not None and grown.in_use - before.in_use >= 64 * 2**20
+    # other threads of the test process allocate and free meanwhile: a wide margin
+    assert grown is not None and grown.in_use - before.in_use >= 200 * 2**20
     del block
     after = heap_usage()
-    assert after is not None and after.in_use < grown.in_use - 60 * 2**20
+    assert after is not None and after.in_use < grown.in_use - 200 * 2**20
     scraped = {name: REGISTRY.get_sample_value(f"octavo_operator_heap_{name}_bytes")
                for name in ("in_use", "free")}  # fmt: skip
     assert scraped["in_use"] > 0 and scraped["free"] >= 0, scraped
