@@ -23,13 +23,19 @@ logger = logging.getLogger(__name__)
 TRIM_DELAY_SECONDS = 8.0
 
 
-def _malloc_trim() -> Callable[[], None]:
-    """glibc's malloc_trim(0), or nothing where there is no glibc (musl, macOS)."""
+def _libc_function(symbol: str):
+    """A function of the C library by name, or None where it lacks it (musl, macOS, an
+    older glibc)."""
     name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        return getattr(ctypes.CDLL(name), symbol) if name else None
     except (OSError, AttributeError):
-        trim = None
+        return None
+
+
+def _malloc_trim() -> Callable[[], None]:
+    """glibc's malloc_trim(0), or nothing where there is no glibc (musl, macOS)."""
+    trim = _libc_function("malloc_trim")
     return (lambda: trim(0)) if trim is not None else (lambda: None)
 
 
@@ -73,11 +79,7 @@ class HeapUsage:
 
 def _mallinfo2() -> Callable[[], HeapUsage | None]:
     """glibc's mallinfo2() (2.33+) as a HeapUsage, or None where it is missing."""
-    name = ctypes.util.find_library("c")
-    try:
-        call = ctypes.CDLL(name).mallinfo2 if name else None
-    except (OSError, AttributeError):
-        call = None
+    call = _libc_function("mallinfo2")
     if call is None:
         return lambda: None
     call.restype = _MallInfo2
