@@ -23,6 +23,7 @@ SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Each one's linear method is in model_executor/layers/quantization/registry.py.
 QUANTIZATION_NAMES = ("int8", "fp8", "gptq", "awq", "gguf")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,13 @@ class EngineArgs:
         "KV cache size on CPU per worker (each tensor/pipeline rank holds its shard), "
         "in bytes or with a unit (e.g. 4GiB; default 2GiB)",
         parse_size,
+    )
+    kv_cache_dtype: str = engine_arg(
+        "auto",
+        "KV cache element type: auto (the model's dtype) or fp8 / fp8_e4m3 / fp8_e5m2 "
+        "(8-bit floats with per-tensor scales: half the KV bytes of bf16)",
+        one_of(KV_CACHE_DTYPES),
+        choices=KV_CACHE_DTYPES,
     )
     gpu_memory_utilization: float = engine_arg(
         0.9, "fraction of GPU memory for weights and KV cache", positive_float

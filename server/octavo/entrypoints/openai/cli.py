@@ -69,6 +69,9 @@ def serve(args: argparse.Namespace) -> int:
         header_timeout=args.header_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating
+        or os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+        lora_allowed_roots=args.lora_allowed_roots,
     )
     if config.enable_auto_tool_choice and config.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")

@@ -36,6 +36,8 @@ class ServerConfig:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None  # a name in tool_calls.parsers.TOOL_CALL_PARSERS
+    allow_runtime_lora_updating: bool = False  # the load/unload adapter routes
+    lora_allowed_roots: list[str] | None = None  # folders run-time adapter loads may read
 
     @property
     def model_name(self) -> str:

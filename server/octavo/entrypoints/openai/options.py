@@ -125,6 +125,20 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         None,
         TOOL_CALL_PARSER_NAMES,
     ),
+    Option(
+        "--allow-runtime-lora-updating",
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (off by default, as "
+        "in vLLM; VLLM_ALLOW_RUNTIME_LORA_UPDATING=true also turns it on)",
+        parse_bool,
+        False,
+        kind="bool",
+    ),
+    Option(
+        "--lora-allowed-roots",
+        "folders under which run-time adapter loads may read (default: none but the "
+        "folders of --lora-modules)",
+        kind="list",
+    ),
     Option("--log-level", "log level", one_of(LOG_LEVELS), "info", LOG_LEVELS),
 )
 OPTIONS = ENGINE_OPTIONS + SERVER_OPTIONS
