@@ -1,9 +1,12 @@
-"""What this CPU can do, read once from /proc/cpuinfo (empty where it cannot be read)."""
+"""What this CPU can do: its flags, read once from /proc/cpuinfo (empty where it cannot
+be read), and what torch's oneDNN itself reports it can run here."""
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+
+import torch
 
 
 @cache
@@ -21,7 +24,17 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def cpu_can_pack_bf16() -> bool:
-    """oneDNN's prepacked bf16 linears need AVX-NE-CONVERT or AVX-512 BW/VL/DQ."""
-    flags = cpu_flags()
-    return "avx_ne_convert" in flags or {"avx512bw", "avx512vl", "avx512dq"} <= flags
+@cache
+def onednn_supports_bf16() -> bool:
+    """torch's own answer: oneDNN runs bf16 kernels (prepacked bf16 linears) on this CPU.
+
+    oneDNN needs AVX-NE-CONVERT or AVX-512 BW/VL/DQ, as it sees the CPU: with
+    ``ONEDNN_MAX_CPU_ISA=AVX2`` it says no even on an AVX-512 machine, which
+    ``/proc/cpuinfo`` cannot know. Asked once per process.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the query: assume not
+        return False

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo.kernels.cpu_features import cpu_can_pack_bf16
+from octavo.kernels.cpu_features import onednn_supports_bf16
 
 
 class LinearMethod(Protocol):
@@ -54,11 +54,11 @@ class UnquantizedLinearMethod:
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    """True where prepacking works; elsewhere (e.g. AVX2-only CPUs) bf16 stays unpacked."""
+    """True where torch reports that prepacking works; elsewhere (e.g. AVX2-only CPUs, or
+    oneDNN limited by ``ONEDNN_MAX_CPU_ISA``) bf16 stays unpacked."""
     return (
         device.type == "cpu"
         and dtype == torch.bfloat16
-        and cpu_can_pack_bf16()
-        and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and onednn_supports_bf16()
     )
