@@ -46,12 +46,10 @@ test-tools:
 	./scripts/install-test-tools.sh
 
 # One torch thread per test process: the server tests run several torch processes at
-# once on CI's 2 cores, and oversubscribed OpenMP threads spin each other out.
+# once on CI's 2 cores, and oversubscribed OpenMP threads spin each other out. The
+# control plane is built (and checkov run) in the background meanwhile: see the script.
 test: venv lint test-tools
-	HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
-	$(E2E_CLUSTER) build
-	$(BIN)/python -m pytest -q e2e
-	./scripts/checkov.sh
+	BIN=$(BIN) ./scripts/run-tests.sh
 
 bench: venv
 	$(BIN)/python -m octavo_bench offline
