@@ -14,9 +14,14 @@ import httpx
 import pytest
 import torch
 
+from octavo.kernels.cpu_build import KERNELS_DIR_ENV, kernels_dir
 from octavo.model_executor.embedded import embedded_model_folder
 
 from tiny_models import build_tiny_model
+
+# The native kernels compile once per test session: a test (or a server process it starts)
+# that points OCTAVO_CACHE at a fresh folder still loads them from the session's folder.
+os.environ.setdefault(KERNELS_DIR_ENV, str(kernels_dir()))
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from octavo.kernels.cpu_build import KERNELS_DIR_ENV, kernels_dir
 from octavo.model_executor.embedded import BAKED_MODELS_ENV, EMBEDDED_MODEL_NAME
 from octavo_bench.serve_launch import free_port
 
@@ -290,6 +291,8 @@ def image_environment(stage: Stage, cache: Path, baked: Path) -> dict[str, str]:
             continue  # the image's venv is this test's venv
         if key == BAKED_MODELS_ENV:
             value = str(baked)
+        elif key == KERNELS_DIR_ENV:  # the image's prebuilt kernels: the session's build
+            value = str(kernels_dir())
         elif value == "/cache" or value.startswith("/cache/"):
             value = str(cache) + value.removeprefix("/cache")
         env[key] = value
