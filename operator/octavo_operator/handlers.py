@@ -30,8 +30,8 @@ from octavo_operator.adapter_sync import sync_adapters
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.activator_slice import ActivatorAddress
 from octavo_operator.elastic_executor import ElasticExecutor
-from octavo_operator.idle_scaler import pod_loads
 from octavo_operator.kube import Kube, api_error_message, load_api_client
+from octavo_operator.pod_activity import pod_samples
 from octavo_operator.pod_adapters import PodAdapterAPI
 from octavo_operator.reconcile import DESIRED_FIELDS, Controller, Key, Settings, TransientError
 from octavo_operator.status import Observed, deployment_summary
@@ -331,12 +331,12 @@ def on_idle_timer(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
     ctl: Controller = memo.controller
     key = (namespace, name)
     to_zero = InferenceService.from_body(body).scales_to_zero
-    loads = pod_loads(list(kwargs["pod_index"].get(key, []))) if to_zero else []
+    samples = pod_samples(list(kwargs["pod_index"].get(key, []))) if to_zero else {}
     with ctl.lock(key):
         if owner_of(kwargs["isvc_index"], key) is None:
             return
         try:
-            scaled = ctl.idle.check(plain(body), loads, time.monotonic())
+            scaled = ctl.idle.check(plain(body), samples, time.monotonic())
         except client.ApiException as error:  # tried again at the next tick
             logger.warning("scale to zero of %s/%s: %s", *key, api_error_message(error))
             return

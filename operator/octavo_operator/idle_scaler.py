@@ -1,26 +1,25 @@
 """Scale to zero (autoscaling.minReplicas 0): the operator's half of it.
 
-On a timer per autoscaled InferenceService, the leader reads each ready pod's load from
-its /metrics (``vllm:num_requests_running`` + ``vllm:num_requests_waiting``). A service
-whose pods have carried no request for ``scaleToZeroAfterSeconds`` is set to 0 replicas
-through its /scale subresource, as the HPA writes it (the HPA then pauses: it does not
-scale a target at 0). While a service has no ready pod, an extra EndpointSlice sends its
-Service's traffic to the activator (activator.py), which sets replicas back to 1 and holds
-the requests until a pod answers. The slice is removed once a pod is ready.
+On a timer per autoscaled InferenceService, the leader looks at each ready pod's /metrics
+and judges whether it carried a request since the previous look (pod_activity.py: requests
+in flight, or a change of the counters every request moves, so a request shorter than the
+timer's period is not missed). A service whose pods have carried no request for
+``scaleToZeroAfterSeconds`` is set to 0 replicas through its /scale subresource, as the
+HPA writes it (the HPA then pauses: it does not scale a target at 0). While a service has
+no ready pod, an extra EndpointSlice sends its Service's traffic to the activator
+(activator.py), which sets replicas back to 1 and holds the requests until a pod answers.
+The slice is removed once a pod is ready.
 """
 
 from __future__ import annotations
 
 import logging
-import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from octavo_operator import constants as c
-from octavo_operator.adapter_sync import ready_pod_addresses
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.activator_slice import (
     ActivatorAddress,
@@ -28,10 +27,10 @@ from octavo_operator.builders.activator_slice import (
     activator_slice_name,
 )
 from octavo_operator.kube import Kube, object_path
+from octavo_operator.pod_activity import PodSample, carried_requests
 
 logger = logging.getLogger(__name__)
-LOAD_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-SCRAPE_TIMEOUT_SECONDS = 3
+Samples = dict[str, PodSample | None]  # pod name -> its sample (None: /metrics did not answer)
 
 
 @dataclass
@@ -41,6 +40,7 @@ class IdleClock:
     last_busy: float
     replicas: int
     slice_present: bool | None = None  # None: not known (this process has not written it)
+    pods: dict[str, PodSample] = field(default_factory=dict)  # the last sample of each pod
 
 
 @dataclass(frozen=True)
@@ -49,35 +49,34 @@ class IdleDecision:
     slice_wanted: bool
 
 
-def pod_load(base_url: str) -> float | None:
-    """Requests running + waiting on one pod; None when its /metrics did not answer."""
-    try:
-        with urllib.request.urlopen(base_url + "/metrics", timeout=SCRAPE_TIMEOUT_SECONDS) as r:
-            text = r.read().decode()
-    except (OSError, ValueError):
-        return None
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples if sample.name in LOAD_METRICS)  # fmt: skip
-
-
-def pod_loads(pods: list[dict[str, Any]]) -> list[float | None]:
-    """The load of each ready pod (HTTP: read it outside the service's lock)."""
-    return [pod_load(f"http://{ip}:{c.SERVER_PORT}") for ip in ready_pod_addresses(pods).values()]
-
-
-def decide(clock: IdleClock, replicas: int, loads: list[float | None], now: float,
-           after_seconds: float) -> IdleDecision:  # fmt: skip
-    """Update ``clock`` with this tick's loads (one per ready pod) and say what to do. A
+def decide(
+    clock: IdleClock, replicas: int, samples: Samples, now: float, after_seconds: float
+) -> IdleDecision:
+    """Update ``clock`` with this tick's samples (one per ready pod) and say what to do. A
     service without a ready pod, or with a pod that did not answer, counts as busy (it is
     starting, or cannot be judged); coming back from 0 restarts the idle period."""
     if clock.replicas == 0 and replicas > 0:
         clock.last_busy = now
     clock.replicas = replicas
-    if replicas > 0 and (not loads or any(load is None or load > 0 for load in loads)):
+    if replicas > 0 and _busy(clock.pods, samples):
         clock.last_busy = now
+    clock.pods = {
+        name: sample or clock.pods[name]
+        for name, sample in samples.items()
+        if sample is not None or name in clock.pods
+    }
     return IdleDecision(
         scale_to_zero=replicas > 0 and now - clock.last_busy >= after_seconds,
-        slice_wanted=not loads,
+        slice_wanted=not samples,
+    )
+
+
+def _busy(previous: dict[str, PodSample], samples: Samples) -> bool:
+    if not samples:
+        return True
+    return any(
+        sample is None or carried_requests(previous.get(name), sample)
+        for name, sample in samples.items()
     )
 
 
@@ -90,8 +89,8 @@ class IdleScaler:
     def forget(self, key: tuple[str, str]) -> None:
         self.clocks.pop(key, None)
 
-    def check(self, body: dict[str, Any], loads: list[float | None], now: float) -> bool:
-        """One tick for one service, given its ready pods' loads; True when it was just
+    def check(self, body: dict[str, Any], samples: Samples, now: float) -> bool:
+        """One tick for one service, given its ready pods' samples; True when it was just
         scaled to zero."""
         isvc = InferenceService.from_body(body)
         key = (isvc.namespace, isvc.name)
@@ -100,7 +99,7 @@ class IdleScaler:
         if not isvc.scales_to_zero:
             self._keep_slice(isvc, clock, wanted=False)
             return False
-        decision = decide(clock, replicas, loads, now,
+        decision = decide(clock, replicas, samples, now,
                           isvc.autoscaling.scale_to_zero_after_seconds)  # fmt: skip
         self._keep_slice(isvc, clock, wanted=decision.slice_wanted or decision.scale_to_zero)
         if decision.scale_to_zero and self._scale_to_zero(body):
