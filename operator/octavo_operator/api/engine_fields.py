@@ -16,7 +16,6 @@ from .schema import Schema, integer, obj, rule, string
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BLOCK_SIZES = (8, 16, 32)
-TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # octavo.config.QUANTIZATION_NAMES (checked by a test)
 QUANTIZATION_METHODS = ("int8", "fp8", "gptq", "awq", "gguf")
 # octavo.spec_decode.config.METHODS and MAX_SPECULATIVE_TOKENS (checked by a test)
@@ -131,8 +130,14 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
     EngineField(
         "tensorParallelSize",
         "--tensor-parallel-size",
-        integer(1, 64, description="ranks each layer is split over (a power of two)", default=1),
-        allowed=TENSOR_PARALLEL_SIZES,
+        integer(
+            1,
+            64,
+            description="ranks each layer is split over; the model's attention heads, "
+            "intermediate size and vocabulary must divide by it, and its KV heads divide "
+            "by it or it by them (checked by the server at start-up)",
+            default=1,
+        ),
     ),
     EngineField(
         "quantization",

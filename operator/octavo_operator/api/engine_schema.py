@@ -39,7 +39,6 @@ def engine_rules() -> list[dict[str, Any]]:
             f"self.{memory} > 0.0 && self.{memory} <= 1.0",
             f"engine.{memory} must be in (0, 1]",
         ),
-        one_of_rule(engine_field("tensorParallelSize"), "a power of two"),
         rule(
             extra_args_rule(),
             f"engine.extraArgs must not set {flags}, nor an abbreviation of one (--po): the "
@@ -49,13 +48,13 @@ def engine_rules() -> list[dict[str, Any]]:
     ]
 
 
-def one_of_rule(field: EngineField, meaning: str | None = None) -> dict[str, Any]:
-    """The field is one of its allowed values ("8, 16 or 32", or MEANING if given)."""
+def one_of_rule(field: EngineField) -> dict[str, Any]:
+    """The field is one of its allowed values ("must be 8, 16 or 32")."""
     values = [str(v) for v in field.allowed]
     spoken = ", ".join(values[:-1]) + " or " + values[-1]
     return rule(
         f"self.{field.name} in [{', '.join(values)}]",
-        f"engine.{field.name} must be {meaning or spoken}",
+        f"engine.{field.name} must be {spoken}",
     )
 
 

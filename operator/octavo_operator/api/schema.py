@@ -125,7 +125,7 @@ def model_schema() -> Schema:
 def resources_schema() -> Schema:
     return obj(
         "Compute per replica. `gpu` defaults to engine.tensorParallelSize × "
-        "engine.pipelineParallelSize; 0 runs on CPU.",
+        "engine.pipelineParallelSize; 0 runs on CPU (tensor/pipeline ranks too, as processes).",
         {
             "gpu": integer(0, 64, description="GPUs per replica"),
             "gpuResourceName": string(

@@ -88,13 +88,12 @@ def scheduling_schemas() -> dict[str, Schema]:
 
 def spec_rules() -> list[dict[str, Any]]:
     return [
-        rule(
-            "!has(self.resources.gpu) || (self.resources.gpu == 0 ? "
-            "self.engine.tensorParallelSize * self.engine.pipelineParallelSize == 1 : "
+        rule(  # on GPUs every rank needs its own (the server refuses fewer); CPU ranks share
+            "!has(self.resources.gpu) || self.resources.gpu == 0 || "
             "self.engine.tensorParallelSize * self.engine.pipelineParallelSize "
-            "<= self.resources.gpu)",
+            "<= self.resources.gpu",
             "engine.tensorParallelSize × engine.pipelineParallelSize must not exceed "
-            "resources.gpu (and must be 1 on CPU)",
+            "resources.gpu (one GPU per rank; with resources.gpu 0 the ranks share the CPUs)",
         ),
         rule(
             "!has(self.model.uri) || !self.model.uri.startsWith('pvc://') || "
