@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,3 +164,57 @@ def test_no_ready_pod_within_the_timeout_is_a_503(upstream: str) -> None:
     assert status == 503 and error["type"] == "service_unavailable"
     assert "no replica of team-a/chat became ready within 0.5 s" in error["message"]
     assert never.wakes == 1
+
+
+class CountingWaker(FakeWaker):
+    """A service at zero whose pod turns ready when the test says; counts every API call."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.pod_ready = threading.Event()
+        self.calls: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def count(self, name: str) -> None:
+        with self.lock:
+            self.calls[name] += 1
+
+    def read(self, target: Target) -> dict[str, Any] | None:
+        self.count("get")
+        return super().read(target)
+
+    def wake(self, body: dict[str, Any]) -> bool:
+        self.count("scale")
+        return super().wake(body)
+
+    def ready_pod_urls(self, target: Target) -> list[str]:
+        self.count("list")
+        return [self.upstream] if self.pod_ready.is_set() else []
+
+
+def test_held_requests_share_one_poller_and_are_all_released(upstream: str) -> None:
+    """20 requests held for one service make the API calls of one (a get and a list a
+    tick), not 20 times as many; all are answered once a pod turns ready."""
+    held, poll, hold_seconds = 20, 0.05, 1.0
+    waker = CountingWaker(upstream)
+    port = free_port()
+    settings = ActivatorSettings(timeout_seconds=30, poll_seconds=poll)
+    serve_in_thread(Activator(waker, settings), port, host="127.0.0.1")
+    answers: list[int] = []
+
+    def call() -> None:
+        answers.append(post(f"http://127.0.0.1:{port}", {"prompt": "hi"})[0])
+
+    callers = [threading.Thread(target=call) for _ in range(held)]
+    started = time.monotonic()
+    for caller in callers:
+        caller.start()
+    time.sleep(hold_seconds)
+    waker.pod_ready.set()
+    for caller in callers:
+        caller.join(timeout=30)
+    ticks = (time.monotonic() - started) / poll + 1  # each tick sleeps the poll period
+    assert answers == [200] * held, "every held request released when the pod is ready"
+    assert waker.calls["list"] <= ticks and waker.calls["get"] <= ticks, (waker.calls, ticks)
+    assert waker.calls["list"] < 2 * hold_seconds / poll, "one list a tick, not one a request"
+    assert waker.wakes == 1

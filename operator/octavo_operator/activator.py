@@ -3,7 +3,8 @@ ready pod (its EndpointSlice points here, see idle_scaler.py).
 
 For each request: find the service it was sent to (activator_target.py), set it from 0 to
 1 replica if it is at 0, wait until one of its pods is ready and answers /health, then
-forward the request there and stream the answer back (server-sent events included). A
+forward the request there and stream the answer back (server-sent events included). The
+requests held for one service share one poller of the API (activator_wakeup.py). A
 request that cannot be served gets an OpenAI-style JSON error: 404 for no such service,
 503 when no pod answered within the activation timeout. Every operator replica runs one
 (on --activator-port), leader or not; it needs only the API and the pods' network.
@@ -23,7 +24,7 @@ from aiohttp import web
 from octavo_operator import metrics
 from octavo_operator.activator_target import Target, UnknownTarget, target_from_host
 from octavo_operator.activator_waker import ServiceWaker
-from octavo_operator.api.service import InferenceService
+from octavo_operator.activator_wakeup import WakeUps
 
 logger = logging.getLogger(__name__)
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -53,6 +54,7 @@ class Activator:
         self.waker = waker
         self.settings = settings
         self._session: aiohttp.ClientSession | None = None
+        self.wake_ups = WakeUps(waker, self._healthy, settings.poll_seconds)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
@@ -72,32 +74,21 @@ class Activator:
     async def _target(self, request: web.Request) -> Target:
         remote = request.remote or ""
         lookup = self.waker.caller_namespace
-        target = await asyncio.to_thread(
+        return await asyncio.to_thread(
             target_from_host, request.host, lambda: lookup(remote) if remote else None
         )
-        body = await asyncio.to_thread(self.waker.read, target)
-        if body is None:
-            raise UnknownTarget(f"no InferenceService {target.name} in {target.namespace}")
-        if not InferenceService.from_body(body).scales_to_zero:
-            raise UnknownTarget(
-                f"{target.namespace}/{target.name} does not scale to zero "
-                "(autoscaling.minReplicas 0): the activator does not start it"
-            )
-        return target
 
     async def _ready_pod(self, target: Target, deadline: float) -> str:
-        """A ready pod's URL; sets replicas 0 -> 1 while none is ready."""
-        while time.monotonic() < deadline:
-            for url in await asyncio.to_thread(self.waker.ready_pod_urls, target):
-                if await self._healthy(url):
-                    return url
-            body = await asyncio.to_thread(self.waker.read, target)
-            if body is None:
-                raise UnknownTarget(f"{target.namespace}/{target.name} was deleted")
-            await asyncio.to_thread(self.waker.wake, body)
-            await asyncio.sleep(self.settings.poll_seconds)
-        raise NoPod(f"no replica of {target.namespace}/{target.name} became ready within "
-                    f"{self.settings.timeout_seconds:g} s of this request")  # fmt: skip
+        """A ready pod's URL (the service must exist and scale to zero; it is set from 0
+        to 1 replica while none is ready)."""
+        try:
+            return await self.wake_ups.ready_pod(target, deadline - time.monotonic())
+        except TimeoutError:
+            limit = self.settings.timeout_seconds
+            raise NoPod(
+                f"no replica of {target.namespace}/{target.name} became ready within "
+                f"{limit:g} s of this request"
+            ) from None
 
     async def _healthy(self, url: str) -> bool:
         try:
