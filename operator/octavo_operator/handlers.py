@@ -30,7 +30,7 @@ from octavo_operator.adapter_sync import sync_adapters
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.activator_slice import ActivatorAddress
 from octavo_operator.elastic_executor import ElasticExecutor
-from octavo_operator.kube import Kube, api_error_message, load_api_client
+from octavo_operator.kube import Kube, always, api_error_message, load_api_client
 from octavo_operator.pod_activity import pod_samples
 from octavo_operator.pod_adapters import PodAdapterAPI
 from octavo_operator.reconcile import DESIRED_FIELDS, Controller, Key, Settings, TransientError
@@ -87,7 +87,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
     workers = settings.execution.max_workers
-    kube = Kube(load_api_client(os.environ.get("KUBECONFIG") or None, pool_size=workers + 4))
+    api = load_api_client(os.environ.get("KUBECONFIG") or None, pool_size=workers + 4)
+    kube = Kube(api, may_write=memo.get("may_write") or always)  # runner: Leadership.leads
     image = os.environ.get("OCTAVO_OPERATOR_DEFAULT_IMAGE") or c.DEFAULT_SERVER_IMAGE
     memo.controller = Controller(kube, Settings(default_image=image, activator=activator()))
     # After deletions, also close the API connections a burst opened (TLS state per socket).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -69,15 +70,37 @@ def object_path(api_version: str, kind: str, namespace: str, name: str = "") -> 
     return f"{path}/{name}" if name else path
 
 
+class NotLeading(client.ApiException):
+    """A write refused before it was sent: this replica no longer holds the leader Lease
+    (leader.py), so another may be writing."""
+
+    def __init__(self) -> None:
+        super().__init__(status=503, reason="this replica no longer holds the leader Lease")
+
+
+def always() -> bool:
+    return True
+
+
 class Kube:
-    def __init__(self, api: client.ApiClient):
+    def __init__(self, api: client.ApiClient, may_write: Callable[[], bool] = always):
         self.api = api
+        self.may_write = may_write  # with leader election: Leadership.leads
         self._served: dict[str, tuple[float, bool]] = {}
 
     def call(
-        self, method: str, path: str, body: Any = None, query: list | None = None, **headers: str
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list | None = None,
+        timeout: float = REQUEST_TIMEOUT,
+        **headers: str,
     ) -> dict[str, Any]:
-        """One request; the decoded JSON answer. Raises ApiException on a non-2xx status."""
+        """One request; the decoded JSON answer. Raises ApiException on a non-2xx status,
+        NotLeading for a write once this replica has lost the leader Lease."""
+        if method != "GET" and not self.may_write():
+            raise NotLeading()
         header_params = {"Accept": "application/json", **headers}
         if body is not None:
             header_params.setdefault("Content-Type", "application/json")
@@ -90,7 +113,7 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         response = self.api.call_api(
-            method, url, header_params=header_params, body=body, _request_timeout=REQUEST_TIMEOUT
+            method, url, header_params=header_params, body=body, _request_timeout=timeout
         )
         data = response.read()
         if not 200 <= response.status < 300:

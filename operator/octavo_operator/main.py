@@ -3,6 +3,8 @@
 octavo-operator [run] [--namespace NS ...] [--liveness-port 8080] [--metrics-port 8081]
                       [--log-format json|plain] [--default-image IMAGE] [--kubeconfig FILE]
                       [--leader-elect] [--leader-election-namespace NS]
+                      [--leader-elect-lease-duration 15] [--leader-elect-renew-deadline 10]
+                      [--leader-elect-retry-period 2]
 octavo-operator selfcheck --operator-url http://octavo-operator:8080/healthz
 """
 
@@ -67,7 +69,36 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         default=env.get("POD_NAMESPACE", "default"),
         help="where the Lease lives (default: $POD_NAMESPACE, else default)",
     )
+    add_lease_timing_options(parser)
     add_activator_options(parser)
+
+
+def add_lease_timing_options(parser: argparse.ArgumentParser) -> None:
+    """client-go's leader-election timings (kube-controller-manager's flag names), seconds."""
+    env = os.environ
+    timings = (
+        (
+            "lease-duration",
+            "LEASE_DURATION",
+            "15",
+            "how long a standby waits after the holder's last renewal before it takes the Lease",
+        ),
+        (
+            "renew-deadline",
+            "RENEW_DEADLINE",
+            "10",
+            "the leader stops reconciling when no renewal succeeded for this long (less than "
+            "the lease duration)",
+        ),
+        ("retry-period", "RETRY_PERIOD", "2", "between tries to take or renew the Lease"),
+    )
+    for flag, var, default, text in timings:
+        parser.add_argument(
+            f"--leader-elect-{flag}",
+            type=float,
+            default=float(env.get(f"OCTAVO_OPERATOR_LEADER_ELECT_{var}", default)),
+            help=f"{text}; seconds [env OCTAVO_OPERATOR_LEADER_ELECT_{var}]",
+        )
 
 
 def add_activator_options(parser: argparse.ArgumentParser) -> None:
@@ -89,11 +120,19 @@ def add_activator_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "selfcheck":
         from octavo_operator.selfcheck import selfcheck
 
         return selfcheck(args.operator_url, args.kubeconfig, args.timeout)
+    if args.leader_elect:
+        from octavo_operator.leader import lease_settings
+
+        try:
+            lease_settings(args)
+        except ValueError as error:
+            parser.error(str(error))
     from octavo_operator.runner import run
 
     return run(args)

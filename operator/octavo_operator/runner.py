@@ -10,15 +10,22 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 import kopf
 from prometheus_client import start_http_server
 
 from octavo_operator import metrics
+from octavo_operator.leader import (
+    LEASE_LOST_EXIT_CODE,
+    LeaderLease,
+    Leadership,
+    lease_settings,
+    wait_to_lead,
+)
 from octavo_operator.standby import StandbyHealth
 
 logger = logging.getLogger(__name__)
-LEASE_LOST_EXIT_CODE = 3
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,22 +64,31 @@ def start_activator(args: argparse.Namespace) -> None:
         os.environ["OCTAVO_ACTIVATOR_ADDRESS"] = args.activator_address
 
 
-def _operate(args: argparse.Namespace, stop_flag: threading.Event | None = None) -> int:
-    """kopf until a signal, or until ``stop_flag`` is set (the Lease was lost)."""
+def _operate(
+    args: argparse.Namespace,
+    stop_flag: threading.Event | None = None,
+    may_write: Callable[[], bool] | None = None,
+) -> int:
+    """kopf until a signal, or until ``stop_flag`` is set (the Lease was lost); the
+    handlers' writes are refused as soon as ``may_write`` says no (handlers.configure)."""
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
-    operator = kopf.operator(standalone=True, clusterwide=not args.namespace,
-                             namespaces=args.namespace, liveness_endpoint=liveness,
-                             stop_flag=stop_flag)  # fmt: skip
+    memo = kopf.Memo(may_write=may_write) if may_write else None
+    operator = kopf.operator(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=liveness,
+        stop_flag=stop_flag,
+        memo=memo,
+    )
     asyncio.run(operator)
     return 0
 
 
 def _run_as_replica(args: argparse.Namespace) -> int:
     from octavo_operator.kube import Kube, load_api_client
-    from octavo_operator.leader import LeaderLease, LeaseSettings, keep_leading, wait_to_lead
 
-    lease = LeaderLease(Kube(load_api_client(args.kubeconfig)),
-                        LeaseSettings(namespace=args.leader_election_namespace))  # fmt: skip
+    lease = LeaderLease(Kube(load_api_client(args.kubeconfig)), lease_settings(args))
     quit_waiting = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: quit_waiting.set())
@@ -82,14 +98,11 @@ def _run_as_replica(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)  # kopf installs its own handlers
     metrics.LEADER.set(1)
-    lost, done = threading.Event(), threading.Event()
-    renewer = threading.Thread(target=keep_leading, args=(lease, done, lost.set), daemon=True)
-    renewer.start()
+    leadership = Leadership(lease, on_lost=lambda: metrics.LEADER.set(0))
+    leadership.start()
     try:
-        _operate(args, stop_flag=lost)
+        _operate(args, stop_flag=leadership.lost, may_write=leadership.leads)
     finally:
-        done.set()
+        leadership.stop()
         metrics.LEADER.set(0)
-        if not lost.is_set():
-            lease.release()
-    return LEASE_LOST_EXIT_CODE if lost.is_set() else 0
+    return LEASE_LOST_EXIT_CODE if leadership.lost.is_set() else 0
