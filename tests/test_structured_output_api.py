@@ -5,9 +5,13 @@ sampled and streamed, the client's pydantic ``parse`` helper, metrics, and bad i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from unittest.mock import Mock
 
 import httpx
 import jsonschema
@@ -17,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from octavo.entrypoints.openai.app import context_of
 from octavo.entrypoints.openai.context import ServerConfig
+from octavo.structured_output.params import StructuredOutputsParams
 
 from server_harness import ThreadedServer, metric_value, openai_client, served_model
 
@@ -193,11 +198,10 @@ def test_metrics_count_constrained_requests_and_compile_time(client, server):
 
 
 def test_a_constraint_that_does_not_compile_in_time_is_a_400(server, monkeypatch):
-    """The compile runs in a thread with a deadline; past it the request is refused and the
-    engine never sees it (the deadline is shrunk here instead of writing a huge schema)."""
-    from octavo.entrypoints.openai import structured_outputs
-
-    monkeypatch.setattr(structured_outputs, "COMPILE_TIMEOUT_SECONDS", 0.0)
+    """The compile runs in a compile process with a deadline; past it the request is refused
+    and the engine never sees it (the deadline is shrunk here instead of writing a huge
+    schema)."""
+    monkeypatch.setattr(context_of(server.app).grammars, "timeout", 0.0)
     properties = {f"p{i}": {"type": "string", "pattern": f"^x{i}[a-z]+$"} for i in range(60)}
     schema = {"type": "object", "properties": properties, "required": list(properties)}
     body = {"model": MODEL, "messages": QUESTION, "max_tokens": 5, "guided_json": schema}
@@ -205,3 +209,52 @@ def test_a_constraint_that_does_not_compile_in_time_is_a_400(server, monkeypatch
     assert response.status_code == 400, response.text
     assert "did not compile within" in response.json()["error"]["message"]
     assert context_of(server.app).engine.num_open == 0
+
+
+def oversized_constraints(entries: int) -> list[dict]:
+    """The five slow kinds of constraint: an enum, a choice, required properties, regex
+    alternatives and EBNF rules, with about ``entries`` parts each."""
+    properties = {f"p{i}": {"type": "string"} for i in range(entries // 4)}
+    rules = "\n".join(f'r{i} ::= "x{i}" r{i + 1} | "y"' for i in range(entries // 3))
+    return [
+        {"guided_json": {"enum": [f"v{i}" for i in range(entries)]}},
+        {"guided_choice": [f"c{i}" for i in range(entries)]},
+        {"guided_json": {"type": "object", "properties": properties,
+                         "required": list(properties)}},
+        {"guided_regex": "|".join(f"a{i}" for i in range(entries))},
+        {"guided_grammar": f"root ::= r0\n{rules}\nr{entries // 3} ::= \"z\""},
+    ]  # fmt: skip
+
+
+def post_chat(server, extra: dict, timeout: float = 60) -> httpx.Response:
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2, **extra}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=timeout)
+
+
+def test_huge_constraints_are_refused_at_once_naming_the_limit(server):
+    """The security probe's constraints (100k entries: megabytes) never reach a compiler."""
+    for extra in oversized_constraints(100_000):
+        started = time.monotonic()
+        response = post_chat(server, extra)
+        assert response.status_code == 400, response.text
+        assert "the limit is 262,144" in response.json()["error"]["message"]
+        assert time.monotonic() - started < 2
+
+
+def test_slow_constraints_are_stopped_and_a_trivial_one_compiles_next(server, monkeypatch):
+    """Five constraints under the size limit that take seconds to minutes to compile, sent
+    at once: each is a 400 at the deadline (1 s here), their compile processes are killed,
+    and a trivial constraint sent next compiles within 2 s."""
+    monkeypatch.setattr(context_of(server.app).grammars, "timeout", 1.0)
+    assert post_chat(server, {"guided_choice": ["warm", "up"]}).status_code == 200
+    with ThreadPoolExecutor(5) as pool:
+        responses = list(pool.map(lambda extra: post_chat(server, extra),
+                                  oversized_constraints(20_000)))  # fmt: skip
+    for response in responses:
+        assert response.status_code == 400, response.text
+        assert "did not compile within 1 s" in response.json()["error"]["message"]
+    grammars, info = context_of(server.app).grammars, context_of(server.app).engine.info
+    started = time.monotonic()  # the compile alone: the shared CPU may slow the generation
+    asyncio.run(grammars.check(StructuredOutputsParams(choice=("yes", "no")), info, Mock()))
+    assert time.monotonic() - started < 2
+    assert post_chat(server, {"guided_choice": ["no", "yes"]}).status_code == 200

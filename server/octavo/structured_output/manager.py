@@ -10,8 +10,9 @@ validation and its runner compile each constraint once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from threading import Lock
+from concurrent.futures import Future
+from queue import SimpleQueue
+from threading import Lock, Thread
 from typing import Any
 
 from octavo.structured_output.compiler import GrammarCompiler
@@ -48,10 +49,26 @@ class PendingGrammar:
 
 
 class StructuredOutputManager:
+    """Compiles on one daemon thread: a compile in flight (C++, not interruptible) never
+    keeps the engine's process from exiting, as a ``ThreadPoolExecutor``'s thread would."""
+
     def __init__(self, compiler: Callable[[], GrammarCompiler]) -> None:
         self._compiler = compiler  # called on the compile thread: loading it is slow too
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="octavo-grammar")
+        self._jobs: SimpleQueue[tuple[Future, StructuredOutputsParams]] = SimpleQueue()
+        self._thread = Thread(target=self._serve, name="octavo-grammar", daemon=True)
+        self._thread.start()
 
     def start(self, params: StructuredOutputsParams, output_token_ids: list[int]) -> PendingGrammar:
-        future = self._pool.submit(lambda: self._compiler().compile(params))
+        future: Future = Future()
+        self._jobs.put((future, params))
         return PendingGrammar(future, output_token_ids)
+
+    def _serve(self) -> None:
+        while True:
+            future, params = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._compiler().compile(params))
+            except Exception as error:  # raised by the sequence's first sampling step
+                future.set_exception(error)

@@ -4,27 +4,36 @@ event loop and off the engine before the request is admitted.
 Spellings: ``response_format`` (chat: ``json_object``, ``json_schema``), vLLM's
 ``structured_outputs`` object and its older ``guided_json`` / ``guided_regex`` /
 ``guided_choice`` / ``guided_grammar``. At most one may be given. The constraint is
-compiled here, in a thread, with a deadline: an invalid one is a 400 naming the problem,
-one that does not compile in ``COMPILE_TIMEOUT_SECONDS`` too, so a pathological schema
-never reaches (or stalls) the engine, whose runner then finds it cached or compiles it
+compiled here, in a compile process, with a deadline: an invalid one is a 400 naming the
+problem, one larger than ``MAX_CONSTRAINT_CHARS`` or that does not compile in
+``COMPILE_TIMEOUT_SECONDS`` too (its process is killed, so it stops using the CPU), and a
+pathological schema never reaches (or stalls) the engine, whose runner then compiles it
 in the background.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import hashlib
+from collections import OrderedDict
 from typing import Any
 
 from octavo.engine.engine_info import EngineInfo
-from octavo.entrypoints.openai.errors import bad_request
+from octavo.entrypoints.openai.errors import APIError, bad_request
 from octavo.entrypoints.openai.metrics import ServerMetrics
-from octavo.structured_output.compiler import GrammarCompileError, GrammarCompiler
+from octavo.structured_output.compile_pool import (
+    STARTUP_TIMEOUT_SECONDS,
+    CompilePool,
+    CompilerUnavailable,
+)
+from octavo.structured_output.compile_worker import Compiled, Invalid, Vocabulary
+from octavo.structured_output.compiler import GrammarCompileError
+from octavo.structured_output.limits import MAX_CONSTRAINT_CHARS, check_constraint_size
 from octavo.structured_output.params import StructuredOutputsParams
 
 COMPILE_TIMEOUT_SECONDS = 10.0
-COMPILE_THREADS = 2
+COMPILE_PROCESSES = 2
+ANSWERS_KEPT = 1024  # constraints whose answer (compiled or invalid) is remembered
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}  # fmt: skip
 
@@ -81,12 +90,21 @@ async def checked_constraint(
 
 
 class GrammarChecker:
-    """Compiles constraints for the API process (validation, metrics), in a few threads."""
+    """Compiles constraints for the API process (validation, metrics) in compile processes
+    that are killed at the deadline (``compile_pool.py``); remembers each constraint's
+    answer, so a repeated one costs a dictionary lookup."""
 
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="octavo-grammar")
-        self._compiler: GrammarCompiler | None = None
-        self._lock = threading.Lock()
+    def __init__(
+        self,
+        timeout: float = COMPILE_TIMEOUT_SECONDS,
+        num_processes: int = COMPILE_PROCESSES,
+        max_chars: int = MAX_CONSTRAINT_CHARS,
+    ) -> None:
+        self.timeout, self.max_chars = timeout, max_chars
+        self._num_processes = num_processes
+        self._pool: CompilePool | None = None
+        self._answers: OrderedDict[bytes, Compiled | Invalid] = OrderedDict()
+        self._closed = False
 
     async def check(
         self,
@@ -95,28 +113,73 @@ class GrammarChecker:
         metrics: ServerMetrics,
         kind: str | None = None,
     ) -> None:
-        """Compile ``constraint`` (400 if invalid or too slow); count it under ``kind``
-        (default: the constraint's own kind)."""
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, self._compile, constraint, info)
+        """Compile ``constraint`` (400 if invalid, too large or too slow); count it under
+        ``kind`` (default: the constraint's own kind)."""
         try:
-            _, seconds = await asyncio.wait_for(asyncio.shield(future), COMPILE_TIMEOUT_SECONDS)
+            check_constraint_size(constraint, self.max_chars)
+        except GrammarCompileError as error:
+            raise bad_request(str(error)) from None
+        key = _digest(constraint)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = await self._compile(constraint, info)
+            self._remember(key, answer)
+        else:
+            self._answers.move_to_end(key)
+            answer = Compiled(None) if isinstance(answer, Compiled) else answer
+        if isinstance(answer, Invalid):
+            raise bad_request(answer.message)
+        metrics.record_constrained(kind or constraint.kind, answer.seconds)
+
+    async def _compile(
+        self, constraint: StructuredOutputsParams, info: EngineInfo
+    ) -> Compiled | Invalid:
+        pool = self._pool_for(info)
+        try:  # the first start imports xgrammar (seconds): not part of the deadline
+            await asyncio.wait_for(asyncio.wrap_future(pool.ready), STARTUP_TIMEOUT_SECONDS)
+        except (TimeoutError, CompilerUnavailable) as error:
+            raise _unavailable(error) from None
+        job = pool.submit(constraint)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(job.future), self.timeout)
         except TimeoutError:
             raise bad_request(
                 f"the {constraint.kind} constraint did not compile within "
-                f"{COMPILE_TIMEOUT_SECONDS:.0f} s; simplify it"
+                f"{self.timeout:g} s; simplify it"
             ) from None
-        except GrammarCompileError as error:
-            raise bad_request(str(error)) from None
-        metrics.record_constrained(kind or constraint.kind, seconds)
+        except CompilerUnavailable as error:
+            raise _unavailable(error) from None
+        finally:
+            job.abandoned.set()  # still queued: dropped; compiling: its process is killed
 
-    def _compile(self, constraint: StructuredOutputsParams, info: EngineInfo):
-        with self._lock:
-            if self._compiler is None:
-                self._compiler = GrammarCompiler(
-                    info.tokenizer, info.vocab_size, info.eos_token_ids
-                )
-        return self._compiler.compile_timed(constraint)
+    def _pool_for(self, info: EngineInfo) -> CompilePool:
+        if self._closed:
+            raise _unavailable(CompilerUnavailable("the server is shutting down"))
+        if self._pool is None:
+            vocabulary = Vocabulary(
+                info.tokenizer, info.vocab_size, tuple(sorted(info.eos_token_ids))
+            )
+            self._pool = CompilePool(vocabulary, self._num_processes)
+        return self._pool
+
+    def _remember(self, key: bytes, answer: Compiled | Invalid) -> None:
+        self._answers[key] = answer
+        while len(self._answers) > ANSWERS_KEPT:
+            self._answers.popitem(last=False)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+def _digest(constraint: StructuredOutputsParams) -> bytes:
+    kind, spec = constraint.cache_key()
+    return hashlib.sha256(f"{kind}\0{spec}".encode()).digest()
+
+
+def _unavailable(error: Exception) -> APIError:
+    message = str(error) or "it did not start in time"
+    return APIError(
+        503, f"structured output is unavailable: {message}", code="grammar_compiler_unavailable"
+    )

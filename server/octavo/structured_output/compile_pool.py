@@ -1,0 +1,228 @@
+"""Grammar compiles in processes that can be killed: a deadline really stops a compile.
+
+A few compile processes stay up and take constraints one at a time (a trivial one costs
+a pipe round trip, about a millisecond). A daemon thread per process hands it the queued
+jobs. A job whose caller gave up (its deadline passed, or its client left) is dropped if
+still queued and, if it is being compiled, its process is killed (SIGKILL: the C++
+compile cannot be interrupted otherwise) and a fresh one forked in its place.
+
+The processes fork from a zygote process that imported xgrammar and loaded the
+vocabulary once (seconds, on the first constrained request): a replacement is ready in
+milliseconds and shares the zygote's memory. Nothing here blocks the server's exit: the
+threads are daemons and ``shutdown`` kills the processes and the zygote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
+
+from octavo.structured_output.compile_worker import (
+    FORK,
+    READY,
+    Compiled,
+    Invalid,
+    Vocabulary,
+    zygote_main,
+)
+from octavo.structured_output.params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_SECONDS = 120.0  # the first start imports xgrammar in the fork server
+POLL_SECONDS = 0.05  # how soon a running job notices that its caller gave up
+
+
+class CompilerUnavailable(RuntimeError):
+    """No compile process could be started, or the pool is shut down."""
+
+
+@dataclass
+class CompileJob:
+    params: StructuredOutputsParams
+    future: Future = field(default_factory=Future)  # Compiled, Invalid or an exception
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+
+class Zygote:
+    """The process that forks compile processes (``compile_worker.zygote_main``)."""
+
+    def __init__(self, vocabulary: Vocabulary) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(
+            target=zygote_main, args=(theirs, vocabulary), name="octavo-grammar-zygote"
+        )
+        self._process.daemon = True
+        self._process.start()
+        theirs.close()
+        self._lock = threading.Lock()
+        try:
+            if self._conn.poll(STARTUP_TIMEOUT_SECONDS) and self._conn.recv() == READY:
+                return
+        except (EOFError, OSError):
+            pass
+        self.kill()
+        raise CompilerUnavailable("the grammar compiler did not start")
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def fork(self) -> CompileProcess:
+        ours, theirs = multiprocessing.Pipe()
+        try:
+            with self._lock:
+                self._conn.send(FORK)
+                send_handle(self._conn, theirs.fileno(), self._process.pid)
+                pid = self._conn.recv()
+        except (EOFError, OSError) as error:
+            ours.close()
+            raise CompilerUnavailable("the grammar compiler stopped") from error
+        finally:
+            theirs.close()
+        return CompileProcess(ours, pid)
+
+    def kill(self) -> None:
+        self._process.kill()
+        self._process.join(5)
+        self._conn.close()
+
+
+class CompileProcess:
+    """One compile process (forked by the zygote) and its pipe; one thread uses it."""
+
+    def __init__(self, conn: Connection, pid: int) -> None:
+        self._conn, self.pid = conn, pid
+        self._pidfd = _pidfd(pid)
+
+    def run(self, job: CompileJob) -> Compiled | Invalid | None:
+        """The job's answer; ``None`` if the caller gave up first or the process died
+        (then this process is killed and must be replaced)."""
+        try:
+            self._conn.send(job.params)
+            while not self._conn.poll(POLL_SECONDS):
+                if job.abandoned.is_set():
+                    raise TimeoutError
+            answer = self._conn.recv()
+            if isinstance(answer, Compiled | Invalid):
+                return answer
+        except (EOFError, OSError):  # TimeoutError included: the caller gave up
+            pass
+        self.kill()
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL (through a pidfd where Linux has them: never another process)."""
+        with contextlib.suppress(OSError):
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        self._conn.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux ≥ 5.3
+        return None
+
+
+class CompilePool:
+    """``num_processes`` compile processes, each started at once by its thread; ``ready``
+    is done when the first is up (or failed when none could start)."""
+
+    def __init__(self, vocabulary: Vocabulary, num_processes: int) -> None:
+        self._vocabulary = vocabulary
+        self._zygote: Zygote | None = None
+        self._zygote_lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._processes: set[CompileProcess] = set()
+        self._closed, self._failed_starts = False, 0
+        self.ready: Future[None] = Future()
+        self._num_threads = num_processes
+        for index in range(num_processes):
+            name = f"octavo-grammar-{index}"
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def submit(self, params: StructuredOutputsParams) -> CompileJob:
+        job = CompileJob(params)
+        if self._closed:
+            job.future.set_exception(CompilerUnavailable("the server is shutting down"))
+        else:
+            self._jobs.put(job)
+        return job
+
+    def shutdown(self) -> None:
+        """Drop queued jobs and kill the processes (compiles in flight included)."""
+        with self._lock:
+            self._closed = True
+            processes = list(self._processes)
+        for _ in range(self._num_threads):
+            self._jobs.put(None)
+        for process in processes:
+            process.kill()
+        with self._zygote_lock:
+            if self._zygote is not None:
+                self._zygote.kill()
+
+    def _serve(self) -> None:
+        process = self._start_or_none()
+        while (job := self._jobs.get()) is not None:
+            if job.abandoned.is_set() or not job.future.set_running_or_notify_cancel():
+                continue  # its caller gave up while it was queued
+            try:
+                process = process or self._start()
+            except Exception as error:
+                job.future.set_exception(error)
+                continue
+            answer = process.run(job)
+            if answer is not None:
+                job.future.set_result(answer)
+                continue
+            job.future.set_exception(CompilerUnavailable("the compile was stopped"))
+            with self._lock:
+                self._processes.discard(process)
+            process = self._start_or_none()  # forked now: ready when the next job comes
+
+    def _start_or_none(self) -> CompileProcess | None:
+        try:
+            return self._start()
+        except Exception as error:
+            if self._closed:
+                return None
+            logger.warning("could not start a grammar compile process: %s", error)
+            with self._lock:
+                self._failed_starts += 1
+                if self._failed_starts >= self._num_threads and not self.ready.done():
+                    self.ready.set_exception(error)
+            return None
+
+    def _start(self) -> CompileProcess:
+        if self._closed:
+            raise CompilerUnavailable("the server is shutting down")
+        with self._zygote_lock:  # the first start (or one after the zygote died) is slow
+            if self._zygote is None or not self._zygote.is_alive():
+                self._zygote = Zygote(self._vocabulary)
+            process = self._zygote.fork()
+        with self._lock:
+            self._processes.add(process)
+            if not self.ready.done():
+                self.ready.set_result(None)
+        if self._closed:
+            process.kill()
+            raise CompilerUnavailable("the server is shutting down")
+        return process
