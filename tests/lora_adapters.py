@@ -34,3 +34,26 @@ def hf_with_adapter(base_folder: Path, adapter: Path | None):
 
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32).eval()
     return model if adapter is None else PeftModel.from_pretrained(model, adapter).eval()
+
+
+def variant(source: Path, folder: Path, config=None, tensors=None,
+            raw_config: str | bytes | None = None) -> Path:  # fmt: skip
+    """A copy of the adapter ``source`` in ``folder``, with ``config`` (a function of the
+    config dict, returning what to write) and/or ``tensors`` (a function of the tensor
+    dict) applied, or the config replaced by ``raw_config`` text."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir(parents=True)
+    settings = json.loads((source / "adapter_config.json").read_text())
+    text = raw_config if raw_config is not None else json.dumps((config or _same)(settings))
+    config_file = folder / "adapter_config.json"
+    config_file.write_bytes(text if isinstance(text, bytes) else text.encode())
+    weights = load_file(source / "adapter_model.safetensors")
+    save_file((tensors or _same)(weights), folder / "adapter_model.safetensors")
+    return folder
+
+
+def _same(value):
+    return value

@@ -1,6 +1,7 @@
 """LoRA adapters through the real server: ``--lora-modules`` at start, ``model`` picks
 the adapter (output token-identical to HF transformers + PEFT), ``/v1/models`` lists
-adapters under their base, load/unload at run time behind the API key, bad adapters
+adapters under their base, load/unload at run time (``--allow-runtime-lora-updating``,
+adapters under ``--lora-allowed-roots``) behind the API key, bad adapters
 refused with a 4xx naming why while everything else keeps serving, the metric
 ``vllm:lora_requests_info``; the flags' and environment's spelling; removal drops an
 adapter's weights from the workers once no request uses it."""
@@ -27,11 +28,17 @@ PROMPT = [(j * 11) % 900 + 5 for j in range(12)]
 
 
 @pytest.fixture(scope="module")
-def llama_adapters(tiny_folder, tmp_path_factory):
+def lora_root(tmp_path_factory):
+    """The folder run-time loads may read (--lora-allowed-roots)."""
+    return tmp_path_factory.mktemp("lora-root")
+
+
+@pytest.fixture(scope="module")
+def llama_adapters(tiny_folder, lora_root):
     """Three adapters of the tiny Llama-3: all modules, attention only, MLP only."""
     base = tiny_folder("llama3")
     targets = [None, ["q_proj", "v_proj"], ["gate_proj", "down_proj"]]
-    return [make_adapter(base, tmp_path_factory.mktemp(f"llama-lora{i}"), seed=10 + i,
+    return [make_adapter(base, lora_root / f"llama-lora{i}", seed=10 + i,
                          rank=4 * (i + 1), targets=targets[i]) for i in range(3)]  # fmt: skip
 
 
@@ -43,8 +50,10 @@ def expected(tiny_folder, llama_adapters):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_folder, llama_adapters, tmp_path_factory):
-    config = ServerConfig(served_model_names=["tiny"], model_root="tiny", api_key=KEY)
+def server(tiny_folder, llama_adapters, lora_root, tmp_path_factory):
+    config = ServerConfig(served_model_names=["tiny"], model_root="tiny", api_key=KEY,
+                          allow_runtime_lora_updating=True,
+                          lora_allowed_roots=[str(lora_root)])  # fmt: skip
     modules = [LoRAModulePath("first", str(llama_adapters[0])),
                LoRAModulePath("missing", str(tmp_path_factory.mktemp("empty")))]  # fmt: skip
     app = build_local_app(str(tiny_folder("llama3")), config, dtype="float32",
@@ -117,14 +126,15 @@ def test_load_and_unload_at_run_time(server, tiny_folder, llama_adapters, expect
 
 
 def test_bad_adapters_get_a_4xx_naming_why_and_serving_goes_on(
-    server, tiny_folder, tmp_path, expected
+    server, tiny_folder, lora_root, expected
 ):
-    too_big = make_adapter(tiny_folder("llama3"), tmp_path / "big", seed=3, rank=16)
-    other_base = make_adapter(tiny_folder("qwen2"), tmp_path / "qwen", seed=4, rank=4)
-    broken = tmp_path / "broken"
+    too_big = make_adapter(tiny_folder("llama3"), lora_root / "big", seed=3, rank=16)
+    other_base = make_adapter(tiny_folder("qwen2"), lora_root / "qwen", seed=4, rank=4)
+    broken = lora_root / "broken"
     broken.mkdir()
     (broken / "adapter_config.json").write_text("{not json")
-    cases = {str(tmp_path / "nowhere"): "no such folder", str(too_big): "rank 16",
+    nowhere = str(lora_root / "nowhere")
+    cases = {nowhere: "is not an adapter this server can load", str(too_big): "rank 16",
              str(other_base): "another base model", str(broken): "not JSON"}  # fmt: skip
     for path, why in cases.items():
         reply = load(server, "bad", path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from octavo.lora.peft_adapter import load_peft_adapter
+from octavo.lora.peft_adapter import fetch_adapter, hub_adapter, load_peft_adapter
 from octavo.lora_request import LoRAModulePath, LoRARequest
 from octavo.model_executor.model_config import ModelConfig
 from octavo.scheduler.scheduler import Scheduler
@@ -43,7 +43,7 @@ class EngineAdapters:
             return
         if known is not None:
             raise ValueError(f"lora_int_id {request.lora_int_id} is already {known.lora_path}")
-        load_peft_adapter(request.lora_path, self.config, self.max_rank)
+        _check(request.lora_path, self.config, self.max_rank)
         self.known[request.lora_int_id] = request
         self.scheduler.lora_unloads.discard(request.lora_int_id)
 
@@ -55,11 +55,15 @@ class EngineAdapters:
         return True
 
     def load_modules(self, modules: list[LoRAModulePath]) -> StartupAdapters:
-        """Add ``--lora-modules`` (ids 1, 2, ...); a bad one is logged and left out."""
+        """Add ``--lora-modules`` (ids 1, 2, ...), hub ones downloaded now (refreshed
+        unless offline); a bad one is logged in one line and left out."""
         out = StartupAdapters()
         for lora_int_id, module in enumerate(modules, start=1):
             try:
                 request = LoRARequest(module.name, lora_int_id, module.path)
+                hub = hub_adapter(module.path)
+                if hub is not None:
+                    fetch_adapter(hub)
                 self.add(request)
             except ValueError as error:
                 logger.error("LoRA adapter %s not served: %s", module.name, error)
@@ -67,3 +71,17 @@ class EngineAdapters:
                 continue
             out.loaded[module.name] = request
         return out
+
+
+def _check(path: str, config: ModelConfig, max_rank: int) -> None:
+    """Read and check the adapter at ``path``: ValueError naming what is wrong. Anything
+    else a malformed adapter trips is a ValueError too (logged with its traceback), so a
+    bad adapter is refused and never stops the engine or turns into a 500."""
+    try:
+        load_peft_adapter(path, config, max_rank)
+    except ValueError:
+        raise
+    except Exception:
+        logger.exception("reading LoRA adapter %s failed", path)
+        raise ValueError(f"LoRA adapter {path}: it could not be read as a PEFT LoRA adapter "
+                         "(the server log has the details)") from None  # fmt: skip

@@ -79,6 +79,11 @@ def _check_revision(model: str, revision: str | None) -> str | None:
     return revision or None
 
 
+def is_repo_id(text: str) -> bool:
+    """Whether ``text`` is spelled like a hub repository id (``org/name``)."""
+    return _REPO_ID.fullmatch(text) is not None
+
+
 def served_name(model: str) -> str:
     """The name clients see for ``model``: the repo id for hub models, else ``model``."""
     try:
@@ -99,18 +104,35 @@ def hub_cache_dir() -> Path:
     return Path(configured) if configured else cache_root() / "hf"
 
 
-def download_snapshot(hub: HubModel, marker: str = "config.json") -> Path:
+def download_snapshot(
+    hub: HubModel, marker: str = "config.json", patterns: list[str] | None = None
+) -> Path:
     """The local snapshot folder of ``hub``, downloaded unless offline; ValueError if absent
-    or without ``marker`` (a LoRA adapter's is adapter_config.json)."""
+    or without ``marker`` (a LoRA adapter's is adapter_config.json). ``patterns``: the
+    files to fetch (default ``ALLOW_PATTERNS``)."""
     offline = hub_offline()
-    folder = Path(_snapshot_download(hub, offline))
+    folder = Path(_snapshot_download(hub, offline, patterns or ALLOW_PATTERNS))
     if not (folder / marker).is_file():
         raise ValueError(f"model {hub.uri!r}: the snapshot {folder} has no {marker}")
     logger.info("model %s resolved to %s", hub.uri, folder)
     return folder
 
 
-def _snapshot_download(hub: HubModel, offline: bool) -> str:
+def cached_snapshot(hub: HubModel) -> Path | None:
+    """The snapshot of ``hub`` already in the local cache (no network), or None."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(
+            hub.repo_id, revision=hub.revision, cache_dir=hub_cache_dir(), local_files_only=True
+        )
+    except LocalEntryNotFoundError:
+        return None
+    return Path(folder)
+
+
+def _snapshot_download(hub: HubModel, offline: bool, patterns: list[str]) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -125,7 +147,7 @@ def _snapshot_download(hub: HubModel, offline: bool) -> str:
             hub.repo_id,
             revision=hub.revision,
             cache_dir=cache,
-            allow_patterns=ALLOW_PATTERNS,
+            allow_patterns=patterns,
             local_files_only=offline,
         )
     except (GatedRepoError, RepositoryNotFoundError) as error:

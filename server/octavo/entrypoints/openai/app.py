@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,8 @@ from octavo.entrypoints.openai.middleware import (
     RequestIdMiddleware,
 )
 from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
+
+logger = logging.getLogger(__name__)
 
 
 def build_app(
@@ -50,7 +53,10 @@ def build_app(
     install_error_handlers(app)
     app.include_router(routes.router)
     app.include_router(ops_routes.router)
-    app.include_router(lora_routes.router)
+    if config.allow_runtime_lora_updating:  # as vLLM: without the opt-in, no such routes
+        logger.warning("LoRA adapters may be loaded and unloaded at run time "
+                       "(/v1/load_lora_adapter, /v1/unload_lora_adapter)")  # fmt: skip
+        app.include_router(lora_routes.router)
     # add_middleware puts each new one outermost: request ids wrap everything.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(ConcurrencyLimitMiddleware, limit=config.limit_concurrency)

@@ -1,5 +1,6 @@
 """Loading and unloading LoRA adapters while serving (vLLM's routes; the API key guards
-them like every /v1 route)."""
+them like every /v1 route). Registered only with ``--allow-runtime-lora-updating`` (or
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=true``): without it, as in vLLM, they are 404s."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ Context = Annotated[ServerContext, Depends(get_context)]
 
 class LoadLoRAAdapterRequest(BaseModel):
     lora_name: str = Field(min_length=1)
-    lora_path: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1, max_length=4096)
 
 
 class UnloadLoRAAdapterRequest(BaseModel):
@@ -29,7 +30,8 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, context: Context) -> P
     context.ready_info()  # 503 while the engine loads: adapters are known after that
     adapters = context.adapters()
     names = context.config.served_model_names
-    await adapters.load(context.engine, body.lora_name, body.lora_path, names)
+    roots = context.config.lora_allowed_roots
+    await adapters.load(context.engine, body.lora_name, body.lora_path, names, roots)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
