@@ -30,6 +30,8 @@ def test_adapters_become_a_config_map_read_at_start_and_lora_is_turned_on():
     assert kids["ConfigMap"]["data"]["lora-modules"] == "sql=/adapters/loras/sql chat=hf://org/chat"
     container = kids["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert "--enable-lora" in container["args"]
+    at = container["args"].index("--allow-runtime-lora-updating")  # the sync's load routes
+    assert container["args"][at + 1 : at + 3] == ["--lora-allowed-roots", "/adapters"]
     (env,) = [e for e in container["env"] if e["name"] == LORA_MODULES_ENV]
     assert env["valueFrom"]["configMapKeyRef"]["name"] == "chat-adapters"
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}

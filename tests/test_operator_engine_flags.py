@@ -31,6 +31,8 @@ SET_BY_THE_OPERATOR = {
     "--device": "cpu when spec.resources.gpu is 0, else the server's own choice",
     "--shutdown-timeout": "spec.drain: the grace period less preStopSeconds and a margin",
     "--enable-lora": "on whenever spec.adapters is set (even empty)",
+    "--allow-runtime-lora-updating": "with spec.adapters: the operator loads them through it",
+    "--lora-allowed-roots": "with spec.adapters: the claims' mount root (extraArgs may widen)",
     "--lora-modules": "spec.adapters, through a ConfigMap read as OCTAVO_LORA_MODULES",
 }
 # Server flags deliberately not exposed as engine fields; engine.extraArgs can pass them.
@@ -46,6 +48,22 @@ LEFT_TO_EXTRA_ARGS = {
     "--log-level": "debugging one deployment, not a lasting setting",
     "--enable-auto-tool-choice": "tool calling is new; a spec field follows with the parsers",
     "--tool-call-parser": "tool calling is new; a spec field follows with the parsers",
+    # vLLM's spellings users paste (issue 26, item 12): passed as they are in extraArgs.
+    "--chat-template": "a file in the image or inline text: per deployment, rarely changed",
+    "--enable-chunked-prefill": "vLLM compatibility; the scheduler's default suits serving",
+    "--enable-log-requests": "debugging one deployment, not a lasting setting",
+    "--enable-prompt-tokens-details": "an API detail some clients ask for, rarely changed",
+    "--enforce-eager": "vLLM compatibility; graphs are the server's own choice",
+    "--generation-config": "vLLM compatibility: the model's sampling defaults or none",
+    "--kv-cache-dtype": "a memory/accuracy trade-off tuned per model by hand",
+    "--max-logprobs": "API limit tuning, rarely changed",
+    "--num-speculative-tokens": "vLLM's older spelling: speculativeConfig is the field",
+    "--speculative-model": "vLLM's older spelling: speculativeConfig is the field",
+    "--response-role": "an API detail, rarely changed",
+    "--return-tokens-as-token-ids": "an API detail some clients ask for, rarely changed",
+    "--tokenizer": "a tokenizer other than the model's: rare, per deployment",
+    "--trust-remote-code": "refused by the server (no remote code runs)",
+    "--uvicorn-log-level": "debugging one deployment, not a lasting setting",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {

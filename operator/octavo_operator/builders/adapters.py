@@ -21,6 +21,16 @@ LORA_MODULES_KEY = "lora-modules"
 LORA_MODULES_ENV = "OCTAVO_LORA_MODULES"
 
 
+def lora_args() -> list[str]:
+    """LoRA on, and the run-time load routes the operator syncs adapters through (the
+    server keeps them off unless asked). Run-time loads may read the adapters named when
+    the pod started and anything on the claims mounted under ADAPTERS_PATH; a file://
+    adapter added later must lie under a folder named with `--lora-allowed-roots` in
+    engine.extraArgs (which replaces this list: name ADAPTERS_PATH there too if needed).
+    The flags do not depend on the list, so a changed list restarts no pod."""
+    return ["--enable-lora", "--allow-runtime-lora-updating", "--lora-allowed-roots", ADAPTERS_PATH]
+
+
 def adapters_config_map_name(isvc: InferenceService) -> str:
     return f"{isvc.name}-adapters"
 

@@ -8,7 +8,7 @@ from typing import Any
 from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
-from .adapters import lora_modules_env
+from .adapters import lora_args, lora_modules_env
 from .engine_flags import engine_flags
 from .volumes import CACHE_PATH, model_argument, volume_mounts
 
@@ -34,7 +34,7 @@ def server_args(isvc: InferenceService) -> list[str]:
     args += ["--served-model-name", isvc.served_name]
     args += engine_flags(isvc)
     if isvc.adapters is not None:
-        args.append("--enable-lora")
+        args += lora_args()
     args += ["--shutdown-timeout", str(shutdown_timeout(isvc))]
     return args + list(isvc.engine.extra_args)
 
