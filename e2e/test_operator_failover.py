@@ -1,11 +1,13 @@
 """Two operator replicas with leader election: one leads (holds the Lease) and reconciles,
 the other stands by and reconciles nothing; kill the leader (SIGKILL: no hand-over) and
 the standby takes over after the lease time (client-go's 15 s, tried every 2 s),
-reconciling what changed while nobody led."""
+reconciling what changed while nobody led. Pause the leader instead (SIGSTOP): the same
+takeover, and the paused one, continued, stops and exits without reconciling again."""
 
 from __future__ import annotations
 
 import re
+import signal
 import time
 
 from kubernetes import client
@@ -13,6 +15,7 @@ from kubernetes import client
 from e2e import isvc
 from e2e.helpers import wait_for
 from e2e.operator_process import NAMESPACE, OperatorProcess
+from octavo_operator.leader import LEASE_LOST_EXIT_CODE
 
 LEASE_SECONDS, RETRY_SECONDS = 15.0, 2.0  # the defaults (octavo_operator.leader)
 TAKEOVER_DEADLINE_SECONDS = LEASE_SECONDS + RETRY_SECONDS + 5.0  # + kopf's start, catch-up
@@ -77,5 +80,48 @@ def test_the_standby_takes_over_when_the_leader_dies(
     finally:
         for replica in replicas:
             if replica.proc is not None and replica.proc.poll() is None:
+                replica.stop()
+            replica.proc = None
+
+
+def test_a_paused_leader_yields_and_exits_when_it_wakes(
+    cluster, operator, no_other_operator, namespace, custom, apps, tmp_path
+):
+    """SIGSTOP the leader (a frozen node, a long pause): the standby takes over after the
+    lease time and reconciles; SIGCONT, the old leader knows at once that its renew
+    deadline has passed, stops without reconciling and exits as having lost the Lease (3)."""
+    replicas = [OperatorProcess(cluster, tmp_path / f"replica-{i}", args=ELECT) for i in (0, 1)]
+    for replica in replicas:
+        replica.start()
+    try:
+        wait_for(lambda: sum(leads(r) for r in replicas) == 1, timeout=30, what="one leader")
+        paused = next(r for r in replicas if leads(r))
+        standby = next(r for r in replicas if r is not paused)
+        isvc.create(custom, namespace, isvc.manifest("held", {"replicas": 1}))
+        wait_for(
+            lambda: deployment_args(apps, namespace, "held"),
+            timeout=15,
+            what="the leader's Deployment",
+        )
+        paused.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        isvc.patch(custom, namespace, "held", {"spec": {"engine": {"maxNumSeqs": 7}}})
+        wait_for(
+            lambda: "--max-num-seqs" in (deployment_args(apps, namespace, "held") or []),
+            timeout=TAKEOVER_DEADLINE_SECONDS + 15,
+            interval=0.2,
+            what="the standby reconciling",
+            describe=standby.tail,
+        )
+        assert time.monotonic() - stopped >= LEASE_SECONDS - RETRY_SECONDS
+        assert leads(standby)
+        paused.proc.send_signal(signal.SIGCONT)
+        assert paused.proc.wait(timeout=30) == LEASE_LOST_EXIT_CODE, paused.tail()
+        assert reconciles(standby) > 0 and leads(standby)
+        assert "Traceback" not in paused.tail(400), paused.tail(80)
+    finally:
+        for replica in replicas:
+            if replica.proc is not None and replica.proc.poll() is None:
+                replica.proc.send_signal(signal.SIGCONT)
                 replica.stop()
             replica.proc = None

@@ -1,5 +1,7 @@
 """Scale to zero on the real control plane, served by the pod's own command: an
-InferenceService with autoscaling.minReplicas 0 starts with one replica; idle for
+InferenceService with autoscaling.minReplicas 0 starts with one replica; short requests
+(far shorter than the operator's 1 s check period, so never seen running) keep it up for
+several idle periods; idle for
 scaleToZeroAfterSeconds, the operator sets it to 0 through /scale (the Deployment follows,
 Ready stays True with reason ScaledToZero, an Event says so) and points its Service at the
 activator with an EndpointSlice. A request sent to the activator with the service's
@@ -35,6 +37,7 @@ from octavo.cache_dirs import cache_root
 NAME = "idle"
 ACTIVATOR_IP = "10.244.7.7"
 IDLE_SECONDS = 10
+REQUEST_EVERY, BUSY_SECONDS = 4.0, 2.5 * IDLE_SECONDS
 
 
 @pytest.fixture
@@ -75,6 +78,23 @@ def complete(base_url: str, out: dict) -> None:
         out.update(status=reply.status, body=json.load(reply), seconds=time.monotonic() - started)
 
 
+def keep_busy(pod: PodProcess, custom: client.CustomObjectsApi, namespace: str) -> None:
+    """A short request every REQUEST_EVERY seconds for BUSY_SECONDS: the service stays up."""
+    started, durations = time.monotonic(), []
+    while time.monotonic() - started < BUSY_SECONDS:
+        took = time.monotonic()
+        out = {"host": f"{NAME}.{namespace}.svc.cluster.local:8000"}
+        complete(pod.base_url("http"), out)
+        assert out["status"] == 200, out
+        durations.append(out["seconds"])
+        assert replicas(custom, namespace) == 1, (
+            f"scaled to zero {time.monotonic() - started:.0f} s into a request every "
+            f"{REQUEST_EVERY} s"
+        )
+        time.sleep(max(0.0, REQUEST_EVERY - (time.monotonic() - took)))
+    print(f"{len(durations)} requests kept it up; the longest took {max(durations):.2f} s")
+
+
 def start_pod(core, api_client, namespace: str, workdir: Path, skip=frozenset()) -> PodProcess:
     pod = pod_on_loopback(core, api_client, namespace, NAME, workdir, skip=skip)
     pod.start(dockerfile_env("server"))
@@ -98,6 +118,7 @@ def test_idle_service_scales_to_zero_and_a_request_brings_it_back(
         assert replicas(custom, namespace) == 1, "a new service starts with one replica"
         pods.append(start_pod(core, api_client, namespace, tmp_path / "pod-1"))
         first = pods[0].pod["metadata"]["name"]
+        keep_busy(pods[0], custom, namespace)
 
         wait_for(lambda: replicas(custom, namespace) == 0, timeout=IDLE_SECONDS + 60,
                  what="the idle service set to 0 replicas")  # fmt: skip
