@@ -325,3 +325,16 @@ def load_when_free(http: httpx.Client, name: str, path: str) -> httpx.Response:
         time.sleep(0.1)
         reply = load(http, name, path)
     return reply
+
+
+def test_hf_allowed_roots_limit_hub_adapters_to_their_organisations(tmp_path):
+    from octavo.lora.allowed_roots import AllowedRoots
+
+    limited = AllowedRoots.of([str(tmp_path), "hf://myorg/", "hf://other/one"], [])
+    assert limited.folders == (tmp_path.resolve(),)
+    for allowed in ("myorg/a", "myorg/b", "other/one"):
+        limited.check_hub(hub.HubModel(allowed), f"hf://{allowed}")
+    for refused in ("myorganisation/a", "other/two", "evil/myorg"):
+        with pytest.raises(ValueError, match="is not an adapter this server can load"):
+            limited.check_hub(hub.HubModel(refused), f"hf://{refused}")
+    AllowedRoots.of([str(tmp_path)], []).check_hub(hub.HubModel("any/one"), "hf://any/one")

@@ -6,6 +6,9 @@ the operator named itself) holding ``adapter_config.json`` that also resolves un
 root (and ``adapter_model.safetensors``, when present, likewise). Anything else (outside
 the roots, missing, not a folder, no config) gets the same ``not_an_adapter`` answer,
 so a caller learns nothing about folders it may not load from.
+
+Hub adapters (``hf://ORG/NAME``) are allowed with the opt-in, as in vLLM; roots spelled
+``hf://ORG`` or ``hf://ORG/NAME`` restrict them to those organisations or repositories.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from octavo.lora.adapter_config import CONFIG_FILE, WEIGHTS_FILE, not_an_adapter
-from octavo.model_executor.hub import HF_SCHEME, parse_hub_model
+from octavo.model_executor.hub import HF_SCHEME, HubModel, parse_hub_model
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +27,15 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AllowedRoots:
     folders: tuple[Path, ...]  # resolved
+    hub_prefixes: tuple[str, ...] = ()  # ORG or ORG/NAME; none: every hub adapter
 
     @classmethod
     def of(cls, roots: list[str] | None, module_paths: Iterable[str]) -> AllowedRoots:
         """``--lora-allowed-roots`` plus the local folders of ``--lora-modules``."""
-        named = [*(roots or []), *(p for p in module_paths if _is_local(p))]
+        hub = tuple(r.removeprefix(HF_SCHEME).strip("/") for r in roots or ()
+                    if r.startswith(HF_SCHEME))  # fmt: skip
+        local = [r for r in roots or () if not r.startswith(HF_SCHEME)]
+        named = [*local, *(p for p in module_paths if _is_local(p))]
         folders = []
         for text in named:
             folder = Path(text.removeprefix("file://")).expanduser().resolve()
@@ -36,8 +43,18 @@ class AllowedRoots:
                 logger.warning("LoRA allowed root %s is not a folder (yet)", folder)
             folders.append(folder)
         unique = tuple(dict.fromkeys(folders))
-        logger.info("run-time LoRA loads may read under %s", [str(f) for f in unique] or "none")
-        return cls(unique)
+        logger.info("run-time LoRA loads may read under %s, and hub adapters %s",
+                    [str(f) for f in unique] or "no folder",
+                    list(hub) or "of any repository")  # fmt: skip
+        return cls(unique, hub)
+
+    def check_hub(self, hub: HubModel, path: str) -> None:
+        """``not_an_adapter`` unless ``hub`` is under one of the allowed hub prefixes."""
+        repo = hub.repo_id
+        if self.hub_prefixes and not any(
+            repo == prefix or repo.startswith(prefix + "/") for prefix in self.hub_prefixes
+        ):
+            raise not_an_adapter(path)
 
     def local_folder(self, path: str) -> str:
         """The real path of the adapter folder ``path`` names; ``not_an_adapter`` unless

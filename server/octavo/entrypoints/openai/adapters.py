@@ -4,10 +4,10 @@ Requests name an adapter in ``model``; ``/v1/models`` lists each with the base m
 ``parent``. With ``--allow-runtime-lora-updating``, ``POST /v1/load_lora_adapter`` and
 ``/v1/unload_lora_adapter`` change the set while serving (one change at a time): a local
 path must be an adapter folder under the allowed roots (``AllowedRoots``; the engine is
-given its real path), a hub adapter (``hf://ORG/NAME``, or vLLM's bare ``ORG/NAME``) is
-downloaded first, off the event loop and off the engine loop (``AdapterDownloads``).
-The engine checks an adapter before its name is served, so a bad one is a 400 and
-everything else keeps serving.
+given its real path), a hub adapter (``hf://ORG/NAME``, or vLLM's bare ``ORG/NAME``;
+limited by ``hf://`` allowed roots when there are any) is downloaded first, off the event
+loop and off the engine loop (``AdapterDownloads``). The engine checks an adapter before
+its name is served, so a bad one is a 400 and everything else keeps serving.
 """
 
 from __future__ import annotations
@@ -70,14 +70,19 @@ class ServedAdapters:
     async def _source(self, path: str, allowed_roots: list[str] | None) -> str:
         """What the engine reads: a local adapter's real path, or a downloaded hub
         adapter's ``hf://`` reference (the engine finds it in the cache)."""
+        roots = self._allowed_roots(allowed_roots)
         try:
             hub = hub_adapter(path) if path.startswith(HF_SCHEME) else None
             if hub is None:
-                return self._allowed_roots(allowed_roots).local_folder(path)
+                return roots.local_folder(path)
         except ValueError as error:
             if not is_repo_id(path):
                 raise bad_request(str(error), param="lora_path") from None
             hub = HubModel(path)  # vLLM's bare ORG/NAME, when no allowed folder has it
+        try:
+            roots.check_hub(hub, path)
+        except ValueError as error:
+            raise bad_request(str(error), param="lora_path") from None
         await self.downloads.fetch(hub)
         return hub.uri
 
