@@ -154,3 +154,78 @@ def test_the_server_refuses_prompt_ids_outside_the_limit(served, bos_tokenizer):
     error = response.json()["error"]
     assert error["message"] == f"prompt token ids must be in [0, {limit})"
     assert error["param"] == "prompt"
+
+
+# ----- offline prompts as vLLM takes them ---------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_folder) -> Iterator[LLM]:
+    with torch_threads(1), LLM(str(tiny_folder("llama3")), **ENGINE_ARGS) as llm:
+        yield llm
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+def tokens_of(outputs: list) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in outputs]
+
+
+def test_offline_generate_takes_text_and_tokens_prompts(tiny_llm):
+    from octavo.inputs import TextPrompt, TokensPrompt
+
+    ids = tiny_llm.get_tokenizer().encode("Hello there")
+    expected = tokens_of(tiny_llm.generate(ids, GREEDY, use_tqdm=False))
+    assert tokens_of(tiny_llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)) == (
+        expected
+    )
+    assert tokens_of(tiny_llm.generate({"prompt": "Hello there"}, GREEDY, use_tqdm=False)) == (
+        expected
+    )
+    mixed = [TokensPrompt(prompt_token_ids=ids), TextPrompt(prompt="Hello there"), ids, "Hello"]
+    outputs = tiny_llm.generate(mixed, GREEDY, use_tqdm=False)
+    assert tokens_of(outputs)[:3] == expected * 3
+    assert outputs[1].prompt == "Hello there" and outputs[0].prompt_token_ids == ids
+
+
+@pytest.mark.parametrize(
+    ("prompts", "error", "match"),
+    [
+        (5, TypeError, "got int"),
+        (None, TypeError, "got NoneType"),
+        ([1.5, 2.5], TypeError, "got float"),
+        ([[1, True]], TypeError, "only integers"),
+        ({"prompt_ids": [1]}, ValueError, r"unknown prompt keys \['prompt_ids'\]"),
+        ({"prompt_token_ids": ["a"]}, TypeError, "prompt_token_ids must be a list of integers"),
+        ({"prompt": 3}, TypeError, "'prompt' must be a string"),
+        ({}, ValueError, "needs 'prompt' or 'prompt_token_ids'"),
+        ({"prompt": "x", "multi_modal_data": {}}, ValueError, "text-only"),
+        ([], ValueError, "must not be empty"),
+    ],
+)
+def test_offline_generate_refuses_other_prompts_at_the_call(tiny_llm, prompts, error, match):
+    with pytest.raises(error, match=match):
+        tiny_llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert not tiny_llm.engine.has_unfinished_requests()
+
+
+def test_offline_logprobs_are_bounded_by_max_logprobs(tiny_llm):
+    with pytest.raises(ValueError, match="logprobs of 21, which is greater than max allowed: 20"):
+        tiny_llm.generate("x", SamplingParams(max_tokens=1, logprobs=21), use_tqdm=False)
+
+
+def test_offline_chat_takes_vllms_template_fields(tiny_llm, tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}<{{ m['content'] }}>{% endfor %}{{ tail }}")
+    (output,) = tiny_llm.chat(
+        MESSAGES,
+        GREEDY,
+        use_tqdm=False,
+        chat_template=str(template),
+        chat_template_kwargs={"tail": "!"},
+    )
+    assert output.prompt == "<You are terse.><Name a colour.>!"
+    partial = [*MESSAGES, {"role": "assistant", "content": "Blue and"}]
+    (output,) = tiny_llm.chat(
+        partial, GREEDY, use_tqdm=False, add_generation_prompt=False, continue_final_message=True
+    )
+    assert output.prompt.endswith("<|im_start|>assistant\nBlue and")

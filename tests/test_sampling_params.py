@@ -63,7 +63,8 @@ def test_boundary_values_are_accepted() -> None:
         ({"min_tokens": -1}, "min_tokens"),
         ({"min_tokens": 10, "max_tokens": 5}, "min_tokens"),
         ({"logprobs": -1}, "logprobs"),
-        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": 2.5}, "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
         ({"stop": ""}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
         ({"stop": [1]}, "stop"),
@@ -73,3 +74,12 @@ def test_boundary_values_are_accepted() -> None:
 def test_invalid_values_raise_naming_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_logprobs_above_the_engines_limit_are_refused_naming_it() -> None:
+    """The bound is the engine's --max-logprobs (vLLM's default 20), not a constant."""
+    SamplingParams(logprobs=30).check_max_logprobs(30)
+    with pytest.raises(ValueError, match="logprobs of 21, which is greater than max allowed: 20"):
+        SamplingParams(logprobs=21).check_max_logprobs(20)
+    with pytest.raises(ValueError, match=r"prompt_logprobs of 6.*max allowed: 5"):
+        SamplingParams(prompt_logprobs=6).check_max_logprobs(5)

@@ -8,6 +8,8 @@ the command line, the ``OCTAVO_*`` environment variables and ``--help`` are deri
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,10 @@ SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Each one's linear method is in model_executor/layers/quantization/registry.py.
 QUANTIZATION_NAMES = ("int8", "fp8", "gptq", "awq", "gguf")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
+NGRAM_MODEL = "[ngram]"  # vLLM's older --speculative-model spelling of n-gram proposals
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,25 @@ class EngineArgs:
     revision: str | None = engine_arg(
         None, "hub models (hf://ORG/NAME): branch, tag or commit to load (default: main)"
     )
+    tokenizer: str | None = engine_arg(
+        None,
+        "the tokenizer's folder or hf://ORG/NAME, when it is not the model's (default: the "
+        "model's own)",
+    )
+    trust_remote_code: bool = engine_arg(
+        False,
+        "accepted for vLLM's command lines, but only false: Octavo never runs code that "
+        "comes with a model",
+        parse_bool,
+        kind="bool",
+    )
+    generation_config: str = engine_arg(
+        "auto",
+        "default sampling settings: auto (the model's generation_config.json: temperature, "
+        "top_p, top_k, min_p, repetition_penalty, max_new_tokens as the default max_tokens), "
+        "vllm (none: vLLM's neutral defaults) or a folder holding a generation_config.json; "
+        "a request's own values always win",
+    )
     max_model_len: int | None = engine_arg(
         None, "context length (default: from the model's config)", positive_int
     )
@@ -58,6 +83,26 @@ class EngineArgs:
         "token budget of one step (default: 512 on CPU, where a step of 2048 prompt tokens "
         "stalls every stream for about half a second; 2048 on GPU)",
         positive_int,
+    )
+    enable_chunked_prefill: bool = engine_arg(
+        True,
+        "split long prompts over several steps, next to running decodes; with "
+        "--no-enable-chunked-prefill a prompt is computed whole in one step (the token "
+        "budget then defaults to at least the context length)",
+        parse_bool,
+        kind="bool",
+    )
+    max_logprobs: int = engine_arg(
+        DEFAULT_MAX_LOGPROBS,
+        "most logprobs / prompt_logprobs / top_logprobs alternatives one request may ask for",
+        int,
+    )
+    enforce_eager: bool = engine_arg(
+        False,
+        "accepted for vLLM's command lines: Octavo always runs the model eagerly (it "
+        "captures no CUDA graphs and compiles nothing), so this changes nothing",
+        parse_bool,
+        kind="bool",
     )
     block_size: int = engine_arg(
         16,
@@ -126,6 +171,17 @@ class EngineArgs:
         SpeculativeConfig.parse,
     )
 
+    speculative_model: str | None = engine_arg(
+        None,
+        "deprecated (vLLM's older spelling): a draft model folder, or [ngram], with "
+        "--num-speculative-tokens; use --speculative-config",
+    )
+    num_speculative_tokens: int | None = engine_arg(
+        None,
+        "deprecated (vLLM's older spelling), with --speculative-model; use --speculative-config",
+        positive_int,
+    )
+
     enable_lora: bool = engine_arg(
         False, "serve LoRA adapters on the base model (per request)", parse_bool, kind="bool"
     )
@@ -148,22 +204,63 @@ class EngineArgs:
             self.speculative_config, SpeculativeConfig
         ):  # LLM(speculative_config={...})
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self._fold_legacy_speculative_flags()
         if self.lora_modules:
             self.lora_modules = [m if isinstance(m, LoRAModulePath) else parse_lora_module(m)
                                  for m in self.lora_modules]  # fmt: skip
             self.enable_lora = True
         self.validate()
 
-    def token_budget(self, device_type: str) -> int:
-        """``max_num_batched_tokens``, or its default for the device."""
-        if self.max_num_batched_tokens is not None:
-            return self.max_num_batched_tokens
-        return DEFAULT_CPU_TOKEN_BUDGET if device_type == "cpu" else DEFAULT_GPU_TOKEN_BUDGET
+    def _fold_legacy_speculative_flags(self) -> None:
+        """``--speculative-model``/``--num-speculative-tokens`` -> ``speculative_config``."""
+        if self.speculative_model is None and self.num_speculative_tokens is None:
+            return
+        _require(
+            self.speculative_config is None,
+            "give either --speculative-config or the deprecated --speculative-model / "
+            "--num-speculative-tokens, not both",
+        )
+        _require(
+            self.speculative_model is not None and self.num_speculative_tokens is not None,
+            "--speculative-model and --num-speculative-tokens go together",
+        )
+        logger.warning(
+            "--speculative-model and --num-speculative-tokens are deprecated (as in vLLM); "
+            "use --speculative-config '%s'",
+            _legacy_speculative_json(self.speculative_model, self.num_speculative_tokens),
+        )
+        self.speculative_config = SpeculativeConfig.parse(
+            _legacy_speculative_json(self.speculative_model, self.num_speculative_tokens)
+        )
+        self.speculative_model = self.num_speculative_tokens = None  # folded in once
+
+    def token_budget(self, device_type: str, max_model_len: int | None = None) -> int:
+        """``max_num_batched_tokens``, or its default for the device. Without chunked
+        prefill a whole prompt must fit in one step: the default grows to
+        ``max_model_len``, and a smaller explicit budget is refused."""
+        explicit = self.max_num_batched_tokens
+        default = DEFAULT_CPU_TOKEN_BUDGET if device_type == "cpu" else DEFAULT_GPU_TOKEN_BUDGET
+        budget = default if explicit is None else explicit
+        if self.enable_chunked_prefill or max_model_len is None:
+            return budget
+        _require(
+            explicit is None or explicit >= max_model_len,
+            f"--max-num-batched-tokens ({explicit}) is smaller than max_model_len "
+            f"({max_model_len}): without chunked prefill a prompt is computed whole in "
+            "one step, so raise it, lower --max-model-len or enable chunked prefill",
+        )
+        return max(budget, max_model_len)
 
     def validate(self) -> None:
         names = [module.name for module in self.lora_modules or []]
         _require(len(set(names)) == len(names), f"--lora-modules names repeat: {names}")
         _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
+        _require(
+            not self.trust_remote_code,
+            "--trust-remote-code is not supported: Octavo never runs code shipped with a "
+            "model; it loads Llama, Qwen2 and Mistral architectures with its own code",
+        )
+        _require(self.max_logprobs >= 0, "max_logprobs must be >= 0")
         _require(
             self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
             "max_num_batched_tokens must be >= 1",
@@ -207,6 +304,12 @@ class EngineArgs:
 def flag_fields() -> list[tuple[dataclasses.Field, FlagSpec]]:
     """The ``EngineArgs`` fields that are command-line flags, with their flag specs."""
     return [(f, f.metadata["flag"]) for f in dataclasses.fields(EngineArgs) if "flag" in f.metadata]
+
+
+def _legacy_speculative_json(model: str | None, num_tokens: int | None) -> str:
+    if model == NGRAM_MODEL:
+        return f'{{"method": "ngram", "num_speculative_tokens": {num_tokens}}}'
+    return json.dumps({"model": model, "num_speculative_tokens": num_tokens})
 
 
 def _require(condition: bool, message: str) -> None:

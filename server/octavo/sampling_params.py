@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from octavo.structured_output.params import StructuredOutputsParams
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are treated as 0 (greedy decoding)
-MAX_LOGPROBS = 20  # largest number of top alternatives a request may ask for
 
 
 class RequestOutputKind(enum.Enum):
@@ -52,6 +51,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # slow tokenizers (as in HF and vLLM)
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, ...
@@ -139,17 +139,24 @@ class SamplingParams:
             self.max_tokens is None or self.min_tokens <= self.max_tokens,
             f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})",
         )
-        _require(
-            self.logprobs is None
-            or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
-            f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
-        )
-        _require(
-            self.prompt_logprobs is None
-            or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
-            f"prompt_logprobs must be None or an integer in [0, {MAX_LOGPROBS}], "
-            f"got {self.prompt_logprobs!r}",
-        )
+        # The upper bound is the engine's --max-logprobs (``check_max_logprobs``).
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _require(
+                value is None or (_is_int(value) and value >= 0),
+                f"{name} must be None or an integer >= 0, got {value!r}",
+            )
+
+    def check_max_logprobs(self, max_logprobs: int) -> None:
+        """ValueError when ``logprobs`` or ``prompt_logprobs`` asks for more than
+        ``max_logprobs`` (the engine's ``--max-logprobs``), worded as vLLM's."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _require(
+                value is None or value <= max_logprobs,
+                f"Requested {name} of {value}, which is greater than max allowed: "
+                f"{max_logprobs} (--max-logprobs)",
+            )
 
 
 def _is_int(value: object) -> bool:

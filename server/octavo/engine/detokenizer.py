@@ -54,6 +54,13 @@ class IncrementalDetokenizer:
         self._sent = 0  # characters of ``_text`` already returned by ``get_delta``
         self._stop_hit: str | None = None
         self._backend = getattr(tokenizer, "backend_tokenizer", None)  # fast tokenizers only
+        # Slow (Python) tokenizers join added tokens with spaces unless told not to; fast
+        # ones never do (vLLM's fast detokenizer ignores the flag the same way).
+        self._spacing = (
+            {}
+            if self._backend is not None
+            else {"spaces_between_special_tokens": params.spaces_between_special_tokens}
+        )
         self._stream = None
         if self._backend is not None:
             self._stream = DecodeStream(ids=context, skip_special_tokens=params.skip_special_tokens)
@@ -106,6 +113,7 @@ class IncrementalDetokenizer:
             ids,
             skip_special_tokens=self._params.skip_special_tokens,
             clean_up_tokenization_spaces=False,
+            **self._spacing,
         )
 
     def _decode_new_text(self) -> str:

@@ -10,12 +10,14 @@ from tqdm import tqdm
 
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
-from octavo.inputs.chat import Message, render_chat_prompt
+from octavo.inputs.chat import ChatOptions, Message, load_chat_template, render_chat_prompt
+from octavo.inputs.data import PromptType, parse_prompts
 from octavo.lora_request import LoRARequest
+from octavo.model_executor.loader import sampling_defaults
+from octavo.model_executor.model_config import generation_defaults
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
-PromptType = str | list[int]
 # Offline, no stream waits for a step: bigger steps are a few % more throughput on CPU
 # (the server's default budget is smaller, for time to first token). vLLM does the same.
 OFFLINE_TOKEN_BUDGET = 2048
@@ -25,9 +27,16 @@ class LLM:
     """Generate offline with Octavo's engine. ``model=None`` serves the embedded SmolLM2."""
 
     def __init__(self, model: str | None = None, **engine_args) -> None:
-        engine_args.setdefault("max_num_batched_tokens", OFFLINE_TOKEN_BUDGET)
+        if engine_args.get("enable_chunked_prefill", True):  # else: whole prompts per step
+            engine_args.setdefault("max_num_batched_tokens", OFFLINE_TOKEN_BUDGET)
         self.engine = LLMEngine(EngineArgs.from_kwargs(model, engine_args))
         self._ids = itertools.count()
+        self._defaults = _generation_defaults(self.engine)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams()`` with the model's generation_config.json defaults (per
+        ``generation_config``), used when ``generate`` is given no sampling params."""
+        return SamplingParams(**self._defaults)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -50,12 +59,17 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """``lora_request``: one adapter for every prompt, or one (or None) per prompt."""
-        prompt_list = _as_prompt_list(prompts)
+        """``prompts``: one prompt or a list (texts, token-id lists, ``TextPrompt`` or
+        ``TokensPrompt`` dicts); ``lora_request``: one adapter for every prompt, or one (or
+        None) per prompt."""
+        prompt_list = parse_prompts(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params_list = _as_params_list(sampling_params, len(prompt_list))
         adapters = _as_adapter_list(lora_request, len(prompt_list))
         request_ids = [f"offline-{next(self._ids)}" for _ in prompt_list]
         for params in params_list:
+            params.check_max_logprobs(self.engine.args.max_logprobs)
             self.engine.check_constraint(params)  # a bad schema fails before anything runs
         try:
             for request_id, prompt, params, adapter in zip(
@@ -78,6 +92,9 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        chat_template: str | None = None,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation as the server does (``render_chat_prompt``), then generate.
 
@@ -85,12 +102,19 @@ class LLM:
         template wrote (a BOS, say) are not added a second time. ``tools`` (OpenAI tool
         definitions) are shown to the chat template, as vLLM's ``LLM.chat`` does; reading
         calls out of the output is the caller's (or constrain it with
-        ``structured_outputs``).
+        ``structured_outputs``). ``chat_template`` (a file or the template's text),
+        ``continue_final_message`` and ``chat_template_kwargs`` are vLLM's.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
+        options = ChatOptions(
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=load_chat_template(chat_template) if chat_template else None,
+            template_kwargs=dict(chat_template_kwargs or {}),
+        )
         prompts = [
-            render_chat_prompt(tokenizer, conversation, add_generation_prompt, tools=tools)
+            render_chat_prompt(tokenizer, conversation, tools=tools, options=options)
             for conversation in conversations
         ]
         token_ids = [prompt.token_ids for prompt in prompts]
@@ -110,15 +134,12 @@ class LLM:
         return finished
 
 
-def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
-        return [prompts]
-    prompt_list = list(prompts)
-    if not prompt_list:
-        raise ValueError("prompts must not be empty")
-    return prompt_list
+def _generation_defaults(engine: LLMEngine) -> dict:
+    """``generation_config``'s sampling defaults: the loaded model's folder for ``auto``."""
+    mode = engine.args.generation_config
+    if mode == "auto":
+        return generation_defaults(engine.parts.folder)
+    return sampling_defaults(mode, None)
 
 
 def _as_params_list(

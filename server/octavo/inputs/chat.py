@@ -9,16 +9,28 @@ Encoding it with them on would give such models two BOS tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from octavo.inputs.encoding import encode_texts
 
 Message = dict[str, Any]
+JINJA_MARKS = ("{{", "{%", "\n")  # a --chat-template holding any of these is inline text
 
 
 class ChatTemplateError(ValueError):
     """The tokenizer's chat template could not render the conversation."""
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How a conversation is rendered besides its messages (vLLM's request fields)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None  # None: the tokenizer's own
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
 
 
 @dataclass(frozen=True)
@@ -33,15 +45,19 @@ def render_chat_prompt(
     add_generation_prompt: bool = True,
     check_text: Callable[[str], None] | None = None,
     tools: list[dict[str, Any]] | None = None,
+    options: ChatOptions | None = None,
 ) -> ChatPrompt:
     """Render ``conversation`` with the tokenizer's chat template, then encode the text.
 
     ``check_text`` may refuse the rendered text before it is tokenized (the server refuses
     texts too long for the context). Raises ``ChatTemplateError`` when the template fails
     and ``ValueError`` when it renders nothing. ``tools`` (OpenAI tool definitions) are
-    handed to the template, which must support them (``supports_tools``).
+    handed to the template, which must support them (``supports_tools``). ``options``
+    (when given) replaces ``add_generation_prompt`` and adds vLLM's other rendering fields.
     """
-    if tools and not supports_tools(tokenizer):
+    options = options or ChatOptions(add_generation_prompt)
+    template = options.chat_template
+    if tools and not supports_tools(tokenizer, template):
         raise ChatTemplateError(
             "this model's chat template does not support tools (it never uses 'tools')"
         )
@@ -50,7 +66,10 @@ def render_chat_prompt(
             conversation,
             tools=tools or None,
             tokenize=False,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            chat_template=template,
+            **options.template_kwargs,
         )
     except Exception as error:  # jinja errors (roles must alternate, ...), no template
         raise ChatTemplateError(f"could not apply the chat template: {error}") from error
@@ -62,8 +81,28 @@ def render_chat_prompt(
     return ChatPrompt(text=text, token_ids=token_ids)
 
 
-def supports_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template(s) render a ``tools`` list."""
-    template = getattr(tokenizer, "chat_template", None) or ""
+def supports_tools(tokenizer: Any, chat_template: str | None = None) -> bool:
+    """Whether the chat template (``chat_template``, else the tokenizer's) renders a
+    ``tools`` list."""
+    template = chat_template or getattr(tokenizer, "chat_template", None) or ""
     texts = template.values() if isinstance(template, dict) else [template]
     return any("tools" in text for text in texts)
+
+
+def load_chat_template(value: str) -> str:
+    """``--chat-template``: a file's text, or the value itself when it is template text
+    (as vLLM); ValueError for a path that is not a file, or a template Jinja cannot parse."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif any(mark in value for mark in JINJA_MARKS):
+        text = value
+    else:
+        raise ValueError(f"--chat-template {value!r} looks like a file path, but is not a file")
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"--chat-template: not a valid Jinja template ({error})") from None
+    return text

@@ -11,10 +11,11 @@ from torch import nn
 from octavo.model_executor.embedded import embedded_model_folder
 from octavo.model_executor.gguf_folder import gguf_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
+from octavo.model_executor.hub_files import download_file
 from octavo.model_executor.layers.linear import LinearBase
 from octavo.model_executor.layers.vocab import QuantizedVocabEmbedding
 from octavo.model_executor.llama import LlamaForCausalLM
-from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_config import ModelConfig, generation_defaults
 from octavo.model_executor.quantized_checkpoint import checkpoint_tensors
 from octavo.model_executor.rotary import RotaryEmbedding
 from octavo.model_executor.weights import load_weights
@@ -94,7 +95,58 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return tensor.data_ptr() if tensor.layout == torch.strided else id(tensor)
 
 
-def load_tokenizer(folder: Path):
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+TOKENIZER_PATTERNS = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]  # no weights
+
+
+def resolve_tokenizer_folder(model_folder: Path, tokenizer: str | None = None) -> Path:
+    """The folder the tokenizer is loaded from: ``--tokenizer`` (a local folder or a hub
+    model), else the model's own folder; ValueError when it holds no tokenizer."""
+    if tokenizer is None:
+        return model_folder
+    hub = parse_hub_model(tokenizer)
+    if hub is not None:
+        return download_snapshot(hub, "tokenizer_config.json", TOKENIZER_PATTERNS)
+    folder = Path(tokenizer.removeprefix("file://")).expanduser()
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"--tokenizer {str(folder)!r} is not a folder with a tokenizer "
+            f"({' or '.join(TOKENIZER_FILES)})"
+        )
+    return folder
+
+
+def load_tokenizer(folder: Path, tokenizer: str | None = None):
+    """The tokenizer of ``folder`` (or of ``--tokenizer``). No code shipped with a model is
+    ever run: ``trust_remote_code`` stays False."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    source = resolve_tokenizer_folder(folder, tokenizer)
+    return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+
+
+def sampling_defaults(mode: str, model: str | None, revision: str | None = None) -> dict:
+    """``--generation-config``: ``vllm`` gives none; ``auto`` reads the model's
+    generation_config.json (a hub model's alone is fetched; the embedded model has none);
+    any other value is a folder holding one."""
+    if mode == "vllm":
+        return {}
+    if mode != "auto":
+        return generation_defaults(generation_config_folder(mode))
+    if model is None:
+        return {}  # the embedded GGUF carries no sampling defaults
+    hub = parse_hub_model(model, revision)
+    if hub is None:
+        return generation_defaults(resolve_model_folder(model, revision))
+    found = download_file(hub, "generation_config.json")
+    return {} if found is None else generation_defaults(found.parent)
+
+
+def generation_config_folder(value: str) -> Path:
+    folder = Path(value.removeprefix("file://")).expanduser()
+    if not (folder / "generation_config.json").is_file():
+        raise ValueError(
+            f"--generation-config {value!r} is not auto, vllm or a folder holding a "
+            "generation_config.json"
+        )
+    return folder

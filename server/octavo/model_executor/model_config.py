@@ -63,6 +63,28 @@ class ModelConfig:
         return config
 
 
+# The generation_config.json keys vLLM's ``get_diff_sampling_param`` takes as defaults.
+GENERATION_DEFAULT_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+
+
+def generation_defaults(folder: Path) -> dict:
+    """Sampling defaults from ``folder``'s generation_config.json, as vLLM reads them:
+    only values that differ from transformers' own defaults (``to_diff_dict``), and
+    ``max_new_tokens`` as ``max_tokens``. ``{}`` when the folder has none."""
+    if not (folder / "generation_config.json").is_file():
+        return {}
+    from transformers import GenerationConfig
+
+    try:
+        diff = GenerationConfig.from_pretrained(folder).to_diff_dict()
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{folder / 'generation_config.json'}: {error}") from None
+    defaults = {key: diff[key] for key in GENERATION_DEFAULT_KEYS if diff.get(key) is not None}
+    if diff.get("max_new_tokens") is not None:
+        defaults["max_tokens"] = diff["max_new_tokens"]
+    return defaults
+
+
 def _attention_bias(architecture: str, raw: dict) -> bool:
     return architecture == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False))
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from octavo.entrypoints.openai import options
+
+if TYPE_CHECKING:
+    from octavo.config import EngineArgs
+    from octavo.entrypoints.openai.context import ServerConfig
+    from octavo.entrypoints.openai.server import ListenArgs
 
 DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
@@ -42,10 +48,7 @@ def serve(args: argparse.Namespace) -> int:
     """Validate everything that can be checked before the port opens, then serve."""
     from octavo.config import EngineArgs
     from octavo.engine.early_checks import check_parallel_layout_early, check_quantization_early
-    from octavo.entrypoints.openai.context import DEFAULT_LIMIT_CONCURRENCY, ServerConfig
-    from octavo.entrypoints.openai.server import ListenArgs, run_server
-    from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
-    from octavo.model_executor.hub import served_name
+    from octavo.entrypoints.openai.server import run_server
     from octavo.model_executor.loader import check_model_early
 
     options.finish(args)
@@ -56,8 +59,22 @@ def serve(args: argparse.Namespace) -> int:
     check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
     check_parallel_layout_early(engine_args)  # so does a layout the model cannot take
     check_quantization_early(engine_args)  # and a quantization it does not fit
+    config = server_config(args, engine_args)
+    return run_server(config, engine_args, listen_args(args))
+
+
+def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerConfig:
+    """The HTTP-level settings of parsed ``serve`` flags; ValueError on bad combinations."""
+    from octavo.entrypoints.openai.context import DEFAULT_LIMIT_CONCURRENCY, ServerConfig
+    from octavo.inputs.chat import load_chat_template
+    from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
+    from octavo.model_executor.hub import served_name
+    from octavo.model_executor.loader import sampling_defaults
+
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
     default_name = served_name(args.model) if args.model else EMBEDDED_MODEL_NAME
-    config = ServerConfig(
+    return ServerConfig(
         served_model_names=args.served_model_name or [default_name],
         model_root=args.model or EMBEDDED_MODEL_NAME,
         api_key=args.api_key or None,
@@ -72,8 +89,21 @@ def serve(args: argparse.Namespace) -> int:
         allow_runtime_lora_updating=args.allow_runtime_lora_updating
         or os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
         lora_allowed_roots=args.lora_allowed_roots,
+        chat_template=load_chat_template(args.chat_template) if args.chat_template else None,
+        response_role=args.response_role,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_log_requests=args.enable_log_requests,
+        max_logprobs=engine_args.max_logprobs,
+        sampling_defaults=sampling_defaults(
+            engine_args.generation_config, args.model, args.revision
+        ),
     )
-    if config.enable_auto_tool_choice and config.tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
-    listen = ListenArgs(host=args.host, port=args.port, log_level=args.log_level)
-    return run_server(config, engine_args, listen)
+
+
+def listen_args(args: argparse.Namespace) -> ListenArgs:
+    """Where to listen; uvicorn logs at ``--uvicorn-log-level`` (default: ``--log-level``)."""
+    from octavo.entrypoints.openai.server import ListenArgs
+
+    level = args.uvicorn_log_level or args.log_level
+    return ListenArgs(host=args.host, port=args.port, log_level=level)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 
+from octavo.config import DEFAULT_MAX_LOGPROBS
 from octavo.engine.async_engine import AsyncEngine
 from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.adapters import ServedAdapters
@@ -38,6 +40,14 @@ class ServerConfig:
     tool_call_parser: str | None = None  # a name in tool_calls.parsers.TOOL_CALL_PARSERS
     allow_runtime_lora_updating: bool = False  # the load/unload adapter routes
     lora_allowed_roots: list[str] | None = None  # folders run-time adapter loads may read
+    chat_template: str | None = None  # --chat-template's text (None: the tokenizer's)
+    response_role: str = "assistant"
+    return_tokens_as_token_ids: bool = False
+    enable_prompt_tokens_details: bool = False
+    enable_log_requests: bool = False
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # EngineArgs.max_logprobs
+    # --generation-config: defaults for the sampling fields a request leaves out
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
@@ -65,11 +75,11 @@ class ServerContext:
         adapter = self.adapters().by_name.get(model)
         if adapter is not None:
             return adapter
-        served = [*self.config.served_model_names, *self.adapters().by_name]
+        # Only the name the caller sent: the served names and adapters are GET /v1/models'
+        # to tell (behind the API key when there is one), as in vLLM.
         raise APIError(
             404,
-            f"The model '{model}' does not exist; this server serves "
-            f"{', '.join(repr(name) for name in served)}.",
+            f"The model `{model}` does not exist.",
             type="invalid_request_error",
             param="model",
             code="model_not_found",
@@ -106,12 +116,30 @@ class ServerContext:
                 param=param,
             )
 
+    def check_logprobs(self, count: int | None, param: str) -> None:
+        """400 when a request asks for more logprobs than ``--max-logprobs``, as vLLM."""
+        if count is not None and count > self.config.max_logprobs:
+            raise bad_request(
+                f"Requested {param} of {count}, which is greater than max allowed: "
+                f"{self.config.max_logprobs} (--max-logprobs)",
+                param=param,
+            )
+
     def decoder(self) -> TokenDecoder:
         """The (cached) token-text decoder of the loaded engine's tokenizer."""
         if self._decoder is None:
             assert self.engine.info is not None, "the engine is not loaded"
-            self._decoder = TokenDecoder(self.engine.info.tokenizer)
+            kind = TokenIdDecoder if self.config.return_tokens_as_token_ids else TokenDecoder
+            self._decoder = kind(self.engine.info.tokenizer)
         return self._decoder
+
+
+class TokenIdDecoder(TokenDecoder):
+    """``--return-tokens-as-token-ids``: logprobs name each token ``token_id:N`` (as vLLM,
+    text offsets count these labels); ``bytes`` stay the token's real UTF-8 bytes."""
+
+    def text(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
 
 
 def get_context(request: Request) -> ServerContext:

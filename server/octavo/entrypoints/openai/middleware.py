@@ -8,6 +8,7 @@ disconnects pass through untouched.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,9 +38,11 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         given = _header(scope, REQUEST_ID_HEADER)
-        if not given or len(given) > MAX_REQUEST_ID_LENGTH or not given.isprintable():
+        from_client = bool(given) and len(given) <= MAX_REQUEST_ID_LENGTH and given.isprintable()
+        if not from_client:
             given = uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = given
+        state = scope.setdefault("state", {})
+        state["request_id"], state["client_request_id"] = given, from_client
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -48,6 +51,26 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+@dataclass(frozen=True)
+class RequestIds:
+    """``response``: what the response's ``id`` is built from; ``engine``: the engine's
+    request id (unique even when two clients send the same id)."""
+
+    response: str
+    engine: str
+
+
+def request_ids(scope: Scope, prefix: str, body_request_id: str | None) -> RequestIds:
+    """vLLM's rule: the X-Request-Id header, else the body's ``request_id``, else random."""
+    state = scope.get("state", {})
+    chosen = state.get("request_id") if state.get("client_request_id") else body_request_id
+    if chosen is None:
+        response = f"{prefix}-{state.get('request_id') or uuid.uuid4().hex}"
+        return RequestIds(response, response)
+    response = f"{prefix}-{chosen}"
+    return RequestIds(response, f"{response}-{uuid.uuid4().hex[:8]}")
 
 
 class BodySizeLimitMiddleware:

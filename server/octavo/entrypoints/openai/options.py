@@ -25,6 +25,7 @@ from octavo.config import flag_fields
 
 ENV_PREFIX = "OCTAVO_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+UVICORN_LOG_LEVELS = (*LOG_LEVELS, "trace")
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json")
 
 
@@ -39,6 +40,7 @@ class Option:
     choices: tuple[Any, ...] | None = None
     kind: str = "value"
     secret: bool = False
+    negation: str | None = None  # another flag that sets a bool option false (vLLM's)
 
     @property
     def dest(self) -> str:
@@ -139,7 +141,47 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "folders of --lora-modules)",
         kind="list",
     ),
+    Option(
+        "--chat-template",
+        "the chat template: a Jinja file, or the template text itself (default: the tokenizer's)",
+    ),
+    Option(
+        "--response-role",
+        "the role of the chat responses' messages (when add_generation_prompt is true; "
+        "else the last message's role, as in vLLM)",
+        default="assistant",
+    ),
+    Option(
+        "--return-tokens-as-token-ids",
+        "logprobs name tokens as 'token_id:N' (text that cannot stand alone stays exact)",
+        parse_bool,
+        False,
+        kind="bool",
+    ),
+    Option(
+        "--enable-prompt-tokens-details",
+        "usage.prompt_tokens_details.cached_tokens: the prompt tokens found in the prefix cache",
+        parse_bool,
+        False,
+        kind="bool",
+    ),
+    Option(
+        "--enable-log-requests",
+        "log a line per request (its id, sampling parameters, prompt token ids and "
+        "adapter); off by default, as in recent vLLM (--disable-log-requests: off)",
+        parse_bool,
+        False,
+        kind="bool",
+        negation="--disable-log-requests",
+    ),
     Option("--log-level", "log level", one_of(LOG_LEVELS), "info", LOG_LEVELS),
+    Option(
+        "--uvicorn-log-level",
+        "uvicorn's own log level (its access log lines are at info; default: --log-level)",
+        one_of(UVICORN_LOG_LEVELS),
+        None,
+        UVICORN_LOG_LEVELS,
+    ),
 )
 OPTIONS = ENGINE_OPTIONS + SERVER_OPTIONS
 MODEL_ENV = ENV_PREFIX + "MODEL"
@@ -155,12 +197,7 @@ def add_options(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> 
         help_text = option.help if shown is None else f"{option.help} (default: {shown})"
         help_text += f" [env {option.env}]"
         if option.kind == "bool":
-            parser.add_argument(
-                option.flag,
-                action=argparse.BooleanOptionalAction,
-                default=_env_bool(default),
-                help=help_text,
-            )
+            _add_bool(parser, option, _env_bool(default), help_text)
             continue
         parser.add_argument(
             option.flag,
@@ -170,6 +207,22 @@ def add_options(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> 
             nargs="+" if option.kind == "list" else None,
             help=help_text,
             metavar=option.dest.upper() if option.choices is None else None,
+        )
+
+
+def _add_bool(
+    parser: argparse.ArgumentParser, option: Option, default: Any, help_text: str
+) -> None:
+    """``--x`` / ``--no-x``, and the option's vLLM negation flag if it has one."""
+    parser.add_argument(
+        option.flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+    )
+    if option.negation is not None:
+        parser.add_argument(
+            option.negation,
+            dest=option.dest,
+            action="store_false",
+            help=f"the same as --no-{option.flag.removeprefix('--')}",
         )
 
 

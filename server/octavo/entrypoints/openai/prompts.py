@@ -13,7 +13,7 @@ from typing import Any
 from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import ChatMessage, PromptInput, ToolCall
-from octavo.inputs.chat import render_chat_prompt
+from octavo.inputs.chat import ChatOptions, render_chat_prompt
 from octavo.inputs.encoding import encode_texts
 from octavo.inputs.token_range import check_prompt_token_ids
 
@@ -96,8 +96,10 @@ def render_chat(
     info: EngineInfo,
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    options: ChatOptions | None = None,
 ) -> list[int]:
-    """The conversation's prompt token ids, rendered exactly as ``LLM.chat`` renders it."""
+    """The conversation's prompt token ids, rendered exactly as ``LLM.chat`` renders it
+    (``options``, when given, replaces ``add_generation_prompt``)."""
     conversation = [_message_dict(message) for message in messages]
 
     def check_fits(text: str) -> None:
@@ -105,7 +107,7 @@ def render_chat(
 
     try:
         prompt = render_chat_prompt(
-            info.tokenizer, conversation, add_generation_prompt, check_fits, tools
+            info.tokenizer, conversation, add_generation_prompt, check_fits, tools, options
         )
     except ValueError as error:  # the template failed, or rendered nothing
         param = "tools" if "support tools" in str(error) else "messages"

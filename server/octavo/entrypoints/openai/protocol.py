@@ -21,7 +21,26 @@ from pydantic import (
     model_validator,
 )
 
-MAX_TOP_LOGPROBS = 20
+MAX_REQUEST_ID_LENGTH = 200
+# What the server itself hands the chat template (chat_template_kwargs may not set it).
+CHAT_TEMPLATE_ARGUMENTS = frozenset(
+    [
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_tensors",
+        "tokenizer_kwargs",
+        "padding",
+        "truncation",
+        "max_length",
+    ]
+)
 
 
 class StrictModel(BaseModel):
@@ -110,7 +129,10 @@ class SamplingRequest(RequestBody):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    priority: int = 0
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_LENGTH)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
@@ -131,6 +153,23 @@ class SamplingRequest(RequestBody):
     def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
             raise ValueError("logit_bias is not supported by this server")
+        return value
+
+    @field_validator("priority")
+    @classmethod
+    def _no_priority_scheduling(cls, value: int) -> int:
+        if value != 0:  # vLLM answers the same under its default fcfs policy
+            raise ValueError(
+                f"priority {value}: priority scheduling is not enabled (this server "
+                "schedules first come, first served); send 0 or leave it out"
+            )
+        return value
+
+    @field_validator("request_id")
+    @classmethod
+    def _printable_request_id(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("request_id must be printable text")
         return value
 
     @field_validator("stop")
@@ -177,7 +216,7 @@ def _check_prompt_shape(value: Any) -> PromptInput:
 class CompletionRequest(SamplingRequest):
     prompt: Annotated[Any, AfterValidator(_check_prompt_shape)]
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs (checked when served)
     best_of: int | None = None
     suffix: str | None = None
 
@@ -298,9 +337,11 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -338,6 +379,17 @@ class ChatCompletionRequest(SamplingRequest):
             )
         return choice
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs_are_extra(cls, value: dict[str, Any] | None) -> Any:
+        taken = sorted(set(value or {}) & CHAT_TEMPLATE_ARGUMENTS)
+        if taken:
+            raise ValueError(
+                f"chat_template_kwargs may not set {', '.join(taken)} (the request's own "
+                "fields set those)"
+            )
+        return value
+
     @field_validator("modalities")
     @classmethod
     def _text_modality(cls, value: list[str] | None) -> list[str] | None:
@@ -349,6 +401,11 @@ class ChatCompletionRequest(SamplingRequest):
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message goes with add_generation_prompt false (the last "
+                "message is continued, no new one is started)"
+            )
         return self
 
     @property

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import SamplingRequest
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -25,6 +28,7 @@ _PLAIN_FIELDS = (
     "min_tokens",
     "ignore_eos",
     "skip_special_tokens",
+    "spaces_between_special_tokens",
     "include_stop_str_in_output",
 )
 
@@ -66,13 +70,19 @@ def to_sampling_params(
     logprobs: int | None,
     constraint: StructuredOutputsParams | None = None,
     prompt_logprobs: int | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> SamplingParams:
-    """Build the engine's parameters; the engine's own checks become HTTP 400s."""
+    """Build the engine's parameters; the engine's own checks become HTTP 400s.
+
+    ``defaults`` (``--generation-config``) fill the sampling fields the client left out.
+    """
     values = {name: getattr(request, name) for name in _PLAIN_FIELDS}
     values["prompt_logprobs"] = prompt_logprobs
     values["structured_outputs"] = constraint
     for name in _OPTIONAL_FIELDS:
         value = getattr(request, name)
+        if value is None and defaults:
+            value = defaults.get(name)
         if value is not None:
             values[name] = value
     try:

@@ -12,18 +12,34 @@ def _now() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None  # --enable-prompt-tokens-details
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached: int | None = None) -> Usage:
+        """``cached``: prompt tokens served from the prefix cache (None: not reported)."""
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=None
+            if cached is None
+            else PromptTokensDetails(cached_tokens=cached),
         )
+
+    @model_serializer(mode="wrap")
+    def _details_only_when_reported(self, handler: Any) -> dict[str, Any]:
+        body = handler(self)
+        if body.get("prompt_tokens_details") is None:
+            body.pop("prompt_tokens_details", None)
+        return body
 
 
 # ----- /v1/completions -----------------------------------------------------------------
@@ -89,7 +105,7 @@ class ToolCallOut(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"  # --response-role
     content: str | None = None
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
@@ -136,7 +152,7 @@ class DeltaToolCall(_DropUnset):
 class DeltaMessage(_DropUnset):
     """A streamed piece of the assistant message; absent fields are left out."""
 
-    role: Literal["assistant"] | None = None
+    role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 

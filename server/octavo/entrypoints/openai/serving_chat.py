@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -10,7 +9,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from octavo.engine.request_stream import RequestStream
-from octavo.entrypoints.openai.context import ServerContext
+from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
 from octavo.entrypoints.openai.logprobs_format import (
     TokenDecoder,
@@ -18,6 +17,7 @@ from octavo.entrypoints.openai.logprobs_format import (
     chat_logprobs,
     new_logprobs,
 )
+from octavo.entrypoints.openai.middleware import request_ids
 from octavo.entrypoints.openai.prompts import render_chat
 from octavo.entrypoints.openai.protocol import ChatCompletionRequest
 from octavo.entrypoints.openai.request_params import resolve_max_tokens, to_sampling_params
@@ -48,6 +48,7 @@ from octavo.entrypoints.openai.tool_calls.plan import (
     plan_tools,
 )
 from octavo.entrypoints.openai.tool_calls.stream import ToolCallStream
+from octavo.inputs.chat import ChatOptions
 from octavo.outputs import CompletionOutput, RequestOutput
 
 
@@ -58,6 +59,9 @@ class ChatJob:
     model_name: str
     num_prompt_tokens: int
     decoder: TokenDecoder
+    role: str = "assistant"  # of the response's message
+    report_cached: bool = False  # --enable-prompt-tokens-details
+    num_cached_tokens: int = 0
     tools: ToolPlan = field(default_factory=lambda: ToolPlan("none"))
     tokens_by_choice: dict[int, int] = field(default_factory=dict)
     finished_choices: set[int] = field(default_factory=set)
@@ -80,6 +84,27 @@ class ChatJob:
     def chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.response_id, model=self.model_name, choices=choices)
 
+    def usage(self, completion_tokens: int) -> Usage:
+        cached = self.num_cached_tokens if self.report_cached else None
+        return Usage.of(self.num_prompt_tokens, completion_tokens, cached)
+
+
+def chat_options(body: ChatCompletionRequest, config: ServerConfig) -> ChatOptions:
+    """How the request's conversation is rendered (vLLM's request fields)."""
+    return ChatOptions(
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        chat_template=config.chat_template,
+        template_kwargs=dict(body.chat_template_kwargs or {}),
+    )
+
+
+def response_role(body: ChatCompletionRequest, config: ServerConfig) -> str:
+    """``--response-role`` when a new message is started, else the continued one's role."""
+    if body.add_generation_prompt:
+        return config.response_role
+    return "system" if body.messages[-1].role == "developer" else body.messages[-1].role
+
 
 async def create_chat_completion(
     body: ChatCompletionRequest, raw_request: Request, context: ServerContext
@@ -87,27 +112,40 @@ async def create_chat_completion(
     adapter = context.check_model(body.model)
     info = context.ready_info()
     context.check_fan_out(body.n, info, "n")
+    context.check_logprobs(body.top_logprobs if body.logprobs else None, "top_logprobs")
     config = context.config
     tools = plan_tools(
         body, config.enable_auto_tool_choice, config.tool_call_parser, info.tokenizer
     )
     token_ids = await context.tokenizers.run(
-        render_chat, body.messages, info, body.add_generation_prompt, tools.template_tools()
+        render_chat, body.messages, info, True, tools.template_tools(), chat_options(body, config)
     )
+    defaults = config.sampling_defaults
     max_tokens = resolve_max_tokens(
-        body.requested_max_tokens, len(token_ids), info.max_model_len, None, "messages"
+        body.requested_max_tokens,
+        len(token_ids),
+        info.max_model_len,
+        defaults.get("max_tokens"),
+        "messages",
     )
+    ids = request_ids(raw_request.scope, "chatcmpl", body.request_id)
     job = ChatJob(
         body=body,
-        response_id=f"chatcmpl-{uuid.uuid4().hex}",
+        response_id=ids.response,
         model_name=context.response_model(body.model),
         num_prompt_tokens=len(token_ids),
         decoder=context.decoder(),
+        role=response_role(body, config),
+        report_cached=config.enable_prompt_tokens_details,
         tools=tools,
     )
     constraint = await checked_constraint(body, info, context, tools.constraint())
-    params = to_sampling_params(body, max_tokens, job.num_top_logprobs, constraint)
-    streams = await open_streams(context.engine, job.response_id, [token_ids], [params], adapter)
+    params = to_sampling_params(
+        body, max_tokens, job.num_top_logprobs, constraint, defaults=defaults
+    )
+    streams = await open_streams(
+        context.engine, ids.engine, [token_ids], [params], adapter, config.enable_log_requests
+    )
     if body.stream:
         return sse_response(_stream(job, streams[0]))
     try:
@@ -122,7 +160,8 @@ def _full_response(job: ChatJob, final: RequestOutput) -> ChatCompletionResponse
     choices = [_full_choice(job, output) for output in sorted(final.outputs, key=lambda o: o.index)]
     generated = sum(len(output.token_ids) for output in final.outputs)
     response = ChatCompletionResponse(id=job.response_id, model=job.model_name, choices=choices)
-    response.usage = Usage.of(job.num_prompt_tokens, generated)
+    job.num_cached_tokens = final.num_cached_tokens
+    response.usage = job.usage(generated)
     return response
 
 
@@ -134,7 +173,7 @@ def _full_choice(job: ChatJob, output: CompletionOutput) -> ChatChoice:
     ]
     return ChatChoice(
         index=output.index,
-        message=AssistantMessage(content=parsed.content, tool_calls=calls),
+        message=AssistantMessage(role=job.role, content=parsed.content, tool_calls=calls),
         logprobs=job.logprobs(all_logprobs(output)),
         finish_reason=finish_reason_with_calls(calls, output.finish_reason),
         stop_reason=output.stop_reason,
@@ -150,9 +189,10 @@ def _stream(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
 async def _chunks(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
     exclude = None if job.body.include_usage else {"usage"}
     for index in range(job.body.n):
-        role = DeltaMessage(role="assistant", content="")
+        role = DeltaMessage(role=job.role, content="")
         yield sse_event(job.chunk([ChatChunkChoice(index=index, delta=role)]), exclude)
     async for output in stream.outputs():
+        job.num_cached_tokens = output.num_cached_tokens
         for completion in output.outputs:
             for choice in _delta_choices(job, completion):
                 yield sse_event(job.chunk([choice]), exclude=exclude)
@@ -186,5 +226,5 @@ def _delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoi
 
 def _usage_chunk(job: ChatJob) -> ChatCompletionChunk:
     chunk = job.chunk([])
-    chunk.usage = Usage.of(job.num_prompt_tokens, sum(job.tokens_by_choice.values()))
+    chunk.usage = job.usage(sum(job.tokens_by_choice.values()))
     return chunk

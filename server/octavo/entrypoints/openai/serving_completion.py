@@ -4,7 +4,6 @@ collected."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -20,6 +19,7 @@ from octavo.entrypoints.openai.logprobs_format import (
     new_logprobs,
     prompt_scoring_logprobs,
 )
+from octavo.entrypoints.openai.middleware import request_ids
 from octavo.entrypoints.openai.prompts import (
     Prompt,
     completion_prompts,
@@ -39,6 +39,8 @@ from octavo.entrypoints.openai.streaming import (
 )
 from octavo.entrypoints.openai.structured_outputs import checked_constraint
 from octavo.outputs import CompletionOutput, RequestOutput
+from octavo.sampling_params import SamplingParams
+from octavo.structured_output.params import StructuredOutputsParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
@@ -61,6 +63,8 @@ class CompletionJob:
     prompts: list[Prompt]
     decoder: TokenDecoder
     tokenizer: object
+    report_cached: bool = False  # --enable-prompt-tokens-details
+    cached_by_prompt: dict[int, int] = field(default_factory=dict)
     choices: dict[int, _ChoiceState] = field(default_factory=dict)
 
     def header(self, choices: list[CompletionChoice]) -> CompletionResponse:
@@ -73,33 +77,39 @@ class CompletionJob:
     def num_prompt_tokens(self) -> int:
         return sum(len(prompt.token_ids) for prompt in self.prompts)
 
+    def usage(self, completion_tokens: int) -> Usage:
+        cached = sum(self.cached_by_prompt.values()) if self.report_cached else None
+        return Usage.of(self.num_prompt_tokens, completion_tokens, cached)
+
 
 async def create_completion(
     body: CompletionRequest, raw_request: Request, context: ServerContext
 ) -> Response:
     adapter = context.check_model(body.model)
     info = context.ready_info()
+    context.check_logprobs(body.logprobs, "logprobs")
     items = prompt_items(body.prompt)
     context.check_fan_out(len(items) * body.n, info, "prompt")
     prompts = await context.tokenizers.run(completion_prompts, items, info)
     constraint = await checked_constraint(body, info, context)
-    params = []
-    for prompt in prompts:
-        max_tokens = resolve_max_tokens(
-            body.max_tokens, len(prompt.token_ids), info.max_model_len, DEFAULT_MAX_TOKENS, "prompt"
-        )
-        scored = body.logprobs if body.echo else None  # echo + logprobs scores the prompt
-        params.append(to_sampling_params(body, max_tokens, body.logprobs, constraint, scored))
+    params = [_params(body, prompt, info.max_model_len, constraint, context) for prompt in prompts]
+    ids = request_ids(raw_request.scope, "cmpl", body.request_id)
     job = CompletionJob(
         body=body,
-        response_id=f"cmpl-{uuid.uuid4().hex}",
+        response_id=ids.response,
         model_name=context.response_model(body.model),
         prompts=prompts,
         decoder=context.decoder(),
         tokenizer=info.tokenizer,
+        report_cached=context.config.enable_prompt_tokens_details,
     )
     streams = await open_streams(
-        context.engine, job.response_id, [p.token_ids for p in prompts], params, adapter
+        context.engine,
+        ids.engine,
+        [p.token_ids for p in prompts],
+        params,
+        adapter,
+        context.config.enable_log_requests,
     )
     if body.stream:
         return sse_response(_stream(job, streams))
@@ -112,6 +122,22 @@ async def create_completion(
     return JSONResponse(_full_response(job, finals).model_dump())
 
 
+def _params(
+    body: CompletionRequest,
+    prompt: Prompt,
+    max_model_len: int,
+    constraint: StructuredOutputsParams | None,
+    context: ServerContext,
+) -> SamplingParams:
+    defaults = context.config.sampling_defaults
+    default_max = defaults.get("max_tokens", DEFAULT_MAX_TOKENS)
+    max_tokens = resolve_max_tokens(
+        body.max_tokens, len(prompt.token_ids), max_model_len, default_max, "prompt"
+    )
+    scored = body.logprobs if body.echo else None  # echo + logprobs scores the prompt
+    return to_sampling_params(body, max_tokens, body.logprobs, constraint, scored, defaults)
+
+
 # ----- non-streaming -------------------------------------------------------------------
 def _full_response(job: CompletionJob, finals: list[RequestOutput]) -> CompletionResponse:
     choices = [
@@ -121,7 +147,8 @@ def _full_response(job: CompletionJob, finals: list[RequestOutput]) -> Completio
     ]
     generated = sum(len(output.token_ids) for final in finals for output in final.outputs)
     response = job.header(sorted(choices, key=lambda choice: choice.index))
-    response.usage = Usage.of(job.num_prompt_tokens, generated)
+    job.cached_by_prompt = {i: final.num_cached_tokens for i, final in enumerate(finals)}
+    response.usage = job.usage(generated)
     return response
 
 
@@ -157,6 +184,7 @@ def _stream(job: CompletionJob, streams: list) -> AsyncIterator[str]:
 async def _chunks(job: CompletionJob, streams: list) -> AsyncIterator[str]:
     exclude = None if job.body.include_usage else {"usage"}
     async for prompt_index, output in merge_streams(streams):
+        job.cached_by_prompt[prompt_index] = output.num_cached_tokens
         for completion in output.outputs:
             choice = _delta_choice(job, prompt_index, completion)
             if choice is not None:
@@ -196,5 +224,5 @@ def _delta_choice(
 def _usage_chunk(job: CompletionJob) -> CompletionResponse:
     response = job.header([])
     generated = sum(state.num_tokens for state in job.choices.values())
-    response.usage = Usage.of(job.num_prompt_tokens, generated)
+    response.usage = job.usage(generated)
     return response

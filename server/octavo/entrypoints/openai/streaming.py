@@ -15,6 +15,7 @@ from octavo.engine.async_engine import AsyncEngine, EngineDead
 from octavo.engine.core_messages import NewRequest
 from octavo.engine.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.entrypoints.openai.errors import bad_request, error_body
+from octavo.entrypoints.openai.request_log import log_request
 from octavo.lora_request import LoRARequest
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -101,9 +102,14 @@ async def open_streams(
     prompts: list[list[int]],
     params: list[SamplingParams],
     lora_request: LoRARequest | None = None,
+    log_requests: bool = False,
 ) -> list[RequestStream]:
-    """One engine request per prompt, all admitted in one command (or none of them)."""
+    """One engine request per prompt, all admitted in one command (or none of them);
+    ``log_requests``: a log line for each (``--enable-log-requests``)."""
     ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
+    if log_requests:
+        for request_id, token_ids, sampling in zip(ids, prompts, params, strict=True):
+            log_request(request_id, token_ids, sampling, lora_request)
     requests = [
         NewRequest(request_id, token_ids, sampling, lora_request)
         for request_id, token_ids, sampling in zip(ids, prompts, params, strict=True)

@@ -1,0 +1,254 @@
+"""The vLLM command-line flags users paste into ``octavo serve``: each parses into the one
+declaration (EngineArgs, or the server's options) and does what vLLM's does.
+
+What the server flags change in responses is checked on a served model in
+``test_request_fields.py``; here: parsing, the configuration they build, and the
+engine-side effects that need no server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from octavo.cli import build_parser, main
+from octavo.config import EngineArgs
+from octavo.entrypoints.openai import options
+from octavo.entrypoints.openai.cli import listen_args, server_config
+from octavo.spec_decode.config import SpeculativeConfig
+
+GENERATION_CONFIG = {
+    "temperature": 0.6,
+    "top_p": 0.9,
+    "top_k": 20,
+    "repetition_penalty": 1.1,
+    "max_new_tokens": 7,
+    "do_sample": True,
+    "eos_token_id": 2,
+}
+FROM_GENERATION_CONFIG = {
+    "temperature": 0.6,
+    "top_p": 0.9,
+    "top_k": 20,
+    "repetition_penalty": 1.1,
+    "max_tokens": 7,
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for option in options.OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.delenv(options.MODEL_ENV, raising=False)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    args = build_parser().parse_args(["serve", *argv])
+    options.finish(args)
+    return args
+
+
+def configs(*argv: str):
+    """What ``octavo serve ARGV`` would serve with: (EngineArgs, ServerConfig)."""
+    args = parse(*argv)
+    engine = {option.dest: getattr(args, option.dest) for option in options.ENGINE_OPTIONS}
+    engine_args = EngineArgs(model=args.model, **engine)
+    return engine_args, server_config(args, engine_args)
+
+
+@pytest.fixture(scope="module")
+def model_with_generation_config(tiny_folder, tmp_path_factory) -> Path:
+    """A copy of a tiny model whose generation_config.json sets sampling defaults."""
+    folder = tmp_path_factory.mktemp("gen") / "model"
+    shutil.copytree(tiny_folder("llama3"), folder)
+    (folder / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
+    return folder
+
+
+# ----- --generation-config ---------------------------------------------------------------
+def test_generation_config_auto_vllm_or_a_folder(model_with_generation_config, tmp_path):
+    model = str(model_with_generation_config)
+    assert configs(model)[1].sampling_defaults == FROM_GENERATION_CONFIG  # auto
+    assert configs(model, "--generation-config", "vllm")[1].sampling_defaults == {}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"min_p": 0.1, "eos_token_id": 2}))
+    chosen = configs(model, "--generation-config", str(other))[1].sampling_defaults
+    assert chosen == {"min_p": 0.1}
+    with pytest.raises(ValueError, match="not auto, vllm or a folder"):
+        configs(model, "--generation-config", str(tmp_path / "missing"))
+
+
+def test_offline_llm_uses_the_generation_config_when_given_no_params(
+    model_with_generation_config,
+):
+    from octavo import LLM
+
+    with LLM(
+        str(model_with_generation_config),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory=4 << 20,
+    ) as llm:
+        params = llm.get_default_sampling_params()
+        assert (params.temperature, params.top_k, params.max_tokens) == (0.6, 20, 7)
+        output = llm.generate("Hello", use_tqdm=False)[0].outputs[0]
+        assert len(output.token_ids) <= 7
+    with LLM(
+        str(model_with_generation_config),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory=4 << 20,
+        generation_config="vllm",
+    ) as llm:
+        assert llm.get_default_sampling_params().max_tokens == 16
+
+
+# ----- --chat-template, --response-role and the other server flags ----------------------
+def test_chat_template_from_a_file_or_inline(tmp_path):
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    assert configs("--chat-template", str(path))[1].chat_template == template
+    assert configs("--chat-template", template)[1].chat_template == template
+    with pytest.raises(ValueError, match="looks like a file path"):
+        configs("--chat-template", str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="not a valid Jinja template"):
+        configs("--chat-template", "{% if %}")
+
+
+def test_server_flags_reach_the_server_config(monkeypatch):
+    engine_args, config = configs(
+        "--response-role",
+        "bot",
+        "--return-tokens-as-token-ids",
+        "--enable-prompt-tokens-details",
+        "--enable-log-requests",
+        "--max-logprobs",
+        "5",
+    )
+    assert (config.response_role, config.return_tokens_as_token_ids) == ("bot", True)
+    assert config.enable_prompt_tokens_details and config.enable_log_requests
+    assert engine_args.max_logprobs == config.max_logprobs == 5
+    _, default = configs()
+    assert (default.response_role, default.max_logprobs) == ("assistant", 20)
+    assert not (default.enable_log_requests or default.return_tokens_as_token_ids)
+
+
+def test_request_logging_is_off_by_default_and_both_spellings_work(monkeypatch):
+    assert parse().enable_log_requests is False  # as in recent vLLM
+    assert parse("--enable-log-requests").enable_log_requests is True
+    assert parse("--disable-log-requests").enable_log_requests is False
+    monkeypatch.setenv("OCTAVO_ENABLE_LOG_REQUESTS", "true")
+    assert parse().enable_log_requests is True
+    assert parse("--disable-log-requests").enable_log_requests is False
+
+
+def test_uvicorn_log_level_sets_uvicorns_loggers():
+    from fastapi import FastAPI
+
+    from octavo.entrypoints.openai.context import ServerConfig
+    from octavo.entrypoints.openai.uvicorn_config import uvicorn_config
+
+    assert listen_args(parse("--log-level", "debug")).log_level == "debug"  # follows
+    listen = listen_args(parse("--uvicorn-log-level", "warning"))
+    assert listen.log_level == "warning"
+    saved = {name: logging.getLogger(name).level for name in ("uvicorn.error", "uvicorn.access")}
+    try:
+        config = ServerConfig(served_model_names=["m"], model_root="m")
+        uvicorn_config(FastAPI(), config, log_level=listen.log_level)
+        assert logging.getLogger("uvicorn.error").level == logging.WARNING
+        assert logging.getLogger("uvicorn.access").level == logging.WARNING
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+    with pytest.raises(SystemExit):
+        parse("--uvicorn-log-level", "loud")
+
+
+# ----- engine flags ----------------------------------------------------------------------
+def test_trust_remote_code_is_refused_with_a_reason(capsys):
+    assert main(["serve", "--trust-remote-code"]) == 2
+    assert "never runs code shipped with a model" in capsys.readouterr().err
+    assert configs("--no-trust-remote-code")[0].trust_remote_code is False
+
+
+def test_tokenizers_are_loaded_without_remote_code(monkeypatch, tiny_folder):
+    import transformers
+
+    from octavo.model_executor.loader import load_tokenizer
+
+    seen: list[dict] = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
+    load_tokenizer(tiny_folder("llama3"))
+    assert seen and seen[-1].get("trust_remote_code") is False
+
+
+def test_tokenizer_flag_loads_another_folders_tokenizer(tiny_folder, smol_tokenizer, tmp_path):
+    from octavo.model_executor.loader import load_tokenizer
+
+    other = tmp_path / "tokenizer"
+    grown = type(smol_tokenizer).from_pretrained(tiny_folder("llama3"))
+    grown.add_tokens(["<extra-token>"])
+    grown.save_pretrained(other)
+    assert configs("--tokenizer", str(other))[0].tokenizer == str(other)
+    model = tiny_folder("llama3")
+    assert len(load_tokenizer(model)) == len(smol_tokenizer)
+    assert len(load_tokenizer(model, str(other))) == len(smol_tokenizer) + 1
+    with pytest.raises(ValueError, match="is not a folder with a tokenizer"):
+        load_tokenizer(model, str(tmp_path / "empty"))
+
+
+def test_chunked_prefill_off_makes_the_budget_hold_a_whole_prompt():
+    on = EngineArgs()
+    assert on.enable_chunked_prefill and on.token_budget("cpu", 4096) == 512
+    off = EngineArgs(enable_chunked_prefill=False)
+    assert off.token_budget("cpu", 4096) == 4096 and off.token_budget("cuda", 1024) == 2048
+    with pytest.raises(ValueError, match="smaller than max_model_len"):
+        EngineArgs(enable_chunked_prefill=False, max_num_batched_tokens=256).token_budget(
+            "cpu", 1024
+        )
+    assert parse("--no-enable-chunked-prefill").enable_chunked_prefill is False
+    assert parse().enable_chunked_prefill is True
+
+
+def test_enforce_eager_is_accepted_and_changes_nothing():
+    """Octavo captures no CUDA graphs and compiles nothing: the model always runs eagerly."""
+    engine_args, _ = configs("--enforce-eager")
+    assert engine_args.enforce_eager is True
+    assert (
+        "changes nothing" in EngineArgs.__dataclass_fields__["enforce_eager"].metadata["flag"].help
+    )
+
+
+def test_old_speculative_flags_build_the_same_config(caplog):
+    caplog.set_level(logging.WARNING, logger="octavo.config")
+    engine_args, _ = configs("--speculative-model", "[ngram]", "--num-speculative-tokens", "3")
+    assert engine_args.speculative_config == SpeculativeConfig.parse(
+        {"method": "ngram", "num_speculative_tokens": 3}
+    )
+    assert "deprecated" in caplog.text and "--speculative-config" in caplog.text
+    draft = EngineArgs(speculative_model="/models/draft", num_speculative_tokens=2)
+    assert draft.speculative_config == SpeculativeConfig.parse(
+        {"model": "/models/draft", "num_speculative_tokens": 2}
+    )
+    assert (draft.speculative_model, draft.num_speculative_tokens) == (None, None)
+    with pytest.raises(ValueError, match="go together"):
+        EngineArgs(speculative_model="[ngram]")
+    with pytest.raises(ValueError, match="not both"):
+        EngineArgs(
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+            num_speculative_tokens=2,
+            speculative_model="[ngram]",
+        )
