@@ -1,7 +1,9 @@
-"""`octavo serve` as a real process: SIGTERM drains in-flight streams, then exits 0."""
+"""`octavo serve` as a real process: SIGTERM drains in-flight streams, then exits 0, and
+exits at once while slow constraints are compiling."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +25,9 @@ SHUTDOWN_TIMEOUT = 60
 NUM_STREAMS = 5
 MAX_MODEL_LEN = 1024
 STREAM_SECONDS = 2.0  # how long each stream should run: still running when SIGTERM arrives
+# uvicorn's wait for open connections (GRACEFUL_CLOSE_SECONDS, 5 s) and a margin for a
+# shared CPU; the slow constraints' compiles alone would take a minute.
+SLOW_CONSTRAINT_EXIT_SECONDS = 20
 
 
 @pytest.fixture
@@ -127,3 +132,28 @@ def test_sigterm_drains_five_streams_then_exits_zero(serve_process):
     remaining = SHUTDOWN_TIMEOUT - (time.monotonic() - signalled)
     assert process.wait(timeout=max(remaining, 1)) == 0, process.stdout.read().decode()
     assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT
+
+
+def post_slow_constraint(url: str, extra: dict) -> None:
+    body = {"prompt": "Slow", "max_tokens": 2, **extra}
+    with contextlib.suppress(httpx.TransportError):  # the server may close it: it exits
+        httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+
+
+def test_sigterm_exits_while_slow_constraints_compile(serve_process):
+    """Constraints under the size limit that take a minute to compile are being compiled
+    when SIGTERM comes: the server still exits at once (uvicorn's 5 s wait for the open
+    connections, then the compile processes are killed), not after the compiles."""
+    process, url = serve_process
+    wait_healthy(process, url, STARTUP_SECONDS)
+    warm = {"prompt": "Warm", "max_tokens": 2, "guided_choice": ["warm", "up"]}
+    assert httpx.post(f"{url}/v1/completions", json=warm, timeout=120).status_code == 200
+    slow = [{"guided_json": {"enum": [f"v{i}" for i in range(25_000)]}},
+            {"guided_choice": [f"c{i}" for i in range(25_000)]}]  # fmt: skip
+    for extra in slow:
+        threading.Thread(target=post_slow_constraint, args=(url, extra), daemon=True).start()
+    time.sleep(1.5)  # both are being compiled now
+    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    assert process.wait(timeout=SLOW_CONSTRAINT_EXIT_SECONDS) == 0
+    assert time.monotonic() - signalled < SLOW_CONSTRAINT_EXIT_SECONDS

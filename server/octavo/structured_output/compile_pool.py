@@ -21,6 +21,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -54,7 +55,8 @@ class CompileJob:
 
 
 class Zygote:
-    """The process that forks compile processes (``compile_worker.zygote_main``)."""
+    """The process that forks compile processes (``compile_worker.zygote_main``); it is
+    started at once, ``fork`` waits until it is ready (seconds, the first time)."""
 
     def __init__(self, vocabulary: Vocabulary) -> None:
         context = multiprocessing.get_context("spawn")
@@ -65,25 +67,34 @@ class Zygote:
         self._process.daemon = True
         self._process.start()
         theirs.close()
-        self._lock = threading.Lock()
-        try:
-            if self._conn.poll(STARTUP_TIMEOUT_SECONDS) and self._conn.recv() == READY:
-                return
-        except (EOFError, OSError):
-            pass
-        self.kill()
-        raise CompilerUnavailable("the grammar compiler did not start")
+        self._lock = threading.Lock()  # one fork at a time; the first waits for READY
+        self._ready = False
 
     def is_alive(self) -> bool:
         return self._process.is_alive()
+
+    def _wait_ready(self) -> None:
+        if not self._ready:
+            deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+            while not self._conn.poll(POLL_SECONDS):  # kill() from another thread ends it
+                if time.monotonic() > deadline:
+                    self._process.kill()  # the next start makes a new one
+                    raise CompilerUnavailable("the grammar compiler did not start in time")
+            if self._conn.recv() != READY:
+                raise CompilerUnavailable("the grammar compiler did not start")
+            self._ready = True
 
     def fork(self) -> CompileProcess:
         ours, theirs = multiprocessing.Pipe()
         try:
             with self._lock:
+                self._wait_ready()
                 self._conn.send(FORK)
                 send_handle(self._conn, theirs.fileno(), self._process.pid)
                 pid = self._conn.recv()
+        except CompilerUnavailable:
+            ours.close()
+            raise
         except (EOFError, OSError) as error:
             ours.close()
             raise CompilerUnavailable("the grammar compiler stopped") from error
@@ -176,8 +187,9 @@ class CompilePool:
         for process in processes:
             process.kill()
         with self._zygote_lock:
-            if self._zygote is not None:
-                self._zygote.kill()
+            zygote = self._zygote
+        if zygote is not None:
+            zygote.kill()
 
     def _serve(self) -> None:
         process = self._start_or_none()
@@ -214,10 +226,11 @@ class CompilePool:
     def _start(self) -> CompileProcess:
         if self._closed:
             raise CompilerUnavailable("the server is shutting down")
-        with self._zygote_lock:  # the first start (or one after the zygote died) is slow
+        with self._zygote_lock:
             if self._zygote is None or not self._zygote.is_alive():
                 self._zygote = Zygote(self._vocabulary)
-            process = self._zygote.fork()
+            zygote = self._zygote
+        process = zygote.fork()  # the first one (or one after the zygote died) waits
         with self._lock:
             self._processes.add(process)
             if not self.ready.done():
