@@ -96,5 +96,5 @@ def test_sampled_verification_keeps_the_target_distribution(draft):
         if emitted[0] == proposed[0] and len(emitted) > 1:  # the target's next distribution
             second_after_accept[emitted[1]] += 1
     assert chi_square(first, target[0]) < CHI_SQUARE_CRITICAL_4_DOF
-    assert second_after_accept.sum() > 1000
+    assert second_after_accept.sum() > 800  # expected ≈ 967 (n-gram: DRAWS × p_0(1))
     assert chi_square(second_after_accept, target[1]) < CHI_SQUARE_CRITICAL_4_DOF

@@ -38,10 +38,13 @@ from octavo.model_executor.proposer import Proposer
 from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from octavo.sampling.random_draws import generator_for
 from octavo.sampling.sampler import Sampler, SamplingRow
 from octavo.sampling.spec_verifier import Proposal, verify_proposals
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
 from octavo.structured_output.manager import PendingGrammar, StructuredOutputManager
+
+CPU = torch.device("cpu")
 
 
 @dataclass
@@ -57,10 +60,12 @@ class SequenceState:
         data: NewSequenceData,
         eos_token_ids: frozenset[int],
         structured: StructuredOutputManager | None = None,
+        device: torch.device = CPU,
     ) -> SequenceState:
+        """The sequence's state; its seeded generator lives where its logits will."""
         generator = None
         if data.seed is not None:
-            generator = torch.Generator().manual_seed(data.seed)
+            generator = generator_for(data.seed, device)
         row = SamplingRow(
             params=data.params,
             prompt_token_ids=list(data.prompt_token_ids),
@@ -183,7 +188,7 @@ class ModelRunner:
             self.states.pop(seq_id, None)
         for data in step.new_sequences:
             self.states[data.seq_id] = SequenceState.create(
-                data, self.eos_token_ids, self.structured
+                data, self.eos_token_ids, self.structured, self.device
             )
 
     def _sample(self, logits: torch.Tensor | None, inputs: StepInputs) -> ModelRunnerOutput:

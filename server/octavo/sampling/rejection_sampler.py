@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from octavo.sampling.random_draws import race, uniform
+
 
 def verify_greedy(target_logits: torch.Tensor, proposed: list[int]) -> list[int]:
     """``target_logits [k + 1, vocab]``: the accepted proposals, then the target's token."""
@@ -41,34 +43,43 @@ def verify_sampled(
     generator: torch.Generator | None = None,
 ) -> list[int]:
     """``target_probs [k + 1, vocab]`` (rows sum to 1); ``draft_probs [k, vocab]``, or None
-    for a deterministic (n-gram) proposal. Returns 1..k+1 tokens."""
-    emitted = []
-    for position, token in enumerate(proposed):
-        p = target_probs[position]
-        q = _draft_row(draft_probs, position, token, p)
-        accept = torch.clamp(p[token] / q[token], max=1.0)
-        if _uniform(generator, p.device) < accept:
-            emitted.append(token)
-            continue
-        residual = torch.clamp(p - q, min=0.0)
-        emitted.append(_draw(residual, generator))
-        return emitted
-    emitted.append(_draw(target_probs[len(proposed)], generator))
-    return emitted
+    for a deterministic (n-gram) proposal. Returns 1..k+1 tokens.
+
+    All k acceptance tests are drawn at once (one read back from the device), then one
+    token from the first rejected position's residual, or the bonus from ``p_{k+1}``."""
+    if not proposed:
+        return [_draw(target_probs[0], generator)]
+    tokens = torch.tensor(proposed, dtype=torch.long, device=target_probs.device)
+    draft = _draft_rows(draft_probs, tokens, target_probs)
+    accepted = _acceptance(target_probs[: len(proposed)], draft, tokens, generator).tolist()
+    kept = accepted.index(False) if False in accepted else len(proposed)
+    if kept == len(proposed):
+        return [*proposed, _draw(target_probs[kept], generator)]
+    residual = torch.clamp(target_probs[kept] - draft[kept], min=0.0)
+    return [*proposed[:kept], _draw(residual, generator)]
 
 
-def _draft_row(draft_probs, position: int, token: int, like: torch.Tensor) -> torch.Tensor:
+def _draft_rows(
+    draft_probs: torch.Tensor | None, tokens: torch.Tensor, target_probs: torch.Tensor
+) -> torch.Tensor:
+    """``q [k, vocab]``: the draft's distributions, or one-hot rows for n-gram proposals."""
     if draft_probs is not None:
-        return draft_probs[position]
-    one_hot = torch.zeros_like(like)
-    one_hot[token] = 1.0
-    return one_hot
+        return draft_probs
+    one_hot = torch.zeros(
+        (len(tokens), target_probs.shape[1]), dtype=target_probs.dtype, device=tokens.device
+    )
+    return one_hot.scatter_(1, tokens.unsqueeze(1), 1.0)
 
 
-def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
-    return float(torch.rand((), generator=generator, device=device))
+def _acceptance(
+    p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Whether each proposal passes its test ``U < min(1, p(x) / q(x))`` (a bool tensor)."""
+    index = tokens.unsqueeze(1)
+    ratio = torch.clamp(p.gather(1, index) / q.gather(1, index), max=1.0).squeeze(1)
+    return uniform((len(tokens),), generator, p.device) < ratio
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from unnormalised non-negative ``weights``."""
-    return int(torch.multinomial(weights / weights.sum(), 1, generator=generator))
+    """One token from the unnormalised non-negative ``weights [vocab]``."""
+    return int(race(weights.unsqueeze(0), [generator])[0])

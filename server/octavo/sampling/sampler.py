@@ -9,9 +9,10 @@ Processing order for a batch (each stage is skipped when no row needs it):
 4. greedy rows take the ``argmax``;
 5. other rows: temperature, top-k, top-p, min-p, then a random draw.
 
-The random draw uses the "exponential race": with ``q ~ Exp(1)`` per token,
-``argmax(probs / q)`` is an exact sample from ``probs``. Seeded rows draw ``q`` from
-their own ``torch.Generator``, so their tokens do not depend on the rest of the batch.
+The random draw uses the "exponential race" (``random_draws.race``): with
+``q ~ Exp(1)`` per token, ``argmax(probs / q)`` is an exact sample from ``probs``. Seeded
+rows draw ``q`` from their own ``torch.Generator``, so their tokens do not depend on the
+rest of the batch; ``random_draws`` keeps each draw on its generator's device.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from octavo.sampling.penalties import (
     apply_repetition_penalty,
     mask_tokens,
 )
+from octavo.sampling.random_draws import race
 from octavo.sampling_params import SamplingParams
 from octavo.structured_output.matcher import GrammarState, apply_grammar_bitmasks
 
@@ -37,8 +39,9 @@ __all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs", "target_pr
 class SamplingRow:
     """What the sampler needs to know about one sequence for this step.
 
-    ``generator`` (``None`` = global RNG) is best created on the logits' device; a
-    generator on another device works but costs a copy per step. ``eos_token_ids``
+    ``generator`` (``None`` = global RNG) is best created on the logits' device
+    (``random_draws.generator_for``); one on another device works but costs a copy per
+    step. ``eos_token_ids``
     (unless ``params.ignore_eos``) and ``params.stop_token_ids`` are blocked while fewer
     than ``params.min_tokens`` tokens have been generated.
     """
@@ -173,8 +176,7 @@ def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
 def _sample(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> list[int]:
     """Temperature-scale, filter and randomly draw one token for each of ``rows``."""
     probs = _probabilities(work, rows, indices)
-    noise = _exponential_noise(probs, [row.generator for row in rows])
-    return row_argmax(probs.div_(noise))
+    return race(probs, [row.generator for row in rows]).tolist()
 
 
 def _probabilities(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> torch.Tensor:
@@ -212,28 +214,6 @@ def row_argmax(values: torch.Tensor) -> list[int]:
     """Index of each row's largest value, the first on ties (``max(dim)`` is ≈ 3x faster
     than ``argmax`` on CPU for vocabulary-sized rows)."""
     return values.max(dim=-1).indices.tolist()
-
-
-def _exponential_noise(
-    probs: torch.Tensor, generators: list[torch.Generator | None]
-) -> torch.Tensor:
-    """Draw ``Exp(1)`` noise shaped like ``probs`` as ``-log(U)``, ``U ~ Uniform[0, 1)``.
-
-    Seeded rows use their own generator; the others share the global RNG.
-    (``-log(rand)`` is several times faster than ``Tensor.exponential_`` on CPU.)
-    """
-    noise = torch.empty_like(probs)
-    if any(g is None for g in generators):
-        noise.uniform_()  # one draw for the batch; seeded rows are overwritten below
-    for i, generator in enumerate(generators):
-        if generator is None:
-            continue
-        if generator.device == probs.device:
-            noise[i].uniform_(generator=generator)  # in place: no per-row copy
-        else:  # e.g. a CPU generator for GPU logits: draw where the generator lives
-            row = torch.rand(probs.shape[1], generator=generator, device=generator.device)
-            noise[i] = row.to(probs.device)
-    return noise.log_().neg_()
 
 
 def _row_tensor(values: list[float], device: torch.device) -> torch.Tensor:
