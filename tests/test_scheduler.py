@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
@@ -158,3 +160,32 @@ def test_a_finished_parent_takes_its_planned_forks_along():
     forks = out.prefills[0].fork_seq_ids
     scheduler.finish(parent)  # e.g. its request failed in this step
     assert scheduler.schedule().finished_seq_ids == [parent.seq_id, *forks]
+
+
+def test_forks_count_against_max_num_seqs_from_admission():
+    scheduler = make_scheduler(max_num_seqs=4, budget=100)
+    single, triple, double = (make_seq(scheduler.next_seq_id(), 5, n=n) for n in (1, 3, 2))
+    for seq in (single, triple, double):
+        scheduler.add(seq)
+    out = scheduler.schedule()
+    assert [s.seq_id for s in out.scheduled] == [single.seq_id, triple.seq_id]
+    assert list(scheduler.waiting) == [double]  # 1 + 3 seats taken: its 2 do not fit
+    finish_step(scheduler, out)
+    assert len(scheduler.running) == 4
+    finish_step(scheduler, scheduler.schedule())
+    assert list(scheduler.waiting) == [double]
+    scheduler.finish(single)  # one seat free: still not enough for two completions
+    finish_step(scheduler, scheduler.schedule())
+    assert list(scheduler.waiting) == [double]
+    scheduler.finish(triple)  # the parent ends; its forks still run
+    out = scheduler.schedule()
+    assert double.seq_id in [s.seq_id for s in out.scheduled]
+    finish_step(scheduler, out)
+    assert len(scheduler.running) == 4  # two forks of `triple`, `double` and its fork
+
+
+def test_a_request_whose_n_exceeds_max_num_seqs_is_refused_by_name():
+    scheduler = make_scheduler(max_num_seqs=4)
+    scheduler.check_fits(SamplingParams(n=4))
+    with pytest.raises(ValueError, match=r"n=5 .* at most 4 sequences \(--max-num-seqs 4\)"):
+        scheduler.check_fits(SamplingParams(n=5))

@@ -97,7 +97,9 @@ class LLMEngine:
             )
 
     def _validate_params(self, params: SamplingParams) -> None:
-        """Check what ``SamplingParams`` cannot know alone: token ids against the vocabulary."""
+        """Check what ``SamplingParams`` cannot know alone: token ids against the vocabulary,
+        ``n`` against ``max_num_seqs``."""
+        self.scheduler.check_fits(params)
         outside = [token for token in params.stop_token_ids if token >= self.vocab_size]
         if outside:
             raise ValueError(

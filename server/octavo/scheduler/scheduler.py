@@ -3,9 +3,10 @@
 Each step every sequence catches its computed tokens up with its tokens, within a
 per-step budget of ``max_num_batched_tokens``. Running sequences go first (so decodes
 keep flowing while long prompts are prefilled in chunks); waiting ones are admitted in
-arrival order while budget, ``max_num_seqs`` and free blocks allow. When blocks run out
-the newest running sequence is preempted: its blocks are freed and it is recomputed
-later.
+arrival order while budget, ``max_num_seqs`` and free blocks allow (a request's ``n``
+completions count against ``max_num_seqs`` from its admission, before they fork). When
+blocks run out the newest running sequence is preempted: its blocks are freed and it is
+recomputed later.
 
 The step protocol: ``schedule()`` returns a ``SchedulerOutput`` of plain data; the
 executor runs it and returns a ``ModelRunnerOutput`` (one sampled token per sequence);
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs
+from octavo.sampling_params import SamplingParams
 from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
 from octavo.scheduler.sequence import Sequence, SequenceStatus, sequence_seed
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
@@ -92,6 +94,16 @@ class Scheduler:
 
     def next_seq_id(self) -> int:
         return next(self._seq_ids)
+
+    def check_fits(self, params: SamplingParams) -> None:
+        """``ValueError`` for a request that could never be admitted: its ``n`` completions
+        run at once, so ``n`` may not exceed ``max_num_seqs``."""
+        if params.n > self.max_num_seqs:
+            raise ValueError(
+                f"n={params.n} completions must run at once, but the engine runs at most "
+                f"{self.max_num_seqs} sequences (--max-num-seqs {self.max_num_seqs}); "
+                f"ask for n <= {self.max_num_seqs}"
+            )
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -187,10 +199,13 @@ class Scheduler:
 
     def _admit_waiting(self, plan: list[PlannedSequence], budget: int) -> None:
         adapters = {p.seq.lora_id for p in plan if p.seq.lora_id is not None}
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        seats_taken = sum(seats(seq) for seq in self.running)
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if seats_taken + seats(seq) > self.max_num_seqs:
+                break  # first come, first served: it waits until its completions fit
             if not self._adapter_fits(seq, adapters):
-                break  # first come, first served: it waits for a step with room
+                break
             scored = seq.params.prompt_logprobs is not None  # every prompt token is computed
             hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.cache_salt)
             num_cached = len(hits) * self.kv.block_size
@@ -202,6 +217,7 @@ class Scheduler:
             self._start(seq, num_cached)
             plan.append(planned)
             budget -= planned.num_new
+            seats_taken += seats(seq)
 
     def _start(self, seq: Sequence, num_cached: int) -> None:
         self.counters.queries += seq.num_tokens
@@ -329,6 +345,14 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+
+def seats(seq: Sequence) -> int:
+    """Places in ``max_num_seqs`` a sequence holds: itself and the completions it will
+    fork (``n - 1`` before its prompt is computed), so forks never exceed the limit."""
+    if seq.awaits_fork:
+        return seq.params.n
+    return 1 + len(seq.fork_seq_ids)
 
 
 def _new_sequence_data(seq: Sequence, seq_id: int, index: int) -> NewSequenceData:
