@@ -7,6 +7,7 @@ from typing import Protocol
 import torch
 
 from octavo.attention import torch_ops
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales, stored
 from octavo.attention.metadata import AttentionMetadata
 
 
@@ -19,6 +20,7 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        kv_scales: KVScales = UNIT_SCALES,  # the layer's fp8 cache scales (kv_quant)
     ) -> torch.Tensor:  # [T, heads, head_dim]
         ...
 
@@ -26,33 +28,50 @@ class AttentionBackend(Protocol):
 class TorchAttention:
     """CPU path: a loop over prefill chunks and one batched, masked call for all decodes."""
 
-    def forward(self, query, key, value, kv_cache, meta: AttentionMetadata, scale: float):
-        self.store(key, value, kv_cache, meta)
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: KVScales = UNIT_SCALES,
+    ):
+        self.store(key, value, kv_cache, meta, kv_scales)
         outputs = [
-            self._prefill(i, query, key, value, kv_cache, meta, scale)
+            self._prefill(i, query, key, value, kv_cache, meta, scale, kv_scales)
             for i in range(meta.num_prefills)
         ]
         if meta.num_decodes:
-            outputs.append(self.decode(query[meta.num_prefill_tokens :], kv_cache, meta, scale))
+            decodes = query[meta.num_prefill_tokens :]
+            outputs.append(self.decode(decodes, kv_cache, meta, scale, kv_scales))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
-    def store(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
-        torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping, may_skip=False)
+    def store(self, key, value, kv_cache, meta: AttentionMetadata, kv_scales: KVScales) -> None:
+        torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping, False, kv_scales)
 
     @staticmethod
-    def _prefill(index, query, key, value, kv_cache, meta, scale) -> torch.Tensor:
+    def _prefill(index, query, key, value, kv_cache, meta, scale, kv_scales) -> torch.Tensor:
         start = meta.query_start_loc_list[index]
         end = start + meta.query_lens_list[index]
         seq_len = meta.seq_lens_list[index]
-        if end - start == seq_len:  # no cached prefix: attend over the fresh keys directly
-            return torch_ops.causal_attention(
-                query[start:end], key[start:end], value[start:end], scale
-            )
+        if end - start == seq_len:  # no cached prefix: the fresh keys, as the cache holds them
+            key = stored(key[start:end], kv_scales.k, kv_cache.dtype)
+            value = stored(value[start:end], kv_scales.v, kv_cache.dtype)
+            return torch_ops.causal_attention(query[start:end], key, value, scale, kv_scales)
         return torch_ops.prefill_attention(
-            query[start:end], kv_cache, meta.block_tables[index], seq_len, scale
+            query[start:end], kv_cache, meta.block_tables[index], seq_len, scale, kv_scales
         )
 
-    def decode(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def decode(
+        self,
+        query,
+        kv_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: KVScales = UNIT_SCALES,
+    ) -> torch.Tensor:
         """The decoding sequences' single queries ``[num_decodes, heads, head_dim]``."""
         plan = meta.backend_cache.get("decode_plan")
         if plan is None:  # same for every layer: derive once per step
@@ -62,7 +81,7 @@ class TorchAttention:
             )
             meta.backend_cache["decode_plan"] = plan
         slots, mask = plan
-        return torch_ops.grouped_decode_attention(query, kv_cache, slots, mask, scale)
+        return torch_ops.grouped_decode_attention(query, kv_cache, slots, mask, scale, kv_scales)
 
 
 def select_backend(device: torch.device, dtype: torch.dtype) -> AttentionBackend:

@@ -1,11 +1,13 @@
 """CPU attention with the native kernels: keys/values stored and decode attention read
-straight from the cache blocks (no gather). Prefill chunks take the torch path."""
+straight from the cache blocks (no gather). Prefill chunks take the torch path. An fp8
+cache is written and read by the kernels too (``kv_quant``'s conversions, bit for bit)."""
 
 from __future__ import annotations
 
 import torch
 
 from octavo.attention.backend import TorchAttention
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 
 
@@ -13,13 +15,27 @@ class NativeCpuAttention(TorchAttention):
     def __init__(self, ops) -> None:
         self.ops = ops  # torch.ops.octavo_cpu
 
-    def store(self, key, value, kv_cache, meta: AttentionMetadata) -> None:
-        self.ops.store_kv(key, value, kv_cache, meta.slot_mapping)
+    def store(self, key, value, kv_cache, meta: AttentionMetadata, kv_scales: KVScales) -> None:
+        self.ops.store_kv(key, value, kv_cache, meta.slot_mapping, kv_scales.k, kv_scales.v)
 
-    def decode(self, query, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def decode(
+        self,
+        query,
+        kv_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: KVScales = UNIT_SCALES,
+    ) -> torch.Tensor:
         first = meta.num_prefills
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         self.ops.paged_decode_attention(
-            out, query, kv_cache, meta.block_tables[first:], meta.seq_lens[first:], scale
+            out,
+            query,
+            kv_cache,
+            meta.block_tables[first:],
+            meta.seq_lens[first:],
+            scale,
+            kv_scales.k,
+            kv_scales.v,
         )
         return out

@@ -2,12 +2,16 @@
 
 The KV cache of one layer is one tensor ``[2, num_blocks, block_size, num_kv_heads,
 head_dim]`` (index 0 keys, 1 values). Sequences find their tokens through a block table.
+An fp8 cache (``kv_quant``) stores ``key / k_scale``; attention multiplies the softmax scale
+by ``k_scale`` and the output by ``v_scale`` instead of rescaling every stored value.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales, is_fp8, quantize
 
 
 def store_kv(
@@ -16,19 +20,41 @@ def store_kv(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     may_skip: bool = True,
+    scales: KVScales = UNIT_SCALES,
 ) -> None:
     """Write each token's key/value ``[T, kv_heads, head_dim]`` into its cache slot.
 
     Slots of -1 are skipped; ``may_skip=False`` promises there are none (saves a check).
+    An fp8 cache gets ``quantize(key, scales.k)`` (its bytes: torch has no fp8 index_copy).
     """
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
-    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
     if may_skip:
         valid = slot_mapping >= 0
         if not bool(valid.all()):
             slot_mapping, key, value = slot_mapping[valid], key[valid], value[valid]
+    if is_fp8(kv_cache.dtype):
+        key = quantize(key, scales.k, kv_cache.dtype).view(torch.uint8)
+        value = quantize(value, scales.v, kv_cache.dtype).view(torch.uint8)
+        kv_cache = kv_cache.view(torch.uint8)
+    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
     flat[0].index_copy_(0, slot_mapping, key.to(flat.dtype))
     flat[1].index_copy_(0, slot_mapping, value.to(flat.dtype))
+
+
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    scales: KVScales,
+    **options,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` over keys/values as stored (any cache dtype), with
+    the cache's scales folded in: ``k_scale`` into the softmax scale, ``v_scale`` after."""
+    out = F.scaled_dot_product_attention(
+        query, keys.to(query.dtype), values.to(query.dtype), scale=scale * scales.k, **options
+    )
+    return out if scales.v == 1.0 else out * scales.v
 
 
 def gather_kv(
@@ -53,32 +79,32 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """One new token per sequence: ``query [B, heads, head_dim]`` → ``[B, heads, head_dim]``."""
     keys, values = gather_kv(kv_cache, block_tables, max_seq_len)
     positions = torch.arange(max_seq_len, device=query.device)
     mask = (positions[None, :] < seq_lens[:, None].to(positions.dtype))[:, None, None, :]
-    out = F.scaled_dot_product_attention(
-        query.unsqueeze(2),
-        keys.to(query.dtype),
-        values.to(query.dtype),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=True,
-    )
+    out = _attend(query.unsqueeze(2), keys, values, scale, scales, attn_mask=mask, enable_gqa=True)
     return out.squeeze(2)
 
 
 def causal_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
-    """Plain causal attention of a prompt chunk with no cached prefix (``[Q, heads, dim]``)."""
-    out = F.scaled_dot_product_attention(
+    """Plain causal attention of a prompt chunk with no cached prefix (``[Q, heads, dim]``);
+    ``key``/``value`` as the cache stores them (``kv_quant.stored``)."""
+    out = _attend(
         query.transpose(0, 1)[None],
-        key.transpose(0, 1)[None].to(query.dtype),
-        value.transpose(0, 1)[None].to(query.dtype),
+        key.transpose(0, 1)[None],
+        value.transpose(0, 1)[None],
+        scale,
+        scales,
         is_causal=True,
-        scale=scale,
         enable_gqa=True,
     )
     return out[0].transpose(0, 1)
@@ -90,6 +116,7 @@ def prefill_attention(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """Causal attention of one prefill chunk over its cached prefix and itself.
 
@@ -100,16 +127,12 @@ def prefill_attention(
     keys, values = gather_kv(kv_cache, block_table[None], seq_len)
     q = query.transpose(0, 1)[None]
     if num_queries == seq_len:
-        out = F.scaled_dot_product_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), is_causal=True, scale=scale, enable_gqa=True
-        )
+        out = _attend(q, keys, values, scale, scales, is_causal=True, enable_gqa=True)
     else:
         query_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
         key_pos = torch.arange(seq_len, device=query.device)
         mask = key_pos[None, :] <= query_pos[:, None]
-        out = F.scaled_dot_product_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True
-        )
+        out = _attend(q, keys, values, scale, scales, attn_mask=mask, enable_gqa=True)
     return out[0].transpose(0, 1)
 
 
@@ -138,6 +161,7 @@ def grouped_decode_attention(
     slots: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """Decode attention with each KV head's query heads as rows of one small attention call.
 
@@ -150,11 +174,12 @@ def grouped_decode_attention(
     keys = flat[0].index_select(0, slots).view(batch, -1, num_kv_heads, head_dim)
     values = flat[1].index_select(0, slots).view(batch, -1, num_kv_heads, head_dim)
     grouped = query.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(
+    out = _attend(
         grouped,
-        keys.transpose(1, 2).to(query.dtype),
-        values.transpose(1, 2).to(query.dtype),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        scale,
+        scales,
         attn_mask=mask.to(query.dtype),
-        scale=scale,
     )
     return out.reshape(batch, num_heads, head_dim)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from octavo.attention import triton_kernels
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 
 
@@ -19,13 +20,14 @@ class TritonAttention:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        kv_scales: KVScales = UNIT_SCALES,
     ) -> torch.Tensor:
         """Attention output ``[T, heads, head_dim]``: prefill tokens first, then decodes."""
-        triton_kernels.store_kv(key, value, kv_cache, meta.slot_mapping)
+        triton_kernels.store_kv(key, value, kv_cache, meta.slot_mapping, kv_scales)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         split = meta.num_prefill_tokens
         if meta.num_prefills:
-            self._prefill(query[:split], kv_cache, meta, scale, out[:split])
+            self._prefill(query[:split], kv_cache, meta, scale, out[:split], kv_scales)
         if meta.num_decodes:
             first = meta.num_prefills
             triton_kernels.paged_decode_attention(
@@ -36,6 +38,7 @@ class TritonAttention:
                 max(meta.seq_lens_list[first:]),
                 scale,
                 out=out[split:],
+                scales=kv_scales,
             )
         return out
 
@@ -46,6 +49,7 @@ class TritonAttention:
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
+        kv_scales: KVScales,
     ) -> None:
         """All prefill chunks (sequences ``[0, num_prefills)``) in one kernel launch."""
         count = meta.num_prefills
@@ -58,4 +62,5 @@ class TritonAttention:
             max(meta.query_lens_list[:count]),
             scale,
             out=out,
+            scales=kv_scales,
         )

@@ -6,15 +6,87 @@ table one token at a time (``block_table[pos // block_size]``), so a tile of ``B
 tokens may span several cache blocks and the tile shape does not depend on the block size.
 Softmax and accumulation run in fp32 with ``exp2``; the prefill matmuls take fp16/bf16
 operands for half models (fp32 otherwise); outputs take the query's dtype.
+
+An fp8 cache (``kv_quant``) is read and written as its bytes, converted with integer bit
+operations: the same rounding as torch on every GPU and under the interpreter (whose own
+fp8 casts round wrongly), and no fp8 instructions needed (pre-Hopper GPUs lack them).
+Stored E4M3 bytes widen to fp16 as ``value / 256`` (E5M2 to ``value``, exactly): that
+factor and ``k_scale`` go into the softmax scale, ``v_scale`` into the output.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales
+
 LOG2E = 1.4426950408889634
+NOT_FP8, E4M3, E5M2 = 0, 1, 2  # the FP8 constexpr of the kernels
+FP8_FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2}
+FP8_HALF_FACTOR = {NOT_FP8: 1.0, E4M3: 256.0, E5M2: 1.0}  # value = widened fp16 * factor
+
+
+@triton.jit
+def _fp8_encode(x, FP8: tl.constexpr):
+    """fp32 -> fp8 bytes: saturated, rounded to nearest even (torch's conversion)."""
+    MANT: tl.constexpr = 3 if FP8 == 1 else 2
+    BIAS: tl.constexpr = 7 if FP8 == 1 else 15
+    LIMIT: tl.constexpr = 448.0 if FP8 == 1 else 57344.0
+    bits = tl.minimum(tl.abs(x), LIMIT).to(tl.uint32, bitcast=True)
+    shift: tl.constexpr = 23 - MANT
+    odd = (bits >> shift) & 1
+    normal = ((bits + ((1 << (shift - 1)) - 1) + odd) >> shift) - ((127 - BIAS) << MANT)
+    exponent = (bits >> 23).to(tl.int32)
+    sub_shift = tl.minimum(tl.maximum((151 - BIAS - MANT) - exponent, 0), 31).to(tl.uint32)
+    mantissa = (bits & 0x7FFFFF) | 0x800000
+    half = (tl.full(bits.shape, 1, tl.uint32) << sub_shift) >> 1
+    sub_odd = (mantissa >> sub_shift) & 1
+    subnormal = (mantissa + half - 1 + sub_odd) >> sub_shift
+    code = tl.where(exponent < 127 - BIAS + 1, subnormal, normal)
+    sign = (x.to(tl.uint32, bitcast=True) >> 24) & 0x80
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def _fp8_to_half(raw, FP8: tl.constexpr):
+    """fp8 bytes -> fp16 exactly: E5M2 is fp16's top byte; E4M3 lands as ``value / 256``."""
+    wide = raw.to(tl.uint16)
+    if FP8 == 1:
+        return (((wide & 0x7F) << 7) | ((wide & 0x80) << 8)).to(tl.float16, bitcast=True)
+    return (wide << 8).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _load_kv(ptrs, mask, FP8: tl.constexpr):
+    """A key/value tile as stored (fp8: widened to fp16, see ``FP8_HALF_FACTOR``)."""
+    if FP8 == 0:
+        return tl.load(ptrs, mask=mask, other=0.0)
+    return _fp8_to_half(tl.load(ptrs, mask=mask, other=0), FP8)
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    """How the kernels see one cache: the tensor they index, its fp8 format, and the
+    factors that turn what they load into keys and values."""
+
+    tensor: torch.Tensor
+    fp8: int
+    k_factor: float
+    v_factor: float
+
+
+def cache_format(kv_cache: torch.Tensor, scales: KVScales) -> CacheFormat:
+    fp8 = FP8_FORMATS.get(kv_cache.dtype, NOT_FP8)
+    if fp8 == NOT_FP8:
+        if scales != UNIT_SCALES:
+            raise ValueError("k_scale / v_scale other than 1 need an fp8 cache")
+        return CacheFormat(kv_cache, fp8, 1.0, 1.0)
+    factor = FP8_HALF_FACTOR[fp8]
+    return CacheFormat(kv_cache.view(torch.uint8), fp8, scales.k * factor, scales.v * factor)
 
 
 @triton.jit
@@ -33,11 +105,15 @@ def _store_kv_kernel(
     stride_ch,
     num_kv_heads,
     head_dim,
+    inv_k_scale,
+    inv_v_scale,
     BLOCK_SIZE: tl.constexpr,
     HEADS_P2: tl.constexpr,
     DIM_P2: tl.constexpr,
+    FP8: tl.constexpr,
 ):
-    """Copy token ``program_id(0)``'s key/value ``[kv_heads, head_dim]`` into its slot."""
+    """Copy token ``program_id(0)``'s key/value ``[kv_heads, head_dim]`` into its slot
+    (an fp8 cache: ``key * inv_k_scale`` as fp8 bytes, values alike)."""
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     offs_h = tl.arange(0, HEADS_P2)
@@ -49,8 +125,12 @@ def _store_kv_kernel(
     )
     row = (slot // BLOCK_SIZE) * stride_blk + (slot % BLOCK_SIZE) * stride_tok
     dst = cache_ptr + row + offs_h[:, None] * stride_ch + offs_d[None, :]
-    tl.store(dst, key.to(cache_ptr.dtype.element_ty), mask)
-    tl.store(dst + stride_kv, value.to(cache_ptr.dtype.element_ty), mask)
+    if FP8 == 0:
+        tl.store(dst, key.to(cache_ptr.dtype.element_ty), mask)
+        tl.store(dst + stride_kv, value.to(cache_ptr.dtype.element_ty), mask)
+    else:
+        tl.store(dst, _fp8_encode(key.to(tl.float32) * inv_k_scale, FP8), mask)
+        tl.store(dst + stride_kv, _fp8_encode(value.to(tl.float32) * inv_v_scale, FP8), mask)
 
 
 @triton.jit
@@ -83,9 +163,9 @@ def _decode_kernel(
     q_ptr, cache_ptr, table_ptr, seq_lens_ptr, out_ptr,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_tb,
     stride_kv, stride_blk, stride_tok, stride_ch,
-    qk_scale, head_dim,
+    qk_scale, v_factor, head_dim,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, DIM_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
     """Program ``(seq, kv_head)``: the ``GROUP`` query heads sharing one kv head."""
     seq = tl.program_id(0).to(tl.int64)
@@ -108,13 +188,13 @@ def _decode_kernel(
             stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
         )  # fmt: skip
         mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
-        k = tl.load(ptrs, mask=mask_kv, other=0.0).to(tl.float32)
-        v = tl.load(ptrs + stride_kv, mask=mask_kv, other=0.0).to(tl.float32)
+        k = _load_kv(ptrs, mask_kv, FP8).to(tl.float32)
+        v = _load_kv(ptrs + stride_kv, mask_kv, FP8).to(tl.float32)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         scores = tl.where(mask_n[None, :], scores, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc * (v_factor / tl.where(l_i > 0, l_i, 1.0))[:, None]
     o_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_q)
 
@@ -124,10 +204,10 @@ def _prefill_kernel(
     q_ptr, cache_ptr, table_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
     stride_kv, stride_blk, stride_tok, stride_ch,
-    qk_scale, head_dim,
+    qk_scale, v_factor, head_dim,
     GROUP: tl.constexpr, DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
     """Program ``(chunk, query tile, head)``: ``BLOCK_M`` queries of one prefill chunk.
 
@@ -161,15 +241,15 @@ def _prefill_kernel(
             stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
         )  # fmt: skip
         mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
-        k = tl.load(ptrs, mask=mask_kv, other=0.0).to(DOT_DTYPE)
-        v = tl.load(ptrs + stride_kv, mask=mask_kv, other=0.0).to(DOT_DTYPE)
+        k = _load_kv(ptrs, mask_kv, FP8).to(DOT_DTYPE)
+        v = _load_kv(ptrs + stride_kv, mask_kv, FP8).to(DOT_DTYPE)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         causal = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
         scores = tl.where(causal, scores, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
         pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         acc = acc * alpha[:, None] + pv
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc * (v_factor / tl.where(l_i > 0, l_i, 1.0))[:, None]
     o_ptrs = out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_q)
 
@@ -210,9 +290,14 @@ def _dot_dtype(query: torch.Tensor) -> tl.dtype:
 
 
 def store_kv(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scales: KVScales = UNIT_SCALES,
 ) -> None:
-    """Write each token's key/value ``[T, kv_heads, head_dim]`` into its cache slot.
+    """Write each token's key/value ``[T, kv_heads, head_dim]`` into its cache slot
+    (an fp8 cache: ``kv_quant.quantize`` of them, bit for bit).
 
     Tokens whose slot is negative are skipped.
     """
@@ -220,13 +305,15 @@ def store_kv(
     if num_tokens == 0:
         return
     key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
-    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(kv_cache)
+    cache = cache_format(kv_cache, scales)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
     _store_kv_kernel[(num_tokens,)](
-        key, value, kv_cache, slot_mapping,
+        key, value, cache.tensor, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         stride_kv, stride_blk, stride_tok, stride_ch, num_kv_heads, head_dim,
+        1.0 / scales.k, 1.0 / scales.v,
         BLOCK_SIZE=kv_cache.shape[2], HEADS_P2=triton.next_power_of_2(num_kv_heads),
-        DIM_P2=triton.next_power_of_2(head_dim),
+        DIM_P2=triton.next_power_of_2(head_dim), FP8=cache.fp8,
     )  # fmt: skip
 
 
@@ -238,6 +325,7 @@ def paged_decode_attention(
     max_seq_len: int,
     scale: float,
     out: torch.Tensor | None = None,
+    scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """One new token per sequence: ``query [B, heads, head_dim]`` → ``[B, heads, head_dim]``.
 
@@ -253,13 +341,15 @@ def paged_decode_attention(
         return out
     group = num_heads // num_kv_heads
     group_p2, dim_p2 = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
-    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(kv_cache)
+    cache = cache_format(kv_cache, scales)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
     _decode_kernel[(num_seqs, num_kv_heads)](
-        query, kv_cache, block_tables, seq_lens, out,
+        query, cache.tensor, block_tables, seq_lens, out,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E, head_dim,
+        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E * cache.k_factor,
+        cache.v_factor, head_dim,
         GROUP=group, GROUP_P2=group_p2, DIM_P2=dim_p2, BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_N=_decode_kv_tile(kv_cache.shape[2], group_p2, dim_p2),
+        BLOCK_N=_decode_kv_tile(kv_cache.shape[2], group_p2, dim_p2), FP8=cache.fp8,
     )  # fmt: skip
     return out
 
@@ -273,6 +363,7 @@ def prefill_attention(
     max_query_len: int,
     scale: float,
     out: torch.Tensor | None = None,
+    scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """Causal attention of several prefill chunks over their cached prefixes and themselves.
 
@@ -287,14 +378,17 @@ def prefill_attention(
         return out
     block_m = max(16, min(64, triton.next_power_of_2(max_query_len)))
     dot_dtype = _dot_dtype(query)
-    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(kv_cache)
+    cache = cache_format(kv_cache, scales)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
     grid = (num_chunks, triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
-        query, kv_cache, block_tables, query_start_loc, seq_lens, out,
+        query, cache.tensor, block_tables, query_start_loc, seq_lens, out,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E, head_dim,
+        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E * cache.k_factor,
+        cache.v_factor, head_dim,
         GROUP=num_heads // kv_cache.shape[3], DIM_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=block_m, BLOCK_N=_prefill_kv_tile(kv_cache.shape[2]),
         DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        FP8=cache.fp8,
     )  # fmt: skip
     return out

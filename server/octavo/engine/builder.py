@@ -58,19 +58,20 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        threads, quantization, speculative, draft, lora_config(args),
+        threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
     )  # fmt: skip
     executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    lookahead = speculative.num_speculative_tokens if speculative is not None else 0
     try:
-        num_blocks = _initialize_cache(executor, args, device, max_model_len)
+        num_blocks = _initialize_cache(executor, args, device, max_model_len, lookahead)
     except BaseException:
         executor.shutdown()
         raise
     pool = BlockPool(num_blocks, args.enable_prefix_caching)
     kv = KVCacheManager(pool, args.block_size)
     limits = StopLimits(eos, max_model_len)
-    lookahead = speculative.num_speculative_tokens if draft is not None else 0
-    scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits, lookahead)
+    ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
+    scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits, ahead)
     scheduler.max_loras = args.max_loras
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
@@ -85,29 +86,53 @@ def lora_config(args: EngineArgs) -> LoRAConfig | None:
     return LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras or args.max_loras)
 
 
-def _initialize_cache(
-    executor: Executor, args: EngineArgs, device: torch.device, max_model_len: int
-) -> int:
-    """Size the KV cache (the fewest blocks any worker can hold) and allocate it."""
-    budget = KVBudget(
-        args.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY,
+def kv_budget(args: EngineArgs, device: torch.device, num_speculative_tokens: int) -> KVBudget:
+    """The workers' KV budget: ``--kv-cache-memory`` bytes wherever it is given (CPU
+    default 2 GiB), else on a GPU the ``--gpu-memory-utilization`` share."""
+    kv_bytes = args.kv_cache_memory
+    if kv_bytes is None and device.type != "cuda":
+        kv_bytes = DEFAULT_CPU_KV_CACHE_MEMORY
+    return KVBudget(
+        kv_bytes,
         args.gpu_memory_utilization,
         args.token_budget(device.type),
         args.max_num_seqs,
+        num_speculative_tokens,
     )
+
+
+def _initialize_cache(
+    executor: Executor,
+    args: EngineArgs,
+    device: torch.device,
+    max_model_len: int,
+    num_speculative_tokens: int,
+) -> int:
+    """Size the KV cache (the fewest blocks any worker can hold) and allocate it."""
+    budget = kv_budget(args, device, num_speculative_tokens)
     num_blocks = executor.num_available_blocks(budget)
     if device.type == "cuda" and num_blocks <= 0:
         raise ValueError(
             "no GPU memory left for the KV cache; raise gpu_memory_utilization "
             "or lower max_num_batched_tokens / max_num_seqs"
         )
-    logger.info("KV cache: %d blocks of %d tokens (%d tokens)%s",
-                num_blocks, args.block_size, num_blocks * args.block_size,
-                "" if device.type == "cuda" else
-                f" in a budget of {budget.cpu_bytes / 2**20:.0f} MiB")  # fmt: skip
+    _log_cache(num_blocks, args, budget)
     _check_capacity(num_blocks, args.block_size, max_model_len)
     executor.initialize_cache(num_blocks)
     return num_blocks
+
+
+def _log_cache(num_blocks: int, args: EngineArgs, budget: KVBudget) -> None:
+    size = budget.kv_cache_bytes
+    where = "" if size is None else f" in a budget of {size / 2**20:.0f} MiB per worker"
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%d tokens, %s)%s",
+        num_blocks,
+        args.block_size,
+        num_blocks * args.block_size,
+        args.kv_cache_dtype,
+        where,
+    )
 
 
 def _eos_token_ids(config: ModelConfig, tokenizer) -> set[int]:

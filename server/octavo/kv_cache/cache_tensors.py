@@ -23,7 +23,7 @@ class KVShape(Protocol):
 
 
 class ModelShape(KVShape, Protocol):
-    """Also what one step's activations depend on (the GPU budget's estimate)."""
+    """Also what one step's activations depend on (``gpu_budget``'s estimate)."""
 
     num_heads: int
     hidden_size: int
@@ -32,33 +32,11 @@ class ModelShape(KVShape, Protocol):
 
 
 def bytes_per_block(config: KVShape, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block in every layer, keys and values, in the cache's ``dtype`` (an fp8
+    cache: one byte an element, half of bf16's)."""
     element = torch.empty((), dtype=dtype).element_size()
     per_layer = 2 * block_size * config.num_kv_heads * config.head_dim * element
     return per_layer * config.num_layers
-
-
-def cuda_kv_budget(
-    gpu_memory_utilization: float,
-    device: torch.device,
-    config: ModelShape,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    dtype: torch.dtype,
-) -> int:
-    """Bytes left for the KV cache on a GPU once weights and one step's activations fit.
-
-    The weights are already loaded (counted as allocated); activations of the largest
-    step are estimated from its shapes: a few hidden-sized and two intermediate-sized
-    tensors per token, plus fp32 logits for every sequence that samples.
-    """
-    free, total = torch.cuda.mem_get_info(device)
-    used_by_others = total - free - torch.cuda.memory_reserved(device)
-    element = torch.empty((), dtype=dtype).element_size()
-    qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
-    per_token = (6 * config.hidden_size + 3 * config.intermediate_size + qkv) * element
-    activations = max_num_batched_tokens * per_token + max_num_seqs * config.vocab_size * 8
-    weights = torch.cuda.memory_allocated(device)
-    return int(total * gpu_memory_utilization) - used_by_others - weights - activations
 
 
 def allocate_kv_caches(
@@ -69,11 +47,13 @@ def allocate_kv_caches(
 
 
 def copy_blocks(kv_caches: list[torch.Tensor], copies: list[tuple[int, int]]) -> None:
-    """Copy-on-write: duplicate whole blocks (keys and values, every layer)."""
+    """Copy-on-write: duplicate whole blocks (keys and values, every layer). Blocks are
+    copied as bytes, so an fp8 cache's stored values (and their scales' meaning) stay."""
     if not copies:
         return
     device = kv_caches[0].device
     sources = torch.tensor([src for src, _ in copies], device=device)
     targets = torch.tensor([dst for _, dst in copies], device=device)
     for cache in kv_caches:
-        cache[:, targets] = cache[:, sources]
+        raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
+        raw[:, targets] = raw[:, sources]

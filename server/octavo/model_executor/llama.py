@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from octavo.attention.backend import AttentionBackend
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.pipeline_comm import IntermediateTensors
@@ -56,6 +57,7 @@ class DecoderLayer(nn.Module):
         self.head_dim = head_dim
         self.split_sizes = [self.qkv.q_size, self.qkv.kv_size, self.qkv.kv_size]
         self.scale = head_dim**-0.5
+        self.kv_scales: KVScales = UNIT_SCALES  # an fp8 KV cache's k_scale / v_scale
         self.input_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.post_attention_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.o_proj = RowParallelLinear(config.num_heads * head_dim, hidden, method=method())
@@ -84,7 +86,7 @@ class DecoderLayer(nn.Module):
         rope.apply_(q_and_k)  # one rotation for the query and key heads together, in place
         q, k = q_and_k.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = attention.forward(q, k, v, kv_cache, meta, self.scale)
+        out = attention.forward(q, k, v, kv_cache, meta, self.scale, self.kv_scales)
         return self.o_proj(out.reshape(num_tokens, -1))
 
 

@@ -20,6 +20,12 @@ class PagedModel:
     attention: AttentionBackend
     device: torch.device
 
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The hidden states' dtype (the KV cache's may differ: fp8)."""
+        assert self.model.rotary is not None, "the loader sets the rotary tables"
+        return self.model.rotary.cos.dtype
+
     def forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         """Logits of the step's ``logits_indices`` rows (or the activations for the next
         pipeline stage)."""

@@ -13,10 +13,18 @@ from pathlib import Path
 import torch
 
 from octavo.attention.backend import select_backend
+from octavo.attention.kv_quant import kv_cache_dtype
 from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
-from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block, cuda_kv_budget
+from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block
+from octavo.kv_cache.gpu_budget import (
+    GpuMemory,
+    activation_bytes,
+    requested_budget,
+    step_rows,
+    utilization_budget,
+)
 from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
@@ -55,16 +63,23 @@ class WorkerConfig:
     speculative: SpeculativeConfig | None = None  # proposals for speculative decoding
     draft: tuple[Path, ModelConfig] | None = None  # the draft model's folder and config
     lora: LoRAConfig | None = None  # LoRA adapters: slots and limits
+    kv_cache_dtype: str = "auto"  # ``--kv-cache-dtype``: auto (the model's dtype) or an fp8 kind
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache's element type (target and draft model alike)."""
+        return kv_cache_dtype(self.kv_cache_dtype, self.dtype)
 
 
 @dataclass(frozen=True)
 class KVBudget:
     """How much memory a worker may give its KV cache (each rank sizes its own shard)."""
 
-    cpu_bytes: int  # on CPU: this many bytes per worker
-    gpu_memory_utilization: float  # on GPU: this fraction of the device, minus the rest
+    kv_cache_bytes: int | None  # this many bytes per worker (CPU: always; GPU: when given)
+    gpu_memory_utilization: float  # on GPU without kv_cache_bytes: this share of the device
     max_num_batched_tokens: int
     max_num_seqs: int
+    num_speculative_tokens: int = 0  # rows of a speculating sequence's logits: k + 1
 
 
 @dataclass(frozen=True)
@@ -134,23 +149,32 @@ class Worker:
 
     def num_available_blocks(self, budget: KVBudget) -> int:
         """How many KV blocks fit this worker's memory budget."""
-        per_block = bytes_per_block(self.cache_shape, self.spec.block_size, self.spec.dtype)
+        cache_dtype, block_size = self.spec.cache_dtype, self.spec.block_size
+        per_block = bytes_per_block(self.cache_shape, block_size, cache_dtype)
         draft_shape = self._draft_cache_shape()
         if draft_shape is not None:  # the draft's cache has as many blocks as the target's
-            per_block += bytes_per_block(draft_shape, self.spec.block_size, self.spec.dtype)
+            per_block += bytes_per_block(draft_shape, block_size, cache_dtype)
         if self.device.type != "cuda":
-            return budget.cpu_bytes // per_block
-        free = cuda_kv_budget(
-            budget.gpu_memory_utilization, self.device, self.spec.config,
-            budget.max_num_batched_tokens, budget.max_num_seqs, self.spec.dtype,
-        )  # fmt: skip
-        return max(0, free) // per_block
+            assert budget.kv_cache_bytes is not None, "the CPU budget is always in bytes"
+            return budget.kv_cache_bytes // per_block
+        return max(0, self._gpu_kv_bytes(budget)) // per_block
+
+    def _gpu_kv_bytes(self, budget: KVBudget) -> int:
+        """The KV cache's bytes on this GPU: as requested, or the utilization's leftover."""
+        rows = step_rows(
+            budget.max_num_batched_tokens, budget.max_num_seqs, budget.num_speculative_tokens
+        )
+        activations = activation_bytes(self.spec.config, rows, self.spec.dtype)
+        memory = GpuMemory.of(self.device)
+        if budget.kv_cache_bytes is not None:
+            return requested_budget(memory, budget.kv_cache_bytes, activations, self.device)
+        return utilization_budget(memory, budget.gpu_memory_utilization, activations)
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the paged KV cache and get the runner ready to take steps."""
         spec = self.spec
         caches = allocate_kv_caches(
-            self.cache_shape, num_blocks, spec.block_size, spec.dtype, self.device
+            self.cache_shape, num_blocks, spec.block_size, spec.cache_dtype, self.device
         )
         attention = select_backend(self.device, spec.dtype)
         self.runner = ModelRunner(
@@ -175,7 +199,9 @@ class Worker:
             ))  # fmt: skip
         shape = self._draft_cache_shape()
         assert self.draft is not None and shape is not None
-        caches = allocate_kv_caches(shape, num_blocks, spec.block_size, spec.dtype, self.device)
+        caches = allocate_kv_caches(
+            shape, num_blocks, spec.block_size, spec.cache_dtype, self.device
+        )
         attention = select_backend(self.device, spec.dtype)
         paged = PagedModel(self.draft, caches, spec.block_size, attention, self.device)
         return DraftModelProposer(paged, speculative.num_speculative_tokens)

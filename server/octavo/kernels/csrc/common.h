@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 
 #include <algorithm>
 #include <bit>
@@ -35,6 +37,48 @@ inline bf16_bits from_float<bf16_bits>(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
   return value != value ? bf16_bits{0x7FC0} : static_cast<bf16_bits>(rounded);
+}
+
+// An fp8 KV cache's elements as their raw bits (see attention/kv_quant.py).
+struct fp8_e4m3 {
+  uint8_t bits;
+};
+struct fp8_e5m2 {
+  uint8_t bits;
+};
+
+// Exact widening without fp32 subnormals (so DAZ cannot change it): a normal fp8 number
+// gets its exponent rebiased, a subnormal one is its mantissa times the smallest step.
+// The formats' inf/NaN patterns are never stored (stores saturate) and are not special here.
+template <int MantissaBits, int Bias>
+inline float fp8_to_float(uint8_t bits) {
+  constexpr float kStep = 1.f / static_cast<float>(1u << (Bias + MantissaBits - 1));  // smallest subnormal
+  const uint32_t magnitude = bits & 0x7Fu;
+  const float subnormal = static_cast<float>(magnitude) * kStep;
+  const uint32_t normal = (magnitude << (23 - MantissaBits)) + (static_cast<uint32_t>(127 - Bias) << 23);
+  const uint32_t value = magnitude < (1u << MantissaBits) ? std::bit_cast<uint32_t>(subnormal) : normal;
+  return std::bit_cast<float>(value | (static_cast<uint32_t>(bits & 0x80u) << 24));
+}
+
+inline float to_float(fp8_e4m3 value) { return fp8_to_float<3, 7>(value.bits); }
+inline float to_float(fp8_e5m2 value) { return fp8_to_float<2, 15>(value.bits); }
+
+// Saturating, round-to-nearest-even narrowing: torch's own conversion after a clamp to the
+// largest finite value, so a store equals `kv_quant.quantize` bit for bit.
+template <>
+inline fp8_e4m3 from_float<fp8_e4m3>(float value) {
+  const float limit = 448.f;
+  return fp8_e4m3{c10::detail::fp8e4m3fn_from_fp32_value(std::min(std::max(value, -limit), limit))};
+}
+
+template <>
+inline fp8_e5m2 from_float<fp8_e5m2>(float value) {
+  const float limit = 57344.f;
+  return fp8_e5m2{c10::detail::fp8e5m2_from_fp32_value(std::min(std::max(value, -limit), limit))};
+}
+
+inline bool is_fp8_cache(at::ScalarType dtype) {
+  return dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2;
 }
 
 template <typename T>
@@ -125,6 +169,19 @@ void dispatch_float_bf16(at::ScalarType dtype, const char* op, Body&& body) {
     body.template operator()<bf16_bits>();
   } else {
     TORCH_CHECK(false, op, ": only float32 and bfloat16 are supported, got ", dtype);
+  }
+}
+
+// Runs `body.template operator()<C>()` with C = T (a cache of the query's type) or an fp8
+// element type, by the cache's dtype.
+template <typename T, typename Body>
+void dispatch_cache(at::ScalarType dtype, Body&& body) {
+  if (dtype == at::kFloat8_e4m3fn) {
+    body.template operator()<fp8_e4m3>();
+  } else if (dtype == at::kFloat8_e5m2) {
+    body.template operator()<fp8_e5m2>();
+  } else {
+    body.template operator()<T>();
   }
 }
 

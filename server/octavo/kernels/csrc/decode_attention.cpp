@@ -1,6 +1,8 @@
 // Paged decode attention: one query token per sequence, keys/values read from the cache
 // blocks in place (no gather), the query heads that share a KV head handled together (GQA),
-// softmax computed online block by block, accumulation in fp32.
+// softmax computed online block by block, accumulation in fp32. The cache holds the query's
+// type (T) or fp8 (C = fp8_e4m3 / fp8_e5m2, see common.h): k_scale is folded into the
+// query's scale and v_scale into the final normalisation.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,7 +21,8 @@ namespace {
 struct DecodeShape {
   int64_t heads, kv_heads, group, head_dim, block_size, max_blocks;
   int64_t q_token_stride, q_head_stride, slot_stride;  // slot_stride: elements per cache slot
-  float scale;
+  float scale;      // softmax scale times k_scale
+  float out_scale;  // v_scale
 };
 
 // Running softmax state of the `group` query heads of one (sequence, KV head) pair.
@@ -34,14 +37,14 @@ struct OnlineSoftmax {
 
 // Scores of every query head of the group against the block's `count` keys. `HD` is the
 // head size when known at compile time (0: read it from the shape).
-template <typename T, int HD>
-void score_block(OnlineSoftmax& st, const DecodeShape& s, const T* keys, int64_t count) {
+template <typename C, int HD>
+void score_block(OnlineSoftmax& st, const DecodeShape& s, const C* keys, int64_t count) {
   const int64_t dim = HD > 0 ? HD : s.head_dim;
   float* __restrict scores = st.scores.data();
   for (int64_t g = 0; g < s.group; ++g) {
     const float* __restrict q = st.query.data() + g * dim;
     for (int64_t t = 0; t < count; ++t) {
-      const T* __restrict k = keys + t * s.slot_stride;
+      const C* __restrict k = keys + t * s.slot_stride;
       scores[g * s.block_size + t] = dot(q, k, dim);
     }
   }
@@ -63,14 +66,14 @@ void softmax_block(OnlineSoftmax& st, const DecodeShape& s, int64_t count) {
   }
 }
 
-template <typename T, int HD>
-void accumulate_values(OnlineSoftmax& st, const DecodeShape& s, const T* values, int64_t count) {
+template <typename C, int HD>
+void accumulate_values(OnlineSoftmax& st, const DecodeShape& s, const C* values, int64_t count) {
   const int64_t dim = HD > 0 ? HD : s.head_dim;
   const float* __restrict scores = st.scores.data();
   for (int64_t g = 0; g < s.group; ++g) {
     float* __restrict acc = st.acc.data() + g * dim;
     for (int64_t t = 0; t < count; ++t) {
-      const T* __restrict v = values + t * s.slot_stride;
+      const C* __restrict v = values + t * s.slot_stride;
       const float weight = scores[g * s.block_size + t];
 #pragma omp simd
       for (int64_t i = 0; i < dim; ++i) acc[i] += weight * to_float(v[i]);
@@ -93,7 +96,7 @@ void prefetch_rows(const T* rows, int64_t count, int64_t stride, int64_t row_byt
   }
 }
 
-template <typename T, int HD>
+template <typename T, typename C, int HD>
 struct ChunkedDecode {
   static constexpr int kVecs = HD / 16;
   const DecodeShape& s;
@@ -112,7 +115,7 @@ struct ChunkedDecode {
     }
   }
 
-  void scores(const T* keys, int64_t count) {
+  void scores(const C* keys, int64_t count) {
     vec16 rows[kMaxGroup][kChunk];
     for (int64_t t = 0; t < kChunk; ++t) {
       if (t >= count) {
@@ -141,7 +144,7 @@ struct ChunkedDecode {
     }
   }
 
-  void values(const T* values, int64_t count) {
+  void values(const C* values, int64_t count) {
     for (int64_t t = 0; t < count; ++t) {
       vec16 value[kVecs];
       for (int c = 0; c < kVecs; ++c) value[c] = load16(values + t * s.slot_stride + 16 * c);
@@ -154,7 +157,7 @@ struct ChunkedDecode {
 
   void write(T* out) const {
     for (int64_t g = 0; g < s.group; ++g) {
-      const float inv = sum[g] > 0.f ? 1.f / sum[g] : 0.f;
+      const float inv = sum[g] > 0.f ? s.out_scale / sum[g] : 0.f;
       alignas(64) float row[HD];
       for (int c = 0; c < kVecs; ++c) store16(row + 16 * c, acc[g][c] * inv);
       for (int64_t i = 0; i < HD; ++i) out[g * HD + i] = from_float<T>(row[i]);
@@ -162,11 +165,11 @@ struct ChunkedDecode {
   }
 };
 
-template <typename T, int HD>
-void attend_chunked(const DecodeShape& s, const T* query, const T* keys, const T* values, const int32_t* table,
+template <typename T, typename C, int HD>
+void attend_chunked(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
                     int64_t seq_len, T* out) {
-  ChunkedDecode<T, HD> state(s, query);
-  const int64_t row_bytes = HD * static_cast<int64_t>(sizeof(T));
+  ChunkedDecode<T, C, HD> state(s, query);
+  const int64_t row_bytes = HD * static_cast<int64_t>(sizeof(C));
   auto chunk_offset = [&](int64_t start) {
     return (static_cast<int64_t>(table[start / s.block_size]) * s.block_size + start % s.block_size) * s.slot_stride;
   };
@@ -183,8 +186,8 @@ void attend_chunked(const DecodeShape& s, const T* query, const T* keys, const T
   state.write(out);
 }
 
-template <typename T, int HD>
-void attend_one(const DecodeShape& s, const T* query, const T* keys, const T* values, const int32_t* table,
+template <typename T, typename C, int HD>
+void attend_one(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
                 int64_t seq_len, T* out) {
   OnlineSoftmax st(s);
   for (int64_t g = 0; g < s.group; ++g) {
@@ -195,21 +198,23 @@ void attend_one(const DecodeShape& s, const T* query, const T* keys, const T* va
   for (int64_t start = 0, b = 0; start < seq_len; start += s.block_size, ++b) {
     const int64_t count = std::min(s.block_size, seq_len - start);
     const int64_t offset = static_cast<int64_t>(table[b]) * block_elements;
-    score_block<T, HD>(st, s, keys + offset, count);
+    score_block<C, HD>(st, s, keys + offset, count);
     softmax_block(st, s, count);
-    accumulate_values<T, HD>(st, s, values + offset, count);
+    accumulate_values<C, HD>(st, s, values + offset, count);
   }
   for (int64_t g = 0; g < s.group; ++g) {
-    const float inv = st.sum[g] > 0.f ? 1.f / st.sum[g] : 0.f;
+    const float inv = st.sum[g] > 0.f ? s.out_scale / st.sum[g] : 0.f;
     for (int64_t i = 0; i < s.head_dim; ++i) out[g * s.head_dim + i] = from_float<T>(st.acc[g * s.head_dim + i] * inv);
   }
 }
 
-DecodeShape decode_shape(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables, double scale) {
+DecodeShape decode_shape(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables, double scale,
+                         double k_scale, double v_scale) {
   const int64_t heads = query.size(1), kv_heads = kv_cache.size(3);
   TORCH_CHECK(heads % kv_heads == 0, "paged_decode_attention: heads must be a multiple of kv_heads");
   return DecodeShape{heads, kv_heads, heads / kv_heads, query.size(2), kv_cache.size(2), block_tables.size(1),
-                     query.stride(0), query.stride(1), kv_heads * kv_cache.size(4), static_cast<float>(scale)};
+                     query.stride(0), query.stride(1), kv_heads * kv_cache.size(4), static_cast<float>(scale * k_scale),
+                     static_cast<float>(v_scale)};
 }
 
 void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
@@ -219,30 +224,31 @@ void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tens
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(), "paged_decode_attention: out must be contiguous like query");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.is_contiguous() && kv_cache.size(0) == 2 && kv_cache.size(4) == query.size(2),
               "paged_decode_attention: kv_cache must be contiguous [2, blocks, block_size, kv_heads, head_dim]");
-  TORCH_CHECK(kv_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
-              "paged_decode_attention: query, out and kv_cache must share a dtype");
+  TORCH_CHECK(out.scalar_type() == query.scalar_type(), "paged_decode_attention: query and out must share a dtype");
+  TORCH_CHECK(kv_cache.scalar_type() == query.scalar_type() || is_fp8_cache(kv_cache.scalar_type()),
+              "paged_decode_attention: kv_cache must have the query's dtype or be float8 (e4m3fn / e5m2)");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() && block_tables.size(0) == query.size(0),
               "paged_decode_attention: block_tables must be int32 [seqs, max_blocks]");
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() && seq_lens.numel() == query.size(0),
               "paged_decode_attention: seq_lens must be int32 [seqs]");
 }
 
-template <typename T, int HD>
-void attend(const DecodeShape& s, const T* query, const T* keys, const T* values, const int32_t* table,
+template <typename T, typename C, int HD>
+void attend(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
             int64_t seq_len, T* out) {
   if (HD > 0 && HD % 16 == 0 && s.block_size % kChunk == 0 && s.group <= kMaxGroup) {
-    attend_chunked<T, (HD > 0 ? HD : 16)>(s, query, keys, values, table, seq_len, out);
+    attend_chunked<T, C, (HD > 0 ? HD : 16)>(s, query, keys, values, table, seq_len, out);
   } else {
-    attend_one<T, HD>(s, query, keys, values, table, seq_len, out);
+    attend_one<T, C, HD>(s, query, keys, values, table, seq_len, out);
   }
 }
 
-template <typename T, int HD>
+template <typename T, typename C, int HD>
 void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const int32_t* tables,
                 const int32_t* lens, const DecodeShape& s) {
   const int64_t seqs = query.size(0), num_slots = kv_cache.size(1) * kv_cache.size(2);
-  const T* keys = ptr<T>(kv_cache);
-  const T* values = keys + num_slots * s.slot_stride;
+  const C* keys = ptr<C>(kv_cache);
+  const C* values = keys + num_slots * s.slot_stride;
   const T* q = ptr<T>(query);
   T* o = ptr<T>(out);
   // One task per (sequence, KV head): its query heads share every key and value read.
@@ -250,7 +256,7 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / s.kv_heads, h = item % s.kv_heads;
       const int64_t head_offset = h * s.head_dim;
-      attend<T, HD>(s, q + b * s.q_token_stride + h * s.group * s.q_head_stride, keys + head_offset,
+      attend<T, C, HD>(s, q + b * s.q_token_stride + h * s.group * s.q_head_stride, keys + head_offset,
                         values + head_offset, tables + b * s.max_blocks, lens[b],
                         o + (b * s.heads + h * s.group) * s.head_dim);
     }
@@ -260,9 +266,10 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
 }  // namespace
 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, double k_scale,
+                            double v_scale) {
   check_inputs(out, query, kv_cache, block_tables, seq_lens);
-  const DecodeShape s = decode_shape(query, kv_cache, block_tables, scale);
+  const DecodeShape s = decode_shape(query, kv_cache, block_tables, scale, k_scale, v_scale);
   const int64_t seqs = query.size(0);
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -270,14 +277,16 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
     TORCH_CHECK(lens[b] >= 0 && lens[b] <= s.max_blocks * s.block_size, "paged_decode_attention: seq_len out of range");
   }
   dispatch_float_bf16(query.scalar_type(), "paged_decode_attention", [&]<typename T>() {
-    switch (s.head_dim) {
-      case 64: return run_decode<T, 64>(out, query, kv_cache, tables, lens, s);
-      case 80: return run_decode<T, 80>(out, query, kv_cache, tables, lens, s);
-      case 96: return run_decode<T, 96>(out, query, kv_cache, tables, lens, s);
-      case 128: return run_decode<T, 128>(out, query, kv_cache, tables, lens, s);
-      case 256: return run_decode<T, 256>(out, query, kv_cache, tables, lens, s);
-      default: return run_decode<T, 0>(out, query, kv_cache, tables, lens, s);
-    }
+    dispatch_cache<T>(kv_cache.scalar_type(), [&]<typename C>() {
+      switch (s.head_dim) {
+        case 64: return run_decode<T, C, 64>(out, query, kv_cache, tables, lens, s);
+        case 80: return run_decode<T, C, 80>(out, query, kv_cache, tables, lens, s);
+        case 96: return run_decode<T, C, 96>(out, query, kv_cache, tables, lens, s);
+        case 128: return run_decode<T, C, 128>(out, query, kv_cache, tables, lens, s);
+        case 256: return run_decode<T, C, 256>(out, query, kv_cache, tables, lens, s);
+        default: return run_decode<T, C, 0>(out, query, kv_cache, tables, lens, s);
+      }
+    });
   });
 }
 

@@ -8,9 +8,11 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
 void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 void silu_and_mul(at::Tensor& out, const at::Tensor& x);
 void rotary_embedding(const at::Tensor& positions, at::Tensor& qk, const at::Tensor& cos, const at::Tensor& sin);
-void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const at::Tensor& slot_mapping,
+              double k_scale, double v_scale);
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale);
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, double k_scale,
+                            double v_scale);
 void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
                     int64_t call, int64_t slot_bytes);
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
@@ -29,10 +31,12 @@ TORCH_LIBRARY(octavo_cpu, m) {
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
   m.def("rotary_embedding(Tensor positions, Tensor(a!) qk, Tensor cos, Tensor sin) -> ()");
-  m.def("store_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "store_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, float k_scale=1., "
+      "float v_scale=1.) -> ()");
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
-      "Tensor seq_lens, float scale) -> ()");
+      "Tensor seq_lens, float scale, float k_scale=1., float v_scale=1.) -> ()");
   m.def(
       "shm_all_reduce(Tensor(a!) tensor, Tensor(b!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");

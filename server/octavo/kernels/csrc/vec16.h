@@ -28,6 +28,26 @@ inline vec16 load16(const uint16_t* src) {  // bfloat16 bits
   return reinterpret_cast<const vec16&>(wide);
 }
 
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+
+// fp8 bits widened exactly (common.h's fp8_to_float, 16 lanes at once).
+template <int MantissaBits, int Bias>
+inline vec16 load16_fp8(const uint8_t* src) {
+  u8x16 raw;
+  std::memcpy(&raw, src, sizeof(raw));
+  const u32x16 bits = __builtin_convertvector(raw, u32x16);
+  const u32x16 magnitude = bits & 0x7Fu;
+  const ivec16 as_int = reinterpret_cast<const ivec16&>(magnitude);
+  const vec16 subnormal = __builtin_convertvector(as_int, vec16) * (1.f / static_cast<float>(1u << (Bias + MantissaBits - 1)));
+  const u32x16 normal = (magnitude << (23 - MantissaBits)) + (static_cast<uint32_t>(127 - Bias) << 23);
+  u32x16 value = magnitude < (1u << MantissaBits) ? reinterpret_cast<const u32x16&>(subnormal) : normal;
+  value |= (bits & 0x80u) << 24;
+  return reinterpret_cast<const vec16&>(value);
+}
+
+inline vec16 load16(const fp8_e4m3* src) { return load16_fp8<3, 7>(&src->bits); }
+inline vec16 load16(const fp8_e5m2* src) { return load16_fp8<2, 15>(&src->bits); }
+
 inline void store16(float* dst, vec16 value) { std::memcpy(dst, &value, sizeof(value)); }
 
 inline vec16 splat16(float value) { return vec16{} + value; }

@@ -1,0 +1,114 @@
+"""How many bytes a GPU worker gives its KV cache.
+
+Two ways, as in vLLM: ``--kv-cache-memory`` names the bytes (refused when they do not fit
+next to the weights and one step's activations), or ``--gpu-memory-utilization`` takes
+that fraction of the device and leaves the KV cache what the weights, other processes
+and the activations do not use. The activations are estimated from the largest step's
+shapes: its tokens, the logits rows that reach the LM head and the rows the sampler
+works on (``StepRows``). The arithmetic is plain numbers (``GpuMemory``), so it is tested
+without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octavo.kv_cache.cache_tensors import ModelShape
+
+# Bytes per vocabulary entry of a logits row besides the LM head's own output: its fp32
+# copy and a log-softmax (logprobs, prompt logprobs).
+LOGIT_COPY_BYTES = 8
+# ... and of a sampled row: the sampler's fp32 working copies (masked or penalised logits,
+# probabilities, the random draw's noise, a filter's copy).
+SAMPLER_BYTES_PER_LOGIT = 16
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The most rows one step's tensors can have."""
+
+    tokens: int  # tokens of the forward pass (the token budget)
+    logits: int  # hidden rows that reach the LM head
+    sampled: int  # logits rows the sampler and the speculative verifier work on
+
+
+def step_rows(
+    max_num_batched_tokens: int, max_num_seqs: int, num_speculative_tokens: int = 0
+) -> StepRows:
+    """The row bound of one step, as the scheduler and the runner make steps.
+
+    Every logits row is one token of the step (``step_inputs.lay_out``): a sampling
+    sequence's last token, each of a speculating sequence's ``k + 1`` verified tokens, or
+    a prompt token scored for ``prompt_logprobs`` (``ModelRunner._prompt_scoring``). The
+    scheduler counts all of them against ``max_num_batched_tokens``, and a step whose
+    prompts all ask for prompt logprobs fills it with scored rows: so the token budget is
+    the logits bound. The sampler expands a row to each of its ``n`` forks, which are
+    running sequences: at most ``max_num_seqs`` plain rows, or ``k + 1`` rows for each
+    speculating one (and never more than the step's tokens plus its forks).
+    """
+    per_sequence = 1 + num_speculative_tokens
+    sampled = min(max_num_seqs * per_sequence, max_num_seqs + max_num_batched_tokens)
+    return StepRows(max_num_batched_tokens, max_num_batched_tokens, sampled)
+
+
+def activation_bytes(config: ModelShape, rows: StepRows, dtype: torch.dtype) -> int:
+    """Bytes one step's activations may take at their peak.
+
+    Per token: a few hidden-sized tensors, the fused QKV and two intermediate-sized ones
+    (model dtype). Per logits row: the LM head's output (model dtype), its fp32 copy and
+    a log-softmax. Per sampled row: the sampler's fp32 working copies.
+    """
+    element = torch.empty((), dtype=dtype).element_size()
+    qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    per_token = (6 * config.hidden_size + 3 * config.intermediate_size + qkv) * element
+    logits = rows.logits * config.vocab_size * (element + LOGIT_COPY_BYTES)
+    sampled = rows.sampled * config.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    return rows.tokens * per_token + logits + sampled
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory as the worker sees it once its weights are loaded."""
+
+    total: int
+    free: int  # the driver's free bytes (torch's cached blocks are not free to others)
+    reserved: int  # held by torch's caching allocator
+    allocated: int  # in live tensors: the weights
+
+    @classmethod
+    def of(cls, device: torch.device) -> GpuMemory:
+        free, total = torch.cuda.mem_get_info(device)
+        reserved = torch.cuda.memory_reserved(device)
+        return cls(total, free, reserved, torch.cuda.memory_allocated(device))
+
+    @property
+    def available(self) -> int:
+        """What this process can still allocate: free, plus cached but unused."""
+        return self.free + self.reserved - self.allocated
+
+
+def utilization_budget(memory: GpuMemory, utilization: float, activations: int) -> int:
+    """``--gpu-memory-utilization``: that share of the device, less what other processes,
+    the weights and the activations use (may be negative: nothing left)."""
+    used_by_others = memory.total - memory.free - memory.reserved
+    return int(memory.total * utilization) - used_by_others - memory.allocated - activations
+
+
+def requested_budget(memory: GpuMemory, kv_bytes: int, activations: int, device: object) -> int:
+    """``--kv-cache-memory`` on a GPU: exactly those bytes, refused when they do not fit in
+    what is free next to the weights and one step's activations."""
+    room = memory.available - activations
+    if kv_bytes > room:
+        raise ValueError(
+            f"--kv-cache-memory {_gib(kv_bytes)} does not fit on {device}: "
+            f"{_gib(memory.available)} is free after the weights and one step's activations "
+            f"need about {_gib(activations)}, leaving {_gib(max(0, room))}; lower "
+            "--kv-cache-memory (or --max-num-batched-tokens / --max-num-seqs)"
+        )
+    return kv_bytes
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
