@@ -148,8 +148,11 @@ def test_sigterm_exits_while_slow_constraints_compile(serve_process):
     wait_healthy(process, url, STARTUP_SECONDS)
     warm = {"prompt": "Warm", "max_tokens": 2, "guided_choice": ["warm", "up"]}
     assert httpx.post(f"{url}/v1/completions", json=warm, timeout=120).status_code == 200
-    slow = [{"guided_json": {"enum": [f"v{i}" for i in range(25_000)]}},
-            {"guided_choice": [f"c{i}" for i in range(25_000)]}]  # fmt: skip
+    entries = range(25_000)
+    slow = [
+        {"guided_json": {"enum": [f"v{i}" for i in entries]}},
+        {"guided_choice": [f"c{i}" for i in entries]},
+    ]
     for extra in slow:
         threading.Thread(target=post_slow_constraint, args=(url, extra), daemon=True).start()
     time.sleep(1.5)  # both are being compiled now

@@ -219,11 +219,10 @@ def oversized_constraints(entries: int) -> list[dict]:
     return [
         {"guided_json": {"enum": [f"v{i}" for i in range(entries)]}},
         {"guided_choice": [f"c{i}" for i in range(entries)]},
-        {"guided_json": {"type": "object", "properties": properties,
-                         "required": list(properties)}},
+        {"guided_json": {"type": "object", "properties": properties, "required": [*properties]}},
         {"guided_regex": "|".join(f"a{i}" for i in range(entries))},
-        {"guided_grammar": f"root ::= r0\n{rules}\nr{entries // 3} ::= \"z\""},
-    ]  # fmt: skip
+        {"guided_grammar": f'root ::= r0\n{rules}\nr{entries // 3} ::= "z"'},
+    ]
 
 
 def post_chat(server, extra: dict, timeout: float = 60) -> httpx.Response:
@@ -248,8 +247,8 @@ def test_slow_constraints_are_stopped_and_a_trivial_one_compiles_next(server, mo
     monkeypatch.setattr(context_of(server.app).grammars, "timeout", 1.0)
     assert post_chat(server, {"guided_choice": ["warm", "up"]}).status_code == 200
     with ThreadPoolExecutor(5) as pool:
-        responses = list(pool.map(lambda extra: post_chat(server, extra),
-                                  oversized_constraints(20_000)))  # fmt: skip
+        slow = oversized_constraints(20_000)
+        responses = list(pool.map(lambda extra: post_chat(server, extra), slow))
     for response in responses:
         assert response.status_code == 400, response.text
         assert "did not compile within 1 s" in response.json()["error"]["message"]

@@ -15,10 +15,15 @@ from octavo.entrypoints.openai.tool_calls.constraints import (
     required_calls_schema,
 )
 from octavo.entrypoints.openai.tool_calls.parsers import (
+    TOOL_CALL_PARSERS,
     ParsedToolCall,
+    hermes_safe_prefix,
+    llama3_json_safe_prefix,
     parse_hermes,
     parse_llama3_json,
 )
+from octavo.entrypoints.openai.tool_calls.plan import ToolPlan
+from octavo.entrypoints.openai.tool_calls.stream import ToolCallStream
 
 WEATHER = {
     "name": "get_weather",
@@ -130,3 +135,68 @@ def test_serve_refuses_auto_tool_choice_without_a_parser(capsys):
 
     assert main(["serve", "--enable-auto-tool-choice"]) == 2
     assert "--enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "safe"),
+    [
+        ("", 0),
+        ("Hello", 5),
+        ("a < b", 5),  # a "<" that can no longer open a tag is content
+        ("Hello <", 6),
+        ("Hello <tool_ca", 6),  # may be the start of a tag: held back
+        ("Hello <tool_call>", 6),
+        ('Hi<tool_call>{"name": "f"}</tool_call> after', 2),
+        ("<tool_call", 0),
+        ("<tool_cal>", 10),  # not the tag after all
+    ],
+)
+def test_hermes_safe_prefix(text, safe):
+    assert hermes_safe_prefix(text) == safe
+
+
+@pytest.mark.parametrize(
+    ("text", "safe"),
+    [
+        ("", 0),
+        ("   ", 0),
+        ("{", 0),
+        ('  {"name": "f"', 0),
+        ("<|python", 0),  # may be the start of <|python_tag|>
+        ("<|python_tag|>{", 0),
+        ("Hello {", 7),  # text first: never a llama3_json call
+        ("<|pyx", 5),
+    ],
+)
+def test_llama3_json_safe_prefix(text, safe):
+    assert llama3_json_safe_prefix(text) == safe
+
+
+HERMES_TEXT = (
+    'Sure.<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+)
+
+
+@pytest.mark.parametrize("piece", [1, 2, 3, 7, len(HERMES_TEXT)])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_stream_sends_only_content_then_whole_calls(piece, parallel):
+    """However the text is cut into deltas, the content streams without any part of a tag
+    and the calls come at the end (only the first with ``parallel_tool_calls: false``)."""
+    plan = ToolPlan("auto", [], None, parallel, TOOL_CALL_PARSERS["hermes"])
+    stream = ToolCallStream(plan)
+    deltas = [stream.delta(HERMES_TEXT[i : i + piece]) for i in range(0, len(HERMES_TEXT), piece)]
+    content = "".join(delta.content for delta in deltas if delta is not None)
+    finished = stream.finish()
+    assert content == "Sure." and not any(delta.content for delta in finished)
+    names = [delta.tool_calls[0].function.name for delta in finished]
+    assert names == (["get_weather", "get_time"] if parallel else ["get_weather"])
+    assert [delta.tool_calls[0].index for delta in finished] == list(range(len(names)))
+
+
+def test_auto_keeps_only_the_first_call_without_parallel_tool_calls():
+    parser = TOOL_CALL_PARSERS["hermes"]
+    both = ToolPlan("auto", [], None, True, parser).read(HERMES_TEXT)
+    first = ToolPlan("auto", [], None, False, parser).read(HERMES_TEXT)
+    assert [call.name for call in both.calls] == ["get_weather", "get_time"]
+    assert first.calls == both.calls[:1] and first.content == both.content == "Sure."

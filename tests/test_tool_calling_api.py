@@ -6,6 +6,7 @@ accepted, ``auto`` answers (parsed by the ``hermes`` parser), and bad input is a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -179,6 +180,67 @@ def test_auto_streamed_equals_auto_whole(client):
     assert finish == whole.finish_reason
     if whole.message.tool_calls:
         assert whole.finish_reason == "tool_calls"
+
+
+WEATHER_CALL = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+TIME_CALL = {"name": "get_time", "arguments": {"zone": 2}}
+CONTENT = "Sure."
+# What the model writes: content, then two Hermes blocks (forced by a regex: the served
+# path is the real one, from the engine's tokens to the parser and the stream).
+SCRIPTED = CONTENT + "".join(
+    f"<tool_call>{json.dumps(call)}</tool_call>" for call in (WEATHER_CALL, TIME_CALL)
+)
+
+
+def exactly(text: str) -> str:
+    """A regex matching ``text`` only."""
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", text)
+
+
+def scripted_auto(client, parallel: bool, stream: bool):
+    regex = {"structured_outputs": {"regex": exactly(SCRIPTED)}}
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        max_tokens=300,
+        temperature=0,
+        parallel_tool_calls=parallel,
+        stream=stream,
+        extra_body=regex,
+    )
+
+
+def call_dicts(calls) -> list[dict]:
+    return [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in calls]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_reads_the_calls_the_model_wrote(client, parallel):
+    """``auto``: the Hermes blocks become calls, the text before them content; with
+    ``parallel_tool_calls: false`` only the first call is kept."""
+    reply = scripted_auto(client, parallel, stream=False).choices[0]
+    assert reply.finish_reason == "tool_calls"
+    assert reply.message.content == CONTENT
+    expected = [WEATHER_CALL, TIME_CALL] if parallel else [WEATHER_CALL]
+    assert call_dicts(reply.message.tool_calls) == expected
+    assert all(call.id.startswith("call_") for call in reply.message.tool_calls)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_streams_the_content_then_the_calls(client, parallel):
+    """Streamed ``auto``: the content goes out as it is written and never a piece of a
+    ``<tool_call>`` tag; the calls come whole at the end, as in the whole reply."""
+    contents, calls, finish = [], [], None
+    for chunk in scripted_auto(client, parallel, stream=True):
+        for choice in chunk.choices:
+            contents.append(choice.delta.content or "")
+            calls += choice.delta.tool_calls or []
+            finish = choice.finish_reason or finish
+    assert "".join(contents) == CONTENT and not any("<" in piece for piece in contents)
+    assert finish == "tool_calls"
+    assert [call.index for call in calls] == list(range(len(calls)))
+    assert call_dicts(calls) == ([WEATHER_CALL, TIME_CALL] if parallel else [WEATHER_CALL])
 
 
 @pytest.mark.parametrize(

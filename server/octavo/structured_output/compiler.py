@@ -79,8 +79,9 @@ class GrammarCompiler:
         compiler, kind = self._compiler, params.kind
         try:
             if kind == "json":
-                return compiler.compile_json_schema(_checked_schema(params.spec),
-                                                    any_whitespace=False)  # fmt: skip
+                return compiler.compile_json_schema(
+                    _checked_schema(params.spec), any_whitespace=False
+                )
             if kind == "json_object":
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if kind == "regex":
@@ -110,8 +111,13 @@ def _checked_schema(text: str) -> str:
 
 
 def _what(kind: str) -> str:
-    return {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
-            "choice": "choice", "grammar": "grammar"}[kind]  # fmt: skip
+    return {
+        "json": "JSON schema",
+        "json_object": "JSON object grammar",
+        "regex": "regex",
+        "choice": "choice",
+        "grammar": "grammar",
+    }[kind]
 
 
 def _first_line(error: Exception) -> str:

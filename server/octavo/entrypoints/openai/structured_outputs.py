@@ -34,8 +34,12 @@ from octavo.structured_output.params import StructuredOutputsParams
 COMPILE_TIMEOUT_SECONDS = 10.0
 COMPILE_PROCESSES = 2
 ANSWERS_KEPT = 1024  # constraints whose answer (compiled or invalid) is remembered
-_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-           "guided_grammar": "grammar"}  # fmt: skip
+_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 
 
 def requested_constraint(body: Any) -> StructuredOutputsParams | None:

@@ -4,7 +4,9 @@
 - a named function: the output is that function's arguments (``constraints.py``);
 - ``required``: the output is a JSON array of calls, one at least;
 - ``auto`` (the default with tools): free generation, the server's ``--tool-call-parser``
-  reads calls out of the text; it needs ``--enable-auto-tool-choice``, as in vLLM.
+  reads calls out of the text; it needs ``--enable-auto-tool-choice``, as in vLLM. With
+  ``parallel_tool_calls: false`` only the first call is kept (the others are dropped, as
+  vLLM does: the model is free to write several).
 
 A reply with calls has ``finish_reason`` "tool_calls" (unless it was cut by a length
 limit) and each call an id ``call_<24 hex>``.
@@ -66,8 +68,14 @@ class ToolPlan:
             except (ValueError, KeyError, TypeError):  # cut short by max_tokens
                 return ToolCallParse(text)
         if self.mode == "auto":
-            return self.parser.parse(text)
+            return self._at_most_one(self.parser.parse(text))
         return ToolCallParse(text)
+
+    def _at_most_one(self, parsed: ToolCallParse) -> ToolCallParse:
+        """``parallel_tool_calls: false``: only the first call the model wrote (as vLLM)."""
+        if self.parallel or len(parsed.calls) <= 1:
+            return parsed
+        return ToolCallParse(parsed.content, parsed.calls[:1])
 
 
 def plan_tools(
