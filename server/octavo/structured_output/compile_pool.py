@@ -9,7 +9,8 @@ compile cannot be interrupted otherwise) and a fresh one forked in its place.
 The processes fork from a zygote process that imported xgrammar and loaded the
 vocabulary once (seconds, on the first constrained request): a replacement is ready in
 milliseconds and shares the zygote's memory. Nothing here blocks the server's exit: the
-threads are daemons and ``shutdown`` kills the processes and the zygote.
+threads are daemons, ``shutdown`` kills the compile processes, and the zygote (daemonic,
+one per vocabulary and process) is terminated by multiprocessing at exit.
 """
 
 from __future__ import annotations
@@ -144,6 +145,22 @@ class CompileProcess:
             self._pidfd = None
 
 
+_ZYGOTES: dict[str, Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
+
+
+def shared_zygote(vocabulary: Vocabulary) -> Zygote:
+    """This process's zygote for ``vocabulary`` (started if none is alive). Servers in one
+    process (tests) share it; it lives as long as the process: multiprocessing terminates
+    it at exit, and it stops by itself when this process's end of its pipe closes."""
+    key = vocabulary.key
+    with _ZYGOTES_LOCK:
+        zygote = _ZYGOTES.get(key)
+        if zygote is None or not zygote.is_alive():
+            zygote = _ZYGOTES[key] = Zygote(vocabulary)
+        return zygote
+
+
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
@@ -157,8 +174,6 @@ class CompilePool:
 
     def __init__(self, vocabulary: Vocabulary, num_processes: int) -> None:
         self._vocabulary = vocabulary
-        self._zygote: Zygote | None = None
-        self._zygote_lock = threading.Lock()
         self._jobs: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._processes: set[CompileProcess] = set()
@@ -186,10 +201,6 @@ class CompilePool:
             self._jobs.put(None)
         for process in processes:
             process.kill()
-        with self._zygote_lock:
-            zygote = self._zygote
-        if zygote is not None:
-            zygote.kill()
 
     def _serve(self) -> None:
         process = self._start_or_none()
@@ -226,11 +237,7 @@ class CompilePool:
     def _start(self) -> CompileProcess:
         if self._closed:
             raise CompilerUnavailable("the server is shutting down")
-        with self._zygote_lock:
-            if self._zygote is None or not self._zygote.is_alive():
-                self._zygote = Zygote(self._vocabulary)
-            zygote = self._zygote
-        process = zygote.fork()  # the first one (or one after the zygote died) waits
+        process = shared_zygote(self._vocabulary).fork()  # the first fork waits for it
         with self._lock:
             self._processes.add(process)
             if not self.ready.done():

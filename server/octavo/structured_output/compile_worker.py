@@ -11,6 +11,8 @@ it forks, and ignores SIGCHLD, so the killed processes are reaped by the kernel.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import signal
 from dataclasses import dataclass
@@ -29,6 +31,14 @@ class Vocabulary:
     tokenizer: Any  # a Hugging Face tokenizer
     vocab_size: int
     stop_token_ids: tuple[int, ...]
+
+    @functools.cached_property
+    def key(self) -> str:
+        """Equal for equal vocabularies (a fast tokenizer's whole definition, hashed)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        source = backend.to_str() if backend is not None else repr(self.tokenizer)
+        text = f"{source}\0{self.vocab_size}\0{self.stop_token_ids}"
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
