@@ -96,8 +96,9 @@ def add_lease_timing_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             f"--leader-elect-{flag}",
             type=float,
+            metavar="SECONDS",
             default=float(env.get(f"OCTAVO_OPERATOR_LEADER_ELECT_{var}", default)),
-            help=f"{text}; seconds [env OCTAVO_OPERATOR_LEADER_ELECT_{var}]",
+            help=f"{text} [env OCTAVO_OPERATOR_LEADER_ELECT_{var}]",
         )
 
 
