@@ -36,6 +36,7 @@ from octavo.engine.core_messages import (
     NewRequest,
     StepDone,
     UnloadAdapter,
+    WorkerLost,
 )
 from octavo.engine.engine_info import EngineInfo
 from octavo.engine.request_stream import RequestStream
@@ -227,6 +228,9 @@ class AsyncEngine:
             self.status = "failed"
             if self._on_load_failure is not None:
                 self._call_soon(self._on_load_failure)
+        elif isinstance(event, WorkerLost):
+            logger.error("%s: the engine is dead", event.message)
+            self.status = "dead"  # unhealthy now; CoreStopped follows once the loop ends
         elif isinstance(event, CoreStopped):
             self._stopped(event)
 

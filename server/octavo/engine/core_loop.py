@@ -4,7 +4,9 @@ The same loop runs on a thread of the server (``core_thread``) or in a process o
 own (``core_process``); only how commands arrive (an ``inbox``) and how events leave
 (``emit``) differ. While requests are unfinished the loop steps without waiting; when
 idle it waits for the next command, checking every ``HEALTH_CHECK_SECONDS`` that the
-engine's workers are still alive (a dead one crashes the loop, so the server exits).
+engine's workers are still alive (a dead one crashes the loop, so the server exits); a
+worker's death is also reported at once (``WorkerLost``, from the executor's watch
+thread), so the server turns unhealthy while the loop is still stopping the others.
 Whichever way the loop ends, the engine is shut down (its worker processes stopped).
 """
 
@@ -26,6 +28,7 @@ from octavo.engine.core_messages import (
     StepDone,
     Stop,
     UnloadAdapter,
+    WorkerLost,
     admit,
     change_adapter,
 )
@@ -50,6 +53,7 @@ def run_engine_core(factory: Callable[[], Any], inbox: Inbox, emit: Emit) -> Non
     engine = _load(factory, emit)
     if engine is None:
         return
+    engine.on_worker_death(lambda reason: emit(WorkerLost(reason)))
     try:
         _serve(engine, inbox, emit)
     except Exception:

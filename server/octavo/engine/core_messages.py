@@ -2,7 +2,7 @@
 
 Commands go to the core (``AddRequests``, ``AbortRequests``, ``LoadAdapter``,
 ``UnloadAdapter``, ``STOP``); events come back (``CoreReady``, ``LoadFailed``,
-``Admitted``, ``AdapterChanged``, ``StepDone``, ``CoreStopped``). All are plain
+``Admitted``, ``AdapterChanged``, ``StepDone``, ``WorkerLost``, ``CoreStopped``). All are plain
 picklable data, so the core can run on a thread of the server or in its own process.
 """
 
@@ -96,6 +96,14 @@ class AdapterChanged:
 class StepDone:
     outputs: list[Any]  # RequestOutput
     stats: Any  # EngineStats after the step
+
+
+@dataclass
+class WorkerLost:
+    """A worker process died: the engine is dead, though its loop has not noticed yet
+    (it may be waiting for the other workers). Sent from the core's watch thread."""
+
+    message: str
 
 
 @dataclass

@@ -52,8 +52,10 @@ def engine_core_main(args: EngineArgs, conn: Connection) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     from octavo.engine.llm_engine import LLMEngine
 
+    sending = threading.Lock()  # the loop and the executor's watch thread both emit
+
     def emit(event: Any) -> None:
-        with contextlib.suppress(OSError):  # the server is gone: the inbox sees it next
+        with sending, contextlib.suppress(OSError):  # the server is gone: the inbox sees it
             conn.send(event)
 
     run_engine_core(lambda: LLMEngine(args), PipeInbox(conn), emit)

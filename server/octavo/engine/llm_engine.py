@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from octavo.config import EngineArgs
 from octavo.engine.adapters import EngineAdapters, StartupAdapters
@@ -270,6 +270,10 @@ class LLMEngine:
     def check_health(self) -> None:
         """Raise if the executor lost a worker (the engine core then stops)."""
         self.executor.check_health()
+
+    def on_worker_death(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener`` (on another thread) the moment a worker process dies."""
+        self.executor.on_worker_death(listener)
 
     def shutdown(self) -> None:
         """Stop the executor's workers; the engine takes no more steps."""

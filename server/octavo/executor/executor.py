@@ -8,6 +8,7 @@ through it, hands over each step's ``SchedulerOutput`` and gets the sampled toke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from octavo.outputs import ModelRunnerOutput
@@ -26,6 +27,11 @@ class Executor(Protocol):
 
     def check_health(self) -> None:
         """Raise if a worker is gone (called between steps while idle)."""
+        ...
+
+    def on_worker_death(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener`` (on another thread) with a description the moment a worker
+        dies, before any step or health check notices."""
         ...
 
     def shutdown(self) -> None: ...
@@ -48,6 +54,9 @@ class UniProcExecutor:
 
     def check_health(self) -> None:
         pass  # the worker is this process
+
+    def on_worker_death(self, listener: Callable[[str], None]) -> None:
+        pass  # the worker is this process: it cannot die alone
 
     def shutdown(self) -> None:
         self.worker.runner = None

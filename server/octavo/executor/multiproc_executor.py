@@ -7,8 +7,10 @@ the driver's answer (tensor rank 0 of the last stage, the one that samples) is t
 step's result. The scheduler and block manager stay in the engine core, once.
 
 Supervision: a worker that exits or whose pipe closes is a ``WorkerDied`` (fatal: the
-engine core stops and the server exits non-zero so the pod restarts); ``check_health``
-notices one between steps too. An error reported by some ranks while others never
+engine core stops and the server exits non-zero so the pod restarts). A ``WorkerWatch``
+reports a worker's exit the moment it happens (``on_worker_death``), so the server turns
+unhealthy before the engine has stopped the other workers; ``check_health`` notices one
+between steps too. An error reported by some ranks while others never
 answer (stuck in a collective) is fatal as well; the same error from every rank is an
 ordinary step failure. ``shutdown`` (or the executor being collected) stops every
 worker, killing what does not stop in time.
@@ -24,14 +26,17 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 import octavo
 from octavo.distributed.worker_group import Placement
+from octavo.executor.worker_watch import WorkerWatch
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
 from octavo.worker.worker import STOP_WORKER, KVBudget, WorkerConfig
@@ -82,7 +87,11 @@ class MultiprocExecutor:
         self.driver = next(p.rank for p in self.placements if p.is_driver)
         self.workers = [WorkerHandle(rank) for rank in range(world)]
         self._broken: str | None = None
-        self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
+        self._death_listener: Callable[[str], None] | None = None
+        self._death_reported = threading.Lock()  # held once the death was reported
+        self._watch = WorkerWatch([worker.process for worker in self.workers])
+        self._watch.on_death(_weak_listener(self))
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._watch)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         session = f"{os.getpid()}-{secrets.token_hex(4)}"  # names this engine's shared memory
         logger.info("starting %d workers (tensor parallel %d × pipeline parallel %d)",
@@ -114,8 +123,22 @@ class MultiprocExecutor:
         if self._broken is not None:
             raise WorkerDied(self._broken)
 
+    def on_worker_death(self, listener: Callable[[str], None]) -> None:
+        self._death_listener = listener
+        if self._broken is not None:
+            self._report_death(self._broken)
+
     def shutdown(self) -> None:
         self._finalizer()
+
+    def _worker_exited(self, index: int) -> None:
+        """On the watch thread: a worker exited while the executor was running."""
+        self._report_death(self.workers[index].exit_description())
+
+    def _report_death(self, reason: str) -> None:
+        """Tell the listener, once, that the workers cannot go on."""
+        if self._death_listener is not None and self._death_reported.acquire(blocking=False):
+            self._death_listener(reason)
 
     # ----- calls ---------------------------------------------------------------------------
     def call(self, method: str, *args: Any) -> list[Any]:
@@ -160,6 +183,7 @@ class MultiprocExecutor:
         """The workers cannot go on: stop them all and raise ``WorkerDied``."""
         self._broken = self._broken or reason
         logger.error("%s; stopping every worker", self._broken)
+        self._report_death(self._broken)  # before waiting for the others to stop
         self.shutdown()
         raise WorkerDied(self._broken)
 
@@ -171,7 +195,20 @@ def _raise_reported(errors: list[tuple[int, str, str]]) -> None:
     raise (kind or WorkerCallFailed)(text)
 
 
-def _stop_workers(workers: list[WorkerHandle]) -> None:
+def _weak_listener(executor: MultiprocExecutor) -> Callable[[int], None]:
+    """The watch's listener, holding the executor weakly (so it can still be collected)."""
+    ref = weakref.ref(executor)
+
+    def exited(index: int) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._worker_exited(index)
+
+    return exited
+
+
+def _stop_workers(workers: list[WorkerHandle], watch: WorkerWatch) -> None:
+    watch.stop()  # their exits from now on are expected
     for worker in workers:
         with contextlib.suppress(OSError):
             worker.conn.send(STOP_WORKER)
