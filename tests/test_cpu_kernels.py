@@ -18,6 +18,7 @@ import torch
 from octavo.attention import torch_ops
 from octavo.attention.backend import TorchAttention, select_backend
 from octavo.attention.cpu_native import NativeCpuAttention
+from octavo.attention.kv_quant import KVScales
 from octavo.kernels import cpu_build, cpu_features
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.layernorm import RMSNorm
@@ -25,6 +26,8 @@ from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+SCALES = [KVScales(), KVScales(0.37, 2.5)]  # vLLM's default, and calibrated-looking ones
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +138,60 @@ def test_paged_decode_attention_matches_torch(ops, dtype, heads, kv_heads, head_
     close(out, expected, dtype)
 
 
+def fp8_edge_values(count: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[count, 2, head_dim]`` keys over many magnitudes, with the cases rounding gets
+    wrong: past the largest value, halfway ties, subnormals, tiny values, negative zero."""
+    magnitudes = torch.logspace(-6, 5, count)[:, None, None]
+    keys = torch.randn(count, 2, head_dim, generator=torch.Generator().manual_seed(7)) * magnitudes
+    edges = [448.0, 464.0, 480.0, 1e6, -1e6, 57344.0, 61440.0, 2**-9 * 0.5, 2**-9 * 1.5]
+    edges += [2**-9 * 2.5, 2**-6 * (1 + 1 / 16), 2**-6 * (1 + 3 / 16), 2**-16 * 1.5, -0.0]
+    keys[0, 0, : len(edges)] = torch.tensor(edges)
+    return keys.to(dtype)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scales", SCALES)
+def test_store_kv_fp8_equals_the_torch_path_bit_for_bit(ops, fp8, dtype, scales):
+    key, value = fp8_edge_values(40, 64, dtype), torch.randn(40, 2, 64).to(dtype)
+    cache = torch.zeros(2, 8, 8, 2, 64, dtype=fp8)
+    expected = cache.clone()
+    slots = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:40]
+    slots[3] = -1
+    ops.store_kv(key, value, cache, slots, scales.k, scales.v)
+    torch_ops.store_kv(key, value, expected, slots, True, scales)
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    assert not cache.float().isnan().any(), "stores saturate: no NaN/inf from outliers"
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scales", SCALES)
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size", [(9, 3, 64, 16), (8, 2, 32, 8), (16, 4, 80, 16)]
+)
+def test_paged_decode_attention_fp8_matches_torch(
+    ops, fp8, dtype, scales, heads, kv_heads, head_dim, block_size
+):
+    """Both kernel paths (16-token chunks; any shape) reading an fp8 cache against the torch
+    path reading the same bytes: the conversion is exact, only summation order differs."""
+    seq_lens = [1, block_size + 1, 3 * block_size - 5, 700]
+    query, cache, tables, lens = random_paged_case(
+        seq_lens, heads, kv_heads, head_dim, block_size, dtype
+    )
+    cache = cache.float().to(fp8)
+    out = torch.empty(query.shape, dtype=dtype)
+    scale = head_dim**-0.5
+    ops.paged_decode_attention(out, query, cache, tables, lens, scale, scales.k, scales.v)
+    expected = torch_ops.paged_decode_attention(
+        query, cache, tables, lens, max(seq_lens), scale, scales
+    )
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(
+        out.float(), expected.float(), atol=tolerance * scales.v, rtol=tolerance
+    )
+
+
 @pytest.mark.parametrize("vocab", [49152, 1000, 37])
 def test_token_bitmask_matches_xgrammar(ops, vocab):
     """Structured output's mask: the native kernel equals xgrammar's own torch path, with a
@@ -159,6 +216,10 @@ def test_kernels_refuse_bad_input_with_a_clear_error(ops):
     out = torch.empty(query.shape)
     with pytest.raises(RuntimeError, match="float32 and bfloat16"):
         ops.paged_decode_attention(out.half(), query.half(), cache.half(), tables, lens, 1.0)
+    with pytest.raises(RuntimeError, match="query's dtype or be float8"):
+        ops.paged_decode_attention(out, query, cache.bfloat16(), tables, lens, 1.0)
+    with pytest.raises(RuntimeError, match="need an fp8 cache"):
+        ops.store_kv(query[:, :2], query[:, :2], cache, torch.tensor([3]), 0.5, 1.0)
     with pytest.raises(RuntimeError, match="seq_len out of range"):
         ops.paged_decode_attention(
             out, query, cache, tables, torch.tensor([999], dtype=torch.int32), 1.0
@@ -223,12 +284,15 @@ def test_lora_delta_refuses_bad_input(ops):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_native_backend_equals_torch_backend_on_a_mixed_step(ops, dtype):
-    """A step with a fresh prefill, a prefill over a cached prefix and three decodes."""
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn])
+def test_native_backend_equals_torch_backend_on_a_mixed_step(ops, dtype, cache_dtype):
+    """A step with a fresh prefill, a prefill over a cached prefix and three decodes (an
+    fp8 cache: stored bytes identical, outputs within the same tolerance)."""
     from octavo.attention.metadata import AttentionMetadata
 
     kv_heads, heads, head_dim, block_size = 2, 6, 64, 16
-    cache = torch.randn(2, 40, block_size, kv_heads, head_dim).to(dtype)
+    cache = torch.randn(2, 40, block_size, kv_heads, head_dim).to(cache_dtype or dtype)
+    scales = KVScales(0.5, 1.5) if cache_dtype else KVScales()
     tables = torch.arange(1, 41, dtype=torch.int32)[: 5 * 7].view(5, 7)[:, :7].contiguous()
     query_lens, seq_lens = [20, 10, 1, 1, 1], [20, 45, 30, 17, 100]
     starts = [0, 20, 30, 31, 32, 33]
@@ -252,10 +316,12 @@ def test_native_backend_equals_torch_backend_on_a_mixed_step(ops, dtype):
         torch.randn(33, n, head_dim).to(dtype) for n in (heads, kv_heads, kv_heads)
     )
     expected_cache = cache.clone()
-    expected = TorchAttention().forward(query, key, value, expected_cache, meta, head_dim**-0.5)
+    expected = TorchAttention().forward(
+        query, key, value, expected_cache, meta, head_dim**-0.5, scales
+    )
     meta.backend_cache.clear()
-    got = NativeCpuAttention(ops).forward(query, key, value, cache, meta, head_dim**-0.5)
-    assert torch.equal(cache, expected_cache)
+    got = NativeCpuAttention(ops).forward(query, key, value, cache, meta, head_dim**-0.5, scales)
+    assert torch.equal(cache.view(torch.uint8), expected_cache.view(torch.uint8))
     close(got, expected, dtype)
 
 

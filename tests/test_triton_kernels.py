@@ -20,6 +20,7 @@ import pytest
 
 from octavo.attention import torch_ops, triton_kernels
 from octavo.attention.backend import TorchAttention
+from octavo.attention.kv_quant import KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.triton_backend import TritonAttention
 
@@ -27,6 +28,8 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 NUM_HEADS, NUM_KV_HEADS = 4, 2
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 3e-2}
 NO_GPU = "needs a CUDA GPU (none on CI: the kernels are checked there under TRITON_INTERPRET)"
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+FP8_SCALES = KVScales(0.37, 2.5)  # not 1: the scales' folding is checked too
 
 
 def make_cache(
@@ -123,14 +126,14 @@ def test_prefill_chunks_match_torch(dtype: torch.dtype, block_size: int, head_di
 
 
 def mixed_batch(
-    dtype: torch.dtype, block_size: int, head_dim: int
+    dtype: torch.dtype, block_size: int, head_dim: int, cache_dtype: torch.dtype | None = None
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, AttentionMetadata]:
     """Two prefill chunks (one fresh, one over a cached prefix) and three decodes.
 
     Returns ``(query, key, value)``, a cache holding every prefix, and the metadata.
     """
     seq_lens, query_lens = [17, 37, 5, 20, 33], [17, 12, 1, 1, 1]
-    cache = make_cache(24, block_size, head_dim, dtype)
+    cache = make_cache(24, block_size, head_dim, torch.float32).to(cache_dtype or dtype)
     tables = make_block_tables(seq_lens, block_size, 24)
     slots = []
     for row, (seq_len, q_len) in enumerate(zip(seq_lens, query_lens, strict=True)):
@@ -156,14 +159,19 @@ def mixed_batch(
     return tuple(qkv), cache, meta
 
 
-def check_forward(dtype: torch.dtype, block_size: int, head_dim: int) -> None:
-    """TritonAttention.forward equals TorchAttention.forward, output and cache."""
-    (query, key, value), cache, meta = mixed_batch(dtype, block_size, head_dim)
+def check_forward(
+    dtype: torch.dtype, block_size: int, head_dim: int, cache_dtype: torch.dtype | None = None
+) -> None:
+    """TritonAttention.forward equals TorchAttention.forward, output and cache (an fp8
+    cache: the same bytes, with scales other than 1)."""
+    (query, key, value), cache, meta = mixed_batch(dtype, block_size, head_dim, cache_dtype)
+    scales = FP8_SCALES if cache_dtype else KVScales()
     ref_cache = cache.clone()
-    expected = TorchAttention().forward(query, key, value, ref_cache, meta, head_dim**-0.5)
-    out = TritonAttention().forward(query, key, value, cache, meta, head_dim**-0.5)
+    scale = head_dim**-0.5
+    expected = TorchAttention().forward(query, key, value, ref_cache, meta, scale, scales)
+    out = TritonAttention().forward(query, key, value, cache, meta, scale, scales)
     assert out.shape == query.shape and out.dtype == dtype
-    assert torch.equal(cache, ref_cache)
+    assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
     assert_close(out, expected)
 
 
@@ -175,3 +183,84 @@ def test_forward_mixed_batch_matches_torch_backend(dtype: torch.dtype, block_siz
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 def test_forward_bf16_on_cuda() -> None:
     check_forward(torch.bfloat16, 16, 64)
+
+
+def fp8_edge_keys(count: int, head_dim: int) -> torch.Tensor:
+    """``[count, kv_heads, head_dim]`` keys over many magnitudes, with the cases rounding
+    gets wrong: past the largest value, halfway ties, subnormals, tiny values, -0."""
+    magnitudes = torch.logspace(-6, 5, count)[:, None, None]
+    keys = torch.randn(count, NUM_KV_HEADS, head_dim, generator=torch.Generator().manual_seed(7))
+    edges = [448.0, 464.0, 480.0, 1e6, -1e6, 57344.0, 61440.0, 2**-9 * 0.5, 2**-9 * 1.5]
+    edges += [2**-9 * 2.5, 2**-6 * (1 + 1 / 16), 2**-6 * (1 + 3 / 16), 2**-16 * 1.5, -0.0]
+    keys = keys * magnitudes
+    keys[0, 0, : len(edges)] = torch.tensor(edges)
+    return keys.to(DEVICE)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("scales", [KVScales(), FP8_SCALES])
+def test_store_kv_fp8_equals_torch_bit_for_bit(fp8: torch.dtype, scales: KVScales) -> None:
+    """The kernel's integer rounding equals torch's conversion (the interpreter's own fp8
+    casts do not), saturating instead of overflowing."""
+    key, value = fp8_edge_keys(40, 32), randn(40, NUM_KV_HEADS, 32, dtype=torch.float32, seed=2)
+    cache = torch.zeros(2, 8, 8, NUM_KV_HEADS, 32, dtype=fp8, device=DEVICE)
+    expected = cache.clone()
+    slots = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:40].to(DEVICE)
+    slots[3] = -1
+    triton_kernels.store_kv(key, value, cache, slots, scales)
+    torch_ops.store_kv(key, value, expected, slots, True, scales)
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    assert not cache.float().isnan().any()
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize(
+    ("dtype", "block_size", "head_dim"), [(torch.float32, 16, 32), (torch.float16, 8, 24)]
+)
+def test_fp8_decode_and_prefill_match_torch(
+    fp8: torch.dtype, dtype: torch.dtype, block_size: int, head_dim: int
+) -> None:
+    """Both kernels reading an fp8 cache against the torch path reading the same bytes."""
+    cache = make_cache(16, block_size, head_dim, torch.float32).to(fp8)
+    seq_lens, query_lens = [17, 37, 5], [17, 12, 1]
+    tables = make_block_tables(seq_lens, block_size, 16)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    scale = head_dim**-0.5
+    query = randn(3, NUM_HEADS, head_dim, dtype=dtype, seed=3)
+    decode = triton_kernels.paged_decode_attention(
+        query, cache, tables, lens, 37, scale, scales=FP8_SCALES
+    )
+    assert_close(
+        decode, torch_ops.paged_decode_attention(query, cache, tables, lens, 37, scale, FP8_SCALES)
+    )
+    starts = [0, 17, 29, 30]
+    chunks = randn(starts[-1], NUM_HEADS, head_dim, dtype=dtype, seed=4)
+    out = triton_kernels.prefill_attention(
+        chunks,
+        cache,
+        tables,
+        torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+        lens,
+        max(query_lens),
+        scale,
+        scales=FP8_SCALES,
+    )
+    for i, seq_len in enumerate(seq_lens):
+        chunk = chunks[starts[i] : starts[i + 1]]
+        expected = torch_ops.prefill_attention(chunk, cache, tables[i], seq_len, scale, FP8_SCALES)
+        assert_close(out[starts[i] : starts[i + 1]], expected)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+def test_forward_fp8_mixed_batch_matches_torch_backend(fp8: torch.dtype) -> None:
+    check_forward(torch.float32, 16, 32, fp8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward_fp8_on_cuda_matches_torch(fp8: torch.dtype, dtype: torch.dtype) -> None:
+    """The compiled kernels on a GPU (bf16 tensor-core dots, the GPU's own integer ops)
+    against the torch path on the same device: same bytes stored, same attention."""
+    check_forward(dtype, 16, 64, fp8)
+    check_forward(dtype, 8, 128, fp8)

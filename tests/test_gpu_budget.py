@@ -1,0 +1,117 @@
+"""The GPU KV budget as plain numbers (no GPU needed): ``--kv-cache-memory`` is honoured
+on a GPU or refused with a line, and the activation estimate covers every logits row a
+step can have (speculative k + 1 rows, prompt-logprob rows), not just one per sequence."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from octavo.engine.builder import kv_budget
+from octavo.kv_cache import gpu_budget
+from octavo.kv_cache.cache_tensors import bytes_per_block
+from octavo.kv_cache.gpu_budget import (
+    GpuMemory,
+    StepRows,
+    activation_bytes,
+    requested_budget,
+    step_rows,
+    utilization_budget,
+)
+from octavo.worker.worker import CacheShape, KVBudget, Worker, WorkerConfig
+
+GiB = 2**30
+
+
+@dataclass
+class Shape:  # SmolLM2-135M's numbers
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    vocab_size: int = 49152
+
+
+def test_the_row_bound_is_the_token_budget_and_the_speculating_rows():
+    assert step_rows(2048, 256) == StepRows(tokens=2048, logits=2048, sampled=256)
+    assert step_rows(2048, 256, num_speculative_tokens=4).sampled == 256 * 5
+    assert step_rows(512, 256, num_speculative_tokens=4).sampled == 256 + 512  # tokens cap k+1
+
+
+def test_the_estimate_holds_a_step_of_prompt_logprob_rows():
+    """8 sequences, a 2048-token step: the old estimate counted 8 logits rows (8 x 49152 x
+    8 bytes = 3 MiB); a step of prompt-logprob rows has 2048 of them in bf16 and fp32."""
+    shape, rows = Shape(), step_rows(2048, 8)
+    estimate = activation_bytes(shape, rows, torch.bfloat16)
+    logits_of_the_step = 2048 * shape.vocab_size * (2 + 4)
+    assert estimate > logits_of_the_step + 8 * shape.vocab_size * 8
+    assert (
+        estimate == 2048 * (6 * 576 + 3 * 1536 + 15 * 64) * 2 + 2048 * 49152 * 10 + 8 * 49152 * 16
+    )
+
+
+def test_speculating_rows_are_counted():
+    shape = Shape()
+    plain = activation_bytes(shape, step_rows(2048, 64), torch.bfloat16)
+    speculating = activation_bytes(shape, step_rows(2048, 64, 4), torch.bfloat16)
+    assert speculating - plain == 64 * 4 * shape.vocab_size * gpu_budget.SAMPLER_BYTES_PER_LOGIT
+
+
+MEMORY = GpuMemory(total=80 * GiB, free=60 * GiB, reserved=12 * GiB, allocated=10 * GiB)
+
+
+def test_utilization_leaves_the_kv_cache_the_rest():
+    # 72 GiB allowed; another process holds 80 - 60 - 12 = 8 GiB; weights 10; activations 2
+    assert utilization_budget(MEMORY, 0.9, 2 * GiB) == int(80 * GiB * 0.9) - 20 * GiB
+
+
+def test_kv_cache_memory_is_given_when_it_fits_and_refused_when_not():
+    # available: 60 free + 2 cached-but-unused = 62 GiB; activations 2 GiB
+    assert requested_budget(MEMORY, 60 * GiB, 2 * GiB, "cuda:0") == 60 * GiB
+    with pytest.raises(ValueError, match=r"--kv-cache-memory 61\.00 GiB does not fit on cuda:0"):
+        requested_budget(MEMORY, 61 * GiB, 2 * GiB, "cuda:0")
+
+
+def test_the_builder_passes_kv_cache_memory_to_gpu_workers():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    args = EngineArgs(kv_cache_memory=3 * GiB, max_num_seqs=32)
+    assert kv_budget(args, cuda, 2) == KVBudget(3 * GiB, 0.9, 2048, 32, 2)
+    assert kv_budget(EngineArgs(), cuda, 0).kv_cache_bytes is None  # the utilization sizes it
+    assert kv_budget(EngineArgs(), cpu, 0).kv_cache_bytes == DEFAULT_CPU_KV_CACHE_MEMORY
+
+
+def gpu_worker(monkeypatch, kv_cache_dtype: str = "auto") -> Worker:
+    """A Worker as on a GPU after loading (its memory faked: ``MEMORY``), no model."""
+    worker = object.__new__(Worker)
+    config = Shape()
+    cuda = torch.device("cuda", 0)
+    spec = WorkerConfig(None, config, torch.bfloat16, cuda, 2048, 16, frozenset())
+    worker.spec = dataclasses.replace(spec, kv_cache_dtype=kv_cache_dtype)
+    worker.device, worker.draft = worker.spec.device, None
+    worker.cache_shape = CacheShape(config.num_layers, config.num_kv_heads, config.head_dim)
+    monkeypatch.setattr(GpuMemory, "of", classmethod(lambda cls, device: MEMORY))
+    return worker
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_a_gpu_worker_gives_its_cache_exactly_kv_cache_memory(monkeypatch, kv_cache_dtype):
+    worker = gpu_worker(monkeypatch, kv_cache_dtype)
+    dtype = worker.spec.cache_dtype
+    blocks = worker.num_available_blocks(KVBudget(4 * GiB, 0.9, 2048, 256))
+    assert blocks == 4 * GiB // bytes_per_block(worker.cache_shape, 16, dtype)
+    with pytest.raises(ValueError, match="does not fit"):
+        worker.num_available_blocks(KVBudget(70 * GiB, 0.9, 2048, 256))
+
+
+def test_a_gpu_worker_without_kv_cache_memory_uses_the_utilization(monkeypatch):
+    worker = gpu_worker(monkeypatch)
+    rows = step_rows(2048, 256)
+    left = utilization_budget(MEMORY, 0.9, activation_bytes(Shape(), rows, torch.bfloat16))
+    blocks = worker.num_available_blocks(KVBudget(None, 0.9, 2048, 256))
+    assert blocks == left // bytes_per_block(worker.cache_shape, 16, torch.bfloat16)
