@@ -61,11 +61,12 @@ def _fp8_to_half(raw, FP8: tl.constexpr):
 
 
 @triton.jit
-def _load_kv(ptrs, mask, FP8: tl.constexpr):
-    """A key/value tile as stored (fp8: widened to fp16, see ``FP8_HALF_FACTOR``)."""
+def _load_kv(ptrs, mask, FP8: tl.constexpr, DTYPE: tl.constexpr):
+    """A key/value tile as stored, in ``DTYPE`` (fp8: widened through fp16, see
+    ``FP8_HALF_FACTOR``). Both branches return ``DTYPE``: compiled Triton requires it."""
     if FP8 == 0:
-        return tl.load(ptrs, mask=mask, other=0.0)
-    return _fp8_to_half(tl.load(ptrs, mask=mask, other=0), FP8)
+        return tl.load(ptrs, mask=mask, other=0.0).to(DTYPE)
+    return _fp8_to_half(tl.load(ptrs, mask=mask, other=0), FP8).to(DTYPE)
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,8 @@ def _decode_kernel(
             stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
         )  # fmt: skip
         mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
-        k = _load_kv(ptrs, mask_kv, FP8).to(tl.float32)
-        v = _load_kv(ptrs + stride_kv, mask_kv, FP8).to(tl.float32)
+        k = _load_kv(ptrs, mask_kv, FP8, tl.float32)
+        v = _load_kv(ptrs + stride_kv, mask_kv, FP8, tl.float32)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         scores = tl.where(mask_n[None, :], scores, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
@@ -241,8 +242,8 @@ def _prefill_kernel(
             stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
         )  # fmt: skip
         mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
-        k = _load_kv(ptrs, mask_kv, FP8).to(DOT_DTYPE)
-        v = _load_kv(ptrs + stride_kv, mask_kv, FP8).to(DOT_DTYPE)
+        k = _load_kv(ptrs, mask_kv, FP8, DOT_DTYPE)
+        v = _load_kv(ptrs + stride_kv, mask_kv, FP8, DOT_DTYPE)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         causal = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
         scores = tl.where(causal, scores, float("-inf"))
