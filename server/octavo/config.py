@@ -100,7 +100,7 @@ class EngineArgs:
     enforce_eager: bool = engine_arg(
         False,
         "accepted for vLLM's command lines: Octavo always runs the model eagerly (it "
-        "captures no CUDA graphs and compiles nothing), so this changes nothing",
+        "captures no CUDA graphs and uses no torch.compile), so this changes nothing",
         parse_bool,
         kind="bool",
     )

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import tempfile
 import time
@@ -37,9 +36,9 @@ from typing import Any
 from octavo import LLM, LoRARequest
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.outputs import RequestOutput
+from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import StepTracker, drain, greedy, per_request_tpot_ms
 from octavo_bench.lora_workloads import TARGET_MODULES, make_adapters, round_robin, user_prompts
-from octavo_bench.offline import default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 
@@ -175,8 +174,6 @@ def _fmt(value: float | None, unit: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2)")
-    parser.add_argument("--dtype", default=default_dtype(), choices=("bfloat16", "float32"))
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     parser.add_argument("--num-users", type=int, default=20, help="concurrent users")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per user")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="about, per prompt")
@@ -184,7 +181,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adapters the users share (default: %(default)s)")  # fmt: skip
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per variant")
-    parser.add_argument("--kv-cache-memory", type=int, default=2**30)
+    add_engine_options(
+        parser, {"dtype": default_dtype(), "num_threads": None, "kv_cache_memory": 2**30}
+    )
     add_output_dir(parser, "lora")
 
 
@@ -199,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--num-users, --max-tokens, --repeats and --rank must be >= 1")
     folder = resolve_model_folder(args.model)
     prompts = user_prompts(load_tokenizer(folder), args.num_users, args.prompt_tokens)
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = threads_used(args.num_threads)
     report = LoraReport(settings(args, folder, threads, counts, prompts))
     with tempfile.TemporaryDirectory(prefix="octavo-bench-lora-") as scratch, ExitStack() as stack:
         adapters = make_adapters(folder, Path(scratch), max(counts), args.rank, 2 * args.rank)

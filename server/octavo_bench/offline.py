@@ -22,11 +22,10 @@ import torch
 
 from octavo import LLM
 from octavo.arg_types import positive_float
-from octavo.config import QUANTIZATION_NAMES
-from octavo.engine.device import select_dtype
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo_bench import baselines, vllm_baseline
 from octavo_bench.capacity import sequences_that_fit
+from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import run_workload, warm_up
 from octavo_bench.parsers import (
     add_output_dir,
@@ -82,12 +81,6 @@ class BenchSetup:
     warmup_prompt: list[int]
 
 
-def default_dtype() -> str:
-    """bfloat16 where the CPU computes it natively, else float32."""
-    dtype = select_dtype("auto", torch.device("cpu"))
-    return "bfloat16" if dtype == torch.bfloat16 else "float32"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
@@ -125,38 +118,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="local HF model folder (default: the embedded SmolLM2-135M-Instruct)",
     )
-    parser.add_argument(
-        "--dtype",
-        default=default_dtype(),
-        choices=("bfloat16", "float32"),
-        help="Octavo's compute dtype (default: %(default)s on this CPU)",
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int,
-        default=2048,
-        help="Octavo's (and vLLM's) max_model_len (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--kv-cache-memory",
-        type=int,
-        default=DEFAULT_KV_CACHE_MEMORY,
-        help="Octavo's KV cache budget in bytes (default: 2 GiB)",
-    )
-    parser.add_argument(
-        "--max-num-seqs", type=int, default=256, help="Octavo's max_num_seqs (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=None,
-        help="Octavo's per-step token budget (default: the offline LLM's, 2048)",
-    )
-    parser.add_argument(
-        "--quantization",
-        choices=QUANTIZATION_NAMES,
-        default=None,
-        help="Octavo's --quantization (default: none)",
+    add_engine_options(
+        parser,
+        {
+            "dtype": default_dtype(),
+            "max_model_len": 2048,
+            "kv_cache_memory": DEFAULT_KV_CACHE_MEMORY,
+            "max_num_seqs": 256,
+            "max_num_batched_tokens": None,  # the offline LLM's own, 2048
+            "num_threads": None,
+            "quantization": None,
+        },
     )
 
 
@@ -230,6 +202,7 @@ def run_config(args: argparse.Namespace) -> dict:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "quantization": args.quantization,
+        "num_threads": threads_used(args.num_threads),
     }
 
 
@@ -246,6 +219,7 @@ def make_llm(args: argparse.Namespace, prefix_caching: bool) -> LLM:
         enable_prefix_caching=prefix_caching,
         block_size=BLOCK_SIZE,
         quantization=args.quantization,
+        num_threads=args.num_threads,
         **budget,
     )
 

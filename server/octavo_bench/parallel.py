@@ -24,8 +24,8 @@ from typing import Any
 from octavo import LLM
 from octavo.cache_dirs import cache_root
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo_bench.engine_options import add_engine_options, default_dtype
 from octavo_bench.engine_runs import greedy, warm_up
-from octavo_bench.offline import default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 from octavo_bench.synthetic_model import build_even_head_model
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--layouts", default="1x1,2x1,1x2",
                         help="comma-separated TPxPP layouts (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--dtype", default=default_dtype(), choices=("bfloat16", "float32"))
+    add_engine_options(parser, {"dtype": default_dtype()})
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the workloads")
     add_output_dir(parser, "parallel")
 

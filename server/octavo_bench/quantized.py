@@ -26,8 +26,8 @@ from octavo import LLM
 from octavo.model_executor.embedded import gguf_path
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder, weight_bytes
 from octavo_bench import llama_cpp_baseline
+from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import run_workload, warm_up
-from octavo_bench.offline import default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 from octavo_bench.workloads import Workload, build_workloads
@@ -110,10 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default=DEFAULT_VARIANTS,
                         help="comma-separated: bf16,int8,fp8,gguf,llama.cpp "
                         "(default: %(default)s)")  # fmt: skip
-    parser.add_argument("--dtype", default=default_dtype(), choices=("bfloat16", "float32"))
     parser.add_argument("--repeats", type=int, default=2, help="runs per variant (default: 2)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
-    parser.add_argument("--kv-cache-memory", type=int, default=2**30)
+    add_engine_options(
+        parser, {"dtype": default_dtype(), "num_threads": None, "kv_cache_memory": 2**30}
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the workloads")
     llama_cpp_baseline.add_llama_cpp_arguments(parser)
     add_output_dir(parser, "quantized")
@@ -125,15 +125,13 @@ def register(kinds: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - {*OCTAVO_VARIANTS, LLAMA_CPP})
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {[*OCTAVO_VARIANTS, LLAMA_CPP]}")
     folder = resolve_model_folder(None)
     workloads = build_workloads(load_tokenizer(folder), list(WORKLOADS), args.scale)
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = threads_used(args.num_threads)
     report = QuantizedReport(args.dtype, threads)
     for variant in variants:
         if variant == LLAMA_CPP:

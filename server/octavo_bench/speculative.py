@@ -17,7 +17,6 @@ length, and each variant's ratio to ``off``; JSON + PNG.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,8 +24,8 @@ from typing import Any
 
 from octavo import LLM, SamplingParams
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import per_request_tpot_ms
-from octavo_bench.offline import default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 from octavo_bench.speculative_workloads import SpecWorkload, free_workload, grounded_workload
@@ -100,8 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default: 4)")
     parser.add_argument("--draft-model", default=None, help="draft model folder (default: the "
                         "embedded SmolLM2, drafting for itself)")  # fmt: skip
-    parser.add_argument("--dtype", default=default_dtype(), choices=("bfloat16", "float32"))
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    add_engine_options(parser, {"dtype": default_dtype(), "num_threads": None})
     parser.add_argument("--single", type=int, default=4, help="single-stream requests")
     parser.add_argument("--users", type=int, default=20, help="concurrent users")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -124,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     count = max(args.single, args.users)
     workloads = [grounded_workload(tokenizer, count, args.max_tokens),
                  free_workload(tokenizer, count, args.max_tokens)]  # fmt: skip
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = threads_used(args.num_threads)
     report = SpecReport(args.dtype, threads, args.k)
     for variant in variants:
         config = speculative_config(variant, args, str(folder))

@@ -19,7 +19,7 @@ from typing import Any
 from octavo import LLM, SamplingParams
 from octavo.structured_output.compiler import GrammarCompiler
 from octavo.structured_output.params import StructuredOutputsParams
-from octavo_bench.offline import default_dtype
+from octavo_bench.engine_options import add_engine_options, default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, save, table
 from octavo_bench.workloads import chat_prompt
@@ -110,7 +110,7 @@ class StructuredReport:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2)")
-    parser.add_argument("--dtype", default=default_dtype(), choices=("bfloat16", "float32"))
+    add_engine_options(parser, {"dtype": default_dtype()})
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
