@@ -8,6 +8,7 @@ from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
+from octavo.scheduler import scheduler as scheduler_module
 from octavo.scheduler.output import SchedulerOutput
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.sequence import Sequence, SequenceStatus
@@ -189,3 +190,19 @@ def test_a_request_whose_n_exceeds_max_num_seqs_is_refused_by_name():
     scheduler.check_fits(SamplingParams(n=4))
     with pytest.raises(ValueError, match=r"n=5 .* at most 4 sequences \(--max-num-seqs 4\)"):
         scheduler.check_fits(SamplingParams(n=5))
+
+
+def test_prompt_scoring_rows_per_step_are_bounded(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "PROMPT_SCORING_ROWS_PER_STEP", 8)
+    scheduler = make_scheduler(num_blocks=64, budget=64)
+    ids = [scheduler.next_seq_id() for _ in range(3)]
+    scored = [make_seq(ids[i], 20, prompt_logprobs=1) for i in range(2)]
+    plain = make_seq(ids[2], 30)
+    for seq in (*scored, plain):
+        scheduler.add(seq)
+    out = scheduler.schedule()
+    assert shares(out, "prefills") == [(ids[0], 8)]  # the rest wait their turn (FCFS)
+    finish_step(scheduler, out)
+    scheduler.finish(scored[0])
+    out = scheduler.schedule()  # a prompt that is not scored takes the whole budget
+    assert shares(out, "prefills") == [(ids[1], 8), (ids[2], 30)]

@@ -38,7 +38,7 @@ def gather_logprobs(
     """
     chosen_t = torch.tensor(chosen, dtype=torch.long, device=logprobs.device).unsqueeze(1)
     chosen_lp = logprobs.gather(1, chosen_t)
-    ranks = ((logprobs > chosen_lp).sum(dim=1) + 1).tolist()
+    ranks = ((logprobs > chosen_lp).sum(dim=1, dtype=torch.int32) + 1).tolist()  # 2x int64's
     chosen_values = chosen_lp.squeeze(1).tolist()
     widest = max(num_top, default=0)
     top_ids: list[list[int]] = [[] for _ in chosen]

@@ -6,7 +6,8 @@ keep flowing while long prompts are prefilled in chunks); waiting ones are admit
 arrival order while budget, ``max_num_seqs`` and free blocks allow (a request's ``n``
 completions count against ``max_num_seqs`` from its admission, before they fork). When
 blocks run out the newest running sequence is preempted: its blocks are freed and it is
-recomputed later.
+recomputed later. A prompt whose logprobs are scored is computed at most
+``PROMPT_SCORING_ROWS_PER_STEP`` tokens a step (each is a vocabulary-wide logits row).
 
 The step protocol: ``schedule()`` returns a ``SchedulerOutput`` of plain data; the
 executor runs it and returns a ``ModelRunnerOutput`` (one sampled token per sequence);
@@ -37,6 +38,11 @@ from octavo.scheduler.sequence import Sequence, SequenceStatus, sequence_seed
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 from octavo.scheduler.speculation_policy import SpeculationPolicy
 from octavo.scheduler.stop_checker import StopLimits, check_stop
+
+# Prompt positions scored (``prompt_logprobs``) in one step at most: each is a full
+# [vocab] logits row plus its log-softmax, so an 8k-token echo+logprobs prompt is scored
+# in chunks that keep a step's memory and time (and other requests' decodes) bounded.
+PROMPT_SCORING_ROWS_PER_STEP = 256
 
 
 @dataclass
@@ -91,6 +97,7 @@ class Scheduler:
         self.counters = PrefixCacheCounters()
         self._seq_ids = itertools.count()
         self._finished_ids: list[int] = []  # to tell the runner on the next step
+        self._scoring_rows_left = PROMPT_SCORING_ROWS_PER_STEP
 
     def next_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -114,6 +121,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         plan: list[PlannedSequence] = []
+        self._scoring_rows_left = PROMPT_SCORING_ROWS_PER_STEP
         budget = self._schedule_running(out, plan, self.max_num_batched_tokens)
         if not out.preempted_seq_ids:
             self._admit_waiting(plan, budget)
@@ -141,7 +149,10 @@ class Scheduler:
             if not self._adapter_fits(seq, adapters):
                 index += 1
                 continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = self._chunk(seq, seq.num_computed_tokens, budget)
+            if num_new == 0:  # a prompt to score, and this step's scoring rows are spent
+                index += 1
+                continue
             planned = PlannedSequence(seq, num_new, self._proposals_that_fit(seq, budget))
             if not self._allocate_or_preempt(planned, out):
                 break
@@ -149,6 +160,15 @@ class Scheduler:
             budget -= planned.num_slots
             index += 1
         return budget
+
+    def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
+        """Tokens of ``seq`` to compute this step: within the budget, and a prompt whose
+        logprobs are asked for within the step's ``PROMPT_SCORING_ROWS_PER_STEP``."""
+        num_new = min(seq.num_tokens - num_computed, budget)
+        if seq.params.prompt_logprobs is not None and num_computed < seq.num_prompt_tokens:
+            num_new = min(num_new, self._scoring_rows_left)
+            self._scoring_rows_left -= num_new
+        return num_new
 
     def _adapter_fits(self, seq: Sequence, adapters: set[int]) -> bool:
         """Room for ``seq``'s LoRA adapter in a step that already uses ``adapters``?"""
@@ -209,7 +229,10 @@ class Scheduler:
             scored = seq.params.prompt_logprobs is not None  # every prompt token is computed
             hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.cache_salt)
             num_cached = len(hits) * self.kv.block_size
-            planned = PlannedSequence(seq, min(seq.num_tokens - num_cached, budget), [])
+            num_new = self._chunk(seq, num_cached, budget)
+            if num_new == 0:
+                break
+            planned = PlannedSequence(seq, num_new, [])
             num_slots = planned.num_new + self._lookahead(seq, num_cached, planned)
             if not self.kv.allocate_slots(seq.seq_id, num_cached, num_slots, hits):
                 break
