@@ -3,41 +3,47 @@ formats (detected from config.json) against their dequantized twins, tensor para
 on a GPTQ checkpoint, the embedded SmolLM2 served from its Q4_1 GGUF kept quantized
 (flag or ``--model file.gguf``), methods that do not fit refused, and perplexity scored
 the way lm-eval-harness's ``local-completions`` does (``echo``, ``logprobs=1``,
-``max_tokens=1``): int8 within +10 % of bf16, Q4_1 kept within +2 % of its expansion."""
+``max_tokens=1``): int8 within +10 % of bf16, Q4_1 kept within +2 % of its expansion.
+
+The reference is always HF transformers in fp32 on the dequantized (or expanded) weights.
+The torch path dequantizes exactly, so its greedy tokens must equal the reference's; the
+native kernels quantize activations per 32 columns, so each token of the engine's own
+greedy sequence must score within a stated bound of the reference's logprob of it.
+GPTQ/AWQ checkpoints that Octavo did not write: test_gptqmodel_checkpoints.py."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 
-from octavo import LLM, SamplingParams
+from octavo import LLM
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.kernels import cpu_build
 from octavo.model_executor.embedded import gguf_path
 from octavo.model_executor.loader import weight_bytes
+from quantized_references import (
+    forced_torch_path,
+    greedy_runs,
+    greedy_runs_of,
+    hf_float32,
+    largest_logprob_gap,
+    reference_greedy,
+)
 
 from int4_checkpoints import write_int4_checkpoint
 from server_harness import openai_client, served_model
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = ["Hello there", "The cat sat on", "def add(a, b):"]
-SCORED = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+TOKENS = 12
+INT4_BOUND = 0.05  # nats, native int4 kernel vs the dequantized reference; measured < 0.01 (AVX2)
 CASES = [("gptq", False), ("gptq", True), ("awq", False)]  # (method, act order)
 
 
-def greedy_tokens(folder, **engine) -> list[list[int]]:
-    with LLM(str(folder), dtype="float32", max_model_len=128, **engine) as llm:
-        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    return [output.outputs[0].token_ids for output in outputs]
-
-
-def prompt_logprobs(folder, **engine) -> list[float]:
-    with LLM(str(folder), dtype="float32", max_model_len=128, **engine) as llm:
-        outputs = llm.generate(PROMPTS, SCORED, use_tqdm=False)
-    return [entry.logprob for output in outputs for entry in output.prompt_logprobs[1:]]
+def reference_tokens(folder, runs, max_tokens: int = TOKENS) -> list[list[int]]:
+    """HF fp32 greedy continuations of the runs' prompts, in ``folder``'s weights."""
+    model = hf_float32(folder)
+    return [reference_greedy(model, run.prompt_ids, max_tokens) for run in runs]
 
 
 @pytest.fixture(scope="module")
@@ -54,37 +60,34 @@ def int4_folders(tmp_path_factory, tiny_folder):
 
 @pytest.fixture
 def torch_path():
-    """The torch path in this process and in worker processes (they inherit the
-    variable); the native kernels load again afterwards."""
-    os.environ[cpu_build.DISABLE_ENV] = "0"
-    cpu_build.use_torch_path()
-    yield
-    del os.environ[cpu_build.DISABLE_ENV]
-    cpu_build.use_torch_path(False)
+    with forced_torch_path():
+        yield
 
 
 @pytest.mark.parametrize(("method", "act_order"), CASES)
 def test_int4_checkpoint_matches_its_dequantized_reference(int4_folders, method, act_order):
-    """The native integer kernel (activations quantized per 32) scores every prompt token
-    within 0.05 nats of the dequantized reference (the torch path: next test)."""
+    """The native integer kernel scores every token of its own greedy sequences within
+    ``INT4_BOUND`` of the dequantized reference."""
     quantized, reference = int4_folders[method, act_order]
-    native = prompt_logprobs(quantized)
-    assert max(abs(a - b) for a, b in zip(native, prompt_logprobs(reference), strict=True)) < 0.05
+    runs = greedy_runs(quantized, PROMPTS, TOKENS)
+    assert largest_logprob_gap(hf_float32(reference), runs) < INT4_BOUND
 
 
 @pytest.mark.parametrize(("method", "act_order"), CASES)
 def test_int4_checkpoint_is_token_identical_on_the_torch_path(
     int4_folders, method, act_order, torch_path
 ):
-    """Weights dequantized exactly: greedy output equals the reference model's."""
+    """Weights dequantized exactly: greedy output equals HF's on the reference weights."""
     quantized, reference = int4_folders[method, act_order]
-    assert greedy_tokens(quantized) == greedy_tokens(reference)
+    runs = greedy_runs(quantized, PROMPTS, TOKENS)
+    assert [run.tokens for run in runs] == reference_tokens(reference, runs)
 
 
 def test_gptq_under_tensor_parallelism(tmp_path, tiny_folder, torch_path):
     """Two ranks each keep their rows (column layers) or 32-column blocks (row layers)."""
     quantized, reference = write_int4_checkpoint(tiny_folder("qwen2"), tmp_path, "gptq")
-    assert greedy_tokens(quantized, tensor_parallel_size=2) == greedy_tokens(reference)
+    runs = greedy_runs(quantized, PROMPTS, TOKENS, tensor_parallel_size=2)
+    assert [run.tokens for run in runs] == reference_tokens(reference, runs)
 
 
 def test_a_load_time_method_refuses_a_quantized_checkpoint(int4_folders):
@@ -104,30 +107,47 @@ def test_an_unknown_checkpoint_method_is_named(tmp_path, tiny_folder):
         LLM(str(folder))
 
 
-NATURAL = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
-           "Water boils at", "The opposite of hot is", "import numpy as"]  # fmt: skip
+NATURAL = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "Water boils at",
+    "The opposite of hot is",
+    "import numpy as",
+]
+GGUF_TOKENS = 8
+GGUF_BOUND = 0.05  # nats, native Q4_1/Q8_0 kernels vs the fp32 expansion; measured 1.5e-5 (AVX2)
 
 
-def test_embedded_model_runs_from_its_q4_1_gguf_kept_quantized(smol_folder):
-    """Same next tokens as the float expansion (5 of 6 or better), no more bytes than the
-    file (embedding and LM head share its Q8_0 blocks); ``--model file.gguf`` is the same
+def test_embedded_model_runs_from_its_q4_1_gguf_kept_quantized(smol_folder, hf_smol):
+    """The native kernels score every token of their own greedy sequences within
+    ``GGUF_BOUND`` of the float expansion (HF, fp32); no more bytes than the file
+    (embedding and LM head share its Q8_0 blocks); ``--model file.gguf`` is the same
     model."""
-    params = SamplingParams(temperature=0.0, max_tokens=6)
-    runs = {}
+    runs, sizes = {}, {}
     for name, engine in {
         "expanded": {"model": str(smol_folder)},
         "gguf": {"model": str(smol_folder), "quantization": "gguf"},
         "file": {"model": str(gguf_path())},
     }.items():
         with LLM(dtype="float32", max_model_len=256, **engine) as llm:
-            outputs = llm.generate(NATURAL, params, use_tqdm=False)
-            runs[name] = [output.outputs[0].token_ids for output in outputs]
-            runs[f"{name}-bytes"] = weight_bytes(llm.engine.executor.worker.model)
-    same = [a[:1] == b[:1] for a, b in zip(runs["expanded"], runs["gguf"], strict=True)]
-    assert sum(same) >= len(NATURAL) - 1, same
-    assert runs["file"] == runs["gguf"]
-    assert runs["gguf-bytes"] < 0.4 * runs["expanded-bytes"]
-    assert runs["gguf-bytes"] <= gguf_path().stat().st_size  # nothing expanded, one LM head
+            sizes[name] = weight_bytes(llm.engine.executor.worker.model)
+            if name != "expanded":
+                runs[name] = greedy_runs_of(llm, NATURAL, GGUF_TOKENS)
+    gap = largest_logprob_gap(hf_smol, runs["gguf"])
+    print("largest Q4_1 logprob gap (nats)", gap)  # for the issue note (pytest -s)
+    assert gap < GGUF_BOUND
+    assert [run.tokens for run in runs["file"]] == [run.tokens for run in runs["gguf"]]
+    assert sizes["gguf"] < 0.4 * sizes["expanded"]
+    assert sizes["gguf"] <= gguf_path().stat().st_size  # nothing expanded, one LM head
+
+
+def test_gguf_kept_quantized_is_token_identical_on_the_torch_path(smol_folder, hf_smol, torch_path):
+    """Q4_1/Q8_0 blocks dequantized exactly: greedy output equals HF's on the expansion
+    (three prompts: the torch path expands every block at every step)."""
+    runs = greedy_runs(smol_folder, NATURAL[:3], GGUF_TOKENS, quantization="gguf")
+    expected = [reference_greedy(hf_smol, run.prompt_ids, GGUF_TOKENS) for run in runs]
+    assert [run.tokens for run in runs] == expected
 
 
 TEXT = (
@@ -161,8 +181,8 @@ def test_perplexity_through_completions_echo_logprobs(smol_folder):
     config = ServerConfig(served_model_names=["smol"], model_root="smol")
     figures = {}
     for name, quantization in (("bf16", None), ("int8", "int8"), ("q4_1", "gguf")):
-        with served_model(str(smol_folder), config, 2, max_model_len=512, dtype="bfloat16",
-                          quantization=quantization) as server:  # fmt: skip
+        engine = {"max_model_len": 512, "dtype": "bfloat16", "quantization": quantization}
+        with served_model(str(smol_folder), config, 2, **engine) as server:
             figures[name] = perplexity(server)
     print("perplexity", figures)  # for the issue note (pytest -s)
     assert 1.0 < figures["bf16"] < 100.0, figures
