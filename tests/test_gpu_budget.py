@@ -22,6 +22,7 @@ from octavo.kv_cache.gpu_budget import (
     step_rows,
     utilization_budget,
 )
+from octavo.scheduler.scheduler import PROMPT_SCORING_ROWS_PER_STEP
 from octavo.worker.worker import CacheShape, KVBudget, Worker, WorkerConfig
 
 GiB = 2**30
@@ -38,22 +39,26 @@ class Shape:  # SmolLM2-135M's numbers
     vocab_size: int = 49152
 
 
-def test_the_row_bound_is_the_token_budget_and_the_speculating_rows():
+def test_the_row_bound_counts_speculating_and_prompt_scoring_rows():
     assert step_rows(2048, 256) == StepRows(tokens=2048, logits=2048, sampled=256)
     assert step_rows(2048, 256, num_speculative_tokens=4).sampled == 256 * 5
     assert step_rows(512, 256, num_speculative_tokens=4).sampled == 256 + 512  # tokens cap k+1
+    # the scheduler scores at most PROMPT_SCORING_ROWS_PER_STEP prompt tokens a step
+    assert step_rows(8192, 8, 0, PROMPT_SCORING_ROWS_PER_STEP).logits == 8 + 256
+    assert step_rows(8192, 8, 3, PROMPT_SCORING_ROWS_PER_STEP).logits == 8 * 4 + 256
+    assert step_rows(2048, 256, 0, PROMPT_SCORING_ROWS_PER_STEP).logits == 256 + 256
+    assert step_rows(300, 256, 0, PROMPT_SCORING_ROWS_PER_STEP).logits == 300  # the budget
 
 
 def test_the_estimate_holds_a_step_of_prompt_logprob_rows():
     """8 sequences, a 2048-token step: the old estimate counted 8 logits rows (8 x 49152 x
-    8 bytes = 3 MiB); a step of prompt-logprob rows has 2048 of them in bf16 and fp32."""
-    shape, rows = Shape(), step_rows(2048, 8)
+    8 bytes = 3 MiB); a step that scores a prompt has 8 + 256 of them, in bf16 and fp32."""
+    shape, rows = Shape(), step_rows(2048, 8, 0, PROMPT_SCORING_ROWS_PER_STEP)
     estimate = activation_bytes(shape, rows, torch.bfloat16)
-    logits_of_the_step = 2048 * shape.vocab_size * (2 + 4)
+    logits_of_the_step = (8 + 256) * shape.vocab_size * (2 + 4)
     assert estimate > logits_of_the_step + 8 * shape.vocab_size * 8
-    assert (
-        estimate == 2048 * (6 * 576 + 3 * 1536 + 15 * 64) * 2 + 2048 * 49152 * 10 + 8 * 49152 * 16
-    )
+    per_token = (6 * 576 + 3 * 1536 + 15 * 64) * 2
+    assert estimate == 2048 * per_token + 264 * 49152 * 10 + 8 * 49152 * 16
 
 
 def test_speculating_rows_are_counted():
@@ -111,7 +116,7 @@ def test_a_gpu_worker_gives_its_cache_exactly_kv_cache_memory(monkeypatch, kv_ca
 
 def test_a_gpu_worker_without_kv_cache_memory_uses_the_utilization(monkeypatch):
     worker = gpu_worker(monkeypatch)
-    rows = step_rows(2048, 256)
+    rows = step_rows(2048, 256, 0, PROMPT_SCORING_ROWS_PER_STEP)
     left = utilization_budget(MEMORY, 0.9, activation_bytes(Shape(), rows, torch.bfloat16))
     blocks = worker.num_available_blocks(KVBudget(None, 0.9, 2048, 256))
     assert blocks == left // bytes_per_block(worker.cache_shape, 16, torch.bfloat16)

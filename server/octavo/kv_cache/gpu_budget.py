@@ -35,22 +35,27 @@ class StepRows:
 
 
 def step_rows(
-    max_num_batched_tokens: int, max_num_seqs: int, num_speculative_tokens: int = 0
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    num_speculative_tokens: int = 0,
+    scored_rows: int | None = None,
 ) -> StepRows:
     """The row bound of one step, as the scheduler and the runner make steps.
 
-    Every logits row is one token of the step (``step_inputs.lay_out``): a sampling
-    sequence's last token, each of a speculating sequence's ``k + 1`` verified tokens, or
-    a prompt token scored for ``prompt_logprobs`` (``ModelRunner._prompt_scoring``). The
-    scheduler counts all of them against ``max_num_batched_tokens``, and a step whose
-    prompts all ask for prompt logprobs fills it with scored rows: so the token budget is
-    the logits bound. The sampler expands a row to each of its ``n`` forks, which are
-    running sequences: at most ``max_num_seqs`` plain rows, or ``k + 1`` rows for each
-    speculating one (and never more than the step's tokens plus its forks).
+    Every logits row is one token of the step (``step_inputs.lay_out``), so the token
+    budget bounds them: a sampling sequence's last token, each of a speculating sequence's
+    ``k + 1`` verified tokens (at most ``max_num_seqs`` sequences), or a prompt token scored
+    for ``prompt_logprobs`` (``ModelRunner._prompt_scoring``; the scheduler scores at most
+    ``scored_rows`` a step, ``None``: only the token budget bounds them). The sampler
+    expands a row to each of its ``n`` forks, which are running sequences: at most
+    ``max_num_seqs`` plain rows, or ``k + 1`` rows for each speculating one (and never more
+    than the step's tokens plus its forks).
     """
     per_sequence = 1 + num_speculative_tokens
+    scored = max_num_batched_tokens if scored_rows is None else scored_rows
+    logits = min(max_num_batched_tokens, max_num_seqs * per_sequence + scored)
     sampled = min(max_num_seqs * per_sequence, max_num_seqs + max_num_batched_tokens)
-    return StepRows(max_num_batched_tokens, max_num_batched_tokens, sampled)
+    return StepRows(max_num_batched_tokens, logits, sampled)
 
 
 def activation_bytes(config: ModelShape, rows: StepRows, dtype: torch.dtype) -> int:

@@ -37,6 +37,7 @@ from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.proposer import Proposer
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
+from octavo.scheduler.scheduler import PROMPT_SCORING_ROWS_PER_STEP
 from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.ngram_proposer import NgramProposer, NgramStepProposer
@@ -162,7 +163,10 @@ class Worker:
     def _gpu_kv_bytes(self, budget: KVBudget) -> int:
         """The KV cache's bytes on this GPU: as requested, or the utilization's leftover."""
         rows = step_rows(
-            budget.max_num_batched_tokens, budget.max_num_seqs, budget.num_speculative_tokens
+            budget.max_num_batched_tokens,
+            budget.max_num_seqs,
+            budget.num_speculative_tokens,
+            PROMPT_SCORING_ROWS_PER_STEP,
         )
         activations = activation_bytes(self.spec.config, rows, self.spec.dtype)
         memory = GpuMemory.of(self.device)
