@@ -196,6 +196,12 @@ def test_chat_template_flag_and_chat_template_kwargs(client, added, tokenizer, c
     assert "add_generation_prompt" in error["message"]
 
 
+def test_tokenize_renders_messages_with_the_chat_template_flag(client, tokenizer, configured):
+    with configured(chat_template=TEMPLATE):
+        tokens = post(client, "/tokenize", messages=USER)["tokens"]
+    assert tokenizer.decode(tokens) == "[user:hi]"
+
+
 def test_response_role(client, configured):
     with configured(response_role="bot"):
         assert chat(client, max_tokens=1)["choices"][0]["message"]["role"] == "bot"

@@ -18,6 +18,7 @@ from octavo.entrypoints.openai.responses import (
     TokenizeResponse,
     VersionResponse,
 )
+from octavo.inputs.chat import ChatOptions
 
 router = APIRouter()
 Context = Annotated[ServerContext, Depends(get_context)]
@@ -49,7 +50,11 @@ async def tokenize(body: TokenizeRequest, context: Context) -> TokenizeResponse:
     context.check_model(body.model)
     info = context.ready_info()
     if body.messages is not None:
-        work = (render_chat, body.messages, info, body.add_generation_prompt)
+        options = ChatOptions(
+            add_generation_prompt=body.add_generation_prompt,
+            chat_template=context.config.chat_template,
+        )
+        work = (render_chat, body.messages, info, True, None, options)
     else:
         work = (tokenize_text, body.prompt, info, body.add_special_tokens)
     tokens = await context.tokenizers.run(*work)
