@@ -85,10 +85,11 @@ def test_generators_are_made_on_the_logits_device_when_it_has_its_own():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_seeded_sampling_with_speculative_decoding_on_cuda(tiny_folder):
-    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    folder = str(tiny_folder("llama3"))
+    drafting = {"model": folder, "num_speculative_tokens": 3}  # proposes every step
     engine = {"device": "cuda", "dtype": "float32", "max_model_len": 256}
-    llm = LLM(str(tiny_folder("llama3")), speculative_config=ngram, **engine)
-    prompt = [11, 12, 13, 14] * 8  # repeats: the n-gram proposer finds matches
+    llm = LLM(folder, speculative_config=drafting, **engine)
+    prompt = [11, 12, 13, 14] * 8
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=1234, n=2, ignore_eos=True)
     first, second = (llm.generate([prompt], params, use_tqdm=False)[0] for _ in range(2))
     tokens = [list(out.token_ids) for out in first.outputs]
