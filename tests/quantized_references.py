@@ -29,10 +29,14 @@ class GreedyRun:
 
 def greedy_runs(folder, prompts: list[str], max_tokens: int, **engine) -> list[GreedyRun]:
     """Octavo greedy decoding (EOS ignored) with each chosen token's logprob, in fp32."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     engine = {"dtype": "float32", "max_model_len": 256, **engine}
     with LLM(str(folder), **engine) as llm:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return greedy_runs_of(llm, prompts, max_tokens)
+
+
+def greedy_runs_of(llm: LLM, prompts: list[str], max_tokens: int) -> list[GreedyRun]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     return [
         GreedyRun(
             list(output.prompt_token_ids),
