@@ -53,7 +53,8 @@ def gptqmodel_folders(tmp_path_factory, smol_tokenizer) -> dict[str, tuple[Path,
     }
     jobs = [f"{name}={sources[arch]}" for name, arch in CASES.items()]
     command = [sys.executable, str(HELPER), str(root), *jobs]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    # GPT-QModel writes its logs into logs/ under the working folder: keep them in tmp.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=root)
     assert done.returncode == 0, done.stderr[-4000:]
     return {name: (root / name / "quantized", root / name / "reference") for name in CASES}
 
