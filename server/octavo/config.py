@@ -112,8 +112,10 @@ class EngineArgs:
     )
     kv_cache_memory: int | None = engine_arg(
         None,
-        "KV cache size on CPU per worker (each tensor/pipeline rank holds its shard), "
-        "in bytes or with a unit (e.g. 4GiB; default 2GiB)",
+        "KV cache size per worker (each tensor/pipeline rank holds its shard), in bytes or "
+        "with a unit (e.g. 4GiB). Default: 2GiB on CPU; on GPU what --gpu-memory-utilization "
+        "leaves after the weights and one step's activations. Given on a GPU, it replaces "
+        "that sizing and is refused at start if it does not fit in the GPU's free memory",
         parse_size,
     )
     kv_cache_dtype: str = engine_arg(
