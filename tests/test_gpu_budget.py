@@ -86,9 +86,9 @@ def test_kv_cache_memory_is_given_when_it_fits_and_refused_when_not():
 def test_the_builder_passes_kv_cache_memory_to_gpu_workers():
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     args = EngineArgs(kv_cache_memory=3 * GiB, max_num_seqs=32)
-    assert kv_budget(args, cuda, 2) == KVBudget(3 * GiB, 0.9, 2048, 32, 2)
-    assert kv_budget(EngineArgs(), cuda, 0).kv_cache_bytes is None  # the utilization sizes it
-    assert kv_budget(EngineArgs(), cpu, 0).kv_cache_bytes == DEFAULT_CPU_KV_CACHE_MEMORY
+    assert kv_budget(args, cuda, 2, 1024) == KVBudget(3 * GiB, 0.9, 2048, 32, 2)
+    assert kv_budget(EngineArgs(), cuda, 0, 1024).kv_cache_bytes is None  # the utilization sizes it
+    assert kv_budget(EngineArgs(), cpu, 0, 1024).kv_cache_bytes == DEFAULT_CPU_KV_CACHE_MEMORY
 
 
 def gpu_worker(monkeypatch, kv_cache_dtype: str = "auto") -> Worker:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from octavo import LLM
 from octavo.cli import build_parser, main
 from octavo.config import EngineArgs
 from octavo.entrypoints.openai import options
@@ -208,6 +209,8 @@ def test_tokenizer_flag_loads_another_folders_tokenizer(tiny_folder, smol_tokeni
     assert len(load_tokenizer(model, str(other))) == len(smol_tokenizer) + 1
     with pytest.raises(ValueError, match="is not a folder with a tokenizer"):
         load_tokenizer(model, str(tmp_path / "empty"))
+    with LLM(str(model), tokenizer=str(other), max_model_len=64, kv_cache_memory=1 << 20) as llm:
+        assert len(llm.get_tokenizer()) == len(smol_tokenizer) + 1  # the engine's own
 
 
 def test_chunked_prefill_off_makes_the_budget_hold_a_whole_prompt():

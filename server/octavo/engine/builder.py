@@ -51,7 +51,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     parallel = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
     parallel.check(config, device)
     max_model_len = _max_model_len(args, config)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, args.tokenizer)
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
     threads = args.num_threads or max(1, usable_cpus() // parallel.world_size)
     speculative = args.speculative_config
@@ -59,6 +59,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
         threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
+        args.tokenizer,
     )  # fmt: skip
     executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     lookahead = speculative.num_speculative_tokens if speculative is not None else 0
@@ -71,7 +72,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     kv = KVCacheManager(pool, args.block_size)
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
-    scheduler = Scheduler(kv, args.max_num_seqs, args.token_budget(device.type), limits, ahead)
+    budget = args.token_budget(device.type, max_model_len)
+    scheduler = Scheduler(kv, args.max_num_seqs, budget, limits, ahead)
     scheduler.max_loras = args.max_loras
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
@@ -86,7 +88,9 @@ def lora_config(args: EngineArgs) -> LoRAConfig | None:
     return LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras or args.max_loras)
 
 
-def kv_budget(args: EngineArgs, device: torch.device, num_speculative_tokens: int) -> KVBudget:
+def kv_budget(
+    args: EngineArgs, device: torch.device, num_speculative_tokens: int, max_model_len: int
+) -> KVBudget:
     """The workers' KV budget: ``--kv-cache-memory`` bytes wherever it is given (CPU
     default 2 GiB), else on a GPU the ``--gpu-memory-utilization`` share."""
     kv_bytes = args.kv_cache_memory
@@ -95,7 +99,7 @@ def kv_budget(args: EngineArgs, device: torch.device, num_speculative_tokens: in
     return KVBudget(
         kv_bytes,
         args.gpu_memory_utilization,
-        args.token_budget(device.type),
+        args.token_budget(device.type, max_model_len),
         args.max_num_seqs,
         num_speculative_tokens,
     )
@@ -109,7 +113,7 @@ def _initialize_cache(
     num_speculative_tokens: int,
 ) -> int:
     """Size the KV cache (the fewest blocks any worker can hold) and allocate it."""
-    budget = kv_budget(args, device, num_speculative_tokens)
+    budget = kv_budget(args, device, num_speculative_tokens, max_model_len)
     num_blocks = executor.num_available_blocks(budget)
     if device.type == "cuda" and num_blocks <= 0:
         raise ValueError(

@@ -65,6 +65,7 @@ class WorkerConfig:
     draft: tuple[Path, ModelConfig] | None = None  # the draft model's folder and config
     lora: LoRAConfig | None = None  # LoRA adapters: slots and limits
     kv_cache_dtype: str = "auto"  # ``--kv-cache-dtype``: auto (the model's dtype) or an fp8 kind
+    tokenizer: str | None = None  # ``--tokenizer``: another folder's tokenizer
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -213,9 +214,11 @@ class Worker:
     def _grammar_compiler(self) -> GrammarCompiler:
         spec = self.spec
         return shared_compiler(
-            spec.folder, lambda: load_tokenizer(spec.folder), spec.config.vocab_size,
+            spec.folder,
+            lambda: load_tokenizer(spec.folder, spec.tokenizer),
+            spec.config.vocab_size,
             spec.eos_token_ids,
-        )  # fmt: skip
+        )
 
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput | None:
         """The step's sampled tokens on the driver; ``None`` on the other ranks."""
