@@ -57,14 +57,18 @@ def tiny_folder(tmp_path_factory, smol_folder, smol_tokenizer):
     return make
 
 
-def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Reference: HF transformers greedy generate for one prompt (no padding)."""
+def hf_greedy(
+    model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False
+) -> list[int]:
+    """Reference: HF transformers greedy generate for one prompt (no padding); with
+    ``ignore_eos`` exactly ``max_new_tokens`` tokens, as the engine's ``ignore_eos``."""
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens if ignore_eos else None,
             do_sample=False,
             pad_token_id=model.generation_config.eos_token_id,
         )

@@ -19,6 +19,8 @@ import torch
 from octavo import LLM, SamplingParams
 from octavo.kernels import cpu_build
 
+from conftest import hf_greedy
+
 
 @dataclass(frozen=True)
 class GreedyRun:
@@ -69,17 +71,7 @@ def largest_logprob_gap(model, runs: list[GreedyRun]) -> float:
 
 def reference_greedy(model, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """HF greedy decoding of exactly ``max_tokens`` tokens (EOS ignored, as the engine)."""
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            pad_token_id=model.generation_config.eos_token_id,
-        )
-    return out[0, len(prompt_ids) :].tolist()
+    return hf_greedy(model, prompt_ids, max_tokens, ignore_eos=True)
 
 
 def hf_float32(folder):

@@ -10,6 +10,8 @@ from octavo.arg_types import parse_size
 from octavo.cli import build_parser, main
 from octavo.entrypoints.openai import options
 
+from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)
+
 FLAGS = (
     "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
     "--max-num-batched-tokens", "--block-size", "--kv-cache-memory",
@@ -19,19 +21,6 @@ FLAGS = (
     "--shutdown-timeout", "--log-level", "--max-sequences-per-request",
     "--limit-concurrency", "--header-timeout",
 )  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
-    for option in options.OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.delenv(options.MODEL_ENV, raising=False)
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    args = build_parser().parse_args(["serve", *argv])
-    options.finish(args)
-    return args
 
 
 def test_help_lists_every_flag_and_the_environment(capsys):

@@ -8,7 +8,6 @@ engine-side effects that need no server.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
@@ -17,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from octavo import LLM
-from octavo.cli import build_parser, main
+from octavo.cli import main
 from octavo.config import EngineArgs
 from octavo.entrypoints.openai import options
 from octavo.entrypoints.openai.cli import listen_args, server_config
 from octavo.spec_decode.config import SpeculativeConfig
+
+from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)
 
 GENERATION_CONFIG = {
     "temperature": 0.6,
@@ -39,19 +40,6 @@ FROM_GENERATION_CONFIG = {
     "repetition_penalty": 1.1,
     "max_tokens": 7,
 }
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
-    for option in options.OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
-    monkeypatch.delenv(options.MODEL_ENV, raising=False)
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    args = build_parser().parse_args(["serve", *argv])
-    options.finish(args)
-    return args
 
 
 def configs(*argv: str):
