@@ -7,10 +7,13 @@ still queued and, if it is being compiled, its process is killed (SIGKILL: the C
 compile cannot be interrupted otherwise) and a fresh one forked in its place.
 
 The processes fork from a zygote process that imported xgrammar and loaded the
-vocabulary once (seconds, on the first constrained request): a replacement is ready in
-milliseconds and shares the zygote's memory. Nothing here blocks the server's exit: the
-threads are daemons, ``shutdown`` kills the compile processes, and the zygote (daemonic,
-one per vocabulary and process) is terminated by multiprocessing at exit.
+vocabulary once (seconds: the server starts it when the engine is ready, see
+``GrammarChecker.warm``): a replacement is ready in milliseconds and shares the zygote's
+memory. The zygote is a plain subprocess that imports what compiling needs, not the
+server (``compile_worker.start_zygote``). Nothing here blocks the server's exit: the
+threads are daemons, ``shutdown`` kills the compile processes, and the zygote (one per
+vocabulary and process) stops when this process's end of its socket closes, at exit at
+the latest; its compile processes die with it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from octavo.structured_output.compile_worker import (
     Compiled,
     Invalid,
     Vocabulary,
-    zygote_main,
+    start_zygote,
 )
 from octavo.structured_output.params import StructuredOutputsParams
 
@@ -60,19 +63,24 @@ class Zygote:
     started at once, ``fork`` waits until it is ready (seconds, the first time)."""
 
     def __init__(self, vocabulary: Vocabulary) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conn, theirs = context.Pipe()
-        self._process = context.Process(
-            target=zygote_main, args=(theirs, vocabulary), name="octavo-grammar-zygote"
-        )
-        self._process.daemon = True
-        self._process.start()
-        theirs.close()
+        self._conn, theirs = multiprocessing.Pipe()  # a socket pair: file descriptors pass
+        try:
+            self._process = start_zygote(theirs)
+        finally:
+            theirs.close()
         self._lock = threading.Lock()  # one fork at a time; the first waits for READY
         self._ready = False
+        sender = threading.Thread(
+            target=self._send, args=(vocabulary,), name="octavo-grammar-zygote", daemon=True
+        )
+        sender.start()  # blocks until the zygote reads it, after its imports
+
+    def _send(self, vocabulary: Vocabulary) -> None:
+        with contextlib.suppress(OSError, ValueError):  # it died or was killed: fork says so
+            self._conn.send(vocabulary)
 
     def is_alive(self) -> bool:
-        return self._process.is_alive()
+        return self._process.poll() is None
 
     def _wait_ready(self) -> None:
         if not self._ready:
@@ -105,7 +113,7 @@ class Zygote:
 
     def kill(self) -> None:
         self._process.kill()
-        self._process.join(5)
+        self._process.wait(5)
         self._conn.close()
 
 
@@ -151,8 +159,8 @@ _ZYGOTES_LOCK = threading.Lock()
 
 def shared_zygote(vocabulary: Vocabulary) -> Zygote:
     """This process's zygote for ``vocabulary`` (started if none is alive). Servers in one
-    process (tests) share it; it lives as long as the process: multiprocessing terminates
-    it at exit, and it stops by itself when this process's end of its pipe closes."""
+    process (tests) share it; it lives as long as the process: it stops by itself when
+    this process's end of its socket closes (at exit at the latest)."""
     key = vocabulary.key
     with _ZYGOTES_LOCK:
         zygote = _ZYGOTES.get(key)

@@ -22,9 +22,12 @@ from octavo.entrypoints.openai.middleware import (
     ConcurrencyLimitMiddleware,
     RequestIdMiddleware,
 )
+from octavo.entrypoints.openai.structured_outputs import GrammarChecker
 from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger(__name__)
+
+READY_POLL_SECONDS = 0.2  # how soon after the engine is ready the grammar compiler starts
 
 
 def build_app(
@@ -32,10 +35,14 @@ def build_app(
     core: EngineCore,
     on_load_failure: Callable[[], None] | None = None,
     on_death: Callable[[], None] | None = None,
+    warm_grammar_compiler: bool = False,
 ) -> FastAPI:
     """The app; its lifespan starts the engine core, which loads the model.
 
-    The port therefore answers (``/health`` 503) while the model loads.
+    The port therefore answers (``/health`` 503) while the model loads. With
+    ``warm_grammar_compiler`` (the served app; tests' servers leave it off to spare their
+    CPU) the structured-output compile processes start in the background once the engine
+    is ready, so the first constrained request does not wait seconds for them.
     """
     metrics = ServerMetrics(config.model_name)
     engine = AsyncEngine(
@@ -47,7 +54,8 @@ def build_app(
     )
     tokenizers = TokenizerPool()
     context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)
-    lifespan = _lifespan(engine, [tokenizers, context.grammars])
+    warm = context.grammars if warm_grammar_compiler else None
+    lifespan = _lifespan(engine, [tokenizers, context.grammars], warm)
     app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
     app.state.octavo = context
     install_error_handlers(app)
@@ -66,22 +74,42 @@ def build_app(
     return app
 
 
-def _lifespan(engine: AsyncEngine, pools: list) -> Callable[[FastAPI], Any]:
-    """Start the engine; at the end abort what is left, drop queued tokenizing and grammar
-    work (``pools``: each has ``shutdown()``), and stop the engine."""
+def _lifespan(
+    engine: AsyncEngine, pools: list, grammars: GrammarChecker | None = None
+) -> Callable[[FastAPI], Any]:
+    """Start the engine (and ``grammars``' compile processes once it is ready); at the end
+    abort what is left, drop queued tokenizing and grammar work (``pools``: each has
+    ``shutdown()``), and stop the engine."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start(asyncio.get_running_loop())
+        warming = (
+            None if grammars is None else asyncio.create_task(warm_when_ready(engine, grammars))
+        )
         try:
             yield
         finally:
+            if warming is not None:
+                warming.cancel()
             engine.abort_all()
             for pool in pools:
                 pool.shutdown()
             await asyncio.to_thread(engine.stop)
 
     return lifespan
+
+
+async def warm_when_ready(engine: AsyncEngine, grammars: GrammarChecker) -> None:
+    """Once the engine has loaded, start the grammar compile processes (in the background:
+    ``/health`` and shutdown never wait for them); nothing if the engine failed to load."""
+    while engine.status == "loading":
+        await asyncio.sleep(READY_POLL_SECONDS)
+    if engine.status == "ready" and engine.info is not None:
+        try:
+            grammars.warm(engine.info)
+        except Exception:  # the first constrained request will try again and say why
+            logger.warning("could not start the grammar compiler", exc_info=True)
 
 
 def context_of(app: FastAPI) -> ServerContext:

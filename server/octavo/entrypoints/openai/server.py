@@ -41,6 +41,7 @@ def run_server(config: ServerConfig, engine_args: EngineArgs, listen: ListenArgs
         ProcessCore(engine_args),
         on_load_failure=lambda: holder[0].fail(LOAD_FAILURE_EXIT_CODE),
         on_death=lambda: holder[0].fail(ENGINE_DEATH_EXIT_CODE),
+        warm_grammar_compiler=True,
     )
     uv_config = uvicorn_config(
         app,

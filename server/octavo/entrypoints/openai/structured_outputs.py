@@ -156,6 +156,12 @@ class GrammarChecker:
         finally:
             job.abandoned.set()  # still queued: dropped; compiling: its process is killed
 
+    def warm(self, info: EngineInfo) -> None:
+        """Start the compile processes now, in the background (the zygote imports xgrammar:
+        seconds), so that the first constrained request does not wait for them."""
+        if not self._closed:
+            self._pool_for(info)
+
     def _pool_for(self, info: EngineInfo) -> CompilePool:
         if self._closed:
             raise _unavailable(CompilerUnavailable("the server is shutting down"))
