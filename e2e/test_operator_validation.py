@@ -151,7 +151,7 @@ def test_invalid_spec_is_refused(cluster, namespace, custom, operator, case):
 # Layouts the engine runs for some model (SmolLM2's 9 heads over 3 ranks; ranks as
 # processes on CPU): the CRD refuses only what the engine refuses for every model.
 ACCEPTED_LAYOUTS = {
-    "tensor-parallel-3": {"engine": {"tensorParallelSize": 3}},
+    "tensor-parallel-3": {"engine": {"tensorParallelSize": 3}, "resources": {"gpu": 3}},
     "tensor-parallel-3-on-4-gpus": {"engine": {"tensorParallelSize": 3}, "resources": {"gpu": 4}},
     "tensor-3-pipeline-3": {
         "engine": {"tensorParallelSize": 3, "pipelineParallelSize": 3},
