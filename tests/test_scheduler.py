@@ -18,9 +18,9 @@ BLOCK = 4
 EOS = 2
 
 
-def make_scheduler(num_blocks=64, max_num_seqs=8, budget=16) -> Scheduler:
+def make_scheduler(num_blocks=64, max_num_seqs=8, budget=16, **options) -> Scheduler:
     kv = KVCacheManager(BlockPool(num_blocks), BLOCK)
-    return Scheduler(kv, max_num_seqs, budget, StopLimits(frozenset({EOS}), 64))
+    return Scheduler(kv, max_num_seqs, budget, StopLimits(frozenset({EOS}), 64), **options)
 
 
 def make_seq(seq_id: int, prompt_len: int, **params) -> Sequence:
@@ -55,6 +55,18 @@ def test_long_prompt_is_chunked_and_decodes_share_the_step():
     assert shares(second, "decodes") == [(1, 1)]
     assert shares(second, "prefills") == [(2, 15)]
     assert second.num_batched_tokens <= 16
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_room_for_all_of_it():
+    scheduler = make_scheduler(budget=16, chunked_prefill=False)
+    running, whole = make_seq(1, 5), make_seq(2, 16)
+    scheduler.add(running)
+    finish_step(scheduler, scheduler.schedule())  # `running` now decodes: 1 of the 16 tokens
+    scheduler.add(whole)
+    out = scheduler.schedule()
+    assert shares(out) == [(1, 1)]  # 15 tokens left: no partial chunk of the prompt
+    scheduler.finish(running)
+    assert shares(scheduler.schedule(), "prefills") == [(2, 16)]
 
 
 def test_max_num_seqs_caps_the_running_set_and_admission_is_fcfs():

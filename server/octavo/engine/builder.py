@@ -73,7 +73,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
     budget = args.token_budget(device.type, max_model_len)
-    scheduler = Scheduler(kv, args.max_num_seqs, budget, limits, ahead)
+    scheduler = Scheduler(
+        kv, args.max_num_seqs, budget, limits, ahead, chunked_prefill=args.enable_chunked_prefill
+    )
     scheduler.max_loras = args.max_loras
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(

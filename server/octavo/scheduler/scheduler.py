@@ -81,8 +81,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         limits: StopLimits | None = None,
         num_lookahead_tokens: int = 0,
+        chunked_prefill: bool = True,
     ) -> None:
         self.kv = kv
+        self.chunked_prefill = chunked_prefill  # False: a prompt is computed whole in one step
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.limits = limits or StopLimits(frozenset(), 1 << 62)
@@ -229,6 +231,8 @@ class Scheduler:
             scored = seq.params.prompt_logprobs is not None  # every prompt token is computed
             hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.cache_salt)
             num_cached = len(hits) * self.kv.block_size
+            if not (self.chunked_prefill or scored) and seq.num_tokens - num_cached > budget:
+                break  # it waits for a step with room for its whole prompt (scored: chunked)
             num_new = self._chunk(seq, num_cached, budget)
             if num_new == 0:
                 break
