@@ -127,3 +127,20 @@ def test_smollm2_writes_coherent_text_with_an_fp8_cache(smol_folder):
     params = SamplingParams(max_tokens=12, temperature=0.0)
     (out,) = llm.generate(["The capital of France is"], params, use_tqdm=False)
     assert "Paris" in out.outputs[0].text
+
+
+def test_pipeline_stages_pass_model_dtype_activations_with_an_fp8_cache(tiny_folder, fp8_llm):
+    """Stage 2 receives the hidden states in the model's dtype, not the cache's (fp8):
+    two pipeline stages give exactly the single process's tokens."""
+    prompts = [prompt(20 + 9 * i, i) for i in range(3)]
+    single = [out.outputs[0].token_ids for out in fp8_llm.generate(prompts, GREEDY, use_tqdm=False)]
+    with LLM(
+        str(tiny_folder("llama3")),
+        dtype="float32",
+        kv_cache_dtype="fp8",
+        max_model_len=128,
+        kv_cache_memory=4 << 20,
+        pipeline_parallel_size=2,
+    ) as staged:
+        outs = staged.generate(prompts, GREEDY, use_tqdm=False)
+    assert [out.outputs[0].token_ids for out in outs] == single

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from octavo import LLM
+from octavo import LLM, SamplingParams
 from octavo.cli import main
 from octavo.config import EngineArgs
 from octavo.entrypoints.openai import options
@@ -243,3 +243,12 @@ def test_old_speculative_flags_build_the_same_config(caplog):
             num_speculative_tokens=2,
             speculative_model="[ngram]",
         )
+
+
+def test_the_engine_itself_holds_requests_to_max_logprobs(tiny_folder):
+    """Code that adds requests to the engine directly (not through LLM or the server) is held
+    to --max-logprobs too."""
+    with LLM(str(tiny_folder("llama3")), max_model_len=64, kv_cache_memory=1 << 20) as llm:
+        with pytest.raises(ValueError, match="greater than max allowed: 20"):
+            llm.engine.add_request("too-many", [1, 2, 3], SamplingParams(logprobs=21))
+        assert not llm.engine.has_unfinished_requests()

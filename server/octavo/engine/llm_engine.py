@@ -98,8 +98,9 @@ class LLMEngine:
 
     def _validate_params(self, params: SamplingParams) -> None:
         """Check what ``SamplingParams`` cannot know alone: token ids against the vocabulary,
-        ``n`` against ``max_num_seqs``."""
+        ``n`` against ``max_num_seqs``, logprobs against ``--max-logprobs``."""
         self.scheduler.check_fits(params)
+        params.check_max_logprobs(self.args.max_logprobs)
         outside = [token for token in params.stop_token_ids if token >= self.vocab_size]
         if outside:
             raise ValueError(

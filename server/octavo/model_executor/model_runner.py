@@ -154,7 +154,7 @@ class ModelRunner:
             if not self.stage.is_first:
                 received = receive_from_previous_stage(
                     len(inputs.positions), self.model.config.hidden_size,
-                    self.kv_caches[0].dtype, self.device, self.stage, index,
+                    self.paged.activation_dtype, self.device, self.stage, index,
                 )  # fmt: skip
             result = self._forward(inputs, received)
             if isinstance(result, IntermediateTensors):
