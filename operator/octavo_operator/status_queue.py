@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from octavo_operator.kube import NotLeading
+
 logger = logging.getLogger(__name__)
 Key = tuple[str, str]
 Write = Callable[[Key, Mapping[str, Any]], None]  # key, kopf's indexes by name
@@ -48,5 +50,7 @@ class StatusQueue:
                 indexes, context = self._pending.pop(key)
             try:
                 context.run(self._write, key, indexes)
+            except NotLeading:  # the Lease is lost: this process is stopping
+                logger.warning("status of %s/%s not written: no longer the leader", *key)
             except Exception:  # one service's write must not stop the writers
                 logger.exception("writing the status of %s/%s failed", *key)
