@@ -24,6 +24,7 @@ from octavo.structured_output.compile_pool import (
     STARTUP_TIMEOUT_SECONDS,
     CompilePool,
     CompilerUnavailable,
+    shared_zygote,
 )
 from octavo.structured_output.compile_worker import Vocabulary
 from octavo.structured_output.manager import StructuredOutputManager
@@ -107,3 +108,29 @@ def test_warm_starts_the_compile_processes_in_the_background(smol_tokenizer):
 def test_no_warm_up_when_the_engine_fails_to_load():
     checker = SimpleNamespace(warm=lambda info: pytest.fail("warmed a failed engine"))
     asyncio.run(warm_when_ready(SimpleNamespace(status="failed", info=None), checker))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_compile_processes_die_with_their_zygote(smol_tokenizer):
+    """A compile in flight never outlives the zygote (killed at the server's exit)."""
+    tokenizer = smol_tokenizer
+    vocabulary = Vocabulary(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    pool = CompilePool(vocabulary, 1)
+    try:
+        pool.ready.result(timeout=STARTUP_TIMEOUT_SECONDS)
+        (process,) = pool._processes
+        shared_zygote(vocabulary).kill()
+        deadline = time.monotonic() + 5
+        while _is_running(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _is_running(process.pid)
+    finally:
+        pool.shutdown()
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -12,18 +12,20 @@ vocabulary once (seconds: the server starts it when the engine is ready, see
 memory. The zygote is a plain subprocess that imports what compiling needs, not the
 server (``compile_worker.start_zygote``). Nothing here blocks the server's exit: the
 threads are daemons, ``shutdown`` kills the compile processes, and the zygote (one per
-vocabulary and process) stops when this process's end of its socket closes, at exit at
-the latest; its compile processes die with it.
+vocabulary and process) is killed at exit (and stops by itself when this process's end
+of its socket closes); its compile processes die with it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing
 import os
 import queue
 import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import Future
@@ -165,8 +167,18 @@ def shared_zygote(vocabulary: Vocabulary) -> Zygote:
     with _ZYGOTES_LOCK:
         zygote = _ZYGOTES.get(key)
         if zygote is None or not zygote.is_alive():
+            if not _ZYGOTES:
+                atexit.register(_kill_zygotes)
             zygote = _ZYGOTES[key] = Zygote(vocabulary)
         return zygote
+
+
+def _kill_zygotes() -> None:
+    """At exit: a zygote still importing would otherwise outlive this process by seconds
+    (holding its stdout and stderr); its compile processes die with it."""
+    for zygote in list(_ZYGOTES.values()):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            zygote.kill()
 
 
 def _pidfd(pid: int) -> int | None:
