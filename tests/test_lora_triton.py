@@ -29,7 +29,9 @@ from octavo.model_executor.layers.linear import (
 from octavo.model_executor.layers.lora import LoRABatch, LoRALinear, LoRASize, LoRAState
 from octavo.model_executor.layers.lora_kernels import lora_expand, lora_shrink
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DEVICE = (
+    torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+)  # as x.device
 DTYPES = [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 ROWS = 19  # two row tiles
@@ -79,9 +81,9 @@ def both_paths(layer: LoRALinear, dtype: torch.dtype, monkeypatch) -> tuple[torc
     x = torch.randn(ROWS, layer.base.input_size, generator=torch.Generator().manual_seed(1))
     layer.state.batch = batch_on(torch.device("cpu"))
     expected = layer.to(dtype)(x.to(dtype)).float()
-    base = layer.base(x.to(dtype)).float()
     monkeypatch.setattr(lora, "use_triton", lambda x: True)
     layer.to(DEVICE)
+    base = layer.base(x.to(DEVICE, dtype)).float().cpu()  # the same device's GEMM as `actual`
     layer.state.batch = batch_on(DEVICE)
     actual = layer(x.to(DEVICE, dtype)).float().cpu()
     return base, expected, actual

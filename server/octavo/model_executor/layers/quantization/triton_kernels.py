@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-GROUP = 32  # columns per scale/offset pair in Int4Planes
+GROUP = tl.constexpr(32)  # columns per scale/offset pair in Int4Planes (constexpr: read by kernels)
 
 
 @triton.jit
@@ -51,7 +51,7 @@ def _int4_matmul_kernel(
         scale = tl.load(scale_ptr + group, mask=mask_n[None, :], other=0.0)
         offset = tl.load(offset_ptr + group, mask=mask_n[None, :], other=0.0)
         w = q.to(tl.float32) * scale + offset
-        acc += tl.dot(x, w.to(x.dtype))
+        acc += tl.dot(x, w.to(x.dtype), input_precision="ieee")  # fp32: no tf32 rounding
     _store_tile(out_ptr, acc, offs_m, offs_n, mask_m, mask_n, stride_om)
 
 
@@ -69,7 +69,7 @@ def _fp8_matmul_kernel(
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
         w = tl.load(w_ptr + offs_n[None, :] * K + offs_k[:, None],
                     mask=mask_n[None, :] & mask_k[:, None], other=0.0)  # fmt: skip
-        acc += tl.dot(x, w.to(x.dtype))
+        acc += tl.dot(x, w.to(x.dtype), input_precision="ieee")  # fp32: no tf32 rounding
     scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
     _store_tile(out_ptr, acc * scale[None, :], offs_m, offs_n, mask_m, mask_n, stride_om)
 
