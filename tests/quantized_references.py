@@ -31,7 +31,7 @@ class GreedyRun:
 
 def greedy_runs(folder, prompts: list[str], max_tokens: int, **engine) -> list[GreedyRun]:
     """Octavo greedy decoding (EOS ignored) with each chosen token's logprob, in fp32."""
-    engine = {"dtype": "float32", "max_model_len": 256, **engine}
+    engine = {"dtype": "float32", "max_model_len": 256, "kv_cache_memory": 64 << 20, **engine}
     with LLM(str(folder), **engine) as llm:
         return greedy_runs_of(llm, prompts, max_tokens)
 

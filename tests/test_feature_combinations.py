@@ -27,7 +27,7 @@ from octavo.structured_output.params import StructuredOutputsParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-ENGINE = {"dtype": "float32", "max_model_len": 128}
+ENGINE = {"dtype": "float32", "max_model_len": 128, "kv_cache_memory": 16 << 20}
 PROMPTS = [[(seed * 131 + i * 17) % 40000 + 10 for i in range(7)] * 3 for seed in range(2)]
 
 

@@ -16,7 +16,12 @@ from octavo import LLM, SamplingParams
 from conftest import tiny_server
 
 MAX_NUM_SEQS = 4
-ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": MAX_NUM_SEQS}
+ENGINE = {
+    "dtype": "float32",
+    "max_model_len": 256,
+    "max_num_seqs": MAX_NUM_SEQS,
+    "kv_cache_memory": 16 << 20,
+}
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ def test_chunked_prompt_logprobs_match_the_reference(tiny_folder, monkeypatch):
 
     monkeypatch.setattr(scheduler_module, "PROMPT_SCORING_ROWS_PER_STEP", ROWS_PER_STEP)
     folder = tiny_folder("llama3")
-    llm = LLM(str(folder), dtype="float32", max_model_len=256)
+    llm = LLM(str(folder), dtype="float32", max_model_len=256, kv_cache_memory=16 << 20)
     chunks = []
     schedule = llm.engine.scheduler.schedule
 

@@ -102,7 +102,9 @@ def test_constrained_tool_calls_from_a_tiny_model_are_valid_calls(tiny_folder):
             "required": ["city"], "additionalProperties": False}  # fmt: skip
     weather = {"name": "get_weather", "parameters": city}
     clock = {"name": "get_time", "parameters": {"type": "object", "additionalProperties": False}}
-    llm = LLM(str(tiny_folder("qwen2")), dtype="float32", max_model_len=256)
+    llm = LLM(
+        str(tiny_folder("qwen2")), dtype="float32", max_model_len=256, kv_cache_memory=16 << 20
+    )
     required = required_calls_constraint([weather, clock], parallel=False)
     named = named_call_constraint(city)
     params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c)
