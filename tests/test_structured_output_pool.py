@@ -51,9 +51,22 @@ def test_equal_vocabularies_share_a_key(smol_folder, smol_tokenizer):
     assert Vocabulary(other, len(other), (0,)).key != first.key
 
 
-def test_the_engine_compile_thread_is_a_daemon():
+def test_the_engine_compile_thread_is_a_daemon_that_ends_when_idle(monkeypatch):
+    """A daemon (never blocks exit), started by the first compile and gone when idle, so a
+    dropped engine is not kept alive (with its KV cache) by its compile thread."""
+    monkeypatch.setattr(StructuredOutputManager, "IDLE_SECONDS", 0.1)
     manager = StructuredOutputManager(lambda: None)
-    assert manager._thread.daemon and manager._thread.is_alive()
+    assert manager._thread is None
+    pending = manager.start(StructuredOutputsParams(choice=["a", "b"]), [])
+    thread = manager._thread
+    assert thread is not None and thread.daemon
+    with pytest.raises(AttributeError):  # the stand-in compiler has no compile()
+        pending.state()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and manager._thread is None
+    second = manager.start(StructuredOutputsParams(choice=["a", "b"]), [])
+    with pytest.raises(AttributeError):  # served by a new thread
+        second.state()
 
 
 def test_the_zygote_imports_what_compiling_needs_not_the_engine():

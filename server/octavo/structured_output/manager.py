@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from threading import Lock, Thread
 from typing import Any
 
@@ -50,22 +50,40 @@ class PendingGrammar:
 
 class StructuredOutputManager:
     """Compiles on one daemon thread: a compile in flight (C++, not interruptible) never
-    keeps the engine's process from exiting, as a ``ThreadPoolExecutor``'s thread would."""
+    keeps the engine's process from exiting, as a ``ThreadPoolExecutor``'s thread would.
+    The thread starts with the first compile and ends after ``IDLE_SECONDS`` without one,
+    so an engine that is dropped (never shut down) is not kept alive by it."""
+
+    IDLE_SECONDS = 5.0
 
     def __init__(self, compiler: Callable[[], GrammarCompiler]) -> None:
         self._compiler = compiler  # called on the compile thread: loading it is slow too
         self._jobs: SimpleQueue[tuple[Future, StructuredOutputsParams]] = SimpleQueue()
-        self._thread = Thread(target=self._serve, name="octavo-grammar", daemon=True)
-        self._thread.start()
+        self._lock = Lock()
+        self._thread: Thread | None = None
 
     def start(self, params: StructuredOutputsParams, output_token_ids: list[int]) -> PendingGrammar:
         future: Future = Future()
         self._jobs.put((future, params))
+        self._ensure_thread()
         return PendingGrammar(future, output_token_ids)
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = Thread(target=self._serve, name="octavo-grammar", daemon=True)
+                self._thread.start()
 
     def _serve(self) -> None:
         while True:
-            future, params = self._jobs.get()
+            try:
+                future, params = self._jobs.get(timeout=self.IDLE_SECONDS)
+            except Empty:
+                with self._lock:  # a job put before this check is served; after it, a new thread
+                    if self._jobs.empty():
+                        self._thread = None
+                        return
+                continue
             if not future.set_running_or_notify_cancel():
                 continue
             try:
