@@ -10,14 +10,26 @@ import torch
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def make_adapter(base_folder: Path, folder: Path, seed: int, rank: int = 8,
-                 targets: list[str] | None = None, alpha: int = 16) -> Path:  # fmt: skip
+def make_adapter(
+    base_folder: Path,
+    folder: Path,
+    seed: int,
+    rank: int = 8,
+    targets: list[str] | None = None,
+    alpha: int = 16,
+) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets or ALL_MODULES,
-                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=targets or ALL_MODULES,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -36,8 +48,9 @@ def hf_with_adapter(base_folder: Path, adapter: Path | None):
     return model if adapter is None else PeftModel.from_pretrained(model, adapter).eval()
 
 
-def variant(source: Path, folder: Path, config=None, tensors=None,
-            raw_config: str | bytes | None = None) -> Path:  # fmt: skip
+def variant(
+    source: Path, folder: Path, config=None, tensors=None, raw_config: str | bytes | None = None
+) -> Path:
     """A copy of the adapter ``source`` in ``folder``, with ``config`` (a function of the
     config dict, returning what to write) and/or ``tensors`` (a function of the tensor
     dict) applied, or the config replaced by ``raw_config`` text."""

@@ -35,8 +35,16 @@ from server_harness import ThreadedServer, build_local_app, torch_threads
 
 PROMPT = [(j * 7) % 900 + 5 for j in range(10)]
 ROUTES = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
-INTERNAL = ("Traceback", 'File "', "Error(", "safetensors_rust", "object has no attribute",
-            "torch.", "not subscriptable", "tuple index")  # fmt: skip
+INTERNAL = (
+    "Traceback",
+    'File "',
+    "Error(",
+    "safetensors_rust",
+    "object has no attribute",
+    "torch.",
+    "not subscriptable",
+    "tuple index",
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +58,28 @@ def places(tiny_folder, tmp_path_factory):
     startup = variant(good, modules / "startup")
     sibling = variant(good, modules / "sibling")
     outside = variant(good, tmp_path_factory.mktemp("outside") / "adapter")
-    return {"root": root, "good": good, "startup": startup, "sibling": sibling,
-            "outside": outside}  # fmt: skip
+    return {"root": root, "good": good, "startup": startup, "sibling": sibling, "outside": outside}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_folder, places):
-    config = ServerConfig(served_model_names=["tiny"], model_root="tiny",
-                          allow_runtime_lora_updating=True,
-                          lora_allowed_roots=[str(places["root"])])  # fmt: skip
+    config = ServerConfig(
+        served_model_names=["tiny"],
+        model_root="tiny",
+        allow_runtime_lora_updating=True,
+        lora_allowed_roots=[str(places["root"])],
+    )
     modules = [LoRAModulePath("startup", str(places["startup"]))]
-    app = build_local_app(str(tiny_folder("llama3")), config, dtype="float32",
-                          max_model_len=128, kv_cache_memory=8 << 20, max_loras=2,
-                          max_lora_rank=8, lora_modules=modules)  # fmt: skip
+    app = build_local_app(
+        str(tiny_folder("llama3")),
+        config,
+        dtype="float32",
+        max_model_len=128,
+        kv_cache_memory=8 << 20,
+        max_loras=2,
+        max_lora_rank=8,
+        lora_modules=modules,
+    )
     with torch_threads(1), ThreadedServer(app) as running:
         running.wait_ready()
         with httpx.Client(base_url=running.url, timeout=60) as http:
@@ -74,8 +91,14 @@ def load(http: httpx.Client, name: str, path) -> httpx.Response:
 
 
 def complete(http: httpx.Client, model: str) -> list[int]:
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
-            "ignore_eos": True, "logprobs": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
     reply = http.post("/v1/completions", json=body)
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["logprobs"]["tokens"]
@@ -95,8 +118,9 @@ def test_runtime_routes_are_404_without_the_opt_in():
     OpenAI's error shape. With the opt-in the routes exist (503 until the engine loads)."""
     body = {"lora_name": "x", "lora_path": "/tmp"}
     for opt_in, status in ((False, 404), (True, 503)):
-        config = ServerConfig(served_model_names=["m"], model_root="m",
-                              allow_runtime_lora_updating=opt_in)  # fmt: skip
+        config = ServerConfig(
+            served_model_names=["m"], model_root="m", allow_runtime_lora_updating=opt_in
+        )
         app = build_app(config, ThreadCore(lambda: None))  # lifespan not run: no engine
         client = TestClient(app)
         for route in ROUTES:
@@ -113,10 +137,22 @@ def test_one_answer_for_every_path_a_caller_may_not_load(server, places, tmp_pat
     sneaky.mkdir()
     (sneaky / "adapter_config.json").write_text((outside / "adapter_config.json").read_text())
     (sneaky / "adapter_model.safetensors").symlink_to(outside / "adapter_model.safetensors")
-    refused = [outside, places["sibling"], root / "nowhere", tmp_path / "nowhere",
-               root / "no-config", root / "a-file", root / "escape", sneaky,
-               f"{root}/../{outside.parent.name}/adapter", "/etc", "/proc/self/cwd",
-               f"file://{outside}", "relative/deeper/nowhere", "a\x00b"]  # fmt: skip
+    refused = [
+        outside,
+        places["sibling"],
+        root / "nowhere",
+        tmp_path / "nowhere",
+        root / "no-config",
+        root / "a-file",
+        root / "escape",
+        sneaky,
+        f"{root}/../{outside.parent.name}/adapter",
+        "/etc",
+        "/proc/self/cwd",
+        f"file://{outside}",
+        "relative/deeper/nowhere",
+        "a\x00b",
+    ]
     answers = set()
     for path in refused:
         message = error_of(load(server, "refused", path), 400)
@@ -211,8 +247,12 @@ def broken_files(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
         else:
             with weights.open("r+b") as file:
                 file.truncate(1 << 32)  # sparse: no disk used
-    whys = {"garbage": "not a valid safetensors file", "truncated": "not a valid safetensors",
-            "missing": "no adapter_model.safetensors", "huge": "bytes, more than"}  # fmt: skip
+    whys = {
+        "garbage": "not a valid safetensors file",
+        "truncated": "not a valid safetensors",
+        "missing": "no adapter_model.safetensors",
+        "huge": "bytes, more than",
+    }
     return {name: (folder / name, why) for name, why in whys.items()}
 
 
@@ -220,8 +260,10 @@ def test_malformed_adapters_are_400s_naming_the_problem(server, places):
     """Issue 26 C and D: each was a 200 that broke every request, or a 500 with the
     internal message; now a 400 naming the problem, and serving goes on."""
     root, good = places["root"], places["good"]
-    cases = {name: (variant(good, root / name, **kwargs), why)
-             for name, (kwargs, why) in CONFIG_CASES.items()}  # fmt: skip
+    cases = {
+        name: (variant(good, root / name, **kwargs), why)
+        for name, (kwargs, why) in CONFIG_CASES.items()
+    }
     cases |= broken_files(root / "files", good)
     wrong = {}
     for name, (path, why) in cases.items():
@@ -241,8 +283,9 @@ def test_bad_lora_modules_at_start_are_one_line_each(tiny_folder, places, tmp_pa
     traceback) and left out; the good one served."""
     config = ModelConfig.from_folder(tiny_folder("llama3"))
     good = places["good"]
-    bad = {name: variant(good, tmp_path / name, **kwargs)
-           for name, (kwargs, _) in CONFIG_CASES.items()}  # fmt: skip
+    bad = {
+        name: variant(good, tmp_path / name, **kwargs) for name, (kwargs, _) in CONFIG_CASES.items()
+    }
     modules = [LoRAModulePath(name, str(path)) for name, path in bad.items()]
     modules.append(LoRAModulePath("good", str(good)))
     scheduler = type("Scheduler", (), {"lora_unloads": set()})()

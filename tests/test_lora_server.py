@@ -38,8 +38,12 @@ def llama_adapters(tiny_folder, lora_root):
     """Three adapters of the tiny Llama-3: all modules, attention only, MLP only."""
     base = tiny_folder("llama3")
     targets = [None, ["q_proj", "v_proj"], ["gate_proj", "down_proj"]]
-    return [make_adapter(base, lora_root / f"llama-lora{i}", seed=10 + i,
-                         rank=4 * (i + 1), targets=targets[i]) for i in range(3)]  # fmt: skip
+    return [
+        make_adapter(
+            base, lora_root / f"llama-lora{i}", seed=10 + i, rank=4 * (i + 1), targets=targets[i]
+        )
+        for i in range(3)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +55,27 @@ def expected(tiny_folder, llama_adapters):
 
 @pytest.fixture(scope="module")
 def server(tiny_folder, llama_adapters, lora_root, tmp_path_factory):
-    config = ServerConfig(served_model_names=["tiny"], model_root="tiny", api_key=KEY,
-                          allow_runtime_lora_updating=True,
-                          lora_allowed_roots=[str(lora_root)])  # fmt: skip
-    modules = [LoRAModulePath("first", str(llama_adapters[0])),
-               LoRAModulePath("missing", str(tmp_path_factory.mktemp("empty")))]  # fmt: skip
-    app = build_local_app(str(tiny_folder("llama3")), config, dtype="float32",
-                          max_model_len=128, kv_cache_memory=8 << 20, max_loras=2,
-                          max_lora_rank=8, lora_modules=modules)  # fmt: skip
+    config = ServerConfig(
+        served_model_names=["tiny"],
+        model_root="tiny",
+        api_key=KEY,
+        allow_runtime_lora_updating=True,
+        lora_allowed_roots=[str(lora_root)],
+    )
+    modules = [
+        LoRAModulePath("first", str(llama_adapters[0])),
+        LoRAModulePath("missing", str(tmp_path_factory.mktemp("empty"))),
+    ]
+    app = build_local_app(
+        str(tiny_folder("llama3")),
+        config,
+        dtype="float32",
+        max_model_len=128,
+        kv_cache_memory=8 << 20,
+        max_loras=2,
+        max_lora_rank=8,
+        lora_modules=modules,
+    )
     with torch_threads(1), ThreadedServer(app) as running:
         running.wait_ready()
         headers = {"Authorization": f"Bearer {KEY}"}
@@ -67,8 +84,14 @@ def server(tiny_folder, llama_adapters, lora_root, tmp_path_factory):
 
 
 def complete(http: httpx.Client, model: str) -> httpx.Response:
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
-            "ignore_eos": True, "logprobs": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
     return http.post("/v1/completions", json=body)
 
 
@@ -97,9 +120,14 @@ def test_the_model_field_picks_the_adapter_token_identical_to_hf_peft(
     assert tokens_of(base) == token_texts(tiny_folder, expected[0])
     assert tokens_of(first) == token_texts(tiny_folder, expected[1])
     assert first.json()["model"] == "first" and base.json()["model"] == "tiny"
-    chat = server.post("/v1/chat/completions", json={
-        "model": "first", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-    })  # fmt: skip
+    chat = server.post(
+        "/v1/chat/completions",
+        json={
+            "model": "first",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        },
+    )
     assert chat.status_code == 200 and chat.json()["model"] == "first"
 
 
@@ -134,8 +162,12 @@ def test_bad_adapters_get_a_4xx_naming_why_and_serving_goes_on(
     broken.mkdir()
     (broken / "adapter_config.json").write_text("{not json")
     nowhere = str(lora_root / "nowhere")
-    cases = {nowhere: "is not an adapter this server can load", str(too_big): "rank 16",
-             str(other_base): "another base model", str(broken): "not JSON"}  # fmt: skip
+    cases = {
+        nowhere: "is not an adapter this server can load",
+        str(too_big): "rank 16",
+        str(other_base): "another base model",
+        str(broken): "not JSON",
+    }
     for path, why in cases.items():
         reply = load(server, "bad", path)
         assert reply.status_code == 400, reply.text
@@ -156,13 +188,27 @@ def test_the_api_key_guards_loading(server, llama_adapters):
 def test_lora_requests_info_metric(server):
     complete(server, "first")
     text = server.get("/metrics").text
-    assert metric_value(text, "vllm:lora_requests_info", max_lora="2",
-                        waiting_lora_adapters="", running_lora_adapters="") > 0  # fmt: skip
+    assert (
+        metric_value(
+            text,
+            "vllm:lora_requests_info",
+            max_lora="2",
+            waiting_lora_adapters="",
+            running_lora_adapters="",
+        )
+        > 0
+    )
 
 
 def test_removed_adapters_leave_the_workers_once_unused(tiny_folder, llama_adapters):
-    llm = LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=128,
-              enable_lora=True, max_loras=2, max_lora_rank=8)  # fmt: skip
+    llm = LLM(
+        str(tiny_folder("llama3")),
+        dtype="float32",
+        max_model_len=128,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+    )
     engine, params = llm.engine, SamplingParams(max_tokens=4, temperature=0)
     adapter = LoRARequest("a", 7, str(llama_adapters[0]))
     engine.add_request("busy", PROMPT, params, lora_request=adapter)
@@ -192,8 +238,12 @@ def test_lora_modules_flag_environment_and_json_spellings():
     assert from_flags.enable_lora, "--lora-modules implies --enable-lora"
     from_env = parse_serve([], {"OCTAVO_LORA_MODULES": "a=/x, b=/y"})
     assert [m.name for m in from_env.lora_modules] == ["a", "b"]
-    for bad, why in (("noequals", "expected NAME=PATH"), ("=path", "expected NAME=PATH"),
-                     ('{"name": "x"}', "expected NAME=PATH"), ("{oops", "not JSON")):  # fmt: skip
+    for bad, why in (
+        ("noequals", "expected NAME=PATH"),
+        ("=path", "expected NAME=PATH"),
+        ('{"name": "x"}', "expected NAME=PATH"),
+        ("{oops", "not JSON"),
+    ):
         with pytest.raises(ValueError, match=why):
             parse_lora_module(bad)
     with pytest.raises(ValueError, match="names repeat"):

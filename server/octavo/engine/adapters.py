@@ -28,8 +28,9 @@ class StartupAdapters:
 
 
 class EngineAdapters:
-    def __init__(self, enabled: bool, config: ModelConfig, max_rank: int,
-                 scheduler: Scheduler) -> None:  # fmt: skip
+    def __init__(
+        self, enabled: bool, config: ModelConfig, max_rank: int, scheduler: Scheduler
+    ) -> None:
         self.enabled, self.config, self.max_rank = enabled, config, max_rank
         self.scheduler = scheduler
         self.known: dict[int, LoRARequest] = {}  # checked adapters by lora_int_id
@@ -83,5 +84,7 @@ def _check(path: str, config: ModelConfig, max_rank: int) -> None:
         raise
     except Exception:
         logger.exception("reading LoRA adapter %s failed", path)
-        raise ValueError(f"LoRA adapter {path}: it could not be read as a PEFT LoRA adapter "
-                         "(the server log has the details)") from None  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: it could not be read as a PEFT LoRA adapter "
+            "(the server log has the details)"
+        ) from None

@@ -21,8 +21,13 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 MAX_CONFIG_BYTES = 1 << 20  # PEFT's configs are about 1 kB
 MAX_SCALING = 1e4  # lora_alpha / r (or / sqrt(r)); PEFT adapters use 0.5 to ~64
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-UNSUPPORTED_OPTIONS = ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern",
-                       "layers_to_transform")  # fmt: skip
+UNSUPPORTED_OPTIONS = (
+    "use_dora",
+    "modules_to_save",
+    "rank_pattern",
+    "alpha_pattern",
+    "layers_to_transform",
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,10 @@ def _json_object(config_file: Path, path: str) -> dict[str, Any]:
     try:
         size = config_file.stat().st_size
         if size > MAX_CONFIG_BYTES:
-            raise ValueError(f"LoRA adapter {path}: {CONFIG_FILE} is {size} bytes, more than "
-                             f"the {MAX_CONFIG_BYTES} an adapter config may be")  # fmt: skip
+            raise ValueError(
+                f"LoRA adapter {path}: {CONFIG_FILE} is {size} bytes, more than "
+                f"the {MAX_CONFIG_BYTES} an adapter config may be"
+            )
         text = config_file.read_bytes().decode("utf-8")
     except OSError:
         raise ValueError(f"LoRA adapter {path}: {CONFIG_FILE} cannot be read") from None
@@ -73,13 +80,16 @@ def _json_object(config_file: Path, path: str) -> dict[str, Any]:
     try:
         settings = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"LoRA adapter {path}: {CONFIG_FILE} is not JSON "
-                         f"({error.msg} at line {error.lineno})") from None  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: {CONFIG_FILE} is not JSON ({error.msg} at line {error.lineno})"
+        ) from None
     except (ValueError, RecursionError):  # too deep, or an integer of 4300+ digits
         raise ValueError(f"LoRA adapter {path}: {CONFIG_FILE} is not JSON we read") from None
     if not isinstance(settings, dict):
-        raise ValueError(f"LoRA adapter {path}: {CONFIG_FILE} must hold a JSON object, "
-                         f"not a {_json_type(settings)}")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: {CONFIG_FILE} must hold a JSON object, "
+            f"not a {_json_type(settings)}"
+        )
     return settings
 
 
@@ -92,8 +102,9 @@ def _rank(settings: dict[str, Any], path: str, max_rank: int) -> int:
     if not isinstance(rank, int) or isinstance(rank, bool):
         raise ValueError(f"LoRA adapter {path}: r must be a whole number, got {_shown(rank)}")
     if not 1 <= rank <= max_rank:
-        raise ValueError(f"LoRA adapter {path}: rank {_shown(rank)} is outside "
-                         f"[1, max_lora_rank={max_rank}]")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: rank {_shown(rank)} is outside [1, max_lora_rank={max_rank}]"
+        )
     return rank
 
 
@@ -102,19 +113,21 @@ def _scaling(settings: dict[str, Any], path: str, rank: int) -> float:
     if alpha is None:
         alpha = rank
     if isinstance(alpha, bool) or not isinstance(alpha, int | float):
-        raise ValueError(f"LoRA adapter {path}: lora_alpha must be a number, got "
-                         f"{_shown(alpha)}")  # fmt: skip
+        raise ValueError(f"LoRA adapter {path}: lora_alpha must be a number, got {_shown(alpha)}")
     rslora = settings.get("use_rslora", False)
     if rslora is not None and not isinstance(rslora, bool):
-        raise ValueError(f"LoRA adapter {path}: use_rslora must be true or false, got "
-                         f"{_shown(rslora)}")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: use_rslora must be true or false, got {_shown(rslora)}"
+        )
     try:
         scaling = alpha / rank**0.5 if rslora else alpha / rank
     except OverflowError:  # an integer too large for a float
         scaling = math.inf
     if not math.isfinite(scaling) or abs(scaling) > MAX_SCALING:
-        raise ValueError(f"LoRA adapter {path}: lora_alpha {_shown(alpha)} with r={rank} "
-                         f"scales the delta by more than {MAX_SCALING:g}")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: lora_alpha {_shown(alpha)} with r={rank} "
+            f"scales the delta by more than {MAX_SCALING:g}"
+        )
     return float(scaling)
 
 
@@ -123,12 +136,16 @@ def _targets(settings: dict[str, Any], path: str) -> tuple[str, ...]:
     if isinstance(targets, str):
         targets = [targets]
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise ValueError(f"LoRA adapter {path}: target_modules must be a module name or a "
-                         f"list of names, got {_shown(targets)}")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: target_modules must be a module name or a "
+            f"list of names, got {_shown(targets)}"
+        )
     unknown = sorted(set(targets) - set(MODULES))
     if unknown:
-        raise ValueError(f"LoRA adapter {path}: target modules {_shown(unknown)} are not in "
-                         f"the model's adaptable layers {list(MODULES)}")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: target modules {_shown(unknown)} are not in "
+            f"the model's adaptable layers {list(MODULES)}"
+        )
     return tuple(targets)
 
 

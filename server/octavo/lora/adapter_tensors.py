@@ -31,9 +31,15 @@ def module_shape(config: ModelConfig, module: str) -> tuple[int, int]:
     """(in, out) features of a base module, whole (before any tensor-parallel split)."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
-            "o_proj": (q, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden)}[module]  # fmt: skip
+    return {
+        "q_proj": (hidden, q),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (q, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }[module]
 
 
 def max_adapter_bytes(config: ModelConfig, max_rank: int) -> int:
@@ -42,8 +48,9 @@ def max_adapter_bytes(config: ModelConfig, max_rank: int) -> int:
     return config.num_layers * features * max_rank * 8 + _HEADER_ALLOWANCE
 
 
-def read_weights(folder: Path, path: str, config: ModelConfig, settings: AdapterSettings,
-                 max_rank: int) -> Weights:  # fmt: skip
+def read_weights(
+    folder: Path, path: str, config: ModelConfig, settings: AdapterSettings, max_rank: int
+) -> Weights:
     """The adapter's (A, B) per (layer, module), fp32, checked; ValueError naming a problem."""
     file = folder / WEIGHTS_FILE
     if not file.is_file():
@@ -56,17 +63,20 @@ def read_weights(folder: Path, path: str, config: ModelConfig, settings: Adapter
     except ValueError:
         raise
     except Exception:  # safetensors' own errors: a truncated or corrupt file
-        raise ValueError(f"LoRA adapter {path}: {WEIGHTS_FILE} is not a valid safetensors "
-                         "file") from None  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: {WEIGHTS_FILE} is not a valid safetensors file"
+        ) from None
     return _pairs(loaded, path)
 
 
 def _check_size(file: Path, path: str, config: ModelConfig, max_rank: int) -> None:
     size, limit = file.stat().st_size, max_adapter_bytes(config, max_rank)
     if size > limit:
-        raise ValueError(f"LoRA adapter {path}: {WEIGHTS_FILE} is {size} bytes, more than "
-                         f"an adapter of rank <= max_lora_rank={max_rank} for this model can "
-                         f"be ({limit} bytes)")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: {WEIGHTS_FILE} is {size} bytes, more than "
+            f"an adapter of rank <= max_lora_rank={max_rank} for this model can "
+            f"be ({limit} bytes)"
+        )
 
 
 def _check_header(tensors, path: str, config: ModelConfig, rank: int) -> dict[str, tuple]:
@@ -78,18 +88,25 @@ def _check_header(tensors, path: str, config: ModelConfig, rank: int) -> dict[st
     for name in stored:
         key = _key_of(name, path, config)
         if key in seen:
-            raise ValueError(f"LoRA adapter {path}: tensors {seen[key]} and {name} both hold "
-                             f"layers.{key[0]}.{key[1]}.lora_{key[2]}")  # fmt: skip
+            raise ValueError(
+                f"LoRA adapter {path}: tensors {seen[key]} and {name} both hold "
+                f"layers.{key[0]}.{key[1]}.lora_{key[2]}"
+            )
         seen[key] = name
         piece = tensors.get_slice(name)
         _check_tensor(name, piece.get_dtype(), piece.get_shape(), key, path, config, rank)
         names[name] = key
     halves = {(layer, module) for layer, module, _ in seen}
-    missing = sorted(f"layers.{layer}.{module}.lora_{half}" for layer, module in halves
-                     for half in "AB" if (layer, module, half) not in seen)  # fmt: skip
+    missing = sorted(
+        f"layers.{layer}.{module}.lora_{half}"
+        for layer, module in halves
+        for half in "AB"
+        if (layer, module, half) not in seen
+    )
     if missing or not halves:
-        raise ValueError(f"LoRA adapter {path}: {WEIGHTS_FILE} lacks "
-                         f"{missing[:3] or 'any lora_A/lora_B tensor'}")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: {WEIGHTS_FILE} lacks {missing[:3] or 'any lora_A/lora_B tensor'}"
+        )
     return names
 
 
@@ -99,17 +116,28 @@ def _key_of(name: str, path: str, config: ModelConfig) -> tuple[int, str, str]:
         raise ValueError(f"LoRA adapter {path}: tensor {name[:200]} adapts no supported layer")
     layer = int(match.group(1))
     if layer >= config.num_layers:
-        raise ValueError(f"LoRA adapter {path}: layer {layer} does not exist in the base "
-                         f"model ({config.num_layers} layers)")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: layer {layer} does not exist in the base "
+            f"model ({config.num_layers} layers)"
+        )
     return layer, match.group(2), match.group(3)
 
 
-def _check_tensor(name: str, dtype: str, shape: list[int], key: tuple[int, str, str],
-                  path: str, config: ModelConfig, rank: int) -> None:  # fmt: skip
+def _check_tensor(
+    name: str,
+    dtype: str,
+    shape: list[int],
+    key: tuple[int, str, str],
+    path: str,
+    config: ModelConfig,
+    rank: int,
+) -> None:
     layer, module, half = key
     if dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"LoRA adapter {path}: tensor {name} is {dtype}; LoRA weights are "
-                         f"floating point ({', '.join(sorted(_FLOAT_DTYPES))})")  # fmt: skip
+        raise ValueError(
+            f"LoRA adapter {path}: tensor {name} is {dtype}; LoRA weights are "
+            f"floating point ({', '.join(sorted(_FLOAT_DTYPES))})"
+        )
     features_in, features_out = module_shape(config, module)
     expected = [rank, features_in] if half == "A" else [features_out, rank]
     if list(shape) == expected:
@@ -119,11 +147,15 @@ def _check_tensor(name: str, dtype: str, shape: list[int], key: tuple[int, str, 
         raise ValueError(f"{where}, a {len(shape)}-D tensor; expected {tuple(expected)}")
     rank_axis = 0 if half == "A" else 1
     if shape[rank_axis] != rank:
-        raise ValueError(f"{where}, of rank {shape[rank_axis]}, but adapter_config.json "
-                         f"says r={rank}: expected {tuple(expected)}")  # fmt: skip
-    raise ValueError(f"{where}, but the base model's {module} is {features_in} -> "
-                     f"{features_out} (expected {tuple(expected)}): an adapter for another "
-                     "base model?")  # fmt: skip
+        raise ValueError(
+            f"{where}, of rank {shape[rank_axis]}, but adapter_config.json "
+            f"says r={rank}: expected {tuple(expected)}"
+        )
+    raise ValueError(
+        f"{where}, but the base model's {module} is {features_in} -> "
+        f"{features_out} (expected {tuple(expected)}): an adapter for another "
+        "base model?"
+    )
 
 
 def _pairs(loaded: dict[tuple, torch.Tensor], path: str) -> Weights:
@@ -133,7 +165,8 @@ def _pairs(loaded: dict[tuple, torch.Tensor], path: str) -> Weights:
             continue
         a, b = tensor.float(), loaded[(layer, module, "B")].float()
         if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-            raise ValueError(f"LoRA adapter {path}: layers.{layer}.{module} holds NaN or "
-                             "infinite weights")  # fmt: skip
+            raise ValueError(
+                f"LoRA adapter {path}: layers.{layer}.{module} holds NaN or infinite weights"
+            )
         weights[(layer, module)] = (a, b)
     return weights

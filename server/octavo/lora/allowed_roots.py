@@ -32,8 +32,9 @@ class AllowedRoots:
     @classmethod
     def of(cls, roots: list[str] | None, module_paths: Iterable[str]) -> AllowedRoots:
         """``--lora-allowed-roots`` plus the local folders of ``--lora-modules``."""
-        hub = tuple(r.removeprefix(HF_SCHEME).strip("/") for r in roots or ()
-                    if r.startswith(HF_SCHEME))  # fmt: skip
+        hub = tuple(
+            r.removeprefix(HF_SCHEME).strip("/") for r in roots or () if r.startswith(HF_SCHEME)
+        )
         local = [r for r in roots or () if not r.startswith(HF_SCHEME)]
         named = [*local, *(p for p in module_paths if _is_local(p))]
         folders = []
@@ -43,9 +44,11 @@ class AllowedRoots:
                 logger.warning("LoRA allowed root %s is not a folder (yet)", folder)
             folders.append(folder)
         unique = tuple(dict.fromkeys(folders))
-        logger.info("run-time LoRA loads may read under %s, and hub adapters %s",
-                    [str(f) for f in unique] or "no folder",
-                    list(hub) or "of any repository")  # fmt: skip
+        logger.info(
+            "run-time LoRA loads may read under %s, and hub adapters %s",
+            [str(f) for f in unique] or "no folder",
+            list(hub) or "of any repository",
+        )
         return cls(unique, hub)
 
     def check_hub(self, hub: HubModel, path: str) -> None:

@@ -34,8 +34,14 @@ from octavo.model_executor.hub import (
 )
 from octavo.model_executor.model_config import ModelConfig
 
-__all__ = ["MODULES", "PeftAdapter", "adapter_folder", "fetch_adapter", "load_peft_adapter",
-           "module_shape"]  # fmt: skip
+__all__ = [
+    "MODULES",
+    "PeftAdapter",
+    "adapter_folder",
+    "fetch_adapter",
+    "load_peft_adapter",
+    "module_shape",
+]
 ADAPTER_FILES = [CONFIG_FILE, WEIGHTS_FILE]  # all a hub adapter download fetches
 
 

@@ -34,27 +34,33 @@ class AdapterDownloads:
         """The adapter's snapshot folder; APIError 400 when it cannot be had in time, 429
         while ``MAX_DOWNLOADS`` downloads are still running."""
         if self.running >= MAX_DOWNLOADS:
-            raise APIError(429, f"{self.running} LoRA adapter downloads are still running; "
-                           "retry later", code="too_many_downloads",
-                           headers={"Retry-After": "5"})  # fmt: skip
+            raise APIError(
+                429,
+                f"{self.running} LoRA adapter downloads are still running; retry later",
+                code="too_many_downloads",
+                headers={"Retry-After": "5"},
+            )
         loop = asyncio.get_running_loop()
         result: asyncio.Future[Path] = loop.create_future()
         result.add_done_callback(lambda done: done.cancelled() or done.exception())  # seen
         self.running += 1
-        thread = threading.Thread(target=self._download, args=(hub, loop, result),
-                                  name="lora-download", daemon=True)  # fmt: skip
+        thread = threading.Thread(
+            target=self._download, args=(hub, loop, result), name="lora-download", daemon=True
+        )
         thread.start()
         timeout = DOWNLOAD_TIMEOUT_S  # read now: tests shorten it
         try:
             return await asyncio.wait_for(asyncio.shield(result), timeout)
         except TimeoutError:
-            raise bad_request(f"LoRA adapter {hub.uri!r} did not download within "
-                              f"{timeout:g} s", param="lora_path") from None  # fmt: skip
+            raise bad_request(
+                f"LoRA adapter {hub.uri!r} did not download within {timeout:g} s", param="lora_path"
+            ) from None
         except ValueError as error:
             raise bad_request(str(error), param="lora_path") from None
 
-    def _download(self, hub: HubModel, loop: asyncio.AbstractEventLoop,
-                  result: asyncio.Future[Path]) -> None:  # fmt: skip
+    def _download(
+        self, hub: HubModel, loop: asyncio.AbstractEventLoop, result: asyncio.Future[Path]
+    ) -> None:
         try:
             outcome: Path | BaseException = peft_adapter.fetch_adapter(hub)
         except ValueError as error:

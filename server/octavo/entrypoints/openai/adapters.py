@@ -44,8 +44,14 @@ class ServedAdapters:
         paths = [request.lora_path for request in loaded.values()]
         return cls(info.enable_lora, loaded, first_free, module_paths=paths)
 
-    async def load(self, engine: AsyncEngine, name: str, path: str, taken: list[str],
-                   allowed_roots: list[str] | None) -> None:  # fmt: skip
+    async def load(
+        self,
+        engine: AsyncEngine,
+        name: str,
+        path: str,
+        taken: list[str],
+        allowed_roots: list[str] | None,
+    ) -> None:
         """Check and serve the adapter at ``path`` as ``name``; APIError when refused."""
         if not self.enabled:
             raise bad_request("LoRA adapters need a server started with --enable-lora")
@@ -64,8 +70,9 @@ class ServedAdapters:
 
     def _check_free(self, name: str, taken: list[str]) -> None:
         if name in self.by_name or name in taken:
-            raise bad_request(f"The lora adapter '{name}' has already been loaded.",
-                              param="lora_name")  # fmt: skip
+            raise bad_request(
+                f"The lora adapter '{name}' has already been loaded.", param="lora_name"
+            )
 
     async def _source(self, path: str, allowed_roots: list[str] | None) -> str:
         """What the engine reads: a local adapter's real path, or a downloaded hub
@@ -96,8 +103,12 @@ class ServedAdapters:
         async with self.lock:
             request = self.by_name.get(name)
             if request is None:
-                raise APIError(404, f"The lora adapter '{name}' cannot be found.",
-                               type="NotFoundError", param="lora_name",
-                               code="lora_not_found")  # fmt: skip
+                raise APIError(
+                    404,
+                    f"The lora adapter '{name}' cannot be found.",
+                    type="NotFoundError",
+                    param="lora_name",
+                    code="lora_not_found",
+                )
             await engine.change_adapter(UnloadAdapter(uuid.uuid4().hex, request.lora_int_id))
             del self.by_name[name]

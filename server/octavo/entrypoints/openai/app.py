@@ -62,8 +62,10 @@ def build_app(
     app.include_router(routes.router)
     app.include_router(ops_routes.router)
     if config.allow_runtime_lora_updating:  # as vLLM: without the opt-in, no such routes
-        logger.warning("LoRA adapters may be loaded and unloaded at run time "
-                       "(/v1/load_lora_adapter, /v1/unload_lora_adapter)")  # fmt: skip
+        logger.warning(
+            "LoRA adapters may be loaded and unloaded at run time "
+            "(/v1/load_lora_adapter, /v1/unload_lora_adapter)"
+        )
         app.include_router(lora_routes.router)
     # add_middleware puts each new one outermost: request ids wrap everything.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
