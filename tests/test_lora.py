@@ -123,7 +123,7 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
     (unknown / "adapter_config.json").write_text(json.dumps(
         {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["lm_head"]}))  # fmt: skip
     cases = {
-        str(tmp_path / "missing"): "no such folder",
+        str(tmp_path / "missing"): "is not an adapter this server can load",
         str(broken): "adapter_config.json is not JSON",
         adapters[2].lora_path: "rank 12 is outside",
         str(other_base): "an adapter for another base model",

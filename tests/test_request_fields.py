@@ -59,6 +59,7 @@ def served(tiny_folder) -> Iterator[tuple[ThreadedServer, AddedRequests]]:
         max_model_len=256,
         kv_cache_memory=4 << 20,
         max_num_seqs=8,
+        max_logprobs=25,  # the engine's own bound; the server's (20) is what the tests change
     )
     with torch_threads(1), ThreadedServer(app) as running:
         yield running.wait_ready(), added
