@@ -70,3 +70,19 @@ def variant(
 
 def _same(value):
     return value
+
+
+def lora_test_app(folder, config, modules):
+    """The served tiny model with LoRA on (two slots, rank up to 8) and ``modules`` at start."""
+    from server_harness import build_local_app
+
+    return build_local_app(
+        str(folder),
+        config,
+        dtype="float32",
+        max_model_len=128,
+        kv_cache_memory=8 << 20,
+        max_loras=2,
+        max_lora_rank=8,
+        lora_modules=modules,
+    )

@@ -30,8 +30,8 @@ from octavo.model_executor import hub
 from octavo.model_executor.model_config import ModelConfig
 
 from hub_cache import seed_snapshot
-from lora_adapters import make_adapter, variant
-from server_harness import ThreadedServer, build_local_app, torch_threads
+from lora_adapters import lora_test_app, make_adapter, variant
+from server_harness import ThreadedServer, torch_threads
 
 PROMPT = [(j * 7) % 900 + 5 for j in range(10)]
 ROUTES = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
@@ -70,16 +70,7 @@ def server(tiny_folder, places):
         lora_allowed_roots=[str(places["root"])],
     )
     modules = [LoRAModulePath("startup", str(places["startup"]))]
-    app = build_local_app(
-        str(tiny_folder("llama3")),
-        config,
-        dtype="float32",
-        max_model_len=128,
-        kv_cache_memory=8 << 20,
-        max_loras=2,
-        max_lora_rank=8,
-        lora_modules=modules,
-    )
+    app = lora_test_app(tiny_folder("llama3"), config, modules)
     with torch_threads(1), ThreadedServer(app) as running:
         running.wait_ready()
         with httpx.Client(base_url=running.url, timeout=60) as http:

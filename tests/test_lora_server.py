@@ -20,8 +20,8 @@ from octavo.entrypoints.openai.context import ServerConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
 
 from conftest import assert_all_blocks_free, hf_greedy
-from lora_adapters import hf_with_adapter, make_adapter
-from server_harness import ThreadedServer, build_local_app, metric_value, torch_threads
+from lora_adapters import hf_with_adapter, lora_test_app, make_adapter
+from server_harness import ThreadedServer, metric_value, torch_threads
 
 KEY = "sesame"
 PROMPT = [(j * 11) % 900 + 5 for j in range(12)]
@@ -66,16 +66,7 @@ def server(tiny_folder, llama_adapters, lora_root, tmp_path_factory):
         LoRAModulePath("first", str(llama_adapters[0])),
         LoRAModulePath("missing", str(tmp_path_factory.mktemp("empty"))),
     ]
-    app = build_local_app(
-        str(tiny_folder("llama3")),
-        config,
-        dtype="float32",
-        max_model_len=128,
-        kv_cache_memory=8 << 20,
-        max_loras=2,
-        max_lora_rank=8,
-        lora_modules=modules,
-    )
+    app = lora_test_app(tiny_folder("llama3"), config, modules)
     with torch_threads(1), ThreadedServer(app) as running:
         running.wait_ready()
         headers = {"Authorization": f"Bearer {KEY}"}
