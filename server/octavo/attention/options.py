@@ -1,0 +1,32 @@
+"""What one layer's attention does beyond plain causal softmax attention.
+
+Architectures differ per layer: a sliding window (Mistral, Gemma 2/3, gpt-oss, Phi-3),
+logit soft-capping (Gemma 2), attention sinks (gpt-oss). Every backend (torch, native
+CPU, Triton) takes the same ``AttentionOptions``; the torch path is the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionOptions:
+    # Key ``j`` is visible to the query at position ``i`` iff ``i - sliding_window < j <= i``
+    # (transformers' ``sliding_window_overlay``): the query sees itself and the
+    # ``sliding_window - 1`` positions before it.
+    sliding_window: int | None = None
+    # Scores (after the softmax scale, before the mask) become ``cap * tanh(score / cap)``.
+    soft_cap: float | None = None
+    # ``[num_heads]`` float32, this rank's query heads: one extra logit per head that joins
+    # the softmax's denominator and attends to nothing (gpt-oss's learned sinks).
+    sinks: torch.Tensor | None = None
+
+    @property
+    def is_plain(self) -> bool:
+        return self.sliding_window is None and self.soft_cap is None and self.sinks is None
+
+
+FULL_ATTENTION = AttentionOptions()
