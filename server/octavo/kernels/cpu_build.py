@@ -29,6 +29,7 @@ SOURCES = (
     "ops.cpp",
     "norm.cpp",
     "activation.cpp",
+    "gelu.cpp",
     "rotary.cpp",
     "kv_store.cpp",
     "decode_attention.cpp",

@@ -1,4 +1,9 @@
-"""SiLU(gate) · up over the fused gate/up projection."""
+"""Gated activations over the fused gate/up projection: ``act(gate) · up``.
+
+Every module takes ``x [tokens, 2d]`` holding gate then up (a loader de-interleaves
+checkpoints that interleave them, as gpt-oss's does) and returns ``[tokens, d]``.
+``activation_for`` maps a config's ``hidden_act`` to the module.
+"""
 
 from __future__ import annotations
 
@@ -23,3 +28,77 @@ class SiluAndMul(nn.Module):
     def forward_native(x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluTanhAndMul(nn.Module):
+    """``gelu(gate, approximate="tanh") · up`` (Gemma's ``gelu_pytorch_tanh``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = ops_for(x)
+        if ops is None or x.dim() != 2 or x.stride(-1) != 1:
+            return self.forward_native(x)
+        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
+        ops.gelu_tanh_and_mul(out, x)
+        return out
+
+    @staticmethod
+    def forward_native(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+
+class GeluAndMul(nn.Module):
+    """``gelu(gate) · up`` with the exact (erf) GeLU, HF's ``gelu``; torch path only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate) * up
+
+
+class ClampedSwigluAndMul(nn.Module):
+    """gpt-oss's clamped SwiGLU: ``(clamp(up) + 1) · g · sigmoid(alpha · g)``.
+
+    ``g = min(gate, limit)``; ``up`` is clamped to ``[-limit, limit]``.
+
+    The operations (and so the roundings in bfloat16) follow transformers' GptOssExperts.
+    """
+
+    def __init__(self, alpha: float = 1.702, limit: float = 7.0) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return (up + 1) * glu
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}, limit={self.limit}"
+
+
+_TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_python_tanh", "gelu_accurate")
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "silu": SiluAndMul,
+    "swish": SiluAndMul,
+    "gelu": GeluAndMul,
+    "gelu_python": GeluAndMul,
+    **dict.fromkeys(_TANH_GELUS, GeluTanhAndMul),
+}
+
+
+def activation_for(hidden_act: str) -> nn.Module:
+    """The gated activation for a HF config's ``hidden_act`` (``hidden_activation``).
+
+    HF's ``gelu_new``, ``gelu_fast`` and ``gelu_accurate`` are written-out forms of the same
+    tanh approximation (equal up to rounding), so they share ``GeluTanhAndMul``.
+    """
+    try:
+        return _ACTIVATIONS[hidden_act]()
+    except KeyError:
+        supported = ", ".join(sorted(_ACTIVATIONS))
+        raise ValueError(
+            f"unsupported hidden_act {hidden_act!r}: Octavo supports {supported}"
+        ) from None
