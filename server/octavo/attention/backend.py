@@ -9,6 +9,7 @@ import torch
 from octavo.attention import torch_ops
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales, stored
 from octavo.attention.metadata import AttentionMetadata
+from octavo.attention.options import FULL_ATTENTION, AttentionOptions
 
 
 class AttentionBackend(Protocol):
@@ -21,6 +22,7 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         kv_scales: KVScales = UNIT_SCALES,  # the layer's fp8 cache scales (kv_quant)
+        options: AttentionOptions = FULL_ATTENTION,  # the layer's window, soft-cap, sinks
     ) -> torch.Tensor:  # [T, heads, head_dim]
         ...
 
@@ -37,31 +39,36 @@ class TorchAttention:
         meta: AttentionMetadata,
         scale: float,
         kv_scales: KVScales = UNIT_SCALES,
+        options: AttentionOptions = FULL_ATTENTION,
     ):
         self.store(key, value, kv_cache, meta, kv_scales)
         outputs = [
-            self._prefill(i, query, key, value, kv_cache, meta, scale, kv_scales)
+            self._prefill(i, query, key, value, kv_cache, meta, scale, kv_scales, options)
             for i in range(meta.num_prefills)
         ]
         if meta.num_decodes:
             decodes = query[meta.num_prefill_tokens :]
-            outputs.append(self.decode(decodes, kv_cache, meta, scale, kv_scales))
+            outputs.append(self.decode(decodes, kv_cache, meta, scale, kv_scales, options))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def store(self, key, value, kv_cache, meta: AttentionMetadata, kv_scales: KVScales) -> None:
         torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping, False, kv_scales)
 
     @staticmethod
-    def _prefill(index, query, key, value, kv_cache, meta, scale, kv_scales) -> torch.Tensor:
+    def _prefill(
+        index, query, key, value, kv_cache, meta, scale, kv_scales, options
+    ) -> torch.Tensor:
         start = meta.query_start_loc_list[index]
         end = start + meta.query_lens_list[index]
         seq_len = meta.seq_lens_list[index]
         if end - start == seq_len:  # no cached prefix: the fresh keys, as the cache holds them
             key = stored(key[start:end], kv_scales.k, kv_cache.dtype)
             value = stored(value[start:end], kv_scales.v, kv_cache.dtype)
-            return torch_ops.causal_attention(query[start:end], key, value, scale, kv_scales)
+            return torch_ops.causal_attention(
+                query[start:end], key, value, scale, kv_scales, options
+            )
         return torch_ops.prefill_attention(
-            query[start:end], kv_cache, meta.block_tables[index], seq_len, scale, kv_scales
+            query[start:end], kv_cache, meta.block_tables[index], seq_len, scale, kv_scales, options
         )
 
     def decode(
@@ -71,17 +78,25 @@ class TorchAttention:
         meta: AttentionMetadata,
         scale: float,
         kv_scales: KVScales = UNIT_SCALES,
+        options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:
         """The decoding sequences' single queries ``[num_decodes, heads, head_dim]``."""
-        plan = meta.backend_cache.get("decode_plan")
-        if plan is None:  # same for every layer: derive once per step
+        window = options.sliding_window
+        plan = meta.backend_cache.get(("decode_plan", window))
+        if plan is None:  # same for every layer with this window: derive once per step
             first = meta.num_prefills
             plan = torch_ops.decode_gather_plan(
-                meta.block_tables[first:], meta.seq_lens[first:], kv_cache.shape[2], query.dtype
+                meta.block_tables[first:],
+                meta.seq_lens[first:],
+                kv_cache.shape[2],
+                query.dtype,
+                window,
             )
-            meta.backend_cache["decode_plan"] = plan
+            meta.backend_cache[("decode_plan", window)] = plan
         slots, mask = plan
-        return torch_ops.grouped_decode_attention(query, kv_cache, slots, mask, scale, kv_scales)
+        return torch_ops.grouped_decode_attention(
+            query, kv_cache, slots, mask, scale, kv_scales, options
+        )
 
 
 def select_backend(device: torch.device, dtype: torch.dtype) -> AttentionBackend:

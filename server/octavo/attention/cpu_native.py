@@ -9,6 +9,7 @@ import torch
 from octavo.attention.backend import TorchAttention
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
+from octavo.attention.options import FULL_ATTENTION, AttentionOptions
 
 
 class NativeCpuAttention(TorchAttention):
@@ -25,6 +26,7 @@ class NativeCpuAttention(TorchAttention):
         meta: AttentionMetadata,
         scale: float,
         kv_scales: KVScales = UNIT_SCALES,
+        options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:
         first = meta.num_prefills
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
@@ -37,5 +39,14 @@ class NativeCpuAttention(TorchAttention):
             scale,
             kv_scales.k,
             kv_scales.v,
+            *(() if options.is_plain else native_options(options)),
         )
         return out
+
+
+def native_options(options: AttentionOptions) -> tuple[int, float, torch.Tensor | None]:
+    """The kernel's spelling: window 0 and soft-cap 0.0 mean none; sinks float32 or None."""
+    sinks = options.sinks
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+    return options.sliding_window or 0, options.soft_cap or 0.0, sinks

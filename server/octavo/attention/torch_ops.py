@@ -4,6 +4,10 @@ The KV cache of one layer is one tensor ``[2, num_blocks, block_size, num_kv_hea
 head_dim]`` (index 0 keys, 1 values). Sequences find their tokens through a block table.
 An fp8 cache (``kv_quant``) stores ``key / k_scale``; attention multiplies the softmax scale
 by ``k_scale`` and the output by ``v_scale`` instead of rescaling every stored value.
+
+Every attention function takes the layer's ``AttentionOptions``. Plain layers and
+window-only layers go through ``scaled_dot_product_attention`` (a window is a boolean
+mask); soft-capping and sinks, which SDPA lacks, take an explicit fp32 softmax.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales, is_fp8, quantize
+from octavo.attention.options import FULL_ATTENTION, AttentionOptions
+
+EXPLICIT_QUERY_ROWS = 256  # query rows per explicit-softmax call: bounds the score matrix
 
 
 def store_kv(
@@ -57,6 +64,100 @@ def _attend(
     return out if scales.v == 1.0 else out * scales.v
 
 
+def needs_explicit_softmax(options: AttentionOptions) -> bool:
+    """Soft-capping and sinks change the softmax itself: SDPA cannot do them."""
+    return options.soft_cap is not None or options.sinks is not None
+
+
+def visible_keys(
+    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """``[Q, K]`` bool: key ``j`` is visible to query ``i`` iff ``i - window < j <= i``."""
+    visible = key_pos[None, :] <= query_pos[:, None]
+    if window is not None:
+        visible &= key_pos[None, :] > query_pos[:, None] - window
+    return visible
+
+
+def _masked_scores(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))
+    return scores + mask.float()
+
+
+def _explicit_rows(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    scales: KVScales,
+    options: AttentionOptions,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """One slice of query rows of ``explicit_attention`` (same arguments)."""
+    batch, heads, rows, dim = query.shape
+    kv_heads, num_keys = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    grouped = query.float().reshape(batch, kv_heads, group * rows, dim)
+    scores = grouped @ keys.float().transpose(-1, -2) * (scale * scales.k)
+    scores = scores.view(batch, heads, rows, num_keys)
+    if options.soft_cap is not None:
+        scores = torch.tanh(scores / options.soft_cap) * options.soft_cap
+    scores = _masked_scores(scores, mask)
+    if options.sinks is not None:
+        sinks = options.sinks.float().to(scores.device).view(1, heads, 1, 1)
+        scores = torch.cat([scores, sinks.expand(batch, heads, rows, 1)], dim=-1)
+    probs = torch.softmax(scores, dim=-1)[..., :num_keys]
+    out = probs.reshape(batch, kv_heads, group * rows, num_keys) @ values.float()
+    out = out.view(batch, heads, rows, dim)
+    return (out if scales.v == 1.0 else out * scales.v).to(query.dtype)
+
+
+def explicit_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    scales: KVScales,
+    options: AttentionOptions,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Softmax attention written out in fp32, with soft-capping and sinks.
+
+    ``query [B, heads, Q, D]``; ``keys``/``values`` ``[B, kv_heads, K, D]`` as stored (GQA:
+    query head ``h`` reads KV head ``h // (heads / kv_heads)``); ``mask`` broadcastable to
+    ``[B, heads, Q, K]``, boolean (True = visible) or additive. Query rows go in slices.
+    """
+    rows = query.shape[2]
+    if rows <= EXPLICIT_QUERY_ROWS:
+        return _explicit_rows(query, keys, values, scale, scales, options, mask)
+    outputs = []
+    for first in range(0, rows, EXPLICIT_QUERY_ROWS):
+        part = slice(first, first + EXPLICIT_QUERY_ROWS)
+        part_mask = mask if mask is None or mask.shape[-2] == 1 else mask[..., part, :]
+        outputs.append(
+            _explicit_rows(query[:, :, part], keys, values, scale, scales, options, part_mask)
+        )
+    return torch.cat(outputs, dim=2)
+
+
+def _attend_visible(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    scales: KVScales,
+    options: AttentionOptions,
+    visible: torch.Tensor,
+) -> torch.Tensor:
+    """``query [B, heads, Q, D]`` over ``keys [B, kv_heads, K, D]`` where ``visible``."""
+    if needs_explicit_softmax(options):
+        return explicit_attention(query, keys, values, scale, scales, options, visible)
+    return _attend(query, keys, values, scale, scales, attn_mask=visible, enable_gqa=True)
+
+
 def gather_kv(
     kv_cache: torch.Tensor, block_tables: torch.Tensor, context_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,12 +181,15 @@ def paged_decode_attention(
     max_seq_len: int,
     scale: float,
     scales: KVScales = UNIT_SCALES,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """One new token per sequence: ``query [B, heads, head_dim]`` → ``[B, heads, head_dim]``."""
     keys, values = gather_kv(kv_cache, block_tables, max_seq_len)
     positions = torch.arange(max_seq_len, device=query.device)
-    mask = (positions[None, :] < seq_lens[:, None].to(positions.dtype))[:, None, None, :]
-    out = _attend(query.unsqueeze(2), keys, values, scale, scales, attn_mask=mask, enable_gqa=True)
+    last = seq_lens[:, None].to(positions.dtype) - 1
+    mask = visible_keys(last.view(-1), positions, options.sliding_window)
+    mask = mask.view(-1, 1, 1, max_seq_len)
+    out = _attend_visible(query.unsqueeze(2), keys, values, scale, scales, options, mask)
     return out.squeeze(2)
 
 
@@ -95,18 +199,17 @@ def causal_attention(
     value: torch.Tensor,
     scale: float,
     scales: KVScales = UNIT_SCALES,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
-    """Plain causal attention of a prompt chunk with no cached prefix (``[Q, heads, dim]``);
+    """Causal attention of a prompt chunk with no cached prefix (``[Q, heads, dim]``);
     ``key``/``value`` as the cache stores them (``kv_quant.stored``)."""
-    out = _attend(
-        query.transpose(0, 1)[None],
-        key.transpose(0, 1)[None],
-        value.transpose(0, 1)[None],
-        scale,
-        scales,
-        is_causal=True,
-        enable_gqa=True,
-    )
+    q, k, v = (x.transpose(0, 1)[None] for x in (query, key, value))
+    if options.is_plain:
+        out = _attend(q, k, v, scale, scales, is_causal=True, enable_gqa=True)
+    else:
+        positions = torch.arange(query.shape[0], device=query.device)
+        visible = visible_keys(positions, positions, options.sliding_window)
+        out = _attend_visible(q, k, v, scale, scales, options, visible)
     return out[0].transpose(0, 1)
 
 
@@ -117,39 +220,53 @@ def prefill_attention(
     seq_len: int,
     scale: float,
     scales: KVScales = UNIT_SCALES,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """Causal attention of one prefill chunk over its cached prefix and itself.
 
     ``query [Q, heads, head_dim]`` holds the last ``Q`` tokens of a context of ``seq_len``
-    tokens whose keys/values are already in the cache.
+    tokens whose keys/values are already in the cache. A window reads only the keys some
+    query of the chunk can see.
     """
     num_queries = query.shape[0]
     keys, values = gather_kv(kv_cache, block_table[None], seq_len)
     q = query.transpose(0, 1)[None]
-    if num_queries == seq_len:
+    if options.is_plain and num_queries == seq_len:
         out = _attend(q, keys, values, scale, scales, is_causal=True, enable_gqa=True)
-    else:
-        query_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
-        key_pos = torch.arange(seq_len, device=query.device)
-        mask = key_pos[None, :] <= query_pos[:, None]
-        out = _attend(q, keys, values, scale, scales, attn_mask=mask, enable_gqa=True)
+        return out[0].transpose(0, 1)
+    first_key = 0
+    if options.sliding_window is not None:
+        first_key = max(0, seq_len - num_queries - options.sliding_window + 1)
+        keys, values = keys[:, :, first_key:], values[:, :, first_key:]
+    query_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
+    key_pos = torch.arange(first_key, seq_len, device=query.device)
+    visible = visible_keys(query_pos, key_pos, options.sliding_window)
+    out = _attend_visible(q, keys, values, scale, scales, options, visible)
     return out[0].transpose(0, 1)
 
 
 def decode_gather_plan(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, dtype: torch.dtype
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    dtype: torch.dtype,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache slots of every context position of each decoding sequence, computed once a step.
+    """Cache slots of every visible context position of each decoding sequence.
 
+    Without a window that is the whole context; with one, the last ``window`` positions.
     Returns ``slots [B * L]`` (padding points at slot 0 of the null block) and an additive
-    mask ``[B, 1, 1, L]`` that hides the padding. Every layer reuses both.
+    mask ``[B, 1, 1, L]`` that hides the padding. Every layer with this window reuses both.
     """
     max_len = int(seq_lens.max())
-    positions = torch.arange(max_len, device=block_tables.device)
-    blocks = block_tables[:, positions // block_size].long()
-    slots = blocks * block_size + positions % block_size
-    valid = positions[None, :] < seq_lens[:, None]
-    slots = torch.where(valid, slots, 0).reshape(-1)
+    width = max_len if window is None else min(window, max_len)
+    lens = seq_lens.long()
+    starts = (lens - width).clamp(min=0) if window is not None else torch.zeros_like(lens)
+    positions = starts[:, None] + torch.arange(width, device=block_tables.device)[None, :]
+    valid = positions < lens[:, None]
+    positions = torch.where(valid, positions, 0)
+    blocks = block_tables.long().gather(1, positions // block_size)
+    slots = torch.where(valid, blocks * block_size + positions % block_size, 0).reshape(-1)
     mask = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
     mask = mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
     return slots, mask
@@ -162,24 +279,23 @@ def grouped_decode_attention(
     mask: torch.Tensor,
     scale: float,
     scales: KVScales = UNIT_SCALES,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """Decode attention with each KV head's query heads as rows of one small attention call.
 
     ``query [B, heads, head_dim]``; the ``heads / kv_heads`` query heads that share a KV
-    head become that head's query rows, so no key/value is repeated for GQA.
+    head become that head's query rows, so no key/value is repeated for GQA. ``slots`` and
+    ``mask`` come from ``decode_gather_plan`` (with the layer's window).
     """
     batch, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
     keys = flat[0].index_select(0, slots).view(batch, -1, num_kv_heads, head_dim)
     values = flat[1].index_select(0, slots).view(batch, -1, num_kv_heads, head_dim)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+    if needs_explicit_softmax(options):
+        out = explicit_attention(query[:, :, None], keys, values, scale, scales, options, mask)
+        return out.view(batch, num_heads, head_dim)
     grouped = query.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = _attend(
-        grouped,
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        scale,
-        scales,
-        attn_mask=mask.to(query.dtype),
-    )
+    out = _attend(grouped, keys, values, scale, scales, attn_mask=mask.to(query.dtype))
     return out.reshape(batch, num_heads, head_dim)
