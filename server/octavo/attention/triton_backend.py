@@ -7,6 +7,7 @@ import torch
 from octavo.attention import triton_kernels
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
+from octavo.attention.options import FULL_ATTENTION, AttentionOptions
 
 
 class TritonAttention:
@@ -21,13 +22,16 @@ class TritonAttention:
         meta: AttentionMetadata,
         scale: float,
         kv_scales: KVScales = UNIT_SCALES,
+        options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:
-        """Attention output ``[T, heads, head_dim]``: prefill tokens first, then decodes."""
+        """Attention output ``[T, heads, head_dim]``: prefill tokens first, then decodes.
+
+        ``options``: the layer's sliding window, soft-cap and sinks (both launches)."""
         triton_kernels.store_kv(key, value, kv_cache, meta.slot_mapping, kv_scales)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         split = meta.num_prefill_tokens
         if meta.num_prefills:
-            self._prefill(query[:split], kv_cache, meta, scale, out[:split], kv_scales)
+            self._prefill(query[:split], kv_cache, meta, scale, out[:split], kv_scales, options)
         if meta.num_decodes:
             first = meta.num_prefills
             triton_kernels.paged_decode_attention(
@@ -39,6 +43,7 @@ class TritonAttention:
                 scale,
                 out=out[split:],
                 scales=kv_scales,
+                options=options,
             )
         return out
 
@@ -50,6 +55,7 @@ class TritonAttention:
         scale: float,
         out: torch.Tensor,
         kv_scales: KVScales,
+        options: AttentionOptions,
     ) -> None:
         """All prefill chunks (sequences ``[0, num_prefills)``) in one kernel launch."""
         count = meta.num_prefills
@@ -63,4 +69,5 @@ class TritonAttention:
             scale,
             out=out,
             scales=kv_scales,
+            options=options,
         )

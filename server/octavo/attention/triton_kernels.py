@@ -23,8 +23,10 @@ import triton
 import triton.language as tl
 
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
+from octavo.attention.options import FULL_ATTENTION, AttentionOptions
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
 NOT_FP8, E4M3, E5M2 = 0, 1, 2  # the FP8 constexpr of the kernels
 FP8_FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2}
 FP8_HALF_FACTOR = {NOT_FP8: 1.0, E4M3: 256.0, E5M2: 1.0}  # value = widened fp16 * factor
@@ -160,15 +162,42 @@ def _online_softmax(scores, m_i, l_i):
 
 
 @triton.jit
+def _softmax_init(sinks_ptr, heads, mask, ROWS: tl.constexpr, SINKS: tl.constexpr):
+    """Running max and denominator before the first key: empty, or each row's sink logit
+    (log2 domain) already counted once, so the sink joins the denominator and nothing else."""
+    if SINKS:
+        m_i = tl.load(sinks_ptr + heads, mask=mask, other=0.0).to(tl.float32) * _LOG2E
+        l_i = tl.full([ROWS], 1.0, tl.float32)
+    else:
+        m_i = tl.full([ROWS], -1.0e30, tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
+def _soft_cap(scores, cap):
+    """``cap * tanh(scores / cap)``, with ``tanh(x) = 2 sigmoid(2x) - 1`` (no tanh in the
+    interpreter's ``tl``). The log2 domain commutes: pass ``cap * LOG2E`` for log2 scores."""
+    return cap * (2.0 * tl.sigmoid(scores * (2.0 / cap)) - 1.0)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, cache_ptr, table_ptr, seq_lens_ptr, out_ptr,
     stride_qb, stride_qh, stride_ob, stride_oh, stride_tb,
     stride_kv, stride_blk, stride_tok, stride_ch,
-    qk_scale, v_factor, head_dim,
+    qk_scale, v_factor, head_dim, window, soft_cap, sinks_ptr,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
+    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SINKS: tl.constexpr,
 ):  # fmt: skip
-    """Program ``(seq, kv_head)``: the ``GROUP`` query heads sharing one kv head."""
+    """Program ``(seq, kv_head)``: the ``GROUP`` query heads sharing one kv head.
+
+    ``WINDOW``: only the last ``window`` positions are visible and the loop starts at the
+    tile holding the first of them. ``SOFT_CAP``: scores become ``soft_cap * tanh(s /
+    soft_cap)`` (``soft_cap`` in the log2 domain). ``SINKS``: each head's sink logit starts
+    the softmax's running max and denominator.
+    """
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -178,12 +207,16 @@ def _decode_kernel(
     mask_q = (offs_g[:, None] < GROUP) & (offs_d[None, :] < head_dim)
     q_ptrs = q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32) * qk_scale
-    m_i = tl.full([GROUP_P2], -1.0e30, tl.float32)
-    l_i = tl.zeros([GROUP_P2], tl.float32)
+    m_i, l_i = _softmax_init(sinks_ptr, heads, offs_g < GROUP, GROUP_P2, SINKS)
     acc = tl.zeros([GROUP_P2, DIM_P2], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
+    first = 0
+    if WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    for start in range(first // BLOCK_N * BLOCK_N, seq_len, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < seq_len
+        if WINDOW:
+            mask_n = mask_n & (offs_n >= first)
         ptrs = _kv_tile_ptrs(
             cache_ptr, table_ptr + seq * stride_tb, offs_n, mask_n, offs_d, kv_head,
             stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
@@ -192,6 +225,8 @@ def _decode_kernel(
         k = _load_kv(ptrs, mask_kv, FP8, tl.float32)
         v = _load_kv(ptrs + stride_kv, mask_kv, FP8, tl.float32)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        if SOFT_CAP:
+            scores = _soft_cap(scores, soft_cap)
         scores = tl.where(mask_n[None, :], scores, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
@@ -205,15 +240,18 @@ def _prefill_kernel(
     q_ptr, cache_ptr, table_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
     stride_kv, stride_blk, stride_tok, stride_ch,
-    qk_scale, v_factor, head_dim,
+    qk_scale, v_factor, head_dim, window, soft_cap, sinks_ptr,
     GROUP: tl.constexpr, DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
+    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SINKS: tl.constexpr,
 ):  # fmt: skip
     """Program ``(chunk, query tile, head)``: ``BLOCK_M`` queries of one prefill chunk.
 
     The two matmuls take ``DOT_DTYPE`` operands and accumulate in fp32; ``PRECISION`` is
-    "ieee" for fp32 operands so they are not rounded to TF32.
+    "ieee" for fp32 operands so they are not rounded to TF32. The options are those of
+    ``_decode_kernel``; with a window the loop starts at the tile holding the first key
+    the tile's earliest query sees.
     """
     seq = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -230,13 +268,18 @@ def _prefill_kernel(
     rows = (q_start + offs_m).to(tl.int64)
     q_ptrs = q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(DOT_DTYPE)
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    heads = tl.full([BLOCK_M], head, tl.int32)
+    m_i, l_i = _softmax_init(sinks_ptr, heads, offs_m >= 0, BLOCK_M, SINKS)
     acc = tl.zeros([BLOCK_M, DIM_P2], tl.float32)
     kv_end = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)  # causal horizon
-    for start in range(0, kv_end, BLOCK_N):
+    first = 0
+    if WINDOW:
+        first = tl.maximum(seq_len - q_len + tile * BLOCK_M - window + 1, 0)
+    for start in range(first // BLOCK_N * BLOCK_N, kv_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
+        if WINDOW:
+            mask_n = mask_n & (offs_n >= first)
         ptrs = _kv_tile_ptrs(
             cache_ptr, table_ptr + seq * stride_tb, offs_n, mask_n, offs_d, head // GROUP,
             stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
@@ -245,8 +288,12 @@ def _prefill_kernel(
         k = _load_kv(ptrs, mask_kv, FP8, DOT_DTYPE)
         v = _load_kv(ptrs + stride_kv, mask_kv, FP8, DOT_DTYPE)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        causal = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        scores = tl.where(causal, scores, float("-inf"))
+        if SOFT_CAP:
+            scores = _soft_cap(scores, soft_cap)
+        visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        scores = tl.where(visible, scores, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
         pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
         acc = acc * alpha[:, None] + pv
@@ -276,6 +323,31 @@ def _decode_kv_tile(block_size: int, group_p2: int, dim_p2: int) -> int:
     """Context tokens per decode loop step (the ``[group, tokens, dim]`` tile ≤ 8K values)."""
     budget = triton.next_power_of_2(max(1, 8192 // (group_p2 * dim_p2)))
     return max(4, min(64, triton.next_power_of_2(block_size), budget))
+
+
+def kernel_options(options: AttentionOptions, query: torch.Tensor) -> dict[str, object]:
+    """The attention kernels' option arguments: runtime values and the constexpr flags that
+    compile each feature in (all off for plain attention: the kernel without options).
+
+    ``query [T, heads, head_dim]`` gives the head count the sinks must match and their device.
+    """
+    window, soft_cap, sinks = options.sliding_window, options.soft_cap, options.sinks
+    if window is not None and window < 1:
+        raise ValueError(f"sliding_window must be at least 1, got {window}")
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"soft_cap must be positive, got {soft_cap}")
+    if sinks is not None:
+        if sinks.shape != (query.shape[1],):
+            raise ValueError(f"sinks must be [{query.shape[1]}] (one per head), got {sinks.shape}")
+        sinks = sinks.to(device=query.device, dtype=torch.float32).contiguous()
+    return {
+        "window": window or 0,
+        "soft_cap": (soft_cap or 1.0) * LOG2E,  # the kernels' scores are in the log2 domain
+        "sinks_ptr": sinks,
+        "WINDOW": window is not None,
+        "SOFT_CAP": soft_cap is not None,
+        "SINKS": sinks is not None,
+    }
 
 
 def _dot_dtype(query: torch.Tensor) -> tl.dtype:
@@ -327,11 +399,13 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     scales: KVScales = UNIT_SCALES,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """One new token per sequence: ``query [B, heads, head_dim]`` → ``[B, heads, head_dim]``.
 
     ``max_seq_len`` is accepted for parity with ``torch_ops``; each program loops up to its
     own sequence length. ``out`` may be a preallocated ``[B, heads, head_dim]`` view.
+    ``options``: the layer's window, soft-cap and sinks (``AttentionOptions``).
     """
     del max_seq_len
     query = _last_dim_contiguous(query)
@@ -340,6 +414,7 @@ def paged_decode_attention(
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
     if num_seqs == 0:
         return out
+    extra = kernel_options(options, query)
     group = num_heads // num_kv_heads
     group_p2, dim_p2 = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
     cache = cache_format(kv_cache, scales)
@@ -350,7 +425,7 @@ def paged_decode_attention(
         stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E * cache.k_factor,
         cache.v_factor, head_dim,
         GROUP=group, GROUP_P2=group_p2, DIM_P2=dim_p2, BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_N=_decode_kv_tile(kv_cache.shape[2], group_p2, dim_p2), FP8=cache.fp8,
+        BLOCK_N=_decode_kv_tile(kv_cache.shape[2], group_p2, dim_p2), FP8=cache.fp8, **extra,
     )  # fmt: skip
     return out
 
@@ -365,11 +440,13 @@ def prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,
     scales: KVScales = UNIT_SCALES,
+    options: AttentionOptions = FULL_ATTENTION,
 ) -> torch.Tensor:
     """Causal attention of several prefill chunks over their cached prefixes and themselves.
 
     Chunk ``i`` is ``query[query_start_loc[i]:query_start_loc[i + 1]]``: the last tokens of
     a context of ``seq_lens[i]`` tokens whose keys/values are all in the cache already.
+    ``options``: the layer's window, soft-cap and sinks (``AttentionOptions``).
     """
     query = _last_dim_contiguous(query)
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -377,6 +454,7 @@ def prefill_attention(
     num_chunks = seq_lens.shape[0]
     if num_chunks == 0 or max_query_len == 0:
         return out
+    extra = kernel_options(options, query)
     block_m = max(16, min(64, triton.next_power_of_2(max_query_len)))
     dot_dtype = _dot_dtype(query)
     cache = cache_format(kv_cache, scales)
@@ -390,6 +468,6 @@ def prefill_attention(
         GROUP=num_heads // kv_cache.shape[3], DIM_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=block_m, BLOCK_N=_prefill_kv_tile(kv_cache.shape[2]),
         DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
-        FP8=cache.fp8,
+        FP8=cache.fp8, **extra,
     )  # fmt: skip
     return out
