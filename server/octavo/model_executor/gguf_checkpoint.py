@@ -1,10 +1,12 @@
 """Reading a GGUF file's tensors under Hugging Face names, kept in their quantized blocks.
 
 The file is memory-mapped by the ``gguf`` package (llama.cpp's own reader, on PyPI);
-Q4_0, Q4_1 and Q8_0 matrices are handed over as ``QuantizedTensor`` (the bytes as
-stored), F32/F16/BF16 ones as float tensors. llama.cpp's converter permutes the rows of a
-Llama's Q and K projections (its rotary pairs adjacent dimensions); whole rows are moved
-back here, so the blocks stay untouched. Any other block kind is refused by name.
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and K-quant (Q4_K, Q5_K, Q6_K) matrices are handed over as
+``QuantizedTensor`` (the bytes as stored), F32/F16/BF16 ones as float tensors. Each tensor
+has its own kind (a ``Q4_K_M`` file mixes Q4_K, Q6_K and others); a layer keeps each of
+its checkpoint matrices in its kind. llama.cpp's converter permutes the rows of a Llama's
+Q and K projections (its rotary pairs adjacent dimensions); whole rows are moved back
+here, so the blocks stay untouched. Any other block kind is refused by name.
 """
 
 from __future__ import annotations
@@ -19,8 +21,21 @@ import torch
 from octavo.model_executor.layers.quantization.blocks import BlockKind
 from octavo.model_executor.layers.quantization.quantized_tensor import QuantizedTensor
 
-KEPT_KINDS = {"Q4_0": BlockKind.Q4_0, "Q4_1": BlockKind.Q4_1, "Q8_0": BlockKind.Q8_0}
+KEPT_KINDS = {
+    kind.name: kind
+    for kind in (
+        BlockKind.Q4_0,
+        BlockKind.Q4_1,
+        BlockKind.Q5_0,
+        BlockKind.Q5_1,
+        BlockKind.Q8_0,
+        BlockKind.Q4_K,
+        BlockKind.Q5_K,
+        BlockKind.Q6_K,
+    )
+}
 FLOAT_KINDS = ("F32", "F16", "BF16")
+SUPPORTED = ", ".join([*KEPT_KINDS, *FLOAT_KINDS])
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -73,10 +88,14 @@ def check_gguf_kinds(path: Path) -> None:
     for tensor in GGUFReader(path).tensors:
         kind = tensor.tensor_type.name
         if hf_name(tensor.name) and kind not in KEPT_KINDS and kind not in FLOAT_KINDS:
-            raise ValueError(
-                f"{path.name}: tensor {tensor.name} is {kind}, a GGUF block type Octavo does "
-                f"not run; supported: {', '.join([*KEPT_KINDS, *FLOAT_KINDS])}"
-            )
+            raise unsupported_kind(path, tensor.name, kind)
+
+
+def unsupported_kind(path: Path, tensor_name: str, kind: str) -> ValueError:
+    return ValueError(
+        f"{path.name}: tensor {tensor_name} is {kind}, a GGUF block type Octavo does not "
+        f"run; supported: {SUPPORTED}"
+    )
 
 
 def _tensor_value(tensor, path: Path):
@@ -90,8 +109,7 @@ def _tensor_value(tensor, path: Path):
         if kind == "BF16":
             return torch.from_numpy(data.copy()).view(torch.bfloat16).float()
         return torch.from_numpy(data.astype(np.float32))
-    raise ValueError(f"{path.name}: tensor {tensor.name} is {kind}, a GGUF block type "
-                     "Octavo does not run")  # fmt: skip
+    raise unsupported_kind(path, tensor.name, kind)
 
 
 def _unpermute_rows(value, heads: int):

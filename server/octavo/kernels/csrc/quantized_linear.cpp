@@ -1,5 +1,7 @@
-// Linears on weights kept in quantized blocks of 32 (GGUF's Q4_0, Q4_1, Q8_0; GPTQ/AWQ
-// groups converted to Q4 blocks with fp32 scales; int8 rows with one scale per row).
+// Linears on weights kept in quantized blocks (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 of 32
+// columns and its K-quants Q4_K, Q5_K, Q6_K of 256; GPTQ/AWQ groups converted to Q4 blocks
+// with fp32 scales; int8 rows with one scale per row). Every kind is read as 32-column
+// (sub-)blocks of small integers q with w = d * q + m (gguf_blocks.h decodes GGUF's).
 //
 // `quantized_linear` is llama.cpp's CPU scheme: each activation row is quantized to int8
 // per block of 32 (scale d_x, and d_x * sum(q_x) for the weights' offsets), then every
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "common.h"
+#include "gguf_blocks.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -24,13 +27,26 @@ namespace {
 constexpr int64_t kBlock = 32;
 
 // Kind ids: GGML's type numbers for the GGUF kinds, Octavo's own above 100.
-enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_F32 = 100, INT8_ROWS = 101, FP8_ROWS = 102 };
+enum Kind : int64_t {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+  Q4_F32 = 100, INT8_ROWS = 101, FP8_ROWS = 102
+};
+
+constexpr bool is_super(int64_t kind) { return kind == Q4_K || kind == Q5_K || kind == Q6_K; }
+
+// Columns per block: 256 for the K-quants (eight 32-column sub-blocks), else 32.
+constexpr int64_t block_columns(int64_t kind) { return is_super(kind) ? 256 : kBlock; }
 
 constexpr int64_t block_bytes(int64_t kind) {
   switch (kind) {
     case Q4_0: return 18;   // fp16 d, 16 bytes of nibbles: w = d * (q - 8)
     case Q4_1: return 20;   // fp16 d, fp16 m, 16 bytes of nibbles: w = d * q + m
+    case Q5_0: return 22;   // fp16 d, 32 fifth bits, 16 bytes of nibbles: w = d * (q - 16)
+    case Q5_1: return 24;   // fp16 d, fp16 m, 32 fifth bits, 16 bytes of nibbles: w = d * q + m
     case Q8_0: return 34;   // fp16 d, 32 int8: w = d * q
+    case Q4_K: return 144;  // 256 columns; gguf_blocks.h
+    case Q5_K: return 176;
+    case Q6_K: return 210;
     case Q4_F32: return 24; // fp32 d, fp32 m, 16 bytes of nibbles: w = d * q + m
     case INT8_ROWS: return 32;  // 32 int8; the row's scale is separate
     case FP8_ROWS: return 32;   // 32 fp8 e4m3fn; the row's scale is separate (dequantize only)
@@ -42,22 +58,7 @@ void check_kind(int64_t kind) {
   TORCH_CHECK(block_bytes(kind) > 0, "quantized blocks: unsupported block kind ", kind);
 }
 
-inline float half_to_float(const uint8_t* src) {
-  uint16_t h;
-  std::memcpy(&h, src, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);  // one instruction; the bit manipulation below cost ~1/3 of the kernel
-#else
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  if (exponent == 0) {  // zero or subnormal
-    const float value = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -value : value;
-  }
-  const uint32_t bits = exponent == 31 ? sign | 0x7F800000u | (mantissa << 13)
-                                       : sign | ((exponent + 112) << 23) | (mantissa << 13);
-  return std::bit_cast<float>(bits);
-#endif
-}
+using gguf_blocks::fp16;
 
 // Every e4m3fn byte's value (sign, 4-bit exponent biased by 7, 3-bit mantissa; exponent 0
 // is subnormal; S.1111.111 is NaN).
@@ -82,35 +83,50 @@ inline float read_f32(const uint8_t* src) {
   return value;
 }
 
-// A block's scale d, offset m (w = d * q + m, q unsigned for the 4-bit kinds) and payload.
+// A 32-column block's scale d, offset m (w = d * q + m, q unsigned for the 4- and 5-bit
+// kinds), payload and (Q5_0, Q5_1) fifth bits.
 struct BlockView {
   float d, m;
   const uint8_t* q;
+  uint32_t fifth = 0;
 };
 
 template <int64_t kind>
 inline BlockView view_block(const uint8_t* block) {
   switch (kind) {
     case Q4_0: {
-      const float d = half_to_float(block);
+      const float d = fp16(block);
       return {d, -8.f * d, block + 2};
     }
-    case Q4_1: return {half_to_float(block), half_to_float(block + 2), block + 4};
-    case Q8_0: return {half_to_float(block), 0.f, block + 2};
+    case Q4_1: return {fp16(block), fp16(block + 2), block + 4};
+    case Q5_0: {
+      const float d = fp16(block);
+      return {d, -16.f * d, block + 6, gguf_blocks::fifth_bits(block + 2)};
+    }
+    case Q5_1: return {fp16(block), fp16(block + 2), block + 8, gguf_blocks::fifth_bits(block + 4)};
+    case Q8_0: return {fp16(block), 0.f, block + 2};
     case Q4_F32: return {read_f32(block), read_f32(block + 4), block + 8};
     default: return {1.f, 0.f, block};  // INT8_ROWS
   }
 }
 
 constexpr bool is_4bit(int64_t kind) { return kind == Q4_0 || kind == Q4_1 || kind == Q4_F32; }
+constexpr bool is_5bit(int64_t kind) { return kind == Q5_0 || kind == Q5_1; }
+constexpr bool is_unsigned(int64_t kind) {
+  return is_4bit(kind) || is_5bit(kind) || kind == Q4_K || kind == Q5_K;
+}
 
-// The 32 integers of a block in column order (4-bit: byte j holds column j low, j + 16 high).
+// The 32 integers of a block in column order (4-bit: byte j holds column j low, j + 16 high;
+// 5-bit: plus bit j of the fifth bits at 16).
 template <int64_t kind>
 inline void unpack_block(const BlockView& block, int32_t* out) {
-  if constexpr (is_4bit(kind)) {
+  if constexpr (is_4bit(kind) || is_5bit(kind)) {
     for (int64_t j = 0; j < 16; ++j) {
       out[j] = block.q[j] & 0x0F;
       out[j + 16] = block.q[j] >> 4;
+    }
+    if constexpr (is_5bit(kind)) {
+      for (int64_t j = 0; j < kBlock; ++j) out[j] |= ((block.fifth >> j) & 1) << 4;
     }
   } else {
     for (int64_t j = 0; j < kBlock; ++j) out[j] = static_cast<int8_t>(block.q[j]);
@@ -164,13 +180,20 @@ inline __m256i block_integers(const BlockView& block) {
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
   }
+  if constexpr (is_5bit(kind)) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.q));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_or_si256(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)),
+                           gguf_blocks::fifth_bit_bytes(block.fifth));
+  }
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.q));
 }
 
-// 8 int32 lanes of sum(w * x) over the block; w unsigned (4-bit) or signed (8-bit).
+// 8 int32 lanes of sum(w * x) over the block (lanes 0-3: columns 0-15); w unsigned (4-,
+// 5-bit) or signed (8-bit, Q6_K).
 template <int64_t kind>
 inline __m256i block_products(__m256i w, __m256i x) {
-  if constexpr (!is_4bit(kind)) {  // make w unsigned, moving its sign onto x
+  if constexpr (!is_unsigned(kind)) {  // make w unsigned, moving its sign onto x
     x = _mm256_sign_epi8(x, w);
     w = _mm256_sign_epi8(w, w);
   }
@@ -211,6 +234,66 @@ float row_dot(const uint8_t* row, int64_t blocks, const int8_t* xq, const float*
     total += static_cast<float>(products) * block.d * xd[b];
     offsets += block.m * x_scaled_sum[b];
   }
+  return total + offsets;
+#endif
+}
+
+// The 32 integers of a K-quant super-block's sub-block j.
+template <int64_t kind>
+inline void unpack_sub_block(const uint8_t* block, int64_t j, int32_t* out) {
+  if constexpr (kind == Q4_K) gguf_blocks::q4k_values(block, j, out);
+  else if constexpr (kind == Q5_K) gguf_blocks::q5k_values(block, j, out);
+  else gguf_blocks::q6k_values(block, j, out);
+}
+
+#if defined(__AVX2__)
+template <int64_t kind>
+inline __m256i sub_block_integers(const uint8_t* block, int64_t j) {
+  if constexpr (kind == Q4_K) return gguf_blocks::q4k_integers(block, j);
+  else if constexpr (kind == Q5_K) return gguf_blocks::q5k_integers(block, j);
+  else return gguf_blocks::q6k_integers(block, j);
+}
+#endif
+
+// row_dot over K-quant super-blocks; `blocks` counts 32-column sub-blocks, as the
+// activations' blocks do. Scales are decoded once per super-block; Q6_K's two per
+// sub-block scale the int32 lanes of columns 0-15 and 16-31 apart.
+template <int64_t kind>
+float super_row_dot(const uint8_t* row, int64_t blocks, const int8_t* xq, const float* xd,
+                    const float* x_scaled_sum) {
+  constexpr int64_t bytes = block_bytes(kind), subs = gguf_blocks::kSubBlocks;
+  gguf_blocks::SuperScales scales;
+  float offsets = 0.f;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+#else
+  float total = 0.f;
+  int32_t w[kBlock];
+#endif
+  for (int64_t s = 0; s < blocks / subs; ++s) {
+    const uint8_t* block = row + s * bytes;
+    gguf_blocks::decode_scales<kind == Q6_K>(block, scales);
+    for (int64_t j = 0; j < subs; ++j) {
+      const int64_t at = s * subs + j;
+      const float low = scales.d[2 * j] * xd[at], high = scales.d[2 * j + 1] * xd[at];
+#if defined(__AVX2__)
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + at * kBlock));
+      const __m256i products = block_products<kind>(sub_block_integers<kind>(block, j), x);
+      const __m256 scale = _mm256_set_m128(_mm_set1_ps(high), _mm_set1_ps(low));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), scale, acc);
+#else
+      unpack_sub_block<kind>(block, j, w);
+      int32_t first = 0, second = 0;
+      for (int64_t l = 0; l < 16; ++l) first += w[l] * xq[at * kBlock + l];
+      for (int64_t l = 16; l < kBlock; ++l) second += w[l] * xq[at * kBlock + l];
+      total += static_cast<float>(first) * low + static_cast<float>(second) * high;
+#endif
+      if constexpr (kind != Q6_K) offsets += scales.m[j] * x_scaled_sum[at];
+    }
+  }
+#if defined(__AVX2__)
+  return horizontal_sum(acc) + offsets;
+#else
   return total + offsets;
 #endif
 }
@@ -268,18 +351,26 @@ inline bool cpu_has_vnni() {
 template <int64_t kind>
 inline float fast_row_dot(const uint8_t* row, int64_t blocks, const int8_t* xq, const float* xd,
                           const float* x_scaled_sum) {
+  if constexpr (is_super(kind)) {
+    return super_row_dot<kind>(row, blocks, xq, xd, x_scaled_sum);
+  } else {
 #if defined(__AVX512F__)
-  if (cpu_has_vnni()) return row_dot_vnni<kind>(row, blocks, xq, xd, x_scaled_sum);
+    if constexpr (!is_5bit(kind)) {  // the VNNI loop reads 4- and 8-bit blocks only
+      if (cpu_has_vnni()) return row_dot_vnni<kind>(row, blocks, xq, xd, x_scaled_sum);
+    }
 #endif
-  return row_dot<kind>(row, blocks, xq, xd, x_scaled_sum);
+    return row_dot<kind>(row, blocks, xq, xd, x_scaled_sum);
+  }
 }
 
 void check_blocks(const at::Tensor& blocks, int64_t kind, int64_t k) {
   check_kind(kind);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "quantized blocks must be a contiguous uint8 [rows, bytes] tensor");
-  TORCH_CHECK(k % kBlock == 0, "quantized blocks: ", k, " input features is not a multiple of 32");
-  TORCH_CHECK(blocks.size(1) == k / kBlock * block_bytes(kind), "quantized blocks: ", blocks.size(1),
+  TORCH_CHECK(k % block_columns(kind) == 0, "quantized blocks: ", k,
+              " input features is not a multiple of ", block_columns(kind));
+  TORCH_CHECK(blocks.size(1) == k / block_columns(kind) * block_bytes(kind), "quantized blocks: ",
+              blocks.size(1),
               " bytes per row do not hold ", k, " features of kind ", kind);
 }
 
@@ -313,6 +404,14 @@ void linear_rows(at::Tensor& out, const QuantizedRows& xq, const at::Tensor& blo
   });
 }
 
+inline void store_block(bf16_bits* out_bf16, float* out_float, int64_t at, const float* values) {
+  if (out_bf16) {
+    for (int64_t i = 0; i < kBlock; ++i) out_bf16[at + i] = from_float<bf16_bits>(values[i]);
+  } else {
+    for (int64_t i = 0; i < kBlock; ++i) out_float[at + i] = values[i];
+  }
+}
+
 template <int64_t kind>
 void dequantize_rows(at::Tensor& out, const at::Tensor& blocks, const float* scales) {
   const int64_t n = out.size(0), k = out.size(1), per_row = k / kBlock;
@@ -331,15 +430,44 @@ void dequantize_rows(at::Tensor& out, const at::Tensor& blocks, const float* sca
         const float d = block.d * scale, m = block.m * scale;
         if constexpr (kind == FP8_ROWS) {
           for (int64_t i = 0; i < kBlock; ++i) values[i] = fp8_e4m3_value(block.q[i]) * scale;
+        } else if constexpr (kind == Q5_0) {  // gguf's d * (q - 16), a zero's sign included
+          unpack_block<kind>(block, q);
+          for (int64_t i = 0; i < kBlock; ++i) values[i] = d * static_cast<float>(q[i] - 16);
         } else {
           unpack_block<kind>(block, q);
           for (int64_t i = 0; i < kBlock; ++i) values[i] = d * static_cast<float>(q[i]) + m;
         }
-        const int64_t at = j * k + b * kBlock;
-        if (out_bf16) {
-          for (int64_t i = 0; i < kBlock; ++i) out_bf16[at + i] = from_float<bf16_bits>(values[i]);
-        } else {
-          for (int64_t i = 0; i < kBlock; ++i) out_float[at + i] = values[i];
+        store_block(out_bf16, out_float, j * k + b * kBlock, values);
+      }
+    }
+  });
+}
+
+template <int64_t kind>
+void dequantize_super_rows(at::Tensor& out, const at::Tensor& blocks, const float* scales) {
+  constexpr int64_t bytes = block_bytes(kind), subs = gguf_blocks::kSubBlocks;
+  const int64_t n = out.size(0), k = out.size(1), per_row = k / block_columns(kind);
+  const uint8_t* weights = blocks.data_ptr<uint8_t>();
+  bf16_bits* out_bf16 = out.scalar_type() == at::kBFloat16 ? ptr<bf16_bits>(out) : nullptr;
+  float* out_float = out_bf16 ? nullptr : ptr<float>(out);
+  const int64_t row_bytes = blocks.size(1);
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    int32_t q[kBlock];
+    float values[kBlock];
+    gguf_blocks::SuperScales decoded;
+    for (int64_t r = begin; r < end; ++r) {
+      const float scale = scales ? scales[r] : 1.f;
+      for (int64_t b = 0; b < per_row; ++b) {
+        const uint8_t* block = weights + r * row_bytes + b * bytes;
+        gguf_blocks::decode_scales<kind == Q6_K>(block, decoded);
+        for (int64_t j = 0; j < subs; ++j) {
+          unpack_sub_block<kind>(block, j, q);
+          const float m = decoded.m[j] * scale;
+          for (int64_t i = 0; i < kBlock; ++i) {
+            const float value = decoded.d[2 * j + i / 16] * scale * static_cast<float>(q[i]);
+            values[i] = kind == Q6_K ? value : value + m;  // Q6_K: gguf's d * q, no offset
+          }
+          store_block(out_bf16, out_float, r * k + (b * subs + j) * kBlock, values);
         }
       }
     }
@@ -364,7 +492,12 @@ void quantized_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& bl
   switch (kind) {
     case Q4_0: return linear_rows<Q4_0>(out, xq, blocks, scales, k);
     case Q4_1: return linear_rows<Q4_1>(out, xq, blocks, scales, k);
+    case Q5_0: return linear_rows<Q5_0>(out, xq, blocks, scales, k);
+    case Q5_1: return linear_rows<Q5_1>(out, xq, blocks, scales, k);
     case Q8_0: return linear_rows<Q8_0>(out, xq, blocks, scales, k);
+    case Q4_K: return linear_rows<Q4_K>(out, xq, blocks, scales, k);
+    case Q5_K: return linear_rows<Q5_K>(out, xq, blocks, scales, k);
+    case Q6_K: return linear_rows<Q6_K>(out, xq, blocks, scales, k);
     case Q4_F32: return linear_rows<Q4_F32>(out, xq, blocks, scales, k);
     default: return linear_rows<INT8_ROWS>(out, xq, blocks, scales, k);
   }
@@ -382,7 +515,12 @@ void dequantize_blocks(at::Tensor& out, const at::Tensor& blocks, int64_t kind,
   switch (kind) {
     case Q4_0: return dequantize_rows<Q4_0>(out, blocks, scales);
     case Q4_1: return dequantize_rows<Q4_1>(out, blocks, scales);
+    case Q5_0: return dequantize_rows<Q5_0>(out, blocks, scales);
+    case Q5_1: return dequantize_rows<Q5_1>(out, blocks, scales);
     case Q8_0: return dequantize_rows<Q8_0>(out, blocks, scales);
+    case Q4_K: return dequantize_super_rows<Q4_K>(out, blocks, scales);
+    case Q5_K: return dequantize_super_rows<Q5_K>(out, blocks, scales);
+    case Q6_K: return dequantize_super_rows<Q6_K>(out, blocks, scales);
     case Q4_F32: return dequantize_rows<Q4_F32>(out, blocks, scales);
     case FP8_ROWS: return dequantize_rows<FP8_ROWS>(out, blocks, scales);
     default: return dequantize_rows<INT8_ROWS>(out, blocks, scales);

@@ -1,10 +1,12 @@
-"""Weights kept in quantized blocks of 32 columns, and the linears that use them.
+"""Weights kept in quantized blocks, and the linears that use them.
 
-The block kinds are GGUF's (Q4_0, Q4_1, Q8_0: llama.cpp's layout, byte for byte) and two
-of Octavo's own: ``Q4_F32`` (4-bit with fp32 scale and offset, what GPTQ and AWQ groups
-become) and ``INT8_ROWS`` (int8 with one scale per row, the ``int8`` method's weights).
-Each row of a ``[rows, cols]`` matrix is ``cols / 32`` blocks side by side; within a 4-bit
-block byte ``j`` holds column ``j`` (low nibble) and column ``j + 16`` (high nibble).
+The block kinds are GGUF's (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 of 32 columns; the K-quants
+Q4_K, Q5_K, Q6_K of 256: llama.cpp's layout, byte for byte, see ``gguf_blocks.py``) and
+Octavo's own: ``Q4_F32`` (4-bit with fp32 scale and offset, what GPTQ and AWQ groups
+become), ``INT8_ROWS`` (int8 with one scale per row, the ``int8`` method's weights) and
+``FP8_ROWS``. Each row of a ``[rows, cols]`` matrix is ``cols / block_columns(kind)``
+blocks side by side; within a 4-bit block byte ``j`` holds column ``j`` (low nibble) and
+column ``j + 16`` (high nibble).
 
 ``blocks_linear`` computes ``x @ W.T``: on CPU, a few rows (decode) go through the native
 integer kernel (activations quantized per block of 32, llama.cpp's scheme); many rows
@@ -14,48 +16,35 @@ Elsewhere (no native kernels, GPU) the torch dequantization below serves.
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 import torch
 import torch.nn.functional as F
 
 from octavo.kernels.cpu_build import NATIVE_DTYPES, cpu_ops
+from octavo.model_executor.layers.quantization.block_kinds import (  # noqa: F401 (re-exported)
+    BLOCK,
+    BLOCK_BYTES,
+    BlockKind,
+    block_columns,
+)
+from octavo.model_executor.layers.quantization.gguf_blocks import GGUF_ONLY_KINDS, dequantize_gguf
 
-BLOCK = 32
 NATIVE_MAX_ROWS = 4  # up to this many rows the integer kernel beats dequantize + GEMM
 
 
-class BlockKind(IntEnum):
-    """GGML's type numbers for the GGUF kinds; Octavo's own from 100."""
-
-    Q4_0 = 2
-    Q4_1 = 3
-    Q8_0 = 8
-    Q4_F32 = 100
-    INT8_ROWS = 101
-    FP8_ROWS = 102  # e4m3fn with one scale per row; dequantized only (the fp8 CPU path)
-
-
-BLOCK_BYTES = {
-    BlockKind.Q4_0: 18,
-    BlockKind.Q4_1: 20,
-    BlockKind.Q8_0: 34,
-    BlockKind.Q4_F32: 24,
-    BlockKind.INT8_ROWS: 32,
-    BlockKind.FP8_ROWS: 32,
-}
-
-
 def row_bytes(kind: BlockKind, cols: int) -> int:
-    if cols % BLOCK:
-        raise ValueError(f"{cols} columns do not split into blocks of {BLOCK}")
-    return cols // BLOCK * BLOCK_BYTES[kind]
+    columns = block_columns(kind)
+    if cols % columns:
+        raise ValueError(f"{cols} columns do not split into {kind.name} blocks of {columns}")
+    return cols // columns * BLOCK_BYTES[kind]
 
 
 def dequantize(
     blocks: torch.Tensor, kind: BlockKind, row_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The float32 ``[rows, cols]`` matrix the blocks stand for (torch ops, any device)."""
+    if kind in GGUF_ONLY_KINDS:
+        weight = dequantize_gguf(blocks, kind)
+        return weight if row_scale is None else weight * row_scale.unsqueeze(-1)
     rows = blocks.shape[0]
     per_block = blocks.reshape(rows, -1, BLOCK_BYTES[kind])
     scale, offset, payload = split_blocks(per_block, kind)
@@ -107,7 +96,7 @@ def dequantize_like(
     x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, row_scale, ops=None
 ) -> torch.Tensor:
     """The weights in ``x``'s dtype: the native kernel on CPU when it can, else torch."""
-    cols = blocks.shape[1] // BLOCK_BYTES[kind] * BLOCK
+    cols = blocks.shape[1] // BLOCK_BYTES[kind] * block_columns(kind)
     if ops is not None and x.dtype in (torch.float32, torch.bfloat16):
         weight = torch.empty(blocks.shape[0], cols, dtype=x.dtype)
         ops.dequantize_blocks(weight, blocks, int(kind), row_scale)

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from octavo.model_executor.layers.quantization.blocks import (
-    BLOCK,
     BLOCK_BYTES,
     BlockKind,
+    block_columns,
     blocks_linear,
     dequantize,
 )
@@ -31,7 +31,7 @@ from octavo.model_executor.layers.quantization.blocks import (
 
 @dataclass
 class QuantizedTensor:
-    blocks: torch.Tensor  # uint8 [rows, cols / 32 * bytes per block]
+    blocks: torch.Tensor  # uint8 [rows, cols / block_columns(kind) * bytes per block]
     kind: BlockKind
     cols: int
     column_order: torch.Tensor | None = None  # GPTQ act-order: stored column -> input column
@@ -48,13 +48,14 @@ class QuantizedTensor:
             return self  # the whole width (one tensor-parallel rank)
         if self.column_order is not None:
             raise ValueError("act-order (g_idx) weights cannot be split by input features")
-        if start % BLOCK or length % BLOCK:
+        block = block_columns(self.kind)
+        if start % block or length % block:
             raise ValueError(
-                f"a {self.kind.name} matrix splits only at multiples of {BLOCK} columns "
+                f"a {self.kind.name} matrix splits only at multiples of {block} columns "
                 f"(asked for columns {start}..{start + length})"
             )
         width = BLOCK_BYTES[self.kind]
-        columns = self.blocks[:, start // BLOCK * width : (start + length) // BLOCK * width]
+        columns = self.blocks[:, start // block * width : (start + length) // block * width]
         return QuantizedTensor(columns, self.kind, length)
 
     def dequantize(self) -> torch.Tensor:
