@@ -40,3 +40,51 @@ class RMSNorm(nn.Module):
             x = residual = x + residual
         out = F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         return out if residual is None else (out, residual)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma 2/3's RMSNorm: the weight is stored as ``w`` and applied as ``1 + w``, in float32.
+
+    As transformers' Gemma2RMSNorm/Gemma3RMSNorm: ``(x / rms(x)) * (1 + w)`` computed in
+    float32 from ``x.float()``, then cast to ``x``'s dtype once (Llama's RMSNorm casts before
+    the weight). The residual add before it is in the model dtype, as Gemma's decoder layer
+    adds. The native CPU kernel runs float32 only (with ``1 + w`` as its weight): its weight
+    shares the activations' dtype, and ``1 + w`` rounded to bfloat16 would differ from HF.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``norm(x)``; with ``residual``: ``(norm(x + residual), x + residual)``.
+
+        As RMSNorm's, the native path works in place: ``x`` and ``residual`` are overwritten.
+        """
+        ops = ops_for(x)
+        if ops is None or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
+            return self.forward_native(x, residual)
+        weight = 1.0 + self.weight.float()
+        if residual is None:
+            out = torch.empty_like(x)
+            ops.rms_norm(out, x, weight, self.eps)
+            return out
+        ops.fused_add_rms_norm(x, residual, weight, self.eps)
+        return x, residual
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The torch reference: transformers' Gemma3RMSNorm, operation for operation."""
+        if residual is not None:
+            x = residual = x + residual
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = (hidden * (1.0 + self.weight.float())).type_as(x)
+        return out if residual is None else (out, residual)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
