@@ -5,17 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from octavo.lora.peft_adapter import PeftAdapter
-from octavo.model_executor.layers.linear import RowParallelLinear
+from octavo.model_executor.layers.linear import LinearBase, RowParallelLinear
 from octavo.model_executor.layers.lora import LoRALinear, LoRASize, LoRAState, lora_slices
-from octavo.model_executor.llama import LlamaForCausalLM
-
-# A decoder layer's linear -> the PEFT modules it fuses, in its output order.
-LAYER_MODULES = {
-    "qkv": ("q_proj", "k_proj", "v_proj"),
-    "o_proj": ("o_proj",),
-    "gate_up": ("gate_proj", "up_proj"),
-    "down_proj": ("down_proj",),
-}
+from octavo.model_executor.models.causal_lm import CausalLM
 
 
 @dataclass
@@ -28,18 +20,29 @@ class AdaptedLinear:
 class LoRAModel:
     """The model's LoRA layers and the state they read each step."""
 
-    def __init__(self, model: LlamaForCausalLM, size: LoRASize) -> None:
+    def __init__(self, model: CausalLM, size: LoRASize) -> None:
         self.state = LoRAState()
         self.linears: list[AdaptedLinear] = []
         for index, decoder in enumerate(model.layers):
-            for attr, modules in LAYER_MODULES.items():
-                base = getattr(decoder, attr)
+            for path, modules in model.lora_modules.items():
+                parent_path, _, attr = path.rpartition(".")
+                parent = decoder.get_submodule(parent_path)
+                base = getattr(parent, attr, None)
+                if not isinstance(base, LinearBase):
+                    continue  # e.g. the MLP of a mixture-of-experts layer
                 start = base.input_start if isinstance(base, RowParallelLinear) else None
                 lora = LoRALinear(base, lora_slices(base, modules), start, size, self.state)
-                setattr(decoder, attr, lora)
+                setattr(parent, attr, lora)
                 self.linears.append(AdaptedLinear(model.first_layer + index, modules, lora))
+        self.adaptable = {module for adapted in self.linears for module in adapted.modules}
 
     def load(self, slot: int, adapter: PeftAdapter) -> None:
+        unsupported = sorted({module for _, module in adapter.weights} - self.adaptable)
+        if unsupported:
+            raise ValueError(
+                f"LoRA on {', '.join(unsupported)} is not supported for this model (its "
+                f"feed-forward layers are experts); adapt {', '.join(sorted(self.adaptable))}"
+            )
         for adapted in self.linears:
             weights = {module: adapter.weights[(adapted.layer, module)]
                        for module in adapted.modules

@@ -23,9 +23,26 @@ class CheckpointSlice:
         return self._handle[:]
 
 
+class RowRange:
+    """Rows ``[start, start + rows)`` of a checkpoint tensor, still read lazily (one matrix
+    of a checkpoint that stores several fused, e.g. Phi-3's ``qkv_proj``)."""
+
+    def __init__(self, source, start: int, rows: int) -> None:
+        self.source, self.start = source, start
+        self.shape = torch.Size((rows, *source.shape[1:]))
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        if dim == 0:
+            return self.source.narrow(0, self.start + start, length)
+        return self.full().narrow(dim, start, length)
+
+    def full(self) -> torch.Tensor:
+        return self.source.narrow(0, self.start, self.shape[0])
+
+
 def materialize(tensor) -> torch.Tensor:
     """A plain tensor of a lazily read slice, or of a quantized matrix (dequantized)."""
-    if isinstance(tensor, CheckpointSlice):
+    if isinstance(tensor, CheckpointSlice | RowRange):
         return tensor.full()
     if hasattr(tensor, "dequantize") and not isinstance(tensor, torch.Tensor):
         return tensor.dequantize()  # e.g. a GGUF embedding feeding a float embedding table

@@ -14,10 +14,10 @@ from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_
 from octavo.model_executor.hub_files import download_file
 from octavo.model_executor.layers.linear import LinearBase
 from octavo.model_executor.layers.vocab import QuantizedVocabEmbedding
-from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.model_config import ModelConfig, generation_defaults
+from octavo.model_executor.models.causal_lm import CausalLM
+from octavo.model_executor.models.registry import model_class
 from octavo.model_executor.quantized_checkpoint import checkpoint_tensors
-from octavo.model_executor.rotary import RotaryEmbedding
 from octavo.model_executor.weights import load_weights
 
 logger = logging.getLogger(__name__)
@@ -62,11 +62,11 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = None,
-) -> LlamaForCausalLM:
+) -> CausalLM:
     with torch.device("meta"):
-        skeleton = LlamaForCausalLM(config, quantization)
+        skeleton = model_class(config.architecture)(config, quantization)
     model = skeleton.to_empty(device=device).to(dtype)
-    model.rotary = RotaryEmbedding(config.head_dim, max_positions, config.rope, dtype, device)
+    model.set_rotary(max_positions, dtype, device)
     model.tie_lm_head()  # to_empty gave the embedding and the LM head each their own storage
     with torch.no_grad():
         load_weights(model, folder, checkpoint_tensors(folder, config, quantization))

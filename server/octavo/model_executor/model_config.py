@@ -1,12 +1,21 @@
-"""The parts of a Hugging Face ``config.json`` that Octavo's Llama-family forward needs."""
+"""The parts of a Hugging Face ``config.json`` every architecture needs, and the whole of it.
+
+The common fields (sizes, heads, rope, windows) are read here; what only one architecture
+uses (Gemma's soft-caps, Granite's multipliers, MoE sizes) its model file reads from
+``hf``: transformers' own config object for the folder, so defaults and old spellings are
+transformers' (vLLM reads configs the same way).
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+from octavo.model_executor.models.registry import check_architecture
+
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 
 
 @dataclass
@@ -26,16 +35,16 @@ class ModelConfig:
     rope: dict = field(default_factory=dict)  # rope_type, rope_theta and scaling parameters
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    layer_types: tuple[str, ...] = ()  # FULL_ATTENTION or SLIDING_ATTENTION per layer
+    hf: Any = field(default=None, repr=False, compare=False)  # transformers' config object
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
-        architecture = (raw.get("architectures") or ["?"])[0]
-        if architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {architecture!r}; Octavo runs {SUPPORTED_ARCHITECTURES}"
-            )
+        architecture = check_architecture((raw.get("architectures") or ["?"])[0])
+        raw = _text_config(raw)
         heads = raw["num_attention_heads"]
-        return cls(
+        hf = transformers_config(raw)
+        config = cls(
             architecture=architecture,
             hidden_size=raw["hidden_size"],
             intermediate_size=raw["intermediate_size"],
@@ -51,7 +60,21 @@ class ModelConfig:
             rope=_rope_parameters(raw),
             sliding_window=_sliding_window(raw),
             eos_token_ids=_as_tuple(raw.get("eos_token_id")),
+            hf=hf,
         )
+        config.layer_types = _layer_types(hf, config)
+        return config
+
+    @property
+    def uniform_sliding_window(self) -> int | None:
+        """The window when every layer slides (KV blocks behind it can be freed)."""
+        if self.sliding_window and all(t == SLIDING_ATTENTION for t in self.layer_types):
+            return self.sliding_window
+        return None
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (``None``: full attention)."""
+        return self.sliding_window if self.layer_types[layer] == SLIDING_ATTENTION else None
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:
@@ -83,6 +106,38 @@ def generation_defaults(folder: Path) -> dict:
     if diff.get("max_new_tokens") is not None:
         defaults["max_tokens"] = diff["max_new_tokens"]
     return defaults
+
+
+def transformers_config(raw: dict):
+    """transformers' config object for ``raw`` (its defaults filled in); a plain
+    ``PretrainedConfig`` for a ``model_type`` transformers does not know."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    fields = {key: value for key, value in raw.items() if key != "model_type"}
+    try:
+        return AutoConfig.for_model(raw.get("model_type", ""), **fields)
+    except ValueError:
+        return PretrainedConfig(**fields)
+
+
+def _text_config(raw: dict) -> dict:
+    """A multimodal checkpoint's text tower (``text_config``, e.g. Gemma 3's), with the
+    outer config's token ids."""
+    text = raw.get("text_config")
+    if not text:
+        return raw
+    inherited = {k: raw[k] for k in ("eos_token_id", "bos_token_id") if k in raw}
+    return {"architectures": raw["architectures"], **inherited, **text}
+
+
+def _layer_types(hf, config: ModelConfig) -> tuple[str, ...]:
+    """transformers' ``layer_types`` where the config has them, else every layer slides
+    when the config names a window (Mistral, Phi-3) and attends fully when not."""
+    types = getattr(hf, "layer_types", None)
+    if types:
+        return tuple(types[: config.num_layers])
+    default = SLIDING_ATTENTION if config.sliding_window else FULL_ATTENTION
+    return (default,) * config.num_layers
 
 
 def _attention_bias(architecture: str, raw: dict) -> bool:

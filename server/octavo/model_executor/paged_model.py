@@ -8,13 +8,13 @@ import torch
 
 from octavo.attention.backend import AttentionBackend
 from octavo.distributed.pipeline_comm import IntermediateTensors
-from octavo.model_executor.llama import LlamaForCausalLM
+from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.step_inputs import StepInputs
 
 
 @dataclass
 class PagedModel:
-    model: LlamaForCausalLM
+    model: CausalLM
     kv_caches: list[torch.Tensor]  # one per layer of this rank's stage
     block_size: int
     attention: AttentionBackend
@@ -23,8 +23,8 @@ class PagedModel:
     @property
     def activation_dtype(self) -> torch.dtype:
         """The hidden states' dtype (the KV cache's may differ: fp8)."""
-        assert self.model.rotary is not None, "the loader sets the rotary tables"
-        return self.model.rotary.cos.dtype
+        assert self.model.rotary, "the loader sets the rotary tables"
+        return next(iter(self.model.rotary.values())).cos.dtype
 
     def forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         """Logits of the step's ``logits_indices`` rows (or the activations for the next

@@ -29,10 +29,10 @@ from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
 from octavo.model_executor.layers.lora import LoRASize
-from octavo.model_executor.llama import LlamaForCausalLM
 from octavo.model_executor.loader import load_model, load_tokenizer, weight_bytes
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
+from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.proposer import Proposer
 from octavo.outputs import ModelRunnerOutput
@@ -115,7 +115,7 @@ class Worker:
         self.adapters = self._lora_slots()
         self.runner: ModelRunner | None = None
 
-    def _load_draft(self) -> LlamaForCausalLM | None:
+    def _load_draft(self) -> CausalLM | None:
         """The draft model, on the driver (the only rank that proposes)."""
         if self.spec.draft is None or not self.is_driver:
             return None

@@ -66,6 +66,7 @@ class MergedColumnParallelLinear(LinearBase):
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, method=None):
         tp = tensor_parallel_group()
+        self.total_output_sizes = list(output_sizes)  # the whole checkpoint's, per shard
         self.shards = [tp.shard(size, "output features") for size in output_sizes]
         super().__init__(input_size, sum(end - start for start, end in self.shards), bias, method)
 
@@ -93,6 +94,8 @@ class QKVParallelLinear(LinearBase):
                 raise ValueError(f"{num_kv_heads} KV heads cannot be spread over {tp.size} ranks")
             first_kv = tp.rank * num_kv_heads // tp.size
         self.head_dim = head_dim
+        kv_rows = num_kv_heads * head_dim  # rows of each matrix in the whole checkpoint
+        self.total_rows = {"q": num_heads * head_dim, "k": kv_rows, "v": kv_rows}
         self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
         self.sources = {  # shard id -> (first row in the checkpoint, rows, offset here)
             "q": (first_head * head_dim, self.q_size, 0),

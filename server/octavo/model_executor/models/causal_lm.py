@@ -1,0 +1,168 @@
+"""The decoder-only transformer every architecture is: embedding, decoder layers, final
+norm and LM head over a paged KV cache. An architecture file subclasses ``CausalLM`` and
+overrides the hooks (``attention_spec``, ``make_mlp``, ``layer_spec``, ...) that differ.
+
+Tokens of one step arrive flattened (no padding): ``input_ids [T]``, ``positions [T]``.
+Only the rows named by ``logits_indices`` reach the LM head. The linear layers, the
+embedding and the LM head come from ``layers/`` and hold this process's tensor-parallel
+shard. With pipeline parallelism a process builds only its stage: its slice of the
+layers, the embedding on the first stage, the final norm and LM head on the last; a stage
+that is not first takes the previous stage's ``IntermediateTensors``, one that is not
+last returns its own instead of logits.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from octavo.attention.backend import AttentionBackend
+from octavo.attention.metadata import AttentionMetadata
+from octavo.distributed.parallel_state import pipeline_stage
+from octavo.distributed.pipeline_comm import IntermediateTensors
+from octavo.model_executor.layers.activation import SiluAndMul
+from octavo.model_executor.layers.mlp import GatedMLP
+from octavo.model_executor.layers.quantization.registry import (
+    QUANTIZED_EMBEDDING,
+    linear_method_for,
+    lm_head_method_for,
+)
+from octavo.model_executor.layers.vocab import (
+    ParallelLMHead,
+    QuantizedVocabEmbedding,
+    VocabParallelEmbedding,
+)
+from octavo.model_executor.model_config import FULL_ATTENTION, ModelConfig
+from octavo.model_executor.models.decoder import DecoderLayer
+from octavo.model_executor.models.layer_spec import AttentionSpec, LayerSpec, make_norm
+from octavo.model_executor.rotary import RotaryEmbedding
+
+
+class CausalLM(nn.Module):
+    # The decoder's linears LoRA can wrap -> the PEFT module names each fuses, in order.
+    lora_modules: ClassVar[dict[str, tuple[str, ...]]] = {
+        "self_attn.qkv": ("q_proj", "k_proj", "v_proj"),
+        "self_attn.o_proj": ("o_proj",),
+        "mlp.gate_up": ("gate_proj", "up_proj"),
+        "mlp.down_proj": ("down_proj",),
+    }
+    norm_kind = "rms"
+
+    def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
+        super().__init__()
+        self.config, self.quantization = config, quantization
+        self.stage = pipeline_stage()
+        self.first_layer, last_layer = self.stage.layer_range(config.num_layers)
+        self.embed_tokens = self.norm = self.lm_head = None
+        if self.stage.is_first:
+            quantized = quantization in QUANTIZED_EMBEDDING
+            embedding = QuantizedVocabEmbedding if quantized else VocabParallelEmbedding
+            self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
+        method = functools.partial(linear_method_for, quantization)  # one per linear
+        self.layers = nn.ModuleList(
+            DecoderLayer(config.hidden_size, self.layer_spec(index), method)
+            for index in range(self.first_layer, last_layer)
+        )
+        if self.stage.is_last:
+            self.norm = make_norm(self.norm_kind, config.hidden_size, config.rms_norm_eps)
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, lm_head_method_for(quantization)
+            )
+        self.tie_lm_head()
+        self.rotary: dict[str, RotaryEmbedding] = {}  # set once dtype and device are known
+        self.requires_grad_(False)
+
+    # --- hooks an architecture overrides -------------------------------------------------
+
+    def layer_spec(self, index: int) -> LayerSpec:
+        return LayerSpec(
+            attention=self.attention_spec(index),
+            mlp=functools.partial(self.make_mlp, index),
+            norm_eps=self.config.rms_norm_eps,
+            norm_kind=self.norm_kind,
+        )
+
+    def attention_spec(self, index: int) -> AttentionSpec:
+        config = self.config
+        return AttentionSpec(
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            qkv_bias=config.attention_bias,
+            o_bias=self.o_proj_bias(),
+            sliding_window=config.window_of(index),
+        )
+
+    def o_proj_bias(self) -> bool:
+        """Llama-style configs' ``attention_bias`` covers the output projection too."""
+        return bool(getattr(self.config.hf, "attention_bias", False))
+
+    def make_mlp(self, index: int) -> nn.Module:
+        method = functools.partial(linear_method_for, self.quantization)
+        bias = bool(getattr(self.config.hf, "mlp_bias", False))
+        return GatedMLP(
+            self.config.hidden_size, self.config.intermediate_size, SiluAndMul(), method, bias
+        )
+
+    def rope_parameters(self) -> dict[str, dict]:
+        """Rope settings by the name layers refer to them (``AttentionSpec.rope``)."""
+        return {FULL_ATTENTION: self.config.rope}
+
+    def scale_embeddings(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str | None:
+        """A checkpoint tensor's name in Llama's naming (``None``: not used)."""
+        return name
+
+    # --- the forward pass ------------------------------------------------------------------
+
+    def set_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.rotary = {
+            name: RotaryEmbedding(self.config.head_dim, max_positions, rope, dtype, device)
+            for name, rope in self.rope_parameters().items()
+        }
+
+    def tie_lm_head(self) -> None:
+        """Share the embedding with the LM head when both live in this stage (a quantized
+        LM head keeps its own copy of the checkpoint's matrix)."""
+        if (
+            self.config.tie_word_embeddings
+            and None not in (self.embed_tokens, self.lm_head)
+            and self.lm_head.is_unquantized
+        ):
+            self.lm_head.tie_to(self.embed_tokens)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        attention: AttentionBackend,
+        logits_indices: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors | None:
+        """Logits of the ``logits_indices`` rows (last stage; ``None`` on tensor ranks other
+        than 0, which do not sample), else this stage's ``IntermediateTensors``."""
+        assert self.rotary, "set_rotary before running the model"
+        ropes = {name: table.for_step(positions) for name, table in self.rotary.items()}
+        if intermediate is None:
+            hidden, residual = self.scale_embeddings(self.embed_tokens(input_ids)), None
+        else:
+            hidden, residual = intermediate.hidden, intermediate.residual
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            rope = ropes.get(layer.spec.attention.rope)
+            hidden, residual = layer(hidden, residual, rope, kv_cache, meta, attention)
+        if self.lm_head is None:
+            return IntermediateTensors(hidden, residual)
+        hidden, _ = self.norm(hidden[logits_indices], residual[logits_indices])
+        logits = self.lm_head(hidden)
+        return None if logits is None else self.scale_logits(logits.float())

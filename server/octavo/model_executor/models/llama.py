@@ -1,0 +1,18 @@
+"""Llama 2/3, Qwen 2 and Mistral: the plain pre-norm decoder ``CausalLM`` is."""
+
+from __future__ import annotations
+
+from octavo.model_executor.models.causal_lm import CausalLM
+
+
+class LlamaForCausalLM(CausalLM):
+    pass
+
+
+class Qwen2ForCausalLM(CausalLM):
+    def o_proj_bias(self) -> bool:
+        return False  # Q/K/V have biases, the output projection none
+
+
+class MistralForCausalLM(CausalLM):
+    pass

@@ -1,0 +1,41 @@
+"""Architecture name (``config.json`` ``architectures[0]``) → the model class that runs it.
+
+The one place that knows the concrete model classes (vLLM's ``ModelRegistry`` idea): the
+loader, the worker and LoRA ask here and see only the ``CausalLM`` interface. Modules are
+imported on first use, so a process loads only the architecture it serves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from octavo.model_executor.models.causal_lm import CausalLM
+
+# architecture -> (module under octavo.model_executor.models, class name)
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(ARCHITECTURES)
+
+
+def check_architecture(architecture: str) -> str:
+    """``architecture`` itself, or one clear line naming the supported ones."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"unsupported architecture {architecture!r}; Octavo runs "
+            f"{', '.join(supported_architectures())}"
+        )
+    return architecture
+
+
+def model_class(architecture: str) -> type[CausalLM]:
+    module_name, class_name = ARCHITECTURES[check_architecture(architecture)]
+    module = importlib.import_module(f"octavo.model_executor.models.{module_name}")
+    return getattr(module, class_name)
