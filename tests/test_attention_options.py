@@ -9,6 +9,7 @@ groups, a head size with a compiled specialisation (64) and one that is not a mu
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 
 import pytest
@@ -16,9 +17,11 @@ import torch
 
 from octavo.attention import torch_ops
 from octavo.attention.backend import TorchAttention
+from octavo.attention.cpu_native import NativeCpuAttention, native_options
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
+from octavo.kernels import cpu_build
 
 FP32_TOLERANCE = 1e-5
 BF16_TOLERANCE = 2e-2
@@ -209,3 +212,133 @@ def test_torch_path_with_an_fp8_cache_and_every_option(fp8):
     )
     expected = step_reference(step, SEQUENCES, scale, options, scales)
     assert_close(out, expected, FP32_TOLERANCE * 10)
+
+
+# The native CPU decode kernel: fp32 against the dense reference, bf16 and fp8 caches
+# against the torch path.
+
+
+@pytest.fixture(scope="module")
+def ops():
+    kernels = cpu_build.cpu_ops()
+    if kernels is None and shutil.which("c++"):
+        pytest.fail(
+            f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
+        )
+    if kernels is None:
+        pytest.skip(
+            reason=f"no C++ compiler here, no native kernels: {cpu_build.unavailable_reason()}"
+        )
+    return kernels
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", OPTION_NAMES)
+def test_native_backend_matches_the_dense_reference(ops, shape, name):
+    """The native backend's step: prefill on the torch path, decodes in the kernel."""
+    options = option_cases(shape[0])[name]
+    step = build_step(shape, SEQUENCES, torch.float32)
+    scale = shape[2] ** -0.5
+    out = NativeCpuAttention(ops).forward(
+        step.query, step.key, step.value, step.cache, step.meta, scale, UNIT_SCALES, options
+    )
+    assert_close(out, step_reference(step, SEQUENCES, scale, options), FP32_TOLERANCE)
+
+
+LONG_DECODES = [(1, 1), (15, 1), (16, 1), (33, 1), (300, 1), (1500, 1)]
+LONG_OPTIONS = {
+    "window_100": AttentionOptions(sliding_window=100),
+    "window_37_soft_cap": AttentionOptions(sliding_window=37, soft_cap=1.0),
+    "soft_cap_sinks": AttentionOptions(soft_cap=4.0, sinks=sinks(8)),
+    "window_1_sinks": AttentionOptions(sliding_window=1, sinks=sinks(8, 9)),
+}
+
+
+def decode_kernel(ops, step: Step, scale, options, scales=UNIT_SCALES) -> torch.Tensor:
+    out = torch.empty(step.query.shape, dtype=step.query.dtype)
+    meta = step.meta
+    ops.paged_decode_attention(
+        out,
+        step.query,
+        step.cache,
+        meta.block_tables,
+        meta.seq_lens,
+        scale,
+        scales.k,
+        scales.v,
+        *native_options(options),
+    )
+    return out
+
+
+def stored_decode_step(shape, dtype, cache_dtype=None) -> Step:
+    step = build_step(shape, LONG_DECODES, dtype, cache_dtype)
+    torch_ops.store_kv(step.key, step.value, step.cache, step.meta.slot_mapping)
+    return step
+
+
+@pytest.mark.parametrize("shape", [(8, 2, 64, 16), (8, 4, 40, 16), (8, 8, 128, 32)])
+@pytest.mark.parametrize("name", list(LONG_OPTIONS))
+def test_native_decode_on_long_contexts_matches_the_dense_reference(ops, shape, name):
+    """Windows far from the start skip whole blocks; both kernel paths, float32."""
+    options, scale = LONG_OPTIONS[name], shape[2] ** -0.5
+    step = stored_decode_step(shape, torch.float32)
+    expected = step_reference(step, LONG_DECODES, scale, options)
+    assert_close(decode_kernel(ops, step, scale, options), expected, FP32_TOLERANCE)
+
+
+@pytest.mark.parametrize("shape", [(8, 2, 64, 16), (8, 4, 40, 16)])
+@pytest.mark.parametrize("name", list(LONG_OPTIONS))
+def test_native_decode_bf16_matches_the_torch_path(ops, shape, name):
+    options, scale = LONG_OPTIONS[name], shape[2] ** -0.5
+    step = stored_decode_step(shape, torch.bfloat16)
+    meta = step.meta
+    expected = torch_ops.paged_decode_attention(
+        step.query,
+        step.cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.max_seq_len,
+        scale,
+        UNIT_SCALES,
+        options,
+    )
+    actual = decode_kernel(ops, step, scale, options)
+    torch.testing.assert_close(
+        actual.float(), expected.float(), atol=BF16_TOLERANCE, rtol=BF16_TOLERANCE
+    )
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(8, 2, 64, 16), (8, 4, 40, 16)])
+def test_native_decode_fp8_cache_with_options_matches_the_torch_path(ops, fp8, dtype, shape):
+    scale, scales = shape[2] ** -0.5, KVScales(0.37, 2.5)
+    options = AttentionOptions(sliding_window=37, soft_cap=1.0, sinks=sinks(8))
+    step = stored_decode_step(shape, dtype, fp8)
+    meta = step.meta
+    expected = torch_ops.paged_decode_attention(
+        step.query,
+        step.cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.max_seq_len,
+        scale,
+        scales,
+        options,
+    )
+    actual = decode_kernel(ops, step, scale, options, scales)
+    tolerance = FP32_TOLERANCE * 10 if dtype == torch.float32 else BF16_TOLERANCE
+    torch.testing.assert_close(
+        actual.float(), expected.float(), atol=tolerance * scales.v, rtol=tolerance
+    )
+
+
+def test_native_decode_refuses_bad_options_with_a_clear_error(ops):
+    step = stored_decode_step((8, 2, 64, 16), torch.float32)
+    with pytest.raises(RuntimeError, match="window must be >= 0"):
+        decode_kernel(ops, step, 1.0, AttentionOptions(sliding_window=-3))
+    with pytest.raises(RuntimeError, match="soft_cap must be >= 0"):
+        decode_kernel(ops, step, 1.0, AttentionOptions(soft_cap=-1.0))
+    with pytest.raises(RuntimeError, match=r"sinks must be .* \[heads\]"):
+        decode_kernel(ops, step, 1.0, AttentionOptions(sinks=torch.zeros(3)))

@@ -3,6 +3,12 @@
 // softmax computed online block by block, accumulation in fp32. The cache holds the query's
 // type (T) or fp8 (C = fp8_e4m3 / fp8_e5m2, see common.h): k_scale is folded into the
 // query's scale and v_scale into the final normalisation.
+//
+// Per-layer options (octavo.attention.options): a sliding window starts the walk at the
+// first visible position (whole blocks before it are never read); soft-capping rewrites
+// each score as cap * tanh(score / cap); a sink starts each head's running softmax at
+// (max = sink, sum = 1) with nothing accumulated, i.e. one extra logit in the denominator.
+// Plain layers run the same loops as before: soft-capping is a template flag.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -23,16 +29,44 @@ struct DecodeShape {
   int64_t q_token_stride, q_head_stride, slot_stride;  // slot_stride: elements per cache slot
   float scale;      // softmax scale times k_scale
   float out_scale;  // v_scale
+  int64_t window;        // 0: the whole context
+  float soft_cap;        // 0: no capping
+  const float* sinks;    // [heads] or nullptr
 };
+
+// The first context position the query (at seq_len - 1) sees.
+inline int64_t first_visible(const DecodeShape& s, int64_t seq_len) {
+  return s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
+}
+
+// tanh lane by lane: an odd Taylor polynomial near 0 (where 1 - e^-2|x| cancels), else
+// (1 - e^-2|x|) / (1 + e^-2|x|), with the sign put back.
+inline vec16 tanh16(vec16 x) {
+  const vec16 a = x < 0.f ? -x : x;
+  const vec16 e = exp16(a * -2.f);
+  const vec16 large = (1.f - e) / (1.f + e);
+  const vec16 a2 = a * a;
+  const vec16 small =
+      a * (1.f + a2 * (-1.f / 3.f + a2 * (2.f / 15.f + a2 * (-17.f / 315.f + a2 * (62.f / 2835.f)))));
+  const vec16 magnitude = a < 0.3f ? small : large;
+  return x < 0.f ? -magnitude : magnitude;
+}
 
 // Running softmax state of the `group` query heads of one (sequence, KV head) pair.
 struct OnlineSoftmax {
   std::vector<float> query, acc, max, sum, scores;
 
-  OnlineSoftmax(const DecodeShape& s)
+  // `sinks`: the group's sink logits (nullptr: none).
+  OnlineSoftmax(const DecodeShape& s, const float* sinks)
       : query(s.group * s.head_dim), acc(s.group * s.head_dim, 0.f),
         max(s.group, -std::numeric_limits<float>::infinity()), sum(s.group, 0.f),
-        scores(s.group * s.block_size) {}
+        scores(s.group * s.block_size) {
+    if (sinks == nullptr) return;
+    for (int64_t g = 0; g < s.group; ++g) {
+      max[g] = sinks[g];
+      sum[g] = 1.f;
+    }
+  }
 };
 
 // Scores of every query head of the group against the block's `count` keys. `HD` is the
@@ -47,6 +81,14 @@ void score_block(OnlineSoftmax& st, const DecodeShape& s, const C* keys, int64_t
       const C* __restrict k = keys + t * s.slot_stride;
       scores[g * s.block_size + t] = dot(q, k, dim);
     }
+  }
+}
+
+void soft_cap_block(OnlineSoftmax& st, const DecodeShape& s, int64_t count) {
+  const float cap = s.soft_cap, inv = 1.f / s.soft_cap;
+  for (int64_t g = 0; g < s.group; ++g) {
+    float* scores = st.scores.data() + g * s.block_size;
+    for (int64_t t = 0; t < count; ++t) scores[t] = cap * std::tanh(scores[t] * inv);
   }
 }
 
@@ -96,7 +138,7 @@ void prefetch_rows(const T* rows, int64_t count, int64_t stride, int64_t row_byt
   }
 }
 
-template <typename T, typename C, int HD>
+template <typename T, typename C, int HD, bool SoftCap>
 struct ChunkedDecode {
   static constexpr int kVecs = HD / 16;
   const DecodeShape& s;
@@ -104,14 +146,15 @@ struct ChunkedDecode {
   float max[kMaxGroup], sum[kMaxGroup];
   alignas(64) float weights[kMaxGroup][kChunk];
 
-  ChunkedDecode(const DecodeShape& shape, const T* q) : s(shape) {
+  // `sinks`: the group's sink logits (nullptr: none).
+  ChunkedDecode(const DecodeShape& shape, const T* q, const float* sinks) : s(shape) {
     for (int64_t g = 0; g < s.group; ++g) {
       for (int c = 0; c < kVecs; ++c) {
         query[g][c] = load16(q + g * s.q_head_stride + 16 * c) * s.scale;
         acc[g][c] = vec16{};
       }
-      max[g] = -std::numeric_limits<float>::infinity();
-      sum[g] = 0.f;
+      max[g] = sinks ? sinks[g] : -std::numeric_limits<float>::infinity();
+      sum[g] = sinks ? 1.f : 0.f;
     }
   }
 
@@ -133,6 +176,7 @@ struct ChunkedDecode {
     const ivec16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t g = 0; g < s.group; ++g) {
       vec16 score = transpose_add(rows[g]);
+      if constexpr (SoftCap) score = tanh16(score * (1.f / s.soft_cap)) * s.soft_cap;
       score = lane < static_cast<int32_t>(count) ? score : splat16(-std::numeric_limits<float>::infinity());
       const float new_max = std::max(max[g], max16(score));
       const float correction = fast_exp(max[g] - new_max);
@@ -165,18 +209,21 @@ struct ChunkedDecode {
   }
 };
 
-template <typename T, typename C, int HD>
+// Chunks end on multiples of 16 (so never straddle a block); a window's first chunk starts
+// at its first visible position and is shorter.
+template <typename T, typename C, int HD, bool SoftCap>
 void attend_chunked(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
-                    int64_t seq_len, T* out) {
-  ChunkedDecode<T, C, HD> state(s, query);
+                    int64_t seq_len, const float* sinks, T* out) {
+  ChunkedDecode<T, C, HD, SoftCap> state(s, query, sinks);
   const int64_t row_bytes = HD * static_cast<int64_t>(sizeof(C));
   auto chunk_offset = [&](int64_t start) {
     return (static_cast<int64_t>(table[start / s.block_size]) * s.block_size + start % s.block_size) * s.slot_stride;
   };
-  for (int64_t start = 0; start < seq_len; start += kChunk) {
-    const int64_t count = std::min(kChunk, seq_len - start), offset = chunk_offset(start);
-    if (start + kChunk < seq_len) {
-      const int64_t next = chunk_offset(start + kChunk), next_count = std::min(kChunk, seq_len - start - kChunk);
+  for (int64_t start = first_visible(s, seq_len), end; start < seq_len; start = end) {
+    end = std::min(seq_len, (start / kChunk + 1) * kChunk);
+    const int64_t count = end - start, offset = chunk_offset(start);
+    if (end < seq_len) {
+      const int64_t next = chunk_offset(end), next_count = std::min(kChunk, seq_len - end);
       prefetch_rows(keys + next, next_count, s.slot_stride, row_bytes);
       prefetch_rows(values + next, next_count, s.slot_stride, row_bytes);
     }
@@ -186,21 +233,24 @@ void attend_chunked(const DecodeShape& s, const T* query, const C* keys, const C
   state.write(out);
 }
 
+// Block by block from the block holding the first visible position (read from there on).
 template <typename T, typename C, int HD>
 void attend_one(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
-                int64_t seq_len, T* out) {
-  OnlineSoftmax st(s);
+                int64_t seq_len, const float* sinks, T* out) {
+  OnlineSoftmax st(s, sinks);
   for (int64_t g = 0; g < s.group; ++g) {
     const T* q = query + g * s.q_head_stride;
     for (int64_t i = 0; i < s.head_dim; ++i) st.query[g * s.head_dim + i] = to_float(q[i]) * s.scale;
   }
-  const int64_t block_elements = s.block_size * s.slot_stride;
-  for (int64_t start = 0, b = 0; start < seq_len; start += s.block_size, ++b) {
-    const int64_t count = std::min(s.block_size, seq_len - start);
-    const int64_t offset = static_cast<int64_t>(table[b]) * block_elements;
+  const int64_t first = first_visible(s, seq_len);
+  for (int64_t b = first / s.block_size, start = first; start < seq_len; ++b) {
+    const int64_t end = std::min(seq_len, (b + 1) * s.block_size), count = end - start;
+    const int64_t offset = (static_cast<int64_t>(table[b]) * s.block_size + start - b * s.block_size) * s.slot_stride;
     score_block<C, HD>(st, s, keys + offset, count);
+    if (s.soft_cap > 0.f) soft_cap_block(st, s, count);
     softmax_block(st, s, count);
     accumulate_values<C, HD>(st, s, values + offset, count);
+    start = end;
   }
   for (int64_t g = 0; g < s.group; ++g) {
     const float inv = st.sum[g] > 0.f ? s.out_scale / st.sum[g] : 0.f;
@@ -209,12 +259,36 @@ void attend_one(const DecodeShape& s, const T* query, const C* keys, const C* va
 }
 
 DecodeShape decode_shape(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables, double scale,
-                         double k_scale, double v_scale) {
+                         double k_scale, double v_scale, int64_t window, double soft_cap, const float* sinks) {
   const int64_t heads = query.size(1), kv_heads = kv_cache.size(3);
   TORCH_CHECK(heads % kv_heads == 0, "paged_decode_attention: heads must be a multiple of kv_heads");
-  return DecodeShape{heads, kv_heads, heads / kv_heads, query.size(2), kv_cache.size(2), block_tables.size(1),
-                     query.stride(0), query.stride(1), kv_heads * kv_cache.size(4), static_cast<float>(scale * k_scale),
-                     static_cast<float>(v_scale)};
+  return DecodeShape{heads,
+                     kv_heads,
+                     heads / kv_heads,
+                     query.size(2),
+                     kv_cache.size(2),
+                     block_tables.size(1),
+                     query.stride(0),
+                     query.stride(1),
+                     kv_heads * kv_cache.size(4),
+                     static_cast<float>(scale * k_scale),
+                     static_cast<float>(v_scale),
+                     window,
+                     static_cast<float>(soft_cap),
+                     sinks};
+}
+
+// The options' checks; returns the sinks' data (nullptr: none).
+const float* check_options(const at::Tensor& query, int64_t window, double soft_cap,
+                           const c10::optional<at::Tensor>& sinks) {
+  TORCH_CHECK(window >= 0, "paged_decode_attention: window must be >= 0 (0: no window)");
+  TORCH_CHECK(soft_cap >= 0.0 && std::isfinite(soft_cap), "paged_decode_attention: soft_cap must be >= 0 (0: none)");
+  if (!sinks.has_value()) return nullptr;
+  const at::Tensor& t = *sinks;
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 1 &&
+                  t.size(0) == query.size(1),
+              "paged_decode_attention: sinks must be a contiguous float32 CPU tensor [heads]");
+  return t.data_ptr<float>();
 }
 
 void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
@@ -235,11 +309,16 @@ void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tens
 
 template <typename T, typename C, int HD>
 void attend(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
-            int64_t seq_len, T* out) {
+            int64_t seq_len, const float* sinks, T* out) {
+  constexpr int kHD = HD > 0 ? HD : 16;
   if (HD > 0 && HD % 16 == 0 && s.block_size % kChunk == 0 && s.group <= kMaxGroup) {
-    attend_chunked<T, C, (HD > 0 ? HD : 16)>(s, query, keys, values, table, seq_len, out);
+    if (s.soft_cap > 0.f) {
+      attend_chunked<T, C, kHD, true>(s, query, keys, values, table, seq_len, sinks, out);
+    } else {
+      attend_chunked<T, C, kHD, false>(s, query, keys, values, table, seq_len, sinks, out);
+    }
   } else {
-    attend_one<T, C, HD>(s, query, keys, values, table, seq_len, out);
+    attend_one<T, C, HD>(s, query, keys, values, table, seq_len, sinks, out);
   }
 }
 
@@ -258,7 +337,7 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
       const int64_t head_offset = h * s.head_dim;
       attend<T, C, HD>(s, q + b * s.q_token_stride + h * s.group * s.q_head_stride, keys + head_offset,
                         values + head_offset, tables + b * s.max_blocks, lens[b],
-                        o + (b * s.heads + h * s.group) * s.head_dim);
+                        s.sinks ? s.sinks + h * s.group : nullptr, o + (b * s.heads + h * s.group) * s.head_dim);
     }
   });
 }
@@ -267,9 +346,10 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, double k_scale,
-                            double v_scale) {
+                            double v_scale, int64_t window, double soft_cap, const c10::optional<at::Tensor>& sinks) {
   check_inputs(out, query, kv_cache, block_tables, seq_lens);
-  const DecodeShape s = decode_shape(query, kv_cache, block_tables, scale, k_scale, v_scale);
+  const float* sink_data = check_options(query, window, soft_cap, sinks);
+  const DecodeShape s = decode_shape(query, kv_cache, block_tables, scale, k_scale, v_scale, window, soft_cap, sink_data);
   const int64_t seqs = query.size(0);
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();

@@ -12,7 +12,7 @@ void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
               double k_scale, double v_scale);
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, double k_scale,
-                            double v_scale);
+                            double v_scale, int64_t window, double soft_cap, const c10::optional<at::Tensor>& sinks);
 void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
                     int64_t call, int64_t slot_bytes);
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
@@ -36,7 +36,8 @@ TORCH_LIBRARY(octavo_cpu, m) {
       "float v_scale=1.) -> ()");
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
-      "Tensor seq_lens, float scale, float k_scale=1., float v_scale=1.) -> ()");
+      "Tensor seq_lens, float scale, float k_scale=1., float v_scale=1., int window=0, "
+      "float soft_cap=0., Tensor? sinks=None) -> ()");
   m.def(
       "shm_all_reduce(Tensor(a!) tensor, Tensor(b!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
