@@ -86,6 +86,8 @@ def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerCo
         header_timeout=args.header_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating
         or os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
         lora_allowed_roots=args.lora_allowed_roots,

@@ -22,6 +22,8 @@ from octavo.arg_types import (
     positive_int,
 )
 from octavo.config import flag_fields
+from octavo.entrypoints.openai.reasoning.parsers import REASONING_PARSER_NAMES
+from octavo.entrypoints.openai.template_kwargs import template_kwargs_arg
 
 ENV_PREFIX = "OCTAVO_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -126,6 +128,21 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         one_of(TOOL_CALL_PARSER_NAMES),
         None,
         TOOL_CALL_PARSER_NAMES,
+    ),
+    Option(
+        "--reasoning-parser",
+        "put a reasoning model's thinking (its <think> block) in the chat replies' "
+        "reasoning_content, streamed or not: deepseek_r1 (DeepSeek-R1, QwQ) or qwen3 "
+        "(Qwen3; honours chat_template_kwargs enable_thinking)",
+        one_of(REASONING_PARSER_NAMES),
+        None,
+        REASONING_PARSER_NAMES,
+    ),
+    Option(
+        "--default-chat-template-kwargs",
+        "a JSON object passed to the chat template on every chat request, e.g. "
+        "'{\"enable_thinking\": false}'; a request's chat_template_kwargs win over it",
+        template_kwargs_arg,
     ),
     Option(
         "--allow-runtime-lora-updating",

@@ -79,6 +79,9 @@ class CompletionResponse(BaseModel):
 
 
 # ----- /v1/chat/completions ------------------------------------------------------------
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+
+
 class TopLogprob(BaseModel):
     token: str
     logprob: float
@@ -108,6 +111,21 @@ class AssistantMessage(BaseModel):
     role: str = "assistant"  # --response-role
     content: str | None = None
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    # --reasoning-parser: the thinking, under vLLM's name and its older one (both sent)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @classmethod
+    def with_reasoning(cls, reasoning: str | None, **fields: Any) -> AssistantMessage:
+        return cls(reasoning=reasoning, reasoning_content=reasoning, **fields)
+
+    @model_serializer(mode="wrap")
+    def _reasoning_only_when_there(self, handler: Any) -> dict[str, Any]:
+        body = handler(self)
+        for key in REASONING_FIELDS:
+            if body.get(key) is None:
+                body.pop(key, None)
+        return body
 
 
 class ChatChoice(BaseModel):
@@ -154,7 +172,15 @@ class DeltaMessage(_DropUnset):
 
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None  # --reasoning-parser (reasoning_content: the older name)
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+
+    def with_reasoning(self, reasoning: str | None) -> DeltaMessage:
+        """This piece, carrying ``reasoning`` too (itself when there is none)."""
+        if reasoning is None:
+            return self
+        return self.model_copy(update={"reasoning": reasoning, "reasoning_content": reasoning})
 
 
 class ChatChunkChoice(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -20,6 +21,7 @@ from octavo.entrypoints.openai.logprobs_format import (
 from octavo.entrypoints.openai.middleware import request_ids
 from octavo.entrypoints.openai.prompts import render_chat
 from octavo.entrypoints.openai.protocol import ChatCompletionRequest
+from octavo.entrypoints.openai.reasoning.plan import ReasoningPlan, Split, plan_reasoning
 from octavo.entrypoints.openai.request_params import resolve_max_tokens, to_sampling_params
 from octavo.entrypoints.openai.responses import (
     AssistantMessage,
@@ -41,6 +43,7 @@ from octavo.entrypoints.openai.streaming import (
     sse_response,
 )
 from octavo.entrypoints.openai.structured_outputs import checked_constraint
+from octavo.entrypoints.openai.tool_calls.parsers import ToolCallParse
 from octavo.entrypoints.openai.tool_calls.plan import (
     ToolPlan,
     finish_reason_with_calls,
@@ -63,6 +66,7 @@ class ChatJob:
     report_cached: bool = False  # --enable-prompt-tokens-details
     num_cached_tokens: int = 0
     tools: ToolPlan = field(default_factory=lambda: ToolPlan("none"))
+    reasoning: ReasoningPlan = field(default_factory=ReasoningPlan)
     tokens_by_choice: dict[int, int] = field(default_factory=dict)
     finished_choices: set[int] = field(default_factory=set)
     tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)
@@ -95,8 +99,14 @@ def chat_options(body: ChatCompletionRequest, config: ServerConfig) -> ChatOptio
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
         chat_template=config.chat_template,
-        template_kwargs=dict(body.chat_template_kwargs or {}),
+        template_kwargs=template_kwargs(body, config),
     )
+
+
+def template_kwargs(body: ChatCompletionRequest, config: ServerConfig) -> dict[str, Any]:
+    """``--default-chat-template-kwargs``, then the request's ``chat_template_kwargs`` over
+    them (as vLLM merges them)."""
+    return {**(config.default_chat_template_kwargs or {}), **(body.chat_template_kwargs or {})}
 
 
 def response_role(body: ChatCompletionRequest, config: ServerConfig) -> str:
@@ -140,6 +150,14 @@ async def create_chat_completion(
         tools=tools,
     )
     constraint = await checked_constraint(body, info, context, tools.constraint())
+    job.reasoning = plan_reasoning(
+        config.reasoning_parser,
+        info.tokenizer,
+        token_ids,
+        template_kwargs(body, config),
+        constrained=constraint is not None,
+        include=body.include_reasoning,
+    )
     params = to_sampling_params(
         body, max_tokens, job.num_top_logprobs, constraint, defaults=defaults
     )
@@ -166,14 +184,17 @@ def _full_response(job: ChatJob, final: RequestOutput) -> ChatCompletionResponse
 
 
 def _full_choice(job: ChatJob, output: CompletionOutput) -> ChatChoice:
-    parsed = job.tools.read(output.text)
+    split = job.reasoning.whole(output.text)  # tool calls are read from the content only
+    parsed = ToolCallParse(None) if split.content is None else job.tools.read(split.content)
     calls = [
         ToolCallOut(id=new_call_id(), function=FunctionCallOut(name=c.name, arguments=c.arguments))
         for c in parsed.calls
     ]
     return ChatChoice(
         index=output.index,
-        message=AssistantMessage(role=job.role, content=parsed.content, tool_calls=calls),
+        message=AssistantMessage.with_reasoning(
+            split.reasoning, role=job.role, content=parsed.content, tool_calls=calls
+        ),
         logprobs=job.logprobs(all_logprobs(output)),
         finish_reason=finish_reason_with_calls(calls, output.finish_reason),
         stop_reason=output.stop_reason,
@@ -205,12 +226,13 @@ def _delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoi
         return []
     job.tokens_by_choice[output.index] = len(output.token_ids)
     stream = job.tool_stream(output.index)
-    delta = stream.delta(output.delta_text)
+    delta = _message_delta(stream, job.reasoning.delta(output.index, output.delta_text))
     logprobs = job.logprobs(new_logprobs(output)) if job.tools.mode == "none" else None
     pieces = [delta] if delta is not None or logprobs is not None else []
     if output.finished:
         job.finished_choices.add(output.index)
-        pieces += stream.finish()
+        held_back = _message_delta(stream, job.reasoning.finish(output.index))
+        pieces += ([held_back] if held_back is not None else []) + stream.finish()
     choices = [
         ChatChunkChoice(index=output.index, delta=piece or DeltaMessage(), logprobs=logprobs)
         for piece in pieces
@@ -222,6 +244,14 @@ def _delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoi
         choices[-1].finish_reason = finish_reason_with_calls(calls, output.finish_reason)
         choices[-1].stop_reason = output.stop_reason
     return choices
+
+
+def _message_delta(stream: ToolCallStream, split: Split) -> DeltaMessage | None:
+    """The reasoning piece as it is; the content piece through the tool-call stream."""
+    delta = stream.delta(split.content or "")
+    if split.reasoning is None:
+        return delta
+    return (delta or DeltaMessage()).with_reasoning(split.reasoning)
 
 
 def _usage_chunk(job: ChatJob) -> ChatCompletionChunk:

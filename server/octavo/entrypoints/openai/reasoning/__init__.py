@@ -1,0 +1,2 @@
+"""Reasoning models: the thinking a model writes before its answer, put in
+``reasoning_content`` (``--reasoning-parser``, vLLM's names)."""
