@@ -1,0 +1,33 @@
+"""gpt-oss's MXFP4 expert weights, dequantized at load as transformers'
+``integrations/mxfp4.py`` (``convert_moe_packed_tensors``) does.
+
+Each group of 32 values along a row is 16 bytes of e2m1 codes (two per byte, the low
+nibble first) and one e8m0 scale byte (a power of two, biased by 127).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+FP4_VALUES = FP4_VALUES + tuple(-value for value in FP4_VALUES)  # codes 8..15: sign bit set
+SCALE_BIAS = 127
+BLOCK_VALUES = 32
+
+
+def dequantize_mxfp4(
+    blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """``blocks [..., G, 16]`` (uint8) and ``scales [..., G]`` → ``[..., G * 32]`` in
+    ``dtype``. (transformers returns the last two dimensions of a 3-D result swapped.)"""
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != BLOCK_VALUES // 2:
+        raise ValueError(
+            f"MXFP4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)}"
+        )
+    codes = blocks.to(torch.uint8)
+    table = torch.tensor(FP4_VALUES, dtype=dtype, device=codes.device)
+    low, high = table[(codes & 0x0F).long()], table[(codes >> 4).long()]
+    values = torch.stack((low, high), dim=-1).reshape(*scales.shape, BLOCK_VALUES)
+    exponents = scales.to(torch.int32).sub(SCALE_BIAS).unsqueeze(-1)
+    values = torch.ldexp(values, exponents).to(dtype)
+    return values.reshape(*scales.shape[:-1], scales.shape[-1] * BLOCK_VALUES)

@@ -1,0 +1,57 @@
+"""The MoE router: which ``top_k`` experts each token goes to, and with what weight.
+
+The router's linear is replicated on every rank, in the model's dtype (as transformers
+keeps it). Two kinds, each computed exactly as transformers does:
+
+- ``"softmax"`` (Qwen-MoE, Mixtral): softmax over all experts in float32, top-k of the
+  probabilities, renormalised to sum to 1 when ``renormalize`` (Mixtral always;
+  Qwen3-MoE per ``norm_topk_prob``). Mixtral keeps the weights in float32; Qwen casts
+  them to the model's dtype (``weights_in_model_dtype``).
+- ``"softmax_after_topk"`` (gpt-oss): top-k of the logits (router bias included), then a
+  softmax over the k selected, in the logits' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROUTER_KINDS = ("softmax", "softmax_after_topk")
+
+
+class TopKRouter(nn.Module):
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        *,
+        kind: str,
+        renormalize: bool,
+        bias: bool = False,
+        weights_in_model_dtype: bool = False,
+    ) -> None:
+        super().__init__()
+        if kind not in ROUTER_KINDS:
+            raise ValueError(f"unknown router {kind!r}; supported: {', '.join(ROUTER_KINDS)}")
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"top_k {top_k} must be between 1 and num_experts {num_experts}")
+        self.kind, self.top_k, self.renormalize = kind, top_k, renormalize
+        self.weights_in_model_dtype = weights_in_model_dtype
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(num_experts), requires_grad=False) if bias else None
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden [T, H]`` → ``(weights [T, k], expert ids [T, k])``."""
+        logits = F.linear(hidden, self.weight, self.bias)
+        if self.kind == "softmax_after_topk":
+            values, ids = torch.topk(logits, self.top_k, dim=-1)
+            return torch.softmax(values, dim=-1, dtype=values.dtype), ids
+        probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        values, ids = torch.topk(probabilities, self.top_k, dim=-1)
+        if self.renormalize:
+            values = values / values.sum(dim=-1, keepdim=True)
+        if self.weights_in_model_dtype:
+            values = values.to(logits.dtype)
+        return values, ids
