@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from octavo.model_executor.models.registry import check_architecture
+from octavo.model_executor.rotary import rope_parameters_for
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 
@@ -36,6 +37,9 @@ class ModelConfig:
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     layer_types: tuple[str, ...] = ()  # FULL_ATTENTION or SLIDING_ATTENTION per layer
+    # not from config.json: the engine's --enable-expert-parallel (MoE experts placed whole
+    # per tensor rank instead of each split over every rank)
+    enable_expert_parallel: bool = False
     hf: Any = field(default=None, repr=False, compare=False)  # transformers' config object
 
     @classmethod
@@ -57,7 +61,7 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=_attention_bias(architecture, raw),
-            rope=_rope_parameters(raw),
+            rope=rope_parameters_for(raw),
             sliding_window=_sliding_window(raw),
             eos_token_ids=_as_tuple(raw.get("eos_token_id")),
             hf=hf,
@@ -142,16 +146,6 @@ def _layer_types(hf, config: ModelConfig) -> tuple[str, ...]:
 
 def _attention_bias(architecture: str, raw: dict) -> bool:
     return architecture == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False))
-
-
-def _rope_parameters(raw: dict) -> dict:
-    """Merge transformers-5 ``rope_parameters`` and older ``rope_theta``/``rope_scaling``."""
-    rope = dict(raw.get("rope_parameters") or {})
-    if raw.get("rope_scaling"):
-        rope.update(raw["rope_scaling"])
-    rope.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
-    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
-    return rope
 
 
 def _sliding_window(raw: dict) -> int | None:

@@ -1,4 +1,29 @@
-"""Rotary position embeddings (RoPE), including Llama-3's frequency scaling."""
+"""Rotary position embeddings (RoPE): default, linear, Llama-3, YaRN, dynamic NTK, LongRoPE.
+
+Everything a rope variant changes is folded into the precomputed cos/sin tables (one row per
+position), so the torch path and the native kernel (``ops.rotary_embedding``) apply every
+variant alike:
+
+* the inverse frequencies follow ``transformers.modeling_rope_utils`` operation for
+  operation;
+* the attention factor (YaRN's mscale, LongRoPE's scaling) multiplies cos and sin in float32
+  before the cast to the model dtype, as transformers' rotary modules do;
+* with ``partial_rotary_factor`` only the first ``rotary_dim`` dimensions of a head rotate.
+
+Two variants pick frequencies by sequence length in transformers; Octavo picks them per
+position, so a token's rotation never depends on what else is in the batch:
+
+* ``dynamic`` (NTK): transformers keeps the original frequencies while the batch is within
+  ``max_position_embeddings`` and recomputes them from the batch's length beyond it. Octavo
+  uses the original frequencies below ``max_position_embeddings`` (equal to transformers
+  there) and, from that position on, vLLM's static choice: the frequencies transformers
+  would compute for a length of ``max_position_embeddings * factor``.
+* ``longrope`` (Phi-3/4): transformers takes the long factors for the whole batch once its
+  length exceeds ``original_max_position_embeddings``. Octavo takes the short factors for
+  positions below it and the long factors from it on (a position-indexed table, as vLLM's
+  short/long cache is): equal to transformers for prompts within the original length and for
+  every token decoded one at a time.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +34,114 @@ import torch
 
 from octavo.kernels.cpu_build import ops_for
 
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
+_ROPE_TYPE_ALIASES = {"su": "longrope"}  # early Phi-3 checkpoints
+
+
+# --- config spellings ------------------------------------------------------------------------
+
+
+def rope_parameters_for(raw_config: dict, layer_type: str = FULL_ATTENTION) -> dict:
+    """The rope settings of ``layer_type``'s layers, merged from any config spelling.
+
+    Reads transformers 5's ``rope_parameters`` (flat, or per layer type as Gemma 3 writes
+    it), transformers 4's ``rope_theta`` + ``rope_scaling`` (``type`` or ``rope_type``), and
+    Gemma 3's older ``rope_local_base_freq`` for sliding layers. The result always has
+    ``rope_type`` and ``rope_theta``; top-level ``partial_rotary_factor``,
+    ``original_max_position_embeddings`` and ``max_position_embeddings`` are carried in
+    when the rope settings do not name them.
+    """
+    declared = raw_config.get("rope_parameters") or {}
+    if _is_per_layer_type(declared):
+        if layer_type not in declared:
+            raise ValueError(
+                f"rope_parameters has no entry for layer type {layer_type!r} "
+                f"(it has {', '.join(sorted(declared))})"
+            )
+        rope = dict(declared[layer_type])
+    elif layer_type == SLIDING_ATTENTION and "rope_local_base_freq" in raw_config:
+        rope = {"rope_type": "default", "rope_theta": raw_config["rope_local_base_freq"]}
+    else:
+        rope = dict(declared)
+        rope.update(raw_config.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", raw_config.get("rope_theta", 10000.0))
+    for key in ("partial_rotary_factor", "original_max_position_embeddings"):
+        if key in raw_config and raw_config[key] is not None:
+            rope.setdefault(key, raw_config[key])
+    if raw_config.get("max_position_embeddings"):
+        rope.setdefault("max_position_embeddings", raw_config["max_position_embeddings"])
+    rope_type = rope.pop("type", None)
+    rope_type = rope.get("rope_type") or rope_type or "default"
+    rope["rope_type"] = _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
+    return rope
+
+
+def _is_per_layer_type(declared: dict) -> bool:
+    return bool(declared) and all(isinstance(value, dict) for value in declared.values())
+
+
+# --- frequencies -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeFrequencies:
+    """One rope variant's inverse frequencies and the factor multiplying cos and sin."""
+
+    inv_freq: torch.Tensor  # [rotary_dim // 2] float32; positions below ``long_from``
+    attention_factor: float = 1.0
+    long_inv_freq: torch.Tensor | None = None  # from position ``long_from`` on
+    long_from: int | None = None
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * self.inv_freq.numel()
+
+
+def rotary_dim_of(head_dim: int, rope: dict) -> int:
+    """The leading dimensions of a head that rotate (``partial_rotary_factor`` of them)."""
+    rotary_dim = int(head_dim * float(rope.get("partial_rotary_factor") or 1.0))
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(
+            f"partial_rotary_factor {rope.get('partial_rotary_factor')} gives {rotary_dim} "
+            f"rotary dimensions of head_dim {head_dim}: expected an even number in 2..{head_dim}"
+        )
+    return rotary_dim
+
+
+def rope_frequencies(head_dim: int, rope: dict) -> RopeFrequencies:
+    """The frequencies of ``rope`` (as ``rope_parameters_for`` returns it)."""
+    rope_type = rope["rope_type"]
+    if rope_type not in _FREQUENCIES:
+        raise ValueError(
+            f"unsupported rope_type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})"
+        )
+    return _FREQUENCIES[rope_type](rotary_dim_of(head_dim, rope), rope)
+
 
 def inverse_frequencies(head_dim: int, rope: dict) -> torch.Tensor:
-    base = float(rope["rope_theta"])
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    rope_type = rope["rope_type"]
-    if rope_type == "default":
-        return inv_freq
-    if rope_type == "linear":
-        return inv_freq / float(rope["factor"])
-    if rope_type == "llama3":
-        return _llama3_scaled(inv_freq, rope)
-    raise ValueError(f"unsupported rope_type {rope_type!r} (supported: default, linear, llama3)")
+    """The inverse frequencies of the first positions (below any long-context switch)."""
+    return rope_frequencies(head_dim, rope).inv_freq
 
 
-def _llama3_scaled(inv_freq: torch.Tensor, rope: dict) -> torch.Tensor:
+def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _default(dim: int, rope: dict) -> RopeFrequencies:
+    return RopeFrequencies(_default_inv_freq(dim, float(rope["rope_theta"])))
+
+
+def _linear(dim: int, rope: dict) -> RopeFrequencies:
+    return RopeFrequencies(
+        _default_inv_freq(dim, float(rope["rope_theta"])) / float(rope["factor"])
+    )
+
+
+def _llama3(dim: int, rope: dict) -> RopeFrequencies:
     """Long wavelengths are divided by ``factor``, short ones kept, the band between blended."""
+    inv_freq = _default_inv_freq(dim, float(rope["rope_theta"]))
     factor = float(rope["factor"])
     low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
     original = float(rope["original_max_position_embeddings"])
@@ -33,19 +150,134 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: dict) -> torch.Tensor:
     smooth = (original / wavelength - low) / (high - low)
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     in_band = (wavelength >= original / high) & (wavelength <= original / low)
-    return torch.where(in_band, blended, scaled)
+    return RopeFrequencies(torch.where(in_band, blended, scaled))
+
+
+def _required(rope: dict, key: str) -> float:
+    if rope.get(key) is None:
+        raise ValueError(f"rope_type {rope['rope_type']!r} needs {key!r} in the rope settings")
+    return float(rope[key])
+
+
+def _scaling_factor(rope: dict) -> float:
+    """``factor``, or the ratio of the context lengths where a config leaves it out."""
+    if rope.get("factor") is not None:
+        return float(rope["factor"])
+    original = _required(rope, "original_max_position_embeddings")
+    return _required(rope, "max_position_embeddings") / original
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_attention_factor(rope: dict, factor: float) -> float:
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+    mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+    if mscale and mscale_all_dim:  # DeepSeek's spelling
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def _yarn_correction_range(dim: int, base: float, rope: dict) -> tuple[float, float]:
+    """The band of dimensions between extrapolation (fast) and interpolation (slow)."""
+    original = _required(rope, "original_max_position_embeddings")
+
+    def dimension_of(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = dimension_of(float(rope.get("beta_fast") or 32))
+    high = dimension_of(float(rope.get("beta_slow") or 1))
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def _yarn(dim: int, rope: dict) -> RopeFrequencies:
+    base, factor = float(rope["rope_theta"]), _scaling_factor(rope)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolated, interpolated = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    low, high = _yarn_correction_range(dim, base, rope)
+    high = high + 0.001 if low == high else high  # no zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # the share of each dimension's extrapolated frequency
+    inv_freq = interpolated * (1 - keep) + extrapolated * keep
+    return RopeFrequencies(inv_freq, _yarn_attention_factor(rope, factor))
+
+
+def _dynamic(dim: int, rope: dict) -> RopeFrequencies:
+    """Original frequencies within ``max_position_embeddings``; vLLM's static NTK ones beyond."""
+    base, factor = float(rope["rope_theta"]), float(rope["factor"])
+    original = int(_required(rope, "max_position_embeddings"))
+    length = original * factor
+    scaled_base = base * ((factor * length / original) - (factor - 1)) ** (dim / (dim - 2))
+    return RopeFrequencies(
+        _default_inv_freq(dim, base),
+        long_inv_freq=_default_inv_freq(dim, scaled_base),
+        long_from=original,
+    )
+
+
+def _longrope(dim: int, rope: dict) -> RopeFrequencies:
+    """Short factors below ``original_max_position_embeddings``, long factors from it on."""
+    base = float(rope["rope_theta"])
+    original = int(_required(rope, "original_max_position_embeddings"))
+    factor = _scaling_factor(rope)
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+
+    def scaled(key: str) -> torch.Tensor:
+        factors = torch.tensor(rope[key], dtype=torch.float32)
+        if factors.numel() != dim // 2:
+            raise ValueError(f"longrope {key} has {factors.numel()} entries, expected {dim // 2}")
+        return 1.0 / (factors * base**shape)
+
+    return RopeFrequencies(
+        scaled("short_factor"), float(attention_factor), scaled("long_factor"), original
+    )
+
+
+_FREQUENCIES = {
+    "default": _default,
+    "linear": _linear,
+    "llama3": _llama3,
+    "yarn": _yarn,
+    "dynamic": _dynamic,
+    "longrope": _longrope,
+}
+
+
+def rope_angles(frequencies: RopeFrequencies, max_positions: int) -> torch.Tensor:
+    """``[max_positions, rotary_dim // 2]`` float32 angles, each position with its frequencies."""
+    positions = torch.arange(max_positions, dtype=torch.int64).float()
+    angles = torch.outer(positions, frequencies.inv_freq)
+    start = frequencies.long_from
+    if frequencies.long_inv_freq is not None and start is not None and start < max_positions:
+        angles[start:] = torch.outer(positions[start:], frequencies.long_inv_freq)
+    return angles
+
+
+# --- applying it -----------------------------------------------------------------------------
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables for every position up to ``max_positions``."""
+    """Precomputed cos/sin tables ``[max_positions, rotary_dim]`` (attention factor folded in)."""
 
     def __init__(self, head_dim: int, max_positions: int, rope: dict, dtype, device) -> None:
-        inv_freq = inverse_frequencies(head_dim, rope)
-        positions = torch.arange(max_positions, dtype=torch.int64).float()
-        freqs = torch.outer(positions, inv_freq)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        self.cos = angles.cos().to(dtype=dtype, device=device)
-        self.sin = angles.sin().to(dtype=dtype, device=device)
+        frequencies = rope_frequencies(head_dim, rope)
+        angles = rope_angles(frequencies, max_positions)
+        emb = torch.cat((angles, angles), dim=-1)
+        scale = frequencies.attention_factor
+        self.head_dim = head_dim
+        self.rotary_dim = frequencies.rotary_dim
+        self.attention_factor = scale
+        self.cos = (emb.cos() * scale).to(dtype=dtype, device=device)
+        self.sin = (emb.sin() * scale).to(dtype=dtype, device=device)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for the step's positions, shaped to broadcast over heads."""
@@ -66,7 +298,9 @@ class RotaryStep:
     rows: tuple[torch.Tensor, torch.Tensor] | None  # the torch path's cos/sin rows, once a step
 
     def apply_(self, qk: torch.Tensor) -> None:
-        """Rotate ``qk [tokens, heads, head_dim]`` in place."""
+        """Rotate ``qk [tokens, heads, head_dim]`` in place (its first ``rotary_dim`` dims)."""
+        if self.rotary.rotary_dim < qk.shape[-1]:
+            qk = qk[..., : self.rotary.rotary_dim]
         if self.ops is not None:
             self.ops.rotary_embedding(self.positions, qk, self.rotary.cos, self.rotary.sin)
             return
