@@ -283,7 +283,7 @@ def ask(client, stream: bool, forced: str | None = None, **extra):
     return client.chat.completions.create(
         model=MODEL,
         messages=ASK,
-        max_tokens=80,
+        max_tokens=extra.pop("max_tokens", 80),
         temperature=0,
         stream=stream,
         extra_body={**body, **extra.pop("extra_body", {})},
@@ -322,6 +322,34 @@ def test_streamed_deltas_carry_the_reasoning_then_the_content(client):
         if p.get("content") or p.get("reasoning_content")
     ]
     assert kinds == sorted(kinds)  # reasoning first, then content, never back
+
+
+def test_a_final_update_sends_its_logprobs_once(thinking_tokenizer):
+    """The last update of an unclosed reply ending in a piece of ``</think>``: its new
+    text and what was held back go out as two chunks, its logprobs with the first only."""
+    from octavo.entrypoints.openai.logprobs_format import TokenDecoder
+    from octavo.entrypoints.openai.protocol import ChatCompletionRequest
+    from octavo.entrypoints.openai.serving_chat import ChatJob, _delta_choices
+    from octavo.outputs import CompletionOutput
+    from octavo.sampling.logprobs import TokenLogprobs
+
+    body = ChatCompletionRequest(messages=ASK, logprobs=True, stream=True)
+    job = ChatJob(body, "chatcmpl-1", MODEL, 3, TokenDecoder(thinking_tokenizer))
+    job.reasoning = ReasoningPlan(QWEN3, OPEN)
+    token = thinking_tokenizer.encode("ab</", add_special_tokens=False)[-1]
+    output = CompletionOutput(
+        0,
+        "ab</",
+        [token],
+        "length",
+        delta_text="ab</",
+        delta_token_ids=[token],
+        logprobs=[TokenLogprobs(token, -0.5, 1, [])],
+    )
+    choices = _delta_choices(job, output)
+    sent = [(c.delta.reasoning_content, c.logprobs is not None) for c in choices]
+    assert sent == [("ab", True), ("</", False)]
+    assert choices[-1].finish_reason == "length"
 
 
 def test_a_free_reply_streams_as_it_is_whole(client):

@@ -220,22 +220,25 @@ async def _chunks(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
 
 
 def _delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoice]:
-    """The chunks this output update makes: its delta (content, or a tool call's piece),
-    and, once it finished, what the tool-call stream kept back, then the finish reason."""
+    """The chunks this output update makes: its delta (reasoning, content, or a tool call's
+    piece), and, once it finished, what the reasoning and tool-call streams kept back, then
+    the finish reason."""
     if output.index in job.finished_choices:
         return []
     job.tokens_by_choice[output.index] = len(output.token_ids)
     stream = job.tool_stream(output.index)
-    delta = _message_delta(stream, job.reasoning.delta(output.index, output.delta_text))
+    pieces = [_message_delta(stream, job.reasoning.delta(output.index, output.delta_text))]
     logprobs = job.logprobs(new_logprobs(output)) if job.tools.mode == "none" else None
-    pieces = [delta] if delta is not None or logprobs is not None else []
     if output.finished:
         job.finished_choices.add(output.index)
-        held_back = _message_delta(stream, job.reasoning.finish(output.index))
-        pieces += ([held_back] if held_back is not None else []) + stream.finish()
-    choices = [
-        ChatChunkChoice(index=output.index, delta=piece or DeltaMessage(), logprobs=logprobs)
-        for piece in pieces
+        pieces.append(_message_delta(stream, job.reasoning.finish(output.index)))
+        pieces += stream.finish()
+    pieces = [piece for piece in pieces if piece is not None]
+    if not pieces and logprobs is not None:
+        pieces = [DeltaMessage()]
+    choices = [  # the update's logprobs go with its first piece only
+        ChatChunkChoice(index=output.index, delta=piece, logprobs=logprobs if i == 0 else None)
+        for i, piece in enumerate(pieces)
     ]
     if output.finished:
         if not choices:
