@@ -361,6 +361,22 @@ def test_build_is_keyed_by_sources_flags_and_isa(tmp_path, monkeypatch):
     assert cpu_build.plan_build("avx2") == plans["avx2"]  # stable: an existing build is reused
 
 
+def test_a_build_killed_midway_does_not_block_the_next(tmp_path, monkeypatch):
+    """torch's build lock file outlives a killed build; the next build must not wait on it."""
+    monkeypatch.setenv(cpu_build.KERNELS_DIR_ENV, str(tmp_path))
+    plan = cpu_build.plan_build("generic")
+    plan.folder.mkdir(parents=True)
+    (plan.folder / "lock").touch()  # what a build killed inside cpp_extension.load leaves
+
+    def compile_stub(plan, cpp_extension):  # stands in for the real compiler run
+        assert not (plan.folder / "lock").exists(), "the stale lock was left in place"
+        plan.library.write_bytes(b"built")
+
+    monkeypatch.setattr(cpu_build, "_compile", compile_stub)
+    assert cpu_build.build(plan) == plan.library
+    assert plan.library.read_bytes() == b"built"
+
+
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_the_narrower_builds_pass_the_same_tests(ops, isa, tmp_path):
     """Machines without AVX-512 (AVX2 only, or neither) get their own build: it is compiled

@@ -10,6 +10,8 @@ runs the torch path instead and logs why.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -116,6 +118,29 @@ def build(plan: KernelBuild) -> Path:
 
     _put_ninja_on_path()
     plan.folder.mkdir(parents=True, exist_ok=True)
+    with _build_lock(plan.folder):
+        if plan.library.exists():  # another process built it while this one waited
+            return plan.library
+        # torch's own lock file, left behind by a build that was killed, would make every
+        # later build wait forever; holding the flock proves no build is running.
+        (plan.folder / "lock").unlink(missing_ok=True)
+        _compile(plan, cpp_extension)
+    return plan.library
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """One build per folder at a time, across processes; the kernel drops the lock of a
+    process that dies, so a killed build never blocks the next one."""
+    with open(folder / ".octavo-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _compile(plan: KernelBuild, cpp_extension) -> None:
     logger.info("compiling Octavo's CPU kernels (%s) into %s, once", plan.isa, plan.folder)
     flags = [*COMMON_FLAGS, *ISA_FLAGS[plan.isa]]
     cpp_extension.load(
@@ -127,7 +152,6 @@ def build(plan: KernelBuild) -> Path:
         is_python_module=False,
         verbose=False,
     )
-    return plan.library
 
 
 def _put_ninja_on_path() -> None:

@@ -1,0 +1,101 @@
+"""The check every architecture passes: a tiny random checkpoint written by transformers,
+loaded by Octavo from the folder, greedy fp32 output token-identical to HF ``generate``.
+
+One engine run covers chunked prefill (a step budget smaller than the longest prompt),
+forced preemption (a KV pool smaller than the batch needs) and prefix-cache hits (two
+prompts share a long prefix, the second submitted after the first finished). The
+sliding window of a checkpoint is smaller than the long prompts, so windows are crossed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from octavo import LLM, SamplingParams
+from octavo.kv_cache.cache_tensors import bytes_per_block
+from octavo.model_executor.model_config import ModelConfig
+
+from conftest import assert_all_blocks_free, hf_greedy
+
+NEW_TOKENS = 12
+TINY_SIZES = {  # small enough for seconds-long runs on two cores
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 1024,
+}
+
+
+def write_tiny_checkpoint(folder: Path, model_type: str, tokenizer, **config) -> Path:
+    """transformers' own random model of ``model_type`` (seeded, weights widened so argmaxes
+    do not tie), saved with the tokenizer into ``folder``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = {**TINY_SIZES, "vocab_size": len(tokenizer), **config}
+    raw["bos_token_id"], raw["eos_token_id"] = tokenizer.bos_token_id, tokenizer.eos_token_id
+    hf_config = AutoConfig.for_model(model_type, **raw)
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def check_prompts(tokenizer) -> list[list[int]]:
+    """Four prompts: short, long (chunked, window-crossing) and two sharing a long prefix."""
+    shared = "Explain the scheduler of a serving engine, step by step, in detail. " * 6
+    texts = [
+        "Tell me about the moon.",
+        "Please explain PagedAttention in detail. " * 12,
+        shared + "First question: why blocks?",
+        shared + "Second question: why chunks?",
+    ]
+    return [tokenizer.encode(text) for text in texts]
+
+
+def hf_reference(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return [hf_greedy(model, prompt, NEW_TOKENS, ignore_eos=True) for prompt in prompts]
+
+
+def octavo_greedy(folder: Path, prompts: list[list[int]], **engine_args) -> tuple[list, object]:
+    """Octavo's greedy tokens: the first three prompts as one batch, the fourth after them
+    (so its shared prefix is a cache hit); the engine's stats after both runs."""
+    block_bytes = bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32)
+    args = {
+        "dtype": "float32",
+        "max_model_len": 160,
+        "max_num_batched_tokens": 48,
+        "kv_cache_memory": 11 * block_bytes,  # 160 tokens: the first batch needs ~210
+        "enable_prefix_caching": True,
+        **engine_args,
+    }
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    with LLM(str(folder), **args) as llm:
+        outputs = llm.generate(prompts[:3], params, use_tqdm=False)
+        outputs += llm.generate(prompts[3:], params, use_tqdm=False)
+        stats = llm.engine.stats()
+        if engine_args.get("tensor_parallel_size", 1) == 1:
+            assert_all_blocks_free(llm.engine)
+    return [out.outputs[0].token_ids for out in outputs], stats
+
+
+def assert_matches_hf(folder: Path, tokenizer, **engine_args) -> None:
+    """Greedy token identity with HF, with preemption and a prefix-cache hit seen."""
+    prompts = check_prompts(tokenizer)
+    expected = hf_reference(folder, prompts)
+    got, stats = octavo_greedy(folder, prompts, **engine_args)
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        assert mine == theirs, f"prompt {index}: octavo {mine} != transformers {theirs}"
+    assert stats.num_preemptions > 0, "the KV pool was meant to force preemption"
+    assert stats.prefix_cache_hits > 0, "the shared prefix was meant to hit the cache"
