@@ -37,6 +37,8 @@ SET_BY_THE_OPERATOR = {
 }
 # Server flags deliberately not exposed as engine fields; engine.extraArgs can pass them.
 LEFT_TO_EXTRA_ARGS = {
+    "--reasoning-parser": "per model family; reasoning output is new, extraArgs passes it",
+    "--default-chat-template-kwargs": "a JSON object of template switches, per deployment",
     "--api-key": "a secret: spec.apiKeySecretRef puts it in OCTAVO_API_KEY, never in args",
     "--kv-cache-memory": "a byte count fits one GPU model; gpuMemoryUtilization scales",
     "--num-threads": "torch's default follows the container's CPUs; pin it only by hand",
