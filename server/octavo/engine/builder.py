@@ -45,6 +45,7 @@ class EngineParts:
 def build_engine_parts(args: EngineArgs) -> EngineParts:
     folder = resolve_model_folder(args.model, args.revision)
     config = ModelConfig.from_folder(folder)
+    config.enable_expert_parallel = args.enable_expert_parallel
     quantization = resolve_quantization(folder, args.quantization)
     device = select_device(args.device)
     dtype = select_dtype(args.dtype, device)
@@ -149,9 +150,7 @@ def _eos_token_ids(config: ModelConfig, tokenizer) -> set[int]:
 
 
 def _max_model_len(args: EngineArgs, config: ModelConfig) -> int:
-    limit = config.max_position_embeddings
-    if config.sliding_window:
-        limit = min(limit, config.sliding_window)  # full attention is exact only inside it
+    limit = config.max_position_embeddings  # sliding windows are attention, not a cap
     if args.max_model_len is None:
         return limit
     if args.max_model_len > limit:
