@@ -105,3 +105,25 @@ def test_the_serving_packages_folders_import_each_other_without_cycles():
     assert "model_executor" not in graph.get("kv_cache", set())
     cycle = find_cycle(graph)
     assert cycle is None, f"the octavo subpackages import in a cycle: {' -> '.join(cycle)}"
+
+
+# The model library's shared modules; every other module under models/ is an architecture.
+MODEL_LIBRARY = {"registry", "causal_lm", "decoder", "layer_spec", "__init__"}
+
+
+def test_only_the_registry_names_concrete_model_classes():
+    """Architectures are reached through ``models.registry``: nothing outside models/
+    imports an architecture's module (vLLM's ModelRegistry rule)."""
+    models = SERVING / "model_executor" / "models"
+    architectures = {p.stem for p in models.glob("*.py")} - MODEL_LIBRARY
+    assert {"llama"} <= architectures  # the walk sees the architecture files
+    offenders = {
+        module: sorted(
+            p for p in places if not p.startswith("server/octavo/model_executor/models/")
+        )
+        for module, places in serving_imports().items()
+        if module.startswith("octavo.model_executor.models.")
+        and module.rpartition(".")[2] in architectures
+    }
+    offenders = {module: places for module, places in offenders.items() if places}
+    assert not offenders, f"import architectures through models.registry: {offenders}"
