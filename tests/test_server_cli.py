@@ -9,6 +9,7 @@ import pytest
 from octavo.arg_types import parse_size
 from octavo.cli import build_parser, main
 from octavo.entrypoints.openai import options
+from octavo.model_executor.models.registry import supported_architectures
 
 from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)
 
@@ -31,6 +32,8 @@ def test_help_lists_every_flag_and_the_environment(capsys):
     for flag in FLAGS:
         assert flag in text, flag
     assert "OCTAVO_MAX_MODEL_LEN" in text and "OCTAVO_API_KEY" in text
+    for architecture in supported_architectures():  # the model registry's, every one
+        assert architecture in text.replace(", ", ","), architecture
 
 
 def test_defaults():

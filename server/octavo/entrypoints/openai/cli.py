@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from octavo.entrypoints.openai import options
+from octavo.model_executor.models.registry import supported_architectures
 
 if TYPE_CHECKING:
     from octavo.config import EngineArgs
@@ -37,8 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model",
         nargs="?",
         default=os.environ.get(options.MODEL_ENV),
-        help=f"model folder or hf://ORG/NAME (default: the embedded SmolLM2) "
-        f"[env {options.MODEL_ENV}]",
+        help=f"model folder, .gguf file or hf://ORG/NAME (default: the embedded SmolLM2) "
+        f"[env {options.MODEL_ENV}]; architectures: {', '.join(supported_architectures())}",
     )
     options.add_options(parser, os.environ)
     parser.set_defaults(func=serve)
