@@ -14,9 +14,22 @@ from torch import nn
 from octavo.kernels.cpu_build import ops_for
 
 
+def on_gpu(x: torch.Tensor) -> bool:
+    """The Triton kernel's case: a CUDA tensor with unit column stride."""
+    return x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
+
+
+def triton_gated(x: torch.Tensor, kind: str) -> torch.Tensor:
+    from octavo.model_executor.layers.triton_activation import gated_activation_triton
+
+    return gated_activation_triton(x, kind)
+
+
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [tokens, 2d]`` (gate, then up) → ``[tokens, d]``."""
+        if on_gpu(x):
+            return triton_gated(x, "silu")
         ops = ops_for(x)
         if ops is None or x.stride(-1) != 1:
             return self.forward_native(x)
@@ -34,6 +47,8 @@ class GeluTanhAndMul(nn.Module):
     """``gelu(gate, approximate="tanh") · up`` (Gemma's ``gelu_pytorch_tanh``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if on_gpu(x):
+            return triton_gated(x, "gelu_tanh")
         ops = ops_for(x)
         if ops is None or x.dim() != 2 or x.stride(-1) != 1:
             return self.forward_native(x)
@@ -69,6 +84,11 @@ class ClampedSwigluAndMul(nn.Module):
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if on_gpu(x) and (self.alpha, self.limit) == (1.702, 7.0):
+            return triton_gated(x, "clamped_swiglu")
+        return self.forward_native(x)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
