@@ -1,5 +1,5 @@
-"""``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora``:
-the command line."""
+"""``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
+random-model``: the command line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ import argparse
 import logging
 import sys
 
-from octavo_bench import lora, offline, parallel, quantized, serve, speculative, structured
+from octavo_bench import (
+    lora,
+    offline,
+    parallel,
+    quantized,
+    random_model,
+    serve,
+    speculative,
+    structured,
+)
 from octavo_bench.parsers import PROG
 
 
@@ -21,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     quantized.register(kinds)
     speculative.register(kinds)
     lora.register(kinds)
+    random_model.register(kinds)
     return parser
 
 

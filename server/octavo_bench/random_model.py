@@ -1,0 +1,92 @@
+"""`python -m octavo_bench random-model`: a random-weight checkpoint of a real model's shape
+for an architecture, written by transformers, with the embedded model's tokenizer.
+
+Throughput does not depend on what the weights say (the benchmarks run greedy with
+``ignore_eos``), so architectures can be compared, and against vLLM, on the same folder
+without downloading weights. The shapes are SmolLM2-135M's (hidden 576, 9 heads of 64,
+3 KV heads); the MoE ones give each token about the dense model's MLP work.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from octavo_bench.parsers import register_subcommand, standalone_parser
+
+SMOL_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+MOE_SHAPE = {**SMOL_SHAPE, "num_hidden_layers": 16, "tie_word_embeddings": False}
+PRESETS: dict[str, tuple[str, dict]] = {  # name -> (transformers model_type, config)
+    "llama": ("llama", SMOL_SHAPE),
+    "qwen3": ("qwen3", SMOL_SHAPE),
+    "qwen3-moe": (
+        "qwen3_moe",
+        {**MOE_SHAPE, "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 384},
+    ),
+    "mixtral": (
+        "mixtral",
+        {**MOE_SHAPE, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 768},
+    ),
+}
+
+
+def build_random_model(preset: str, target: Path) -> Path:
+    """``target`` with a random ``preset`` checkpoint (kept if it already holds one)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from octavo.model_executor.embedded import embedded_model_folder
+    from octavo.model_executor.loader import load_tokenizer
+
+    if (target / "config.json").is_file():
+        return target
+    model_type, shape = PRESETS[preset]
+    tokenizer = load_tokenizer(embedded_model_folder())
+    config = AutoConfig.for_model(
+        model_type,
+        **shape,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("preset", choices=sorted(PRESETS), help="architecture and shape")
+    parser.add_argument("output", type=Path, help="folder to write the checkpoint into")
+
+
+def run(args: argparse.Namespace) -> int:
+    print(build_random_model(args.preset, args.output))
+    return 0
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    register_subcommand(
+        kinds,
+        "random-model",
+        "write a random-weight checkpoint of an architecture (for the other benchmarks)",
+        __doc__,
+        "",
+        add_arguments,
+        run,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return standalone_parser("random-model", __doc__, "", add_arguments)

@@ -1,0 +1,48 @@
+"""`octavo_bench random-model`: every preset is an architecture Octavo runs, and a built
+folder loads in Octavo (shrunk here: the real presets are SmolLM2-sized)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoConfig
+
+from octavo import LLM, SamplingParams
+from octavo.model_executor.models.registry import supported_architectures
+from octavo_bench import random_model
+from octavo_bench.cli import build_parser
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+
+
+@pytest.mark.parametrize("preset", sorted(random_model.PRESETS))
+def test_presets_are_supported_architectures(preset):
+    model_type, shape = random_model.PRESETS[preset]
+    AutoConfig.for_model(model_type, **shape)  # a config transformers accepts
+    assert ARCHITECTURES[model_type] in supported_architectures()
+
+
+def test_a_built_folder_serves(tmp_path, monkeypatch):
+    tiny = {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+    }
+    monkeypatch.setitem(random_model.PRESETS, "qwen3-moe", ("qwen3_moe", tiny))
+    args = build_parser().parse_args(["random-model", "qwen3-moe", str(tmp_path / "m")])
+    assert args.func(args) == 0
+    folder = random_model.build_random_model("qwen3-moe", tmp_path / "m")  # kept as it is
+    with LLM(str(folder), dtype="float32", kv_cache_memory=2**22) as llm:
+        params = SamplingParams(max_tokens=4, ignore_eos=True)
+        (out,) = llm.generate([[1, 2, 3]], params, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
