@@ -9,6 +9,8 @@ rounding. Tensor and expert parallelism run as two ranks in one process (as
 
 from __future__ import annotations
 
+import multiprocessing
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +31,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
+import moe_ranks
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.checkpoint_slice import CheckpointSlice
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul, SiluAndMul
@@ -342,3 +345,32 @@ def test_loads_the_moe_block_of_a_checkpoint_saved_by_transformers(monkeypatch, 
         total = sum(rank(hidden) for rank in ranks)
     block = model.model.layers[0].mlp  # saved as block_name (Mixtral: block_sparse_moe)
     torch.testing.assert_close(total, hf_output(block, hidden), rtol=1e-5, atol=1e-5)
+
+
+def test_two_processes_over_gloo_all_reduce_to_the_single_process_output():
+    block = seeded_block("gpt_oss", False)
+    checkpoint = hub_checkpoint("gpt_oss", block)
+    hidden = torch.randn(TOKENS, HIDDEN)
+    with torch.no_grad():
+        expected = build_moe("gpt_oss", False, checkpoint)(hidden)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    sizes = (EXPERTS, TOP_K, HIDDEN, INTER)
+    procs = [
+        context.Process(
+            target=moe_ranks.rank_main, args=(rank, 2, port, sizes, checkpoint, hidden, results)
+        )
+        for rank in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    reports = dict(results.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    for outputs in reports.values():  # every rank holds the summed output
+        for expert_parallel in (False, True):
+            torch.testing.assert_close(outputs[expert_parallel], expected, rtol=1e-5, atol=1e-5)
