@@ -150,10 +150,10 @@ def test_an_unsupported_block_type_is_named_with_the_supported_ones(tmp_path):
     assert "supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16" in message
 
 
-# A Q4_K_M-like mix: Q4_K with Q6_K for V, down and the (tied) embedding; the second
+# A Q4_K_M-like mix: Q4_K with Q6_K for V and down (the embedding Q8_0); the second
 # layer takes every other kept kind, so a fused QKV holds three kinds side by side.
 KINDS = {
-    "token_embd.weight": GGML.Q6_K,
+    "token_embd.weight": GGML.Q8_0,  # the torch path expands the tied LM head every step
     "blk.0.attn_q.weight": GGML.Q4_K,
     "blk.0.attn_k.weight": GGML.Q4_K,
     "blk.0.attn_v.weight": GGML.Q6_K,
