@@ -15,6 +15,7 @@ from octavo.executor.executor import Executor, create_executor
 from octavo.kernels.cpu_count import usable_cpus
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
+from octavo.kv_cache.sliding_window import max_blocks_per_sequence
 from octavo.lora.config import LoRAConfig
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
@@ -64,13 +65,14 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     )  # fmt: skip
     executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     lookahead = speculative.num_speculative_tokens if speculative is not None else 0
+    window = config.uniform_sliding_window if draft is None else None  # a draft reads it all
     try:
-        num_blocks = _initialize_cache(executor, args, device, max_model_len, lookahead)
+        num_blocks = _initialize_cache(executor, args, device, max_model_len, lookahead, window)
     except BaseException:
         executor.shutdown()
         raise
     pool = BlockPool(num_blocks, args.enable_prefix_caching)
-    kv = KVCacheManager(pool, args.block_size)
+    kv = KVCacheManager(pool, args.block_size, window)
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
     budget = args.token_budget(device.type, max_model_len)
@@ -114,8 +116,11 @@ def _initialize_cache(
     device: torch.device,
     max_model_len: int,
     num_speculative_tokens: int,
+    window: int | None = None,
 ) -> int:
-    """Size the KV cache (the fewest blocks any worker can hold) and allocate it."""
+    """Size the KV cache (the fewest blocks any worker can hold) and allocate it; it must
+    hold one sequence of ``max_model_len`` tokens (behind a uniform ``window``: the window
+    and one step's tokens, as blocks behind it are freed)."""
     budget = kv_budget(args, device, num_speculative_tokens, max_model_len)
     num_blocks = executor.num_available_blocks(budget)
     if device.type == "cuda" and num_blocks <= 0:
@@ -124,7 +129,9 @@ def _initialize_cache(
             "or lower max_num_batched_tokens / max_num_seqs"
         )
     _log_cache(num_blocks, args, budget)
-    _check_capacity(num_blocks, args.block_size, max_model_len)
+    step_tokens = budget.max_num_batched_tokens + num_speculative_tokens
+    needed = max_blocks_per_sequence(max_model_len, args.block_size, window, step_tokens)
+    _check_capacity(num_blocks, args.block_size, max_model_len, needed)
     executor.initialize_cache(num_blocks)
     return num_blocks
 
@@ -158,10 +165,12 @@ def _max_model_len(args: EngineArgs, config: ModelConfig) -> int:
     return args.max_model_len
 
 
-def _check_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:
+def _check_capacity(num_blocks: int, block_size: int, max_model_len: int, needed: int) -> None:
+    """``needed``: the blocks one sequence of ``max_model_len`` tokens holds at most."""
     capacity = (num_blocks - 1) * block_size  # block 0 is the null block
-    if capacity < max_model_len:
+    if num_blocks - 1 < needed:
         raise ValueError(
-            f"the KV cache holds {capacity} tokens, fewer than max_model_len={max_model_len}; "
+            f"the KV cache holds {capacity} tokens, fewer than max_model_len={max_model_len} "
+            f"needs ({needed * block_size}); "
             "raise kv_cache_memory / gpu_memory_utilization or lower max_model_len"
         )

@@ -23,6 +23,11 @@ class BlockPool:
         self.cached: dict[int, KVBlock] = {}
 
     @property
+    def null_block(self) -> KVBlock:
+        """The placeholder of table entries whose block was freed (never allocated)."""
+        return self.blocks[NULL_BLOCK_ID]
+
+    @property
     def num_usable_blocks(self) -> int:
         return len(self.blocks) - 1
 

@@ -5,6 +5,12 @@ tokens are hashed (chained with the previous block's hash) and registered for pr
 caching. Sequences forked for ``n > 1`` share the prompt's blocks; the first write into a
 shared, partly filled block copies it (copy-on-write) and the copy is recorded for the
 model runner to perform before the step's forward pass.
+
+When every layer slides with one window (``sliding_window``), the leading blocks no future
+query of a sequence can see are freed as it advances (see ``sliding_window``): their table
+entries become the null block, which the attention backends never read (they start at the
+window). A freed block keeps its prefix-cache hash in the pool's free list, so another
+request with the same prefix can still revive it until it is reused.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass, field
 
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.free_block_queue import KVBlock
+from octavo.kv_cache.sliding_window import num_skipped_blocks
 
 
 @dataclass
@@ -26,9 +33,12 @@ def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, sliding_window: int | None = None) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
         self.pool = pool
         self.block_size = block_size
+        self.sliding_window = sliding_window  # every layer's window: blocks behind it are freed
         self.tables: dict[int, SequenceBlocks] = {}
         self.pending_copies: list[tuple[int, int]] = []  # (source block, destination block)
 
@@ -59,21 +69,50 @@ class KVCacheManager:
         cover the first ``len(cached) * block_size`` tokens (``num_computed`` must equal that).
         """
         table = self.tables.setdefault(seq_id, SequenceBlocks())
+        self._free_skipped_blocks(table, num_computed)
+        hits = self._hits_in_window(list(cached), num_computed)
         needs_copy = self._written_block_is_shared(table, num_computed, num_new)
-        have = len(table.blocks) + len(cached)
+        have = len(table.blocks) + len(hits)
         new_blocks = max(0, -(-(num_computed + num_new) // self.block_size) - have)
-        revived = sum(1 for block in cached if block.ref_count == 0)
+        revived = sum(1 for block in hits if block.ref_count == 0 and not self._is_null(block))
         if new_blocks + needs_copy + revived > self.pool.num_free_blocks:
             if not table.blocks:
                 del self.tables[seq_id]
             return False
-        self.pool.touch(list(cached))
-        table.blocks.extend(cached)
-        table.hashes.extend(_chain_of(cached))
+        self.pool.touch(self._real(hits))
+        table.blocks.extend(hits)
+        table.hashes.extend(_chain_of(list(cached)))
         if needs_copy:
             self._copy_block(table, num_computed // self.block_size)
         table.blocks.extend(self.pool.allocate(new_blocks) or [])
         return True
+
+    def _free_skipped_blocks(self, table: SequenceBlocks, num_computed: int) -> None:
+        """Free the blocks behind the window of the next token (newest first, down to the
+        first one freed at an earlier step) and null their table entries."""
+        skipped = min(len(table.blocks), self._num_skipped(num_computed))
+        freed = []
+        for index in range(skipped - 1, -1, -1):
+            if self._is_null(table.blocks[index]):
+                break
+            freed.append(table.blocks[index])
+            table.blocks[index] = self.pool.null_block
+        self.pool.free(freed)
+
+    def _hits_in_window(self, cached: list[KVBlock], num_computed: int) -> list[KVBlock]:
+        """Prefix-cache hits with those behind the window replaced by the null block (no
+        reference taken on them); their hashes still chain the sequence's later blocks."""
+        skipped = min(len(cached), self._num_skipped(num_computed))
+        return [self.pool.null_block] * skipped + cached[skipped:]
+
+    def _num_skipped(self, num_computed: int) -> int:
+        return num_skipped_blocks(num_computed, self.sliding_window, self.block_size)
+
+    def _is_null(self, block: KVBlock) -> bool:
+        return block is self.pool.null_block
+
+    def _real(self, blocks: list[KVBlock]) -> list[KVBlock]:
+        return [block for block in blocks if not self._is_null(block)]
 
     def _written_block_is_shared(
         self, table: SequenceBlocks, num_computed: int, num_new: int
@@ -96,7 +135,7 @@ class KVCacheManager:
         (n > 1 sampling); blocks kept ahead for proposals stay the parent's own."""
         parent = self.tables[parent_id]
         shared = parent.blocks[: -(-num_computed // self.block_size)]
-        self.pool.touch(shared)
+        self.pool.touch(self._real(shared))
         self.tables[child_id] = SequenceBlocks(list(shared), list(parent.hashes))
 
     def cache_full_blocks(
@@ -110,12 +149,13 @@ class KVCacheManager:
             parent = table.hashes[-1] if table.hashes else salt
             block_hash = chain_hash(parent, chunk)
             table.hashes.append(block_hash)
-            self.pool.register(table.blocks[index], block_hash, chunk)
+            if not self._is_null(table.blocks[index]):
+                self.pool.register(table.blocks[index], block_hash, chunk)
 
     def free(self, seq_id: int) -> None:
         table = self.tables.pop(seq_id, None)
         if table is not None:
-            self.pool.free(list(reversed(table.blocks)))
+            self.pool.free(self._real(list(reversed(table.blocks))))
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
