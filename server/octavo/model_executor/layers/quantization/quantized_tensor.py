@@ -42,8 +42,8 @@ class QuantizedTensor:
 
     def narrow(self, dim: int, start: int, length: int) -> QuantizedTensor:
         if dim == 0:
-            return QuantizedTensor(self.blocks[start : start + length], self.kind, self.cols,
-                                   self.column_order)  # fmt: skip
+            rows = self.blocks[start : start + length]
+            return QuantizedTensor(rows, self.kind, self.cols, self.column_order)
         if start == 0 and length == self.cols:
             return self  # the whole width (one tensor-parallel rank)
         if self.column_order is not None:
@@ -110,8 +110,8 @@ class QuantizedWeight:
         if covered != self.shape[0] or any(
             a.start + a.rows != b.start for a, b in itertools.pairwise(ordered)
         ):
-            raise ValueError(f"quantized weight rows not filled exactly once ({covered} of "
-                             f"{self.shape[0]})")  # fmt: skip
+            filled = f"{covered} of {self.shape[0]}"
+            raise ValueError(f"quantized weight rows not filled exactly once ({filled})")
         return [_to_device(segment, device) for segment in _join(ordered)]
 
 
