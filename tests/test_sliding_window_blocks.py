@@ -140,27 +140,58 @@ def test_chunked_prefill_frees_behind_each_chunk():
 
 def test_a_freed_block_stays_cached_for_prefix_hits():
     """The freed block keeps its hash on the free list; a later request with the same
-    prefix finds the chain, and the hits behind its own window are not revived."""
+    prefix revives it, and the hits behind its own window are not revived."""
     kv = manager()
     tokens = list(range(100, 116))  # four full blocks
     run_prompt(kv, 0, tokens)
+    original = [kv.pool.blocks[block_id] for block_id in kv.block_ids(0)]
     for token in range(5):
         decode(kv, 0, tokens, token)  # 20 tokens: blocks 0..2 freed (dead from 15 computed)
-    table = kv.block_ids(0)
-    assert table[:3] == [NULL_BLOCK_ID] * 3
-    hits = kv.find_cached_prefix([*tokens[:16], 7, 7, 7])
-    assert len(hits) == 4 and all(hit.block_hash is not None for hit in hits)
-    assert [hit.ref_count for hit in hits] == [0, 0, 0, 1]  # three free but still cached
+    assert kv.block_ids(0)[:3] == [NULL_BLOCK_ID] * 3
+    assert [block.ref_count for block in original] == [0, 0, 0, 1]
+    assert all(block.block_hash is not None for block in original)  # still cached
     free_before = kv.pool.num_free_blocks
+    hits = kv.find_cached_prefix([*tokens[:16], 7, 7, 7])
+    assert len(hits) == 4 and hits[2:] == original[2:]
     assert kv.allocate_slots(1, 16, 3, hits)  # 16 computed: blocks 0..1 are behind the window
-    assert kv.block_ids(1)[:2] == [NULL_BLOCK_ID, NULL_BLOCK_ID]
-    assert kv.block_ids(1)[2:4] == [hits[2].block_id, hits[3].block_id]
-    assert [hit.ref_count for hit in hits] == [0, 0, 1, 2]
+    assert kv.block_ids(1) == [
+        NULL_BLOCK_ID,
+        NULL_BLOCK_ID,
+        original[2].block_id,
+        original[3].block_id,
+        kv.block_ids(1)[4],
+    ]
+    assert [block.ref_count for block in original] == [0, 0, 1, 2]
     assert kv.pool.num_free_blocks == free_before - 2  # block 2 revived, one new block
-    kv.cache_full_blocks(1, [*tokens[:16], 7, 7, 7], 19)  # the hash chain still continues
     kv.free(0)
     kv.free(1)
     assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks
+
+
+def test_a_hit_needs_only_the_blocks_inside_the_window():
+    """Evicted blocks behind the window do not cut the hit short (vLLM's sliding-window
+    hit); without a window the first evicted block ends it."""
+    for window, expected in ((WINDOW, 6), (None, 0)):
+        kv = manager(window=window)
+        tokens = list(range(100, 124))  # six full blocks; a 25th token is left to compute
+        run_prompt(kv, 0, tokens)
+        blocks = [kv.pool.blocks[block_id] for block_id in kv.block_ids(0)]
+        kv.free(0)
+        kv.pool.touch(blocks[2:])  # kept aside while every other free block is reused
+        evicted = kv.pool.allocate(kv.pool.num_free_blocks)  # blocks 0 and 1 lose their hash
+        kv.pool.free(blocks[2:])
+        hits = kv.find_cached_prefix([*tokens, 5])
+        assert len(hits) == expected
+        if window is not None:  # 24 computed: the next query sees 19..24, blocks 4 and 5
+            assert hits[:4] == [kv.pool.null_block] * 4 and hits[4:] == blocks[4:]
+            assert kv.allocate_slots(1, 24, 1, hits)
+            assert kv.block_ids(1)[:4] == [NULL_BLOCK_ID] * 4
+            assert blocks[3].ref_count == 0  # behind the window: not revived
+            assert blocks[4].ref_count == blocks[5].ref_count == 1
+            kv.cache_full_blocks(1, [*tokens, 5], 25)  # chains on from the hits' hashes
+            kv.free(1)
+        kv.pool.free(evicted)
+        assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks
 
 
 def test_forked_sequences_release_shared_blocks_independently():
@@ -276,9 +307,12 @@ def mistral(tmp_path_factory, smol_tokenizer) -> tuple[Path, list[list[int]], li
     from transformers import AutoModelForCausalLM
 
     folder = write_tiny_checkpoint(
-        tmp_path_factory.mktemp("mistral_window"), "mistral", smol_tokenizer,
-        architectures=["MistralForCausalLM"], sliding_window=ENGINE_WINDOW,
-    )  # fmt: skip
+        tmp_path_factory.mktemp("mistral_window"),
+        "mistral",
+        smol_tokenizer,
+        architectures=["MistralForCausalLM"],
+        sliding_window=ENGINE_WINDOW,
+    )
     prompts = check_prompts(smol_tokenizer)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     expected = [hf_greedy(model, prompt, NEW_TOKENS, ignore_eos=True) for prompt in prompts]
@@ -288,9 +322,13 @@ def mistral(tmp_path_factory, smol_tokenizer) -> tuple[Path, list[list[int]], li
 def small_pool_llm(folder: Path, usable_blocks: int, caching: bool) -> LLM:
     block_bytes = bytes_per_block(ModelConfig.from_folder(folder), ENGINE_BLOCK, torch.float32)
     return LLM(
-        str(folder), dtype="float32", max_num_batched_tokens=48, block_size=ENGINE_BLOCK,
-        kv_cache_memory=(usable_blocks + 1) * block_bytes, enable_prefix_caching=caching,
-    )  # fmt: skip
+        str(folder),
+        dtype="float32",
+        max_num_batched_tokens=48,
+        block_size=ENGINE_BLOCK,
+        kv_cache_memory=(usable_blocks + 1) * block_bytes,
+        enable_prefix_caching=caching,
+    )
 
 
 def poison_freed_blocks(llm: LLM) -> None:

@@ -15,6 +15,7 @@ request with the same prefix can still revive it until it is reused.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from octavo.kv_cache.block_pool import BlockPool
@@ -26,6 +27,15 @@ from octavo.kv_cache.sliding_window import num_skipped_blocks
 class SequenceBlocks:
     blocks: list[KVBlock] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)  # chained hashes of registered full blocks
+
+
+class CacheHits(list):
+    """Prefix-cache hits (null blocks for those behind a window) with the chain hash of
+    each block, so the sequence's later blocks chain on from them."""
+
+    def __init__(self, blocks: list[KVBlock], hashes: list[int]) -> None:
+        super().__init__(blocks)
+        self.hashes = hashes
 
 
 def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -46,19 +56,26 @@ class KVCacheManager:
         return [block.block_id for block in self.tables[seq_id].blocks]
 
     def find_cached_prefix(self, token_ids: list[int], salt: int | None = None) -> list[KVBlock]:
-        """Longest run of cached full blocks, leaving at least one token to compute; ``salt``
-        starts the hash chain (a LoRA adapter's KV is its own)."""
+        """Longest cache hit of full blocks, leaving at least one token to compute; ``salt``
+        starts the hash chain (a LoRA adapter's KV is its own). Without a window every
+        block of the hit must be cached; with one, only those the next token's window
+        reaches (the others come back as the null block, as vLLM's sliding-window hit)."""
         if not self.pool.enable_prefix_caching:
             return []
-        size, parent, hits = self.block_size, salt, []
-        for start in range(0, len(token_ids) - 1 - size + 1, size):
+        size, parent, hashes, found = self.block_size, salt, [], []
+        for start in range(0, len(token_ids) - size, size):
             chunk = tuple(token_ids[start : start + size])
             parent = chain_hash(parent, chunk)
-            block = self.pool.lookup(parent, chunk)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+            hashes.append(parent)
+            found.append(self.pool.lookup(parent, chunk))
+        misses = (index if block is None else -1 for index, block in enumerate(found))
+        last_miss = list(itertools.accumulate(misses, max))
+        for end in range(len(found), 0, -1):
+            skipped = self._num_skipped(end * size)
+            if last_miss[end - 1] < skipped:
+                blocks = [self.pool.null_block] * skipped + found[skipped:end]
+                return CacheHits(blocks, hashes[:end])  # type: ignore[arg-type]
+        return []
 
     def allocate_slots(
         self, seq_id: int, num_computed: int, num_new: int, cached: list[KVBlock] = ()
@@ -81,7 +98,7 @@ class KVCacheManager:
             return False
         self.pool.touch(self._real(hits))
         table.blocks.extend(hits)
-        table.hashes.extend(_chain_of(list(cached)))
+        table.hashes.extend(cached.hashes if isinstance(cached, CacheHits) else _chain_of(cached))
         if needs_copy:
             self._copy_block(table, num_computed // self.block_size)
         table.blocks.extend(self.pool.allocate(new_blocks) or [])
