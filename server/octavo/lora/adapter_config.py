@@ -46,8 +46,11 @@ def not_an_adapter(path: str) -> ValueError:
     )
 
 
-def read_settings(folder: Path, path: str, max_rank: int) -> AdapterSettings:
-    """The checked settings of the adapter in ``folder`` (``path``: as the caller named it)."""
+def read_settings(
+    folder: Path, path: str, max_rank: int, fused: tuple[str, ...] = ()
+) -> AdapterSettings:
+    """The checked settings of the adapter in ``folder`` (``path``: as the caller named it;
+    ``fused``: the model's fused module names an adapter may also target)."""
     settings = _json_object(folder / CONFIG_FILE, path)
     peft_type = settings.get("peft_type", "LORA")
     if not isinstance(peft_type, str) or peft_type.upper() != "LORA":
@@ -59,7 +62,7 @@ def read_settings(folder: Path, path: str, max_rank: int) -> AdapterSettings:
         raise ValueError(f"LoRA adapter {path}: unsupported options {used}")
     rank = _rank(settings, path, max_rank)
     scaling = _scaling(settings, path, rank)
-    return AdapterSettings(rank, scaling, _targets(settings, path))
+    return AdapterSettings(rank, scaling, _targets(settings, path, (*MODULES, *fused)))
 
 
 def _json_object(config_file: Path, path: str) -> dict[str, Any]:
@@ -131,7 +134,7 @@ def _scaling(settings: dict[str, Any], path: str, rank: int) -> float:
     return float(scaling)
 
 
-def _targets(settings: dict[str, Any], path: str) -> tuple[str, ...]:
+def _targets(settings: dict[str, Any], path: str, modules: tuple[str, ...]) -> tuple[str, ...]:
     targets = settings.get("target_modules") or []
     if isinstance(targets, str):
         targets = [targets]
@@ -140,11 +143,11 @@ def _targets(settings: dict[str, Any], path: str) -> tuple[str, ...]:
             f"LoRA adapter {path}: target_modules must be a module name or a "
             f"list of names, got {_shown(targets)}"
         )
-    unknown = sorted(set(targets) - set(MODULES))
+    unknown = sorted(set(targets) - set(modules))
     if unknown:
         raise ValueError(
             f"LoRA adapter {path}: target modules {_shown(unknown)} are not in "
-            f"the model's adaptable layers {list(MODULES)}"
+            f"the model's adaptable layers {list(modules)}"
         )
     return tuple(targets)
 

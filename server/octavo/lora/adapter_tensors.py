@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from octavo.lora.adapter_config import MODULES, WEIGHTS_FILE, AdapterSettings
+from octavo.lora.fused_modules import fused_modules
 from octavo.model_executor.model_config import ModelConfig
 
 _KEY = re.compile(r"layers\.(\d{1,6})\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
@@ -28,7 +29,12 @@ Weights = dict[Key, tuple[torch.Tensor, torch.Tensor]]
 
 
 def module_shape(config: ModelConfig, module: str) -> tuple[int, int]:
-    """(in, out) features of a base module, whole (before any tensor-parallel split)."""
+    """(in, out) features of a base module, whole (before any tensor-parallel split); a
+    fused module's out features are its pieces' together."""
+    pieces = fused_modules(config).get(module)
+    if pieces:
+        shapes = [module_shape(config, piece) for piece in pieces]
+        return shapes[0][0], sum(features_out for _, features_out in shapes)
     hidden, inter = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     return {
@@ -66,7 +72,7 @@ def read_weights(
         raise ValueError(
             f"LoRA adapter {path}: {WEIGHTS_FILE} is not a valid safetensors file"
         ) from None
-    return _pairs(loaded, path)
+    return _split_fused(_pairs(loaded, path), config, path)
 
 
 def _check_size(file: Path, path: str, config: ModelConfig, max_rank: int) -> None:
@@ -112,7 +118,7 @@ def _check_header(tensors, path: str, config: ModelConfig, rank: int) -> dict[st
 
 def _key_of(name: str, path: str, config: ModelConfig) -> tuple[int, str, str]:
     match = _KEY.search(name)
-    if match is None or match.group(2) not in MODULES:
+    if match is None or match.group(2) not in (*MODULES, *fused_modules(config)):
         raise ValueError(f"LoRA adapter {path}: tensor {name[:200]} adapts no supported layer")
     layer = int(match.group(1))
     if layer >= config.num_layers:
@@ -170,3 +176,20 @@ def _pairs(loaded: dict[tuple, torch.Tensor], path: str) -> Weights:
             )
         weights[(layer, module)] = (a, b)
     return weights
+
+
+def _split_fused(weights: Weights, config: ModelConfig, path: str) -> Weights:
+    """Each fused module's (A, B) as one (A, rows of B) per piece it holds."""
+    fused = fused_modules(config)
+    split: Weights = {}
+    for (layer, module), (a, b) in weights.items():
+        pieces = fused.get(module, (module,))
+        rows = [module_shape(config, piece)[1] for piece in pieces]
+        for piece, b_rows in zip(pieces, b.split(rows), strict=True):
+            if (layer, piece) in split:
+                raise ValueError(
+                    f"LoRA adapter {path}: layers.{layer}.{piece} is adapted twice "
+                    f"(on its own and as part of a fused module)"
+                )
+            split[(layer, piece)] = (a, b_rows.contiguous())
+    return split

@@ -26,6 +26,7 @@ from octavo.lora.adapter_config import (
     read_settings,
 )
 from octavo.lora.adapter_tensors import module_shape, read_weights
+from octavo.lora.fused_modules import fused_modules
 from octavo.model_executor.hub import (
     HubModel,
     cached_snapshot,
@@ -55,7 +56,7 @@ class PeftAdapter:
 def load_peft_adapter(path: str, config: ModelConfig, max_rank: int) -> PeftAdapter:
     """The adapter at ``path``; ValueError naming what is wrong with it."""
     folder = adapter_folder(path)
-    settings = read_settings(folder, path, max_rank)
+    settings = read_settings(folder, path, max_rank, tuple(fused_modules(config)))
     weights = read_weights(folder, path, config, settings, max_rank)
     return PeftAdapter(settings.rank, settings.scaling, weights)
 

@@ -18,6 +18,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
+    "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
+    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
 }
 
 
