@@ -16,20 +16,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import transformers
 from safetensors import safe_open
 from torch import nn
-from transformers import (
-    GptOssConfig,
-    GptOssForCausalLM,
-    MixtralConfig,
-    MixtralForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
-from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+from transformers import GptOssConfig, MixtralConfig, Qwen3MoeConfig
 
 import moe_ranks
 from octavo.distributed.parallel_state import TensorParallelGroup
@@ -40,6 +30,8 @@ from octavo.model_executor.layers.moe.mxfp4 import dequantize_mxfp4
 from test_parallel_layers import on_ranks
 
 EXPERTS, TOP_K, HIDDEN, INTER, TOKENS = 4, 2, 32, 64, 9
+# transformers' modeling modules import triton: they are imported inside the tests, after
+# collection, so that the Triton test modules can still set TRITON_INTERPRET first.
 
 
 @dataclass(frozen=True)
@@ -50,6 +42,8 @@ class Kind:
 
 
 def qwen_block(norm: bool) -> nn.Module:
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
     config = Qwen3MoeConfig(
         hidden_size=HIDDEN,
         moe_intermediate_size=INTER,
@@ -61,6 +55,8 @@ def qwen_block(norm: bool) -> nn.Module:
 
 
 def mixtral_block(_: bool) -> nn.Module:
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
     config = MixtralConfig(
         hidden_size=HIDDEN,
         intermediate_size=INTER,
@@ -71,6 +67,8 @@ def mixtral_block(_: bool) -> nn.Module:
 
 
 def gpt_oss_block(_: bool) -> nn.Module:
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
     config = GptOssConfig(
         hidden_size=HIDDEN,
         intermediate_size=INTER,
@@ -250,6 +248,8 @@ def mxfp4_pair(rows: int, columns: int, seed: int) -> tuple[torch.Tensor, torch.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mxfp4_dequantization_is_bit_equal_to_transformers(dtype):
     blocks, scales = mxfp4_pair(2 * INTER, HIDDEN, seed=3)
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
     expected = convert_moe_packed_tensors(blocks, scales, dtype=dtype)  # [E, H, 2I]
     assert torch.equal(dequantize_mxfp4(blocks, scales, dtype).transpose(1, 2), expected)
 
@@ -257,6 +257,8 @@ def test_mxfp4_dequantization_is_bit_equal_to_transformers(dtype):
 @pytest.mark.parametrize("inter", [64, 32])  # halves of 32 and 16 columns: whole groups or not
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_mxfp4_experts_load_like_their_dequantized_form(monkeypatch, inter, expert_parallel):
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
     block = seeded_block("gpt_oss", False)
     dense = {
         k: v for k, v in hub_checkpoint("gpt_oss", block).items() if "proj" not in k or "bias" in k
@@ -294,19 +296,19 @@ def mxfp4_moe(checkpoint: dict, inter: int, expert_parallel: bool) -> FusedMoE:
 
 HF_MODELS = {
     "qwen3_moe": (
-        Qwen3MoeForCausalLM,
+        "Qwen3MoeForCausalLM",
         Qwen3MoeConfig,
         dict(num_experts=EXPERTS, moe_intermediate_size=INTER),
         "mlp",
     ),
     "mixtral": (
-        MixtralForCausalLM,
+        "MixtralForCausalLM",
         MixtralConfig,
         dict(num_local_experts=EXPERTS, intermediate_size=INTER),
         "block_sparse_moe",
     ),
     "gpt_oss": (
-        GptOssForCausalLM,
+        "GptOssForCausalLM",
         GptOssConfig,
         dict(num_local_experts=EXPERTS, intermediate_size=INTER),
         "mlp",
@@ -328,7 +330,7 @@ def test_loads_the_moe_block_of_a_checkpoint_saved_by_transformers(monkeypatch, 
         num_experts_per_tok=TOP_K,
         **sizes,
     )
-    model = model_class(config).eval()
+    model = getattr(transformers, model_class)(config).eval()
     model.save_pretrained(tmp_path)
     prefix = f"model.layers.0.{block_name}."
     monkeypatch.setattr(TensorParallelGroup, "all_reduce", lambda self, tensor: tensor)
