@@ -22,6 +22,10 @@ from tiny_models import build_tiny_model
 # The native kernels compile once per test session: a test (or a server process it starts)
 # that points OCTAVO_CACHE at a fresh folder still loads them from the session's folder.
 os.environ.setdefault(KERNELS_DIR_ENV, str(kernels_dir()))
+# Without a GPU, Triton kernels run only under its interpreter: set it before anything
+# (transformers' MoE models too) imports triton, so test order cannot matter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
