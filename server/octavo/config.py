@@ -162,6 +162,14 @@ class EngineArgs:
         "stages the layers are split over (one worker process per stage and tensor rank)",
         positive_int,
     )
+    enable_expert_parallel: bool = engine_arg(
+        False,
+        "mixture-of-experts models: place whole experts on each tensor-parallel rank "
+        "(num_experts / tensor_parallel_size each) instead of splitting every expert over "
+        "all ranks",
+        parse_bool,
+        kind="bool",
+    )
 
     # engine_arg's field() is evaluated once, like every other field's here
     speculative_config: SpeculativeConfig | None = engine_arg(  # noqa: RUF009

@@ -1,0 +1,29 @@
+"""Mixtral: Mistral's decoder (a sliding window on every layer when the config sets one)
+with a mixture of experts in every layer. The checkpoint names the block
+``block_sparse_moe`` (router ``gate``, experts ``w1`` gate / ``w3`` up / ``w2`` down); the
+top-k routing weights always sum to 1."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from octavo.model_executor.layers.moe import MIXTRAL
+from octavo.model_executor.models.causal_lm import CausalLM
+from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
+
+
+class MixtralForCausalLM(CausalLM):
+    def make_mlp(self, index: int) -> nn.Module:
+        hf = self.config.hf
+        shape = MoEShape(
+            num_experts=hf.num_local_experts,
+            top_k=hf.num_experts_per_tok,
+            intermediate_size=self.config.intermediate_size,
+            renormalize=True,
+            weights_in_model_dtype=False,
+        )
+        return expert_mlp(self, MIXTRAL, shape)
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str | None:
+        return name.replace(".block_sparse_moe.", ".mlp.")

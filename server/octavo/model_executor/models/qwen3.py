@@ -1,0 +1,16 @@
+"""Qwen 3 (dense): Qwen 2's decoder with an RMSNorm over each head's query and key
+before rope, no Q/K/V bias (``attention_bias``, false in released checkpoints) and the
+config's own ``head_dim`` (not ``hidden_size / heads``). Sliding windows follow the
+config's ``layer_types`` (``use_sliding_window`` / ``max_window_layers``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from octavo.model_executor.models.causal_lm import CausalLM
+from octavo.model_executor.models.layer_spec import AttentionSpec
+
+
+class Qwen3ForCausalLM(CausalLM):
+    def attention_spec(self, index: int) -> AttentionSpec:
+        return dataclasses.replace(super().attention_spec(index), qk_norm="head")
