@@ -109,6 +109,7 @@ def test_decoding_frees_the_block_behind_the_window_at_the_right_step():
     decode(kv, 0, tokens, 205)  # at 13 the query sees 8..13: block 1 is dead
     assert kv.block_ids(0)[:2] == [NULL_BLOCK_ID, NULL_BLOCK_ID]
     assert len(kv.block_ids(0)) == 4
+    assert kv.num_tokens_held(0, 14) == 6  # positions 8..13, in blocks 2 and 3
     kv.free(0)
     assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks
     assert all(block.ref_count == 0 for block in kv.pool.blocks)
@@ -319,7 +320,7 @@ def mistral(tmp_path_factory, smol_tokenizer) -> tuple[Path, list[list[int]], li
     return folder, prompts, expected
 
 
-def small_pool_llm(folder: Path, usable_blocks: int, caching: bool) -> LLM:
+def small_pool_llm(folder: Path, usable_blocks: int, caching: bool, **extra) -> LLM:
     block_bytes = bytes_per_block(ModelConfig.from_folder(folder), ENGINE_BLOCK, torch.float32)
     return LLM(
         str(folder),
@@ -328,6 +329,7 @@ def small_pool_llm(folder: Path, usable_blocks: int, caching: bool) -> LLM:
         block_size=ENGINE_BLOCK,
         kv_cache_memory=(usable_blocks + 1) * block_bytes,
         enable_prefix_caching=caching,
+        **extra,
     )
 
 
@@ -377,4 +379,19 @@ def test_mistral_with_prefix_hits_and_preemption_equals_transformers(mistral):
         stats = llm.engine.stats()
         assert [out.outputs[0].token_ids for out in outputs] == expected
         assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+        assert_all_blocks_free(llm.engine)
+
+
+def test_mistral_speculating_and_forking_equals_transformers(mistral):
+    """ngram proposals (rejected ones included) and n=2 forks over freed blocks: every
+    completion equals HF's greedy one."""
+    folder, prompts, expected = mistral
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    with small_pool_llm(folder, 10, caching=True, speculative_config=ngram) as llm:
+        outputs = llm.generate(prompts[1:3], params, use_tqdm=False)
+        for out, want in zip(outputs, expected[1:3], strict=True):
+            assert [c.token_ids for c in out.outputs] == [want, want]
+        counters = llm.engine.stats().spec_decode
+        assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens  # some rejected
         assert_all_blocks_free(llm.engine)

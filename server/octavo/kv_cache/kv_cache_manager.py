@@ -55,6 +55,15 @@ class KVCacheManager:
     def block_ids(self, seq_id: int) -> list[int]:
         return [block.block_id for block in self.tables[seq_id].blocks]
 
+    def num_tokens_held(self, seq_id: int, num_computed: int) -> int:
+        """Computed tokens whose keys/values still sit in blocks (those behind a window
+        were freed with their blocks)."""
+        table = self.tables.get(seq_id)
+        if table is None:
+            return 0
+        freed = sum(1 for block in table.blocks if self._is_null(block))
+        return max(0, num_computed - freed * self.block_size)
+
     def find_cached_prefix(self, token_ids: list[int], salt: int | None = None) -> list[KVBlock]:
         """Longest cache hit of full blocks, leaving at least one token to compute; ``salt``
         starts the hash chain (a LoRA adapter's KV is its own). Without a window every
