@@ -268,7 +268,7 @@ class EngineArgs:
         _require(
             not self.trust_remote_code,
             "--trust-remote-code is not supported: Octavo never runs code shipped with a "
-            "model; it loads Llama, Qwen2 and Mistral architectures with its own code",
+            "model; it loads the architectures it supports with its own code",
         )
         _require(self.max_logprobs >= 0, "max_logprobs must be >= 0")
         _require(
