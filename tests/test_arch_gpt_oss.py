@@ -36,6 +36,7 @@ from octavo.model_executor.weights import load_weights
 
 WINDOW = 24  # shorter than the long check prompts, so the sliding layer drops keys
 GPT_OSS = {
+    "max_position_embeddings": 256,  # yarn: 4 x the original 64 positions
     "sliding_window": WINDOW,
     "layer_types": ["sliding_attention", "full_attention"],
     "num_local_experts": 4,
