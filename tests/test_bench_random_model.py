@@ -42,7 +42,7 @@ def test_a_built_folder_serves(tmp_path, monkeypatch):
     args = build_parser().parse_args(["random-model", "qwen3-moe", str(tmp_path / "m")])
     assert args.func(args) == 0
     folder = random_model.build_random_model("qwen3-moe", tmp_path / "m")  # kept as it is
-    with LLM(str(folder), dtype="float32", kv_cache_memory=2**22) as llm:
+    with LLM(str(folder), dtype="float32", max_model_len=64, kv_cache_memory=2**22) as llm:
         params = SamplingParams(max_tokens=4, ignore_eos=True)
         (out,) = llm.generate([[1, 2, 3]], params, use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 4

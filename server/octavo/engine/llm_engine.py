@@ -288,7 +288,10 @@ class LLMEngine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             kv_cache_usage=pool.usage(),
-            kv_cache_tokens_held=sum(s.num_computed_tokens for s in self.scheduler.running),
+            kv_cache_tokens_held=sum(
+                self.kv.num_tokens_held(s.seq_id, s.num_computed_tokens)
+                for s in self.scheduler.running
+            ),
             kv_cache_slots_allocated=used_blocks * self.kv.block_size,
             num_blocks=len(pool.blocks),
             prefix_cache_queries=counters.queries,

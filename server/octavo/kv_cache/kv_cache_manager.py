@@ -61,6 +61,8 @@ class KVCacheManager:
         table = self.tables.get(seq_id)
         if table is None:
             return 0
+        if self.sliding_window is None:
+            return num_computed  # nothing is ever freed early
         freed = sum(1 for block in table.blocks if self._is_null(block))
         return max(0, num_computed - freed * self.block_size)
 
