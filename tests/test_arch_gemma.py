@@ -200,3 +200,48 @@ def test_bidirectional_gemma3_is_refused(gemma3_folder):
     config = ModelConfig.from_dict({**raw, "use_bidirectional_attention": True})
     with pytest.raises(ValueError, match="bidirectional"):
         model_class(config.architecture)(config)
+
+
+# google/gemma-3-4b-it's config.json (transformers 4.50): the text tower lists only what
+# differs from Gemma3TextConfig's defaults, and no file of Google's names tie_word_embeddings.
+GEMMA3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "eos_token_id": [1, 106],
+    "mm_tokens_per_image": 256,
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "vision_config": {"model_type": "siglip_vision_model", "vision_use_head": False},
+}
+
+
+def test_a_sparse_text_config_takes_transformers_defaults():
+    config = ModelConfig.from_dict(GEMMA3_4B)
+    shape = (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size)
+    assert shape == (8, 4, 256, 262208)
+    assert config.tie_word_embeddings and config.eos_token_ids == (1, 106)
+    assert config.layer_types[4:7] == ("sliding_attention", "full_attention", "sliding_attention")
+    assert config.rope["rope_type"] == "linear" and config.rope["factor"] == 8.0
+
+
+def test_a_gemma_config_without_tie_word_embeddings_ties():
+    raw = {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 128,
+    }
+    assert ModelConfig.from_dict(raw).tie_word_embeddings
+    llama = {**raw, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    assert not ModelConfig.from_dict(llama).tie_word_embeddings

@@ -69,7 +69,10 @@ def reference_blocks(kind: BlockKind, generator: torch.Generator):
     return tensor.blocks, None, dequantized
 
 
-MULTIPLIED_KINDS = [kind for kind in BlockKind if kind != BlockKind.FP8_ROWS]  # fp8: dequantized
+# The kinds reference_blocks builds at 96 columns; GGUF's 5-bit and K-quant kinds (256-column
+# blocks) have their own tests in test_gguf_kquants.py.
+REFERENCE_KINDS = [*GGUF_KINDS, BlockKind.Q4_F32, BlockKind.INT8_ROWS, BlockKind.FP8_ROWS]
+MULTIPLIED_KINDS = [k for k in REFERENCE_KINDS if k != BlockKind.FP8_ROWS]  # fp8: dequantized
 
 
 @pytest.mark.parametrize("kind", MULTIPLIED_KINDS)
@@ -87,7 +90,7 @@ def test_block_linear_matches_the_dequantized_float_product(kind, dtype):
         assert relative < (0.02 if dtype == torch.float32 else 0.03), (rows, float(relative))
 
 
-@pytest.mark.parametrize("kind", list(BlockKind))
+@pytest.mark.parametrize("kind", REFERENCE_KINDS)
 def test_native_dequantization_equals_the_torch_path(kind):
     blocks, row_scale, _ = reference_blocks(kind, torch.Generator().manual_seed(1))
     out = torch.empty(48, 96)
@@ -221,14 +224,14 @@ def test_gguf_names_map_to_hugging_face_names():
 def test_an_unsupported_gguf_block_type_is_named(tmp_path):
     path = tmp_path / "k-quant.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    block_bytes = gguf.GGML_QUANT_SIZES[GGML.Q6_K][1]  # 256 weights per block
+    block_bytes = gguf.GGML_QUANT_SIZES[GGML.Q2_K][1]  # 256 weights per block
     writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, block_bytes), dtype=np.uint8),
-                      raw_dtype=GGML.Q6_K)  # fmt: skip
+                      raw_dtype=GGML.Q2_K)  # fmt: skip
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight is Q6_K, a GGUF block type"):
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight is Q2_K, a GGUF block type"):
         check_gguf_kinds(path)
 
 

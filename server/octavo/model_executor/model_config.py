@@ -59,7 +59,7 @@ class ModelConfig:
             vocab_size=raw["vocab_size"],
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_tie_word_embeddings(raw, hf),
             attention_bias=_attention_bias(architecture, raw),
             rope=rope_parameters_for(raw),
             sliding_window=_sliding_window(raw),
@@ -130,8 +130,20 @@ def _text_config(raw: dict) -> dict:
     text = raw.get("text_config")
     if not text:
         return raw
-    inherited = {k: raw[k] for k in ("eos_token_id", "bos_token_id") if k in raw}
-    return {"architectures": raw["architectures"], **inherited, **text}
+    # transformers 4 wrote only the tower's non-default values (google/gemma-3-4b-it's
+    # text_config has no num_attention_heads): transformers' defaults fill in the rest.
+    full = transformers_config(text).to_dict()
+    outer = ("eos_token_id", "bos_token_id", "tie_word_embeddings")
+    inherited = {key: raw[key] for key in outer if key in raw}
+    return {**full, **inherited, "architectures": raw["architectures"]}
+
+
+def _tie_word_embeddings(raw: dict, hf) -> bool:
+    """The config's own value, else transformers' default for its model type (Gemma's
+    config files leave it out and tie; Llama's leave it out and do not)."""
+    if "tie_word_embeddings" in raw:
+        return bool(raw["tie_word_embeddings"])
+    return bool(getattr(hf, "tie_word_embeddings", False))
 
 
 def _layer_types(hf, config: ModelConfig) -> tuple[str, ...]:
