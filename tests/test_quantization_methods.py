@@ -225,8 +225,8 @@ def test_an_unsupported_gguf_block_type_is_named(tmp_path):
     path = tmp_path / "k-quant.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     block_bytes = gguf.GGML_QUANT_SIZES[GGML.Q2_K][1]  # 256 weights per block
-    writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, block_bytes), dtype=np.uint8),
-                      raw_dtype=GGML.Q2_K)  # fmt: skip
+    blocks = np.zeros((8, block_bytes), dtype=np.uint8)
+    writer.add_tensor("blk.0.attn_q.weight", blocks, raw_dtype=GGML.Q2_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
