@@ -4,7 +4,7 @@ hits), MoE router choices equal to HF's, tensor parallel 2 (experts split, or pl
 per rank with ``enable_expert_parallel``), int8 experts, and LoRA on the attention of a MoE
 model (an adapter for the feed-forward projections is refused by name).
 
-Mixtral (64 tokens) and the dense Qwen 3 (32) get a sliding window smaller than the long
+Mixtral and the dense Qwen 3 get a sliding window (32 tokens) smaller than the long
 prompts (~96 tokens); the dense Qwen 3's is on its second layer only (``max_window_layers``),
 so one model has full and sliding layers.
 """
@@ -18,7 +18,6 @@ import torch
 
 from architecture_check import assert_matches_hf, check_prompts, write_tiny_checkpoint
 from octavo import LLM, SamplingParams
-from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.layers.moe import FusedMoE
 from octavo.model_executor.model_config import ModelConfig
@@ -38,9 +37,7 @@ QWEN3_MOE = {
     "decoder_sparse_step": 1,
     "mlp_only_layers": [],
 }
-# Every Mixtral layer slides, so blocks behind the window are freed: a wider window (still
-# shorter than the long prompts) keeps the batch larger than the KV pool (preemption).
-MIXTRAL = {**MOE, "num_local_experts": 4, "sliding_window": 2 * WINDOW}
+MIXTRAL = {**MOE, "num_local_experts": 4, "sliding_window": WINDOW}
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +52,6 @@ def folders(tmp_path_factory, smol_tokenizer) -> dict[str, Path]:
         return made[model_type]
 
     return folder
-
-
-def half_pool(folder: Path) -> int:
-    """``architecture_check``'s KV pool (11 blocks) in bytes of one of two tensor ranks,
-    each holding half the KV heads: the ranks preempt as one rank does."""
-    return 11 * bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32) // 2
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe", "mixtral"])
@@ -88,11 +79,8 @@ AWAITS_MOE_LOAD_FIX = pytest.mark.xfail(
     ids=["qwen3", "qwen3_moe-experts-split", "qwen3_moe-expert-parallel"],
 )
 def test_tensor_parallel_2_matches_hf(folders, smol_tokenizer, model_type, expert_parallel):
-    folder = folders(model_type)
     moe = {"enable_expert_parallel": True} if expert_parallel else {}
-    assert_matches_hf(
-        folder, smol_tokenizer, tensor_parallel_size=2, kv_cache_memory=half_pool(folder), **moe
-    )
+    assert_matches_hf(folders(model_type), smol_tokenizer, tensor_parallel_size=2, **moe)
 
 
 def engine_model(llm: LLM):
