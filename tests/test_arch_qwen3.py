@@ -59,22 +59,12 @@ def test_greedy_matches_hf(folders, smol_tokenizer, model_type):
     assert_matches_hf(folders(model_type), smol_tokenizer)
 
 
-# Until the loader calls FusedMoE.process_weights_after_loading and that rebuilds the
-# expert map (a model built on the meta device has an uninitialised one after to_empty):
-# strict, so the fix makes these fail until the marks go.
-AWAITS_MOE_LOAD_FIX = pytest.mark.xfail(
-    strict=True,
-    reason="the expert map / int8 experts need FusedMoE.process_weights_after_loading "
-    "called by the loader (G1's report has the diff)",
-)
-
-
 @pytest.mark.parametrize(
     ("model_type", "expert_parallel"),
     [
         ("qwen3", False),
         ("qwen3_moe", False),
-        pytest.param("qwen3_moe", True, marks=AWAITS_MOE_LOAD_FIX),
+        pytest.param("qwen3_moe", True),
     ],
     ids=["qwen3", "qwen3_moe-experts-split", "qwen3_moe-expert-parallel"],
 )
@@ -137,7 +127,6 @@ def test_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers(smol_token
     assert mine == theirs == [False, True, False, False, False, True]
 
 
-@AWAITS_MOE_LOAD_FIX
 def test_int8_quantizes_the_experts(folders, smol_tokenizer):
     """``--quantization int8`` covers the experts (W8A8, lossy): the experts are int8 after
     loading, and the greedy first token of each prompt is fp32 HF's."""

@@ -37,6 +37,7 @@ SET_BY_THE_OPERATOR = {
 }
 # Server flags deliberately not exposed as engine fields; engine.extraArgs can pass them.
 LEFT_TO_EXTRA_ARGS = {
+    "--enable-expert-parallel": "MoE expert placement per model and GPU count: via extraArgs",
     "--reasoning-parser": "per model family; reasoning output is new, extraArgs passes it",
     "--default-chat-template-kwargs": "a JSON object of template switches, per deployment",
     "--api-key": "a secret: spec.apiKeySecretRef puts it in OCTAVO_API_KEY, never in args",

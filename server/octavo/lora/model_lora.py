@@ -37,7 +37,15 @@ class LoRAModel:
         self.adaptable = {module for adapted in self.linears for module in adapted.modules}
 
     def load(self, slot: int, adapter: PeftAdapter) -> None:
-        unsupported = sorted({module for _, module in adapter.weights} - self.adaptable)
+        covered = {(a.layer, module) for a in self.linears for module in a.modules}
+        layers_here = {layer for layer, _ in covered}  # this pipeline stage's
+        unsupported = sorted(
+            {
+                m
+                for layer, m in adapter.weights
+                if layer in layers_here and (layer, m) not in covered
+            }
+        )
         if unsupported:
             raise ValueError(
                 f"LoRA on {', '.join(unsupported)} is not supported for this model (its "

@@ -13,6 +13,7 @@ from octavo.model_executor.gguf_folder import gguf_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
 from octavo.model_executor.hub_files import download_file
 from octavo.model_executor.layers.linear import LinearBase
+from octavo.model_executor.layers.moe.fused_moe import FusedMoE
 from octavo.model_executor.layers.vocab import QuantizedVocabEmbedding
 from octavo.model_executor.model_config import ModelConfig, generation_defaults
 from octavo.model_executor.models.causal_lm import CausalLM
@@ -70,8 +71,8 @@ def load_model(
     model.tie_lm_head()  # to_empty gave the embedding and the LM head each their own storage
     with torch.no_grad():
         load_weights(model, folder, checkpoint_tensors(folder, config, quantization))
-    for module in model.modules():
-        if isinstance(module, LinearBase | QuantizedVocabEmbedding):
+    for module in list(model.modules()):  # (a method may replace a module's children)
+        if isinstance(module, LinearBase | QuantizedVocabEmbedding | FusedMoE):
             module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN
     logger.info(
         "loaded %s (%s) as %s on %s%s: weights take %.1f MiB",

@@ -89,6 +89,10 @@ class FusedMoE(nn.Module):
         return self.checkpoint.expected_keys(self.has_bias, self.router.bias is not None)
 
     def process_weights_after_loading(self) -> None:
+        # Built on the meta device, the map's buffer holds no values after ``to_empty``.
+        expert_map = self.placement.expert_map()
+        device = self.router.weight.device
+        self.expert_map = None if expert_map is None else expert_map.to(device)
         if self.quantization is None or self.quantized is not None:
             return
         self.quantized = QuantizedExperts(self.w13, self.w2, self.quantization)
