@@ -78,7 +78,7 @@ def octavo_greedy(folder: Path, prompts: list[list[int]], **engine_args) -> tupl
     block_bytes = bytes_per_block(rank_config, 16, torch.float32)
     # 160 tokens while the first batch needs ~210; fewer where blocks behind a window that
     # every layer shares are freed as sequences advance
-    blocks = 8 if config.uniform_sliding_window else 11
+    blocks = 9 if config.uniform_sliding_window else 11
     args = {
         "dtype": "float32",
         "max_model_len": 160,
