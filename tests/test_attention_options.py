@@ -225,10 +225,9 @@ def ops():
         pytest.fail(
             f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
         )
+    why = f"no C++ compiler here, no native kernels: {cpu_build.unavailable_reason()}"
     if kernels is None:
-        pytest.skip(
-            reason=f"no C++ compiler here, no native kernels: {cpu_build.unavailable_reason()}"
-        )
+        pytest.skip(reason=why)
     return kernels
 
 
