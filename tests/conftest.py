@@ -28,6 +28,24 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="module")
+def ops():
+    """The native CPU kernels (``torch.ops.octavo_cpu``); a test fails if a compiler is here
+    but they did not load, and skips (saying why) only without a compiler."""
+    import shutil
+
+    from octavo.kernels import cpu_build
+
+    kernels = cpu_build.cpu_ops()
+    if kernels is None and shutil.which("c++"):
+        pytest.fail(
+            f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
+        )
+    if kernels is None:
+        pytest.skip(reason=f"no C++ compiler on this machine: {cpu_build.unavailable_reason()}")
+    return kernels
+
+
 @pytest.fixture(scope="session")
 def smol_folder() -> Path:
     """The embedded SmolLM2-135M-Instruct, converted from the wheel's GGUF on first use."""

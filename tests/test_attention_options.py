@@ -9,7 +9,6 @@ groups, a head size with a compiled specialisation (64) and one that is not a mu
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 
 import pytest
@@ -21,7 +20,6 @@ from octavo.attention.cpu_native import NativeCpuAttention, native_options
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
-from octavo.kernels import cpu_build
 
 FP32_TOLERANCE = 1e-5
 BF16_TOLERANCE = 2e-2
@@ -216,19 +214,6 @@ def test_torch_path_with_an_fp8_cache_and_every_option(fp8):
 
 # The native CPU decode kernel: fp32 against the dense reference, bf16 and fp8 caches
 # against the torch path.
-
-
-@pytest.fixture(scope="module")
-def ops():
-    kernels = cpu_build.cpu_ops()
-    if kernels is None and shutil.which("c++"):
-        pytest.fail(
-            f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
-        )
-    why = f"no C++ compiler here, no native kernels: {cpu_build.unavailable_reason()}"
-    if kernels is None:
-        pytest.skip(reason=why)
-    return kernels
 
 
 @pytest.mark.parametrize("shape", SHAPES)

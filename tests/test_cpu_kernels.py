@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 
 import pytest
 import torch
@@ -28,18 +27,6 @@ DTYPES = [torch.float32, torch.bfloat16]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 SCALES = [KVScales(), KVScales(0.37, 2.5)]  # vLLM's default, and calibrated-looking ones
-
-
-@pytest.fixture(scope="module")
-def ops():
-    kernels = cpu_build.cpu_ops()
-    if kernels is None and shutil.which("c++"):
-        pytest.fail(
-            f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
-        )
-    if kernels is None:
-        pytest.skip(reason=f"no C++ compiler on this machine: {cpu_build.unavailable_reason()}")
-    return kernels
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:

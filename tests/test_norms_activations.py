@@ -6,8 +6,6 @@ The torch paths are the references: they must equal transformers' operations bit
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from transformers.activations import ACT2FN
@@ -16,7 +14,6 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
-from octavo.kernels import cpu_build
 from octavo.model_executor.layers.activation import (
     ClampedSwigluAndMul,
     GeluAndMul,
@@ -28,18 +25,6 @@ from octavo.model_executor.layers.layernorm import GemmaRMSNorm
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
-
-
-@pytest.fixture(scope="module")
-def ops():
-    kernels = cpu_build.cpu_ops()
-    if kernels is None and shutil.which("c++"):
-        pytest.fail(
-            f"a C++ compiler is here but the kernels did not load: {cpu_build.unavailable_reason()}"
-        )
-    if kernels is None:
-        pytest.skip(reason=f"no C++ compiler on this machine: {cpu_build.unavailable_reason()}")
-    return kernels
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
