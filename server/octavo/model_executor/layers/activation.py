@@ -25,17 +25,27 @@ def triton_gated(x: torch.Tensor, kind: str) -> torch.Tensor:
     return gated_activation_triton(x, kind)
 
 
-class SiluAndMul(nn.Module):
+class _KernelGated(nn.Module):
+    """A gated activation with a Triton kernel on GPU, a native one on CPU and the torch
+    path (``forward_native``) elsewhere; subclasses name their kernels."""
+
+    triton_kind = ""  # triton_activation's name
+    native_op = ""  # torch.ops.octavo_cpu's name
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [tokens, 2d]`` (gate, then up) → ``[tokens, d]``."""
         if on_gpu(x):
-            return triton_gated(x, "silu")
+            return triton_gated(x, self.triton_kind)
         ops = ops_for(x)
-        if ops is None or x.stride(-1) != 1:
+        if ops is None or x.dim() != 2 or x.stride(-1) != 1:
             return self.forward_native(x)
         out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
-        ops.silu_and_mul(out, x)
+        getattr(ops, self.native_op)(out, x)
         return out
+
+
+class SiluAndMul(_KernelGated):
+    triton_kind, native_op = "silu", "silu_and_mul"
 
     @staticmethod
     def forward_native(x: torch.Tensor) -> torch.Tensor:
@@ -43,18 +53,10 @@ class SiluAndMul(nn.Module):
         return F.silu(gate) * up
 
 
-class GeluTanhAndMul(nn.Module):
+class GeluTanhAndMul(_KernelGated):
     """``gelu(gate, approximate="tanh") · up`` (Gemma's ``gelu_pytorch_tanh``)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if on_gpu(x):
-            return triton_gated(x, "gelu_tanh")
-        ops = ops_for(x)
-        if ops is None or x.dim() != 2 or x.stride(-1) != 1:
-            return self.forward_native(x)
-        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
-        ops.gelu_tanh_and_mul(out, x)
-        return out
+    triton_kind, native_op = "gelu_tanh", "gelu_tanh_and_mul"
 
     @staticmethod
     def forward_native(x: torch.Tensor) -> torch.Tensor:
