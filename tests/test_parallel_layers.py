@@ -115,3 +115,27 @@ def test_prepacked_bf16_equals_the_plain_matmul():
     layer.process_weights_after_loading()
     assert layer.weight is None and layer.packed_weight is not None
     torch.testing.assert_close(layer(x).float(), expected.float(), atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 32, 130])
+def test_prepacked_fp32_equals_the_plain_matmul(rows):
+    """fp32 packs on every CPU torch's oneDNN runs on (AVX2 included); any row count."""
+    layer = ColumnParallelLinear(96, 40, bias=True)
+    layer.weight.normal_()
+    layer.bias.normal_()
+    x = torch.randn(rows, 96)
+    expected = F.linear(x, layer.weight, layer.bias)
+    layer.process_weights_after_loading()
+    assert layer.weight is None and layer.packed_weight is not None
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-5)
+    wider = torch.cat([x, torch.randn(rows, 8)], dim=1)  # a strided view, as after a split
+    torch.testing.assert_close(layer(wider[:, :96]), expected, atol=1e-4, rtol=1e-5)
+    batched = layer(x.view(1, rows, 96))
+    torch.testing.assert_close(batched, expected.view(1, rows, 40), atol=1e-4, rtol=1e-5)
+
+
+def test_prepacking_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("OCTAVO_CPU_PREPACK", "0")
+    layer = ColumnParallelLinear(16, 8, bias=False)
+    layer.process_weights_after_loading()
+    assert layer.packed_weight is None and layer.weight is not None

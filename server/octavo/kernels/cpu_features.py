@@ -3,6 +3,7 @@ be read), and what torch's oneDNN itself reports it can run here."""
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 
@@ -38,3 +39,12 @@ def onednn_supports_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch without the query: assume not
         return False
+
+
+PREPACK_ENV = "OCTAVO_CPU_PREPACK"
+
+
+def prepack_enabled() -> bool:
+    """Linear weights are prepacked into oneDNN's layout unless ``OCTAVO_CPU_PREPACK=0``
+    (kept for side-by-side measurements and as an escape hatch)."""
+    return os.environ.get(PREPACK_ENV, "1") != "0"

@@ -1,5 +1,5 @@
 """The two GEMMs of a LoRA layer's torch path: oneDNN-prepacked where the model's own
-bf16 linears are prepacked (``linear_method.can_pack``), else plain fp32.
+linears are prepacked (``linear_method.can_pack``), else plain fp32.
 
 The shrink multiplies every row by every slot's A (rows ordered slice, slot, rank); the
 expand multiplies the masked result by the block matrix of every slot's B and adds it
