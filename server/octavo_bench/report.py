@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from octavo_bench.capacity import SequencesThatFit
 from octavo_bench.serve_metrics import LevelMetrics, RequestRecord, Summary
+from octavo_bench.serve_table import serving_table
 from octavo_bench.workloads import Workload
 
 OCTAVO = "octavo"  # Octavo's label in both benchmarks (the served one's by default)
@@ -372,6 +373,8 @@ class LevelResult:
     num_prompts: int
     metrics: LevelMetrics
     records: list[RequestRecord]
+    server: dict[str, Any] | None = None  # peaks the server reported (serve_server_stats)
+    vllm_client: dict[str, Any] | None = None  # vLLM's own client at the same load
 
     def errors(self) -> list[str]:
         return sorted({r.error for r in self.records if r.error})
@@ -381,6 +384,8 @@ class LevelResult:
             "concurrency": self.concurrency,
             "num_prompts": self.num_prompts,
             **asdict(self.metrics),
+            "server": self.server,
+            "vllm_client": self.vllm_client,
             "errors": self.errors(),
             "requests": [record.to_json() for record in self.records],
         }
@@ -470,6 +475,7 @@ class ServeReport:
     def text(self) -> str:
         parts = [run_text(run) for run in self.runs]
         parts += [comparison_text(self, name) for name in self.baselines()]
+        parts.append(serving_table(self.runs))
         parts += [f"note: {note}" for note in self.notes]
         return "\n" + "\n\n".join(filter(None, parts))
 

@@ -50,6 +50,8 @@ from octavo_bench.serve_launch import (
     vllm_server_command,
 )
 from octavo_bench.serve_metrics import level_metrics
+from octavo_bench.serve_server_stats import watching
+from octavo_bench.serve_vllm_client import ClientLoad, client_arguments, run_vllm_client
 from octavo_bench.serve_workload import (
     LengthRange,
     PromptSpec,
@@ -58,6 +60,7 @@ from octavo_bench.serve_workload import (
     level_seed,
     parse_length,
 )
+from octavo_bench.sharegpt import sample_sharegpt, token_counter
 from octavo_bench.vllm_baseline import VllmSetup, add_vllm_arguments
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -92,10 +95,25 @@ TTFT: send to first chunk with text. TPOT: (latency - TTFT) / (output tokens - 1
 requests with more than one token. ITL: gaps between text chunks, pooled over requests.
 E2EL: send to end of stream. Throughputs: totals of successful requests / level wall time.
 
+vLLM's classic serving benchmark (benchmark_serving.py --dataset-name sharegpt
+--request-rate 10): --dataset-name sharegpt --dataset-path FILE draws requests as vLLM
+does (prompt = first turn, max_tokens = the reply's length in tokens of --tokenizer; its
+length filter); `python -m octavo_bench sharegpt-synth FILE` writes a ShareGPT-shaped
+file where the real one cannot be downloaded. During each level /metrics is read every
+0.25 s: the largest batch the server ran (vllm:num_requests_running) and its peak KV cache
+use (vllm:kv_cache_usage_perc) go into the serving table, a column per server.
+--vllm-client also runs vLLM's own client at each level (same dataset, rate, concurrency,
+prompts, seed, ignore_eos) against the same server, and adds its figures to the table.
+
 Results go to OUTPUT_DIR/serve.json (settings, per-level figures, every request's TTFT,
 ITLs, lengths and errors) and OUTPUT_DIR/serve.png; launched servers log to
 OUTPUT_DIR/serve-<name>.log. Example, one command for Octavo against both baselines:
   python -m octavo_bench serve --launch --baseline hf,vllm --output-len 64
+and the ShareGPT-shaped run with both clients:
+  python -m octavo_bench sharegpt-synth bench-results/sharegpt-synthetic.json
+  python -m octavo_bench serve --launch --baseline hf,vllm --vllm-client --endpoint completions \
+      --dataset-name sharegpt --dataset-path bench-results/sharegpt-synthetic.json \
+      --max-concurrency 64 --num-prompts 100 --request-rate 1 --baseline-num-prompts 8
 """
 
 
@@ -179,6 +197,28 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         help="Poisson arrivals per second, seeded (default: inf = all at once)",
     )
     parser.add_argument(
+        "--dataset-name",
+        choices=("random", "sharegpt"),
+        default="random",
+        help="random: seeded word prompts of --input-len/--output-len; sharegpt: requests "
+        "drawn from --dataset-path as vLLM's benchmark draws them",
+    )
+    parser.add_argument(
+        "--dataset-path", type=Path, default=None, help="a ShareGPT-format JSON file"
+    )
+    parser.add_argument(
+        "--sharegpt-output-len",
+        type=positive_int,
+        default=None,
+        help="sharegpt: this many output tokens per request instead of the reply's length",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="sharegpt: tokenizer folder for the lengths (default: --model-path, else the "
+        "baseline model, else the embedded SmolLM2)",
+    )
+    parser.add_argument(
         "--input-len", type=parse_length, default=parse_length("128"), help="words, N or LO:HI"
     )
     parser.add_argument(
@@ -232,6 +272,12 @@ def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_vllm_arguments(parser)
     parser.add_argument(
+        "--vllm-client",
+        action="store_true",
+        help="after each level, also run vLLM's own client (vllm bench serve, from vLLM's "
+        "venv) against the same server at the same load, and report its figures",
+    )
+    parser.add_argument(
         "--vllm-startup-timeout",
         type=float,
         default=900.0,
@@ -273,7 +319,14 @@ def concurrency_levels(args: argparse.Namespace) -> list[int]:
 def prompts_for(args: argparse.Namespace, concurrency: int) -> list[PromptSpec]:
     count = args.num_prompts or max(MIN_PROMPTS, 2 * concurrency)
     seed = level_seed(args.seed, concurrency)
+    if args.dataset_name == "sharegpt":
+        counter = token_counter(tokenizer_folder(args))
+        return sample_sharegpt(args.dataset_path, counter, count, seed, args.sharegpt_output_len)
     return build_prompts(count, args.input_len, args.output_len, seed)
+
+
+def tokenizer_folder(args: argparse.Namespace) -> str:
+    return str(args.tokenizer or baseline_folder(args))
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -306,6 +359,7 @@ class Contender:
     target: Target
     run: ServerRun
     limit: int | None = None  # at most this many prompts per level
+    client: VllmSetup | None = None  # --vllm-client: vLLM's venv, to run its client too
 
 
 async def warm_up(contender: Contender, options: ClientOptions) -> None:
@@ -318,21 +372,34 @@ async def warm_up(contender: Contender, options: ClientOptions) -> None:
 
 
 async def measure_level(args: argparse.Namespace, contender: Contender, concurrency: int) -> None:
-    """One concurrency level against one server, appended to its run."""
+    """One concurrency level against one server, appended to its run (with the peaks the
+    server reported meanwhile and, with --vllm-client, vLLM's client at the same load)."""
     prompts = prompts_for(args, concurrency)[: contender.limit]
     arrivals = arrival_times(len(prompts), args.request_rate, level_seed(args.seed, concurrency))
-    label = contender.run.label
-    records, duration = await run_level(
-        contender.target,
-        prompts,
-        concurrency,
-        arrivals,
-        client_options(args),
-        f"{label} c={concurrency}",
-    )
+    label, target = contender.run.label, contender.target
+    async with watching(target.base_url, target.api_key) as peaks:
+        records, duration = await run_level(
+            target, prompts, concurrency, arrivals, client_options(args), f"{label} c={concurrency}"
+        )
     level = LevelResult(concurrency, len(prompts), level_metrics(records, duration), records)
+    if peaks.samples:
+        level.server = {"max_running": peaks.max_running}
+        level.server["max_kv_cache_usage"] = peaks.max_kv_cache_usage
+    if contender.client is not None:
+        load = ClientLoad(concurrency, len(prompts), args.request_rate, args.seed)
+        level.vllm_client = vllm_client_level(args, contender, load)
     contender.run.levels.append(level)
     print_level(label, level)
+
+
+def vllm_client_level(args: argparse.Namespace, contender: Contender, load: ClientLoad) -> dict:
+    """vLLM's client against the contender's server at ``load``."""
+    client = contender.client
+    assert client is not None and client.python is not None
+    arguments = client_arguments(args, contender.target, tokenizer_folder(args), load)
+    log = args.output_dir / f"vllm-client-{contender.run.label}.log"
+    print(f"{contender.run.label} c={load.concurrency}: vLLM's client", flush=True)
+    return run_vllm_client(client.python, arguments, client.env, log)
 
 
 def print_level(label: str, level: LevelResult) -> None:
@@ -448,9 +515,11 @@ def open_vllm(
 def run(args: argparse.Namespace) -> int:
     """The benchmark; a launched server that fails to start ends it with exit code 1."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
-    vllm = VllmSetup.from_args(args) if VLLM in args.baseline else None
-    if vllm is not None and vllm.python is None and args.vllm_python:
+    vllm = VllmSetup.from_args(args) if VLLM in args.baseline or args.vllm_client else None
+    if vllm is not None and vllm.python is None and (args.vllm_python or args.vllm_client):
         raise ValueError(vllm.skip_reason)  # a wrong path: say so before starting anything
+    if args.dataset_name == "sharegpt" and args.dataset_path is None:
+        raise ValueError("--dataset-name sharegpt needs --dataset-path")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     try:
         report = run_sweeps(args, vllm)
@@ -481,6 +550,7 @@ def run_sweeps(args: argparse.Namespace, vllm: VllmSetup | None = None) -> Serve
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(target_url(args))
         target = open_contender(args, url, args.model, args.label, None)
+        target.client = vllm if args.vllm_client else None
         facts = TargetFacts(
             target.target.model,
             args.max_model_len or reported_max_model_len(args, target.target),
@@ -491,6 +561,8 @@ def run_sweeps(args: argparse.Namespace, vllm: VllmSetup | None = None) -> Serve
             stack.close()
         for name in args.baseline:
             each = open_baseline(args, stack, name, vllm, facts, report)
+            if each is not None and args.vllm_client:
+                each.client = vllm
             if each is not None and args.one_at_a_time:
                 sweep(args, each)
                 stack.close()
