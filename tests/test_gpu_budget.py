@@ -1,6 +1,8 @@
 """The GPU KV budget as plain numbers (no GPU needed): ``--kv-cache-memory`` is honoured
-on a GPU or refused with a line, and the activation estimate covers every logits row a
-step can have (speculative k + 1 rows, prompt-logprob rows), not just one per sequence."""
+on a GPU or refused with a line; the activations are the profiled step's peak plus the
+sampler's copies (the peak faked here: ``test_memory_profile`` runs the real dummy step),
+and the estimate pipeline stages use covers every logits row a step can have
+(speculative k + 1 rows, prompt-logprob rows), not just one per sequence."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 import torch
 
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from octavo.distributed import parallel_state
+from octavo.distributed.parallel_state import PipelineStage
 from octavo.engine.builder import kv_budget
 from octavo.kv_cache import gpu_budget
 from octavo.kv_cache.cache_tensors import bytes_per_block
@@ -19,13 +23,16 @@ from octavo.kv_cache.gpu_budget import (
     StepRows,
     activation_bytes,
     requested_budget,
+    sampler_bytes,
     step_rows,
     utilization_budget,
 )
 from octavo.scheduler.scheduler import PROMPT_SCORING_ROWS_PER_STEP
+from octavo.worker import worker as worker_module
 from octavo.worker.worker import CacheShape, KVBudget, Worker, WorkerConfig
 
 GiB = 2**30
+PROFILED_PEAK = 3 * GiB // 2  # what the dummy step "measured"
 
 
 @dataclass
@@ -101,6 +108,14 @@ def gpu_worker(monkeypatch, kv_cache_dtype: str = "auto") -> Worker:
     worker.device, worker.draft = worker.spec.device, None
     worker.cache_shape = CacheShape(config.num_layers, config.num_kv_heads, config.head_dim)
     monkeypatch.setattr(GpuMemory, "of", classmethod(lambda cls, device: MEMORY))
+    steps = []
+
+    def measured(build, shape, step, cache):
+        steps.append(step)
+        return PROFILED_PEAK
+
+    monkeypatch.setattr(worker_module, "measure_step_peak", measured)
+    worker.profiled_steps = steps
     return worker
 
 
@@ -117,6 +132,19 @@ def test_a_gpu_worker_gives_its_cache_exactly_kv_cache_memory(monkeypatch, kv_ca
 def test_a_gpu_worker_without_kv_cache_memory_uses_the_utilization(monkeypatch):
     worker = gpu_worker(monkeypatch)
     rows = step_rows(2048, 256, 0, PROMPT_SCORING_ROWS_PER_STEP)
-    left = utilization_budget(MEMORY, 0.9, activation_bytes(Shape(), rows, torch.bfloat16))
+    activations = PROFILED_PEAK + sampler_bytes(rows, Shape().vocab_size)
+    left = utilization_budget(MEMORY, 0.9, activations)
     blocks = worker.num_available_blocks(KVBudget(None, 0.9, 2048, 256))
     assert blocks == left // bytes_per_block(worker.cache_shape, 16, torch.bfloat16)
+    (step,) = worker.profiled_steps  # the largest step: 2048 tokens over 256 sequences
+    assert step.lengths == [8] * 256 and step.logits_rows == rows.logits
+
+
+def test_a_pipeline_stage_estimates_its_activations(monkeypatch):
+    """A stage cannot run a step alone: the estimate replaces the measurement there."""
+    worker = gpu_worker(monkeypatch)
+    monkeypatch.setattr(parallel_state, "_STAGE", PipelineStage(stage=0, size=2))
+    rows = step_rows(2048, 256, 0, PROMPT_SCORING_ROWS_PER_STEP)
+    estimate = activation_bytes(Shape(), rows, torch.bfloat16)
+    assert worker.step_activation_bytes(rows, 256) == estimate
+    assert worker.profiled_steps == []

@@ -3,10 +3,12 @@
 Two ways, as in vLLM: ``--kv-cache-memory`` names the bytes (refused when they do not fit
 next to the weights and one step's activations), or ``--gpu-memory-utilization`` takes
 that fraction of the device and leaves the KV cache what the weights, other processes
-and the activations do not use. The activations are estimated from the largest step's
-shapes: its tokens, the logits rows that reach the LM head and the rows the sampler
-works on (``StepRows``). The arithmetic is plain numbers (``GpuMemory``), so it is tested
-without a GPU.
+and the activations do not use. The activations are measured on a GPU
+(``worker/memory_profile``: one dummy forward of the largest step, plus the sampler's
+working copies); the estimate here from the largest step's shapes (its tokens, the logits
+rows that reach the LM head and the rows the sampler works on, ``StepRows``) remains for
+pipeline stages, which cannot run a step alone. The arithmetic is plain numbers
+(``GpuMemory``), so it is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -69,8 +71,13 @@ def activation_bytes(config: ModelShape, rows: StepRows, dtype: torch.dtype) -> 
     qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     per_token = (6 * config.hidden_size + 3 * config.intermediate_size + qkv) * element
     logits = rows.logits * config.vocab_size * (element + LOGIT_COPY_BYTES)
-    sampled = rows.sampled * config.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    return rows.tokens * per_token + logits + sampled
+    return rows.tokens * per_token + logits + sampler_bytes(rows, config.vocab_size)
+
+
+def sampler_bytes(rows: StepRows, vocab_size: int) -> int:
+    """The sampler's fp32 working copies of a step's sampled rows (the part of a step's
+    activations a profiled forward does not reach)."""
+    return rows.sampled * vocab_size * SAMPLER_BYTES_PER_LOGIT
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block
 from octavo.kv_cache.gpu_budget import (
     GpuMemory,
+    StepRows,
     activation_bytes,
     requested_budget,
+    sampler_bytes,
     step_rows,
     utilization_budget,
 )
@@ -43,6 +45,7 @@ from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.ngram_proposer import NgramProposer, NgramStepProposer
 from octavo.structured_output.compiler import GrammarCompiler
 from octavo.structured_output.manager import StructuredOutputManager, shared_compiler
+from octavo.worker.memory_profile import CacheSpec, largest_step, measure_step_peak
 
 STOP_WORKER = "stop"  # the message that ends a worker process (``worker_process``)
 
@@ -169,11 +172,27 @@ class Worker:
             budget.num_speculative_tokens,
             PROMPT_SCORING_ROWS_PER_STEP,
         )
-        activations = activation_bytes(self.spec.config, rows, self.spec.dtype)
+        activations = self.step_activation_bytes(rows, budget.max_num_seqs)
         memory = GpuMemory.of(self.device)
         if budget.kv_cache_bytes is not None:
             return requested_budget(memory, budget.kv_cache_bytes, activations, self.device)
         return utilization_budget(memory, budget.gpu_memory_utilization, activations)
+
+    def step_activation_bytes(self, rows: StepRows, max_num_seqs: int) -> int:
+        """The largest step's activations: measured by a dummy forward (``memory_profile``)
+        where this rank runs the whole model, else (a pipeline stage) estimated."""
+        stage = pipeline_stage()
+        if not (stage.is_first and stage.is_last) or self.device.type != "cuda":
+            return activation_bytes(self.spec.config, rows, self.spec.dtype)
+        step = largest_step(rows, max_num_seqs, self.spec.max_positions)
+        cache = CacheSpec(self.spec.block_size, self.spec.cache_dtype, self.device)
+        peak = measure_step_peak(self.paged_model_on, self.cache_shape, step, cache)
+        assert peak is not None, "a GPU reports its allocator's peak"
+        return peak + sampler_bytes(rows, self.spec.config.vocab_size)
+
+    def paged_model_on(self, caches: list[torch.Tensor]) -> PagedModel:
+        attention = select_backend(self.device, self.spec.dtype)
+        return PagedModel(self.model, caches, self.spec.block_size, attention, self.device)
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the paged KV cache and get the runner ready to take steps."""

@@ -1,0 +1,77 @@
+"""GPU KV sizing by measurement: the dummy step of the largest batch (shape, blocks) runs
+through the real model on CPU here; on a GPU its allocator peak sizes the KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo import LLM
+from octavo.kv_cache.gpu_budget import StepRows, step_rows
+from octavo.worker.memory_profile import (
+    CacheSpec,
+    DummyStep,
+    dummy_logits,
+    largest_step,
+    measure_step_peak,
+    scheduled,
+    scratch_blocks,
+)
+
+CPU = torch.device("cpu")
+
+
+def test_the_largest_step_spends_the_token_budget_over_the_most_sequences():
+    step = largest_step(step_rows(2048, 256), max_num_seqs=256, max_model_len=4096)
+    assert step.lengths == [8] * 256 and step.tokens == 2048
+    long = largest_step(StepRows(2048, 1, 4), max_num_seqs=4, max_model_len=256)
+    assert long.lengths == [256] * 8  # no sequence beyond max_model_len
+    uneven = largest_step(StepRows(10, 10, 3), max_num_seqs=3, max_model_len=64)
+    assert uneven.lengths == [4, 3, 3] and uneven.logits_rows == 10
+    assert largest_step(StepRows(5, 1, 1), 8, 64).logits_rows == 5  # one row per sequence
+
+
+def test_dummy_sequences_get_blocks_of_their_own_after_the_null_block():
+    step = DummyStep([20, 3, 16], logits_rows=3)
+    sequences = scheduled(step, block_size=16)
+    assert [s.block_ids for s in sequences] == [[1, 2], [3], [4]]
+    assert [len(s.token_ids) for s in sequences] == [20, 3, 16]
+    assert all(s.sample and s.num_computed_tokens == 0 for s in sequences)
+    assert scratch_blocks(step, 16) == 5
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_folder):
+    folder = str(tiny_folder("llama3"))
+    llm = LLM(folder, dtype="float32", max_model_len=128, kv_cache_memory=1 << 20)
+    return llm.engine.executor.worker
+
+
+def test_the_dummy_step_runs_through_the_real_model(worker):
+    step = DummyStep([40, 17, 5], logits_rows=6)
+    caches_made = []
+
+    def build(caches):
+        caches_made.append(caches)
+        return worker.paged_model_on(caches)
+
+    cache = CacheSpec(16, torch.float32, CPU)
+    assert measure_step_peak(build, worker.cache_shape, step, cache) is None  # no CPU peak
+    (caches,) = caches_made
+    assert caches[0].shape[1] == scratch_blocks(step, 16) == 1 + 3 + 2 + 1
+    logits = dummy_logits(worker.paged_model_on(caches), step, 16, CPU)
+    assert logits.shape == (6, worker.spec.config.vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_peak_grows_with_the_step(tiny_folder):
+    llm = LLM(str(tiny_folder("llama3")), dtype="bfloat16", max_model_len=512, device="cuda")
+    worker = llm.engine.executor.worker
+    cache = CacheSpec(16, torch.bfloat16, torch.device("cuda"))
+    small = measure_step_peak(worker.paged_model_on, worker.cache_shape, DummyStep([64], 1), cache)
+    large = DummyStep([512] * 8, 64)
+    big = measure_step_peak(worker.paged_model_on, worker.cache_shape, large, cache)
+    assert small is not None and big is not None and 0 < small < big
+    rows = step_rows(4096, 8)
+    assert worker.step_activation_bytes(rows, 8) > big
