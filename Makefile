@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.octavo-installed
 
-.PHONY: venv serve test lint bench clean test-tools cluster cluster-down vllm-venv llama-cpp-venv
+.PHONY: venv serve test lint bench clean test-tools cluster cluster-down vllm-venv llama-cpp-venv \
+	gpu-prepare gpu-check
 
 venv: $(STAMP)
 
@@ -53,6 +54,16 @@ test: venv lint test-tools
 
 bench: venv
 	$(BIN)/python -m octavo_bench offline
+
+# The GPU checks in one command, for the day a GPU machine (PyTorch and Triton, no network)
+# is at hand: `make gpu-prepare` here fills .whl/ and .gpu-baked/ (git-ignored); carry both
+# to the GPU machine and run `make gpu-check` there: every CUDA-gated test, then the GPU
+# benchmark (decode B=1 vs the HBM roofline, B=32 vs HF, Triton kernels vs torch).
+gpu-prepare: venv
+	BIN=$(BIN) ./scripts/gpu-prepare.sh
+
+gpu-check:
+	bash scripts/gpu-check.sh
 
 # vLLM's CPU build in its own venv, for the benchmarks' vllm baseline (never part of
 # `make test`): python -m octavo_bench offline --baselines hf-fp32,hf-bf16,vllm

@@ -1,5 +1,5 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
-random-model``: the command line."""
+random-model|sharegpt-synth|gpu``: the command line."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import logging
 import sys
 
 from octavo_bench import (
+    gpu,
     lora,
     offline,
     parallel,
     quantized,
     random_model,
     serve,
+    sharegpt,
     speculative,
     structured,
 )
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     speculative.register(kinds)
     lora.register(kinds)
     random_model.register(kinds)
+    sharegpt.register(kinds)
+    gpu.register(kinds)
     return parser
 
 

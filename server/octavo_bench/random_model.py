@@ -27,8 +27,17 @@ SMOL_SHAPE = {
     "tie_word_embeddings": True,
 }
 MOE_SHAPE = {**SMOL_SHAPE, "num_hidden_layers": 16, "tie_word_embeddings": False}
+LLAMA_1B_SHAPE = {  # Llama-3.2-1B's decoder (for the GPU benchmark: 1.1B parameters)
+    **SMOL_SHAPE,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+}
 PRESETS: dict[str, tuple[str, dict]] = {  # name -> (transformers model_type, config)
     "llama": ("llama", SMOL_SHAPE),
+    "llama-1b": ("llama", LLAMA_1B_SHAPE),
     "qwen3": ("qwen3", SMOL_SHAPE),
     "qwen3-moe": (
         "qwen3_moe",
