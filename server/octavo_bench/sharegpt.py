@@ -22,6 +22,7 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from octavo.arg_types import positive_int
@@ -88,9 +89,10 @@ def _turn_pairs(entries: list[dict]) -> Iterator[tuple[str, str]]:
         yield str(first.get("value", "")), str(second.get("value", ""))
 
 
+@cache
 def token_counter(model_folder: str | Path) -> Callable[[str], int]:
     """Token counts as vLLM's client computes them: the served model's tokenizer, with its
-    special tokens."""
+    special tokens (loaded once per folder, however many levels ask)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_folder))
