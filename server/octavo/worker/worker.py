@@ -191,6 +191,8 @@ class Worker:
         return peak + sampler_bytes(rows, self.spec.config.vocab_size)
 
     def paged_model_on(self, caches: list[torch.Tensor]) -> PagedModel:
+        """The model with ``caches`` and this device's attention backend (the runner's, and
+        the memory profile's scratch one)."""
         attention = select_backend(self.device, self.spec.dtype)
         return PagedModel(self.model, caches, self.spec.block_size, attention, self.device)
 
@@ -200,9 +202,8 @@ class Worker:
         caches = allocate_kv_caches(
             self.cache_shape, num_blocks, spec.block_size, spec.cache_dtype, self.device
         )
-        attention = select_backend(self.device, spec.dtype)
         self.runner = ModelRunner(
-            PagedModel(self.model, caches, spec.block_size, attention, self.device),
+            self.paged_model_on(caches),
             spec.eos_token_ids,
             pipeline_stage(),
             self.is_driver,
