@@ -10,6 +10,7 @@ HERE = Path(__file__).resolve().parent  # e2e/cluster: the Python package and th
 REPO_ROOT = HERE.parent.parent
 KUBE_MODULE_DIR = HERE  # wrapper module for Kubernetes (go.mod, go.sum)
 ETCD_MODULE_DIR = HERE / "etcd"  # wrapper module for etcd
+EPP_MODULE_DIR = HERE / "epp"  # wrapper module for the llm-d router's endpoint picker
 
 
 def cache_dir() -> Path:

@@ -22,6 +22,15 @@ KWOK = "v0.8.0"
 # Helm 3 (helm.sh/helm/v3/cmd/helm); 3.21 is built against client-go v0.36 like the cluster.
 HELM = "v3.21.4"
 
+# The endpoint picker (EPP) of the llm-d router (github.com/llm-d/llm-d-router, cmd/epp), the
+# Gateway API Inference Extension's picker with llm-d's scorers (precise prefix cache from
+# vLLM-format KV events). v0.10.0 is the newest release the module proxy serves as a zip;
+# it serves neither its .mod/.info nor a checksum-database entry, so the zip is fetched from
+# the proxy directly, checked against this SHA-256 (taken on 2026-11-26) and built through a
+# `replace` to the unpacked folder (e2e/cluster/epp/go.mod). Its dependencies verify as usual.
+LLM_D_ROUTER = "v0.10.0"
+LLM_D_ROUTER_ZIP_SHA256 = "9524db96c27fb21544c0ab0cf68b0b5f4092a0a43f2ef0121583daa639181946"
+
 # Oldest Go toolchain that builds all of the above (they declare `go 1.26.0`). Toolchain
 # downloads are disabled (GOTOOLCHAIN=local): the installed `go` must be this new.
 GO_MIN = (1, 26)
@@ -42,5 +51,6 @@ def summary() -> dict[str, str]:
         "etcd": ETCD,
         "kwok": KWOK,
         "helm": HELM,
+        "llm-d router (EPP)": LLM_D_ROUTER,
         "go (minimum)": ".".join(map(str, GO_MIN)),
     }
