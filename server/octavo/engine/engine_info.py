@@ -13,6 +13,22 @@ from octavo.engine.adapters import StartupAdapters
 NORMALIZER_MARGIN = 2
 
 
+@dataclass(frozen=True)
+class KVCacheFacts:
+    """The KV cache as allocated (vLLM's ``CacheConfig`` fields of the same names)."""
+
+    block_size: int  # tokens per block
+    num_gpu_blocks: int  # blocks allocated (on a CPU engine too, as vLLM counts them)
+    cache_dtype: str  # --kv-cache-dtype
+    enable_prefix_caching: bool
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None  # --kv-cache-memory (None: sized automatically)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.block_size * self.num_gpu_blocks
+
+
 @dataclass
 class EngineInfo:
     """Facts about the loaded engine that the event loop may read freely."""
@@ -30,6 +46,7 @@ class EngineInfo:
     enable_lora: bool = False
     max_loras: int = 0
     startup_adapters: StartupAdapters = field(default_factory=StartupAdapters)  # --lora-modules
+    kv_cache: KVCacheFacts | None = None  # None without an engine (``octavo launch render``)
 
     @property
     def max_prompt_chars(self) -> int:
@@ -45,6 +62,7 @@ class EngineInfo:
 def read_engine_info(engine: Any) -> EngineInfo:
     """The facts of an ``LLMEngine`` (called on the engine thread, once it is loaded)."""
     tokenizer = copy.deepcopy(engine.tokenizer)
+    kv_cache = read_kv_cache_facts(engine)
     return EngineInfo(
         tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
@@ -52,13 +70,26 @@ def read_engine_info(engine: Any) -> EngineInfo:
         prompt_token_limit=engine.prompt_token_limit,
         model_name=engine.model_name,
         max_num_seqs=engine.args.max_num_seqs,
-        kv_cache_tokens=engine.stats().num_blocks * engine.kv.block_size,
+        kv_cache_tokens=kv_cache.num_tokens,
         max_token_chars=longest_token_chars(tokenizer),
         vocab_size=engine.vocab_size,
         eos_token_ids=engine.scheduler.limits.eos_token_ids,
         enable_lora=engine.args.enable_lora,
         max_loras=engine.args.max_loras,
         startup_adapters=engine.startup_adapters,
+        kv_cache=kv_cache,
+    )
+
+
+def read_kv_cache_facts(engine: Any) -> KVCacheFacts:
+    args = engine.args
+    return KVCacheFacts(
+        block_size=engine.kv.block_size,
+        num_gpu_blocks=engine.stats().num_blocks,
+        cache_dtype=args.kv_cache_dtype,
+        enable_prefix_caching=args.enable_prefix_caching,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory,
     )
 
 

@@ -52,6 +52,7 @@ def build_app(
         on_load_failure=on_load_failure,
         on_death=on_death,
     )
+    metrics.engine_stats.engine_info = lambda: engine.info
     tokenizers = TokenizerPool()
     context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)
     warm = context.grammars if warm_grammar_compiler else None

@@ -5,17 +5,23 @@ and current levels (requests running, KV cache usage) in ``EngineStats``. The en
 thread hands each step's stats to ``update``; a scrape reports the newest of them as
 they are, so no increments are computed here. prometheus_client appends ``_total`` to
 counters: ``vllm:prompt_tokens`` is scraped as ``vllm:prompt_tokens_total``.
+
+Once the engine has loaded (``engine_info`` answers), the info gauges of
+``info_metrics.py`` follow: the KV cache's configuration, and with LoRA on the adapters
+of the running and waiting requests.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from octavo.engine.engine_info import EngineInfo
 from octavo.engine.stats import EngineStats
+from octavo.entrypoints.openai.info_metrics import cache_config_info, lora_requests_info
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 
 # Metric name -> (the EngineStats field holding its current value, help text).
@@ -40,16 +46,16 @@ SPEC_DECODE_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 SPEC_DECODE_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
-# With LoRA on, vLLM's info gauge: its value is when the labels were last seen.
-LORA_REQUESTS_INFO = "vllm:lora_requests_info"
-LORA_INFO_LABELS = ["max_lora", "waiting_lora_adapters", "running_lora_adapters"]
 
 
 class EngineStatsCollector(Collector):
     """Reports the newest ``EngineStats`` of one engine; zeros until the first step."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(
+        self, model_name: str, engine_info: Callable[[], EngineInfo | None] = lambda: None
+    ) -> None:
         self.model_name = model_name
+        self.engine_info = engine_info  # the loaded engine's facts (None while loading)
         self._created = time.time()  # the counters count from the engine's start
         self._latest: EngineStats | None = None
         self._latest_time = self._created
@@ -72,18 +78,16 @@ class EngineStatsCollector(Collector):
             yield counter
         if stats is not None and stats.spec_decode is not None:
             yield from self._spec_decode(stats.spec_decode)
-        if stats is not None and stats.max_loras > 0:
-            yield self._lora_info(stats)
+        yield from self._info_gauges(stats)
 
-    def _lora_info(self, stats: EngineStats) -> Metric:
-        gauge = GaugeMetricFamily(
-            LORA_REQUESTS_INFO, "Running and waiting LoRA adapters, by name.",
-            labels=LORA_INFO_LABELS,
-        )  # fmt: skip
-        labels = [str(stats.max_loras), ",".join(stats.waiting_loras),
-                  ",".join(stats.running_loras)]  # fmt: skip
-        gauge.add_metric(labels, self._latest_time)
-        return gauge
+    def _info_gauges(self, stats: EngineStats | None) -> Iterator[Metric]:
+        info = self.engine_info()
+        if info is None:
+            return
+        if info.kv_cache is not None:
+            yield cache_config_info(info.kv_cache)
+        if info.enable_lora:  # as vLLM: only with LoRA on
+            yield lora_requests_info(info, stats, self._latest_time)
 
     def _spec_decode(self, counters: SpecDecodeCounters) -> Iterator[Metric]:
         labels = [self.model_name]

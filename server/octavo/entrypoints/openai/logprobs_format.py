@@ -100,14 +100,17 @@ def completion_logprobs(
 
 
 def prompt_scoring_logprobs(
-    prompt_ids: list[int], entries: list[TokenLogprobs | None], decoder: TokenDecoder,
+    prompt_ids: list[int],
+    entries: list[TokenLogprobs | None],
+    decoder: TokenDecoder,
     num_top: int,
-) -> CompletionLogprobs:  # fmt: skip
+) -> CompletionLogprobs:
     """The echoed prompt's part of the legacy format: ``None`` for the first token (nothing
     precedes it), then each prompt token's logprob and ``num_top`` alternatives."""
     first = decoder.text(prompt_ids[0]) if prompt_ids else ""
-    result = CompletionLogprobs(tokens=[first], token_logprobs=[None], top_logprobs=[None],
-                                text_offset=[0])  # fmt: skip
+    result = CompletionLogprobs(
+        tokens=[first], token_logprobs=[None], top_logprobs=[None], text_offset=[0]
+    )
     scored, _ = completion_logprobs(
         [entry for entry in entries[1:] if entry is not None], decoder, num_top, len(first)
     )

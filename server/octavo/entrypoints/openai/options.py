@@ -265,8 +265,7 @@ def finish(args: argparse.Namespace) -> None:
             raise ValueError(f"{option.env} must be true or false, got {value!r}")
         if option.kind == "list" and value is not None:  # from the environment: text
             items = _split_list(value) if isinstance(value, str) else value
-            setattr(args, option.dest, [option.type(v) if isinstance(v, str) else v
-                                        for v in items])  # fmt: skip
+            setattr(args, option.dest, [option.type(v) if isinstance(v, str) else v for v in items])
 
 
 def env_epilog() -> str:

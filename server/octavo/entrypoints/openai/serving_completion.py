@@ -163,8 +163,9 @@ def _full_choice(
         )
         if echo and prompt_logprobs is not None:  # lm-eval's local-completions scoring
             prompt_ids = job.prompts[prompt_index].token_ids
-            scored = prompt_scoring_logprobs(prompt_ids, prompt_logprobs, job.decoder,
-                                             job.body.logprobs)  # fmt: skip
+            scored = prompt_scoring_logprobs(
+                prompt_ids, prompt_logprobs, job.decoder, job.body.logprobs
+            )
             logprobs = scored.followed_by(logprobs)
     return CompletionChoice(
         index=prompt_index * job.body.n + output.index,

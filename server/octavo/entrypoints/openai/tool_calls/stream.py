@@ -52,8 +52,12 @@ class ToolCallStream:
         if first:
             self.named_id, self.num_calls = new_call_id(), 1
         function = DeltaFunction(name=self.plan.name if first else None, arguments=arguments)
-        call = DeltaToolCall(index=0, id=self.named_id if first else None,
-                             type="function" if first else None, function=function)  # fmt: skip
+        call = DeltaToolCall(
+            index=0,
+            id=self.named_id if first else None,
+            type="function" if first else None,
+            function=function,
+        )
         return DeltaMessage(tool_calls=[call])
 
     def _whole_call(self, call: ParsedToolCall) -> DeltaMessage:
