@@ -101,6 +101,13 @@ def test_minimal_spec_gets_deployment_and_service_and_turns_the_rest_off():
         ChildRef("policy/v1", "PodDisruptionBudget", "chat"),
         ChildRef("autoscaling/v2", "HorizontalPodAutoscaler", "chat"),
         ChildRef("networking.k8s.io/v1", "NetworkPolicy", "chat"),
+        # spec.router off: the endpoint picker's objects (the pool only where its API is)
+        ChildRef("v1", "ServiceAccount", "chat-epp"),
+        ChildRef("rbac.authorization.k8s.io/v1", "Role", "chat-epp"),
+        ChildRef("rbac.authorization.k8s.io/v1", "RoleBinding", "chat-epp"),
+        ChildRef("v1", "ConfigMap", "chat-epp"),
+        ChildRef("apps/v1", "Deployment", "chat-epp"),
+        ChildRef("v1", "Service", "chat-epp"),
     ]
     assert out.apply[0]["spec"]["template"]["spec"]["containers"][0]["image"] == "img:1"
 
@@ -114,8 +121,11 @@ def test_everything_asked_for():
         "monitoring": {"serviceMonitor": True},
         "networkPolicy": {"enabled": True},
         "adapters": [{"name": "sql", "uri": "hf://org/sql"}],
+        "router": {"enabled": True},
     }
-    out = desired_children(isvc(spec), "img:1", service_monitors_served=True)
+    out = desired_children(
+        isvc(spec), "img:1", service_monitors_served=True, inference_pools_served=True
+    )
     assert kinds(out.apply) == [
         "ConfigMap",
         "Deployment",
@@ -125,6 +135,13 @@ def test_everything_asked_for():
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
         "ServiceMonitor",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "InferencePool",
     ]
     assert out.remove == []
     assert out.apply[1]["spec"]["template"]["spec"]["containers"][0]["image"] == "mine:2"

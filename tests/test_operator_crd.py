@@ -68,7 +68,15 @@ def test_rbac_rules_are_exact():
     for r in rules:
         assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
     by_resource = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in rules}
-    assert by_resource[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
+    # delete: the endpoint picker's Deployment goes when spec.router is turned off
+    assert by_resource[("apps", "deployments")] == {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "delete",
+    }
     assert by_resource[("", "pods")] == {"get", "list", "watch"}
     assert by_resource[("octavo.dev", "inferenceservices/status")] == {"get", "patch", "update"}
     # Only get (never list/watch): the one Secret spec.apiKeySecretRef names, read to send

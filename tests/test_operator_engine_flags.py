@@ -34,6 +34,7 @@ SET_BY_THE_OPERATOR = {
     "--allow-runtime-lora-updating": "with spec.adapters: the operator loads them through it",
     "--lora-allowed-roots": "with spec.adapters: the claims' mount root (extraArgs may widen)",
     "--lora-modules": "spec.adapters, through a ConfigMap read as OCTAVO_LORA_MODULES",
+    "--kv-events-config": "spec.router: KV events for the endpoint picker's prefix scorer",
 }
 # Server flags deliberately not exposed as engine fields; engine.extraArgs can pass them.
 LEFT_TO_EXTRA_ARGS = {
@@ -221,8 +222,12 @@ def test_empty_spec_parses_to_the_crd_defaults():
 
 
 def test_flags_set_by_the_operator_are_in_its_args():
-    spec = {"model": {"uri": "hf://org/name", "revision": "main"}, "resources": {"gpu": 0},
-            "adapters": [{"name": "a", "uri": "hf://org/a"}]}  # fmt: skip
+    spec = {
+        "model": {"uri": "hf://org/name", "revision": "main"},
+        "resources": {"gpu": 0},
+        "adapters": [{"name": "a", "uri": "hf://org/a"}],
+        "router": {"enabled": True},
+    }
     args = server_args(isvc(spec))
     env = {e["name"] for e in server_env(isvc(spec))}
     assert "OCTAVO_LORA_MODULES" in env, "--lora-modules comes through the environment"

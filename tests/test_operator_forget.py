@@ -60,8 +60,13 @@ def reconcile_with_index(isvc_index: dict) -> tuple[RecordingKube, Controller]:
     kube = RecordingKube()
     controller = Controller(kube, Settings())
     controller.statuses = StatusRequests()
-    indexes = {"isvc_index": isvc_index, "deployment_index": {}, "pod_index": {},
-               "claim_index": {}}  # fmt: skip
+    indexes = {
+        "isvc_index": isvc_index,
+        "deployment_index": {},
+        "picker_index": {},
+        "pod_index": {},
+        "claim_index": {},
+    }
     reconcile_isvc(body=body(), namespace="team-a", name="chat", reason="create",
                    memo=kopf.Memo(controller=controller), **indexes)  # fmt: skip
     return kube, controller

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+ROUTER_READY = "RouterReady"  # with spec.router: the InferencePool and its endpoint picker
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
+# Reasons that are bad news on a first observation too (an Event the moment they are seen).
+ALARMING_REASONS = frozenset({"InferencePoolAPIMissing"})
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,16 @@ def merge(
 
 def transitions(old: list[dict[str, Any]], new: list[Condition]) -> list[Condition]:
     """Conditions whose status or reason changed. A first observation counts only when it
-    is bad news on its own (Degraded=True): a new service starting up is not an event."""
+    is bad news on its own (Degraded=True, an alarming reason): a new service starting up
+    is not an event."""
     previous = {c.get("type"): (c.get("status"), c.get("reason")) for c in old or []}
 
     def changed(cond: Condition) -> bool:
         before = previous.get(cond.type)
         if before is None:
-            return cond.type == DEGRADED and cond.status
+            return (cond.type == DEGRADED and cond.status) or (
+                not cond.healthy and cond.reason in ALARMING_REASONS
+            )
         return before != (cond.status_text, cond.reason)
 
     return [c for c in new if changed(c)]

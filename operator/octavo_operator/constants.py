@@ -26,3 +26,15 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 APP_NAME = "octavo-server"
 MANAGED_BY = "octavo-operator"
+
+# spec.router: the llm-d router's endpoint picker (EPP), pinned; its ports are upstream's.
+DEFAULT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
+PICKER_SUFFIX = "-epp"  # the picker's Deployment, Service, ConfigMap, ServiceAccount, Role
+PICKER_COMPONENT = "router"  # COMPONENT_LABEL of the picker's objects and pods
+PICKER_GRPC_PORT = 9002  # ext_proc, what the gateway calls
+PICKER_HEALTH_PORT = 9003  # gRPC health (liveness / readiness services)
+PICKER_METRICS_PORT = 9090
+RENDER_PORT = 8000  # the tokenizer sidecar in the picker pod (`octavo launch render`)
+KV_EVENTS_PORT = 5557  # the servers' ZMQ PUB socket; the replay socket is the next port
+INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
+INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"

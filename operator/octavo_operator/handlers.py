@@ -48,6 +48,12 @@ CHILD_RESOURCES = (
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("monitoring.coreos.com", "v1", "servicemonitors"),
     ("", "v1", "configmaps"),
+    # spec.router: the endpoint picker's RBAC and the InferencePool (watched once its CRD
+    # exists: kopf follows CRDs as they come and go).
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("inference.networking.k8s.io", "v1", "inferencepools"),
 )
 RETRY_DELAY_SECONDS = 30
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
@@ -115,8 +121,23 @@ def isvc_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, name): plain(body)}
 
 
+def is_picker(labels: kopf.Labels) -> bool:
+    return labels.get(c.COMPONENT_LABEL) == c.PICKER_COMPONENT
+
+
 @kopf.index("apps", "v1", "deployments", labels=OWNED)
 def deployment_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    """The servers' Deployment of each service (not its endpoint picker's)."""
+    if is_picker(labels):
+        return {}
+    return {(namespace, labels.get(c.INSTANCE_LABEL)): deployment_summary(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=OWNED)
+def picker_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    """The endpoint picker's Deployment of each service with spec.router."""
+    if not is_picker(labels):
+        return {}
     return {(namespace, labels.get(c.INSTANCE_LABEL)): deployment_summary(body)}
 
 
@@ -157,10 +178,12 @@ def observe(ctl: Controller, key: Key, body: dict[str, Any], indexes: dict[str, 
         pods=list(indexes["pod_index"].get(key, [])),
         missing_claims=missing_claims(body, indexes["claim_index"]),
         adapters=ctl.adapter_reports.get(key),
+        pools_served=applied.pools_served if applied else None,
+        picker=newest(first(indexes["picker_index"].get(key)), applied.picker if applied else None),
     )
 
 
-INDEXES = ("isvc_index", "deployment_index", "pod_index", "claim_index")
+INDEXES = ("isvc_index", "deployment_index", "picker_index", "pod_index", "claim_index")
 
 
 def indexes_of(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -362,39 +385,60 @@ def _names_claim(body: dict[str, Any], claim: str) -> bool:
     return any(named == claim for _, named in InferenceService.from_body(body).claims)
 
 
+def _wants_monitor(isvc: InferenceService) -> bool:
+    return isvc.monitoring.service_monitor
+
+
+def _wants_router(isvc: InferenceService) -> bool:
+    return isvc.router is not None
+
+
+# CRDs of optional children: when one comes or goes, the services that want its kind are
+# reconciled now (a ServiceMonitor, or a pool and picker), not at their next change.
+OPTIONAL_APIS = {
+    SERVICE_MONITOR_CRD: (MONITORING_API, "servicemonitors", _wants_monitor),
+    c.INFERENCE_POOL_CRD: (c.INFERENCE_POOL_API, "inferencepools", _wants_router),
+}
+
+
 @kopf.on.event(
     "apiextensions.k8s.io",
     "v1",
     "customresourcedefinitions",
-    when=lambda name, **_: name == SERVICE_MONITOR_CRD,
+    when=lambda name, **_: name in OPTIONAL_APIS,
 )
-async def on_monitoring_api(
-    body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, isvc_index: kopf.Index, **_: Any
+async def on_optional_api(
+    body: kopf.Body,
+    event: kopf.RawEvent,
+    name: str,
+    memo: kopf.Memo,
+    isvc_index: kopf.Index,
+    **_: Any,
 ) -> None:
-    """The Prometheus Operator's CRD came or went: services asking for a ServiceMonitor get
-    (or stop expecting) one now, not at their next change. Waiting for discovery to catch
-    up happens on the event loop, not on a handler thread."""
+    """An optional API's CRD came or went. Waiting for discovery to catch up happens on
+    the event loop, not on a handler thread."""
     ctl: Controller = memo.controller
+    api, plural, wants = OPTIONAL_APIS[name]
     ctl.kube.forget_served()
     if event.get("type") != "DELETED" and not _established(body):
         return  # a later event of this CRD says Established
     deadline = time.monotonic() + DISCOVERY_WAIT_SECONDS
     while time.monotonic() < deadline:
-        if await asyncio.to_thread(ctl.kube.served, MONITORING_API, "servicemonitors"):
+        if await asyncio.to_thread(ctl.kube.served, api, plural):
             break
         await asyncio.sleep(0.5)  # discovery follows Established closely, not at once
         ctl.kube.forget_served()
-    await asyncio.to_thread(_reconcile_monitored, ctl, isvc_index)
+    await asyncio.to_thread(_reconcile_wanting, ctl, isvc_index, wants, f"{plural}-api")
 
 
-def _reconcile_monitored(ctl: Controller, isvc_index: kopf.Index) -> None:
+def _reconcile_wanting(ctl: Controller, isvc_index: kopf.Index, wants: Any, trigger: str) -> None:
     for key in list(isvc_index):
         owner = owner_of(isvc_index, key)
-        if owner is None or not InferenceService.from_body(owner).monitoring.service_monitor:
+        if owner is None or not wants(InferenceService.from_body(owner)):
             continue
         with ctl.lock(key):
             try:
-                ctl.reconcile(owner, trigger="monitoring-api")
+                ctl.reconcile(owner, trigger=trigger)
             except TransientError as error:
                 logger.warning("reconcile of %s/%s failed: %s", *key, error)
 

@@ -36,6 +36,10 @@ PLURALS = {
     "Secret": "secrets",
     "Lease": "leases",
     "EndpointSlice": "endpointslices",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "InferencePool": "inferencepools",
     c.KIND: c.PLURAL,
 }
 DISCOVERY_TTL_SECONDS = 30.0

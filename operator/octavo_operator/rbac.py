@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from octavo_operator import constants as c
+from octavo_operator.builders.picker_rbac import LEASE_VERBS, OBJECTIVE_GROUPS, READ
 
 WATCH = ["get", "list", "watch"]
 # Server-side apply is a PATCH that may create the object, which RBAC checks as `create`.
@@ -35,17 +36,20 @@ def namespaced_rules() -> list[dict[str, Any]]:
         # Service points at the activator.
         _rule(c.GROUP, f"{c.PLURAL}/scale", ["get", "patch"]),
         _rule("discovery.k8s.io", "endpointslices", [*APPLY, "delete"]),
-        # Children, created by server-side apply and watched for drift and status.
-        _rule("apps", "deployments", [*WATCH, *APPLY]),
-        _rule("", "services", [*WATCH, *APPLY]),
+        # Children, created by server-side apply and watched for drift and status; the
+        # endpoint picker's Deployment and Service are deleted when spec.router turns off.
+        _rule("apps", "deployments", [*WATCH, *APPLY, "delete"]),
+        _rule("", "services", [*WATCH, *APPLY, "delete"]),
         _rule("", "persistentvolumeclaims", [*WATCH, *APPLY]),
         # Optional children: also deleted when the spec turns them off.
         _rule("policy", "poddisruptionbudgets", [*WATCH, *APPLY, "delete"]),
         _rule("autoscaling", "horizontalpodautoscalers", [*WATCH, *APPLY, "delete"]),
         _rule("networking.k8s.io", "networkpolicies", [*WATCH, *APPLY, "delete"]),
         _rule("monitoring.coreos.com", "servicemonitors", [*WATCH, *APPLY, "delete"]),
-        # The list of LoRA adapters a starting pod loads (spec.adapters).
+        # The list of LoRA adapters a starting pod loads (spec.adapters), and the endpoint
+        # picker's config (spec.router).
         _rule("", "configmaps", [*WATCH, *APPLY, "delete"]),
+        *router_rules(),
         # The API key of spec.apiKeySecretRef, sent when loading adapters into ready pods.
         _rule("", "secrets", ["get"]),
         # Pods are read to explain what a Deployment's status does not (unschedulable).
@@ -71,3 +75,22 @@ def _rule(group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
 def leader_election_rules() -> list[dict[str, Any]]:
     """Rights in the operator's own namespace (a Role there): the Lease its replicas share."""
     return [_rule("coordination.k8s.io", "leases", ["get", "create", "update"])]
+
+
+def router_rules() -> list[dict[str, Any]]:
+    """spec.router: the InferencePool, the endpoint picker's ServiceAccount, Role and
+    RoleBinding (applied, watched for drift, deleted when turned off), and every right that
+    Role grants the picker (builders/picker_rbac.py): Kubernetes lets the operator grant only
+    rights it holds. Pods and events are granted above already."""
+    return [
+        _rule("inference.networking.k8s.io", "inferencepools", [*WATCH, *APPLY, "delete"]),
+        _rule("", "serviceaccounts", [*WATCH, *APPLY, "delete"]),
+        _rule("rbac.authorization.k8s.io", "roles", [*WATCH, *APPLY, "delete"]),
+        _rule("rbac.authorization.k8s.io", "rolebindings", [*WATCH, *APPLY, "delete"]),
+        *(
+            _rule(group, kind, READ)
+            for group in OBJECTIVE_GROUPS
+            for kind in ("inferenceobjectives", "inferencemodelrewrites")
+        ),
+        _rule("coordination.k8s.io", "leases", LEASE_VERBS),
+    ]

@@ -48,17 +48,21 @@ class Applied:
     # another value means someone else changed the child.
     versions: dict[tuple[str, str], str] = field(default_factory=dict)
     deployment: dict[str, Any] | None = None
+    picker: dict[str, Any] | None = None  # the endpoint picker's Deployment (spec.router)
+    pools_served: bool | None = None  # whether the InferencePool API was there
 
 
 @dataclass(frozen=True)
 class Settings:
     default_image: str = c.DEFAULT_SERVER_IMAGE
     activator: ActivatorAddress | None = None  # where services at zero send their traffic
+    picker_image: str = c.DEFAULT_PICKER_IMAGE  # spec.router's endpoint picker
 
 
 # What someone else may change in a child without a generation (Services, ConfigMaps,
-# claims, HorizontalPodAutoscalers): its status changes often and is nobody's drift.
-DESIRED_FIELDS = ("spec", "data", "binaryData")
+# claims, HorizontalPodAutoscalers, RBAC objects): its status changes often and is nobody's
+# drift.
+DESIRED_FIELDS = ("spec", "data", "binaryData", "rules", "subjects", "roleRef")
 
 
 def child_version(obj: dict[str, Any]) -> str:
@@ -138,13 +142,23 @@ class Controller:
         for kinds this process applied before, or for every kind on resume (the spec may
         have changed while the operator was down)."""
         monitors = self.kube.served("monitoring.coreos.com/v1", "servicemonitors")
-        children = desired_children(isvc, self.settings.default_image, monitors)
+        applied.pools_served = self.kube.served(c.INFERENCE_POOL_API, "inferencepools")
+        children = desired_children(
+            isvc,
+            self.settings.default_image,
+            monitors,
+            inference_pools_served=applied.pools_served,
+            picker_image=self.settings.picker_image,
+        )
         previous = self.applied.get((isvc.namespace, isvc.name), Applied()).versions
         for obj in children.apply:
             result = self.kube.apply(obj)
-            applied.versions[(obj["kind"], obj["metadata"]["name"])] = child_version(result)
-            if obj["kind"] == "Deployment":
+            name = obj["metadata"]["name"]
+            applied.versions[(obj["kind"], name)] = child_version(result)
+            if obj["kind"] == "Deployment" and name == isvc.name:
                 applied.deployment = deployment_summary(result)  # not the whole object
+            elif obj["kind"] == "Deployment":
+                applied.picker = deployment_summary(result)
         for ref in children.remove:
             if not check_all and (ref.kind, ref.name) not in previous:
                 continue
@@ -180,6 +194,8 @@ class Controller:
             **fields,
             "conditions": merge(old_conditions, conds, generation, now_rfc3339()),
         }
+        if "router" not in fields and old_status.get("router") is not None:
+            new_status["router"] = None  # spec.router turned off: the merge patch drops it
         if _same_status(old_status, new_status):
             return False
         path = object_path(c.API_VERSION, c.KIND, isvc.namespace, isvc.name) + "/status"

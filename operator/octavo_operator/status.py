@@ -13,6 +13,7 @@ from octavo_operator.adapter_sync import AdapterReport, adapters_condition
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.metadata import selector_string
 from octavo_operator.conditions import DEGRADED, PROGRESSING, READY, Condition
+from octavo_operator.router_status import router_condition, router_fields
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class Observed:
     pods: list[dict[str, Any]] = field(default_factory=list)
     missing_claims: list[tuple[str, str]] = field(default_factory=list)  # (role, claim)
     adapters: AdapterReport | None = None  # the last adapter sync (with spec.adapters)
+    pools_served: bool | None = None  # the InferencePool API, as the last apply found it
+    picker: dict[str, Any] | None = None  # the endpoint picker's Deployment (spec.router)
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def ready(
 
 def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any], list[Condition]]:
     """The status fields (without conditions' timestamps) and the conditions: Ready,
-    Progressing, Degraded, and AdaptersReady with spec.adapters."""
+    Progressing, Degraded, AdaptersReady with spec.adapters, RouterReady with spec.router."""
     counts = replica_counts(isvc, observed.deployment)
     degrade = degraded(isvc, observed)
     progress = progressing(isvc, observed, counts)
@@ -166,6 +169,9 @@ def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any],
     conditions = [ready(isvc, counts, progress, degrade), progress, degrade]
     if isvc.adapters is not None:
         conditions.append(adapters_condition(observed.adapters))
+    if isvc.router is not None:
+        conditions.append(router_condition(isvc, observed.pools_served, observed.picker))
+        fields["router"] = router_fields(isvc, observed.picker)
     return fields, conditions
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from octavo_operator import constants as c
 
+from .router import Router, parse_router
 from .spec import (
     Adapter,
     Autoscaling,
@@ -48,6 +49,7 @@ class InferenceService:
     env: tuple[dict[str, Any], ...] = ()
     network_policy: NetworkPolicy | None = None
     adapters: tuple[Adapter, ...] | None = None  # None: LoRA off; () on without adapters
+    router: Router | None = None  # None: spec.router off
 
     @property
     def claims(self) -> list[tuple[str, str]]:
@@ -66,6 +68,15 @@ class InferenceService:
     @property
     def served_name(self) -> str:
         return self.model.served_name or self.name
+
+    @property
+    def picker_name(self) -> str:
+        """The name of the endpoint picker's objects (spec.router)."""
+        return f"{self.name}{c.PICKER_SUFFIX}"
+
+    @property
+    def block_size(self) -> int:
+        return int(self.engine.settings["blockSize"])
 
     @property
     def url(self) -> str:
@@ -109,6 +120,7 @@ class InferenceService:
             env=tuple(spec.get("env") or ()),
             network_policy=_network_policy(spec),
             adapters=_adapters(spec),
+            router=parse_router(spec),
         )
 
 

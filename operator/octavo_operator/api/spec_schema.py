@@ -7,6 +7,7 @@ from typing import Any
 from .engine_schema import engine_schema
 from .env_schema import env_schema
 from .network_schema import network_policy_schema
+from .router_schema import router_rules, router_schema
 from .schema import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -131,10 +132,11 @@ def spec_schema() -> Schema:
         **scheduling_schemas(),
         "env": env_schema(),
         "networkPolicy": network_policy_schema(),
+        "router": router_schema(),
     }
     return obj(
         "The desired serving deployment.",
         properties,
         default={},
-        **{"x-kubernetes-validations": spec_rules()},
+        **{"x-kubernetes-validations": [*spec_rules(), *router_rules()]},
     )

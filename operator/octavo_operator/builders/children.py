@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
 from .adapters import adapters_config_map, adapters_config_map_name
@@ -12,7 +13,11 @@ from .autoscaler import horizontal_pod_autoscaler
 from .cache_claim import cache_claim
 from .deployment import deployment
 from .disruption_budget import pod_disruption_budget
+from .inference_pool import inference_pool
 from .network_policy import network_policy
+from .picker import picker_deployment, picker_service
+from .picker_config import picker_config_map
+from .picker_rbac import picker_role, picker_role_binding, picker_service_account
 from .service import service
 from .service_monitor import service_monitor
 
@@ -33,7 +38,11 @@ class DesiredChildren:
 
 
 def desired_children(
-    isvc: InferenceService, default_image: str, service_monitors_served: bool
+    isvc: InferenceService,
+    default_image: str,
+    service_monitors_served: bool,
+    inference_pools_served: bool = False,
+    picker_image: str = c.DEFAULT_PICKER_IMAGE,
 ) -> DesiredChildren:
     """The Deployment comes first (after the adapter list its pods read): it is what
     users wait for."""
@@ -74,4 +83,46 @@ def desired_children(
             out.apply.append(build(isvc))
         else:
             out.remove.append(ChildRef(api_version, kind, isvc.name))
+    add_router_children(out, isvc, inference_pools_served, picker_image, default_image)
     return out
+
+
+def picker_refs(isvc: InferenceService) -> list[ChildRef]:
+    """The endpoint picker's objects, in the order they are applied (spec.router)."""
+    name = isvc.picker_name
+    return [
+        ChildRef("v1", "ServiceAccount", name),
+        ChildRef("rbac.authorization.k8s.io/v1", "Role", name),
+        ChildRef("rbac.authorization.k8s.io/v1", "RoleBinding", name),
+        ChildRef("v1", "ConfigMap", name),
+        ChildRef("apps/v1", "Deployment", name),
+        ChildRef("v1", "Service", name),
+    ]
+
+
+def add_router_children(
+    out: DesiredChildren,
+    isvc: InferenceService,
+    pools_served: bool,
+    picker_image: str,
+    server_image: str,
+) -> None:
+    """With spec.router and the InferencePool API served: the picker's RBAC, config,
+    Deployment and Service, then the pool that names it. Without the API nothing is
+    applied (the status says why: a picker without its pool only fails). Turned off:
+    all of them are removed (the pool only where its API exists)."""
+    pool = ChildRef(c.INFERENCE_POOL_API, "InferencePool", isvc.name)
+    if isvc.router is None:
+        out.remove += [*picker_refs(isvc), *([pool] if pools_served else [])]
+        return
+    if not pools_served:
+        return
+    out.apply += [
+        picker_service_account(isvc),
+        picker_role(isvc),
+        picker_role_binding(isvc),
+        picker_config_map(isvc),
+        picker_deployment(isvc, picker_image, isvc.image or server_image),
+        picker_service(isvc),
+        inference_pool(isvc),
+    ]

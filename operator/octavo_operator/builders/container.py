@@ -10,6 +10,7 @@ from octavo_operator.api.service import InferenceService
 
 from .adapters import lora_args, lora_modules_env
 from .engine_flags import engine_flags
+from .kv_events import kv_events_args, kv_events_env, kv_events_ports
 from .volumes import CACHE_PATH, model_argument, volume_mounts
 
 STARTUP_PERIOD_SECONDS = 10
@@ -36,6 +37,7 @@ def server_args(isvc: InferenceService) -> list[str]:
     if isvc.adapters is not None:
         args += lora_args()
     args += ["--shutdown-timeout", str(shutdown_timeout(isvc))]
+    args += kv_events_args(isvc)
     return args + list(isvc.engine.extra_args)
 
 
@@ -50,6 +52,7 @@ def server_env(isvc: InferenceService) -> list[dict[str, Any]]:
         env.append({"name": "OCTAVO_API_KEY", "valueFrom": {"secretKeyRef": ref}})
     if isvc.adapters:
         env.append(lora_modules_env(isvc))
+    env += kv_events_env(isvc)
     return env + [dict(e) for e in isvc.env]
 
 
@@ -108,7 +111,10 @@ def server_container(isvc: InferenceService, image: str) -> dict[str, Any]:
         "command": ["octavo"],
         "args": server_args(isvc),
         "env": server_env(isvc),
-        "ports": [{"name": c.SERVER_PORT_NAME, "containerPort": c.SERVER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": c.SERVER_PORT_NAME, "containerPort": c.SERVER_PORT, "protocol": "TCP"},
+            *kv_events_ports(isvc),
+        ],
         **probes(isvc),
         "resources": resources(isvc),
         "securityContext": security_context(),
