@@ -1,5 +1,5 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
-random-model|sharegpt-synth|gpu``: the command line."""
+random-model|sharegpt-synth|gpu|routed``: the command line."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from octavo_bench import (
     parallel,
     quantized,
     random_model,
+    routed,
     serve,
     sharegpt,
     speculative,
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = parser.add_subparsers(dest="bench_command", required=True)
     offline.register(kinds)
     serve.register(kinds)
+    routed.register(kinds)
     parallel.register(kinds)
     structured.register(kinds)
     quantized.register(kinds)

@@ -37,10 +37,11 @@ class ChildServer:
     port: int
     log_path: Path
     startup_s: float = 0.0  # start to healthy
+    host: str = LOOPBACK
 
     @property
     def base_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def log_tail(self) -> str:
         try:
@@ -56,13 +57,17 @@ def free_port() -> int:
 
 
 def octavo_serve_command(
-    port: int, model_path: str | None, dtype: str | None, extra: Sequence[str] = ()
+    port: int,
+    model_path: str | None,
+    dtype: str | None,
+    extra: Sequence[str] = (),
+    host: str = LOOPBACK,
 ) -> list[str]:
     """``octavo serve`` through this interpreter, on loopback only, without access logs."""
     command = [sys.executable, "-m", "octavo.cli", "serve"]
     if model_path:
         command.append(str(model_path))
-    command += ["--host", LOOPBACK, "--port", str(port), "--log-level", "warning"]
+    command += ["--host", host, "--port", str(port), "--log-level", "warning"]
     if dtype:
         command += ["--dtype", dtype]
     return command + list(extra)
@@ -130,6 +135,7 @@ def child_server(
     log_path: Path,
     timeout_s: float,
     env: Mapping[str, str] | None = None,
+    host: str = LOOPBACK,
 ) -> Iterator[ChildServer]:
     """Run ``command`` (a server on ``port``) for the duration of the ``with`` block."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +149,7 @@ def child_server(
             env=os.environ if env is None else env,
             start_new_session=True,
         )
-        server = ChildServer(name, process, port, log_path)
+        server = ChildServer(name, process, port, log_path, host=host)
         try:
             print(f"starting {name} on {server.base_url} (log: {log_path})", flush=True)
             wait_healthy(server, timeout_s)

@@ -38,12 +38,14 @@ class Router:
         if not self.picker and not self.endpoints:
             raise ValueError("a gateway needs an endpoint picker or a list of endpoints")
         self._turns = itertools.cycle(self.endpoints) if self.endpoints else None
-        self._channel = grpc.aio.insecure_channel(self.picker) if self.picker else None
+        self._channel: grpc.aio.Channel | None = None  # opened in the serving event loop
 
     async def choose(self, path: str, body: bytes, headers: dict[str, str]):
         """(pick, stream to finish or None) for one request."""
-        if self._channel is None:
+        if not self.picker:
             return Pick([next(self._turns)]), None
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.picker)
         stream = PickerStream(self._channel)
         return await stream.pick(path, body, headers), stream
 
@@ -98,4 +100,8 @@ def build_app(router: Router, timeout_s: float = 600.0) -> Starlette:
                 kind = answer.headers.get("content-type", "application/json")
                 await stream.finish(answer.status_code, b"".join(chunks), kind)
 
-    return Starlette(routes=[Route("/v1/{rest:path}", forward, methods=["POST"])])
+    async def health(_: Request) -> Response:
+        return Response(status_code=200)
+
+    routes = [Route("/v1/{rest:path}", forward, methods=["POST"]), Route("/health", health)]
+    return Starlette(routes=routes)
