@@ -42,6 +42,15 @@ def status_schema() -> Schema:
             "selector": string("label selector of the pods (the /scale selector)"),
             "url": string("the OpenAI base URL inside the cluster"),
             "model": string("the model being served"),
+            "router": obj(
+                "spec.router: the InferencePool and its endpoint picker",
+                {
+                    "inferencePool": string("the InferencePool's name"),
+                    "endpointPicker": string("the endpoint picker's Deployment and Service"),
+                    "pickerReplicas": integer(description="picker replicas wanted"),
+                    "pickerAvailableReplicas": integer(description="picker replicas available"),
+                },
+            ),
             "conditions": conditions,
         },
     )
