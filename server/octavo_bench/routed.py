@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -148,8 +149,8 @@ def run_record(name: str, servers: Sequence[ChildServer], records, duration, bef
         hit_rate=sum(hits) / sum(queries) if sum(queries) else 0.0,
         requests_per_replica=[round(count) for count in done],
         output_tok_s=metrics.output_throughput,
-        ttft_p50_ms=metrics.ttft.median * 1000,
-        ttft_p99_ms=metrics.ttft.p99 * 1000,
+        ttft_p50_ms=metrics.ttft.median_ms or 0.0,
+        ttft_p99_ms=metrics.ttft.p99_ms or 0.0,
         failed=metrics.failed,
     )
 
@@ -228,6 +229,7 @@ def run_picker(args: argparse.Namespace, log_dir: Path, binary: Path) -> RoutedR
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
     if min(args.replicas, args.tenants, args.users_per_tenant, args.concurrency) < 1:
         raise ValueError("--replicas, --tenants, --users-per-tenant, --concurrency must be >= 1")
     binary = epp_binary(args.epp_binary)
