@@ -50,6 +50,17 @@ def pod_on_loopback(
         return pods if pods and all(is_ready(p) for p in pods) else []
 
     (pod,) = wait_for(kwok_ready, timeout=60, what="the service's pod, Ready by kwok")
+    return move_to_loopback(core, api_client, namespace, pod, workdir)
+
+
+def move_to_loopback(
+    core: client.CoreV1Api,
+    api_client: client.ApiClient,
+    namespace: str,
+    pod: client.V1Pod,
+    workdir: Path,
+) -> PodProcess:
+    """POD (Ready by kwok) with its status.podIP moved to a loopback address of its own."""
     ip = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}.{random.randint(2, 250)}"
     moved = [{"op": "add", "path": "/status/podIP", "value": ip},
              {"op": "add", "path": "/status/podIPs", "value": [{"ip": ip}]}]  # fmt: skip

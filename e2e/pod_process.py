@@ -93,6 +93,8 @@ class PodProcess:
     def argv(self) -> list[str]:
         """command + args, paths rewritten and container ports mapped to local ones."""
         args = [self.rewrite(a) for a in self.container.get("args") or []]
+        if self.pod_ip:  # sockets bound to every address (KV events' tcp://*:5557) bind the pod's
+            args = [a.replace("tcp://*:", f"tcp://{self.pod_ip}:") for a in args]
         for port in self.container.get("ports") or []:
             own = port["containerPort"]
             self.port_map[own] = own if self.pod_ip else free_port()

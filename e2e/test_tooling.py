@@ -48,3 +48,23 @@ def test_helm_installs_a_chart_that_becomes_ready(helm, kubectl, namespace, tmp_
         timeout=30,
         what="helm uninstall to remove the Deployment",
     )
+
+
+def test_the_endpoint_picker_is_the_pinned_llm_d_router():
+    """The EPP built from the module proxy's zip (pinned by SHA-256) runs and has the flags
+    the operator's picker Deployment passes."""
+    from e2e.cluster import build
+
+    binary = build.ensure_built(("epp",))["epp"]
+    info = json.loads((binary.parent / "build-info.json").read_text())
+    assert info["version"] == versions.LLM_D_ROUTER
+    flags = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+    for flag in (
+        "--pool-name",
+        "--pool-namespace",
+        "--config-file",
+        "--grpc-health-port",
+        "--secure-serving",
+        "--metrics-endpoint-auth",
+    ):
+        assert flag in flags.stdout + flags.stderr, flag
