@@ -12,7 +12,7 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclu
 grep -qx '/.gpu-baked/' .git/info/exclude 2>/dev/null || echo /.gpu-baked/ >>.git/info/exclude
 for package in fastapi starlette pydantic pydantic_core annotated-types typing-inspection \
     platformdirs gguf xgrammar apache-tvm-ffi uvicorn sniffio opentelemetry-api annotated-doc \
-    transformers httpx httpcore h11 anyio idna certifi tqdm; do
+    transformers httpx httpcore h11 anyio idna certifi tqdm pyzmq; do
     version=$("$BIN/pip" show "$package" 2>/dev/null | awk '/^Version:/ {print $2}')
     "$BIN/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
