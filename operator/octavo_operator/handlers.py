@@ -96,7 +96,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     api = load_api_client(os.environ.get("KUBECONFIG") or None, pool_size=workers + 4)
     kube = Kube(api, may_write=memo.get("may_write") or always)  # runner: Leadership.leads
     image = os.environ.get("OCTAVO_OPERATOR_DEFAULT_IMAGE") or c.DEFAULT_SERVER_IMAGE
-    memo.controller = Controller(kube, Settings(default_image=image, activator=activator()))
+    picker = os.environ.get("OCTAVO_OPERATOR_PICKER_IMAGE") or c.DEFAULT_PICKER_IMAGE
+    memo.controller = Controller(
+        kube, Settings(default_image=image, activator=activator(), picker_image=picker)
+    )
     # After deletions, also close the API connections a burst opened (TLS state per socket).
     memo.controller.trimmer.releases.append(kube.api.rest_client.pool_manager.clear)
     memo.controller.statuses = StatusQueue(partial(write_status_now, memo.controller))

@@ -26,7 +26,7 @@ def router_condition(
     if pools_served is False:
         message = (
             f"the InferencePool API ({c.INFERENCE_POOL_API}) is not installed: install its "
-            "CRD (the chart's gatewayInferenceExtension.installCRD, or the Gateway API "
+            "CRD (the chart's crds.inferencePool=true, or the Gateway API "
             "Inference Extension v1.5.0 manifests); the pool and picker follow"
         )
         return Condition(ROUTER_READY, False, POOL_API_MISSING, message)
