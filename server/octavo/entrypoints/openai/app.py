@@ -36,10 +36,13 @@ def build_app(
     on_load_failure: Callable[[], None] | None = None,
     on_death: Callable[[], None] | None = None,
     warm_grammar_compiler: bool = False,
+    render_only: bool = False,
 ) -> FastAPI:
     """The app; its lifespan starts the engine core, which loads the model.
 
-    The port therefore answers (``/health`` 503) while the model loads. With
+    The port therefore answers (``/health`` 503) while the model loads. ``render_only``
+    (``octavo launch render``, whose core loads only the tokenizer): no generation
+    routes, only the render endpoints, /v1/models and the operational routes. With
     ``warm_grammar_compiler`` (the served app; tests' servers leave it off to spare their
     CPU) the structured-output compile processes start in the background once the engine
     is ready, so the first constrained request does not wait seconds for them.
@@ -60,9 +63,12 @@ def build_app(
     app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
     app.state.octavo = context
     install_error_handlers(app)
-    app.include_router(routes.router)
-    app.include_router(ops_routes.router)
-    if config.allow_runtime_lora_updating:  # as vLLM: without the opt-in, no such routes
+    for router in (routes.render_router, routes.models_router, ops_routes.router):
+        app.include_router(router)
+    if not render_only:
+        app.include_router(routes.router)
+    # As vLLM: without the opt-in, no adapter loading routes.
+    if config.allow_runtime_lora_updating and not render_only:
         logger.warning(
             "LoRA adapters may be loaded and unloaded at run time "
             "(/v1/load_lora_adapter, /v1/unload_lora_adapter)"

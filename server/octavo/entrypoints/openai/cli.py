@@ -1,4 +1,5 @@
-"""``octavo serve [MODEL]``: the OpenAI-compatible server."""
+"""``octavo serve [MODEL]``: the OpenAI-compatible server; ``octavo launch render [MODEL]``:
+its render endpoints alone, with no model weights (vLLM's ``vllm launch render``)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,31 @@ if TYPE_CHECKING:
 
 DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
-    "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics, "
-    "/version). MODEL is a local Hugging Face model folder (or file://PATH) or a Hugging "
-    "Face Hub model hf://ORG/NAME[@REVISION] (also a bare ORG/NAME); without it the "
-    "embedded SmolLM2-135M-Instruct is served. The port opens at once (/health answers 503 until "
-    "the model is loaded). SIGTERM drains: new requests get 503, in-flight ones finish "
-    "(up to --shutdown-timeout), then the process exits 0."
+    "/v1/chat/completions, their /render endpoints, /v1/models, /tokenize, /detokenize, "
+    "/health, /metrics, /version). MODEL is a local Hugging Face model folder (or "
+    "file://PATH) or a Hugging Face Hub model hf://ORG/NAME[@REVISION] (also a bare "
+    "ORG/NAME); without it the embedded SmolLM2-135M-Instruct is served. The port opens "
+    "at once (/health answers 503 until the model is loaded). SIGTERM drains: new "
+    "requests get 503, in-flight ones finish (up to --shutdown-timeout), then the process "
+    "exits 0."
+)
+
+
+RENDER_DESCRIPTION = (
+    "Serve only what rendering needs, with no accelerator and no model weights: "
+    "/v1/completions/render and /v1/chat/completions/render (the token ids the model server "
+    "would run for a request, for an endpoint picker's token producer), /v1/models, "
+    "/tokenize, /detokenize, /health, /metrics and /version. Only the model's config.json "
+    "and tokenizer are read (a hub model's weights are not downloaded). It takes the "
+    "flags of `octavo serve`: give it the served model's so that it renders the same "
+    "(--served-model-name, --tokenizer, --max-model-len, --chat-template, "
+    "--default-chat-template-kwargs, --tool-call-parser, --generation-config, ...); the "
+    "engine's other flags are accepted and do not matter."
 )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``serve`` subcommand."""
+    """Add the ``serve`` and ``launch render`` subcommands."""
     parser = subparsers.add_parser(
         "serve",
         help="run the OpenAI-compatible server",
@@ -34,6 +49,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=options.env_epilog(),
         allow_abbrev=False,
     )
+    add_server_arguments(parser)
+    parser.set_defaults(func=serve)
+    launch = subparsers.add_parser(
+        "launch", help="run one component of the server alone", allow_abbrev=False
+    )
+    components = launch.add_subparsers(dest="component", required=True)
+    render = components.add_parser(
+        "render",
+        help="run the render endpoints alone (no model weights, no accelerator)",
+        description=RENDER_DESCRIPTION,
+        epilog=options.env_epilog(),
+        allow_abbrev=False,
+    )
+    add_server_arguments(render)
+    render.set_defaults(func=launch_render)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """MODEL and every option of ``octavo serve``."""
     parser.add_argument(
         "model",
         nargs="?",
@@ -42,26 +76,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"[env {options.MODEL_ENV}]; architectures: {', '.join(supported_architectures())}",
     )
     options.add_options(parser, os.environ)
-    parser.set_defaults(func=serve)
 
 
 def serve(args: argparse.Namespace) -> int:
     """Validate everything that can be checked before the port opens, then serve."""
-    from octavo.config import EngineArgs
     from octavo.engine.early_checks import check_parallel_layout_early, check_quantization_early
     from octavo.entrypoints.openai.server import run_server
     from octavo.model_executor.loader import check_model_early
 
-    options.finish(args)
-    engine_args = EngineArgs(
-        model=args.model,
-        **{option.dest: getattr(args, option.dest) for option in options.ENGINE_OPTIONS},
-    )  # raises ValueError (one clear line from ``octavo``) on bad values
+    engine_args = parsed_engine_args(args)
     check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
     check_parallel_layout_early(engine_args)  # so does a layout the model cannot take
     check_quantization_early(engine_args)  # and a quantization it does not fit
     config = server_config(args, engine_args)
     return run_server(config, engine_args, listen_args(args))
+
+
+def launch_render(args: argparse.Namespace) -> int:
+    """Validate the flags and the model reference, then serve the render endpoints."""
+    from octavo.entrypoints.openai.server import run_server
+    from octavo.model_executor.loader import check_model_early
+
+    engine_args = parsed_engine_args(args)
+    check_model_early(args.model, args.revision)
+    config = server_config(args, engine_args)
+    return run_server(config, engine_args, listen_args(args), render_only=True)
+
+
+def parsed_engine_args(args: argparse.Namespace) -> EngineArgs:
+    """The engine's arguments of parsed flags; ValueError (one clear line from ``octavo``)
+    on bad values."""
+    from octavo.config import EngineArgs
+
+    options.finish(args)
+    return EngineArgs(
+        model=args.model,
+        **{option.dest: getattr(args, option.dest) for option in options.ENGINE_OPTIONS},
+    )
 
 
 def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerConfig:

@@ -11,6 +11,7 @@ from octavo.config import EngineArgs
 from octavo.engine.core_process import ProcessCore
 from octavo.entrypoints.openai.app import build_app, context_of
 from octavo.entrypoints.openai.context import ServerConfig
+from octavo.entrypoints.openai.render_server import TokenizerCore
 from octavo.entrypoints.openai.shutdown import DrainingServer
 from octavo.entrypoints.openai.uvicorn_config import uvicorn_config
 
@@ -28,20 +29,26 @@ class ListenArgs:
     log_level: str = "info"
 
 
-def run_server(config: ServerConfig, engine_args: EngineArgs, listen: ListenArgs) -> int:
+def run_server(
+    config: ServerConfig, engine_args: EngineArgs, listen: ListenArgs, render_only: bool = False
+) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code.
 
     The engine core runs in its own process; if it dies, ``/health`` turns 503 and the
-    server exits with ``ENGINE_DEATH_EXIT_CODE`` so the pod is restarted.
+    server exits with ``ENGINE_DEATH_EXIT_CODE`` so the pod is restarted. ``render_only``
+    (``octavo launch render``): the core loads the tokenizer alone, and only the render
+    endpoints, /v1/models and the operational routes are served.
     """
     disable_created_metrics()  # like vLLM: no *_created series in the scrape
     holder: list[DrainingServer] = []
+    core = TokenizerCore(engine_args) if render_only else ProcessCore(engine_args)
     app = build_app(
         config,
-        ProcessCore(engine_args),
+        core,
         on_load_failure=lambda: holder[0].fail(LOAD_FAILURE_EXIT_CODE),
         on_death=lambda: holder[0].fail(ENGINE_DEATH_EXIT_CODE),
-        warm_grammar_compiler=True,
+        warm_grammar_compiler=not render_only,
+        render_only=render_only,
     )
     uv_config = uvicorn_config(
         app,

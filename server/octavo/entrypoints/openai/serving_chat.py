@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from octavo.engine.engine_info import EngineInfo
 from octavo.engine.request_stream import RequestStream
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
@@ -42,7 +43,7 @@ from octavo.entrypoints.openai.streaming import (
     sse_frames,
     sse_response,
 )
-from octavo.entrypoints.openai.structured_outputs import checked_constraint
+from octavo.entrypoints.openai.structured_outputs import checked_constraint, chosen_constraint
 from octavo.entrypoints.openai.tool_calls.parsers import ToolCallParse
 from octavo.entrypoints.openai.tool_calls.plan import (
     ToolPlan,
@@ -52,7 +53,9 @@ from octavo.entrypoints.openai.tool_calls.plan import (
 )
 from octavo.entrypoints.openai.tool_calls.stream import ToolCallStream
 from octavo.inputs.chat import ChatOptions
+from octavo.lora_request import LoRARequest
 from octavo.outputs import CompletionOutput, RequestOutput
+from octavo.sampling_params import SamplingParams
 
 
 @dataclass
@@ -78,8 +81,7 @@ class ChatJob:
 
     @property
     def num_top_logprobs(self) -> int | None:
-        """``None`` = no logprobs; otherwise how many alternatives per token."""
-        return (self.body.top_logprobs or 0) if self.body.logprobs else None
+        return num_top_logprobs(self.body)
 
     def logprobs(self, entries: list) -> ChatLogprobs | None:
         top = self.num_top_logprobs
@@ -116,16 +118,37 @@ def response_role(body: ChatCompletionRequest, config: ServerConfig) -> str:
     return "system" if body.messages[-1].role == "developer" else body.messages[-1].role
 
 
-async def create_chat_completion(
-    body: ChatCompletionRequest, raw_request: Request, context: ServerContext
-) -> Response:
+@dataclass
+class ChatInputs:
+    """What the engine is given for a chat request: the rendered prompt and parameters."""
+
+    adapter: LoRARequest | None
+    info: EngineInfo
+    tools: ToolPlan
+    token_ids: list[int]
+    params: SamplingParams
+
+
+async def chat_inputs(
+    body: ChatCompletionRequest, context: ServerContext, admitting: bool = True
+) -> ChatInputs:
+    """The request checked and rendered into engine inputs (the render endpoint's answer).
+
+    ``admitting``: the request is about to run, so what protects the engine is checked
+    too — its size against the KV cache, and its constraint compiled.
+    """
     adapter = context.check_model(body.model)
     info = context.ready_info()
-    context.check_fan_out(body.n, info, "n")
+    if admitting:
+        context.check_fan_out(body.n, info, "n")
     context.check_logprobs(body.top_logprobs if body.logprobs else None, "top_logprobs")
     config = context.config
     tools = plan_tools(
-        body, config.enable_auto_tool_choice, config.tool_call_parser, info.tokenizer
+        body,
+        config.enable_auto_tool_choice,
+        config.tool_call_parser,
+        info.tokenizer,
+        config.chat_template,
     )
     token_ids = await context.tokenizers.run(
         render_chat, body.messages, info, True, tools.template_tools(), chat_options(body, config)
@@ -138,6 +161,26 @@ async def create_chat_completion(
         defaults.get("max_tokens"),
         "messages",
     )
+    if admitting:
+        constraint = await checked_constraint(body, info, context, tools.constraint())
+    else:
+        constraint = chosen_constraint(body, tools.constraint())
+    params = to_sampling_params(
+        body, max_tokens, num_top_logprobs(body), constraint, defaults=defaults
+    )
+    return ChatInputs(adapter, info, tools, token_ids, params)
+
+
+def num_top_logprobs(body: ChatCompletionRequest) -> int | None:
+    """``None`` = no logprobs; otherwise how many alternatives per token."""
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+async def create_chat_completion(
+    body: ChatCompletionRequest, raw_request: Request, context: ServerContext
+) -> Response:
+    inputs = await chat_inputs(body, context)
+    config, info, token_ids = context.config, inputs.info, inputs.token_ids
     ids = request_ids(raw_request.scope, "chatcmpl", body.request_id)
     job = ChatJob(
         body=body,
@@ -147,22 +190,23 @@ async def create_chat_completion(
         decoder=context.decoder(),
         role=response_role(body, config),
         report_cached=config.enable_prompt_tokens_details,
-        tools=tools,
+        tools=inputs.tools,
     )
-    constraint = await checked_constraint(body, info, context, tools.constraint())
     job.reasoning = plan_reasoning(
         config.reasoning_parser,
         info.tokenizer,
         token_ids,
         template_kwargs(body, config),
-        constrained=constraint is not None,
+        constrained=inputs.params.structured_outputs is not None,
         include=body.include_reasoning,
     )
-    params = to_sampling_params(
-        body, max_tokens, job.num_top_logprobs, constraint, defaults=defaults
-    )
     streams = await open_streams(
-        context.engine, ids.engine, [token_ids], [params], adapter, config.enable_log_requests
+        context.engine,
+        ids.engine,
+        [token_ids],
+        [inputs.params],
+        inputs.adapter,
+        config.enable_log_requests,
     )
     if body.stream:
         return sse_response(_stream(job, streams[0]))

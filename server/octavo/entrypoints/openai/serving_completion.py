@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
 from octavo.entrypoints.openai.logprobs_format import (
@@ -37,7 +38,8 @@ from octavo.entrypoints.openai.streaming import (
     sse_frames,
     sse_response,
 )
-from octavo.entrypoints.openai.structured_outputs import checked_constraint
+from octavo.entrypoints.openai.structured_outputs import checked_constraint, chosen_constraint
+from octavo.lora_request import LoRARequest
 from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
 from octavo.structured_output.params import StructuredOutputsParams
@@ -82,33 +84,59 @@ class CompletionJob:
         return Usage.of(self.num_prompt_tokens, completion_tokens, cached)
 
 
-async def create_completion(
-    body: CompletionRequest, raw_request: Request, context: ServerContext
-) -> Response:
+@dataclass
+class CompletionInputs:
+    """What the engine is given for a request: one prompt and its parameters per prompt."""
+
+    adapter: LoRARequest | None
+    info: EngineInfo
+    prompts: list[Prompt]
+    params: list[SamplingParams]
+
+
+async def completion_inputs(
+    body: CompletionRequest, context: ServerContext, admitting: bool = True
+) -> CompletionInputs:
+    """The request checked and turned into engine inputs (the render endpoint's answer).
+
+    ``admitting``: the request is about to run, so what protects the engine is checked
+    too — its size against the KV cache, and its constraint compiled.
+    """
     adapter = context.check_model(body.model)
     info = context.ready_info()
     context.check_logprobs(body.logprobs, "logprobs")
     items = prompt_items(body.prompt)
-    context.check_fan_out(len(items) * body.n, info, "prompt")
+    if admitting:
+        context.check_fan_out(len(items) * body.n, info, "prompt")
     prompts = await context.tokenizers.run(completion_prompts, items, info)
-    constraint = await checked_constraint(body, info, context)
+    if admitting:
+        constraint = await checked_constraint(body, info, context)
+    else:
+        constraint = chosen_constraint(body)
     params = [_params(body, prompt, info.max_model_len, constraint, context) for prompt in prompts]
+    return CompletionInputs(adapter, info, prompts, params)
+
+
+async def create_completion(
+    body: CompletionRequest, raw_request: Request, context: ServerContext
+) -> Response:
+    inputs = await completion_inputs(body, context)
     ids = request_ids(raw_request.scope, "cmpl", body.request_id)
     job = CompletionJob(
         body=body,
         response_id=ids.response,
         model_name=context.response_model(body.model),
-        prompts=prompts,
+        prompts=inputs.prompts,
         decoder=context.decoder(),
-        tokenizer=info.tokenizer,
+        tokenizer=inputs.info.tokenizer,
         report_cached=context.config.enable_prompt_tokens_details,
     )
     streams = await open_streams(
         context.engine,
         ids.engine,
-        [p.token_ids for p in prompts],
-        params,
-        adapter,
+        [p.token_ids for p in inputs.prompts],
+        inputs.params,
+        inputs.adapter,
         context.config.enable_log_requests,
     )
     if body.stream:

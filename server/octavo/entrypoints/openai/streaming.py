@@ -96,6 +96,11 @@ async def _pump(index: int, stream: RequestStream, inbox: asyncio.Queue[Any]) ->
     inbox.put_nowait((index, _END))
 
 
+def engine_request_ids(base_id: str, count: int) -> list[str]:
+    """The engine request ids of an HTTP request's ``count`` prompts."""
+    return [base_id] if count == 1 else [f"{base_id}-{i}" for i in range(count)]
+
+
 async def open_streams(
     engine: AsyncEngine,
     base_id: str,
@@ -106,7 +111,7 @@ async def open_streams(
 ) -> list[RequestStream]:
     """One engine request per prompt, all admitted in one command (or none of them);
     ``log_requests``: a log line for each (``--enable-log-requests``)."""
-    ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
+    ids = engine_request_ids(base_id, len(prompts))
     if log_requests:
         for request_id, token_ids, sampling in zip(ids, prompts, params, strict=True):
             log_request(request_id, token_ids, sampling, lora_request)

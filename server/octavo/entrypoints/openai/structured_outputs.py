@@ -79,18 +79,28 @@ async def checked_constraint(
 ) -> StructuredOutputsParams | None:
     """The request's constraint (or the one ``tool_choice`` implies), compiled once here
     (400 if invalid or too slow, or if both are given)."""
-    constraint, kind = requested_constraint(body), None
-    if tool_constraint is not None:
-        if constraint is not None:
-            raise bad_request(
-                "tool_choice 'required' or a named function constrains the output already; "
-                "drop response_format / structured_outputs / guided_*",
-                param="tool_choice",
-            )
-        constraint, kind = tool_constraint, "tool_calls"
+    constraint = chosen_constraint(body, tool_constraint)
     if constraint is not None:
+        kind = "tool_calls" if tool_constraint is not None else None
         await context.grammars.check(constraint, info, context.metrics, kind)
     return constraint
+
+
+def chosen_constraint(
+    body: Any, tool_constraint: StructuredOutputsParams | None = None
+) -> StructuredOutputsParams | None:
+    """The request's constraint or the one ``tool_choice`` implies, not compiled (400 if
+    both are given, or the request's is malformed)."""
+    constraint = requested_constraint(body)
+    if tool_constraint is None:
+        return constraint
+    if constraint is not None:
+        raise bad_request(
+            "tool_choice 'required' or a named function constrains the output already; "
+            "drop response_format / structured_outputs / guided_*",
+            param="tool_choice",
+        )
+    return tool_constraint
 
 
 class GrammarChecker:

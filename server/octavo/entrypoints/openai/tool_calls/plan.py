@@ -79,13 +79,18 @@ class ToolPlan:
 
 
 def plan_tools(
-    body: ChatCompletionRequest, auto_enabled: bool, parser: str | None, tokenizer: Any
+    body: ChatCompletionRequest,
+    auto_enabled: bool,
+    parser: str | None,
+    tokenizer: Any,
+    chat_template: str | None = None,
 ) -> ToolPlan:
-    """400 when the model's chat template cannot show tools, or ``auto`` is not enabled."""
+    """400 when the chat template (``chat_template``, the server's ``--chat-template``,
+    else the tokenizer's) cannot show tools, or ``auto`` is not enabled."""
     choice = body.tool_choice or ("auto" if body.tools else "none")
     if choice == "none":
         return ToolPlan("none")
-    if not supports_tools(tokenizer):
+    if not supports_tools(tokenizer, chat_template):
         raise bad_request(
             "this model's chat template does not support tools (it never uses 'tools'); "
             "serve a model whose template does, or leave tools out",
