@@ -16,6 +16,7 @@ from octavo_operator.builders.container import server_args, server_container
 from octavo_operator.builders.picker_config import endpoint_picker_config
 from octavo_operator.conditions import transitions
 from octavo_operator.handlers import deployment_index, picker_index
+from octavo_operator.picker_wakeup import queued_requests, wake_if_requests_wait
 from octavo_operator.rbac import namespaced_rules
 from octavo_operator.reconcile import Controller, Settings
 from octavo_operator.status import Observed, compute
@@ -493,3 +494,88 @@ def test_the_picker_deployment_has_its_own_index():
     assert list(deployment_index(namespace="team-a", labels=server, body=picker)) == [
         ("team-a", "chat")
     ]
+
+
+# --- network policy ----------------------------------------------------------------------
+
+
+def test_network_policy_admits_the_picker_to_metrics_and_kv_events():
+    spec = {**ROUTED, "networkPolicy": {"enabled": True}}
+    policy = children(spec)["NetworkPolicy/chat"]
+    picker_rule = policy["spec"]["ingress"][-1]
+    assert picker_rule["from"] == [
+        {"podSelector": {"matchLabels": {c.NAME_LABEL: "octavo-router", c.INSTANCE_LABEL: "chat"}}}
+    ]
+    assert [p["port"] for p in picker_rule["ports"]] == [8000, 5557, 5558]
+    plain = children({"model": MODEL, "networkPolicy": {"enabled": True}})["NetworkPolicy/chat"]
+    assert len(plain["spec"]["ingress"]) == 1
+
+
+# --- scale from zero through the pool ------------------------------------------------------
+
+TO_ZERO = {**ROUTED, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}
+QUEUE_TEXT = """\
+# HELP llm_d_epp_flow_control_queue_size Current number of requests actively held.
+# TYPE llm_d_epp_flow_control_queue_size gauge
+llm_d_epp_flow_control_queue_size{fairness_id="a",priority="0",inference_pool="chat"} 2
+llm_d_epp_flow_control_queue_size{fairness_id="b",priority="0",inference_pool="chat"} 1
+# TYPE llm_d_epp_flow_control_pool_saturation gauge
+llm_d_epp_flow_control_pool_saturation{inference_pool="chat"} 1
+"""
+
+
+def test_scale_to_zero_turns_on_the_pickers_flow_control_queue():
+    config = picker_config(TO_ZERO)
+    assert config["featureGates"] == ["flowControl"]
+    assert config["flowControl"] == {"defaultRequestTTL": "600s"}
+    assert "featureGates" not in picker_config()
+
+
+def test_queued_requests_sum_every_flow():
+    assert queued_requests(QUEUE_TEXT) == 3
+    assert queued_requests("# nothing here\n") == 0
+
+
+class PickerPodsKube(FakeKube):
+    """One ready picker pod; /scale patches are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(pools=True)
+        self.listed: list[str] = []
+
+    def call(self, method: str, path: str, body: Any = None, query: Any = None) -> dict:
+        self.listed.append(dict(query or [])["labelSelector"])
+        ready = {"type": "Ready", "status": "True"}
+        pod = {
+            "metadata": {"name": "chat-epp-1"},
+            "status": {"podIP": "10.0.0.9", "conditions": [ready]},
+        }
+        return {"items": [pod]}
+
+
+def at_zero_body(spec: dict[str, Any]) -> dict[str, Any]:
+    return body({**spec, "replicas": 0}, resourceVersion="41")
+
+
+def test_requests_held_by_the_picker_wake_the_service_at_zero():
+    kube, scraped = PickerPodsKube(), []
+
+    def scrape(url: str) -> str:
+        scraped.append(url)
+        return QUEUE_TEXT
+
+    assert wake_if_requests_wait(kube, at_zero_body(TO_ZERO), scrape) is True
+    assert scraped == ["http://10.0.0.9:9090/metrics"]
+    assert kube.listed == ["app.kubernetes.io/name=octavo-router,app.kubernetes.io/instance=chat"]
+    assert kube.patches == [{"metadata": {"resourceVersion": "41"}, "spec": {"replicas": 1}}]
+
+
+def test_no_wake_without_held_requests_or_when_not_at_zero():
+    kube = PickerPodsKube()
+    assert not wake_if_requests_wait(kube, at_zero_body(TO_ZERO), lambda url: "")
+    assert not wake_if_requests_wait(kube, at_zero_body(TO_ZERO), lambda url: None)
+    running = body({**TO_ZERO, "replicas": 1}, resourceVersion="41")
+    assert not wake_if_requests_wait(kube, running, lambda url: QUEUE_TEXT)
+    unrouted = at_zero_body({"model": MODEL, "autoscaling": TO_ZERO["autoscaling"]})
+    assert not wake_if_requests_wait(kube, unrouted, lambda url: QUEUE_TEXT)
+    assert kube.patches == []

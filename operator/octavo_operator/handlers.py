@@ -31,6 +31,7 @@ from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.activator_slice import ActivatorAddress
 from octavo_operator.elastic_executor import ElasticExecutor
 from octavo_operator.kube import Kube, always, api_error_message, load_api_client
+from octavo_operator.picker_wakeup import wake_if_requests_wait
 from octavo_operator.pod_activity import pod_samples
 from octavo_operator.pod_adapters import PodAdapterAPI
 from octavo_operator.reconcile import DESIRED_FIELDS, Controller, Key, Settings, TransientError
@@ -61,6 +62,7 @@ MONITORING_API = "monitoring.coreos.com/v1"
 DISCOVERY_WAIT_SECONDS = 10
 ADAPTER_SYNC_SECONDS = float(os.environ.get("OCTAVO_OPERATOR_ADAPTER_SYNC_SECONDS", "10"))
 IDLE_CHECK_SECONDS = float(os.environ.get("OCTAVO_OPERATOR_IDLE_CHECK_SECONDS", "10"))
+PICKER_WAKE_SECONDS = float(os.environ.get("OCTAVO_OPERATOR_PICKER_WAKE_SECONDS", "1"))
 logger = logging.getLogger(__name__)
 
 
@@ -372,6 +374,38 @@ def on_idle_timer(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
         after = body["spec"]["autoscaling"].get("scaleToZeroAfterSeconds", 300)
         message = f"no request for {after} s: replicas 0 until the next request"
         kopf.event(body, type="Normal", reason="ScaledToZero", message=message)
+
+
+def _routed_at_zero(spec: kopf.Spec, **_: Any) -> bool:
+    autoscaling = spec.get("autoscaling") or {}
+    return (
+        bool((spec.get("router") or {}).get("enabled"))
+        and autoscaling.get("minReplicas", 1) == 0
+        and not spec.get("replicas")
+    )
+
+
+@kopf.timer(*ISVC, interval=PICKER_WAKE_SECONDS, when=_routed_at_zero)
+def on_picker_wake_timer(
+    body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """Scale from zero through the pool: requests the endpoint picker holds for a service
+    at zero set it to 1 replica (picker_wakeup.py). The scrape runs outside the lock."""
+    ctl: Controller = memo.controller
+    if owner_of(kwargs["isvc_index"], (namespace, name)) is None:
+        return
+    try:
+        woken = wake_if_requests_wait(ctl.kube, plain(body))
+    except client.ApiException as error:  # tried again at the next tick
+        logger.warning("waking %s/%s: %s", namespace, name, api_error_message(error))
+        return
+    if woken:
+        kopf.event(
+            body,
+            type="Normal",
+            reason="ScaledFromZero",
+            message="requests wait in the endpoint picker: replicas 1",
+        )
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")

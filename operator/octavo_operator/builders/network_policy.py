@@ -8,6 +8,7 @@ from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
 from .metadata import metadata, selector_labels
+from .picker import picker_selector
 
 SAME_NAMESPACE: dict[str, Any] = {"podSelector": {}}
 # With spec.adapters the operator calls the pods' adapter routes, and with scale to zero
@@ -29,6 +30,9 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
     if isvc.adapters is not None or isvc.scales_to_zero:
         peers.append(OPERATOR_PODS)
     port = {"port": c.SERVER_PORT, "protocol": "TCP"}
+    ingress = [{"from": [dict(p) for p in peers], "ports": [port]}]
+    if isvc.router is not None:
+        ingress.append(picker_ingress(isvc))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -36,6 +40,18 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
         "spec": {
             "podSelector": {"matchLabels": selector_labels(isvc)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [dict(p) for p in peers], "ports": [port]}],
+            "ingress": ingress,
         },
+    }
+
+
+def picker_ingress(isvc: InferenceService) -> dict[str, Any]:
+    """spec.router: the endpoint picker scrapes /metrics and subscribes to the KV events
+    and their replays. (The gateway's own pods are for allowFrom to admit.)"""
+    router = isvc.router
+    assert router is not None
+    ports = [c.SERVER_PORT, router.kv_events_port, router.replay_port]
+    return {
+        "from": [{"podSelector": {"matchLabels": picker_selector(isvc)}}],
+        "ports": [{"port": p, "protocol": "TCP"} for p in ports],
     }

@@ -28,6 +28,8 @@ NOTIFICATIONS = "endpoint-notification-source"
 METRICS_SOURCE = "metrics-data-source"
 METRICS_EXTRACTOR = "core-metrics-extractor"
 PICKER = "max-score-picker"
+# How long a request may wait in the picker for a service at zero: the activator's wait.
+WAKE_TTL_SECONDS = 600
 
 
 def prefix_plugins(isvc: InferenceService) -> list[dict[str, Any]]:
@@ -87,12 +89,24 @@ def endpoint_picker_config(isvc: InferenceService) -> dict[str, Any]:
             {"pluginRef": NOTIFICATIONS, "extractors": [{"pluginRef": PRECISE_PRODUCER}]}
         )
     profile = [{"pluginRef": name, "weight": weight} for name, weight in scorers]
-    return {
+    config: dict[str, Any] = {
         "apiVersion": CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": plugins,
         "dataLayer": {"sources": sources},
         "schedulingProfiles": [{"name": "default", "plugins": [*profile, {"pluginRef": PICKER}]}],
+    }
+    if isvc.scales_to_zero:
+        config.update(scale_from_zero())
+    return config
+
+
+def scale_from_zero() -> dict[str, Any]:
+    """Flow control: with no pod in the pool its queue holds the requests (up to the TTL)
+    while the operator wakes the service on the queue's size (picker_wakeup.py)."""
+    return {
+        "featureGates": ["flowControl"],
+        "flowControl": {"defaultRequestTTL": f"{WAKE_TTL_SECONDS}s"},
     }
 
 
