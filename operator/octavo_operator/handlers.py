@@ -433,8 +433,8 @@ def _wants_router(isvc: InferenceService) -> bool:
 # CRDs of optional children: when one comes or goes, the services that want its kind are
 # reconciled now (a ServiceMonitor, or a pool and picker), not at their next change.
 OPTIONAL_APIS = {
-    SERVICE_MONITOR_CRD: (MONITORING_API, "servicemonitors", _wants_monitor),
-    c.INFERENCE_POOL_CRD: (c.INFERENCE_POOL_API, "inferencepools", _wants_router),
+    SERVICE_MONITOR_CRD: (MONITORING_API, "servicemonitors", _wants_monitor, "monitoring-api"),
+    c.INFERENCE_POOL_CRD: (c.INFERENCE_POOL_API, "inferencepools", _wants_router, "pool-api"),
 }
 
 
@@ -455,7 +455,7 @@ async def on_optional_api(
     """An optional API's CRD came or went. Waiting for discovery to catch up happens on
     the event loop, not on a handler thread."""
     ctl: Controller = memo.controller
-    api, plural, wants = OPTIONAL_APIS[name]
+    api, plural, wants, trigger = OPTIONAL_APIS[name]
     ctl.kube.forget_served()
     if event.get("type") != "DELETED" and not _established(body):
         return  # a later event of this CRD says Established
@@ -465,7 +465,7 @@ async def on_optional_api(
             break
         await asyncio.sleep(0.5)  # discovery follows Established closely, not at once
         ctl.kube.forget_served()
-    await asyncio.to_thread(_reconcile_wanting, ctl, isvc_index, wants, f"{plural}-api")
+    await asyncio.to_thread(_reconcile_wanting, ctl, isvc_index, wants, trigger)
 
 
 def _reconcile_wanting(ctl: Controller, isvc_index: kopf.Index, wants: Any, trigger: str) -> None:
