@@ -7,6 +7,7 @@ the command line, the ``OCTAVO_*`` environment variables and ``--help`` are deri
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octavo.arg_types import one_of, parse_bool, parse_size, positive_float, positive_int
+from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.spec_decode.config import SpeculativeConfig
 
@@ -45,6 +47,19 @@ class FlagSpec:
 def engine_arg(default: Any, help: str, parse: Callable[[str], Any] = str, **flag: Any) -> Any:
     """A field of ``EngineArgs`` that is also an ``octavo serve`` flag."""
     return field(default=default, metadata={"flag": FlagSpec(help, parse, **flag)})
+
+
+def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as a flag type: its ValueError's message becomes the command line's error
+    (argparse would otherwise only say the value is invalid)."""
+
+    def flag_type(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return flag_type
 
 
 @dataclass
@@ -192,6 +207,17 @@ class EngineArgs:
         positive_int,
     )
 
+    kv_events_config: KVEventsConfig | None = engine_arg(  # noqa: RUF009
+        None,
+        "publish KV cache events (blocks stored, removed, all cleared) for KV-aware routers "
+        "such as llm-d's, as JSON in vLLM's spelling: "
+        '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558", "buffer_steps": 10000, "hwm": 100000, '
+        '"max_queue_size": 100000, "topic": "kv@POD@MODEL"} (all but the first optional; '
+        "these are vLLM's defaults, except replay_endpoint: none, and topic: empty)",
+        _flag_type(KVEventsConfig.parse),
+    )
+
     enable_lora: bool = engine_arg(
         False, "serve LoRA adapters on the base model (per request)", parse_bool, kind="bool"
     )
@@ -215,6 +241,8 @@ class EngineArgs:
         ):  # LLM(speculative_config={...})
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._fold_legacy_speculative_flags()
+        if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's
+            self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
         if self.lora_modules:
             self.lora_modules = [m if isinstance(m, LoRAModulePath) else parse_lora_module(m)
                                  for m in self.lora_modules]  # fmt: skip

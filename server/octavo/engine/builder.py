@@ -71,7 +71,10 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     except BaseException:
         executor.shutdown()
         raise
-    pool = BlockPool(num_blocks, args.enable_prefix_caching)
+    events = args.kv_events_config
+    pool = BlockPool(
+        num_blocks, args.enable_prefix_caching, events is not None and events.publishes
+    )
     kv = KVCacheManager(pool, args.block_size, window)
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead

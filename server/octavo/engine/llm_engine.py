@@ -22,6 +22,8 @@ from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
 from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
+from octavo.kv_events.events import KVEventBatch
+from octavo.kv_events.publisher import start_publisher
 from octavo.lora_request import LoRARequest
 from octavo.outputs import ModelRunnerOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -37,7 +39,12 @@ logger = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
-        parts = build_engine_parts(args)
+        self.kv_events = start_publisher(args.kv_events_config)  # its sockets first: fail fast
+        try:
+            parts = build_engine_parts(args)
+        except BaseException:
+            self.kv_events.shutdown()
+            raise
         self.args, self.parts = args, parts
         self.tokenizer = parts.tokenizer
         self.scheduler, self.executor = parts.scheduler, parts.executor
@@ -179,9 +186,16 @@ class LLMEngine:
         touched = self._record_all(updates)
         if self.args.speculative_config is not None:
             self.spec_log.maybe_log(self.scheduler.spec_counters)
+        self._publish_kv_events()
         outputs, self._pending_outputs = self._pending_outputs, []
         live = [r for r in touched if r.request_id in self.requests and r.wants_output_now]
         return outputs + [self._output_for(request) for request in live]
+
+    def _publish_kv_events(self) -> None:
+        """The KV cache events of this step (blocks stored and removed), as one batch."""
+        events = self.parts.pool.take_events()
+        if events:
+            self.kv_events.publish(KVEventBatch(time.time(), events))
 
     def _execute(self, step: SchedulerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput]:
         """The executor runs the step; on failure each request runs alone and culprits fail."""
@@ -277,8 +291,11 @@ class LLMEngine:
         self.executor.on_worker_death(listener)
 
     def shutdown(self) -> None:
-        """Stop the executor's workers; the engine takes no more steps."""
-        self.executor.shutdown()
+        """Stop the executor's workers and the KV event publisher; no more steps."""
+        try:
+            self.executor.shutdown()
+        finally:
+            self.kv_events.shutdown()
 
     # ----- statistics --------------------------------------------------------------------
     def stats(self) -> EngineStats:

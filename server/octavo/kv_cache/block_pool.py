@@ -4,23 +4,33 @@ Block 0 is the null block: never handed out, it pads block tables. A freed block
 its hash until it is reused, so a later request with the same prefix can revive it
 ("touch"). Allocation never blocks or raises for lack of space: it returns None and the
 scheduler decides whom to preempt.
+
+With ``record_events`` the pool also records KV cache events for ``--kv-events-config``
+(vLLM's): the kv cache manager adds ``BlockStored`` for what it registers, the pool
+``BlockRemoved`` when a cached hash is dropped (its block reused) and ``AllBlocksCleared``
+when the whole prefix cache is reset; the engine takes them once a step. Off, ``events``
+is None and nothing is recorded. The hashes announced are always those of ``cached``.
 """
 
 from __future__ import annotations
 
 from octavo.kv_cache.free_block_queue import FreeBlockQueue, KVBlock
+from octavo.kv_events.events import AllBlocksCleared, BlockRemoved, KVCacheEvent, wire_hash
 
 NULL_BLOCK_ID = 0
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_prefix_caching: bool = True, record_events: bool = False
+    ) -> None:
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
         self.blocks = [KVBlock(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.enable_prefix_caching = enable_prefix_caching
         self.cached: dict[int, KVBlock] = {}
+        self.events: list[KVCacheEvent] | None = [] if record_events else None
 
     @property
     def null_block(self) -> KVBlock:
@@ -43,9 +53,10 @@ class BlockPool:
         if count > self.free_queue.size:
             return None
         blocks = [self.free_queue.popleft() for _ in range(count)]
+        removed = [self._forget_hash(block) for block in blocks]
         for block in blocks:
-            self._forget_hash(block)
             block.ref_count = 1
+        self._record_removed(removed)
         return blocks
 
     def lookup(self, block_hash: int, token_ids: tuple[int, ...]) -> KVBlock | None:
@@ -75,21 +86,45 @@ class BlockPool:
         else:
             self.free_queue.append(block)  # cached: keep as long as possible (LRU)
 
-    def register(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...]) -> None:
-        """Mark a full, computed block as reusable by later requests with the same prefix."""
+    def register(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+        """Mark a full, computed block as reusable by later requests with the same prefix;
+        True if its hash is newly cached."""
         if not self.enable_prefix_caching or block.block_hash is not None:
-            return
+            return False
         if block_hash in self.cached:  # an equal block already exists; keep tables append-only
-            return
+            return False
         block.block_hash, block.token_ids = block_hash, token_ids
         self.cached[block_hash] = block
+        return True
 
-    def _forget_hash(self, block: KVBlock) -> None:
-        if block.block_hash is not None:
-            if self.cached.get(block.block_hash) is block:
-                del self.cached[block.block_hash]
-            block.block_hash = block.token_ids = None
+    def _forget_hash(self, block: KVBlock) -> int | None:
+        """Drop the block's hash; the hash if it was the cached one (it leaves the cache)."""
+        block_hash = block.block_hash
+        if block_hash is None:
+            return None
+        block.block_hash = block.token_ids = None
+        if self.cached.get(block_hash) is not block:
+            return None
+        del self.cached[block_hash]
+        return block_hash
+
+    def _record_removed(self, hashes: list[int | None]) -> None:
+        if self.events is not None and any(h is not None for h in hashes):
+            self.events.append(BlockRemoved([wire_hash(h) for h in hashes if h is not None]))
 
     def reset_prefix_cache(self) -> None:
-        for block in self.free_queue:
-            self._forget_hash(block)
+        """Forget the hashes of free blocks. With no block in use that is the whole
+        cache (vLLM resets only then, publishing ``AllBlocksCleared``); otherwise the
+        blocks in use keep theirs and the others are reported removed."""
+        removed = [self._forget_hash(block) for block in self.free_queue]
+        if self.events is not None and self.num_free_blocks == self.num_usable_blocks:
+            self.events.append(AllBlocksCleared())
+        else:
+            self._record_removed(removed)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events recorded since the last call (none when not recording)."""
+        if not self.events:
+            return []
+        events, self.events = self.events, []
+        return events

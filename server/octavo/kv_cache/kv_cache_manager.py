@@ -11,16 +11,24 @@ query of a sequence can see are freed as it advances (see ``sliding_window``): t
 entries become the null block, which the attention backends never read (they start at the
 window). A freed block keeps its prefix-cache hash in the pool's free list, so another
 request with the same prefix can still revive it until it is reused.
+
+When the pool records KV events, each call that registers blocks adds their
+``BlockStored`` events (see ``stored_events``).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.free_block_queue import KVBlock
 from octavo.kv_cache.sliding_window import num_skipped_blocks
+from octavo.kv_cache.stored_events import StoredRuns
+
+if TYPE_CHECKING:
+    from octavo.lora_request import LoRARequest
 
 
 @dataclass
@@ -167,18 +175,32 @@ class KVCacheManager:
         self.tables[child_id] = SequenceBlocks(list(shared), list(parent.hashes))
 
     def cache_full_blocks(
-        self, seq_id: int, token_ids: list[int], num_computed: int, salt: int | None = None
+        self,
+        seq_id: int,
+        token_ids: list[int],
+        num_computed: int,
+        salt: int | None = None,
+        lora: LoRARequest | None = None,
     ) -> None:
-        """Register every block whose tokens are now all computed (chained from ``salt``)."""
+        """Register every block whose tokens are now all computed (chained from ``salt``;
+        ``lora`` names the adapter in the KV events)."""
         table = self.tables[seq_id]
         size = self.block_size
+        events = self.pool.events
+        stored = None if events is None else StoredRuns(events, size, lora)
         for index in range(len(table.hashes), num_computed // size):
             chunk = tuple(token_ids[index * size : (index + 1) * size])
-            parent = table.hashes[-1] if table.hashes else salt
-            block_hash = chain_hash(parent, chunk)
+            parent = table.hashes[-1] if table.hashes else None
+            block_hash = chain_hash(salt if parent is None else parent, chunk)
             table.hashes.append(block_hash)
-            if not self._is_null(table.blocks[index]):
-                self.pool.register(table.blocks[index], block_hash, chunk)
+            block = table.blocks[index]
+            registered = not self._is_null(block) and self.pool.register(block, block_hash, chunk)
+            if stored is not None and registered:
+                stored.add(parent, block_hash, chunk)
+            elif stored is not None:
+                stored.flush()
+        if stored is not None:
+            stored.flush()
 
     def free(self, seq_id: int) -> None:
         table = self.tables.pop(seq_id, None)

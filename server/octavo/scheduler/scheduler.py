@@ -343,7 +343,7 @@ class Scheduler:
 
     def _cache_blocks(self, seq: Sequence) -> None:
         self.kv.cache_full_blocks(
-            seq.seq_id, seq.token_ids, seq.num_computed_tokens, seq.cache_salt
+            seq.seq_id, seq.token_ids, seq.num_computed_tokens, seq.cache_salt, seq.lora_request
         )
 
     def _fork(self, parent: Sequence) -> None:
