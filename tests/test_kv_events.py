@@ -379,7 +379,7 @@ def random_prompt(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(10, 40_000) for _ in range(length)]
 
 
-def tiny_engine(folder, events_config: dict[str, Any]) -> LLMEngine:
+def tiny_engine(folder, events_config: dict[str, Any] | None, **engine: Any) -> LLMEngine:
     """8 usable blocks of 16 tokens (9 with the null block), fp32 whatever the CPU."""
     token_bytes = 2 * 2 * 1 * 16 * 4  # (k, v) × layers × kv heads × head dims × fp32
     args = EngineArgs(
@@ -390,6 +390,7 @@ def tiny_engine(folder, events_config: dict[str, Any]) -> LLMEngine:
         kv_cache_memory=9 * BLOCK * token_bytes,
         max_num_seqs=4,
         kv_events_config=events_config,
+        **engine,
     )
     engine = LLMEngine(args)
     assert engine.parts.pool.num_usable_blocks == 8
@@ -501,10 +502,38 @@ def test_an_engine_without_the_flag_opens_no_socket(tiny_folder, monkeypatch):
         raise AssertionError("a ZMQ publisher was started")
 
     monkeypatch.setattr(publisher_module, "ZmqEventPublisher", refuse)
-    engine = tiny_engine(tiny_folder("llama3"), None)  # type: ignore[arg-type]
+    engine = tiny_engine(tiny_folder("llama3"), None)
     try:
         run(engine, "plain", list(range(100, 100 + 3 * BLOCK)))
         assert isinstance(engine.kv_events, NullEventPublisher)
         assert engine.parts.pool.events is None
     finally:
         engine.shutdown()
+
+
+def test_an_adapters_blocks_name_it_and_chain_from_its_salt(tiny_folder, tmp_path):
+    from lora_adapters import make_adapter
+
+    base = tiny_folder("llama3")
+    adapter = LoRARequest("sql", 1, str(make_adapter(base, tmp_path / "sql", seed=1, rank=4)))
+    events_config = {
+        "enable_kv_cache_events": True,
+        "endpoint": "inproc://kv-lora",
+        "replay_endpoint": "tcp://127.0.0.1:0",
+    }
+    engine = tiny_engine(base, events_config, enable_lora=True, max_lora_rank=4)
+    prompt = list(range(200, 200 + 2 * BLOCK + 1))
+    try:
+        engine.add_request("lora", prompt, SamplingParams(max_tokens=1), lora_request=adapter)
+        while engine.has_unfinished_requests():
+            engine.step()
+        batches = replay_until(zmq.Context.instance(), engine.kv_events.replay_endpoint, 1)
+    finally:
+        engine.shutdown()
+    (stored,) = of_type(events_of(batches), "BlockStored")
+    first = chain_hash(hash(("lora", 1)), tuple(prompt[:BLOCK]))
+    second = chain_hash(first, tuple(prompt[BLOCK : 2 * BLOCK]))
+    assert stored["block_hashes"] == [wire_hash(first), wire_hash(second)]
+    assert stored["parent_block_hash"] is None  # the salt is no block llm-d could know
+    assert (stored["lora_id"], stored["lora_name"]) == (1, "sql")
+    assert stored["token_ids"] == prompt[: 2 * BLOCK]
