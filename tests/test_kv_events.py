@@ -183,7 +183,7 @@ def test_bad_config_is_refused_at_startup_saying_why(capsys, text, message):
         EngineArgs(kv_events_config=text)
 
 
-def test_a_port_in_use_is_a_clear_error_at_start(context):
+def test_a_port_in_use_is_a_clear_error_at_start():
     first = ZmqEventPublisher(
         config(endpoint="inproc://kv-taken", replay_endpoint="tcp://127.0.0.1:0")
     )
