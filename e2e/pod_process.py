@@ -11,6 +11,7 @@ apiserver) and the probes' paths all come from the pod spec as the operator wrot
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from kubernetes import client
 
 from e2e.cluster.paths import REPO_ROOT
 from e2e.operator_process import free_port
+from octavo_bench.port_forward import PortForward
 
 
 def dockerfile_env(target: str, dockerfile: Path = REPO_ROOT / "Dockerfile") -> dict[str, str]:
@@ -44,6 +46,10 @@ def dockerfile_env(target: str, dockerfile: Path = REPO_ROOT / "Dockerfile") -> 
     return env
 
 
+WILDCARD_ENDPOINT = re.compile(r"tcp://\*:(\d+)")
+VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
 @dataclass
 class PodProcess:
     pod: dict[str, Any]  # the Pod as the apiserver returns it (camelCase dict)
@@ -56,6 +62,7 @@ class PodProcess:
     pod_ip: str | None = None
     proc: subprocess.Popen | None = None
     port_map: dict[int, int] = field(default_factory=dict)
+    forwards: list[PortForward] = field(default_factory=list)
 
     @property
     def container(self) -> dict[str, Any]:
@@ -82,6 +89,8 @@ class PodProcess:
         for var in self.container.get("env") or []:
             if "value" in var:
                 env[var["name"]] = self.rewrite(var["value"])
+            elif "fieldRef" in var["valueFrom"]:
+                env[var["name"]] = self.downward_field(var["valueFrom"]["fieldRef"]["fieldPath"])
             elif "configMapKeyRef" in var["valueFrom"]:
                 ref = var["valueFrom"]["configMapKeyRef"]
                 env[var["name"]] = self.config_maps[(ref["name"], ref["key"])]
@@ -90,11 +99,30 @@ class PodProcess:
                 env[var["name"]] = self.secrets[(ref["name"], ref["key"])]
         return env
 
+    def _forwarded(self, match: re.Match) -> str:
+        """`tcp://*:PORT` (a ZMQ socket bound on every address of the pod, e.g. KV events)
+        binds a free port here, forwarded from the pod's own IP:PORT (port_forward.py)."""
+        own, local = int(match.group(1)), free_port()
+        self.forwards.append(PortForward((self.pod_ip, own), ("127.0.0.1", local)))
+        return f"tcp://*:{local}"
+
+    def downward_field(self, path: str) -> str:
+        """A downward-API field of the pod (the env's fieldRef)."""
+        if path == "status.podIP":
+            return self.pod_ip or "127.0.0.1"
+        section, _, key = path.partition(".")
+        return str(self.pod[section][key])
+
+    def expand(self, value: str) -> str:
+        """$(VAR) references to the container's env, expanded as the kubelet does."""
+        env = self.environment({})
+        return VAR_REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), value)
+
     def argv(self) -> list[str]:
         """command + args, paths rewritten and container ports mapped to local ones."""
-        args = [self.rewrite(a) for a in self.container.get("args") or []]
-        if self.pod_ip:  # sockets bound to every address (KV events' tcp://*:5557) bind the pod's
-            args = [a.replace("tcp://*:", f"tcp://{self.pod_ip}:") for a in args]
+        args = [self.rewrite(self.expand(a)) for a in self.container.get("args") or []]
+        if self.pod_ip:
+            args = [WILDCARD_ENDPOINT.sub(self._forwarded, a) for a in args]
         for port in self.container.get("ports") or []:
             own = port["containerPort"]
             self.port_map[own] = own if self.pod_ip else free_port()
@@ -121,6 +149,8 @@ class PodProcess:
         env = self.environment(image_env)
         log = (self.workdir / "pod.log").open("w")
         self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        for forward in self.forwards:
+            forward.start()
 
     def probe(self, name: str) -> bool:
         """One HTTP GET of the probe named NAME (startupProbe, readinessProbe...)."""
@@ -155,6 +185,8 @@ class PodProcess:
         )
 
     def stop(self) -> int | None:
+        for forward in self.forwards:
+            forward.stop()
         if self.proc is None:
             return None
         self.proc.terminate()

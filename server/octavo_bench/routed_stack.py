@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from octavo_bench.port_forward import PortForward
 from octavo_bench.serve_launch import (
     ChildServer,
     LaunchError,
@@ -47,12 +48,13 @@ def replica_host(index: int) -> str:
     return f"127.0.0.{21 + index}"
 
 
-def kv_events_flag(host: str, model: str) -> list[str]:
-    """vLLM's --kv-events-config: ZMQ PUB on the pod's own address, vLLM's topic."""
+def kv_events_flag(host: str, model: str, local_port: int) -> list[str]:
+    """vLLM's --kv-events-config: ZMQ PUB bound on every address (here on LOCAL_PORT, which
+    a forwarder serves at the replica's own <host>:5557), vLLM's topic."""
     config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"tcp://{host}:{KV_EVENTS_PORT}",
+        "endpoint": f"tcp://*:{local_port}",
         "topic": f"kv@{host}@{model}",
     }
     return ["--kv-events-config", json.dumps(config)]
@@ -66,7 +68,10 @@ def replicas(options: StackOptions, kv_events: bool) -> Iterator[list[ChildServe
             host = replica_host(index)
             extra = ["--served-model-name", options.served_name, *options.serve_flags]
             if kv_events:
-                extra += kv_events_flag(host, options.served_name)
+                local = free_port()
+                forward = PortForward((host, KV_EVENTS_PORT), ("127.0.0.1", local)).start()
+                stack.callback(forward.stop)
+                extra += kv_events_flag(host, options.served_name, local)
             command = octavo_serve_command(SERVE_PORT, options.model, None, extra, host=host)
             log = options.log_dir / f"replica-{index}.log"
             server = child_server(
