@@ -52,7 +52,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     dtype = select_dtype(args.dtype, device)
     parallel = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
     parallel.check(config, device)
-    max_model_len = _max_model_len(args, config)
+    max_model_len = max_model_len_of(args, config)
     tokenizer = load_tokenizer(folder, args.tokenizer)
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
     threads = args.num_threads or max(1, usable_cpus() // parallel.world_size)
@@ -159,7 +159,7 @@ def _eos_token_ids(config: ModelConfig, tokenizer) -> set[int]:
     return ids
 
 
-def _max_model_len(args: EngineArgs, config: ModelConfig) -> int:
+def max_model_len_of(args: EngineArgs, config: ModelConfig) -> int:
     limit = config.max_position_embeddings  # sliding windows are attention, not a cap
     if args.max_model_len is None:
         return limit

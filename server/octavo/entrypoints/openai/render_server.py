@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from octavo.config import EngineArgs
-from octavo.engine.builder import _max_model_len
+from octavo.engine.builder import max_model_len_of
 from octavo.engine.core_loop import Emit
 from octavo.engine.core_messages import STOP, CoreReady, CoreStopped, LoadFailed
 from octavo.engine.engine_info import EngineInfo, longest_token_chars
@@ -83,7 +83,7 @@ def load_render_info(args: EngineArgs) -> EngineInfo:
     tokenizer = load_tokenizer(folder, args.tokenizer)
     return EngineInfo(
         tokenizer=tokenizer,
-        max_model_len=_max_model_len(args, config),
+        max_model_len=max_model_len_of(args, config),
         tokenizer_size=len(tokenizer),
         prompt_token_limit=prompt_token_limit(config.vocab_size, len(tokenizer)),
         model_name=served_name(args.model) if args.model else folder.name,
