@@ -28,7 +28,9 @@ import yaml
 from e2e import cluster as e2e_cluster
 from e2e.cluster import build
 from e2e.operator_process import free_port
+from octavo_bench.port_forward import PortForward
 
+METRICS_PORT = 9090  # the picker container's metrics port (the operator scrapes it)
 PORT_FLAGS = ("--grpc-port", "--grpc-health-port", "--metrics-port")
 
 
@@ -61,8 +63,12 @@ class PickerPod:
     deployment: dict[str, Any]  # the picker Deployment (camelCase dict)
     config_text: str  # the ConfigMap's EndpointPickerConfig
     workdir: Path
+    # The picker pod's loopback IP (e2e/loopback_pod.py), if the test moved it: its metrics
+    # port is then forwarded there, where the operator reads it (scale from zero).
+    pod_ip: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)
+    forwards: list[PortForward] = field(default_factory=list)
 
     @property
     def template(self) -> dict[str, Any]:
@@ -128,6 +134,9 @@ class PickerPod:
         self._spawn("epp", [str(binary), *args], env)
         grpc_port = self.ports["--grpc-port"]
         self._wait(lambda: _listening(grpc_port), "the endpoint picker's ext_proc port")
+        if self.pod_ip:
+            metrics = (self.pod_ip, METRICS_PORT), ("127.0.0.1", self.ports["--metrics-port"])
+            self.forwards.append(PortForward(*metrics).start())
 
     def _wait(self, check, what: str, timeout: float = 240.0) -> None:
         deadline = time.monotonic() + timeout
@@ -148,6 +157,8 @@ class PickerPod:
         return "\n".join(out)
 
     def stop(self) -> None:
+        for forward in self.forwards:
+            forward.stop()
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()

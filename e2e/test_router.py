@@ -25,23 +25,20 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-import yaml
 from kubernetes import client
 
 from e2e import isvc
-from e2e.cluster.paths import REPO_ROOT
 from e2e.helpers import wait_for
 from e2e.loopback_pod import is_ready, move_to_loopback, tiny_llama
 from e2e.picker_pod import PickerPod
 from e2e.pod_process import PodProcess, dockerfile_env
+from e2e.router_setup import POOL_API, install_pool_crd, pool_named, start_picker
 from octavo.cache_dirs import cache_root
 from octavo_bench.gateway.picker_client import Pick, PickerStream
 from tests.lora_adapters import make_adapter
 
 NAME = "routed"
 PICKER = f"{NAME}-epp"
-POOL_API = ("inference.networking.k8s.io", "v1", "inferencepools")
-POOL_CRD = REPO_ROOT / "charts/octavo/files/crds/inference.networking.k8s.io_inferencepools.yaml"
 SHARED = " ".join(
     f"clause {i} of the shared handbook says the order ships in {i} days." for i in range(12)
 )
@@ -55,21 +52,6 @@ class Routed:
 
     def address(self, pod: PodProcess) -> str:
         return f"{pod.pod_ip}:8000"
-
-
-def install_pool_crd(apiext: client.ApiextensionsV1Api) -> None:
-    crd = yaml.safe_load(POOL_CRD.read_text())
-    try:
-        apiext.create_custom_resource_definition(crd)
-    except client.ApiException as error:
-        if error.status != 409:
-            raise
-
-    def established() -> bool:
-        conds = apiext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions
-        return any(c.type == "Established" and c.status == "True" for c in conds or [])
-
-    wait_for(established, timeout=30, what="the InferencePool CRD to be established")
 
 
 def service_spec(model: Path, adapter: Path) -> dict:
@@ -89,15 +71,6 @@ def service_spec(model: Path, adapter: Path) -> dict:
         "adapters": [{"name": "a", "uri": f"file://{adapter}"}],
         "router": {"enabled": True, "picker": {"secureServing": False}},
     }
-
-
-def pool(custom: client.CustomObjectsApi, namespace: str) -> dict | None:
-    try:
-        return custom.get_namespaced_custom_object(*POOL_API[:2], namespace, POOL_API[2], NAME)
-    except client.ApiException as error:
-        if error.status == 404:
-            return None
-        raise
 
 
 def server_pods(core: client.CoreV1Api, namespace: str, selector: dict[str, str]) -> list:
@@ -123,19 +96,6 @@ def start_servers(core, api_client, namespace: str, selector: dict, workdir: Pat
     return processes
 
 
-def start_picker(cluster, apps, core, namespace: str, workdir: Path) -> PickerPod:
-    deployment = apps.read_namespaced_deployment(PICKER, namespace)
-    config = core.read_namespaced_config_map(PICKER, namespace).data
-    picker = PickerPod(
-        cluster,
-        apps.api_client.sanitize_for_serialization(deployment),
-        next(iter(config.values())),
-        workdir,
-    )
-    picker.start()
-    return picker
-
-
 @pytest.fixture(scope="module")
 def routed(cluster, operator, api_client, apiext, core, apps, custom) -> Iterator[Routed]:
     root = Path(tempfile.mkdtemp(prefix="e2e-router-", dir=cache_root()))
@@ -153,10 +113,12 @@ def routed(cluster, operator, api_client, apiext, core, apps, custom) -> Iterato
             what="the default ServiceAccount",
         )
         isvc.create(custom, namespace, isvc.manifest(NAME, service_spec(model, adapter)))
-        found = wait_for(lambda: pool(custom, namespace), timeout=60, what="the InferencePool")
+        found = wait_for(
+            lambda: pool_named(custom, namespace, NAME), timeout=60, what="the InferencePool"
+        )
         selector = found["spec"]["selector"]["matchLabels"]
         processes = start_servers(core, api_client, namespace, selector, root)
-        picker = start_picker(cluster, apps, core, namespace, root / "picker")
+        picker = start_picker(cluster, apps, core, namespace, PICKER, root / "picker")
         yield Routed(namespace, processes, picker)
     finally:
         if picker is not None:
@@ -286,7 +248,7 @@ def test_the_operator_creates_the_pool_and_the_picker(routed, api_client, custom
         assert child is not None, f"{kind} {name} missing"
         owners = [ref["uid"] for ref in child["metadata"].get("ownerReferences") or []]
         assert owner in owners, f"{kind} {name} is not owned by the InferenceService"
-    spec = pool(custom, routed.namespace)["spec"]
+    spec = pool_named(custom, routed.namespace, NAME)["spec"]
     assert spec["targetPorts"] == [{"number": 8000}]
     assert spec["endpointPickerRef"]["name"] == PICKER
     assert spec["endpointPickerRef"]["port"] == {"number": 9002}
@@ -358,7 +320,7 @@ def test_children_drift_back_and_go_with_the_service(routed, api_client, custom,
         *POOL_API[:2], namespace, POOL_API[2], NAME, {"spec": {"targetPorts": [{"number": 9000}]}}
     )
     wait_for(
-        lambda: pool(custom, namespace)["spec"]["targetPorts"] == [{"number": 8000}],
+        lambda: pool_named(custom, namespace, NAME)["spec"]["targetPorts"] == [{"number": 8000}],
         timeout=60,
         what="the pool's targetPorts put back",
     )
