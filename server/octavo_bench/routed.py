@@ -1,9 +1,12 @@
 """`python -m octavo_bench routed`: replicas behind the endpoint picker vs round-robin.
 
-Several tenants each have a long system prompt shared by many users (see routed_workload).
-The same requests run three times, each time on fresh replicas (empty caches):
+Several tenants each have a long system prompt shared by many users (see routed_workload),
+more prompts than one replica's KV cache holds (--kv-cache-memory per replica), as in
+production, where the cache is what runs out. The same requests run three times, each time
+on fresh replicas (empty caches):
 
-1. **single replica**: one replica, called directly: the prefix-cache hit rate a router
+1. **single replica**: one replica with the pool's whole KV cache (REPLICAS x
+   --kv-cache-memory), called directly: the hit rate of one shared cache, which a router
    should keep when it spreads the load (the reference);
 2. **round-robin**: N replicas behind a gateway that takes them in turn, as a plain
    Kubernetes Service spreads connections;
@@ -29,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from octavo.arg_types import parse_size
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 from octavo_bench.routed_stack import (
@@ -184,14 +188,11 @@ def workload_of(args: argparse.Namespace) -> TenantWorkload:
     )
 
 
-def stack_options(args: argparse.Namespace, replicas_count: int, log_dir: Path) -> StackOptions:
-    return StackOptions(
-        args.model,
-        args.served_model_name,
-        replicas_count,
-        log_dir,
-        tuple(shlex.split(args.serve_flags)),
-    )
+def stack_options(
+    args: argparse.Namespace, replicas_count: int, log_dir: Path, cache_bytes: int
+) -> StackOptions:
+    flags = [*shlex.split(args.serve_flags), "--kv-cache-memory", str(cache_bytes)]
+    return StackOptions(args.model, args.served_model_name, replicas_count, log_dir, tuple(flags))
 
 
 def epp_binary(explicit: Path | None) -> Path:
@@ -204,14 +205,16 @@ def epp_binary(explicit: Path | None) -> Path:
 
 
 def run_single(args: argparse.Namespace, log_dir: Path) -> RoutedRun:
-    with replicas(stack_options(args, 1, log_dir / "single"), kv_events=False) as servers:
+    # One replica with the pool's whole KV cache: the hit rate of one shared cache.
+    options = stack_options(args, 1, log_dir / "single", args.kv_cache_memory * args.replicas)
+    with replicas(options, kv_events=False) as servers:
         return measure(SINGLE, servers[0].base_url, servers, args)
 
 
 def run_round_robin(args: argparse.Namespace, log_dir: Path) -> RoutedRun:
     folder = log_dir / "round-robin"
     with contextlib.ExitStack() as stack:
-        options = stack_options(args, args.replicas, folder)
+        options = stack_options(args, args.replicas, folder, args.kv_cache_memory)
         servers = stack.enter_context(replicas(options, kv_events=False))
         front = stack.enter_context(gateway(folder, None, servers))
         return measure(ROUND_ROBIN, front.base_url, servers, args)
@@ -220,7 +223,8 @@ def run_round_robin(args: argparse.Namespace, log_dir: Path) -> RoutedRun:
 def run_picker(args: argparse.Namespace, log_dir: Path, binary: Path) -> RoutedRun:
     folder = log_dir / "picker"
     with contextlib.ExitStack() as stack:
-        servers = stack.enter_context(replicas(stack_options(args, args.replicas, folder), True))
+        options = stack_options(args, args.replicas, folder, args.kv_cache_memory)
+        servers = stack.enter_context(replicas(options, kv_events=True))
         found = endpoints_file(folder / "endpoints.yaml", servers)
         config = picker_config(found, args.served_model_name, servers[0].base_url)
         picker = stack.enter_context(endpoint_picker(binary, config, folder))
@@ -248,13 +252,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--tenants", type=int, default=8, help="system prompts")
     parser.add_argument("--users-per-tenant", type=int, default=12)
-    parser.add_argument("--system-words", type=int, default=300)
+    parser.add_argument("--system-words", type=int, default=700, help="about 1.3 tokens each")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--kv-cache-memory",
+        type=parse_size,
+        default=parse_size("320MiB"),
+        help="KV cache of each replica; the single-replica run gets REPLICAS times this "
+        "(default 320MiB: SmolLM2 in fp32 holds 3-4 of the default system prompts)",
+    )
+    parser.add_argument(
         "--serve-flags",
-        default="--kv-cache-memory 512MiB",
+        default="--num-threads 1",
         help="extra `octavo serve` flags for every replica (default: %(default)s)",
     )
     parser.add_argument(
