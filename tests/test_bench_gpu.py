@@ -37,4 +37,6 @@ def test_triton_kernels_match_torch_on_the_gpu():
 
     for result in all_kernels(torch.device("cuda"), torch.bfloat16):
         assert result.triton_ms > 0 and result.torch_ms > 0
-        assert result.max_abs_diff < 0.05, result
+        # bf16 keeps 8 significant bits: one rounding apart is 2**-8 of the output's scale
+        # (SiLU(gate) * up reaches ~16, where one bf16 step is 0.0625)
+        assert result.max_rel_diff < 2**-6, result

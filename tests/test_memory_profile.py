@@ -43,7 +43,8 @@ def test_dummy_sequences_get_blocks_of_their_own_after_the_null_block():
 @pytest.fixture(scope="module")
 def worker(tiny_folder):
     folder = str(tiny_folder("llama3"))
-    llm = LLM(folder, dtype="float32", max_model_len=128, kv_cache_memory=1 << 20)
+    # device="cpu": on a GPU machine `auto` would put it on the GPU, and this test is the CPU's
+    llm = LLM(folder, dtype="float32", max_model_len=128, kv_cache_memory=1 << 20, device="cpu")
     return llm.engine.executor.worker
 
 
@@ -66,12 +67,17 @@ def test_the_dummy_step_runs_through_the_real_model(worker):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_peak_grows_with_the_step(tiny_folder):
-    llm = LLM(str(tiny_folder("llama3")), dtype="bfloat16", max_model_len=512, device="cuda")
-    worker = llm.engine.executor.worker
-    cache = CacheSpec(16, torch.bfloat16, torch.device("cuda"))
-    small = measure_step_peak(worker.paged_model_on, worker.cache_shape, DummyStep([64], 1), cache)
-    large = DummyStep([512] * 8, 64)
-    big = measure_step_peak(worker.paged_model_on, worker.cache_shape, large, cache)
-    assert small is not None and big is not None and 0 < small < big
-    rows = step_rows(4096, 8)
-    assert worker.step_activation_bytes(rows, 8) > big
+    # The engine is shut down at the end: its KV cache takes most of the GPU's memory, which
+    # the next test in this process would otherwise find gone.
+    folder = str(tiny_folder("llama3"))
+    with LLM(folder, dtype="bfloat16", max_model_len=512, device="cuda") as llm:
+        worker = llm.engine.executor.worker
+        cache = CacheSpec(16, torch.bfloat16, torch.device("cuda"))
+        step = DummyStep([64], 1)
+        small = measure_step_peak(worker.paged_model_on, worker.cache_shape, step, cache)
+        large = DummyStep([512] * 8, 64)
+        big = measure_step_peak(worker.paged_model_on, worker.cache_shape, large, cache)
+        assert small is not None and big is not None and 0 < small < big
+        rows = step_rows(4096, 8)
+        assert worker.step_activation_bytes(rows, 8) > big
+    torch.cuda.empty_cache()

@@ -24,13 +24,19 @@ class KernelResult:
     triton_ms: float
     torch_ms: float
     max_abs_diff: float
+    max_reference: float  # the largest |value| the torch path gave: the scale of the diff
 
     @property
     def speedup(self) -> float:
         return self.torch_ms / self.triton_ms if self.triton_ms > 0 else 0.0
 
+    @property
+    def max_rel_diff(self) -> float:
+        """The largest difference relative to the output's scale (bf16 rounds at 2**-8)."""
+        return self.max_abs_diff / self.max_reference if self.max_reference > 0 else 0.0
+
     def to_json(self) -> dict:
-        return {**asdict(self), "speedup": self.speedup}
+        return {**asdict(self), "speedup": self.speedup, "max_rel_diff": self.max_rel_diff}
 
 
 def time_ms(fn: Callable[[], torch.Tensor], repeats: int = 20) -> float:
@@ -86,8 +92,10 @@ def gated_activation(device: torch.device, dtype: torch.dtype, rows: int = 256) 
 
 
 def compare(name: str, triton_fn, torch_fn) -> KernelResult:
-    difference = (triton_fn().float() - torch_fn().float()).abs().max().item()
-    return KernelResult(name, time_ms(triton_fn), time_ms(torch_fn), difference)
+    reference = torch_fn().float()
+    difference = (triton_fn().float() - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    return KernelResult(name, time_ms(triton_fn), time_ms(torch_fn), difference, scale)
 
 
 def all_kernels(device: torch.device, dtype: torch.dtype) -> list[KernelResult]:
