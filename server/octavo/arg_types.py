@@ -7,6 +7,7 @@ Each turns a flag's (or an ``OCTAVO_*`` variable's) text into a value and raises
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -76,3 +77,17 @@ def parse_bool(text: str) -> bool:
     if lowered not in _TRUE | _FALSE:
         raise ValueError(f"expected true/false, got {text!r}")
     return lowered in _TRUE
+
+
+def json_object(raw: str | dict[str, Any], what: str) -> dict[str, Any]:
+    """A dict, or the text of a JSON object, as a dict (a JSON-valued flag such as
+    ``--speculative-config``); otherwise a ValueError naming WHAT."""
+    if isinstance(raw, dict):
+        return dict(raw)
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{what}: not JSON ({error.msg}): {raw!r}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{what}: expected a JSON object, got {raw!r}")
+    return values

@@ -14,6 +14,17 @@ from .volumes import volumes
 POD_UID = 10001  # the image's non-root user
 
 
+def pod_security_context() -> dict[str, Any]:
+    """Every pod the operator makes runs as the image's non-root user."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": POD_UID,
+        "runAsGroup": POD_UID,
+        "fsGroup": POD_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def strategy(isvc: InferenceService) -> dict[str, Any]:
     if isvc.rollout.strategy == "Recreate":
         return {"type": "Recreate"}
@@ -35,13 +46,7 @@ def pod_spec(isvc: InferenceService, image: str) -> dict[str, Any]:
         "containers": [server_container(isvc, image)],
         "volumes": volumes(isvc),
         "terminationGracePeriodSeconds": isvc.drain.termination_grace_period_seconds,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": POD_UID,
-            "runAsGroup": POD_UID,
-            "fsGroup": POD_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security_context(),
         "enableServiceLinks": False,
         # The server never calls the Kubernetes API: no token for a compromised pod to use.
         "automountServiceAccountToken": False,

@@ -17,7 +17,7 @@ from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
 from .container import security_context
-from .deployment import POD_UID
+from .deployment import pod_security_context
 from .metadata import owner_reference
 from .volumes import CACHE_PATH, MODELS_PATH, model_argument
 
@@ -179,13 +179,7 @@ def picker_pod_spec(isvc: InferenceService, picker_image: str, server_image: str
         "volumes": picker_volumes(isvc),
         # Upstream's: at least the longest grace period of the pool's pods.
         "terminationGracePeriodSeconds": 130,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": POD_UID,
-            "runAsGroup": POD_UID,
-            "fsGroup": POD_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security_context(),
         "enableServiceLinks": False,
     }
 

@@ -21,9 +21,10 @@ bound to ``tcp://*:5557`` with an empty topic; every key and default is vLLM's:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from typing import Any
+
+from octavo.arg_types import json_object
 
 PUBLISHERS = ("null", "zmq")
 ZMQ_TRANSPORTS = ("tcp://", "ipc://", "inproc://")
@@ -57,7 +58,7 @@ class KVEventsConfig:
         anything it cannot take, naming the key."""
         if isinstance(raw, KVEventsConfig):
             return raw
-        values = _as_dict(raw)
+        values = json_object(raw, "kv_events_config")
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -83,18 +84,6 @@ class KVEventsConfig:
                 f"{name} must be a non-negative integer, got {value!r}",
             )
         _expect(isinstance(self.topic, str), f"topic must be a string, got {self.topic!r}")
-
-
-def _as_dict(raw: str | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return dict(raw)
-    try:
-        values = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"kv_events_config: not JSON ({error.msg}): {raw!r}") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"kv_events_config: expected a JSON object, got {raw!r}")
-    return values
 
 
 def _check_endpoint(name: str, value: Any) -> None:

@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from octavo.arg_types import json_object
 
 METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
@@ -30,7 +31,7 @@ class SpeculativeConfig:
     def parse(cls, raw: str | dict[str, Any]) -> SpeculativeConfig:
         """From the flag's JSON text or ``LLM(speculative_config={...})``; ValueError on
         anything it cannot take, naming the key."""
-        values = _as_dict(raw)
+        values = json_object(raw, "speculative_config")
         unknown = sorted(set(values) - KNOWN_KEYS)
         if unknown:
             raise ValueError(
@@ -61,18 +62,6 @@ class SpeculativeConfig:
                              f"({self.prompt_lookup_max})")  # fmt: skip
         if self.method == "draft_model" and not self.model:
             raise ValueError('speculative_config: a draft model needs "model": "<folder>"')
-
-
-def _as_dict(raw: str | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return dict(raw)
-    try:
-        values = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"speculative_config: not JSON ({error.msg})") from None
-    if not isinstance(values, dict):
-        raise ValueError("speculative_config: expected a JSON object")
-    return values
 
 
 def _count(values: dict[str, Any], key: str, default: int | None) -> int:
