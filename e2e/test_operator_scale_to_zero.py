@@ -36,7 +36,11 @@ from octavo.cache_dirs import cache_root
 
 NAME = "idle"
 ACTIVATOR_IP = "10.244.7.7"
-IDLE_SECONDS = 10
+# kwok marks a pod Ready at once, so the operator's idle clock runs while the pod's process
+# still loads (a kubelet would keep it NotReady until its probe passes); on a loaded 2-core
+# machine that load took more than 10 s (CI, 2026-11-26), which set the service to 0 before
+# its first request. 30 s leaves the load room.
+IDLE_SECONDS = 30
 REQUEST_EVERY, BUSY_SECONDS = 4.0, 2.5 * IDLE_SECONDS
 
 
