@@ -45,8 +45,9 @@ def _apply(create: Any, *args: Any) -> None:
             raise
 
 
-def install_crd(apiext: client.ApiextensionsV1Api) -> None:
-    crd = yaml.safe_load(CRD_FILE.read_text())
+def install_crd(apiext: client.ApiextensionsV1Api, crd_file: Path = CRD_FILE) -> None:
+    """Create (or replace) the CRD in CRD_FILE and wait until it is established."""
+    crd = yaml.safe_load(crd_file.read_text())
     try:
         apiext.create_custom_resource_definition(crd)
     except client.ApiException as error:
@@ -60,7 +61,7 @@ def install_crd(apiext: client.ApiextensionsV1Api) -> None:
         conds = apiext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions
         return any(c.type == "Established" and c.status == "True" for c in conds or [])
 
-    wait_for(established, timeout=30, what="the InferenceService CRD to be established")
+    wait_for(established, timeout=30, what=f"{crd['metadata']['name']} to be established")
 
 
 def install_rbac(api: client.ApiClient) -> None:

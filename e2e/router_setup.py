@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from kubernetes import client
 
 from e2e.cluster.paths import REPO_ROOT
-from e2e.helpers import wait_for
+from e2e.operator_process import install_crd
 from e2e.picker_pod import PickerPod
 
 POOL_API = ("inference.networking.k8s.io", "v1", "inferencepools")
@@ -17,18 +16,7 @@ POOL_CRD = REPO_ROOT / "charts/octavo/files/crds/inference.networking.k8s.io_inf
 
 
 def install_pool_crd(apiext: client.ApiextensionsV1Api) -> None:
-    crd = yaml.safe_load(POOL_CRD.read_text())
-    try:
-        apiext.create_custom_resource_definition(crd)
-    except client.ApiException as error:
-        if error.status != 409:
-            raise
-
-    def established() -> bool:
-        conds = apiext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions
-        return any(c.type == "Established" and c.status == "True" for c in conds or [])
-
-    wait_for(established, timeout=30, what="the InferencePool CRD to be established")
+    install_crd(apiext, POOL_CRD)
 
 
 def pool_named(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict | None:
