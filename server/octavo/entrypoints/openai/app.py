@@ -12,7 +12,13 @@ from fastapi import FastAPI
 
 import octavo
 from octavo.engine.async_engine import AsyncEngine, EngineCore
-from octavo.entrypoints.openai import lora_routes, ops_routes, routes
+from octavo.entrypoints.openai import (
+    embedding_routes,
+    lora_routes,
+    ops_routes,
+    responses_routes,
+    routes,
+)
 from octavo.entrypoints.openai.auth import ApiKeyMiddleware
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.errors import install_error_handlers
@@ -66,7 +72,8 @@ def build_app(
     for router in (routes.render_router, routes.models_router, ops_routes.router):
         app.include_router(router)
     if not render_only:
-        app.include_router(routes.router)
+        for router in (routes.router, responses_routes.router, embedding_routes.router):
+            app.include_router(router)
     # As vLLM: without the opt-in, no adapter loading routes.
     if config.allow_runtime_lora_updating and not render_only:
         logger.warning(

@@ -1,0 +1,7 @@
+"""The embeddings route (``/v1/embeddings``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()
