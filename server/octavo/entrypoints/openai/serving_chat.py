@@ -179,9 +179,24 @@ def num_top_logprobs(body: ChatCompletionRequest) -> int | None:
 async def create_chat_completion(
     body: ChatCompletionRequest, raw_request: Request, context: ServerContext
 ) -> Response:
+    job, streams = await start_chat_job(body, raw_request, context, "chatcmpl")
+    if body.stream:
+        return sse_response(_stream(job, streams[0]))
+    try:
+        final = await cancel_on_disconnect(raw_request, streams[0].final())
+    finally:
+        close_streams(streams)
+    return JSONResponse(_full_response(job, final).model_dump())
+
+
+async def start_chat_job(
+    body: ChatCompletionRequest, raw_request: Request, context: ServerContext, prefix: str
+) -> tuple[ChatJob, list[RequestStream]]:
+    """The request rendered, planned (tools, reasoning) and admitted to the engine: its
+    job and its engine streams (the Responses API runs its requests through this too)."""
     inputs = await chat_inputs(body, context)
     config, info, token_ids = context.config, inputs.info, inputs.token_ids
-    ids = request_ids(raw_request.scope, "chatcmpl", body.request_id)
+    ids = request_ids(raw_request.scope, prefix, body.request_id)
     job = ChatJob(
         body=body,
         response_id=ids.response,
@@ -208,18 +223,12 @@ async def create_chat_completion(
         inputs.adapter,
         config.enable_log_requests,
     )
-    if body.stream:
-        return sse_response(_stream(job, streams[0]))
-    try:
-        final = await cancel_on_disconnect(raw_request, streams[0].final())
-    finally:
-        close_streams(streams)
-    return JSONResponse(_full_response(job, final).model_dump())
+    return job, streams
 
 
 # ----- non-streaming -------------------------------------------------------------------
 def _full_response(job: ChatJob, final: RequestOutput) -> ChatCompletionResponse:
-    choices = [_full_choice(job, output) for output in sorted(final.outputs, key=lambda o: o.index)]
+    choices = [full_choice(job, output) for output in sorted(final.outputs, key=lambda o: o.index)]
     generated = sum(len(output.token_ids) for output in final.outputs)
     response = ChatCompletionResponse(id=job.response_id, model=job.model_name, choices=choices)
     job.num_cached_tokens = final.num_cached_tokens
@@ -227,7 +236,7 @@ def _full_response(job: ChatJob, final: RequestOutput) -> ChatCompletionResponse
     return response
 
 
-def _full_choice(job: ChatJob, output: CompletionOutput) -> ChatChoice:
+def full_choice(job: ChatJob, output: CompletionOutput) -> ChatChoice:
     split = job.reasoning.whole(output.text)  # tool calls are read from the content only
     parsed = ToolCallParse(None) if split.content is None else job.tools.read(split.content)
     calls = [
@@ -259,11 +268,11 @@ async def _chunks(job: ChatJob, stream: RequestStream) -> AsyncIterator[str]:
     async for output in stream.outputs():
         job.num_cached_tokens = output.num_cached_tokens
         for completion in output.outputs:
-            for choice in _delta_choices(job, completion):
+            for choice in delta_choices(job, completion):
                 yield sse_event(job.chunk([choice]), exclude=exclude)
 
 
-def _delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoice]:
+def delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoice]:
     """The chunks this output update makes: its delta (reasoning, content, or a tool call's
     piece), and, once it finished, what the reasoning and tool-call streams kept back, then
     the finish reason."""
@@ -291,6 +300,9 @@ def _delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoi
         choices[-1].finish_reason = finish_reason_with_calls(calls, output.finish_reason)
         choices[-1].stop_reason = output.stop_reason
     return choices
+
+
+_delta_choices = delta_choices  # the older name (tests/test_reasoning_parser.py)
 
 
 def _message_delta(stream: ToolCallStream, split: Split) -> DeltaMessage | None:

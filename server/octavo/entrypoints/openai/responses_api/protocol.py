@@ -1,0 +1,60 @@
+"""The body of ``POST /v1/responses`` (pydantic).
+
+Unknown fields are refused (HTTP 400), as for the other endpoints. ``input`` items,
+``tools``, ``tool_choice`` and ``text`` are kept as JSON here and read in
+``conversion.py``, which names the exact offending field (``input[2].type``) in its 400s.
+Fields OpenAI clients send that do not change generation here are accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from octavo.entrypoints.openai.protocol import MAX_REQUEST_ID_LENGTH, RequestBody
+
+JsonObject = dict[str, Any]
+
+
+class ResponsesRequest(RequestBody):
+    model: str | None = None
+    input: str | list[JsonObject]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None  # vLLM's extra sampling field
+    text: JsonObject | None = None
+    tools: list[JsonObject] | None = None
+    tool_choice: str | JsonObject | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = Field(None, min_length=1)
+    store: bool = True
+    stream: bool = False
+    stream_options: JsonObject | None = None
+    reasoning: JsonObject | None = None
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_LENGTH)
+    background: bool | None = None
+    # Accepted for compatibility; they do not change what is generated.
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+    @field_validator("background")
+    @classmethod
+    def _no_background(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("background responses are not supported by this server")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, value: str | list[JsonObject]) -> str | list[JsonObject]:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must hold at least one item")
+        return value

@@ -1,0 +1,406 @@
+"""The Responses API (``/v1/responses``) through the real openai client against a served
+tiny Qwen2 whose chat template shows tools Hermes-style and opens a ``<think>`` block
+when ``reasoning.effort`` is given (the server runs the ``qwen3`` reasoning parser).
+
+Prompts are checked against the chat render endpoint: a Responses request must run
+exactly the prompt of the equivalent chat request (instructions, earlier turns, tools).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from octavo.entrypoints.openai.context import ServerConfig
+
+from server_harness import ThreadedServer, openai_client, served_model
+from tiny_models import build_tiny_model
+
+MODEL = "tiny-responses"
+TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+Tools you may call:
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
+{%- for call in message.tool_calls %}{% set f = call.function %}
+<tool_call>{{ {"name": f.name, "arguments": f.arguments} | tojson }}</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == "tool" %}<|im_start|>user
+<tool_response>{{ message.content }}</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if reasoning_effort %}<think>
+{% else %}<think>
+
+</think>
+
+{% endif %}{% endif %}"""
+# Bounded values: a random model would otherwise fill a free string until the limit.
+CITY = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": CITY,
+}
+NAMED = {"type": "function", "name": "get_weather"}
+CITY_FORMAT = {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smol_folder) -> Iterator[ThreadedServer]:
+    tokenizer = AutoTokenizer.from_pretrained(smol_folder)
+    tokenizer.chat_template = TEMPLATE
+    folder = build_tiny_model(tmp_path_factory.mktemp("responses"), "qwen2", tokenizer)
+    config = ServerConfig(
+        served_model_names=[MODEL],
+        model_root=MODEL,
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+        reasoning_parser="qwen3",
+    )
+    with served_model(
+        str(folder), config, 1, max_model_len=1024, kv_cache_memory=16 << 20
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai_client(server)
+
+
+def rendered_length(server: ThreadedServer, messages: list[dict], **fields) -> int:
+    """How many tokens the equivalent chat request's prompt has (the render endpoint)."""
+    body = {"model": MODEL, "messages": messages, **fields}
+    reply = httpx.post(f"{server.url}/v1/chat/completions/render", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return len(reply.json()["token_ids"])
+
+
+def test_a_plain_response(client, server):
+    response = client.responses.create(
+        model=MODEL, input="Say hello", instructions="Be brief.", max_output_tokens=6
+    )
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status in ("completed", "incomplete")
+    (message,) = response.output
+    assert message.type == "message" and message.role == "assistant"
+    assert response.output_text == message.content[0].text
+    usage = response.usage
+    assert 1 <= usage.output_tokens <= 6
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    asked = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
+    assert usage.input_tokens == rendered_length(server, asked)
+    if response.status == "incomplete":
+        assert response.incomplete_details.reason == "max_output_tokens"
+
+
+def stream_events(client, **fields) -> list:
+    return list(client.responses.create(model=MODEL, stream=True, **fields))
+
+
+def test_a_streamed_response_arrives_in_order_and_reassembles(client):
+    events = stream_events(client, input="Which city?", text=CITY_FORMAT, max_output_tokens=40)
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    kinds = [event.type for event in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    final = events[-1].response
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert text == final.output_text == events[-4].text
+    jsonschema.validate(json.loads(text), CITY)
+    assert final.status == "completed" and final.usage.output_tokens > 0
+
+
+def test_the_sdk_stream_helper_assembles_the_final_response(client):
+    with client.responses.stream(model=MODEL, input="Which city?", text=CITY_FORMAT) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text
+    jsonschema.validate(json.loads(final.output_text), CITY)
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "json_object"])
+def test_text_format_constrains_the_output(client, kind):
+    text = CITY_FORMAT if kind == "json_schema" else {"format": {"type": "json_object"}}
+    response = client.responses.create(
+        model=MODEL, input="Which city? Answer in JSON.", text=text, max_output_tokens=60
+    )
+    if kind == "json_schema":
+        assert response.status == "completed"
+        jsonschema.validate(json.loads(response.output_text), CITY)
+    elif response.status == "completed":  # free JSON may still be cut by the limit
+        assert isinstance(json.loads(response.output_text), dict)
+    assert response.text.format.type == kind
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED])
+def test_a_function_tool_is_called_with_valid_arguments(client, tool_choice):
+    response = client.responses.create(
+        model=MODEL,
+        input="Weather in Paris?",
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        max_output_tokens=80,
+        parallel_tool_calls=False,
+    )
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) == 1 and response.status == "completed"
+    (call,) = calls
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), CITY)
+
+
+def test_a_streamed_function_call_assembles(client):
+    events = stream_events(client, input="Weather?", tools=[WEATHER], tool_choice=NAMED)
+    kinds = [event.type for event in events]
+    assert kinds[2] == "response.output_item.added" and events[2].item.type == "function_call"
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    (call,) = events[-1].response.output
+    assert "".join(deltas) == events[-3].arguments == call.arguments
+    jsonschema.validate(json.loads(call.arguments), CITY)
+    with client.responses.stream(
+        model=MODEL, input="Weather?", tools=[WEATHER], tool_choice=NAMED
+    ) as stream:
+        (call,) = stream.get_final_response().output
+    jsonschema.validate(json.loads(call.arguments), CITY)
+
+
+def test_a_function_call_output_round_trip(client, server):
+    first = client.responses.create(
+        model=MODEL, input="Weather in Paris?", tools=[WEATHER], tool_choice=NAMED
+    )
+    (call,) = first.output
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[result],
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=5,
+    )
+    assert second.output[0].type == "message"
+    turns = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 21 C"},
+    ]
+    assert second.usage.input_tokens == rendered_length(server, turns)
+
+
+def test_the_same_round_trip_with_the_items_sent_back(client, server):
+    first = client.responses.create(
+        model=MODEL,
+        input="Weather in Oslo?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    results = [
+        {"type": "function_call_output", "call_id": c.call_id, "output": "Rain"} for c in calls
+    ]
+    items = [{"role": "user", "content": "Weather in Oslo?"}, *[c.model_dump() for c in calls]]
+    second = client.responses.create(
+        model=MODEL, input=items + results, tools=[WEATHER], tool_choice=NAMED, store=False
+    )
+    assert second.output[0].type == "function_call"
+
+
+def test_previous_response_id_continues_the_conversation(client, server):
+    first = client.responses.create(
+        model=MODEL, input="Hello there", instructions="Be brief.", max_output_tokens=5
+    )
+    second = client.responses.create(
+        model=MODEL, input="And again", previous_response_id=first.id, max_output_tokens=5
+    )
+    assert second.previous_response_id == first.id
+    turns = [  # the first request's instructions are not carried over (as OpenAI)
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And again"},
+    ]
+    assert second.usage.input_tokens == rendered_length(server, turns)
+    assert second.usage.input_tokens > first.usage.input_tokens
+    # The same conversation sent back as items (the SDK's output objects) runs the same.
+    items = [turns[0], *[item.model_dump() for item in first.output], turns[2]]
+    third = client.responses.create(model=MODEL, input=items, max_output_tokens=5)
+    assert third.usage.input_tokens == second.usage.input_tokens
+
+
+def test_auto_tool_choice_reads_calls_out_of_free_text(client):
+    response = client.responses.create(
+        model=MODEL, input="Weather?", tools=[WEATHER], max_output_tokens=8
+    )
+    assert response.tool_choice == "auto" and response.output
+    assert {item.type for item in response.output} <= {"message", "function_call"}
+
+
+def test_reasoning_becomes_a_reasoning_item(client):
+    response = client.responses.create(
+        model=MODEL, input="Think first", reasoning={"effort": "low"}, max_output_tokens=8
+    )
+    reasoning = response.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content[0].type == "reasoning_text"
+    assert reasoning.content[0].text
+    assert 0 < response.usage.output_tokens_details.reasoning_tokens <= 8
+
+
+def test_streamed_reasoning_events(client):
+    events = stream_events(client, input="Think", reasoning={"effort": "low"}, max_output_tokens=8)
+    kinds = [event.type for event in events]
+    assert events[2].item.type == "reasoning" and "response.reasoning_text.delta" in kinds
+    assert kinds[-1] == "response.incomplete" or kinds[-1] == "response.completed"
+    final = events[-1].response
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert final.output[0].content[0].text == deltas
+
+
+def test_retrieve_and_delete(client):
+    created = client.responses.create(model=MODEL, input="Keep me", max_output_tokens=3)
+    fetched = client.responses.retrieve(created.id)
+    assert fetched.id == created.id and fetched.output_text == created.output_text
+    client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(created.id)
+
+
+def test_store_false_is_not_kept(client):
+    created = client.responses.create(
+        model=MODEL, input="Forget me", max_output_tokens=3, store=False
+    )
+    assert created.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(model=MODEL, input="Hi", previous_response_id=created.id)
+    assert error.value.body["param"] == "previous_response_id"
+
+
+def test_cancel_is_only_for_background_responses(server, client):
+    created = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    reply = httpx.post(f"{server.url}/v1/responses/{created.id}/cancel", timeout=30)
+    assert reply.status_code == 400
+    missing = httpx.post(f"{server.url}/v1/responses/resp_nope/cancel", timeout=30)
+    assert missing.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search"),
+        (
+            {"tools": [WEATHER, {"type": "file_search", "vector_store_ids": ["v"]}]},
+            "tools[1].type",
+            "file_search",
+        ),
+        (
+            {"input": [{"type": "image_generation_call", "id": "x"}]},
+            "input[0].type",
+            "image_generation_call",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            "input[0].content[0].type",
+            "input_image",
+        ),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", "robot"),
+        ({"input": []}, "input", "at least one"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal"),
+        ({"temperature": 3}, "temperature", "less than or equal"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "yaml"),
+        ({"text": {"format": {"type": "json_schema", "schema": CITY}}}, "text.format.name", "name"),
+        (
+            {"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
+            "tool_choice",
+            "nope",
+        ),
+        ({"tool_choice": {"type": "file_search"}, "tools": [WEATHER]}, "tool_choice", ""),
+        ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools[0].name", ""),
+        ({"background": True}, "background", "background"),
+        ({"extra_body": {"surprise": 1}}, "surprise", "not permitted"),
+        ({"previous_response_id": "resp_unknown"}, "previous_response_id", "not found"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(client, fields, param, words):
+    body = {"model": MODEL, "input": "Hi", **fields}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(**body)
+    assert error.value.body["param"] == param
+    assert words in error.value.body["message"]
+
+
+def test_the_store_forgets_the_least_recently_used_past_its_bound(monkeypatch):
+    from octavo.entrypoints.openai.responses_api.objects import ResponseObject
+    from octavo.entrypoints.openai.responses_api.store import (
+        DEFAULT_STORE_SIZE,
+        STORE_SIZE_ENV,
+        ResponseStore,
+        StoredResponse,
+    )
+
+    def entry() -> StoredResponse:
+        return StoredResponse(ResponseObject(status="completed", model=MODEL), [])
+
+    store = ResponseStore(capacity=2)
+    first, second, third = entry(), entry(), entry()
+    store.put(first)
+    store.put(second)
+    assert store.get(first.response.id) is first  # now the most recently used
+    store.put(third)
+    assert store.get(second.response.id) is None and len(store) == 2
+    assert store.get(first.response.id) is first and store.get(third.response.id) is third
+    monkeypatch.setenv(STORE_SIZE_ENV, "3")
+    assert ResponseStore().capacity == 3
+    monkeypatch.delenv(STORE_SIZE_ENV)
+    assert ResponseStore().capacity == DEFAULT_STORE_SIZE
+    monkeypatch.setenv(STORE_SIZE_ENV, "0")
+    with pytest.raises(ValueError, match=STORE_SIZE_ENV):
+        ResponseStore()
