@@ -18,6 +18,7 @@ from typing import Any
 from octavo.arg_types import one_of, parse_bool, parse_size, positive_float, positive_int
 from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
+from octavo.pooling.runner import RUNNERS, TASKS, parse_pooler_config
 from octavo.spec_decode.config import SpeculativeConfig
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3  # bytes of KV cache on CPU when none is given
@@ -207,6 +208,28 @@ class EngineArgs:
         positive_int,
     )
 
+    runner: str = engine_arg(
+        "auto",
+        "generate (text; such a model also answers embedding requests from its final hidden "
+        "states), pooling (embeddings only: no LM head, generation refused) or auto "
+        "(pooling for a sentence-transformers folder or a *Model architecture, else generate)",
+        one_of(RUNNERS),
+        choices=RUNNERS,
+    )
+    task: str | None = engine_arg(
+        None,
+        "vLLM's older spelling of --runner: embed (= pooling), generate or auto",
+        one_of(tuple(TASKS)),
+        choices=tuple(TASKS),
+    )
+    pooler_config: dict | None = engine_arg(  # noqa: RUF009
+        None,
+        'pooling defaults as JSON in vLLM\'s spelling: {"pooling_type": "LAST"|"MEAN"|"CLS", '
+        '"normalize": true|false} (default: the model\'s sentence-transformers config, else '
+        "last token, normalised)",
+        _flag_type(parse_pooler_config),
+    )
+
     kv_events_config: KVEventsConfig | None = engine_arg(  # noqa: RUF009
         None,
         "publish KV cache events (blocks stored, removed, all cleared) for KV-aware routers "
@@ -241,6 +264,8 @@ class EngineArgs:
         ):  # LLM(speculative_config={...})
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._fold_legacy_speculative_flags()
+        if self.pooler_config is not None:  # LLM(pooler_config={...})
+            self.pooler_config = parse_pooler_config(self.pooler_config)
         if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's
             self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
         if self.lora_modules:
@@ -322,6 +347,11 @@ class EngineArgs:
         _require(
             self.max_model_len is None or self.max_model_len >= 1,
             "max_model_len must be >= 1",
+        )
+        _require(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        _require(
+            self.task is None or self.task in TASKS,
+            f"task must be one of {tuple(TASKS)}, got {self.task!r}",
         )
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.pipeline_parallel_size >= 1, "pipeline_parallel_size must be >= 1")

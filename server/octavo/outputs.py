@@ -40,6 +40,7 @@ class ModelRunnerOutput:
     # seq_id -> (position of the first entry, one entry per prompt position scored)
     prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    pooled: dict[int, list[float]] = field(default_factory=dict)  # pooling sequences done
 
     def extend(self, other: ModelRunnerOutput) -> None:
         self.seq_ids += other.seq_ids
@@ -47,6 +48,7 @@ class ModelRunnerOutput:
         self.logprobs += other.logprobs
         self.prompt_logprobs.update(other.prompt_logprobs)
         self.draft_token_ids.update(other.draft_token_ids)
+        self.pooled.update(other.pooled)
 
 
 @dataclass
@@ -72,3 +74,25 @@ class RequestOutput:
     num_prompt_tokens: int = 0  # also when ``prompt_token_ids`` is left out of a delta
     # with ``prompt_logprobs``: None for the first prompt token, then one entry per token
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    pooled: list[float] | None = None  # a pooling request's vector (embedding), when finished
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What ``LLM.embed`` returns per prompt (vLLM's shape: ``outputs.embedding``)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+
+    @classmethod
+    def of(cls, output: RequestOutput) -> EmbeddingRequestOutput:
+        if output.pooled is None:
+            raise ValueError(f"request {output.request_id} produced no embedding")
+        return cls(output.request_id, output.prompt_token_ids, EmbeddingOutput(output.pooled))

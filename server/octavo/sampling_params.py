@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from octavo.pooling.params import PoolingParams
 from octavo.structured_output.params import StructuredOutputsParams
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are treated as 0 (greedy decoding)
@@ -55,6 +56,26 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, ...
+    # Set only by ``for_pooling``: the request returns one vector, no tokens.
+    pooling: PoolingParams | None = None
+
+    @classmethod
+    def for_pooling(cls, pooling: PoolingParams) -> SamplingParams:
+        """How the engine carries a pooling request: its prompt is computed, its final
+        hidden states pooled, and nothing is sampled (``pooling`` must be resolved)."""
+        if not pooling.is_resolved:
+            raise ValueError("pooling params must be resolved against the model's defaults")
+        return cls(
+            max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY, pooling=pooling
+        )
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Every prompt position must run (prompt logprobs, mean/CLS pooling): the prefix
+        cache is not read for it."""
+        if self.prompt_logprobs is not None:
+            return True
+        return self.pooling is not None and self.pooling.pooling_type.needs_every_token
 
     def __post_init__(self) -> None:
         self._normalise_stops()

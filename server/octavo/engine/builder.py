@@ -20,7 +20,10 @@ from octavo.lora.config import LoRAConfig
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.models.registry import is_pooling_architecture
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
+from octavo.pooling.model_defaults import read_pooler_config
+from octavo.pooling.runner import RunnerSettings, resolve_runner
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.stop_checker import StopLimits
 from octavo.spec_decode.draft_checks import resolve_draft
@@ -41,12 +44,15 @@ class EngineParts:
     dtype: torch.dtype
     model_name: str
     folder: Path  # the model's files (structured output compiles against its tokenizer)
+    runner: RunnerSettings  # generate or pooling, and the model's pooling defaults
 
 
 def build_engine_parts(args: EngineArgs) -> EngineParts:
     folder = resolve_model_folder(args.model, args.revision)
     config = ModelConfig.from_folder(folder)
     config.enable_expert_parallel = args.enable_expert_parallel
+    runner = runner_settings(args, folder, config)
+    config.pooling_only = not runner.generates
     quantization = resolve_quantization(folder, args.quantization)
     device = select_device(args.device)
     dtype = select_dtype(args.dtype, device)
@@ -86,8 +92,21 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
         config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
-        folder,
+        folder, runner,
     )  # fmt: skip
+
+
+def runner_settings(args: EngineArgs, folder: Path, config: ModelConfig) -> RunnerSettings:
+    """``--runner`` (or ``--task``) resolved for this model, with its pooling defaults."""
+    pooling_architecture = is_pooling_architecture(config.architecture)
+    kind = resolve_runner(args.runner, args.task, folder, pooling_architecture)
+    if kind == "generate" and pooling_architecture:
+        raise ValueError(
+            f"{config.architecture} checkpoints have no LM head: serve them with --runner pooling"
+        )
+    pooler = read_pooler_config(folder, config.hidden_size, args.pooler_config)
+    logger.info("runner: %s (pooling: %s)", kind, pooler)
+    return RunnerSettings(kind, pooler)
 
 
 def lora_config(args: EngineArgs) -> LoRAConfig | None:

@@ -47,6 +47,7 @@ class EngineInfo:
     max_loras: int = 0
     startup_adapters: StartupAdapters = field(default_factory=StartupAdapters)  # --lora-modules
     kv_cache: KVCacheFacts | None = None  # None without an engine (``octavo launch render``)
+    runner: Any = None  # RunnerSettings: generate or pooling, pooling defaults (None: render)
 
     @property
     def max_prompt_chars(self) -> int:
@@ -78,6 +79,7 @@ def read_engine_info(engine: Any) -> EngineInfo:
         max_loras=engine.args.max_loras,
         startup_adapters=engine.startup_adapters,
         kv_cache=kv_cache,
+        runner=engine.parts.runner,
     )
 
 

@@ -26,6 +26,7 @@ from octavo.kv_events.events import KVEventBatch
 from octavo.kv_events.publisher import start_publisher
 from octavo.lora_request import LoRARequest
 from octavo.outputs import ModelRunnerOutput, RequestOutput
+from octavo.pooling.params import PoolingParams
 from octavo.sampling_params import SamplingParams
 from octavo.scheduler.output import SchedulerOutput
 from octavo.scheduler.scheduler import SequenceUpdate
@@ -68,14 +69,17 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
     ) -> None:
+        """Queue a request: ``SamplingParams`` generate, ``PoolingParams`` (or sampling
+        params made by ``SamplingParams.for_pooling``) return one vector of the prompt."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        params = self.parts.runner.check_params(params)
         token_ids = self._tokenize(prompt)
-        self._validate_prompt(token_ids)
+        self._validate_prompt(token_ids, params.pooling is not None)
         self._validate_params(params)
         self._check_adapter(lora_request)
         text = prompt if isinstance(prompt, str) else None
@@ -95,9 +99,13 @@ class LLMEngine:
             raise ValueError("prompt must not be empty")
         return list(prompt)
 
-    def _validate_prompt(self, token_ids: list[int]) -> None:
+    def _validate_prompt(self, token_ids: list[int], pooling: bool = False) -> None:
         check_prompt_token_ids(token_ids, self.prompt_token_limit)
-        if len(token_ids) >= self.max_model_len:
+        if pooling and len(token_ids) > self.max_model_len:
+            raise ValueError(
+                f"input has {len(token_ids)} tokens but max_model_len is {self.max_model_len}"
+            )
+        if not pooling and len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}, "
                 "leaving no room to generate"
@@ -182,8 +190,9 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         now = time.monotonic()
         scheduled, result = self._execute(scheduled)
+        pooled = self._record_pooled(result)
         updates = self.scheduler.update_from_output(scheduled, result, now)
-        touched = self._record_all(updates)
+        touched = pooled + self._record_all(updates)
         if self.args.speculative_config is not None:
             self.spec_log.maybe_log(self.scheduler.spec_counters)
         self._publish_kv_events()
@@ -246,6 +255,20 @@ class LLMEngine:
                 continue
             touched[request.request_id] = request
         return list(touched.values())
+
+    def _record_pooled(self, result: ModelRunnerOutput) -> list[Request]:
+        """Each pooling request's vector (read before the scheduler drops its sequence)."""
+        done = []
+        for seq_id, vector in result.pooled.items():
+            seq = self.scheduler.seqs.get(seq_id)
+            request = None if seq is None else self.requests.get(seq.request_id)
+            if request is None:
+                continue
+            request.pooled = vector
+            seq.first_token_time = seq.last_token_time = time.monotonic()
+            self.prompt_tokens_total += seq.num_prompt_tokens
+            done.append(request)
+        return done
 
     def _record(self, request: Request, update: SequenceUpdate) -> None:
         seq, now = update.seq, time.monotonic()

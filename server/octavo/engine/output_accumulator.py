@@ -96,4 +96,5 @@ class OutputAccumulator:
             error=last.error,
             num_prompt_tokens=last.num_prompt_tokens,
             prompt_logprobs=last.prompt_logprobs,
+            pooled=last.pooled,
         )

@@ -43,6 +43,7 @@ class Request:
     finished_time: float | None = None
     prompt_reported: bool = False
     lora_request: LoRARequest | None = None  # the adapter its completions run with
+    pooled: list[float] | None = None  # a pooling request's vector, once computed
 
     @property
     def finished(self) -> bool:
@@ -71,6 +72,7 @@ class Request:
             metrics=self._metrics(),
             num_prompt_tokens=len(self.prompt_token_ids),
             prompt_logprobs=self._prompt_logprobs(),
+            pooled=self.pooled,
         )
         self.prompt_reported = True
         return output

@@ -15,7 +15,8 @@ from octavo.inputs.data import PromptType, parse_prompts
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.loader import sampling_defaults
 from octavo.model_executor.model_config import generation_defaults
-from octavo.outputs import RequestOutput
+from octavo.outputs import EmbeddingRequestOutput, RequestOutput
+from octavo.pooling.params import PoolingParams
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 # Offline, no stream waits for a step: bigger steps are a few % more throughput on CPU
@@ -67,17 +68,46 @@ class LLM:
             sampling_params = self.get_default_sampling_params()
         params_list = _as_params_list(sampling_params, len(prompt_list))
         adapters = _as_adapter_list(lora_request, len(prompt_list))
-        request_ids = [f"offline-{next(self._ids)}" for _ in prompt_list]
         for params in params_list:
             params.check_max_logprobs(self.engine.args.max_logprobs)
             self.engine.check_constraint(params)  # a bad schema fails before anything runs
+        final = [replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params_list]
+        return self._run_requests(prompt_list, final, adapters, use_tqdm, "generating")
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (``outputs.embedding``), pooled as ``pooling_params``
+        say (default: the model's sentence-transformers settings, else its last token,
+        normalised). Prompts are batched and share the prefix cache as in ``generate``."""
+        prompt_list = parse_prompts(prompts)
+        params = [self.engine.parts.runner.check_params(pooling_params or PoolingParams())] * len(
+            prompt_list
+        )
+        adapters = _as_adapter_list(lora_request, len(prompt_list))
+        outputs = self._run_requests(prompt_list, params, adapters, use_tqdm, "embedding")
+        return [EmbeddingRequestOutput.of(output) for output in outputs]
+
+    def _run_requests(
+        self,
+        prompt_list: list,
+        params_list: list[SamplingParams],
+        adapters: list[LoRARequest | None],
+        use_tqdm: bool,
+        what: str,
+    ) -> list[RequestOutput]:
+        """Queue every prompt, step until all are done; on any error abort them all."""
+        request_ids = [f"offline-{next(self._ids)}" for _ in prompt_list]
         try:
             for request_id, prompt, params, adapter in zip(
                 request_ids, prompt_list, params_list, adapters, strict=True
             ):
-                final_only = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-                self.engine.add_request(request_id, prompt, final_only, lora_request=adapter)
-            finished = self._run(len(prompt_list), use_tqdm)
+                self.engine.add_request(request_id, prompt, params, lora_request=adapter)
+            finished = self._run(len(prompt_list), use_tqdm, what)
         except BaseException:
             for request_id in request_ids:
                 self.engine.abort_request(request_id)
@@ -123,9 +153,9 @@ class LLM:
             output.prompt = prompt.text
         return outputs
 
-    def _run(self, total: int, use_tqdm: bool) -> dict[str, RequestOutput]:
+    def _run(self, total: int, use_tqdm: bool, what: str) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        with tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm) as bar:
+        with tqdm(total=total, desc=what, unit="req", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
                     if output.finished:

@@ -40,6 +40,8 @@ class ModelConfig:
     # not from config.json: the engine's --enable-expert-parallel (MoE experts placed whole
     # per tensor rank instead of each split over every rank)
     enable_expert_parallel: bool = False
+    # not from config.json: the engine's --runner pooling (no LM head is built)
+    pooling_only: bool = False
     hf: Any = field(default=None, repr=False, compare=False)  # transformers' config object
 
     @classmethod
@@ -157,7 +159,8 @@ def _layer_types(hf, config: ModelConfig) -> tuple[str, ...]:
 
 
 def _attention_bias(architecture: str, raw: dict) -> bool:
-    return architecture == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False))
+    qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2Model")  # biased Q/K/V, no flag
+    return qwen2 or bool(raw.get("attention_bias", False))
 
 
 def _sliding_window(raw: dict) -> int | None:

@@ -33,10 +33,13 @@ from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.layers.lora import LoRABatch, LoRAState
 from octavo.model_executor.micro_batches import split_micro_batches
+from octavo.model_executor.models.causal_lm import StepResult
 from octavo.model_executor.paged_model import PagedModel
+from octavo.model_executor.pooling_rows import Partial, PoolingAccumulator, plan_pooling
 from octavo.model_executor.proposer import Proposer
 from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
 from octavo.outputs import ModelRunnerOutput
+from octavo.pooling.params import PoolingParams
 from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from octavo.sampling.random_draws import generator_for
 from octavo.sampling.sampler import Sampler, SamplingRow
@@ -121,6 +124,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.states: dict[int, SequenceState] = {}
         self.scoring: dict[int, tuple[list[int], int]] = {}  # prompt_logprobs: (prompt, top)
+        self.pooling_of: dict[int, PoolingParams] = {}  # every rank: pooling sequences
+        self.pooling = PoolingAccumulator()  # the driver's partial pooled states
+        self._pending_pool: dict[int, Partial] = {}
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -129,11 +135,12 @@ class ModelRunner:
         copy_blocks(self.kv_caches, step.block_copies)
         if step.is_empty:
             return ModelRunnerOutput()
+        self._pending_pool = {}
         if self.stage.size > 1:
             output = self._execute_pipelined(step)
         else:
             inputs = self.prepare(step.scheduled, len(step.prefills))
-            output = self._sample(self._forward(inputs), inputs)
+            output = self._outputs(self._forward(inputs), inputs)
         self._remember(output)
         output.draft_token_ids = self._propose(step, output)
         return output
@@ -141,7 +148,16 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         if self.loras is not None:
             self.loras.state.batch = inputs.lora
-        return self.paged.forward(inputs, intermediate)
+        return self.paged.run(inputs, intermediate)
+
+    def _outputs(self, result: StepResult, inputs: StepInputs) -> ModelRunnerOutput:
+        """Sampled tokens, and the vectors of the pooling sequences this step finished."""
+        output = self._sample(result.logits, inputs)
+        if self.is_driver and inputs.pooling:
+            vectors, pending = self.pooling.step(result.pooled_hidden, inputs.pooling)
+            output.pooled = vectors
+            self._pending_pool.update(pending)
+        return output
 
     def _execute_pipelined(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Each micro-batch: take the previous stage's activations, run this stage's layers,
@@ -160,7 +176,7 @@ class ModelRunner:
             if isinstance(result, IntermediateTensors):
                 sends += send_to_next_stage(result, self.stage, index)
             else:
-                output.extend(self._sample(result, inputs))
+                output.extend(self._outputs(result, inputs))
         for work in sends:
             work.wait()
         return output
@@ -171,10 +187,14 @@ class ModelRunner:
         for seq_id in step.finished_seq_ids:  # every rank: the LM head's rows must agree
             self.scoring.pop(seq_id, None)
             self.lora_of.pop(seq_id, None)
+            self.pooling_of.pop(seq_id, None)
+        self.pooling.forget(step.finished_seq_ids + step.preempted_seq_ids)
         for data in step.new_sequences:
             if data.lora_request is not None:
                 self.lora_of[data.seq_id] = data.lora_request
         for data in step.new_sequences:
+            if data.params.pooling is not None:
+                self.pooling_of[data.seq_id] = data.params.pooling
             if data.params.prompt_logprobs is not None:
                 self.scoring[data.seq_id] = (
                     list(data.prompt_token_ids),
@@ -259,6 +279,7 @@ class ModelRunner:
     def _remember(self, output: ModelRunnerOutput) -> None:
         """Add the sampled tokens to the histories (and grammars), once the whole step has
         succeeded."""
+        self.pooling.commit(self._pending_pool, list(output.pooled))
         for seq_id, token in zip(output.seq_ids, output.sampled_token_ids, strict=True):
             row = self.states[seq_id].row
             row.output_token_ids.append(token)
@@ -266,10 +287,13 @@ class ModelRunner:
                 row.grammar.accept(token)
 
     def prepare(self, scheduled: list[ScheduledSequence], num_prefills: int) -> StepInputs:
-        layout = lay_out(scheduled, self.block_size)
+        layout = lay_out(scheduled, self.block_size, set(self.pooling_of))
         scored = self._prompt_scoring(scheduled, layout)
         inputs = step_inputs(layout, num_prefills, self.device, scored)
         inputs.lora = self._lora_batch(scheduled, layout)
+        if self.is_driver and self.pooling_of:
+            inputs.pooling, rows = plan_pooling(scheduled, layout.seq_starts, self.pooling_of)
+            inputs.pooled_indices = torch.tensor(rows, dtype=torch.long, device=self.device)
         return inputs
 
     def _lora_batch(self, scheduled, layout: StepLayout) -> LoRABatch | None:

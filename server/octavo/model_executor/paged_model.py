@@ -31,3 +31,17 @@ class PagedModel:
         pipeline stage)."""
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
                           self.attention, inputs.logits_indices, intermediate)  # fmt: skip
+
+    def run(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
+        """``forward``'s logits with the pooled rows' final hidden states (``StepResult``),
+        or the activations for the next pipeline stage."""
+        return self.model.run(
+            inputs.input_ids,
+            inputs.positions,
+            self.kv_caches,
+            inputs.meta,
+            self.attention,
+            inputs.logits_indices,
+            inputs.pooled_indices,
+            intermediate,
+        )

@@ -28,6 +28,8 @@ class StepInputs:
     sampled: list[ScheduledSequence]  # each samples 1 + num_spec_tokens logits rows
     scored: list = field(default_factory=list)  # PromptScoring of prompt_logprobs requests
     lora: LoRABatch | None = None  # the rows of each adapter slot
+    pooling: list = field(default_factory=list)  # PoolingChunk of each pooling sequence
+    pooled_indices: torch.Tensor | None = None  # the rows whose final hidden states they read
 
 
 @dataclass
@@ -45,7 +47,10 @@ class StepLayout:
     seq_starts: list[int] = field(default_factory=list)  # each sequence's first token
 
 
-def lay_out(scheduled: list[ScheduledSequence], block_size: int) -> StepLayout:
+def lay_out(
+    scheduled: list[ScheduledSequence], block_size: int, pooling: set[int] = frozenset()
+) -> StepLayout:
+    """``pooling``: ids of pooling sequences, which reach their last token unsampled."""
     layout = StepLayout()
     for seq in scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
@@ -59,7 +64,7 @@ def lay_out(scheduled: list[ScheduledSequence], block_size: int) -> StepLayout:
             layout.starts.append(first + seq_len - start)
             layout.tables.append(seq.block_ids)
             layout.seq_lens.append(seq_len)
-        if seq.sample:
+        if seq.sample and seq.seq_id not in pooling:
             num_rows = 1 + seq.num_spec_tokens
             layout.logits_rows.extend(range(first + seq.num_new_tokens - num_rows,
                                             first + seq.num_new_tokens))  # fmt: skip

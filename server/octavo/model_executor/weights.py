@@ -173,10 +173,10 @@ def expected_keys(model: CausalLM) -> set[str]:
     keys = set()
     if model.embed_tokens is not None:
         keys.add("embed_tokens.weight")
-    if model.lm_head is not None:
+    if model.norm is not None:  # the last stage
         keys.add("norm.weight")
-        if _lm_head_separate(model):
-            keys.add("lm_head.weight")
+    if _lm_head_separate(model):
+        keys.add("lm_head.weight")
     for index, layer in enumerate(model.layers, start=model.first_layer):
         keys.update(f"layers.{index}.{key}" for key in _layer_keys(layer))
     return keys

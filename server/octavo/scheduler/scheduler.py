@@ -228,7 +228,7 @@ class Scheduler:
                 break  # first come, first served: it waits until its completions fit
             if not self._adapter_fits(seq, adapters):
                 break
-            scored = seq.params.prompt_logprobs is not None  # every prompt token is computed
+            scored = seq.params.computes_whole_prompt  # every prompt token is computed
             hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.cache_salt)
             num_cached = len(hits) * self.kv.block_size
             if not (self.chunked_prefill or scored) and seq.num_tokens - num_cached > budget:
@@ -300,6 +300,7 @@ class Scheduler:
             seq = self.seqs[seq_id]  # entries recomputed after a preemption are dropped
             seq.prompt_logprobs.extend(entries[max(0, len(seq.prompt_logprobs) - first) :])
         updates = self._append_tokens(result)
+        self._finish_pooled(result)
         self._after_verification(out, result)
         for seq_id, proposal in result.draft_token_ids.items():
             seq = self.seqs.get(seq_id)
@@ -326,6 +327,15 @@ class Scheduler:
                 self.finish(seq)
             updates.append(SequenceUpdate(seq, token, logprob, seq.num_tokens))
         return updates
+
+    def _finish_pooled(self, result: ModelRunnerOutput) -> None:
+        """A pooling sequence ends once its whole prompt was computed and pooled (its
+        blocks stay in the prefix cache as any finished prompt's)."""
+        for seq_id in result.pooled:
+            seq = self.seqs.get(seq_id)
+            if seq is not None:
+                seq.finish_reason = "stop"
+                self.finish(seq)
 
     def _after_verification(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
         """Count each verification and register the blocks its kept proposals filled."""

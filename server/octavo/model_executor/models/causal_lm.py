@@ -14,6 +14,7 @@ last returns its own instead of logits.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -68,6 +69,7 @@ class CausalLM(nn.Module):
         )
         if self.stage.is_last:
             self.norm = make_norm(self.norm_kind, config.hidden_size, config.rms_norm_eps)
+        if self.stage.is_last and not config.pooling_only:  # a pooling model has no LM head
             self.lm_head = ParallelLMHead(
                 config.vocab_size, config.hidden_size, lm_head_method_for(quantization)
             )
@@ -152,6 +154,24 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor | IntermediateTensors | None:
         """Logits of the ``logits_indices`` rows (last stage; ``None`` on tensor ranks other
         than 0, which do not sample), else this stage's ``IntermediateTensors``."""
+        result = self.run(
+            input_ids, positions, kv_caches, meta, attention, logits_indices, None, intermediate
+        )
+        return result if isinstance(result, IntermediateTensors) else result.logits
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        attention: AttentionBackend,
+        logits_indices: torch.Tensor,
+        pooled_indices: torch.Tensor | None = None,
+        intermediate: IntermediateTensors | None = None,
+    ) -> StepResult | IntermediateTensors:
+        """``forward``, and on the last stage also the final (normed) hidden states of the
+        ``pooled_indices`` rows: what pooling requests are made of."""
         assert self.rotary, "set_rotary before running the model"
         ropes = {name: table.for_step(positions) for name, table in self.rotary.items()}
         if intermediate is None:
@@ -161,8 +181,27 @@ class CausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             rope = ropes.get(layer.spec.attention.rope)
             hidden, residual = layer(hidden, residual, rope, kv_cache, meta, attention)
-        if self.lm_head is None:
+        if not self.stage.is_last:
             return IntermediateTensors(hidden, residual)
-        hidden, _ = self.norm(hidden[logits_indices], residual[logits_indices])
-        logits = self.lm_head(hidden)
-        return None if logits is None else self.scale_logits(logits.float())
+        return self._final(hidden, residual, logits_indices, pooled_indices)
+
+    def _final(self, hidden, residual, logits_indices, pooled_indices) -> StepResult:
+        rows = logits_indices
+        if pooled_indices is not None:
+            rows = torch.cat([logits_indices, pooled_indices])
+        normed, _ = self.norm(hidden[rows], residual[rows])
+        num_logits = logits_indices.numel()
+        pooled = None if pooled_indices is None else normed[num_logits:]
+        if self.lm_head is None:
+            return StepResult(None, pooled)
+        logits = self.lm_head(normed[:num_logits])
+        return StepResult(None if logits is None else self.scale_logits(logits.float()), pooled)
+
+
+@dataclass
+class StepResult:
+    """The last stage's output: logits of the sampled rows (None on tensor ranks other
+    than 0, and on a pooling model) and final hidden states of the pooled rows."""
+
+    logits: torch.Tensor | None
+    pooled_hidden: torch.Tensor | None = None

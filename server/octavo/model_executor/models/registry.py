@@ -30,15 +30,29 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
 }
+# Checkpoints saved from the bare decoder (no LM head): embedding models such as
+# e5-mistral (MistralModel) or gte-Qwen2 (Qwen2Model). Same class; served for pooling.
+POOLING_ARCHITECTURES: dict[str, str] = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+    "Gemma2Model": "Gemma2ForCausalLM",
+    "Gemma3TextModel": "Gemma3ForCausalLM",
+}
 
 
 def supported_architectures() -> list[str]:
-    return sorted(ARCHITECTURES)
+    return sorted([*ARCHITECTURES, *POOLING_ARCHITECTURES])
+
+
+def is_pooling_architecture(architecture: str) -> bool:
+    return architecture in POOLING_ARCHITECTURES
 
 
 def check_architecture(architecture: str) -> str:
     """``architecture`` itself, or one clear line naming the supported ones."""
-    if architecture not in ARCHITECTURES:
+    if architecture not in ARCHITECTURES and architecture not in POOLING_ARCHITECTURES:
         raise ValueError(
             f"unsupported architecture {architecture!r}; Octavo runs "
             f"{', '.join(supported_architectures())}"
@@ -47,6 +61,7 @@ def check_architecture(architecture: str) -> str:
 
 
 def model_class(architecture: str) -> type[CausalLM]:
-    module_name, class_name = ARCHITECTURES[check_architecture(architecture)]
+    architecture = check_architecture(architecture)
+    module_name, class_name = ARCHITECTURES[POOLING_ARCHITECTURES.get(architecture, architecture)]
     module = importlib.import_module(f"octavo.model_executor.models.{module_name}")
     return getattr(module, class_name)

@@ -1,0 +1,1 @@
+"""POST /v1/embeddings: one pooling request per input, answered together."""

@@ -1,0 +1,102 @@
+"""A model's pooling defaults, read as sentence-transformers reads them.
+
+A sentence-transformers folder has ``modules.json`` (Transformer → Pooling → Normalize);
+the Pooling module's ``config.json`` names its mode (``pooling_mode_lasttoken``,
+``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``, or newer ``pooling_mode``).
+A folder without it pools the last token and normalises (vLLM's default for decoders).
+``--pooler-config`` overrides either. Matryoshka sizes come from ``config.json``
+(``is_matryoshka``, ``matryoshka_dimensions``), as vLLM reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from octavo.pooling.params import PoolerConfig, PoolingType
+
+MODULES_FILE = "modules.json"
+ST_PREFIX = "sentence_transformers.models."
+_MODES = {  # the Pooling module's flag -> our pooling type
+    "pooling_mode_lasttoken": PoolingType.LAST,
+    "pooling_mode_mean_tokens": PoolingType.MEAN,
+    "pooling_mode_cls_token": PoolingType.CLS,
+}
+_MODE_NAMES = {"lasttoken": PoolingType.LAST, "mean": PoolingType.MEAN, "cls": PoolingType.CLS}
+_SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+
+
+def read_pooler_config(
+    folder: Path, hidden_size: int, overrides: dict[str, Any] | None = None
+) -> PoolerConfig:
+    """The model's pooling defaults (``overrides``: ``--pooler-config``'s values)."""
+    pooling_type, normalize = PoolingType.LAST, True
+    modules = sentence_transformer_modules(folder)
+    if modules is not None:
+        pooling_type, normalize = _from_modules(folder, modules)
+    overrides = overrides or {}
+    if overrides.get("pooling_type") is not None:
+        pooling_type = PoolingType.parse(overrides["pooling_type"])
+    if overrides.get("normalize") is not None:
+        normalize = bool(overrides["normalize"])
+    raw = json.loads((folder / "config.json").read_text())
+    dims = raw.get("matryoshka_dimensions")
+    return PoolerConfig(
+        pooling_type=pooling_type,
+        normalize=normalize,
+        hidden_size=hidden_size,
+        matryoshka_dimensions=tuple(int(d) for d in dims) if dims else None,
+        is_matryoshka=bool(raw.get("is_matryoshka")),
+    )
+
+
+def sentence_transformer_modules(folder: Path) -> list[dict] | None:
+    """``modules.json``'s entries, or None when the folder is not a sentence-transformers
+    model."""
+    path = folder / MODULES_FILE
+    if not path.is_file():
+        return None
+    modules = json.loads(path.read_text())
+    if not isinstance(modules, list):
+        raise ValueError(f"{path} must hold a list of modules")
+    return modules
+
+
+def has_pooling_module(folder: Path) -> bool:
+    modules = sentence_transformer_modules(folder) or []
+    return any(_kind(module) == "Pooling" for module in modules)
+
+
+def _from_modules(folder: Path, modules: list[dict]) -> tuple[PoolingType, bool]:
+    pooling_type, normalize = PoolingType.LAST, False
+    for module in modules:
+        kind = _kind(module)
+        if kind not in _SUPPORTED_MODULES:
+            raise ValueError(
+                f"{folder / MODULES_FILE}: the sentence-transformers module {kind!r} is not "
+                f"supported (Octavo runs {', '.join(sorted(_SUPPORTED_MODULES))})"
+            )
+        if kind == "Pooling":
+            pooling_type = _pooling_mode(folder / module.get("path", "") / "config.json")
+        normalize = normalize or kind == "Normalize"
+    return pooling_type, normalize
+
+
+def _kind(module: dict) -> str:
+    return str(module.get("type", "")).removeprefix(ST_PREFIX)
+
+
+def _pooling_mode(path: Path) -> PoolingType:
+    settings = json.loads(path.read_text()) if path.is_file() else {}
+    named = settings.get("pooling_mode")
+    if isinstance(named, str) and named in _MODE_NAMES:
+        return _MODE_NAMES[named]
+    chosen = [kind for flag, kind in _MODES.items() if settings.get(flag)]
+    others = [key for key, on in settings.items() if key.startswith("pooling_mode_") and on]
+    if len(chosen) != 1 or len(others) != 1:
+        raise ValueError(
+            f"{path}: Octavo pools by exactly one of last token, mean or CLS; this "
+            f"module asks for {others or 'none'}"
+        )
+    return chosen[0]

@@ -1,0 +1,173 @@
+"""Pooling and /v1/embeddings: tiny random decoder embedding models written by the test,
+compared with sentence-transformers on the same folder (fp32, 1e-5)."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+
+from octavo.entrypoints.llm import LLM
+from octavo.pooling.params import PoolingParams
+
+from embedding_models import build_embedding_model
+from server_harness import ThreadedServer, build_local_app, openai_client
+
+TEXTS = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog. " * 6,  # several chunks of 16 tokens
+    "a",
+    "Embeddings map text to vectors; similar texts land close together.",
+]
+ENGINE = {"dtype": "float32", "kv_cache_memory": 2**24, "max_num_batched_tokens": 16}
+
+
+def st_reference(folder, texts) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    return model.encode(texts, convert_to_numpy=True, batch_size=len(texts))
+
+
+@pytest.fixture(scope="module")
+def last_folder(tmp_path_factory, smol_tokenizer):
+    return build_embedding_model(tmp_path_factory.mktemp("emb-last"), smol_tokenizer, "LAST")
+
+
+@pytest.mark.parametrize("pooling", ["LAST", "MEAN", "CLS"])
+def test_llm_embed_equals_sentence_transformers(tmp_path, smol_tokenizer, pooling):
+    """Chunked prefill (16-token steps) and batching change nothing: same vectors as
+    sentence-transformers' padded batch, to 1e-5."""
+    folder = build_embedding_model(tmp_path / "m", smol_tokenizer, pooling)
+    with LLM(str(folder), **ENGINE) as llm:
+        assert llm.engine.parts.runner.kind == "pooling"  # auto: a sentence-transformers folder
+        outputs = llm.embed(TEXTS, use_tqdm=False)
+    got = np.array([output.outputs.embedding for output in outputs])
+    np.testing.assert_allclose(got, st_reference(folder, TEXTS), atol=1e-5, rtol=0)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_unnormalised_mean_and_bare_decoder_architecture(tmp_path, smol_tokenizer):
+    """A ``Qwen3Model`` checkpoint (no LM head) through the registry; no Normalize module."""
+    folder = build_embedding_model(
+        tmp_path / "m", smol_tokenizer, "MEAN", normalize=False, architectures=["Qwen3Model"]
+    )
+    with LLM(str(folder), **ENGINE) as llm:
+        assert llm.engine.parts.runner.kind == "pooling"
+        got = np.array([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
+    np.testing.assert_allclose(got, st_reference(folder, TEXTS), atol=1e-5, rtol=0)
+    assert not np.allclose(np.linalg.norm(got, axis=1), 1.0)
+
+
+def test_generate_runner_also_embeds_and_pooling_runner_refuses_generation(
+    tiny_folder, last_folder
+):
+    from octavo.sampling_params import SamplingParams
+
+    with LLM(str(tiny_folder("qwen2")), **ENGINE) as llm:
+        assert llm.engine.parts.runner.kind == "generate"
+        (out,) = llm.embed(["hello"], PoolingParams(normalize=False), use_tqdm=False)
+        assert len(out.outputs.embedding) == 64
+        (text,) = llm.generate(["hello"], SamplingParams(max_tokens=2), use_tqdm=False)
+        assert len(text.outputs[0].token_ids) == 2
+    with LLM(str(last_folder), **ENGINE) as llm, pytest.raises(ValueError, match="runner pooling"):
+        llm.generate(["hello"], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_prefix_cache_and_batch_of_64_equal_one_by_one(last_folder):
+    preamble = "A shared instruction that every input of this batch starts with. " * 3
+    texts = [f"{preamble}Then item number {i}." for i in range(64)]
+    with LLM(str(last_folder), **ENGINE) as llm:
+        batched = np.array([o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)])
+        hits_before = llm.engine.scheduler.counters.hits
+        alone = np.array([llm.embed([t], use_tqdm=False)[0].outputs.embedding for t in texts])
+        assert llm.engine.scheduler.counters.hits > hits_before  # the second pass reused KV
+    np.testing.assert_allclose(batched, alone, atol=1e-5, rtol=0)
+
+
+def test_matryoshka_dimensions(tmp_path, smol_tokenizer):
+    folder = build_embedding_model(tmp_path / "m", smol_tokenizer, "LAST", is_matryoshka=True)
+    with LLM(str(folder), **ENGINE) as llm:
+        (full,) = llm.embed(["hello world"], PoolingParams(normalize=False), use_tqdm=False)
+        (cut,) = llm.embed(["hello world"], PoolingParams(dimensions=16), use_tqdm=False)
+    head = np.array(full.outputs.embedding[:16])
+    np.testing.assert_allclose(cut.outputs.embedding, head / np.linalg.norm(head), atol=1e-6)
+
+
+# ----- the HTTP API --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(last_folder):
+    app = build_local_app(str(last_folder), **ENGINE)
+    with ThreadedServer(app) as running:
+        yield running
+
+
+def test_openai_client_float_and_base64(server, last_folder):
+    client = openai_client(server)
+    reference = st_reference(last_folder, TEXTS)
+    as_floats = client.embeddings.create(
+        model=str(last_folder), input=TEXTS, encoding_format="float"
+    )
+    as_base64 = client.embeddings.create(model=str(last_folder), input=TEXTS)  # SDK: base64
+    for response in (as_floats, as_base64):
+        got = np.array([item.embedding for item in response.data])
+        np.testing.assert_allclose(got, reference, atol=1e-5, rtol=0)
+        assert [item.index for item in response.data] == list(range(len(TEXTS)))
+    assert as_floats.usage.prompt_tokens == as_floats.usage.total_tokens > len(TEXTS)
+
+
+def test_base64_is_little_endian_float32(server):
+    body = {"input": ["hello", "world"], "encoding_format": "base64"}
+    raw = httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=60).json()
+    floats = httpx.post(
+        f"{server.url}/v1/embeddings", json={**body, "encoding_format": "float"}, timeout=60
+    ).json()
+    for encoded, plain in zip(raw["data"], floats["data"], strict=True):
+        decoded = np.frombuffer(base64.b64decode(encoded["embedding"]), dtype="<f4")
+        np.testing.assert_array_equal(decoded, np.asarray(plain["embedding"], dtype="<f4"))
+    assert raw["object"] == "list" and raw["data"][0]["object"] == "embedding"
+
+
+def test_token_id_inputs_equal_text_inputs(server, smol_tokenizer):
+    ids = smol_tokenizer.encode("hello world")
+    by_text = httpx.post(f"{server.url}/v1/embeddings", json={"input": "hello world"}, timeout=60)
+    by_ids = httpx.post(f"{server.url}/v1/embeddings", json={"input": [ids, ids]}, timeout=60)
+    assert by_ids.json()["data"][1]["embedding"] == by_text.json()["data"][0]["embedding"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["ok", ""]}, "input"),
+        ({"input": [[1, 2, 10**9]]}, "input"),
+        ({"input": "x", "dimensions": 8}, "dimensions"),  # not a Matryoshka model
+        ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+        ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"input": "word " * 600}, "input"),  # longer than max_model_len 512
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(server, body, param):
+    response = httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert param in (response.json()["error"]["param"] or "")
+
+
+def test_truncation_keeps_the_last_tokens(server):
+    long = "word " * 600
+    response = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"input": long, "truncate_prompt_tokens": 100},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == 100
+
+
+def test_generation_routes_refuse_a_pooling_model(server):
+    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"}, timeout=60)
+    assert response.status_code == 400
+    assert "--runner pooling" in response.json()["error"]["message"]
