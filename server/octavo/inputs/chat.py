@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from octavo.inputs.encoding import encode_texts
+from octavo.inputs.tool_prompt import has_tool_messages, with_tool_prompt
 
 Message = dict[str, Any]
 JINJA_MARKS = ("{{", "{%", "\n")  # a --chat-template holding any of these is inline text
@@ -31,6 +32,8 @@ class ChatOptions:
     continue_final_message: bool = False
     chat_template: str | None = None  # None: the tokenizer's own
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+    # a template that never uses tools gets them as text (tool_prompt.py); False: refused
+    tool_prompt_fallback: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,19 +55,17 @@ def render_chat_prompt(
     ``check_text`` may refuse the rendered text before it is tokenized (the server refuses
     texts too long for the context). Raises ``ChatTemplateError`` when the template fails
     and ``ValueError`` when it renders nothing. ``tools`` (OpenAI tool definitions) are
-    handed to the template, which must support them (``supports_tools``). ``options``
+    handed to the template; a template that never uses them (``supports_tools``) gets
+    them, and earlier tool calls and results, as text (``template_inputs``). ``options``
     (when given) replaces ``add_generation_prompt`` and adds vLLM's other rendering fields.
     """
     options = options or ChatOptions(add_generation_prompt)
     template = options.chat_template
-    if tools and not supports_tools(tokenizer, template):
-        raise ChatTemplateError(
-            "this model's chat template does not support tools (it never uses 'tools')"
-        )
+    conversation, tools = template_inputs(tokenizer, conversation, tools, options)
     try:
         text = tokenizer.apply_chat_template(
             conversation,
-            tools=tools or None,
+            tools=list(tools) if tools else None,
             tokenize=False,
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
@@ -79,6 +80,31 @@ def render_chat_prompt(
     if not token_ids:
         raise ValueError("the conversation renders to an empty prompt")
     return ChatPrompt(text=text, token_ids=token_ids)
+
+
+def template_inputs(
+    tokenizer: Any,
+    conversation: list[Message],
+    tools: list[dict[str, Any]] | None,
+    options: ChatOptions,
+) -> tuple[list[Message], list[dict[str, Any]] | None]:
+    """The conversation and tools the template is given. A template that never uses
+    ``tools`` gets them in the system message and tool calls and results as plain turns
+    (``tool_prompt.py``), or, with ``tool_prompt_fallback`` off, a ``ChatTemplateError``
+    for tools (tool messages are then left to the template, as before)."""
+    if not (tools or has_tool_messages(conversation)):
+        return conversation, tools
+    if supports_tools(tokenizer, options.chat_template):
+        return conversation, tools
+    if options.tool_prompt_fallback:
+        return with_tool_prompt(conversation, tools), None
+    if tools:
+        raise ChatTemplateError(
+            "this model's chat template does not support tools (it never uses 'tools'); "
+            "serve a model whose template does, leave tools out, or start the server "
+            "with --tool-prompt-fallback to show them to the model as text"
+        )
+    return conversation, tools
 
 
 def supports_tools(tokenizer: Any, chat_template: str | None = None) -> bool:

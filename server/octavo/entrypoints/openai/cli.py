@@ -35,8 +35,8 @@ RENDER_DESCRIPTION = (
     "and tokenizer are read (a hub model's weights are not downloaded). It takes the "
     "flags of `octavo serve`: give it the served model's so that it renders the same "
     "(--served-model-name, --tokenizer, --max-model-len, --chat-template, "
-    "--default-chat-template-kwargs, --tool-call-parser, --generation-config, ...); the "
-    "engine's other flags are accepted and do not matter."
+    "--default-chat-template-kwargs, --tool-call-parser, --tool-prompt-fallback, "
+    "--generation-config, ...); the engine's other flags are accepted and do not matter."
 )
 
 
@@ -138,6 +138,7 @@ def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerCo
         header_timeout=args.header_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        tool_prompt_fallback=args.tool_prompt_fallback,
         reasoning_parser=args.reasoning_parser,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating

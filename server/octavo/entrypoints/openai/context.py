@@ -38,6 +38,7 @@ class ServerConfig:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None  # a name in tool_calls.parsers.TOOL_CALL_PARSERS
+    tool_prompt_fallback: bool = True  # tools as text for templates that never use them
     reasoning_parser: str | None = None  # a name in reasoning.parsers.REASONING_PARSERS
     default_chat_template_kwargs: dict[str, Any] | None = None  # under each request's own
     allow_runtime_lora_updating: bool = False  # the load/unload adapter routes

@@ -130,6 +130,17 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         TOOL_CALL_PARSER_NAMES,
     ),
     Option(
+        "--tool-prompt-fallback",
+        "when the chat template never uses 'tools', show the tools to the model as text in "
+        "the system message, and earlier tool calls and results as plain turns, so tool "
+        "requests work on every model (tool_choice 'required' and named calls at once; "
+        "'auto' still needs --enable-auto-tool-choice); --no-tool-prompt-fallback refuses "
+        "such requests with a 400",
+        parse_bool,
+        True,
+        kind="bool",
+    ),
+    Option(
         "--reasoning-parser",
         "put a reasoning model's thinking (its <think> block) in the chat replies' "
         "reasoning_content, streamed or not: deepseek_r1 (DeepSeek-R1, QwQ) or qwen3 "

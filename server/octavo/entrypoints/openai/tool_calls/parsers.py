@@ -113,9 +113,18 @@ def llama3_json_safe_prefix(text: str) -> int:
 class ToolCallParser:
     parse: Callable[[str], ToolCallParse]
     safe_prefix: Callable[[str], int]  # streaming: characters that can go out as content
+    call_format: str  # how a call is written, for the fallback tool prompt (tool_prompt.py)
 
 
 TOOL_CALL_PARSERS: dict[str, ToolCallParser] = {
-    "hermes": ToolCallParser(parse_hermes, hermes_safe_prefix),
-    "llama3_json": ToolCallParser(parse_llama3_json, llama3_json_safe_prefix),
+    "hermes": ToolCallParser(
+        parse_hermes,
+        hermes_safe_prefix,
+        '<tool_call>{"name": <function name>, "arguments": <arguments object>}</tool_call>',
+    ),
+    "llama3_json": ToolCallParser(
+        parse_llama3_json,
+        llama3_json_safe_prefix,
+        '{"name": <function name>, "parameters": <arguments object>}',
+    ),
 }

@@ -1,6 +1,9 @@
 """What a chat request's ``tools`` / ``tool_choice`` ask of the generation, and its answer.
 
 - no tools, or ``none``: plain generation (the tools are not shown to the model);
+- the tools are shown to the model by its chat template, or, when the template never uses
+  them, as text in the system message (``octavo.inputs.tool_prompt``, the one check of
+  the template being ``render_chat_prompt``'s);
 - a named function: the output is that function's arguments (``constraints.py``);
 - ``required``: the output is a JSON array of calls, one at least;
 - ``auto`` (the default with tools): free generation, the server's ``--tool-call-parser``
@@ -31,7 +34,7 @@ from octavo.entrypoints.openai.tool_calls.parsers import (
     ToolCallParse,
     ToolCallParser,
 )
-from octavo.inputs.chat import supports_tools
+from octavo.inputs.tool_prompt import ChatTools, ToolChoice
 from octavo.structured_output.params import StructuredOutputsParams
 
 
@@ -55,8 +58,12 @@ class ToolPlan:
             return required_calls_constraint(self.functions, self.parallel)
         return None
 
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        return self.tools if self.mode != "none" else None
+    def template_tools(self) -> ChatTools | None:
+        """The tools the chat template is shown (with the choice, for the fallback prompt)."""
+        if self.mode == "none":
+            return None
+        call_format = self.parser.call_format if self.parser is not None else None
+        return ChatTools(self.tools, ToolChoice(self.mode, self.name, self.parallel, call_format))
 
     def read(self, text: str) -> ToolCallParse:
         """The reply's content and calls from the generated ``text``."""
@@ -85,17 +92,12 @@ def plan_tools(
     tokenizer: Any,
     chat_template: str | None = None,
 ) -> ToolPlan:
-    """400 when the chat template (``chat_template``, the server's ``--chat-template``,
-    else the tokenizer's) cannot show tools, or ``auto`` is not enabled."""
+    """400 when ``auto`` is not enabled. Whether the chat template can show the tools is
+    the rendering's to check (``render_chat_prompt``: as text when it cannot, or a 400
+    with ``--no-tool-prompt-fallback``); ``tokenizer`` and ``chat_template`` are unused."""
     choice = body.tool_choice or ("auto" if body.tools else "none")
     if choice == "none":
         return ToolPlan("none")
-    if not supports_tools(tokenizer, chat_template):
-        raise bad_request(
-            "this model's chat template does not support tools (it never uses 'tools'); "
-            "serve a model whose template does, or leave tools out",
-            param="tools",
-        )
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     parallel = body.parallel_tool_calls is not False
     if isinstance(choice, NamedToolChoice):
