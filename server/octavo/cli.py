@@ -10,6 +10,7 @@ import sys
 # Each module exposes ``register(subparsers)``; its parser sets ``func(args) -> int``.
 SUBCOMMAND_MODULES = (
     "octavo.entrypoints.openai.cli",
+    "octavo.entrypoints.openai.run_batch.cli",
     "octavo.model_executor.cli",
 )
 

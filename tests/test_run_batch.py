@@ -1,0 +1,356 @@
+"""``octavo run-batch``: OpenAI Batch files through the server's app, resumable and durable.
+
+The runs in this process use the tiny random Llama-3 (a thread core); the crash tests run
+the real command as a process, SIGKILL it halfway and rerun it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from octavo.cli import main as octavo_main
+from octavo.entrypoints.openai.context import ServerConfig
+from octavo.entrypoints.openai.run_batch import output_file
+from octavo.entrypoints.openai.run_batch.lines import (
+    STREAM_MESSAGE,
+    BadLine,
+    BatchRequest,
+    parse_line,
+)
+from octavo.entrypoints.openai.run_batch.runner import (
+    BatchSettings,
+    BatchSummary,
+    RunFailed,
+    run_batch,
+)
+
+from server_harness import build_local_app, torch_threads
+
+ENGINE_KWARGS = {"max_model_len": 256, "kv_cache_memory": 8 << 20}
+ENGINE_FLAGS = ["--max-model-len", "256", "--kv-cache-memory", str(8 << 20), "--num-threads", "1"]
+LINE_COUNT = 200
+MALFORMED = {11: "not json at all {", 91: None, 151: "unknown url"}  # line number -> kind
+STREAM_LINE = 52
+KILL_AFTER_LINES = 40
+PROCESS_TIMEOUT = 240.0
+
+
+# ----- the input file ---------------------------------------------------------------------
+def line_kind(number: int) -> str:
+    """What line ``number`` (1-based) of the mixed batch is."""
+    if number in MALFORMED:
+        return "malformed"
+    if number == STREAM_LINE:
+        return "stream"
+    if number % 16 == 0:
+        return "embeddings"
+    if number % 25 == 5:
+        return "responses"
+    return "chat" if number % 2 else "completions"
+
+
+def request_line(number: int, max_tokens: int) -> str:
+    """Line ``number`` of the mixed batch: chat, completions, embeddings, responses, the
+    three malformed lines and a completion with stream: true."""
+    custom_id, kind = f"req-{number}", line_kind(number)
+    sampling = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if kind == "malformed":
+        return malformed_line(number, custom_id)
+    if kind == "embeddings":
+        return as_line(custom_id, "/v1/embeddings", {"input": f"text {number}"})
+    if kind == "responses":
+        body = {"input": f"say {number}", "max_output_tokens": max_tokens, "temperature": 0}
+        return as_line(custom_id, "/v1/responses", body)
+    if kind == "chat":
+        body = {"messages": [{"role": "user", "content": f"say {number}"}], **sampling}
+        return as_line(custom_id, "/v1/chat/completions", body)
+    body = {"prompt": f"number {number}", **sampling, "stream": kind == "stream"}
+    return as_line(custom_id, "/v1/completions", body)
+
+
+def malformed_line(number: int, custom_id: str) -> str:
+    kind = MALFORMED[number]
+    if kind is None:  # no custom_id: named after its line number
+        return json.dumps({"method": "POST", "url": "/v1/completions", "body": {}})
+    if kind == "unknown url":
+        return as_line(custom_id, "/v1/nothing-here", {"prompt": "x"})
+    return kind
+
+
+def as_line(custom_id: str, url: str, body: dict) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def write_batch(path: Path, max_tokens: int = 2, count: int = LINE_COUNT) -> Path:
+    path.write_text("".join(request_line(n, max_tokens) + "\n" for n in range(1, count + 1)))
+    return path
+
+
+def expected_ids(count: int = LINE_COUNT) -> Counter[str]:
+    return Counter(custom_id_of(number) for number in range(1, count + 1))
+
+
+def custom_id_of(number: int) -> str:
+    """Line ``number``'s custom_id: the lines without one (not JSON, or no custom_id) are
+    named after their line numbers."""
+    has_none = number in MALFORMED and MALFORMED[number] != "unknown url"
+    return f"line-{number}" if has_none else f"req-{number}"
+
+
+def read_results(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+SUCCESS_OBJECTS = {
+    "chat": "chat.completion",
+    "completions": "text_completion",
+    "embeddings": "list",
+    "responses": "response",
+}
+
+
+def check_complete(results: list[dict]) -> None:
+    """One result per input line, and each line's kind answered as it should be."""
+    assert Counter(r["custom_id"] for r in results) == expected_ids()
+    by_id = {r["custom_id"]: r for r in results}
+    for number in range(1, LINE_COUNT + 1):
+        result, kind = by_id[custom_id_of(number)], line_kind(number)
+        assert result["id"].startswith("vllm-") and result["response"]["request_id"]
+        if kind in ("malformed", "stream"):
+            assert result["response"] == {**result["response"], "status_code": 400, "body": None}
+            assert isinstance(result["error"], str) and f"line {number}" in result["error"]
+            continue
+        assert result["error"] is None and result["response"]["status_code"] == 200, result
+        assert result["response"]["body"]["object"] == SUCCESS_OBJECTS[kind]
+        if kind == "embeddings":  # the tiny model's hidden size
+            assert len(result["response"]["body"]["data"][0]["embedding"]) == 64
+    assert STREAM_MESSAGE in by_id[f"req-{STREAM_LINE}"]["error"]
+
+
+# ----- running it in this process ---------------------------------------------------------
+def run_here(
+    tiny_folder, input_path: Path, output: Path, tmp_dir: Path | None = None, concurrency=16
+) -> BatchSummary:
+    """The batch through a fresh app of the tiny model, in this process."""
+    folder = str(tiny_folder("llama3"))
+    config = ServerConfig(served_model_names=["tiny"], model_root=folder)
+    app = build_local_app(folder, config, **ENGINE_KWARGS)
+    settings = BatchSettings(input_path, output, tmp_dir, concurrency, progress=False)
+    with torch_threads(1):
+        return asyncio.run(run_batch(app, settings))
+
+
+def test_two_hundred_mixed_lines_give_two_hundred_results(tiny_folder, tmp_path):
+    batch = write_batch(tmp_path / "in.jsonl")
+    summary = run_here(tiny_folder, batch, tmp_path / "out.jsonl")
+    check_complete(read_results(tmp_path / "out.jsonl"))
+    assert (summary.lines, summary.written, summary.already_done) == (LINE_COUNT, LINE_COUNT, 0)
+
+
+def test_rerun_skips_results_already_written_and_redoes_a_torn_line(tiny_folder, tmp_path):
+    batch = write_batch(tmp_path / "in.jsonl", count=6)
+    with batch.open("a") as file:  # a repeated custom_id: each occurrence gets a line
+        file.write(as_line("req-2", "/v1/completions", {"prompt": "again", "max_tokens": 2}) + "\n")
+    earlier = [
+        {"id": "vllm-earlier-1", "custom_id": "req-2", "response": {}, "error": None},
+        {"id": "vllm-earlier-2", "custom_id": "req-4", "response": {}, "error": None},
+    ]
+    kept = "".join(json.dumps(record) + "\n" for record in earlier)
+    output = tmp_path / "out.jsonl"
+    output.write_text(kept + '{"id": "vllm-torn", "custom_id": "req-5", "resp')
+    summary = run_here(tiny_folder, batch, output)
+    text = output.read_text()
+    assert text.startswith(kept) and "vllm-torn" not in text
+    ids = Counter(r["custom_id"] for r in read_results(output))
+    assert ids == Counter(["req-1", "req-2", "req-2", "req-3", "req-4", "req-5", "req-6"])
+    assert (summary.already_done, summary.written) == (2, 5)
+
+
+def test_an_engine_that_fails_to_load_fails_the_run(tmp_path):
+    from octavo.engine.core_thread import ThreadCore
+    from octavo.entrypoints.openai.app import build_app
+
+    def broken_engine():
+        raise RuntimeError("no such weights")
+
+    config = ServerConfig(served_model_names=["x"], model_root="x")
+    app = build_app(config, ThreadCore(broken_engine))
+    settings = BatchSettings(write_batch(tmp_path / "in.jsonl", count=3), tmp_path / "o", None, 4)
+    with pytest.raises(RunFailed, match="did not load"):
+        asyncio.run(run_batch(app, settings))
+    assert (tmp_path / "o").read_text() == ""
+
+
+# ----- input lines and the output file ----------------------------------------------------
+def raw_line(**changes) -> bytes:
+    record = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}
+    return json.dumps({**record, **changes}).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "custom_id", "message"),
+    [
+        (b"{not json", "line-7", "line 7 is not JSON"),
+        (b"\xff\xfe{}", "line-7", "line 7 is not UTF-8"),
+        (b"[1, 2]", "line-7", "line 7 is not an object"),
+        (raw_line(custom_id=5), "line-7", "has no custom_id"),
+        (raw_line(custom_id=""), "line-7", "has no custom_id"),
+        (raw_line(method="GET"), "a", "method must be POST"),
+        (raw_line(url="/v1/models"), "a", "url '/v1/models' is not supported"),
+        (raw_line(body=[]), "a", "body must be a JSON object"),
+        (raw_line(body={"stream": True}), "a", STREAM_MESSAGE),
+    ],
+)
+def test_malformed_lines_are_named_and_explained(raw, custom_id, message):
+    bad = parse_line(raw, 7)
+    assert isinstance(bad, BadLine) and bad.custom_id == custom_id and message in bad.message
+
+
+def test_a_well_formed_line_is_a_request():
+    raw = b'{"custom_id": "a", "method": "post", "url": "/v1/embeddings", "body": {"input": "x"}}'
+    assert parse_line(raw, 1) == BatchRequest(1, "a", "/v1/embeddings", {"input": "x"})
+
+
+def test_an_unreadable_line_inside_the_output_is_refused(tmp_path):
+    output = tmp_path / "out.jsonl"
+    good = json.dumps({"id": "vllm-1", "custom_id": "a", "response": {}, "error": None})
+    output.write_text(f"{good}\ngarbage\n{good}\n")
+    with pytest.raises(ValueError, match=r"line 2 of .* is not a batch result line"):
+        output_file.read_existing(output)
+
+
+def test_two_runs_cannot_write_one_output(tmp_path):
+    first = output_file.DurableAppender(tmp_path / "out.jsonl", 0)
+    try:
+        with pytest.raises(ValueError, match="another octavo run-batch is writing"):
+            output_file.DurableAppender(tmp_path / "out.jsonl", 0)
+    finally:
+        first.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["-i", "missing.jsonl", "-o", "out.jsonl"], "-i missing.jsonl: no such file"),
+        (["-i", "in.jsonl", "-o", "https://example.com/out"], "-o takes a local file"),
+        (["-i", "in.jsonl", "-o", "no/such/folder/out.jsonl"], "not a file in an existing folder"),
+        (["-i", "in.jsonl", "-o", "in.jsonl"], "-o must not be the input file"),
+        (["-i", "in.jsonl", "-o", "o", "--output-tmp-dir", "nowhere"], "nowhere: no such folder"),
+    ],
+)
+def test_bad_files_fail_before_the_model_is_read(tmp_path, monkeypatch, capsys, flags, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text("")
+    assert octavo_main(["run-batch", *flags, str(tmp_path / "no-model-here")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_more_lines_in_flight_than_the_app_takes_is_refused(tiny_folder, tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_text("")
+    files = ["-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")]
+    flags = ["--limit-concurrency", "8", "--max-concurrency", "9"]
+    assert octavo_main(["run-batch", *files, *flags, str(tiny_folder("llama3"))]) == 2
+    assert "--max-concurrency 9 is above --limit-concurrency 8" in capsys.readouterr().err
+
+
+# ----- the real command, killed halfway -----------------------------------------------------
+def batch_command(folder: Path, batch: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "octavo.cli",
+        "run-batch",
+        "-i",
+        str(batch),
+        "-o",
+        str(output),
+        str(folder),
+        *ENGINE_FLAGS,
+        "--max-concurrency",
+        "4",
+        *extra,
+    ]
+
+
+def process_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def kill_after_lines(command: list[str], written: Path, lines: int, log: Path) -> None:
+    """Run ``command``; SIGKILL it (not its engine core: that one sees its pipe close) once
+    ``written`` holds ``lines`` complete lines, and while the run is still going."""
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=process_env(), start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + PROCESS_TIMEOUT
+        while complete_lines(written) < lines:
+            assert process.poll() is None, f"the run ended early:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no output in time"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        kill_group(process.pid)
+
+
+def kill_group(pid: int) -> None:
+    """What is left of the run we started (its engine core), so the rerun has the CPU."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def complete_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_sigkill_halfway_then_rerun_loses_and_repeats_no_line(tiny_folder, tmp_path):
+    folder = tiny_folder("llama3")
+    batch = write_batch(tmp_path / "in.jsonl", max_tokens=4)
+    output = tmp_path / "out.jsonl"
+    command = batch_command(folder, batch, output, "--no-progress")
+    kill_after_lines(command, output, KILL_AFTER_LINES, tmp_path / "first.log")
+    written = output.read_bytes()
+    done = written[: written.rfind(b"\n") + 1]  # a torn last line is redone
+    done_count = done.count(b"\n")
+    assert KILL_AFTER_LINES <= done_count < LINE_COUNT
+    rerun = subprocess.run(
+        command, capture_output=True, text=True, env=process_env(), timeout=PROCESS_TIMEOUT
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert output.read_bytes().startswith(done)  # the lines written before stay as they were
+    check_complete(read_results(output))
+    redone = LINE_COUNT - done_count
+    assert f"{redone} results written now" in rerun.stderr
+    assert f"{done_count} already in" in rerun.stderr
+
+
+def test_output_tmp_dir_leaves_no_partial_output_until_done(tiny_folder, tmp_path):
+    batch = write_batch(tmp_path / "in.jsonl", max_tokens=4)
+    output, tmp_dir = tmp_path / "out.jsonl", tmp_path / "work"
+    tmp_dir.mkdir()
+    working = output_file.working_path(output, tmp_dir)
+    command = batch_command(tiny_folder("llama3"), batch, output, "--output-tmp-dir", str(tmp_dir))
+    kill_after_lines(command, working, KILL_AFTER_LINES, tmp_path / "first.log")
+    assert not output.exists()
+    written = working.read_bytes()
+    done = written[: written.rfind(b"\n") + 1]
+    summary = run_here(tiny_folder, batch, output, tmp_dir)
+    assert not working.exists() and output.read_bytes().startswith(done)
+    check_complete(read_results(output))
+    assert summary.already_done == done.count(b"\n")
