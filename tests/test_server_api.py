@@ -254,7 +254,8 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        # tools with 'auto' (their default) and no --tool-call-parser
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, None),  # no name
         ({"response_format": {"type": "xml"}}, "response_format.type"),

@@ -107,7 +107,8 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
 # (case name, request, status, error type, error param or None, error code or None)
 MATRIX: list[tuple[str, Callable[[httpx.Client], httpx.Response], int, str, Any, Any]] = [
     # 400: validation, including fields the server does not support
-    ("chat tools", chat(tools=[TOOL]), 400, "invalid_request_error", "tools", None),
+    # tools with 'auto' (their default) and no --tool-call-parser
+    ("chat tools", chat(tools=[TOOL]), 400, "invalid_request_error", "tool_choice", None),
     ("chat functions", chat(functions=[{"name": "f"}]), 400, "invalid_request_error",
      "functions", None),
     ("chat tool_choice", chat(tool_choice="required"), 400, "invalid_request_error",
@@ -276,7 +277,7 @@ def test_openai_client_gets_typed_errors(ready):
     assert caught.value.code == "model_not_found" and caught.value.param == "model"
     with pytest.raises(openai.BadRequestError) as caught:
         good.chat.completions.create(model=MODEL, messages=HI, tools=[TOOL])
-    assert caught.value.param == "tools"
+    assert caught.value.param == "tool_choice"  # 'auto' needs --tool-call-parser
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         good.completions.create(model=MODEL, prompt="x", max_tokens=MAX_MODEL_LEN)
     with pytest.raises(openai.APIStatusError) as caught:

@@ -6,6 +6,7 @@ counts and determinism); the SmolLM2 tests check that real text comes through.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -214,7 +215,8 @@ def test_tiny_errors_reach_the_client_typed(tiny):
     assert not_found.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
         chat(tiny, max_tokens=1, tools=[{"type": "function", "function": {"name": "f"}}])
-    assert bad.value.param == "tools" and bad.value.type == "invalid_request_error"
+    # tools with 'auto' (their default) need --tool-call-parser
+    assert bad.value.param == "tool_choice" and bad.value.type == "invalid_request_error"
 
 
 # ----- SmolLM2: real text ------------------------------------------------------------------
@@ -258,7 +260,7 @@ def test_completion_real_text(client):
 def test_client_sees_openai_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4o", messages=QUESTION, max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="tools"):
+    with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
         client.chat.completions.create(
             model=MODEL,
             messages=QUESTION,
@@ -266,3 +268,48 @@ def test_client_sees_openai_errors(client):
         )
     models = client.models.list()
     assert [model.id for model in models.data] == [MODEL]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.slow
+def test_smollm2_calls_tools_through_the_fallback_prompt(client):
+    """SmolLM2's template never uses tools: they reach it as text (--tool-prompt-fallback),
+    the required call names the city asked about, and the tool result gets an answer."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=ask,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+    ).choices[0]
+    (call,) = reply.message.tool_calls
+    assert reply.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    result = {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}
+    answer = (
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[*ask, reply.message.model_dump(exclude_none=True), result],
+            max_tokens=30,
+            temperature=0,
+        )
+        .choices[0]
+        .message.content
+    )
+    assert answer.strip()  # (what a 135M model makes of the result is its own business)
