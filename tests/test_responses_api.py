@@ -305,6 +305,10 @@ def test_retrieve_and_delete(client):
     created = client.responses.create(model=MODEL, input="Keep me", max_output_tokens=3)
     fetched = client.responses.retrieve(created.id)
     assert fetched.id == created.id and fetched.output_text == created.output_text
+    assert fetched.usage == created.usage
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.retrieve(created.id, stream=True)
+    assert error.value.body["param"] == "stream"
     client.responses.delete(created.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(created.id)
@@ -353,6 +357,8 @@ def test_cancel_is_only_for_background_responses(server, client):
         ),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", "robot"),
         ({"input": []}, "input", "at least one"),
+        ({"input": ["hi"]}, "input", "JSON objects"),
+        ({"tool_choice": 5, "tools": [WEATHER]}, "tool_choice", "tool_choice must be"),
         ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal"),
         ({"temperature": 3}, "temperature", "less than or equal"),
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "yaml"),

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response
 
 from octavo.entrypoints.openai.context import ServerContext, get_context
-from octavo.entrypoints.openai.errors import APIError
+from octavo.entrypoints.openai.errors import APIError, bad_request
 from octavo.entrypoints.openai.responses_api.protocol import ResponsesRequest
 from octavo.entrypoints.openai.responses_api.serving import (
     create_response,
@@ -26,7 +26,11 @@ async def responses_create(body: ResponsesRequest, request: Request, context: Co
 
 
 @router.get("/v1/responses/{response_id}")
-async def responses_retrieve(response_id: str, request: Request) -> dict[str, Any]:
+async def responses_retrieve(
+    response_id: str, request: Request, stream: bool = False
+) -> dict[str, Any]:
+    if stream:
+        raise bad_request("a stored response cannot be streamed again", param="stream")
     return stored(response_store(request.app), response_id).response.model_dump()
 
 

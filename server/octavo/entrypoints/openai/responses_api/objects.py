@@ -74,7 +74,9 @@ class ResponseUsage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, input_tokens: int, output_tokens: int, cached: int, reasoning: int) -> Any:
+    def of(
+        cls, input_tokens: int, output_tokens: int, cached: int, reasoning: int
+    ) -> ResponseUsage:
         return cls(
             input_tokens=input_tokens,
             input_tokens_details=InputTokensDetails(cached_tokens=cached),

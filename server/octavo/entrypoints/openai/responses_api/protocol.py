@@ -19,7 +19,7 @@ JsonObject = dict[str, Any]
 
 class ResponsesRequest(RequestBody):
     model: str | None = None
-    input: str | list[JsonObject]
+    input: Any  # a string or a list of items (checked below)
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -27,7 +27,7 @@ class ResponsesRequest(RequestBody):
     seed: int | None = None  # vLLM's extra sampling field
     text: JsonObject | None = None
     tools: list[JsonObject] | None = None
-    tool_choice: str | JsonObject | None = None
+    tool_choice: Any = None  # a mode or an object (read in request_options.py)
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = Field(None, min_length=1)
     store: bool = True
@@ -54,7 +54,11 @@ class ResponsesRequest(RequestBody):
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, value: str | list[JsonObject]) -> str | list[JsonObject]:
-        if isinstance(value, list) and not value:
+    def _text_or_items(cls, value: Any) -> str | list[JsonObject]:
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise ValueError("input must be a string or a list of input items (JSON objects)")
+        if not value:
             raise ValueError("input must hold at least one item")
         return value

@@ -47,8 +47,8 @@ def _function_tool(tool: dict[str, Any], path: str) -> ToolDefinition:
     return ToolDefinition(type="function", function=function)
 
 
-def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | NamedToolChoice | None:
-    if choice is None or choice in TOOL_CHOICE_MODES:
+def chat_tool_choice(choice: Any) -> str | NamedToolChoice | None:
+    if choice is None or (isinstance(choice, str) and choice in TOOL_CHOICE_MODES):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = choice.get("name")

@@ -58,13 +58,16 @@ class ResponseRun:
     tokenizer: Any
 
     def usage(self, output_tokens: int) -> ResponseUsage:
+        """``reasoning_tokens``: the reasoning text's length in tokens, re-encoded (the
+        parser splits text, not tokens), at most the tokens generated."""
         reasoning = "".join(
             part.text
             for item in self.response.output
             if isinstance(item, ReasoningItem)
             for part in item.content
         )
-        reasoning_tokens = len(self.tokenizer.encode(reasoning, add_special_tokens=False))
+        encoded = self.tokenizer.encode(reasoning, add_special_tokens=False) if reasoning else []
+        reasoning_tokens = min(len(encoded), output_tokens)
         cached = self.job.num_cached_tokens
         return ResponseUsage.of(self.job.num_prompt_tokens, output_tokens, cached, reasoning_tokens)
 
