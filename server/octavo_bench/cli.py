@@ -1,5 +1,5 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
-random-model|sharegpt-synth|gpu|routed``: the command line."""
+random-model|sharegpt-synth|gpu|routed|embeddings``: the command line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import sys
 
 from octavo_bench import (
+    embeddings,
     gpu,
     lora,
     offline,
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     random_model.register(kinds)
     sharegpt.register(kinds)
     gpu.register(kinds)
+    embeddings.register(kinds)
     return parser
 
 
