@@ -171,3 +171,11 @@ def test_generation_routes_refuse_a_pooling_model(server):
     response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"}, timeout=60)
     assert response.status_code == 400
     assert "--runner pooling" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
+def test_embeddings_under_tensor_and_pipeline_parallelism(last_folder, layout):
+    """Worker processes: the driver pools, the other ranks only compute their shards."""
+    with LLM(str(last_folder), **ENGINE, **layout) as llm:
+        got = np.array([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
+    np.testing.assert_allclose(got, st_reference(last_folder, TEXTS), atol=1e-5, rtol=0)

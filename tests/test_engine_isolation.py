@@ -134,7 +134,7 @@ def test_a_failure_no_request_explains_is_raised(llm, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the device is gone")
 
-    monkeypatch.setattr(runner_of(engine).paged, "model", broken)
+    monkeypatch.setattr(runner_of(engine).paged, "run", broken)  # the forward pass fails
     with pytest.raises(RuntimeError, match="the device is gone"):
         engine.step()
     monkeypatch.undo()

@@ -161,6 +161,17 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
             default=1,
         ),
     ),
+    EngineField(
+        "runner",
+        "--runner",
+        string(
+            "generate (text; such a model also answers /v1/embeddings from its final hidden "
+            "states), pooling (embedding models: /v1/embeddings only, no LM head) or auto "
+            "(pooling for a sentence-transformers folder or a *Model architecture, else "
+            "generate); unset: auto",
+            enum=["auto", "generate", "pooling"],
+        ),
+    ),
     EngineField("speculativeConfig", "--speculative-config", speculative_config_schema()),
     EngineField(
         "maxLoras",
