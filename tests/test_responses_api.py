@@ -410,3 +410,69 @@ def test_the_store_forgets_the_least_recently_used_past_its_bound(monkeypatch):
     monkeypatch.setenv(STORE_SIZE_ENV, "0")
     with pytest.raises(ValueError, match=STORE_SIZE_ENV):
         ResponseStore()
+
+
+def parsed_events(frames: list[str]) -> list:
+    """Each ``event:``/``data:`` frame validated against the openai SDK's event types."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(ResponseStreamEvent)
+    events = []
+    for frame in frames:
+        kind_line, data_line = frame.strip().split("\n")
+        payload = json.loads(data_line.removeprefix("data: "))
+        assert kind_line == f"event: {payload['type']}"
+        events.append(adapter.validate_python(payload))
+    return events
+
+
+def test_reasoning_text_and_calls_stream_as_validated_sdk_events():
+    """Every item kind in one stream, each event strictly valid for the SDK, the items
+    opened and closed in turn, the final response valid as ``openai.types.responses``."""
+    from openai.types.responses import Response
+
+    from octavo.entrypoints.openai.responses import DeltaFunction, DeltaMessage, DeltaToolCall
+    from octavo.entrypoints.openai.responses_api.events import ResponseEvents
+    from octavo.entrypoints.openai.responses_api.objects import ResponseObject, ResponseUsage
+
+    def call(index: int, arguments: str, name: str | None = None) -> DeltaMessage:
+        first = {"id": f"call_{index}", "type": "function"} if name else {}
+        function = DeltaFunction(name=name, arguments=arguments)
+        return DeltaMessage(tool_calls=[DeltaToolCall(index=index, function=function, **first)])
+
+    events = ResponseEvents(ResponseObject(status="in_progress", model=MODEL))
+    frames = events.start()
+    for delta in [
+        DeltaMessage(reasoning="Let me "),
+        DeltaMessage(reasoning="think."),
+        DeltaMessage(content="Calling"),
+        call(0, '{"city": ', "get_weather"),
+        call(0, '"Paris"}'),
+        call(1, '{"city": "Oslo"}', "get_weather"),
+    ]:
+        frames += events.delta(delta)
+    frames += events.finish(ResponseUsage.of(10, 7, 0, 2), cut_short=False)
+    parsed = parsed_events(frames)
+    assert [event.sequence_number for event in parsed] == list(range(len(parsed)))
+    added = [e.item.type for e in parsed if e.type == "response.output_item.added"]
+    done = [e.item.type for e in parsed if e.type == "response.output_item.done"]
+    assert added == done == ["reasoning", "message", "function_call", "function_call"]
+    final = Response.model_validate(parsed[-1].response.model_dump())
+    assert final.status == "completed" and final.output_text == "Calling"
+    assert final.output[0].content[0].text == "Let me think."
+    assert [item.arguments for item in final.output[2:]] == [
+        '{"city": "Paris"}',
+        '{"city": "Oslo"}',
+    ]
+    assert final.usage.total_tokens == 17
+
+
+def test_a_whole_response_validates_against_the_sdk_type(client, server):
+    from openai.types.responses import Response
+
+    created = client.responses.create(
+        model=MODEL, input="Hi", tools=[WEATHER], tool_choice=NAMED, max_output_tokens=60
+    )
+    raw = httpx.get(f"{server.url}/v1/responses/{created.id}", timeout=30).json()
+    assert Response.model_validate(raw).output[0].type == "function_call"

@@ -147,7 +147,7 @@ def new_response(body: ResponsesRequest, model: str) -> ResponseObject:
         temperature=body.temperature,
         top_p=body.top_p,
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        tool_choice=body.tool_choice or ("auto" if body.tools else "none"),
+        tool_choice=body.tool_choice or "auto",  # as OpenAI echoes it
         tools=body.tools or [],
         text=text,
         reasoning=body.reasoning,
