@@ -358,6 +358,26 @@ def test_cancel_is_only_for_background_responses(server, client):
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", "robot"),
         ({"input": []}, "input", "at least one"),
         ({"input": ["hi"]}, "input", "JSON objects"),
+        ({"input": [{"role": "user"}]}, "input[0].content", "content"),
+        ({"input": [{"role": "user", "content": [5]}]}, "input[0].content[0].type", "None"),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id", "call_id"),
+        (
+            {
+                "input": [
+                    {"type": "function_call_output", "call_id": "c", "output": [{"type": "x"}]}
+                ]
+            },
+            "input[0].output[0].type",
+            "'x'",
+        ),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": 5}]},
+            "tools[0].parameters",
+            "dictionary",
+        ),
+        ({"tools": [WEATHER, WEATHER]}, "tools", "distinct"),
+        ({"tool_choice": NAMED}, "tool_choice", "needs tools"),
+        ({"text": {"format": "json"}}, "text.format.type", "None"),
         ({"tool_choice": 5, "tools": [WEATHER]}, "tool_choice", "tool_choice must be"),
         ({"max_output_tokens": 0}, "max_output_tokens", "greater than or equal"),
         ({"temperature": 3}, "temperature", "less than or equal"),
