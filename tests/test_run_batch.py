@@ -15,7 +15,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
+from threading import Event, Timer
 
 import pytest
 
@@ -140,15 +142,34 @@ def check_complete(results: list[dict]) -> None:
 
 # ----- running it in this process ---------------------------------------------------------
 def run_here(
-    tiny_folder, input_path: Path, output: Path, tmp_dir: Path | None = None, concurrency=16
-) -> BatchSummary:
-    """The batch through a fresh app of the tiny model, in this process."""
+    tiny_folder,
+    input_path: Path,
+    output: Path,
+    tmp_dir: Path | None = None,
+    interrupt_at: int | None = None,
+) -> BatchSummary | None:
+    """The batch through a fresh app of the tiny model, in this process; with
+    ``interrupt_at``, cancelled (as Ctrl-C would) once that many lines are written."""
     folder = str(tiny_folder("llama3"))
     config = ServerConfig(served_model_names=["tiny"], model_root=folder)
     app = build_local_app(folder, config, **ENGINE_KWARGS)
-    settings = BatchSettings(input_path, output, tmp_dir, concurrency, progress=False)
+    settings = BatchSettings(input_path, output, tmp_dir, 16, progress=False)
     with torch_threads(1):
-        return asyncio.run(run_batch(app, settings))
+        if interrupt_at is None:
+            return asyncio.run(run_batch(app, settings))
+        working = output_file.working_path(output, tmp_dir)
+        asyncio.run(cancel_at(run_batch(app, settings), working, interrupt_at))
+    return None
+
+
+async def cancel_at(run: Coroutine, written: Path, lines: int) -> None:
+    task = asyncio.ensure_future(run)
+    while complete_lines(written) < lines:
+        assert not task.done(), "the run ended before it was interrupted"
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def test_two_hundred_mixed_lines_give_two_hundred_results(tiny_folder, tmp_path):
@@ -239,6 +260,33 @@ def test_two_runs_cannot_write_one_output(tmp_path):
         first.close()
 
 
+def test_a_cancelled_write_finishes_before_the_file_closes(tmp_path, monkeypatch):
+    """Ctrl-C cancels the appends in flight; their threads still write, so ``close`` waits for
+    them (else the fd is closed, or reused by another file, under a thread writing to it)."""
+    path, started, release, errors = tmp_path / "out.jsonl", Event(), Event(), []
+    appender, real_fsync = output_file.DurableAppender(path, 0), os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        started.set()
+        release.wait(5)
+        try:
+            real_fsync(fd)
+        except OSError as error:
+            errors.append(error)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+
+    async def cancel_mid_write() -> None:
+        task = asyncio.create_task(appender.append(b"line\n"))
+        await asyncio.to_thread(started.wait, 5)
+        task.cancel()
+        Timer(0.2, release.set).start()
+        appender.close()
+
+    asyncio.run(cancel_mid_write())
+    assert errors == [] and path.read_bytes() == b"line\n"
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -278,7 +326,7 @@ def batch_command(folder: Path, batch: Path, output: Path, *extra: str) -> list[
         str(folder),
         *ENGINE_FLAGS,
         "--max-concurrency",
-        "4",
+        "8",
         *extra,
     ]
 
@@ -341,16 +389,15 @@ def test_sigkill_halfway_then_rerun_loses_and_repeats_no_line(tiny_folder, tmp_p
 
 
 def test_output_tmp_dir_leaves_no_partial_output_until_done(tiny_folder, tmp_path):
-    batch = write_batch(tmp_path / "in.jsonl", max_tokens=4)
+    batch = write_batch(tmp_path / "in.jsonl", count=60)
     output, tmp_dir = tmp_path / "out.jsonl", tmp_path / "work"
     tmp_dir.mkdir()
     working = output_file.working_path(output, tmp_dir)
-    command = batch_command(tiny_folder("llama3"), batch, output, "--output-tmp-dir", str(tmp_dir))
-    kill_after_lines(command, working, KILL_AFTER_LINES, tmp_path / "first.log")
+    run_here(tiny_folder, batch, output, tmp_dir, interrupt_at=20)
     assert not output.exists()
-    written = working.read_bytes()
-    done = written[: written.rfind(b"\n") + 1]
+    done = working.read_bytes()
+    assert 20 <= done.count(b"\n") < 60 and done.endswith(b"\n")
     summary = run_here(tiny_folder, batch, output, tmp_dir)
     assert not working.exists() and output.read_bytes().startswith(done)
-    check_complete(read_results(output))
-    assert summary.already_done == done.count(b"\n")
+    assert Counter(r["custom_id"] for r in read_results(output)) == expected_ids(60)
+    assert (summary.already_done, summary.written) == (done.count(b"\n"), 60 - done.count(b"\n"))

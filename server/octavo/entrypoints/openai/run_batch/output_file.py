@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +89,8 @@ class DurableAppender:
         os.ftruncate(self._fd, keep_bytes)  # drop a torn last line
         fsync_directory(path.parent)
         self._pending: list[bytes] = []
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # one group write at a time
+        self._io_lock = threading.Lock()  # a cancelled write's thread finishes before close
         self.lines_written = 0
 
     async def append(self, line: bytes) -> None:
@@ -103,13 +105,18 @@ class DurableAppender:
             self.lines_written += count
 
     def _write(self, chunk: bytes) -> None:
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        os.fsync(self._fd)
+        with self._io_lock:
+            if self._fd < 0:  # closed under a cancelled run: these lines are redone
+                return
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
 
     def close(self) -> None:
-        os.close(self._fd)
+        with self._io_lock:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def working_path(output: Path, tmp_dir: Path | None) -> Path:

@@ -126,6 +126,12 @@ class BatchRun:
             headers=headers if self._settings.api_key else None,
         )
         initial = min(sum(existing.done.values()), self.summary.lines)
+        logger.info(
+            "running %s: %d lines, %d results already in the output",
+            self._settings.input_path,
+            self.summary.lines,
+            initial,
+        )
         with self._make_progress(initial) as self._progress:
             async with client:
                 await self._run_lines(client, Counter(existing.done))
