@@ -496,3 +496,21 @@ def test_a_whole_response_validates_against_the_sdk_type(client, server):
     )
     raw = httpx.get(f"{server.url}/v1/responses/{created.id}", timeout=30).json()
     assert Response.model_validate(raw).output[0].type == "function_call"
+
+
+def test_input_items_are_listed_in_pages(client):
+    items = [
+        {"role": "user", "content": "One"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Two"}]},
+        {"role": "user", "content": "Three"},
+    ]
+    created = client.responses.create(model=MODEL, input=items, max_output_tokens=2)
+    listed = client.responses.input_items.list(created.id)
+    assert [item.content[0].text for item in listed.data] == ["Three", "Two", "One"]
+    assert all(item.id.startswith("msg_") and item.type == "message" for item in listed.data)
+    first = client.responses.input_items.list(created.id, order="asc", limit=2)
+    assert [item.content[0].text for item in first.data] == ["One", "Two"] and first.has_more
+    rest = client.responses.input_items.list(created.id, order="asc", after=first.last_id)
+    assert [item.content[0].text for item in rest.data] == ["Three"] and not rest.has_more
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_unknown")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from octavo.entrypoints.openai.context import ServerContext, get_context
 from octavo.entrypoints.openai.errors import APIError, bad_request
+from octavo.entrypoints.openai.responses_api.input_listing import page
 from octavo.entrypoints.openai.responses_api.protocol import ResponsesRequest
 from octavo.entrypoints.openai.responses_api.serving import (
     create_response,
@@ -32,6 +33,19 @@ async def responses_retrieve(
     if stream:
         raise bad_request("a stored response cannot be streamed again", param="stream")
     return stored(response_store(request.app), response_id).response.model_dump()
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def responses_input_items(
+    response_id: str,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+    before: str | None = None,
+) -> dict[str, Any]:
+    entry = stored(response_store(request.app), response_id)
+    return page(entry.input_items, limit, order, after, before)
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -24,6 +24,7 @@ from octavo.entrypoints.openai.responses_api.conversion import (
     to_chat_request,
 )
 from octavo.entrypoints.openai.responses_api.events import ResponseEvents
+from octavo.entrypoints.openai.responses_api.input_listing import listed_items
 from octavo.entrypoints.openai.responses_api.objects import (
     FunctionCallItem,
     ItemStatus,
@@ -75,7 +76,8 @@ class ResponseRun:
         """Kept for ``GET`` and chaining, unless the request said ``store: false``."""
         if self.body.store:
             history = [*self.conversion.history, *output_messages(self.response.output)]
-            self.store.put(StoredResponse(self.response, history))
+            items = listed_items(self.body.input)
+            self.store.put(StoredResponse(self.response, history, items))
 
 
 def response_store(app: FastAPI) -> ResponseStore:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from octavo.entrypoints.openai.protocol import ChatMessage
 from octavo.entrypoints.openai.responses_api.objects import ResponseObject
@@ -23,6 +24,7 @@ STORE_SIZE_ENV = "OCTAVO_RESPONSES_STORE_SIZE"
 class StoredResponse:
     response: ResponseObject
     history: list[ChatMessage]  # every turn up to and including this response's output
+    input_items: list[dict[str, Any]] = field(default_factory=list)  # this request's, with ids
 
 
 def store_size_from_env() -> int:
