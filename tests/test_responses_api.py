@@ -407,9 +407,11 @@ def test_the_store_forgets_the_least_recently_used_past_its_bound(monkeypatch):
     from octavo.entrypoints.openai.responses_api.objects import ResponseObject
     from octavo.entrypoints.openai.responses_api.store import (
         DEFAULT_STORE_SIZE,
+        STORE_SIZE,
         STORE_SIZE_ENV,
         ResponseStore,
         StoredResponse,
+        store_size_from_env,
     )
 
     def entry() -> StoredResponse:
@@ -424,12 +426,13 @@ def test_the_store_forgets_the_least_recently_used_past_its_bound(monkeypatch):
     assert store.get(second.response.id) is None and len(store) == 2
     assert store.get(first.response.id) is first and store.get(third.response.id) is third
     monkeypatch.setenv(STORE_SIZE_ENV, "3")
-    assert ResponseStore().capacity == 3
+    assert store_size_from_env() == 3
     monkeypatch.delenv(STORE_SIZE_ENV)
-    assert ResponseStore().capacity == DEFAULT_STORE_SIZE
+    assert store_size_from_env() == DEFAULT_STORE_SIZE
+    assert ResponseStore().capacity == STORE_SIZE  # read once, when the server starts
     monkeypatch.setenv(STORE_SIZE_ENV, "0")
     with pytest.raises(ValueError, match=STORE_SIZE_ENV):
-        ResponseStore()
+        store_size_from_env()
 
 
 def parsed_events(frames: list[str]) -> list:

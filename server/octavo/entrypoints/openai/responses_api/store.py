@@ -1,8 +1,9 @@
 """Responses kept in memory for ``GET``/``DELETE /v1/responses/{id}`` and chaining.
 
 Bounded: at most ``OCTAVO_RESPONSES_STORE_SIZE`` responses (default
-``DEFAULT_STORE_SIZE``); past that the least recently used one is forgotten (a later
-``GET`` or ``previous_response_id`` naming it is a 404). Nothing survives a restart.
+``DEFAULT_STORE_SIZE``; read when the server starts, a bad value stops it there); past
+that the least recently used one is forgotten (a later ``GET`` naming it is a 404, a
+``previous_response_id`` a 400). Nothing survives a restart.
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ def store_size_from_env() -> int:
     return int(text)
 
 
+STORE_SIZE = store_size_from_env()
+
+
 class ResponseStore:
     def __init__(self, capacity: int | None = None) -> None:
-        self.capacity = capacity if capacity is not None else store_size_from_env()
+        self.capacity = capacity if capacity is not None else STORE_SIZE
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self._lock = threading.Lock()
 
