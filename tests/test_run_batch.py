@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import itertools
 import json
 import os
 import signal
@@ -147,12 +149,13 @@ def run_here(
     output: Path,
     tmp_dir: Path | None = None,
     interrupt_at: int | None = None,
+    on_engine=None,
 ) -> BatchSummary | None:
     """The batch through a fresh app of the tiny model, in this process; with
     ``interrupt_at``, cancelled (as Ctrl-C would) once that many lines are written."""
     folder = str(tiny_folder("llama3"))
     config = ServerConfig(served_model_names=["tiny"], model_root=folder)
-    app = build_local_app(folder, config, **ENGINE_KWARGS)
+    app = build_local_app(folder, config, on_engine, **ENGINE_KWARGS)
     settings = BatchSettings(input_path, output, tmp_dir, 16, progress=False)
     with torch_threads(1):
         if interrupt_at is None:
@@ -211,6 +214,35 @@ def test_an_engine_that_fails_to_load_fails_the_run(tmp_path):
     with pytest.raises(RunFailed, match="did not load"):
         asyncio.run(run_batch(app, settings))
     assert (tmp_path / "o").read_text() == ""
+
+
+def test_an_engine_that_dies_fails_the_run_and_leaves_its_lines_to_a_rerun(tiny_folder, tmp_path):
+    def die_at_step_20(engine) -> None:
+        step, steps = engine.step, itertools.count()
+
+        def dying_step():
+            if next(steps) == 20:
+                raise RuntimeError("injected engine crash")
+            return step()
+
+        engine.step = dying_step
+
+    batch, output = write_batch(tmp_path / "in.jsonl"), tmp_path / "out.jsonl"
+    with pytest.raises(RunFailed, match="the engine stopped"):
+        run_here(tiny_folder, batch, output, on_engine=die_at_step_20)
+    results = read_results(output)
+    assert len(results) < LINE_COUNT  # the lines in flight got no line: a rerun does them
+    assert all(r["response"]["status_code"] in (200, 400) for r in results)
+
+
+def test_a_full_disk_fails_the_run(tiny_folder, tmp_path, monkeypatch):
+    def no_space(self, chunk: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(output_file.DurableAppender, "_write", no_space)
+    batch = write_batch(tmp_path / "in.jsonl", count=4)
+    with pytest.raises(RunFailed, match=r"writing the results failed: .*No space left"):
+        run_here(tiny_folder, batch, tmp_path / "out.jsonl")
 
 
 # ----- input lines and the output file ----------------------------------------------------

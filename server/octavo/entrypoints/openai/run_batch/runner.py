@@ -160,16 +160,22 @@ class BatchRun:
                         self.summary.already_done += 1
                         continue
                     await slots.acquire()
-                    task = group.create_task(self._run_line(client, item))
-                    task.add_done_callback(lambda _: slots.release())
+                    group.create_task(self._run_line(client, item, slots))
         except* RunFailed as failures:
             raise failures.exceptions[0] from None
+        except* OSError as failures:  # the output could not be written (a full disk, ...)
+            raise RunFailed(f"writing the results failed: {failures.exceptions[0]}") from None
 
-    async def _run_line(self, client: httpx.AsyncClient, item: BatchRequest | BadLine) -> None:
-        if isinstance(item, BadLine):
-            record = error_line(item)
-        else:
-            record = await self._send(client, item)
+    async def _run_line(
+        self, client: httpx.AsyncClient, item: BatchRequest | BadLine, slots: asyncio.Semaphore
+    ) -> None:
+        """One line's result, written; its slot is free once the app has answered (the next
+        line need not wait for this one's fsync)."""
+        try:
+            bad = isinstance(item, BadLine)
+            record = error_line(item) if bad else await self._send(client, item)
+        finally:
+            slots.release()
         await self._appender.append(encode_line(record))
         self.summary.written += 1
         self.summary.errors += record["error"] is not None
