@@ -69,6 +69,7 @@ ROUND_TRIP = [
     {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
 ]
 CALLS_TEXT = '[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}]'
+HERMES_CALL = '<tool_call>{"name": <function name>, "arguments": <arguments object>}</tool_call>'
 RESULT_TEXT = "Tool result (call id call_1, function get_weather):\n18 C and sunny"
 # A template that shows tools (and tool messages) itself.
 TOOLS_TEMPLATE = (
@@ -203,6 +204,27 @@ def test_without_the_fallback_tools_are_refused_and_tool_messages_left_alone(smo
     plain = [ASK[0], {"role": "assistant", "content": "Hi", "tool_calls": [CALL]}]
     prompt = render_chat_prompt(smol_tokenizer, plain, options=options)
     assert CALLS_TEXT not in prompt.text  # the template's own rendering, as before
+
+
+@pytest.mark.parametrize(
+    ("choice", "parser", "expected"),
+    [
+        ("required", None, ToolChoice("required", None, True)),
+        (
+            {"type": "function", "function": {"name": "get_time"}},
+            None,
+            ToolChoice("named", "get_time"),
+        ),
+        (None, "hermes", ToolChoice("auto", call_format=HERMES_CALL)),
+    ],
+)
+def test_the_plan_hands_the_choice_to_the_fallback_prompt(choice, parser, expected):
+    from octavo.entrypoints.openai.protocol import ChatCompletionRequest
+    from octavo.entrypoints.openai.tool_calls.plan import plan_tools
+
+    body = ChatCompletionRequest(messages=ASK, tools=TOOLS, tool_choice=choice)
+    tools = plan_tools(body, parser is not None, parser, None).template_tools()
+    assert list(tools) == TOOLS and tools.choice == expected
 
 
 # ----- the flag ---------------------------------------------------------------------------
