@@ -179,3 +179,28 @@ def test_embeddings_under_tensor_and_pipeline_parallelism(last_folder, layout):
     with LLM(str(last_folder), **ENGINE, **layout) as llm:
         got = np.array([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
     np.testing.assert_allclose(got, st_reference(last_folder, TEXTS), atol=1e-5, rtol=0)
+
+
+def test_runner_flags_parse_as_vllm_spells_them(last_folder):
+    from octavo.cli import build_parser
+    from octavo.entrypoints.openai.cli import parsed_engine_args
+
+    def engine_args(*flags: str):
+        return parsed_engine_args(build_parser().parse_args(["serve", "m", *flags]))
+
+    args = engine_args("--task", "embed", "--pooler-config", '{"pooling_type": "mean"}')
+    assert (args.task, args.pooler_config) == ("embed", {"pooling_type": "MEAN"})
+    assert engine_args("--runner", "pooling").runner == "pooling"
+    with pytest.raises(SystemExit):  # argparse: "unknown keys ['pooling']"
+        engine_args("--pooler-config", '{"pooling": "mean"}')
+    with pytest.raises(ValueError, match="contradicts"):
+        LLM(str(last_folder), runner="generate", task="embed", **ENGINE)
+
+
+def test_pooler_config_overrides_the_sentence_transformers_defaults(last_folder):
+    config = {"pooling_type": "MEAN", "normalize": False}
+    with LLM(str(last_folder), pooler_config=config, **ENGINE) as llm:
+        (out,) = llm.embed(["hello world"], use_tqdm=False)
+        pooler = llm.engine.parts.runner.pooler
+    assert (pooler.pooling_type.value, pooler.normalize) == ("MEAN", False)
+    assert abs(np.linalg.norm(out.outputs.embedding) - 1.0) > 1e-3

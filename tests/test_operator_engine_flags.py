@@ -62,6 +62,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--kv-cache-dtype": "a memory/accuracy trade-off tuned per model by hand",
     "--task": "vLLM's older spelling of --runner: engine.runner is the field",
     "--pooler-config": "pooling defaults come from the model's sentence-transformers files",
+    "--tool-prompt-fallback": "on by default; off only restores the 400 for tool-less templates",
     "--max-logprobs": "API limit tuning, rarely changed",
     "--num-speculative-tokens": "vLLM's older spelling: speculativeConfig is the field",
     "--speculative-model": "vLLM's older spelling: speculativeConfig is the field",

@@ -328,11 +328,6 @@ def test_auto_still_needs_a_tool_call_parser(client):
     assert "--enable-auto-tool-choice" in caught.value.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serving_chat.chat_options does not yet pass config.tool_prompt_fallback "
-    "(one-line change reported by the issue-30 'tools' helper; remove this mark with it)",
-)
 def test_without_the_fallback_a_tools_request_is_the_old_400(tiny_folder):
     with serve(tiny_folder, False) as running:
         strict = openai_client(running)

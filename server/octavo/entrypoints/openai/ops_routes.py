@@ -53,6 +53,7 @@ async def tokenize(body: TokenizeRequest, context: Context) -> TokenizeResponse:
         options = ChatOptions(
             add_generation_prompt=body.add_generation_prompt,
             chat_template=context.config.chat_template,
+            tool_prompt_fallback=context.config.tool_prompt_fallback,
         )
         work = (render_chat, body.messages, info, True, None, options)
     else:

@@ -102,6 +102,7 @@ def chat_options(body: ChatCompletionRequest, config: ServerConfig) -> ChatOptio
         continue_final_message=body.continue_final_message,
         chat_template=config.chat_template,
         template_kwargs=template_kwargs(body, config),
+        tool_prompt_fallback=config.tool_prompt_fallback,
     )
 
 
