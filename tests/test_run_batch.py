@@ -137,8 +137,9 @@ def check_complete(results: list[dict]) -> None:
             continue
         assert result["error"] is None and result["response"]["status_code"] == 200, result
         assert result["response"]["body"]["object"] == SUCCESS_OBJECTS[kind]
-        if kind == "embeddings":  # the tiny model's hidden size
-            assert len(result["response"]["body"]["data"][0]["embedding"]) == 64
+        if kind == "embeddings":  # the tiny model's hidden size, normalised (its pooler's)
+            vector = result["response"]["body"]["data"][0]["embedding"]
+            assert len(vector) == 64 and sum(x * x for x in vector) == pytest.approx(1.0)
     assert STREAM_MESSAGE in by_id[f"req-{STREAM_LINE}"]["error"]
 
 
@@ -150,11 +151,12 @@ def run_here(
     tmp_dir: Path | None = None,
     interrupt_at: int | None = None,
     on_engine=None,
+    max_queue_len: int | None = None,
 ) -> BatchSummary | None:
     """The batch through a fresh app of the tiny model, in this process; with
     ``interrupt_at``, cancelled (as Ctrl-C would) once that many lines are written."""
     folder = str(tiny_folder("llama3"))
-    config = ServerConfig(served_model_names=["tiny"], model_root=folder)
+    config = ServerConfig(["tiny"], model_root=folder, max_queue_len=max_queue_len)
     app = build_local_app(folder, config, on_engine, **ENGINE_KWARGS)
     settings = BatchSettings(input_path, output, tmp_dir, 16, progress=False)
     with torch_threads(1):
@@ -199,6 +201,17 @@ def test_rerun_skips_results_already_written_and_redoes_a_torn_line(tiny_folder,
     ids = Counter(r["custom_id"] for r in read_results(output))
     assert ids == Counter(["req-1", "req-2", "req-2", "req-3", "req-4", "req-5", "req-6"])
     assert (summary.already_done, summary.written) == (2, 5)
+
+
+def test_a_full_engine_queue_is_waited_out_not_written_as_errors(tiny_folder, tmp_path):
+    """16 lines in flight against a queue of 1 (--max-queue-len): the 429s are retried."""
+    batch = tmp_path / "in.jsonl"
+    body = {"prompt": "count", "max_tokens": 2, "ignore_eos": True}
+    batch.write_text("".join(as_line(f"q{n}", "/v1/completions", body) + "\n" for n in range(12)))
+    summary = run_here(tiny_folder, batch, tmp_path / "out.jsonl", max_queue_len=1)
+    results = read_results(tmp_path / "out.jsonl")
+    assert sorted(r["response"]["status_code"] for r in results) == [200] * 12
+    assert summary.errors == 0
 
 
 def test_an_engine_that_fails_to_load_fails_the_run(tmp_path):
@@ -317,6 +330,23 @@ def test_a_cancelled_write_finishes_before_the_file_closes(tmp_path, monkeypatch
 
     asyncio.run(cancel_mid_write())
     assert errors == [] and path.read_bytes() == b"line\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "limit", "expected"),
+    [
+        ([], 512, 2 * 256),  # twice --max-num-seqs (256 by default)
+        (["--max-num-seqs", "8"], 10, 10),  # within --limit-concurrency
+        (["--max-num-seqs", "8", "--max-queue-len", "3"], 512, 11),  # what runs and queues
+        (["--max-concurrency", "5", "--max-queue-len", "1"], 512, 5),
+    ],
+)
+def test_the_default_concurrency_fills_the_engine_within_the_apps_caps(flags, limit, expected):
+    from octavo.cli import build_parser
+    from octavo.entrypoints.openai.run_batch.cli import max_concurrency
+
+    args = build_parser().parse_args(["run-batch", "-i", "in", "-o", "out", *flags])
+    assert max_concurrency(args, limit) == expected
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-concurrency",
         type=positive_int,
         help="most lines in flight at once (default: 2 x --max-num-seqs, at most "
-        "--limit-concurrency)",
+        "--limit-concurrency and --max-num-seqs + --max-queue-len)",
     )
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar on standard error"
@@ -131,8 +131,12 @@ def batch_files(args: argparse.Namespace) -> tuple[Path, Path, Path | None]:
 
 def max_concurrency(args: argparse.Namespace, limit_concurrency: int) -> int:
     """Lines in flight at once: enough to fill the engine's batch twice over, within the
-    app's own in-flight cap (beyond it the app would answer 503)."""
-    concurrency = args.max_concurrency or min(2 * args.max_num_seqs, limit_concurrency)
+    app's own in-flight cap (beyond it the app would answer 503) and, with
+    ``--max-queue-len``, within what the engine runs and queues (beyond it: 429s, retried)."""
+    default = min(2 * args.max_num_seqs, limit_concurrency)
+    if args.max_queue_len is not None:
+        default = min(default, args.max_num_seqs + args.max_queue_len)
+    concurrency = args.max_concurrency or default
     if concurrency > limit_concurrency:
         raise ValueError(
             f"--max-concurrency {concurrency} is above --limit-concurrency {limit_concurrency}"

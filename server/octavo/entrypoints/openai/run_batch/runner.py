@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from octavo.engine.async_engine import AsyncEngine
 from octavo.entrypoints.openai.app import context_of
-from octavo.entrypoints.openai.errors import RETRY_AFTER_SECONDS, error_body
+from octavo.entrypoints.openai.errors import error_body
 from octavo.entrypoints.openai.run_batch import output_file
 from octavo.entrypoints.openai.run_batch.lines import (
     BadLine,
@@ -39,6 +39,8 @@ from octavo.entrypoints.openai.run_batch.lines import (
 logger = logging.getLogger(__name__)
 
 READY_POLL_SECONDS = 0.1
+FIRST_RETRY_SECONDS = 0.02  # a 429's first wait; doubled each time, up to
+LAST_RETRY_SECONDS = 0.25  # (no network in between: a retry costs only a tokenization)
 BASE_URL = "http://octavo-batch"
 
 
@@ -200,13 +202,15 @@ class BatchRun:
     async def _post(self, client: httpx.AsyncClient, item: BatchRequest) -> httpx.Response:
         """POST the body; a full engine queue (429, ``--max-queue-len``) is waited out."""
         content = json.dumps(item.body).encode()
+        delay = FIRST_RETRY_SECONDS
         while True:
             response = await client.post(
                 item.url, content=content, headers={"Content-Type": "application/json"}
             )
             if response.status_code != 429 or self._engine.status != "ready":
                 return response
-            await asyncio.sleep(RETRY_AFTER_SECONDS)
+            await asyncio.sleep(delay)
+            delay = min(LAST_RETRY_SECONDS, 2 * delay)
 
 
 def _body(response: httpx.Response) -> Any:
