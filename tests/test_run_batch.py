@@ -297,10 +297,10 @@ def test_an_unreadable_line_inside_the_output_is_refused(tmp_path):
 
 
 def test_two_runs_cannot_write_one_output(tmp_path):
-    first = output_file.DurableAppender(tmp_path / "out.jsonl", 0)
+    first = output_file.DurableAppender(tmp_path / "out.jsonl")
     try:
         with pytest.raises(ValueError, match="another octavo run-batch is writing"):
-            output_file.DurableAppender(tmp_path / "out.jsonl", 0)
+            output_file.DurableAppender(tmp_path / "out.jsonl")
     finally:
         first.close()
 
@@ -309,7 +309,7 @@ def test_a_cancelled_write_finishes_before_the_file_closes(tmp_path, monkeypatch
     """Ctrl-C cancels the appends in flight; their threads still write, so ``close`` waits for
     them (else the fd is closed, or reused by another file, under a thread writing to it)."""
     path, started, release, errors = tmp_path / "out.jsonl", Event(), Event(), []
-    appender, real_fsync = output_file.DurableAppender(path, 0), os.fsync
+    appender, real_fsync = output_file.DurableAppender(path), os.fsync
 
     def slow_fsync(fd: int) -> None:
         started.set()

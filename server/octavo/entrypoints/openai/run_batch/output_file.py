@@ -78,7 +78,7 @@ class DurableAppender:
     one write and one fsync (group commit). Holds an exclusive lock on the file so two
     runs never write one output."""
 
-    def __init__(self, path: Path, keep_bytes: int) -> None:
+    def __init__(self, path: Path) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         self._fd = os.open(path, flags, 0o644)
         try:
@@ -86,12 +86,15 @@ class DurableAppender:
         except BlockingIOError:
             os.close(self._fd)
             raise ValueError(f"another octavo run-batch is writing {path}") from None
-        os.ftruncate(self._fd, keep_bytes)  # drop a torn last line
         fsync_directory(path.parent)
         self._pending: list[bytes] = []
         self._lock = asyncio.Lock()  # one group write at a time
         self._io_lock = threading.Lock()  # a cancelled write's thread finishes before close
         self.lines_written = 0
+
+    def truncate(self, keep_bytes: int) -> None:
+        """Drop what follows the complete lines (a torn write), before appending."""
+        os.ftruncate(self._fd, keep_bytes)
 
     async def append(self, line: bytes) -> None:
         """Returns once ``line`` is on disk."""

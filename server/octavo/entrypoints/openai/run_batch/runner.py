@@ -83,9 +83,10 @@ async def run_batch(app: FastAPI, settings: BatchSettings) -> BatchSummary:
     """Run every line of the input not yet in the output; publish the output when done."""
     working = output_file.working_path(settings.output_path, settings.tmp_dir)
     output_file.seed_working_file(settings.output_path, working)
-    existing = output_file.read_existing(working)
-    appender = output_file.DurableAppender(working, existing.keep_bytes)
+    appender = output_file.DurableAppender(working)  # locked before it is read
     try:
+        existing = output_file.read_existing(working)
+        appender.truncate(existing.keep_bytes)
         async with app.router.lifespan_context(app):
             engine = context_of(app).engine
             await wait_until_ready(engine)
