@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
-    "/v1/chat/completions, their /render endpoints, /v1/models, /tokenize, /detokenize, "
+    "/v1/chat/completions, /v1/responses, /v1/embeddings, the /render endpoints, "
+    "/v1/models, /tokenize, /detokenize, "
     "/health, /metrics, /version). MODEL is a local Hugging Face model folder (or "
     "file://PATH) or a Hugging Face Hub model hf://ORG/NAME[@REVISION] (also a bare "
     "ORG/NAME); without it the embedded SmolLM2-135M-Instruct is served. The port opens "
