@@ -30,17 +30,29 @@ REQUEST_TIMEOUT = 60
 def fuzz_cases() -> list[tuple[str, str, GenerationMode]]:
     """(method, path, mode) for every operation the app documents (no engine needed).
 
-    Negative cases need an input to break, so operations without any get positive only.
+    Negative cases need an input to break, so operations without any get positive only
+    (a path parameter that takes any string, such as a response id, cannot be broken).
     """
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
     paths = build_app(config, ThreadCore(lambda: None)).openapi()["paths"]
     cases = []
     for path, item in paths.items():
         for method, operation in item.items():
-            takes_input = "requestBody" in operation or bool(operation.get("parameters"))
-            modes = [GenerationMode.POSITIVE] + [GenerationMode.NEGATIVE] * takes_input
+            modes = [GenerationMode.POSITIVE] + [GenerationMode.NEGATIVE] * breakable(operation)
             cases += [(method.upper(), path, mode) for mode in modes]
     return cases
+
+
+def breakable(operation: dict) -> bool:
+    """Has the operation an input that some request could get wrong?"""
+    if "requestBody" in operation:
+        return True
+    return any(not _any_string(parameter) for parameter in operation.get("parameters", []))
+
+
+def _any_string(parameter: dict) -> bool:
+    schema = parameter.get("schema", {})
+    return schema.get("type") == "string" and set(schema) <= {"type", "title"}
 
 
 CASES = fuzz_cases()
