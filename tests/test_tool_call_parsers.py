@@ -115,10 +115,6 @@ def test_constrained_tool_calls_from_a_tiny_model_are_valid_calls(tiny_folder):
     jsonschema.validate(json.loads(outputs[1].outputs[0].text), city)
 
 
-class _ToolsTemplate:
-    chat_template = "{% for tool in tools %}{{ tool }}{% endfor %}"
-
-
 def test_auto_needs_the_server_flags():
     from octavo.entrypoints.openai.errors import APIError
     from octavo.entrypoints.openai.protocol import ChatCompletionRequest
@@ -127,8 +123,8 @@ def test_auto_needs_the_server_flags():
     body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}],
                                  tools=[{"type": "function", "function": WEATHER}])  # fmt: skip
     with pytest.raises(APIError, match="--enable-auto-tool-choice and --tool-call-parser"):
-        plan_tools(body, False, None, _ToolsTemplate())
-    plan = plan_tools(body, True, "llama3_json", _ToolsTemplate())
+        plan_tools(body, False, None)
+    plan = plan_tools(body, True, "llama3_json")
     assert plan.mode == "auto" and plan.read('{"name": "get_weather", "parameters": {}}').calls
 
 

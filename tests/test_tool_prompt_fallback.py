@@ -21,7 +21,7 @@ import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
 from octavo.inputs.chat import ChatOptions, ChatTemplateError, render_chat_prompt
-from octavo.inputs.tool_prompt import ChatTools, ToolChoice, tools_block, with_tool_prompt
+from octavo.inputs.tool_prompt import ToolChoice, tools_block, with_tool_prompt
 
 from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)
 from server_harness import openai_client, served_model
@@ -96,13 +96,13 @@ def assert_valid_call(name: str, arguments: str) -> None:
     jsonschema.validate(json.loads(arguments), parameters_of(name))
 
 
-def required(parallel: bool = True) -> ChatTools:
-    return ChatTools(TOOLS, ToolChoice("required", parallel=parallel))
+def required(parallel: bool = True) -> ToolChoice:
+    return ToolChoice("required", parallel=parallel)
 
 
 # ----- the rendering ----------------------------------------------------------------------
 def test_the_tools_go_into_a_new_system_message_with_how_to_reply():
-    messages = with_tool_prompt(ASK, required())
+    messages = with_tool_prompt(ASK, TOOLS, required())
     assert [m["role"] for m in messages] == ["system", "user"]
     lines = messages[0]["content"].split("\n")
     assert lines[0] == "# Tools"
@@ -129,12 +129,12 @@ def test_the_reply_instruction_follows_tool_choice(choice, instruction):
 
 def test_the_tools_are_appended_to_an_existing_system_message():
     system = {"role": "system", "content": "Be brief.", "name": "ops"}
-    (merged, user) = with_tool_prompt([system, *ASK], required())
+    (merged, user) = with_tool_prompt([system, *ASK], TOOLS, required())
     assert user == ASK[0]
     block = tools_block(TOOLS, ToolChoice("required"))
     assert merged == {"role": "system", "content": f"Be brief.\n\n{block}", "name": "ops"}
     parts = [{"type": "text", "text": "Be brief."}]
-    (merged, _) = with_tool_prompt([{"role": "system", "content": parts}, *ASK], required())
+    (merged, _) = with_tool_prompt([{"role": "system", "content": parts}, *ASK], TOOLS, required())
     assert merged["content"] == [*parts, {"type": "text", "text": f"\n\n{block}"}]
 
 
@@ -157,9 +157,10 @@ def test_tool_calls_and_results_become_plain_turns():
 
 
 def test_a_template_that_ignores_tools_renders_them_as_text(smol_tokenizer):
-    prompt = render_chat_prompt(smol_tokenizer, ROUND_TRIP, tools=required())
+    options = ChatOptions(tool_choice=required())
+    prompt = render_chat_prompt(smol_tokenizer, ROUND_TRIP, tools=TOOLS, options=options)
     expected = smol_tokenizer.apply_chat_template(
-        with_tool_prompt(ROUND_TRIP, required()), tokenize=False, add_generation_prompt=True
+        with_tool_prompt(ROUND_TRIP, TOOLS, required()), tokenize=False, add_generation_prompt=True
     )
     assert prompt.text == expected
     assert "# Tools" in prompt.text and CALLS_TEXT in prompt.text and RESULT_TEXT in prompt.text
@@ -178,7 +179,7 @@ def test_a_template_that_knows_no_tool_role_takes_the_round_trip(smol_tokenizer)
 
 def test_a_template_that_shows_tools_renders_as_before(smol_tokenizer):
     options = ChatOptions(chat_template=TOOLS_TEMPLATE)
-    for conversation, tools in ((ASK, required()), (ROUND_TRIP, None), (ASK, None)):
+    for conversation, tools in ((ASK, TOOLS), (ROUND_TRIP, None), (ASK, None)):
         prompt = render_chat_prompt(smol_tokenizer, conversation, tools=tools, options=options)
         direct = smol_tokenizer.apply_chat_template(
             conversation,
@@ -198,9 +199,9 @@ def test_a_conversation_without_tools_renders_as_before(smol_tokenizer):
 
 
 def test_without_the_fallback_tools_are_refused_and_tool_messages_left_alone(smol_tokenizer):
-    options = ChatOptions(tool_prompt_fallback=False)
+    options = ChatOptions(tool_prompt_fallback=False, tool_choice=required())
     with pytest.raises(ChatTemplateError, match="does not support tools"):
-        render_chat_prompt(smol_tokenizer, ASK, tools=required(), options=options)
+        render_chat_prompt(smol_tokenizer, ASK, tools=TOOLS, options=options)
     plain = [ASK[0], {"role": "assistant", "content": "Hi", "tool_calls": [CALL]}]
     prompt = render_chat_prompt(smol_tokenizer, plain, options=options)
     assert CALLS_TEXT not in prompt.text  # the template's own rendering, as before
@@ -223,8 +224,8 @@ def test_the_plan_hands_the_choice_to_the_fallback_prompt(choice, parser, expect
     from octavo.entrypoints.openai.tool_calls.plan import plan_tools
 
     body = ChatCompletionRequest(messages=ASK, tools=TOOLS, tool_choice=choice)
-    tools = plan_tools(body, parser is not None, parser, None).template_tools()
-    assert list(tools) == TOOLS and tools.choice == expected
+    plan = plan_tools(body, parser is not None, parser)
+    assert plan.template_tools() == TOOLS and plan.prompt_choice() == expected
 
 
 # ----- the flag ---------------------------------------------------------------------------
@@ -317,7 +318,9 @@ def rendered_ids(server: Any, body: dict) -> list[int]:
 
 def test_the_render_endpoint_shows_the_fallback_prompt(server, smol_tokenizer):
     body = {"model": MODEL, "messages": ROUND_TRIP, "tools": TOOLS, "tool_choice": "required"}
-    expected = render_chat_prompt(smol_tokenizer, ROUND_TRIP, tools=required()).token_ids
+    options = ChatOptions(tool_choice=required())
+    expected = render_chat_prompt(smol_tokenizer, ROUND_TRIP, tools=TOOLS, options=options)
+    expected = expected.token_ids
     assert rendered_ids(server, body) == expected
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from octavo.inputs.encoding import encode_texts
-from octavo.inputs.tool_prompt import has_tool_messages, with_tool_prompt
+from octavo.inputs.tool_prompt import AUTO, ToolChoice, has_tool_messages, with_tool_prompt
 
 Message = dict[str, Any]
 JINJA_MARKS = ("{{", "{%", "\n")  # a --chat-template holding any of these is inline text
@@ -34,6 +34,7 @@ class ChatOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
     # a template that never uses tools gets them as text (tool_prompt.py); False: refused
     tool_prompt_fallback: bool = True
+    tool_choice: ToolChoice = AUTO  # what the fallback prompt asks of the reply
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def template_inputs(
     if supports_tools(tokenizer, options.chat_template):
         return conversation, tools
     if options.tool_prompt_fallback:
-        return with_tool_prompt(conversation, tools), None
+        return with_tool_prompt(conversation, tools, options.tool_choice), None
     if tools:
         raise ChatTemplateError(
             "this model's chat template does not support tools (it never uses 'tools'); "

@@ -45,28 +45,23 @@ class ToolChoice:
     call_format: str | None = None  # auto: how the server's --tool-call-parser reads a call
 
 
-class ChatTools(list):
-    """OpenAI tool definitions (a list, as chat templates take them) with the request's
-    ``ToolChoice``, which only the fallback prompt reads."""
-
-    def __init__(self, tools: list[dict[str, Any]], choice: ToolChoice) -> None:
-        super().__init__(tools)
-        self.choice = choice
-
-
 def has_tool_messages(conversation: list[Message]) -> bool:
     return any(m.get("role") == "tool" or m.get("tool_calls") for m in conversation)
 
 
+AUTO = ToolChoice()  # tool_choice auto with no parser: the generic call format
+
+
 def with_tool_prompt(
-    conversation: list[Message], tools: list[dict[str, Any]] | None
+    conversation: list[Message],
+    tools: list[dict[str, Any]] | None,
+    choice: ToolChoice = AUTO,
 ) -> list[Message]:
     """``conversation`` in plain turns: tool calls and results as text, and the ``tools``
-    (when any) in the system message."""
+    (when any) in the system message with how ``choice`` wants the reply."""
     messages = tool_messages_as_text(conversation)
     if not tools:
         return messages
-    choice = tools.choice if isinstance(tools, ChatTools) else ToolChoice()
     block = tools_block(tools, choice)
     if messages and messages[0].get("role") == "system":
         first = messages[0]

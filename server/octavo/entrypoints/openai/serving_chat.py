@@ -53,6 +53,7 @@ from octavo.entrypoints.openai.tool_calls.plan import (
 )
 from octavo.entrypoints.openai.tool_calls.stream import ToolCallStream
 from octavo.inputs.chat import ChatOptions
+from octavo.inputs.tool_prompt import AUTO, ToolChoice
 from octavo.lora_request import LoRARequest
 from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -95,7 +96,9 @@ class ChatJob:
         return Usage.of(self.num_prompt_tokens, completion_tokens, cached)
 
 
-def chat_options(body: ChatCompletionRequest, config: ServerConfig) -> ChatOptions:
+def chat_options(
+    body: ChatCompletionRequest, config: ServerConfig, tool_choice: ToolChoice = AUTO
+) -> ChatOptions:
     """How the request's conversation is rendered (vLLM's request fields)."""
     return ChatOptions(
         add_generation_prompt=body.add_generation_prompt,
@@ -103,6 +106,7 @@ def chat_options(body: ChatCompletionRequest, config: ServerConfig) -> ChatOptio
         chat_template=config.chat_template,
         template_kwargs=template_kwargs(body, config),
         tool_prompt_fallback=config.tool_prompt_fallback,
+        tool_choice=tool_choice,
     )
 
 
@@ -144,15 +148,10 @@ async def chat_inputs(
         context.check_fan_out(body.n, info, "n")
     context.check_logprobs(body.top_logprobs if body.logprobs else None, "top_logprobs")
     config = context.config
-    tools = plan_tools(
-        body,
-        config.enable_auto_tool_choice,
-        config.tool_call_parser,
-        info.tokenizer,
-        config.chat_template,
-    )
+    tools = plan_tools(body, config.enable_auto_tool_choice, config.tool_call_parser)
+    options = chat_options(body, config, tools.prompt_choice())
     token_ids = await context.tokenizers.run(
-        render_chat, body.messages, info, True, tools.template_tools(), chat_options(body, config)
+        render_chat, body.messages, info, True, tools.template_tools(), options
     )
     defaults = config.sampling_defaults
     max_tokens = resolve_max_tokens(

@@ -34,7 +34,7 @@ from octavo.entrypoints.openai.tool_calls.parsers import (
     ToolCallParse,
     ToolCallParser,
 )
-from octavo.inputs.tool_prompt import ChatTools, ToolChoice
+from octavo.inputs.tool_prompt import ToolChoice
 from octavo.structured_output.params import StructuredOutputsParams
 
 
@@ -58,12 +58,14 @@ class ToolPlan:
             return required_calls_constraint(self.functions, self.parallel)
         return None
 
-    def template_tools(self) -> ChatTools | None:
-        """The tools the chat template is shown (with the choice, for the fallback prompt)."""
-        if self.mode == "none":
-            return None
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template is shown."""
+        return None if self.mode == "none" else self.tools
+
+    def prompt_choice(self) -> ToolChoice:
+        """How the fallback tool prompt asks for the reply (templates without tools)."""
         call_format = self.parser.call_format if self.parser is not None else None
-        return ChatTools(self.tools, ToolChoice(self.mode, self.name, self.parallel, call_format))
+        return ToolChoice(self.mode, self.name, self.parallel, call_format)
 
     def read(self, text: str) -> ToolCallParse:
         """The reply's content and calls from the generated ``text``."""
@@ -89,12 +91,10 @@ def plan_tools(
     body: ChatCompletionRequest,
     auto_enabled: bool,
     parser: str | None,
-    tokenizer: Any,
-    chat_template: str | None = None,
 ) -> ToolPlan:
     """400 when ``auto`` is not enabled. Whether the chat template can show the tools is
     the rendering's to check (``render_chat_prompt``: as text when it cannot, or a 400
-    with ``--no-tool-prompt-fallback``); ``tokenizer`` and ``chat_template`` are unused."""
+    with ``--no-tool-prompt-fallback``)."""
     choice = body.tool_choice or ("auto" if body.tools else "none")
     if choice == "none":
         return ToolPlan("none")
