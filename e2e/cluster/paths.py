@@ -11,6 +11,7 @@ REPO_ROOT = HERE.parent.parent
 KUBE_MODULE_DIR = HERE  # wrapper module for Kubernetes (go.mod, go.sum)
 ETCD_MODULE_DIR = HERE / "etcd"  # wrapper module for etcd
 EPP_MODULE_DIR = HERE / "epp"  # wrapper module for the llm-d router's endpoint picker
+LWS_MODULE_DIR = HERE / "lws"  # wrapper module for the LeaderWorkerSet controller
 
 
 def cache_dir() -> Path:

@@ -1,8 +1,8 @@
 """Every version the test control plane is built from, pinned in this one place.
 
 Changing a Go-built version here needs `python -m e2e.cluster gomod` afterwards: it regenerates
-the wrapper modules' go.mod/go.sum (e2e/cluster/go.mod and e2e/cluster/etcd/go.mod) from the
-pinned releases, and `build` refuses to run while they disagree with this file.
+the wrapper modules' go.mod/go.sum (e2e/cluster/go.mod and the etcd, epp and lws folders) from
+the pinned releases, and `build` refuses to run while they disagree with this file.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ HELM = "v3.21.4"
 LLM_D_ROUTER = "v0.10.0"
 LLM_D_ROUTER_ZIP_SHA256 = "9524db96c27fb21544c0ab0cf68b0b5f4092a0a43f2ef0121583daa639181946"
 
+# LeaderWorkerSet controller (sigs.k8s.io/lws, cmd/), the multi-node InferenceService's pod
+# groups. v0.10.0's zip is refused by the module proxy (403, 2026-11-26) and the version list is
+# refused too; v0.9.0's .info/.mod/.zip and its checksum-database entry are served. It has no
+# replace lines and declares go 1.26.0. Built from the wrapper module e2e/cluster/lws.
+LWS = "v0.9.0"
+
 # Oldest Go toolchain that builds all of the above (they declare `go 1.26.0`). Toolchain
 # downloads are disabled (GOTOOLCHAIN=local): the installed `go` must be this new.
 GO_MIN = (1, 26)
@@ -52,5 +58,6 @@ def summary() -> dict[str, str]:
         "kwok": KWOK,
         "helm": HELM,
         "llm-d router (EPP)": LLM_D_ROUTER,
+        "leaderworkerset (lws)": LWS,
         "go (minimum)": ".".join(map(str, GO_MIN)),
     }
