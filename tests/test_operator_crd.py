@@ -50,6 +50,7 @@ def test_defaults_are_in_the_schema():
         "dtype": "auto",
         "tensorParallelSize": 1,
         "pipelineParallelSize": 1,
+        "nodes": 1,
     }
     assert props["rollout"]["default"] == {
         "strategy": "RollingUpdate",
@@ -79,9 +80,19 @@ def test_rbac_rules_are_exact():
     }
     assert by_resource[("", "pods")] == {"get", "list", "watch"}
     assert by_resource[("octavo.dev", "inferenceservices/status")] == {"get", "patch", "update"}
-    # Only get (never list/watch): the one Secret spec.apiKeySecretRef names, read to send
-    # its key when loading LoRA adapters into the pods; the kubelet mounts it for the server.
-    assert by_resource[("", "secrets")] == {"get"}
+    # Never list/watch: get the one Secret spec.apiKeySecretRef names, read to send its key
+    # when loading LoRA adapters into the pods (the kubelet mounts it for the server); with
+    # engine.nodes > 1 create the node key Secret once (no update: never rotated under
+    # running pods) and delete it when engine.nodes goes back to 1.
+    assert by_resource[("", "secrets")] == {"get", "create", "delete"}
+    assert by_resource[("leaderworkerset.x-k8s.io", "leaderworkersets")] == {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "delete",
+    }
 
 
 def spec_properties() -> dict:
@@ -114,13 +125,18 @@ def test_env_is_typed_as_core_v1_env_vars():
 
 def test_extra_args_rule_guards_every_operator_flag_and_its_abbreviations():
     engine = spec_properties()["engine"]
-    (guard,) = [r for r in engine["x-kubernetes-validations"] if "extraArgs" in r["rule"]]
+    guard, multi_node = [r for r in engine["x-kubernetes-validations"] if "extraArgs" in r["rule"]]
     for flag in ("--host", "--port", "--served-model-name", "--api-key"):
         assert f"'{flag}'" in guard["rule"]
         assert flag in guard["message"]
+    for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"):
+        assert f"'{flag}'" in multi_node["rule"] and flag in multi_node["message"]
+        assert f"'{flag}'" not in guard["rule"]  # the first rule's message is unchanged
+    assert "--node-join-timeout" not in multi_node["rule"], "left to extraArgs"
     # a prefix of a guarded flag (--po, --api-k=KEY) is refused as well as the flag itself
-    assert "f.startsWith(a.split('=')[0])" in guard["rule"]
-    assert "abbreviation" in guard["message"]
+    for rule in (guard, multi_node):
+        assert "f.startsWith(a.split('=')[0])" in rule["rule"]
+        assert "abbreviation" in rule["message"]
 
 
 def test_namespaced_and_cluster_scoped_rules_make_up_the_cluster_role():

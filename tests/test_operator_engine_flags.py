@@ -18,6 +18,7 @@ from octavo_operator.api.crd import custom_resource_definition
 from octavo_operator.api.engine_fields import ENGINE_FIELDS, EngineField
 from octavo_operator.api.engine_schema import OPERATOR_FLAGS
 from octavo_operator.builders.container import server_args, server_env
+from octavo_operator.builders.leader_worker_set import leader_worker_set
 
 from isvc_factories import isvc
 
@@ -35,6 +36,12 @@ SET_BY_THE_OPERATOR = {
     "--lora-allowed-roots": "with spec.adapters: the claims' mount root (extraArgs may widen)",
     "--lora-modules": "spec.adapters, through a ConfigMap read as OCTAVO_LORA_MODULES",
     "--kv-events-config": "spec.router: KV events for the endpoint picker's prefix scorer",
+    # spec.engine.nodes > 1: the LeaderWorkerSet's pods, from the env LWS injects.
+    "--nnodes": "spec.engine.nodes, as $(LWS_GROUP_SIZE) (the LWS size)",
+    "--node-rank": "0 on the group's leader, $(LWS_WORKER_INDEX) on its workers",
+    "--master-addr": "$(LWS_LEADER_ADDRESS): the leader pod's name in the LWS's Service",
+    "--master-port": "constants.MASTER_PORT, opened between the group's pods",
+    "--headless": "on the LWS's worker pods only",
 }
 # Server flags deliberately not exposed as engine fields; engine.extraArgs can pass them.
 LEFT_TO_EXTRA_ARGS = {
@@ -71,6 +78,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--tokenizer": "a tokenizer other than the model's: rare, per deployment",
     "--trust-remote-code": "refused by the server (no remote code runs)",
     "--uvicorn-log-level": "debugging one deployment, not a lasting setting",
+    "--node-join-timeout": "multi-node: how long the leader waits for slow image pulls",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {
@@ -235,6 +243,36 @@ def test_flags_set_by_the_operator_are_in_its_args():
     args = server_args(isvc(spec))
     env = {e["name"] for e in server_env(isvc(spec))}
     assert "OCTAVO_LORA_MODULES" in env, "--lora-modules comes through the environment"
-    missing = [flag for flag in SET_BY_THE_OPERATOR if flag not in [*args, "--lora-modules"]]
+    leader, worker = group_args({**spec, "engine": {"nodes": 2}})
+    set_somewhere = {*args, *leader, *worker, "--lora-modules"}
+    missing = [flag for flag in SET_BY_THE_OPERATOR if flag not in set_somewhere]
     assert missing == []
-    assert not set(LEFT_TO_EXTRA_ARGS) & set(args), "left to extraArgs: not set by default"
+    assert not set(LEFT_TO_EXTRA_ARGS) & set_somewhere, "left to extraArgs: not set by default"
+
+
+def group_args(spec: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The leader's and the worker's `octavo serve` arguments of a LeaderWorkerSet."""
+    group = leader_worker_set(isvc(spec), "octavo:1")["spec"]["leaderWorkerTemplate"]
+    leader, worker = group["leaderTemplate"], group["workerTemplate"]
+    return (leader["spec"]["containers"][0]["args"], worker["spec"]["containers"][0]["args"])
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """$(NAME) as the kubelet expands it from the container's environment."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
+
+
+def test_multi_node_pods_parse_to_their_place_in_the_group():
+    """LWS injects LWS_GROUP_SIZE, LWS_LEADER_ADDRESS and LWS_WORKER_INDEX; with them the
+    leader is node 0 of 2 and the worker node 1, headless, both dialling the leader."""
+    spec = {"engine": {"nodes": 2, "pipelineParallelSize": 2}, "resources": {"gpu": 1}}
+    leader, worker = group_args(spec)
+    env = {"LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "chat-lws-0.chat-lws.team-a"}
+    on_leader = parse_serve(expand(leader, {**env, "LWS_WORKER_INDEX": "0"}))
+    on_worker = parse_serve(expand(worker, {**env, "LWS_WORKER_INDEX": "1"}))
+    for parsed, rank in ((on_leader, 0), (on_worker, 1)):
+        assert (parsed.nnodes, parsed.node_rank) == (2, rank)
+        assert (parsed.master_addr, parsed.master_port) == ("chat-lws-0.chat-lws.team-a", 29501)
+        assert parsed.pipeline_parallel_size == 2
+    assert "--headless" in worker and "--headless" not in leader
+    assert on_worker.headless is True

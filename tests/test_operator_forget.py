@@ -64,6 +64,7 @@ def reconcile_with_index(isvc_index: dict) -> tuple[RecordingKube, Controller]:
         "isvc_index": isvc_index,
         "deployment_index": {},
         "picker_index": {},
+        "lws_index": {},
         "pod_index": {},
         "claim_index": {},
     }

@@ -64,11 +64,20 @@ def test_tensor_parallel_three_and_every_other_size_the_engine_runs_are_in_range
     assert ParallelConfig(3, 1).problems(smollm2, torch.device("cpu")) == []
 
 
-def test_the_only_layout_rule_is_one_gpu_per_rank_on_gpus() -> None:
+def test_the_only_layout_rules_are_one_gpu_per_rank_and_an_even_split_over_nodes() -> None:
     """No rule restricts the sizes' values (the old `in [1, 2, 4, ...]` refused TP 3), and
-    CPU replicas (resources.gpu 0) may run ranks as processes, as the engine does (gloo)."""
+    CPU replicas (resources.gpu 0) may run ranks as processes, as the engine does (gloo).
+    With engine.nodes > 1 each pod holds the same number of ranks (nodes divides the world)
+    and, on GPUs, one GPU per rank: resources.gpu × nodes = tensor × pipeline."""
     schema = spec_schema()
     for field in LAYOUT_FIELDS:
-        (only,) = rules_naming(field, schema)
-        assert only.startswith(GPU_RULE_START), only
-        assert only.endswith("<= self.resources.gpu"), only
+        one_replica, per_node, split = rules_naming(field, schema)
+        assert one_replica.startswith(GPU_RULE_START), one_replica
+        assert one_replica.endswith("<= self.resources.gpu"), one_replica
+        assert "self.engine.nodes > 1 ||" in one_replica, "one pod: the old rule, unchanged"
+        assert per_node.startswith(GPU_RULE_START), per_node
+        assert per_node.endswith(
+            "self.resources.gpu * self.engine.nodes == "
+            "self.engine.tensorParallelSize * self.engine.pipelineParallelSize"
+        ), per_node
+        assert split.endswith("% self.nodes == 0"), split

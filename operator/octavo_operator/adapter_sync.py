@@ -33,9 +33,13 @@ class AdapterReport:
 
 
 def ready_pod_addresses(pods: list[dict[str, Any]]) -> dict[str, str]:
-    """Pod name -> IP of the pods whose Ready condition is True."""
+    """Pod name -> IP of the pods whose Ready condition is True, less the headless workers
+    of multi-node groups (engine.nodes > 1): they serve no HTTP."""
     out = {}
     for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(c.COMPONENT_LABEL) == c.WORKER_COMPONENT:
+            continue
         status = pod.get("status") or {}
         ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
                     for cond in status.get("conditions") or [])  # fmt: skip

@@ -38,3 +38,19 @@ RENDER_PORT = 8000  # the tokenizer sidecar in the picker pod (`octavo launch re
 KV_EVENTS_PORT = 5557  # the servers' ZMQ PUB socket; the replay socket is the next port
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"
+
+# spec.engine.nodes > 1: one replica is a LeaderWorkerSet group (kubernetes-sigs/lws v0.9.0).
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
+LWS_CRD = f"{LWS_PLURAL}.leaderworkerset.x-k8s.io"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # on every pod of the LWS's groups
+LWS_SUFFIX = "-lws"  # not the Service's name: the LWS controller makes a headless Service so named
+NODE_KEY_SUFFIX = "-node-key"  # the Secret holding OCTAVO_NODE_KEY
+NODE_KEY_ENV = "OCTAVO_NODE_KEY"
+NODE_KEY_FIELD = "node-key"
+MASTER_PORT = 29501  # the leader's control listener; torch's rendezvous is the next port
+WORKER_COMPONENT = "worker"  # COMPONENT_LABEL of the headless worker pods
+# The StatefulSet controller labels each pod with `<statefulset>-<10-char hash>` (at most 63
+# characters); the worker StatefulSets are `<name>-lws-<group>`, groups up to 999.
+MAX_MULTI_NODE_NAME_LENGTH = 63 - 11 - len(LWS_SUFFIX) - 4

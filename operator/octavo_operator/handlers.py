@@ -34,8 +34,15 @@ from octavo_operator.kube import Kube, always, api_error_message, load_api_clien
 from octavo_operator.picker_wakeup import wake_if_requests_wait
 from octavo_operator.pod_activity import pod_samples
 from octavo_operator.pod_adapters import PodAdapterAPI
-from octavo_operator.reconcile import DESIRED_FIELDS, Controller, Key, Settings, TransientError
-from octavo_operator.status import Observed, deployment_summary
+from octavo_operator.reconcile import (
+    DESIRED_FIELDS,
+    Applied,
+    Controller,
+    Key,
+    Settings,
+    TransientError,
+)
+from octavo_operator.status import Observed, deployment_summary, workload_kind
 from octavo_operator.status_queue import StatusQueue
 
 ISVC = (c.GROUP, c.VERSION, c.PLURAL)
@@ -55,6 +62,8 @@ CHILD_RESOURCES = (
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     ("inference.networking.k8s.io", "v1", "inferencepools"),
+    # engine.nodes > 1: the LeaderWorkerSet (watched once its CRD exists, like the pool).
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 )
 RETRY_DELAY_SECONDS = 30
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
@@ -146,9 +155,18 @@ def picker_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any)
     return {(namespace, labels.get(c.INSTANCE_LABEL)): deployment_summary(body)}
 
 
+@kopf.index("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels=OWNED)
+def lws_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    """The LeaderWorkerSet of each service with engine.nodes > 1."""
+    return {(namespace, labels.get(c.INSTANCE_LABEL)): deployment_summary(body)}
+
+
 @kopf.index("", "v1", "pods", labels=OWNED)
 def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    summary = {"metadata": {"name": body.metadata.name}, "status": dict(body.status)}
+    """Name, status and component (a multi-node group's workers serve no HTTP)."""
+    component = {c.COMPONENT_LABEL: labels.get(c.COMPONENT_LABEL)}
+    meta = {"name": body.metadata.name, "labels": component}
+    summary = {"metadata": meta, "status": dict(body.status)}
     return {(namespace, labels.get(c.INSTANCE_LABEL)): copy.deepcopy(summary)}
 
 
@@ -173,22 +191,41 @@ def missing_claims(body: dict[str, Any], claim_index: kopf.Index) -> list[tuple[
     ]
 
 
+def workload(
+    isvc: InferenceService, applied: Applied | None, indexes: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The newest copy of the service's Deployment, or LeaderWorkerSet with engine.nodes
+    > 1 (never the other kind, left over from before a change of engine.nodes)."""
+    kind = workload_kind(isvc)
+    index = "lws_index" if isvc.engine.multi_node else "deployment_index"
+    indexed = first(indexes[index].get((isvc.namespace, isvc.name)))
+    own = applied.deployment if applied else None
+    return newest(indexed, own if own and own.get("kind", kind) == kind else None)
+
+
 def observe(ctl: Controller, key: Key, body: dict[str, Any], indexes: dict[str, Any]) -> Observed:
     applied = ctl.applied.get(key)
-    indexed = first(indexes["deployment_index"].get(key))
     return Observed(
         applied_generation=applied.generation if applied else None,
         apply_error=applied.error if applied else None,
-        deployment=newest(indexed, applied.deployment if applied else None),
+        deployment=workload(InferenceService.from_body(body), applied, indexes),
         pods=list(indexes["pod_index"].get(key, [])),
         missing_claims=missing_claims(body, indexes["claim_index"]),
         adapters=ctl.adapter_reports.get(key),
         pools_served=applied.pools_served if applied else None,
         picker=newest(first(indexes["picker_index"].get(key)), applied.picker if applied else None),
+        lws_served=applied.lws_served if applied else None,
     )
 
 
-INDEXES = ("isvc_index", "deployment_index", "picker_index", "pod_index", "claim_index")
+INDEXES = (
+    "isvc_index",
+    "deployment_index",
+    "picker_index",
+    "lws_index",
+    "pod_index",
+    "claim_index",
+)
 
 
 def indexes_of(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -430,11 +467,16 @@ def _wants_router(isvc: InferenceService) -> bool:
     return isvc.router is not None
 
 
+def _wants_groups(isvc: InferenceService) -> bool:
+    return isvc.engine.multi_node
+
+
 # CRDs of optional children: when one comes or goes, the services that want its kind are
 # reconciled now (a ServiceMonitor, or a pool and picker), not at their next change.
 OPTIONAL_APIS = {
     SERVICE_MONITOR_CRD: (MONITORING_API, "servicemonitors", _wants_monitor, "monitoring-api"),
     c.INFERENCE_POOL_CRD: (c.INFERENCE_POOL_API, "inferencepools", _wants_router, "pool-api"),
+    c.LWS_CRD: (c.LWS_API, c.LWS_PLURAL, _wants_groups, "lws-api"),
 }
 
 

@@ -40,6 +40,7 @@ PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "InferencePool": "inferencepools",
+    c.LWS_KIND: c.LWS_PLURAL,
     c.KIND: c.PLURAL,
 }
 DISCOVERY_TTL_SECONDS = 30.0

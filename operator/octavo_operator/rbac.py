@@ -50,8 +50,14 @@ def namespaced_rules() -> list[dict[str, Any]]:
         # picker's config (spec.router).
         _rule("", "configmaps", [*WATCH, *APPLY, "delete"]),
         *router_rules(),
-        # The API key of spec.apiKeySecretRef, sent when loading adapters into ready pods.
-        _rule("", "secrets", ["get"]),
+        # engine.nodes > 1: the LeaderWorkerSet in place of the Deployment (its status is
+        # read from the object; replicas go through the InferenceService's /scale, not the
+        # LWS's), deleted when engine.nodes goes back to 1.
+        _rule("leaderworkerset.x-k8s.io", "leaderworkersets", [*WATCH, *APPLY, "delete"]),
+        # The API key of spec.apiKeySecretRef, sent when loading adapters into ready pods;
+        # with engine.nodes > 1 the node key Secret, created once (never listed, never
+        # updated) and deleted when engine.nodes goes back to 1.
+        _rule("", "secrets", ["get", "create", "delete"]),
         # Pods are read to explain what a Deployment's status does not (unschedulable).
         _rule("", "pods", WATCH),
         # Events on the InferenceService for every condition change.

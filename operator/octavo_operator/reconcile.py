@@ -26,6 +26,7 @@ from octavo_operator.events import now_rfc3339, post_transitions
 from octavo_operator.idle_scaler import IdleScaler
 from octavo_operator.kube import Kube, api_error_message, object_path
 from octavo_operator.memory import Trimmer
+from octavo_operator.node_key import ensure_node_key
 from octavo_operator.status import Observed, compute, deployment_summary
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Applied:
     deployment: dict[str, Any] | None = None
     picker: dict[str, Any] | None = None  # the endpoint picker's Deployment (spec.router)
     pools_served: bool | None = None  # whether the InferencePool API was there
+    lws_served: bool | None = None  # whether the LeaderWorkerSet API was there
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,12 @@ class Settings:
 # claims, HorizontalPodAutoscalers, RBAC objects): its status changes often and is nobody's
 # drift.
 DESIRED_FIELDS = ("spec", "data", "binaryData", "rules", "subjects", "roleRef")
+
+
+def is_workload(isvc: InferenceService, obj: dict[str, Any]) -> bool:
+    """The server pods' Deployment, or the LeaderWorkerSet of a multi-node service."""
+    name = obj["metadata"]["name"]
+    return (obj["kind"], name) in (("Deployment", isvc.name), (c.LWS_KIND, isvc.group_name))
 
 
 def child_version(obj: dict[str, Any]) -> str:
@@ -143,19 +151,24 @@ class Controller:
         have changed while the operator was down)."""
         monitors = self.kube.served("monitoring.coreos.com/v1", "servicemonitors")
         applied.pools_served = self.kube.served(c.INFERENCE_POOL_API, "inferencepools")
+        applied.lws_served = self.kube.served(c.LWS_API, c.LWS_PLURAL)
         children = desired_children(
             isvc,
             self.settings.default_image,
             monitors,
             inference_pools_served=applied.pools_served,
             picker_image=self.settings.picker_image,
+            leader_worker_sets_served=bool(applied.lws_served),
         )
         previous = self.applied.get((isvc.namespace, isvc.name), Applied()).versions
+        if isvc.engine.multi_node and applied.lws_served:  # before the pods, which read it
+            ensure_node_key(self.kube, isvc)
+            applied.versions[("Secret", isvc.node_key_secret_name)] = "created"
         for obj in children.apply:
             result = self.kube.apply(obj)
             name = obj["metadata"]["name"]
             applied.versions[(obj["kind"], name)] = child_version(result)
-            if obj["kind"] == "Deployment" and name == isvc.name:
+            if is_workload(isvc, obj):
                 applied.deployment = deployment_summary(result)  # not the whole object
             elif obj["kind"] == "Deployment":
                 applied.picker = deployment_summary(result)

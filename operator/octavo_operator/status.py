@@ -9,16 +9,25 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from octavo_operator import constants as c
 from octavo_operator.adapter_sync import AdapterReport, adapters_condition
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.metadata import selector_string
 from octavo_operator.conditions import DEGRADED, PROGRESSING, READY, Condition
 from octavo_operator.router_status import router_condition, router_fields
 
+LWS_API_MISSING = "LeaderWorkerSetAPIMissing"
+LWS_INSTALL = (
+    "kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/releases/download/"
+    "v0.9.0/manifests.yaml"
+)
+
 
 @dataclass(frozen=True)
 class Observed:
-    """What the operator saw: its own last apply, the Deployment, the pods, missing claims."""
+    """What the operator saw: its own last apply, the workload (the Deployment, or the
+    LeaderWorkerSet with engine.nodes > 1: the same fields, counted in groups), the pods
+    (leaders and workers), missing claims."""
 
     applied_generation: int | None = None
     apply_error: str | None = None
@@ -28,6 +37,7 @@ class Observed:
     adapters: AdapterReport | None = None  # the last adapter sync (with spec.adapters)
     pools_served: bool | None = None  # the InferencePool API, as the last apply found it
     picker: dict[str, Any] | None = None  # the endpoint picker's Deployment (spec.router)
+    lws_served: bool | None = None  # engine.nodes > 1: the LeaderWorkerSet API, as last found
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,24 @@ def crash_looping(pods: list[dict[str, Any]]) -> Condition | None:
     return None
 
 
+def lws_api_missing(isvc: InferenceService, observed: Observed) -> Condition | None:
+    """engine.nodes > 1 on a cluster without the LeaderWorkerSet API: nothing can run."""
+    if not isvc.engine.multi_node or observed.lws_served is not False:
+        return None
+    message = (
+        f"engine.nodes {isvc.engine.nodes} runs each replica as a LeaderWorkerSet group, and "
+        f"this cluster does not serve {c.LWS_API} leaderworkersets: install LeaderWorkerSet "
+        f"({LWS_INSTALL}); the operator creates the group as soon as its CRD is there"
+    )
+    return Condition(DEGRADED, True, LWS_API_MISSING, message)
+
+
 def degraded(isvc: InferenceService, observed: Observed) -> Condition:
     if observed.apply_error:
         return Condition(DEGRADED, True, "ApplyFailed", observed.apply_error)
+    missing_api = lws_api_missing(isvc, observed)
+    if missing_api is not None:
+        return missing_api
     for role, claim in observed.missing_claims:
         message = (
             f"PersistentVolumeClaim {isvc.namespace}/{claim} named by {role} does not exist; "
@@ -120,7 +145,7 @@ def progressing(isvc: InferenceService, observed: Observed, counts: ReplicaCount
     if stuck is not None:
         return stuck
     if observed.deployment is None:
-        return Condition(PROGRESSING, True, "Creating", "creating the Deployment")
+        return Condition(PROGRESSING, True, "Creating", f"creating the {workload_kind(isvc)}")
     if counts.all_ready:
         message = f"{counts.ready}/{counts.desired} replicas run the current spec"
         return Condition(PROGRESSING, False, "RolloutComplete", message)
@@ -175,11 +200,17 @@ def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any],
     return fields, conditions
 
 
+def workload_kind(isvc: InferenceService) -> str:
+    return c.LWS_KIND if isvc.engine.multi_node else "Deployment"
+
+
 def deployment_summary(body: Any) -> dict[str, Any]:
-    """What a status needs of a Deployment: its identity, spec.replicas and status."""
+    """What a status needs of a Deployment (or LeaderWorkerSet): its identity,
+    spec.replicas and status."""
     meta = body.get("metadata") or {}
     identity = ("name", "namespace", "generation", "resourceVersion")
     return copy.deepcopy({
+        "kind": body.get("kind"),
         "metadata": {k: meta.get(k) for k in identity},
         "spec": {"replicas": (body.get("spec") or {}).get("replicas")},
         "status": dict(body.get("status") or {}),

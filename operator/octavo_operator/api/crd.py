@@ -73,7 +73,14 @@ def root_schema() -> Schema:
                 "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
                 f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters "
                 "starting with a letter (it names the Service)",
-            )
+            ),
+            rule(
+                f"self.spec.engine.nodes == 1 || "
+                f"self.metadata.name.size() <= {c.MAX_MULTI_NODE_NAME_LENGTH}",
+                f"with spec.engine.nodes above 1, metadata.name must be at most "
+                f"{c.MAX_MULTI_NODE_NAME_LENGTH} characters: it names the LeaderWorkerSet's "
+                "StatefulSets, whose pods' revision labels must fit 63 characters",
+            ),
         ],
     }
 

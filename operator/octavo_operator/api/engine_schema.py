@@ -6,11 +6,22 @@ import copy
 from typing import Any
 
 from .engine_fields import ENGINE_FIELDS, EngineField, engine_field
-from .schema import Schema, obj, rule
+from .schema import Schema, integer, obj, rule
 
 # Flags the operator sets (or that would put a key in the Deployment): refused in extraArgs,
 # spelled out, with a value (--port=1) or abbreviated (--po), which argparse would accept.
 OPERATOR_FLAGS = ("--host", "--port", "--served-model-name", "--api-key")
+# The multi-node flags, set from engine.nodes on the LeaderWorkerSet's pods: refused too.
+MULTI_NODE_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")
+NODES: Schema = integer(
+    1,
+    64,
+    description="hosts one replica spans: above 1 the replica is a LeaderWorkerSet group "
+    "(needs the LeaderWorkerSet API, kubernetes-sigs/lws) of this many pods, the leader "
+    "serving the API and `--headless` workers; each pod gets resources.gpu GPUs and runs "
+    "tensorParallelSize × pipelineParallelSize / nodes ranks",
+    default=1,
+)
 EXTRA_ARGS: Schema = {
     "type": "array",
     "description": "more `octavo serve` flags, appended as given",
@@ -21,6 +32,7 @@ EXTRA_ARGS: Schema = {
 
 def engine_schema() -> Schema:
     properties = {f.name: copy.deepcopy(f.schema) for f in ENGINE_FIELDS}
+    properties["nodes"] = copy.deepcopy(NODES)
     properties["extraArgs"] = copy.deepcopy(EXTRA_ARGS)
     return obj(
         "Engine settings, passed to `octavo serve` as the flags of the same (vLLM) names.",
@@ -40,10 +52,21 @@ def engine_rules() -> list[dict[str, Any]]:
             f"engine.{memory} must be in (0, 1]",
         ),
         rule(
-            extra_args_rule(),
+            extra_args_rule(OPERATOR_FLAGS),
             f"engine.extraArgs must not set {flags}, nor an abbreviation of one (--po): the "
             "operator sets them, and an API key here would be readable in the Deployment "
             "(use spec.apiKeySecretRef)",
+        ),
+        rule(
+            extra_args_rule(MULTI_NODE_FLAGS),
+            f"engine.extraArgs must not set {', '.join(MULTI_NODE_FLAGS)}, nor an abbreviation "
+            "of one: the operator sets them from engine.nodes",
+        ),
+        rule(
+            "self.nodes == 1 || "
+            "(self.tensorParallelSize * self.pipelineParallelSize) % self.nodes == 0",
+            "engine.nodes must divide engine.tensorParallelSize × engine.pipelineParallelSize "
+            "(every node runs the same number of ranks)",
         ),
     ]
 
@@ -58,9 +81,9 @@ def one_of_rule(field: EngineField) -> dict[str, Any]:
     )
 
 
-def extra_args_rule() -> str:
+def extra_args_rule(flags: tuple[str, ...]) -> str:
     """No argument is a guarded flag, starts with one (--port=1, --portx) or is a prefix of
     one (--po, --api-k=KEY): argparse expands unique prefixes unless allow_abbrev=False."""
-    guarded = "[" + ", ".join(f"'{f}'" for f in OPERATOR_FLAGS) + "]"
+    guarded = "[" + ", ".join(f"'{f}'" for f in flags) + "]"
     clash = "a.startsWith(f) || (a.startsWith('--') && f.startsWith(a.split('=')[0]))"
     return f"!has(self.extraArgs) || self.extraArgs.all(a, !{guarded}.exists(f, {clash}))"

@@ -124,10 +124,11 @@ def model_schema() -> Schema:
 
 def resources_schema() -> Schema:
     return obj(
-        "Compute per replica. `gpu` defaults to engine.tensorParallelSize × "
-        "engine.pipelineParallelSize; 0 runs on CPU (tensor/pipeline ranks too, as processes).",
+        "Compute per replica, or per pod of a replica with engine.nodes above 1. `gpu` "
+        "defaults to engine.tensorParallelSize × engine.pipelineParallelSize / engine.nodes; "
+        "0 runs on CPU (tensor/pipeline ranks too, as processes).",
         {
-            "gpu": integer(0, 64, description="GPUs per replica"),
+            "gpu": integer(0, 64, description="GPUs per replica (per pod with engine.nodes > 1)"),
             "gpuResourceName": string(
                 "the extended resource that counts GPUs",
                 default="nvidia.com/gpu",

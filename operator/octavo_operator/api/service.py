@@ -75,6 +75,16 @@ class InferenceService:
         return f"{self.name}{c.PICKER_SUFFIX}"
 
     @property
+    def group_name(self) -> str:
+        """The LeaderWorkerSet's name (engine.nodes > 1); the Service keeps the plain name."""
+        return f"{self.name}{c.LWS_SUFFIX}"
+
+    @property
+    def node_key_secret_name(self) -> str:
+        """The Secret whose key authenticates the node channel (engine.nodes > 1)."""
+        return f"{self.name}{c.NODE_KEY_SUFFIX}"
+
+    @property
     def block_size(self) -> int:
         return int(self.engine.settings["blockSize"])
 
@@ -144,7 +154,7 @@ def _model(spec: dict[str, Any]) -> ModelSource:
 def _resources(spec: dict[str, Any], engine: Engine) -> Resources:
     r = section(spec, "resources")
     return Resources(
-        gpu=r.get("gpu", engine.world_size),
+        gpu=r.get("gpu", engine.ranks_per_node),
         gpu_resource_name=r.get("gpuResourceName", c.DEFAULT_GPU_RESOURCE),
         cpu=None if r.get("cpu") is None else str(r["cpu"]),
         memory=None if r.get("memory") is None else str(r["memory"]),

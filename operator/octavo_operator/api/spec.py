@@ -48,13 +48,19 @@ class Engine:
 
     settings: Mapping[str, Any] = field(default_factory=lambda: engine_settings({}))
     extra_args: tuple[str, ...] = ()
+    nodes: int = 1  # hosts one replica spans: above 1, a LeaderWorkerSet group
 
     @classmethod
     def from_spec(cls, engine_spec: dict[str, Any]) -> Engine:
         return cls(
             settings=engine_settings(engine_spec),
             extra_args=tuple(engine_spec.get("extraArgs") or ()),
+            nodes=int(engine_spec.get("nodes") or 1),
         )
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -68,6 +74,11 @@ class Engine:
     def world_size(self) -> int:
         """Worker processes (and GPUs) of one replica: tensor × pipeline ranks."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Worker processes (and GPUs) of one pod: the world split evenly over the nodes."""
+        return max(1, self.world_size // self.nodes)
 
 
 @dataclass(frozen=True)

@@ -90,11 +90,19 @@ def scheduling_schemas() -> dict[str, Schema]:
 def spec_rules() -> list[dict[str, Any]]:
     return [
         rule(  # on GPUs every rank needs its own (the server refuses fewer); CPU ranks share
-            "!has(self.resources.gpu) || self.resources.gpu == 0 || "
+            "!has(self.resources.gpu) || self.resources.gpu == 0 || self.engine.nodes > 1 || "
             "self.engine.tensorParallelSize * self.engine.pipelineParallelSize "
             "<= self.resources.gpu",
             "engine.tensorParallelSize × engine.pipelineParallelSize must not exceed "
             "resources.gpu (one GPU per rank; with resources.gpu 0 the ranks share the CPUs)",
+        ),
+        rule(  # across hosts every pod holds the same share of the ranks, one GPU each
+            "!has(self.resources.gpu) || self.resources.gpu == 0 || self.engine.nodes == 1 || "
+            "self.resources.gpu * self.engine.nodes == "
+            "self.engine.tensorParallelSize * self.engine.pipelineParallelSize",
+            "with engine.nodes above 1, resources.gpu is per node: resources.gpu × engine.nodes "
+            "must equal engine.tensorParallelSize × engine.pipelineParallelSize (one GPU per "
+            "rank)",
         ),
         rule(
             "!has(self.model.uri) || !self.model.uri.startsWith('pvc://') || "

@@ -14,6 +14,7 @@ from .cache_claim import cache_claim
 from .deployment import deployment
 from .disruption_budget import pod_disruption_budget
 from .inference_pool import inference_pool
+from .leader_worker_set import leader_worker_set
 from .network_policy import network_policy
 from .picker import picker_deployment, picker_service
 from .picker_config import picker_config_map
@@ -43,15 +44,16 @@ def desired_children(
     service_monitors_served: bool,
     inference_pools_served: bool = False,
     picker_image: str = c.DEFAULT_PICKER_IMAGE,
+    leader_worker_sets_served: bool = False,
 ) -> DesiredChildren:
-    """The Deployment comes first (after the adapter list its pods read): it is what
+    """The workload comes first (after the adapter list its pods read): it is what
     users wait for."""
     out = DesiredChildren()
-    if isvc.adapters:  # before the Deployment: its pods read it when they start
+    if isvc.adapters:  # before the workload: its pods read it when they start
         out.apply.append(adapters_config_map(isvc))
     else:
         out.remove.append(ChildRef("v1", "ConfigMap", adapters_config_map_name(isvc)))
-    out.apply.append(deployment(isvc, isvc.image or default_image))
+    add_workload(out, isvc, isvc.image or default_image, leader_worker_sets_served)
     out.apply.append(service(isvc))
     if isvc.cache is not None and isvc.cache.size is not None:
         out.apply.append(cache_claim(isvc))
@@ -85,6 +87,30 @@ def desired_children(
             out.remove.append(ChildRef(api_version, kind, isvc.name))
     add_router_children(out, isvc, inference_pools_served, picker_image, default_image)
     return out
+
+
+def group_refs(isvc: InferenceService) -> list[ChildRef]:
+    """A multi-node replica's LeaderWorkerSet and its node key Secret."""
+    return [
+        ChildRef(c.LWS_API, c.LWS_KIND, isvc.group_name),
+        ChildRef("v1", "Secret", isvc.node_key_secret_name),
+    ]
+
+
+def add_workload(
+    out: DesiredChildren, isvc: InferenceService, image: str, lws_served: bool
+) -> None:
+    """A Deployment, or with engine.nodes > 1 a LeaderWorkerSet (and never both: the other
+    one goes). Without the LeaderWorkerSet API nothing runs the service; the status says
+    why (LeaderWorkerSetAPIMissing) and the next reconcile after its CRD appears applies it."""
+    if not isvc.engine.multi_node:
+        out.apply.append(deployment(isvc, image))
+        if lws_served:  # else there is no group (and its key was never made)
+            out.remove += group_refs(isvc)
+        return
+    out.remove.append(ChildRef("apps/v1", "Deployment", isvc.name))
+    if lws_served:
+        out.apply.append(leader_worker_set(isvc, image))
 
 
 def picker_refs(isvc: InferenceService) -> list[ChildRef]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from octavo_operator import constants as c
@@ -24,7 +25,9 @@ def shutdown_timeout(isvc: InferenceService) -> int:
     return max(1, left)
 
 
-def server_args(isvc: InferenceService) -> list[str]:
+def server_args(isvc: InferenceService, node_args: Sequence[str] = ()) -> list[str]:
+    """`octavo serve` arguments; NODE_ARGS (the multi-node flags of a LeaderWorkerSet
+    pod) go before extraArgs."""
     args = ["serve"]
     model = model_argument(isvc)
     if model is not None:
@@ -38,7 +41,7 @@ def server_args(isvc: InferenceService) -> list[str]:
         args += lora_args()
     args += ["--shutdown-timeout", str(shutdown_timeout(isvc))]
     args += kv_events_args(isvc)
-    return args + list(isvc.engine.extra_args)
+    return args + list(node_args) + list(isvc.engine.extra_args)
 
 
 def server_env(isvc: InferenceService) -> list[dict[str, Any]]:

@@ -41,9 +41,14 @@ def pod_annotations() -> dict[str, str]:
 
 
 def pod_spec(isvc: InferenceService, image: str) -> dict[str, Any]:
+    return pod_spec_with(isvc, server_container(isvc, image))
+
+
+def pod_spec_with(isvc: InferenceService, container: dict[str, Any]) -> dict[str, Any]:
+    """A server pod around CONTAINER: volumes, drain, security, scheduling."""
     s = isvc.scheduling
     spec: dict[str, Any] = {
-        "containers": [server_container(isvc, image)],
+        "containers": [container],
         "volumes": volumes(isvc),
         "terminationGracePeriodSeconds": isvc.drain.termination_grace_period_seconds,
         "securityContext": pod_security_context(),

@@ -8,7 +8,7 @@ from typing import Any
 from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
-from .metadata import metadata, selector_labels
+from .metadata import metadata, serving_labels
 
 
 def inference_pool(isvc: InferenceService) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def inference_pool(isvc: InferenceService) -> dict[str, Any]:
         "kind": "InferencePool",
         "metadata": metadata(isvc, isvc.name, component=c.PICKER_COMPONENT),
         "spec": {
-            "selector": {"matchLabels": selector_labels(isvc)},
+            "selector": {"matchLabels": serving_labels(isvc)},
             "targetPorts": [{"number": c.SERVER_PORT}],
             "appProtocol": "http",
             "endpointPickerRef": picker,

@@ -13,8 +13,18 @@ def selector_labels(isvc: InferenceService) -> dict[str, str]:
     return {c.NAME_LABEL: c.APP_NAME, c.INSTANCE_LABEL: isvc.name}
 
 
+def serving_labels(isvc: InferenceService) -> dict[str, str]:
+    """The labels of the pods that serve the API: every pod, or with engine.nodes > 1 the
+    groups' leaders only (the headless workers carry the worker component). The Service,
+    the InferencePool and the /scale selector (what an HPA averages over) use them."""
+    if not isvc.engine.multi_node:
+        return selector_labels(isvc)
+    return {**selector_labels(isvc), c.COMPONENT_LABEL: "server"}
+
+
 def selector_string(isvc: InferenceService) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector_labels(isvc).items())
+    """The /scale selector (status.selector): the pods that serve the API."""
+    return ",".join(f"{k}={v}" for k, v in serving_labels(isvc).items())
 
 
 def labels(isvc: InferenceService, component: str = "server") -> dict[str, str]:

@@ -33,6 +33,8 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
     ingress = [{"from": [dict(p) for p in peers], "ports": [port]}]
     if isvc.router is not None:
         ingress.append(picker_ingress(isvc))
+    if isvc.engine.multi_node:
+        ingress.append(group_ingress(isvc))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -55,3 +57,11 @@ def picker_ingress(isvc: InferenceService) -> dict[str, Any]:
         "from": [{"podSelector": {"matchLabels": picker_selector(isvc)}}],
         "ports": [{"port": p, "protocol": "TCP"} for p in ports],
     }
+
+
+def group_ingress(isvc: InferenceService) -> dict[str, Any]:
+    """engine.nodes > 1: every TCP port between the pods of the LeaderWorkerSet, the leader
+    and its workers: the node channel (--master-port), torch's rendezvous (the next port)
+    and the ports gloo and NCCL pick at random."""
+    group = {"podSelector": {"matchLabels": {c.LWS_NAME_LABEL: isvc.group_name}}}
+    return {"from": [group], "ports": [{"protocol": "TCP"}]}

@@ -7,7 +7,7 @@ from typing import Any
 from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
-from .metadata import metadata, selector_labels
+from .metadata import metadata, serving_labels
 
 
 def service(isvc: InferenceService) -> dict[str, Any]:
@@ -22,5 +22,5 @@ def service(isvc: InferenceService) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(isvc, isvc.name),
-        "spec": {"type": "ClusterIP", "selector": selector_labels(isvc), "ports": [port]},
+        "spec": {"type": "ClusterIP", "selector": serving_labels(isvc), "ports": [port]},
     }
