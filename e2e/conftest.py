@@ -6,6 +6,7 @@
 - `api_client` and typed clients (`core`, `apps`, `rbac`, `apiext`, `custom`): the admin.
 - `namespace` (function): a new namespace, deleted after the test.
 - `kubectl`, `helm`: run the built binaries against the cluster.
+- `lws_controller` (session, on request): the LeaderWorkerSet controller and its webhooks.
 - On a failure, the last lines of every component's log are added to the report.
 """
 
@@ -24,6 +25,7 @@ from kubernetes import client, config
 from e2e import cluster as e2e_cluster
 from e2e.cluster import build, control_plane
 from e2e.helpers import wait_for
+from e2e.lws_controller import LwsController
 from e2e.operator_process import OperatorProcess, install_crd, install_rbac
 
 LOG_TAIL_LINES = 25
@@ -70,6 +72,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         operator = item.funcargs.get("operator") if hasattr(item, "funcargs") else None
         if isinstance(operator, OperatorProcess):
             report.sections.append(("operator log", operator.tail(LOG_TAIL_LINES)))
+        lws = item.funcargs.get("lws_controller") if hasattr(item, "funcargs") else None
+        if isinstance(lws, LwsController):
+            report.sections.append(("lws-controller log", lws.tail(LOG_TAIL_LINES)))
 
 
 @pytest.fixture(scope="session")
@@ -173,6 +178,22 @@ def operator(
     yield proc
     SESSION_OPERATORS.remove(proc)
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def lws_controller(
+    cluster: e2e_cluster.Cluster,
+    api_client: client.ApiClient,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LwsController]:
+    """The LeaderWorkerSet controller and its webhooks, for the tests that request it (not
+    an always-on component: its webhooks fail closed). Webhooks go before the process."""
+    controller = LwsController(cluster, api_client, tmp_path_factory.mktemp("lws"))
+    try:
+        controller.start()
+        yield controller
+    finally:
+        controller.stop()
 
 
 @pytest.fixture

@@ -60,6 +60,12 @@ class PodProcess:
     # A loopback address (127.x.y.z) standing in for the pod IP: the server listens there on
     # the container's own ports, so whoever reads status.podIP (the operator) reaches it.
     pod_ip: str | None = None
+    # Env values that replace the container's own (and so its $(VAR) expansions): e.g. the
+    # leader address LWS injects, a DNS name only the cluster's DNS resolves.
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    # FLAG -> value replacing the argument after FLAG (or in FLAG=...), e.g. a free port for a
+    # listener that binds every address, where two tests' pods would otherwise collide.
+    arg_overrides: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     port_map: dict[int, int] = field(default_factory=dict)
     forwards: list[PortForward] = field(default_factory=list)
@@ -97,7 +103,20 @@ class PodProcess:
             else:
                 ref = var["valueFrom"]["secretKeyRef"]
                 env[var["name"]] = self.secrets[(ref["name"], ref["key"])]
+        env.update(self.env_overrides)
         return env
+
+    def _override(self, args: list[str]) -> list[str]:
+        out = list(args)
+        for flag, value in self.arg_overrides.items():
+            if flag not in out and not any(a.startswith(f"{flag}=") for a in out):
+                raise AssertionError(f"{flag} is not among the container's args: {args}")
+            for i, arg in enumerate(out):
+                if arg == flag:
+                    out[i + 1] = value
+                elif arg.startswith(f"{flag}="):
+                    out[i] = f"{flag}={value}"
+        return out
 
     def _forwarded(self, match: re.Match) -> str:
         """`tcp://*:PORT` (a ZMQ socket bound on every address of the pod, e.g. KV events)
@@ -121,6 +140,7 @@ class PodProcess:
     def argv(self) -> list[str]:
         """command + args, paths rewritten and container ports mapped to local ones."""
         args = [self.rewrite(self.expand(a)) for a in self.container.get("args") or []]
+        args = self._override(args)
         if self.pod_ip:
             args = [WILDCARD_ENDPOINT.sub(self._forwarded, a) for a in args]
         for port in self.container.get("ports") or []:
