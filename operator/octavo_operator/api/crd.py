@@ -75,7 +75,7 @@ def root_schema() -> Schema:
                 "starting with a letter (it names the Service)",
             ),
             rule(
-                f"self.spec.engine.nodes == 1 || "
+                f"self.spec.engine.nodes <= 1 || "
                 f"self.metadata.name.size() <= {c.MAX_MULTI_NODE_NAME_LENGTH}",
                 f"with spec.engine.nodes above 1, metadata.name must be at most "
                 f"{c.MAX_MULTI_NODE_NAME_LENGTH} characters: it names the LeaderWorkerSet's "

@@ -63,7 +63,7 @@ def engine_rules() -> list[dict[str, Any]]:
             "of one: the operator sets them from engine.nodes",
         ),
         rule(
-            "self.nodes == 1 || "
+            "self.nodes <= 1 || "
             "(self.tensorParallelSize * self.pipelineParallelSize) % self.nodes == 0",
             "engine.nodes must divide engine.tensorParallelSize × engine.pipelineParallelSize "
             "(every node runs the same number of ranks)",
