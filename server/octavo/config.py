@@ -15,7 +15,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from octavo.arg_types import one_of, parse_bool, parse_size, positive_float, positive_int
+from octavo.arg_types import (
+    non_negative_int,
+    one_of,
+    parse_bool,
+    parse_size,
+    port_number,
+    positive_float,
+    positive_int,
+)
+from octavo.distributed.node_layout import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_NODE_JOIN_TIMEOUT,
+    NodeLayout,
+)
 from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.pooling.runner import RUNNERS, TASKS, parse_pooler_config
@@ -186,6 +200,34 @@ class EngineArgs:
         parse_bool,
         kind="bool",
     )
+    nnodes: int = engine_arg(
+        1,
+        "hosts the tensor × pipeline ranks are spread over (vLLM's multi-node mp backend): "
+        "each runs tensor_parallel_size × pipeline_parallel_size / nnodes ranks, node R "
+        "the ranks [R*L, (R+1)*L); node 0 is the leader (API server and engine core), the "
+        "others run `octavo serve --headless` with the same flags and their own --node-rank",
+        positive_int,
+    )
+    node_rank: int = engine_arg(
+        0, "this host's index among the --nnodes hosts: 0 is the leader", non_negative_int
+    )
+    master_addr: str = engine_arg(
+        DEFAULT_MASTER_ADDR,
+        "the leader's address (a name or IP every host resolves to the leader, e.g. "
+        "LeaderWorkerSet's LWS_LEADER_ADDRESS)",
+    )
+    master_port: int = engine_arg(
+        DEFAULT_MASTER_PORT,
+        "the leader's node port: worker hosts connect to it (authenticated with the shared "
+        "secret OCTAVO_NODE_KEY), and torch.distributed meets at the next port",
+        port_number,
+    )
+    node_join_timeout: float = engine_arg(
+        DEFAULT_NODE_JOIN_TIMEOUT,
+        "seconds the leader waits for every worker host to join (and a worker host for the "
+        "leader to answer) before it gives up and exits 1",
+        positive_float,
+    )
 
     # engine_arg's field() is evaluated once, like every other field's here
     speculative_config: SpeculativeConfig | None = engine_arg(  # noqa: RUF009
@@ -355,6 +397,10 @@ class EngineArgs:
         )
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.pipeline_parallel_size >= 1, "pipeline_parallel_size must be >= 1")
+        _require(self.nnodes >= 1, "--nnodes must be >= 1")
+        layout_problems = NodeLayout.of(self).problems()
+        _require(not layout_problems, "; ".join(layout_problems))
+        _require(self.node_join_timeout > 0, "--node-join-timeout must be > 0 seconds")
         _require(
             self.quantization in (None, *QUANTIZATION_NAMES),
             f"unknown quantization {self.quantization!r}; supported: "

@@ -16,10 +16,16 @@ logger = logging.getLogger(__name__)
 class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    nnodes: int = 1  # hosts the ranks are spread over (``node_layout``)
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def local_world_size(self) -> int:
+        """Ranks (GPUs) on each host."""
+        return self.world_size // self.nnodes
 
     def check(self, model, device: torch.device) -> None:
         """Raise ``ValueError`` naming what does not fit ``model`` (a ``ModelConfig``)."""
@@ -53,18 +59,22 @@ class ParallelConfig:
         return found
 
     def _device_problems(self, device: torch.device) -> list[str]:
+        """This host's GPUs against the ranks it runs (each host checks its own)."""
+        local = self.local_world_size
         if device.type != "cuda" or self.world_size == 1:
             return []
         if device.index not in (None, 0):
-            last = self.world_size - 1
             return [
-                f"tensor/pipeline parallelism uses cuda:0..{last}; choose the GPUs with "
+                f"tensor/pipeline parallelism uses cuda:0..{local - 1}; choose the GPUs with "
                 f"CUDA_VISIBLE_DEVICES instead of --device {device}"
             ]
         count = torch.cuda.device_count()
-        if self.world_size > count:
-            return [
-                f"tensor_parallel_size × pipeline_parallel_size = {self.world_size} needs "
-                f"{self.world_size} GPUs, but {count} are visible"
-            ]
-        return []
+        if local <= count:
+            return []
+        ranks = f"tensor_parallel_size × pipeline_parallel_size = {self.world_size}"
+        if self.nnodes == 1:
+            return [f"{ranks} needs {local} GPUs, but {count} are visible"]
+        return [
+            f"{ranks} over {self.nnodes} nodes needs {local} GPUs on each node, but "
+            f"{count} are visible here"
+        ]

@@ -1,24 +1,31 @@
 """Joining the workers' process group: one ``torch.distributed`` world of N×M ranks.
 
 Each worker calls ``join_process_group`` once, before it builds its model: gloo on CPU,
-NCCL on GPU, rendezvous over TCP on loopback (the executor picks the port). Every rank
-creates every stage's tensor-parallel group (``new_group`` is collective), keeps its own,
-and records its place in ``parallel_state``.
+NCCL on GPU, rendezvous over TCP (on loopback on one host, the executor picks the port;
+at the leader's ``master_port + 1`` across hosts). Every rank creates every stage's
+tensor-parallel group (``new_group`` is collective), keeps its own, and records its place
+in ``parallel_state``. The shared-memory all-reduce joins a group only when all its ranks
+are on one host.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
+from octavo.distributed.node_layout import NodeLayout
 from octavo.distributed.parallel_state import (
     PipelineStage,
     TensorParallelGroup,
     set_parallel_state,
 )
 from octavo.distributed.shm_all_reduce import create_shared_all_reduce
+
+logger = logging.getLogger(__name__)
 
 # A collective waits this long for a missing peer before failing. The executor notices a
 # dead worker long before (its pipe closes); this only bounds a worker that is left behind.
@@ -27,11 +34,21 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one worker sits: its global rank in a world of ``tp × pp``."""
+    """Where one worker sits: its global rank in a world of ``tp × pp`` over ``nnodes``."""
 
     rank: int
     tensor_parallel_size: int
     pipeline_parallel_size: int
+    nnodes: int = 1
+
+    @property
+    def layout(self) -> NodeLayout:
+        return NodeLayout(self.tensor_parallel_size, self.pipeline_parallel_size, self.nnodes)
+
+    @property
+    def local_rank(self) -> int:
+        """The rank's index on its host (its GPU there)."""
+        return self.layout.local_rank(self.rank)
 
     @property
     def world_size(self) -> int:
@@ -66,13 +83,25 @@ def join_process_group(
     tp, pp = placement.tensor_parallel_size, placement.pipeline_parallel_size
     groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
     stage = placement.stage
-    shared = None
-    if backend == "gloo" and tp > 1:
-        shared = create_shared_all_reduce(
-            f"{session}-stage{stage}", placement.tensor_rank, tp, groups[stage], stage * tp
-        )
+    shared = _shared_memory(placement, backend, session, groups[stage])
     group = TensorParallelGroup(placement.tensor_rank, tp, groups[stage], stage * tp, shared)
     set_parallel_state(group, PipelineStage(stage, pp, placement.tensor_rank, tp))
+
+
+def _shared_memory(placement: Placement, backend: str, session: str, group: Any) -> Any:
+    """The CPU ranks' shared-memory all-reduce, when the whole group is on this host."""
+    tp, stage = placement.tensor_parallel_size, placement.stage
+    if backend != "gloo" or tp == 1:
+        return None
+    if not placement.layout.tensor_group_is_local:
+        if placement.tensor_rank == 0:
+            logger.info(
+                "stage %d's tensor-parallel group spans hosts: its all-reduce runs over gloo", stage
+            )
+        return None
+    return create_shared_all_reduce(
+        f"{session}-stage{stage}", placement.tensor_rank, tp, group, stage * tp
+    )
 
 
 def leave_process_group() -> None:

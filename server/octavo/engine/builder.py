@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from octavo.distributed.node_layout import NodeLayout
 from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.device import select_device, select_dtype
 from octavo.executor.executor import Executor, create_executor
@@ -48,6 +49,12 @@ class EngineParts:
 
 
 def build_engine_parts(args: EngineArgs) -> EngineParts:
+    layout = NodeLayout.of(args)
+    if layout.node_rank != 0:
+        raise ValueError(
+            f"node_rank {layout.node_rank} is a worker host: run it as `octavo serve "
+            "--headless`; the engine runs on node 0, the leader"
+        )
     folder = resolve_model_folder(args.model, args.revision)
     config = ModelConfig.from_folder(folder)
     config.enable_expert_parallel = args.enable_expert_parallel
@@ -56,12 +63,12 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     quantization = resolve_quantization(folder, args.quantization)
     device = select_device(args.device)
     dtype = select_dtype(args.dtype, device)
-    parallel = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
+    parallel = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size, args.nnodes)
     parallel.check(config, device)
     max_model_len = max_model_len_of(args, config)
     tokenizer = load_tokenizer(folder, args.tokenizer)
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
-    threads = args.num_threads or max(1, usable_cpus() // parallel.world_size)
+    threads = args.num_threads or max(1, usable_cpus() // parallel.local_world_size)
     speculative = args.speculative_config
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     spec = WorkerConfig(
@@ -69,7 +76,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
         args.tokenizer,
     )  # fmt: skip
-    executor = create_executor(spec, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    executor = create_executor(spec, layout, args.node_join_timeout)
     lookahead = speculative.num_speculative_tokens if speculative is not None else 0
     window = config.uniform_sliding_window if draft is None else None  # a draft reads it all
     try:

@@ -23,7 +23,7 @@ def check_parallel_layout_early(args) -> None:
     folder = _local_config_folder(args.model, args.revision)
     if folder is None:
         return  # checked again, as always, when the engine loads
-    layout = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
+    layout = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size, args.nnodes)
     layout.check(ModelConfig.from_folder(folder), select_device(args.device))
 
 

@@ -3,7 +3,8 @@
 The engine core talks to an ``Executor`` only: it sizes and allocates the KV cache
 through it, hands over each step's ``SchedulerOutput`` and gets the sampled tokens back.
 ``UniProcExecutor`` runs the one worker in this process; ``MultiprocExecutor``
-(``multiproc_executor.py``) runs one worker process per tensor/pipeline-parallel rank.
+(``multiproc_executor.py``) runs one worker process per tensor/pipeline-parallel rank,
+on this host or, with ``--nnodes``, some on worker hosts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from octavo.distributed.node_layout import DEFAULT_NODE_JOIN_TIMEOUT, NodeLayout
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
 from octavo.worker.worker import KVBudget, Worker, WorkerConfig
@@ -62,10 +64,14 @@ class UniProcExecutor:
         self.worker.runner = None
 
 
-def create_executor(spec: WorkerConfig, tensor_parallel_size: int, pipeline_parallel_size: int):
-    """The in-process executor for one rank, worker processes for more."""
-    if tensor_parallel_size * pipeline_parallel_size == 1:
+def create_executor(
+    spec: WorkerConfig, layout: NodeLayout, join_timeout: float = DEFAULT_NODE_JOIN_TIMEOUT
+) -> Executor:
+    """The in-process executor for one rank, worker processes for more (on this host,
+    and across hosts with ``layout.nnodes > 1``: the worker hosts have ``join_timeout``
+    seconds to join)."""
+    if layout.world_size == 1:
         return UniProcExecutor(spec)
     from octavo.executor.multiproc_executor import MultiprocExecutor
 
-    return MultiprocExecutor(spec, tensor_parallel_size, pipeline_parallel_size)
+    return MultiprocExecutor(spec, layout, join_timeout)

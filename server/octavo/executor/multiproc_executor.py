@@ -14,6 +14,11 @@ between steps too. An error reported by some ranks while others never
 answer (stuck in a collective) is fatal as well; the same error from every rank is an
 ordinary step failure. ``shutdown`` (or the executor being collected) stops every
 worker, killing what does not stop in time.
+
+Across hosts (``--nnodes``): this host runs the ranks of node 0; the others run on
+worker hosts (``octavo serve --headless``) that join over TCP (``node_rendezvous``), and
+each remote rank is one more connection here, driven the same way. A ``NodeWatch``
+reports a worker host's loss as the ``WorkerWatch`` reports a local worker's exit.
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Any
 
-import octavo
+from octavo.distributed.node_layout import DEFAULT_NODE_JOIN_TIMEOUT, NodeLayout
 from octavo.distributed.worker_group import Placement
+from octavo.executor.node_rendezvous import NodeRendezvous
+from octavo.executor.node_watch import NodeWatch
+from octavo.executor.remote_worker import NodeLink, RemoteWorkerHandle
+from octavo.executor.worker_env import worker_env
 from octavo.executor.worker_watch import WorkerWatch
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
@@ -64,7 +72,7 @@ class WorkerHandle:
         self.rank = rank
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", "octavo.worker.worker_process", str(theirs.fileno())]
-        self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=_worker_env())
+        self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=worker_env())
         theirs.close()
         self.conn = Connection(ours.detach())
 
@@ -75,34 +83,72 @@ class WorkerHandle:
         how = "is not answering" if code is None else f"exited with code {code}"
         return f"worker {self.rank} (pid {self.process.pid}) {how}"
 
+    def wait_stopped(self, deadline: float) -> None:
+        """Wait for the process to exit after its stop, killing it at ``deadline``."""
+        try:
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            logger.warning("worker %d did not stop in time; killing it", self.rank)
+            self.process.kill()
+            self.process.wait()
+
+
+Handle = WorkerHandle | RemoteWorkerHandle
+
 
 class MultiprocExecutor:
     def __init__(
-        self, spec: WorkerConfig, tensor_parallel_size: int, pipeline_parallel_size: int
+        self,
+        spec: WorkerConfig,
+        layout: NodeLayout,
+        join_timeout: float = DEFAULT_NODE_JOIN_TIMEOUT,
     ) -> None:
-        world = tensor_parallel_size * pipeline_parallel_size
-        self.placements = [
-            Placement(rank, tensor_parallel_size, pipeline_parallel_size) for rank in range(world)
-        ]
+        tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
+        self.placements = [Placement(r, tp, pp, layout.nnodes) for r in range(layout.world_size)]
         self.driver = next(p.rank for p in self.placements if p.is_driver)
-        self.workers = [WorkerHandle(rank) for rank in range(world)]
+        self.local_workers = [WorkerHandle(rank) for rank in layout.ranks_on(0)]
+        self.workers: list[Handle] = list(self.local_workers)  # every rank, in rank order
+        self.links: list[NodeLink] = []  # the worker hosts' links (multi-node)
         self._broken: str | None = None
         self._death_listener: Callable[[str], None] | None = None
         self._death_reported = threading.Lock()  # held once the death was reported
-        self._watch = WorkerWatch([worker.process for worker in self.workers])
-        self._watch.on_death(_weak_listener(self))
-        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._watch)
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._watch = WorkerWatch([worker.process for worker in self.local_workers])
+        self._watch.on_death(_weak_listener(self, MultiprocExecutor._worker_exited))
+        self._node_watch: NodeWatch | None = None
+        self._watches: list[WorkerWatch | NodeWatch] = [self._watch]
+        self._finalizer = weakref.finalize(
+            self, _stop_workers, self.workers, self.links, self._watches
+        )
+        init_method = layout.torch_init_method if layout.is_multi_node else _loopback_init()
         session = f"{os.getpid()}-{secrets.token_hex(4)}"  # names this engine's shared memory
-        logger.info("starting %d workers (tensor parallel %d × pipeline parallel %d)",
-                    world, tensor_parallel_size, pipeline_parallel_size)  # fmt: skip
+        logger.info(
+            "starting %d workers (tensor parallel %d × pipeline parallel %d) on %d "
+            "node(s), %d here",
+            layout.world_size,
+            tp,
+            pp,
+            layout.nnodes,
+            len(self.local_workers),
+        )
         try:
-            for worker, placement in zip(self.workers, self.placements, strict=True):
-                worker.conn.send((spec, placement, init_method, session))
+            if layout.is_multi_node:
+                self._join(layout, join_timeout)
+            for worker in self.workers:
+                worker.conn.send((spec, self.placements[worker.rank], init_method, session))
             self._collect()
         except BaseException:
             self.shutdown()
             raise
+
+    def _join(self, layout: NodeLayout, timeout: float) -> None:
+        """Wait for the worker hosts' ranks; then watch their links."""
+        joined = NodeRendezvous(layout, timeout).gather()
+        self.links.extend(joined.links)
+        self.workers.extend(joined.workers)
+        self.workers.sort(key=lambda worker: worker.rank)
+        self._node_watch = NodeWatch(self.links)
+        self._watches.append(self._node_watch)
+        self._node_watch.on_loss(_weak_listener(self, MultiprocExecutor._report_death))
 
     # ----- the Executor interface ----------------------------------------------------------
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -115,11 +161,14 @@ class MultiprocExecutor:
         self.call("initialize_cache", num_blocks)
 
     def check_health(self) -> None:
-        """Raise ``WorkerDied`` if any worker has exited."""
+        """Raise ``WorkerDied`` if any worker has exited or a worker host is lost."""
         if self._broken is None:
-            dead = [w for w in self.workers if w.process.poll() is not None]
+            dead = [w for w in self.local_workers if w.process.poll() is not None]
             if dead:
                 self._fail(dead[0].exit_description())
+            lost = self._node_watch.lost if self._node_watch is not None else None
+            if lost is not None:
+                self._fail(lost)
         if self._broken is not None:
             raise WorkerDied(self._broken)
 
@@ -133,7 +182,7 @@ class MultiprocExecutor:
 
     def _worker_exited(self, index: int) -> None:
         """On the watch thread: a worker exited while the executor was running."""
-        self._report_death(self.workers[index].exit_description())
+        self._report_death(self.local_workers[index].exit_description())
 
     def _report_death(self, reason: str) -> None:
         """Tell the listener, once, that the workers cannot go on."""
@@ -195,43 +244,41 @@ def _raise_reported(errors: list[tuple[int, str, str]]) -> None:
     raise (kind or WorkerCallFailed)(text)
 
 
-def _weak_listener(executor: MultiprocExecutor) -> Callable[[int], None]:
-    """The watch's listener, holding the executor weakly (so it can still be collected)."""
+def _weak_listener(executor: MultiprocExecutor, method: Callable[[Any, Any], None]):
+    """A watch's listener calling ``method`` on the executor, held weakly (so the executor
+    can still be collected)."""
     ref = weakref.ref(executor)
 
-    def exited(index: int) -> None:
+    def listener(what: Any) -> None:
         alive = ref()
         if alive is not None:
-            alive._worker_exited(index)
+            method(alive, what)
 
-    return exited
+    return listener
 
 
-def _stop_workers(workers: list[WorkerHandle], watch: WorkerWatch) -> None:
-    watch.stop()  # their exits from now on are expected
+def _stop_workers(
+    workers: list[Handle], links: list[NodeLink], watches: list[WorkerWatch | NodeWatch]
+) -> None:
+    for watch in watches:
+        watch.stop()  # the workers' exits (and the hosts' links closing) are expected now
     for worker in workers:
         with contextlib.suppress(OSError):
             worker.conn.send(STOP_WORKER)
+    for link in links:
+        link.stop()
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     for worker in workers:
-        try:
-            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            logger.warning("worker %d did not stop in time; killing it", worker.rank)
-            worker.process.kill()
-            worker.process.wait()
+        worker.wait_stopped(deadline)
         worker.conn.close()
+
+
+def _loopback_init() -> str:
+    """One host's rendezvous: a free loopback port."""
+    return f"tcp://127.0.0.1:{_free_port()}"
 
 
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _worker_env() -> dict[str, str]:
-    """Our environment, with this ``octavo`` first on the workers' import path."""
-    env = dict(os.environ)
-    source = str(Path(octavo.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
-    return env

@@ -102,7 +102,7 @@ class Worker:
         self.spec, self.placement = spec, placement
         self.device = spec.device
         if placement is not None:
-            self.device = _rank_device(spec.device, placement.rank)
+            self.device = _rank_device(spec.device, placement.local_rank)
             join_process_group(placement, init_method, _backend(self.device), session)
         torch.manual_seed(spec.seed)
         if spec.num_threads is not None:
@@ -247,12 +247,13 @@ class Worker:
         return output if self.is_driver else None
 
 
-def _rank_device(device: torch.device, rank: int) -> torch.device:
-    """One GPU per rank on this node (``CUDA_VISIBLE_DEVICES`` picks which); CPU is shared."""
+def _rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """One GPU per rank of this host, by its index here (``CUDA_VISIBLE_DEVICES`` picks
+    which); CPU is shared."""
     if device.type != "cuda":
         return device
-    torch.cuda.set_device(rank)
-    return torch.device("cuda", rank)
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
 
 
 def _backend(device: torch.device) -> str:

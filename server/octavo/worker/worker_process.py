@@ -17,9 +17,13 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from octavo.worker.worker import WorkerConfig
 
 LOG_FORMAT = "%(levelname)s:     [worker %(rank)s] %(name)s: %(message)s"
 
@@ -35,11 +39,14 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def serve(conn: Connection) -> None:
-    """Build the worker from the first message, then answer calls until told to stop."""
+def serve(conn: Connection, adapt: Callable[[WorkerConfig], WorkerConfig] | None = None) -> None:
+    """Build the worker from the first message (its config passed through ``adapt``: a
+    worker host's own paths and threads), then answer calls until told to stop."""
     from octavo.worker.worker import STOP_WORKER, Worker
 
     spec, placement, init_method, session = conn.recv()
+    if adapt is not None:
+        spec = adapt(spec)
     _configure_logging(placement.rank)
     workers: list[Worker] = []
     _answer(conn, lambda: workers.append(Worker(spec, placement, init_method, session)))

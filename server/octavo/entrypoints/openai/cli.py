@@ -19,7 +19,8 @@ DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
     "/v1/chat/completions, /v1/responses, /v1/embeddings, the /render endpoints, "
     "/v1/models, /tokenize, /detokenize, "
-    "/health, /metrics, /version). MODEL is a local Hugging Face model folder (or "
+    "/health, /metrics, /version); with --headless, a worker host of a multi-node engine "
+    "(--nnodes) instead, with no API server. MODEL is a local Hugging Face model folder (or "
     "file://PATH) or a Hugging Face Hub model hf://ORG/NAME[@REVISION] (also a bare "
     "ORG/NAME); without it the embedded SmolLM2-135M-Instruct is served. The port opens "
     "at once (/health answers 503 until the model is loaded). SIGTERM drains: new "
@@ -86,11 +87,25 @@ def serve(args: argparse.Namespace) -> int:
     from octavo.model_executor.loader import check_model_early
 
     engine_args = parsed_engine_args(args)
+    check_node_role(args.headless, engine_args)  # --headless on worker hosts only
     check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
     check_parallel_layout_early(engine_args)  # so does a layout the model cannot take
     check_quantization_early(engine_args)  # and a quantization it does not fit
+    if args.headless:
+        from octavo.entrypoints.headless import run_headless
+
+        return run_headless(engine_args)
     config = server_config(args, engine_args)
     return run_server(config, engine_args, listen_args(args))
+
+
+def check_node_role(headless: bool, engine_args: EngineArgs) -> None:
+    """``--headless`` with a worker host's ``--node-rank``, never without; ValueError."""
+    from octavo.distributed.node_layout import node_role_problem
+
+    problem = node_role_problem(headless, engine_args.node_rank, engine_args.nnodes)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def launch_render(args: argparse.Namespace) -> int:

@@ -202,6 +202,16 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         kind="bool",
         negation="--disable-log-requests",
     ),
+    Option(
+        "--headless",
+        "run a worker host of a multi-node engine (with --nnodes and its --node-rank > 0): "
+        "no API server, only this host's worker processes, driven by the leader at "
+        "--master-addr:--master-port; exits 0 when the leader stops, 2 when the leader or "
+        "a worker here is lost, 1 when it cannot join",
+        parse_bool,
+        False,
+        kind="bool",
+    ),
     Option("--log-level", "log level", one_of(LOG_LEVELS), "info", LOG_LEVELS),
     Option(
         "--uvicorn-log-level",

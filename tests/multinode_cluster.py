@@ -1,0 +1,161 @@
+"""A multi-node engine on one machine for tests: a leader ``octavo serve`` and its
+``--headless`` worker hosts as real processes on 127.0.0.1 (each in its own session, so
+a whole "host" can be killed at once)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+NODE_KEY = "multinode-test-secret"
+SERVED_NAME = "tiny"
+
+
+def free_port_pair() -> int:
+    """A port P with P and P + 1 free on loopback (the node port and torch's)."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as second, contextlib.suppress(OSError):
+                second.bind(("127.0.0.1", port + 1))
+                return port
+    raise RuntimeError("no two consecutive free ports on loopback")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Host:
+    """One process of the group: its command's process and its log."""
+
+    process: subprocess.Popen
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            message = f"still running after {timeout} s:\n{self.text()[-3000:]}"
+            raise AssertionError(message) from None
+
+    def kill_host(self) -> None:
+        """SIGKILL every process of this "host" (its session)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+@dataclass
+class NodeGroup:
+    """The flags every host shares, and the hosts started so far."""
+
+    model: Path
+    workdir: Path
+    common: list[str]
+    master_port: int = field(default_factory=free_port_pair)
+    hosts: list[Host] = field(default_factory=list)
+    url: str = ""
+
+    def flags(self, node_rank: int, *extra: str) -> list[str]:
+        return [
+            *self.common,
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(self.master_port),
+            "--node-rank",
+            str(node_rank),
+            *extra,
+        ]
+
+    def start_leader(self, *extra: str) -> Host:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        args = ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME]
+        return self._start("leader", self.flags(0, *args, *extra))
+
+    def start_worker(self, node_rank: int, *extra: str, key: str = NODE_KEY) -> Host:
+        return self._start(f"node{node_rank}", self.flags(node_rank, "--headless", *extra), key)
+
+    def _start(self, name: str, flags: list[str], key: str = NODE_KEY) -> Host:
+        env = {
+            **os.environ,
+            "OCTAVO_NODE_KEY": key,
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+        }
+        log = self.workdir / f"{name}.log"
+        command = [sys.executable, "-m", "octavo.cli", "serve", str(self.model), *flags]
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        host = Host(process, log)
+        self.hosts.append(host)
+        return host
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for host in self.hosts:
+                assert host.process.poll() is None, f"{host.log.name} exited:\n{self.logs()}"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"not healthy in {timeout} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {h.log.name}\n{h.text()[-3000:]}" for h in self.hosts)
+
+    def stop_all(self) -> None:
+        for host in self.hosts:
+            host.kill_host()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                host.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def node_group(model: Path, workdir: Path, common: list[str]) -> Iterator[NodeGroup]:
+    group = NodeGroup(model, workdir, common)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def greedy_token_ids(url: str, prompt: list[int], max_tokens: int) -> list[int]:
+    """The served model's greedy completion of ``prompt`` as token ids (the server runs
+    with --return-tokens-as-token-ids, so logprobs name every token by its id)."""
+    body = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    tokens = reply.json()["choices"][0]["logprobs"]["tokens"]
+    return [int(token.removeprefix("token_id:")) for token in tokens]
