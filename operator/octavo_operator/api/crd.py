@@ -36,10 +36,19 @@ def status_schema() -> Schema:
         "What the operator observed; written only by the operator.",
         {
             "observedGeneration": {"type": "integer", "format": "int64"},
-            "replicas": integer(description="pods of the Deployment (the /scale status)"),
-            "readyReplicas": integer(description="pods passing their readiness probe"),
-            "updatedReplicas": integer(description="pods running the current spec"),
-            "selector": string("label selector of the pods (the /scale selector)"),
+            "replicas": integer(
+                description="pods of the Deployment, or groups of the LeaderWorkerSet with "
+                "engine.nodes > 1 (the /scale status)"
+            ),
+            "readyReplicas": integer(
+                description="pods passing their readiness probe (groups whose pods all run "
+                "and whose leader is ready)"
+            ),
+            "updatedReplicas": integer(description="pods (groups) running the current spec"),
+            "selector": string(
+                "label selector of the pods that serve the API, the groups' leaders with "
+                "engine.nodes > 1 (the /scale selector)"
+            ),
             "url": string("the OpenAI base URL inside the cluster"),
             "model": string("the model being served"),
             "router": obj(

@@ -125,8 +125,9 @@ def spec_schema() -> Schema:
             0,
             1000,
             description="replicas (default 1); with autoscaling, the autoscaler's: HPA/KEDA "
-            "write it through /scale and the operator keeps the Deployment within "
-            "[minReplicas, maxReplicas]. Leave it out of GitOps manifests when autoscaling",
+            "write it through /scale and the operator keeps the Deployment (the "
+            "LeaderWorkerSet's groups with engine.nodes > 1) within [minReplicas, "
+            "maxReplicas]. Leave it out of GitOps manifests when autoscaling",
             default=1,
         ),
         "engine": engine_schema(),
