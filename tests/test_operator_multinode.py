@@ -199,3 +199,10 @@ def test_the_network_policy_opens_every_tcp_port_inside_the_group() -> None:
     }
     single = network_policy(isvc({"networkPolicy": {"enabled": True}}))
     assert len(single["spec"]["ingress"]) == 1
+
+
+def test_the_api_key_stays_on_the_leader() -> None:
+    leader, worker = containers(group({"apiKeySecretRef": {"name": "keys"}}))
+    assert "OCTAVO_API_KEY" in {e["name"] for e in leader["env"]}
+    assert "OCTAVO_API_KEY" not in {e["name"] for e in worker["env"]}, "a worker serves no API"
+    assert NODE_KEY in worker["env"]

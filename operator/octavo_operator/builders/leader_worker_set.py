@@ -25,6 +25,7 @@ GROUP_SIZE = ["--nnodes", "$(LWS_GROUP_SIZE)"]
 LEADER_ADDRESS = ["--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", str(c.MASTER_PORT)]
 LEADER_ARGS = [*GROUP_SIZE, "--node-rank", "0", *LEADER_ADDRESS]
 WORKER_ARGS = [*GROUP_SIZE, "--node-rank", "$(LWS_WORKER_INDEX)", *LEADER_ADDRESS, "--headless"]
+API_KEY_ENV = "OCTAVO_API_KEY"  # spec.apiKeySecretRef, on the leader only
 # A worker pod's restart recreates its whole group: the ranks of one world die together.
 RESTART_POLICY = "RecreateGroupOnPodRestart"
 # The workers' StatefulSet is made once the leader pod exists, not once it is Ready: the
@@ -51,11 +52,16 @@ def worker_container(isvc: InferenceService, image: str) -> dict[str, Any]:
         "image": image,
         "command": ["octavo"],
         "args": server_args(isvc, WORKER_ARGS),
-        "env": [*server_env(isvc), node_key_env(isvc)],
+        "env": [*worker_env(isvc), node_key_env(isvc)],
         "resources": resources(isvc),
         "securityContext": security_context(),
         "volumeMounts": volume_mounts(isvc),
     }
+
+
+def worker_env(isvc: InferenceService) -> list[dict[str, Any]]:
+    """The server's environment less the API key: a worker answers no request."""
+    return [e for e in server_env(isvc) if e["name"] != API_KEY_ENV]
 
 
 def rollout_strategy(isvc: InferenceService) -> dict[str, Any]:
