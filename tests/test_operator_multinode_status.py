@@ -239,12 +239,12 @@ class Obj:
         return Obj(value) if isinstance(value, dict) else value
 
 
-CEL_WORDS = re.compile(r"self(\.\w+)+|has|\d+|\|\||&&|!|==|<=|>|\*|%|\(|\)|\s+")
+CEL_WORDS = re.compile(r"self(\.\w+)+|has|\d+|'\w+'|\|\||&&|!|==|<=|>|\*|%|\(|\)|\s+")
 
 
 def evaluate(rule: str, self: Obj) -> bool:
-    """A CEL rule of the layout kind (has, ||, &&, !, comparisons, * and % on integers), as
-    Python: these operators have the same meaning and order in both languages."""
+    """A CEL rule of the layout kind (has, ||, &&, !, comparisons, * and % on integers,
+    'word' literals), as Python: these have the same meaning and order in both languages."""
     assert CEL_WORDS.sub("", rule) == "", f"not a rule of the supported kind: {rule}"
     python = re.sub(r"has\(([^)]*)\)", r"_has(lambda: \1)", rule)
     python = python.replace("||", " or ").replace("&&", " and ").replace("!", " not ")
@@ -306,3 +306,28 @@ def test_the_crds_layout_rules(tensor, pipeline, nodes, gpu, allowed) -> None:
     assert len(rules) == 3
     verdicts = [evaluate(r, spec if at == "spec" else Obj(engine)) for r, at in rules]
     assert all(verdicts) is allowed, verdicts
+
+
+def cache_rule() -> str:
+    root = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = root["properties"]["spec"]["x-kubernetes-validations"]
+    (rule,) = [r["rule"] for r in rules if "accessMode" in r["rule"]]
+    return rule
+
+
+@pytest.mark.parametrize(
+    ("nodes", "cache", "allowed"),
+    [
+        (2, {"size": "10Gi", "accessMode": "ReadWriteOnce"}, False),
+        (2, {"size": "10Gi", "accessMode": "ReadWriteOncePod"}, False),
+        (2, {"size": "10Gi", "accessMode": "ReadWriteMany"}, True),
+        (2, {"claimName": "shared"}, True),  # an existing claim: its access mode is the user's
+        (2, None, True),
+        (1, {"size": "10Gi", "accessMode": "ReadWriteOnce"}, True),
+    ],
+)
+def test_a_group_needs_a_cache_every_host_can_mount(nodes, cache, allowed) -> None:
+    fields: dict[str, Any] = {"engine": {"nodes": nodes}}
+    if cache is not None:
+        fields["cache"] = cache
+    assert evaluate(cache_rule(), Obj(fields)) is allowed

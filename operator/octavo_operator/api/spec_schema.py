@@ -104,6 +104,12 @@ def spec_rules() -> list[dict[str, Any]]:
             "must equal engine.tensorParallelSize × engine.pipelineParallelSize (one GPU per "
             "rank)",
         ),
+        rule(  # a group's pods run on different hosts: a claim each host can mount
+            "self.engine.nodes <= 1 || !has(self.cache) || !has(self.cache.size) || "
+            "self.cache.accessMode == 'ReadWriteMany'",
+            "with engine.nodes above 1, a cache the operator creates (cache.size) needs "
+            "cache.accessMode ReadWriteMany: the pods of a replica run on different nodes",
+        ),
         rule(
             "!has(self.model.uri) || !self.model.uri.startsWith('pvc://') || "
             "!has(self.cache) || !has(self.cache.claimName) || "
