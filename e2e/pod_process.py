@@ -146,9 +146,10 @@ class PodProcess:
         for port in self.container.get("ports") or []:
             own = port["containerPort"]
             self.port_map[own] = own if self.pod_ip else free_port()
-        if "--port" in args:
+        if "--port" in args:  # a port no containerPort names (a headless node's) maps too
             i = args.index("--port") + 1
-            args[i] = str(self.port_map[int(args[i])])
+            own = int(args[i])
+            args[i] = str(self.port_map.setdefault(own, own if self.pod_ip else free_port()))
         if self.pod_ip and "--host" in args:
             args[args.index("--host") + 1] = self.pod_ip
         command = list(self.container["command"])
