@@ -12,6 +12,7 @@ from e2e import isvc
 EXTRA_ARGS_REFUSED = (
     "must not set --host, --port, --served-model-name, --api-key, nor an abbreviation of one"
 )
+NODE_ARGS_REFUSED = "must not set --nnodes, --node-rank, --master-addr, --master-port, --headless"
 INVERTED_LOOKUP = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
                    "prompt_lookup_max": 2}  # fmt: skip
 INVALID = {
@@ -132,6 +133,28 @@ INVALID = {
         "Unsupported value",
     ),
     "negative-replicas": ({"replicas": -1}, "spec.replicas"),
+    "nodes-gpus-do-not-cover-ranks": (
+        {
+            "engine": {"nodes": 2, "tensorParallelSize": 2, "pipelineParallelSize": 2},
+            "resources": {"gpu": 4},
+        },
+        "resources.gpu × engine.nodes must equal",
+    ),
+    "nodes-do-not-divide-ranks": (
+        {"engine": {"nodes": 2, "tensorParallelSize": 3}, "resources": {"gpu": 0}},
+        "engine.nodes must divide",
+    ),
+    "nodes-cache-read-write-once": (
+        {"engine": {"nodes": 2, "pipelineParallelSize": 2}, "cache": {"size": "10Gi"}},
+        "needs cache.accessMode ReadWriteMany",
+    ),
+    "nodes-zero": ({"engine": {"nodes": 0}}, "spec.engine.nodes"),
+    "extra-args-nnodes": ({"engine": {"extraArgs": ["--nnodes", "2"]}}, NODE_ARGS_REFUSED),
+    "extra-args-headless": ({"engine": {"extraArgs": ["--headless"]}}, NODE_ARGS_REFUSED),
+    "extra-args-abbreviated-master-addr": (
+        {"engine": {"extraArgs": ["--master-a=x"]}},
+        NODE_ARGS_REFUSED,
+    ),
 }
 
 
@@ -160,6 +183,18 @@ ACCEPTED_LAYOUTS = {
     "tensor-parallel-6": {"engine": {"tensorParallelSize": 6}, "resources": {"gpu": 8}},
     "tensor-parallel-on-cpu": {"engine": {"tensorParallelSize": 2}, "resources": {"gpu": 0}},
     "pipeline-parallel-on-cpu": {"engine": {"pipelineParallelSize": 3}, "resources": {"gpu": 0}},
+    "two-nodes-tensor-2-pipeline-2": {
+        "engine": {"nodes": 2, "tensorParallelSize": 2, "pipelineParallelSize": 2},
+        "resources": {"gpu": 2},
+    },
+    "two-nodes-tensor-across": {
+        "engine": {"nodes": 2, "tensorParallelSize": 2},
+        "resources": {"gpu": 1},
+    },
+    "two-nodes-pipeline-on-cpu": {
+        "engine": {"nodes": 2, "pipelineParallelSize": 2},
+        "resources": {"gpu": 0},
+    },
 }
 
 
@@ -178,7 +213,14 @@ def test_layouts_the_engine_runs_are_accepted(namespace, custom, operator, case)
         assert created["spec"]["engine"][field] == value
 
 
-ALLOWED_EXTRA_ARGS = ["--max-num-seqs=4", "--log-level", "debug", "--enforce-eager"]
+ALLOWED_EXTRA_ARGS = [
+    "--max-num-seqs=4",
+    "--log-level",
+    "debug",
+    "--enforce-eager",
+    "--node-join-timeout",
+    "900",
+]
 
 
 def test_other_extra_args_and_typed_env_are_accepted(namespace, custom, operator):
@@ -211,6 +253,16 @@ def test_bad_name_is_refused(namespace, custom, operator):
     with pytest.raises(client.ApiException) as refused:
         isvc.create(custom, namespace, body)
     assert "must be a DNS label" in json.loads(refused.value.body)["message"]
+
+
+def test_a_multi_node_name_too_long_for_its_group_is_refused(namespace, custom, operator):
+    spec = {"engine": {"nodes": 2, "pipelineParallelSize": 2}, "resources": {"gpu": 0}}
+    body = isvc.manifest("a" * 45, spec)
+    with pytest.raises(client.ApiException) as refused:
+        isvc.create(custom, namespace, body)
+    assert (
+        "metadata.name must be at most 44 characters" in json.loads(refused.value.body)["message"]
+    )
 
 
 def test_defaults_are_filled_by_the_apiserver(namespace, custom, operator):
