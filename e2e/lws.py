@@ -7,8 +7,7 @@ from typing import Any
 
 from kubernetes import client
 
-from e2e.helpers import FAKE_IMAGE, wait_for
-from e2e.loopback_pod import is_ready
+from e2e.helpers import FAKE_IMAGE, pod_is_ready, wait_for
 
 GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 LABEL = "leaderworkerset.sigs.k8s.io"  # prefix of every label/annotation LWS sets
@@ -93,7 +92,7 @@ def wait_group_ready(
         group = group_pods(core, namespace, name)
         if group is None or group.uids & exclude:
             return None
-        return group if all(is_ready(p) for p in group.pods) else None
+        return group if all(pod_is_ready(p) for p in group.pods) else None
 
     def describe() -> list[tuple[str, str | None, Any]]:
         pods = core.list_namespaced_pod(namespace, label_selector=f"{NAME_LABEL}={name}").items
