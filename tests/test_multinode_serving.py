@@ -1,18 +1,18 @@
-"""One engine across "hosts": a leader `octavo serve` and `--headless` worker hosts as real
-processes on 127.0.0.1, started with the multi-node flags.
+"""A served multi-node engine: a leader `octavo serve` and `--headless` worker hosts as
+real processes on 127.0.0.1, started with the multi-node flags.
 
-Tensor parallel 2 across two nodes, pipeline parallel 2 across two nodes and pipeline
-parallel 3 across three: greedy fp32 output token-identical to one process. Each group
-then ends a different way: SIGTERM on the leader stops every host cleanly (exit 0); a
-killed worker host turns the leader's /health 503 at once and the leader exits 2; a
-killed leader makes every worker host exit 2 and leaves no worker process behind.
+Pipeline parallel 3 across three hosts answers with greedy fp32 output token-identical
+to one process; a killed worker host turns the leader's /health 503 at once, the leader
+exits 2 and so does the other worker host (its leader vanished), leaving no worker
+behind. A leader whose worker host never joins exits 1 within --node-join-timeout with
+a message naming the missing host and ranks, and a worker host whose leader never
+answers gives up the same way. (Two hosts led from an in-process LLM, tensor and
+pipeline parallel, and a refused layout: test_multinode_engine.py.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,6 +30,7 @@ from tiny_models import build_tiny_model
 STARTUP_SECONDS = 240
 EXIT_WITHIN_SECONDS = 60
 UNHEALTHY_WITHIN_SECONDS = 2.0  # the host's link is watched, not polled between steps
+JOIN_EXIT_SLACK_SECONDS = 10.0  # stopping the leader's own worker and the server, busy CPUs
 MAX_TOKENS = 12
 PROMPTS = 4
 SHARED_FLAGS = [
@@ -96,80 +97,88 @@ def gone(process: psutil.Process) -> bool:
         return True
 
 
-class TestTensorParallelAcrossTwoNodes:
-    @pytest.fixture(scope="class")
-    def group(self, tiny_folder, tmp_path_factory):
-        workdir = tmp_path_factory.mktemp("tp2-nodes")
-        with started_group(tiny_folder("llama3"), workdir, 2, 1, 2) as group:
-            yield group
-
-    def test_greedy_output_is_identical_to_one_process(self, group, tiny_folder, prompts):
-        assert served(group, prompts) == one_process(tiny_folder("llama3"), prompts)
-        leader_log = group.hosts[0].text()
-        assert "node 1 joined from 127.0.0.1" in leader_log
-        # rank 0 here, rank 1 on the other host: no shared memory between them
-        assert "stage 0's tensor-parallel group spans hosts" in leader_log
-
-    def test_sigterm_on_the_leader_stops_every_host_cleanly(self, group):
-        leader, worker = group.hosts
-        workers = worker_processes(worker.process.pid)
-        assert len(workers) == 1
-        os.kill(leader.process.pid, signal.SIGTERM)
-        assert leader.wait(EXIT_WITHIN_SECONDS) == 0, group.logs()
-        assert worker.wait(EXIT_WITHIN_SECONDS) == 0, group.logs()
-        assert "the leader stopped the engine" in worker.text()
-        assert all(gone(process) for process in workers)
+@pytest.fixture(scope="module")
+def three_nodes(three_layer_folder, tmp_path_factory):
+    """Pipeline parallel 3 over a served leader and two worker hosts (ends in the test
+    that kills one of them)."""
+    workdir = tmp_path_factory.mktemp("pp3-nodes")
+    with started_group(three_layer_folder, workdir, 1, 3, 3) as group:
+        yield group
 
 
-class TestPipelineParallelAcrossTwoNodes:
-    @pytest.fixture(scope="class")
-    def group(self, tiny_folder, tmp_path_factory):
-        workdir = tmp_path_factory.mktemp("pp2-nodes")
-        with started_group(tiny_folder("llama3"), workdir, 1, 2, 2) as group:
-            yield group
-
-    def test_greedy_output_is_identical_to_one_process(self, group, tiny_folder, prompts):
-        assert served(group, prompts) == one_process(tiny_folder("llama3"), prompts)
-
-    def test_a_killed_worker_host_fails_health_at_once_and_the_leader_exits_2(self, group):
-        leader, worker = group.hosts
-        worker.kill_host()
-        killed = time.monotonic()
-        statuses: list[tuple[float, int]] = []
-        while leader.process.poll() is None:
-            assert time.monotonic() < killed + EXIT_WITHIN_SECONDS, group.logs()
-            with contextlib.suppress(httpx.TransportError):  # already closing
-                status = httpx.get(f"{group.url}/health", timeout=2).status_code
-                statuses.append((time.monotonic() - killed, status))
-            time.sleep(0.05)
-        assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE
-        first_503 = next(seconds for seconds, status in statuses if status == 503)
-        assert first_503 < UNHEALTHY_WITHIN_SECONDS, statuses
-        assert all(status == 503 for seconds, status in statuses if seconds >= first_503)
-        text = leader.text()
-        assert "worker host 1 (127.0.0.1, rank 1) disconnected" in text
-        assert "the engine core died" in text
+def test_three_hosts_answer_identically_to_one_process(three_nodes, three_layer_folder, prompts):
+    assert served(three_nodes, prompts) == one_process(three_layer_folder, prompts)
+    text = three_nodes.hosts[0].text()
+    assert "node 1 joined from 127.0.0.1" in text and "node 2 joined from 127.0.0.1" in text
 
 
-class TestPipelineParallelAcrossThreeNodes:
-    @pytest.fixture(scope="class")
-    def group(self, three_layer_folder, tmp_path_factory):
-        workdir = tmp_path_factory.mktemp("pp3-nodes")
-        with started_group(three_layer_folder, workdir, 1, 3, 3) as group:
-            yield group
+def test_a_killed_worker_host_fails_health_at_once_and_every_host_exits_2(three_nodes):
+    group = three_nodes
+    leader, survivor, victim = group.hosts
+    workers = worker_processes(survivor.process.pid)
+    victim.kill_host()
+    statuses = health_until_exit(group, leader)
+    assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE
+    first_503 = next(seconds for seconds, status in statuses if status == 503)
+    assert first_503 < UNHEALTHY_WITHIN_SECONDS, statuses
+    assert all(status == 503 for seconds, status in statuses if seconds >= first_503)
+    text = leader.text()
+    assert "worker host 2 (127.0.0.1, rank 2) disconnected" in text
+    assert "the engine core died" in text
+    # the leader's engine failed: the other worker host exits 2, leaving no worker
+    assert survivor.wait(EXIT_WITHIN_SECONDS) == 2, group.logs()
+    assert "the leader's engine stopped: worker host 2 (127.0.0.1, rank 2)" in survivor.text()
+    assert_gone(workers)
 
-    def test_greedy_output_is_identical_to_one_process(self, group, three_layer_folder, prompts):
-        assert served(group, prompts) == one_process(three_layer_folder, prompts)
 
-    def test_a_killed_leader_makes_every_worker_host_exit_2(self, group):
-        leader, *hosts = group.hosts
-        workers = [p for host in hosts for p in worker_processes(host.process.pid)]
-        assert len(workers) == 2
-        leader.kill_host()
-        for host in hosts:
-            assert host.wait(EXIT_WITHIN_SECONDS) == 2, group.logs()
-            assert "the leader is gone" in host.text()
-        deadline = time.monotonic() + 10
-        while not all(gone(process) for process in workers):
-            assert time.monotonic() < deadline, "worker processes left behind"
-            time.sleep(0.05)
+def health_until_exit(group: NodeGroup, leader) -> list[tuple[float, int]]:
+    """/health's answers (seconds from now, status) until the leader exits."""
+    started = time.monotonic()
+    statuses: list[tuple[float, int]] = []
+    while leader.process.poll() is None:
+        assert time.monotonic() < started + EXIT_WITHIN_SECONDS, group.logs()
+        with contextlib.suppress(httpx.TransportError):  # already closing
+            status = httpx.get(f"{group.url}/health", timeout=2).status_code
+            statuses.append((time.monotonic() - started, status))
+        time.sleep(0.05)
+    return statuses
+
+
+def assert_gone(processes: list[psutil.Process]) -> None:
+    deadline = time.monotonic() + 10
+    while not all(gone(process) for process in processes):
+        assert time.monotonic() < deadline, "worker processes left behind"
+        time.sleep(0.05)
+
+
+def test_hosts_that_never_join_fail_within_the_timeout(tiny_folder, tmp_path):
+    """A leader whose worker host never comes exits 1 just after --node-join-timeout, naming
+    the missing host and ranks; a worker host whose leader never answers gives up too."""
+    sizes = ["--pipeline-parallel-size", "2", "--nnodes", "2", "--node-join-timeout", "5"]
+    alone = NodeGroup(tiny_folder("llama3"), tmp_path, [*SHARED_FLAGS, *sizes])
+    orphans = NodeGroup(tiny_folder("llama3"), tmp_path / "orphan", [*SHARED_FLAGS, *sizes])
+    orphans.workdir.mkdir()
+    try:
+        leader, orphan = alone.start_leader(), orphans.start_worker(1)
+        waiting = wait_for_line(leader, "waiting for node 1 (rank 1)")
+        assert leader.wait(EXIT_WITHIN_SECONDS) == 1, alone.logs()
+        assert time.monotonic() - waiting < 5 + JOIN_EXIT_SLACK_SECONDS
+        assert (
+            f"worker host(s) node 1 (rank 1) did not join 127.0.0.1:{alone.master_port} "
+            "within 5 s (--node-join-timeout)" in leader.text()
+        )
+        assert orphan.wait(EXIT_WITHIN_SECONDS) == 1, orphans.logs()
+        assert f"the leader 127.0.0.1:{orphans.master_port} did not answer within" in orphan.text()
+    finally:
+        alone.stop_all()
+        orphans.stop_all()
+
+
+def wait_for_line(host, text: str) -> float:
+    """When ``text`` appeared in the host's log (polled)."""
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while text not in host.text():
+        assert host.process.poll() is None, host.text()
+        assert time.monotonic() < deadline, host.text()
+        time.sleep(0.05)
+    return time.monotonic()

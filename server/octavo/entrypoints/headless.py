@@ -7,8 +7,9 @@ host (downloading it if need be), joins the leader at ``--master-addr:--master-p
 ``[R*L, (R+1)*L)``, each connected to the leader's engine core, which drives them.
 
 Exit codes: 0 after the leader's clean stop (or SIGTERM/SIGINT here); 2 when the leader
-vanished or a worker of this host died (this host's other workers are stopped first);
-1 when the leader could not be reached in time or refused this host (layouts differ).
+vanished, its engine failed (it lost another host, or could not load), or a worker of
+this host died (this host's other workers are stopped first); 1 when the leader could
+not be reached in time or refused this host (layouts differ).
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ class MultiprocExecutor:
             for worker in self.workers:
                 worker.conn.send((spec, self.placements[worker.rank], init_method, session))
             self._collect()
-        except BaseException:
+        except BaseException as error:
+            self._abort_links(f"the engine failed to load: {error}")
             self.shutdown()
             raise
 
@@ -228,11 +229,19 @@ class MultiprocExecutor:
             _raise_reported(errors)
         return results
 
+    def _abort_links(self, reason: str) -> None:
+        """Tell the worker hosts the engine stops on a failure (not a clean stop)."""
+        for watch in self._watches:
+            watch.stop()  # the links closing is expected now
+        for link in self.links:
+            link.abort(reason)
+
     def _fail(self, reason: str) -> None:
         """The workers cannot go on: stop them all and raise ``WorkerDied``."""
         self._broken = self._broken or reason
         logger.error("%s; stopping every worker", self._broken)
         self._report_death(self._broken)  # before waiting for the others to stop
+        self._abort_links(self._broken)
         self.shutdown()
         raise WorkerDied(self._broken)
 

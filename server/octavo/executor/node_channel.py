@@ -40,6 +40,7 @@ KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
 NODE_LINK = "node"  # a host's liveness link (one per worker host)
 RANK_LINK = "worker"  # one rank's calls and answers
 STOP_NODE = "stop"  # the leader's clean stop, on a node link
+ABORT_NODE = "abort"  # the leader's stop on a failure: (ABORT_NODE, why), on a node link
 WORKER_EXITED = "worker-exited"  # a worker host's report: (WORKER_EXITED, rank, exit code)
 
 _warned: list[bool] = []

@@ -72,18 +72,18 @@ class NodeRendezvous:
         try:
             with server:
                 self._accept_all(server)
-        except BaseException:
-            self.abandon()
+        except BaseException as error:
+            self.abandon(f"the leader gave up waiting for its worker hosts: {error}")
             raise
         return JoinedHosts(
             [self.links[n] for n in sorted(self.links)],
             [self.workers[r] for r in sorted(self.workers)],
         )
 
-    def abandon(self) -> None:
+    def abandon(self, reason: str) -> None:
         """Stop the hosts that joined (the leader gives up loading)."""
         for link in self.links.values():
-            link.stop()
+            link.abort(reason)
         for worker in self.workers.values():
             worker.conn.close()
 

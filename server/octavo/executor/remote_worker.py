@@ -3,7 +3,7 @@
 A ``RemoteWorkerHandle`` is what ``WorkerHandle`` is for a local rank, minus the
 process: the executor sends it calls and reads its answers over its TCP connection.
 A ``NodeLink`` is the host's liveness link (``node_watch``) and carries the leader's
-clean stop.
+stop: a clean one, or an abort (the engine failed) that the host reports as a failure.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from octavo.distributed.node_layout import rank_span
-from octavo.executor.node_channel import STOP_NODE
+from octavo.executor.node_channel import ABORT_NODE, STOP_NODE
 
 
 @dataclass
@@ -42,6 +42,13 @@ class NodeLink:
 
     def stop(self) -> None:
         """Tell the host this is a clean stop (it exits 0), and close the link."""
-        with contextlib.suppress(OSError):
-            self.conn.send(STOP_NODE)
+        self._close_with(STOP_NODE)
+
+    def abort(self, reason: str) -> None:
+        """Tell the host the engine stops on a failure (it exits 2), and close the link."""
+        self._close_with((ABORT_NODE, reason))
+
+    def _close_with(self, message: object) -> None:
+        with contextlib.suppress(OSError):  # closed already (aborted), or the host is gone
+            self.conn.send(message)
         self.conn.close()

@@ -1,10 +1,11 @@
 """A worker host's worker processes and what ends them (for ``entrypoints/headless``).
 
 The agent hands each rank's connection to the leader to a ``remote_entry`` process and
-then watches two things: the node link (the leader's clean stop, or its end: the leader
-is gone) and its workers' exits. A worker that exits 0 did so because the leader told
-it to (or left it): the link says which. A worker that dies otherwise is reported to the
-leader on the link (its ``NodeWatch`` turns the leader unhealthy at once).
+then watches two things: the node link (the leader's clean stop, its abort when the
+engine failed, or its end: the leader is gone) and its workers' exits. A worker that
+exits 0 did so because the leader told it to (or left it): the link says which. A
+worker that dies otherwise is reported to the leader on the link (its ``NodeWatch``
+turns the leader unhealthy at once).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from multiprocessing.connection import Connection, wait
 
-from octavo.executor.node_channel import STOP_NODE, WORKER_EXITED
+from octavo.executor.node_channel import ABORT_NODE, STOP_NODE, WORKER_EXITED
 from octavo.executor.worker_env import worker_env
 from octavo.worker.host_overrides import HostOverrides
 
@@ -31,6 +32,7 @@ POLL_SECONDS = 0.1  # without pidfds: how often the processes are polled
 class Outcome(Enum):
     STOPPED = "the leader stopped the engine"
     LEADER_LOST = "the leader is gone (its link closed without a stop)"
+    LEADER_FAILED = "the leader's engine stopped on a failure"
     WORKER_DIED = "a worker of this host died"
 
 
@@ -100,6 +102,9 @@ def _read_link(link: Connection) -> Outcome:
         return Outcome.LEADER_LOST
     if message == STOP_NODE:
         return Outcome.STOPPED
+    if isinstance(message, tuple) and message[:1] == (ABORT_NODE,):
+        logger.error("the leader's engine stopped: %s", message[1])
+        return Outcome.LEADER_FAILED
     logger.error("the leader sent %r on the node link; treating it as lost", message)
     return Outcome.LEADER_LOST
 

@@ -44,7 +44,13 @@ def serve(conn: Connection, adapt: Callable[[WorkerConfig], WorkerConfig] | None
     worker host's own paths and threads), then answer calls until told to stop."""
     from octavo.worker.worker import STOP_WORKER, Worker
 
-    spec, placement, init_method, session = conn.recv()
+    try:
+        first = conn.recv()
+    except (EOFError, OSError):  # the executor is gone before it gave this worker a rank
+        return
+    if first == STOP_WORKER:  # stopped before it was given a rank (worker hosts never joined)
+        return
+    spec, placement, init_method, session = first
     if adapt is not None:
         spec = adapt(spec)
     _configure_logging(placement.rank)
