@@ -4,12 +4,8 @@ the real control plane: its webhooks are reachable by the apiserver and it makes
 - A raw LWS of size 2 becomes a leader pod (leader StatefulSet) and a worker StatefulSet owned
   by the leader pod, with the pod webhook's LWS_LEADER_ADDRESS / LWS_GROUP_SIZE /
   LWS_WORKER_INDEX in every container, the headless Service, and readyReplicas 1.
-- Deleting a worker pod recreates the whole group (restartPolicy RecreateGroupOnPodRestart).
-  kwok completes a pod's deletion at once, so the controller could miss the worker's
-  deletionTimestamp (it reads pods from its cache) and only the worker StatefulSet would
-  replace the worker: the test holds the worker with a finalizer of its own, so the pod stays
-  Terminating until the controller has reacted (leader deleted, RecreateGroup event), then
-  releases it.
+- Deleting a worker pod recreates the whole group (restartPolicy RecreateGroupOnPodRestart;
+  the worker is held by a finalizer until the controller reacted: see e2e/lws_recreate.py).
 """
 
 from __future__ import annotations
@@ -17,14 +13,12 @@ from __future__ import annotations
 import subprocess
 
 import yaml
-from kubernetes import client
 
 from e2e import lws
 from e2e.cluster import build, versions
 from e2e.helpers import wait_for
 from e2e.lws_controller import binaries
-
-HOLD = "octavo.dev/e2e-hold"
+from e2e.lws_recreate import delete_worker_and_wait_new_group
 
 
 def test_the_lws_controller_is_the_pinned_release_with_both_crds():
@@ -68,57 +62,6 @@ def test_lws_of_size_two_makes_a_leader_and_a_worker_statefulset_with_lws_env(
 def test_deleting_a_worker_pod_recreates_the_whole_group(lws_controller, namespace, core, custom):
     lws.create(custom, namespace, lws.manifest("grp", size=3))
     before = lws.wait_group_ready(core, namespace, "grp")
-    worker = before.workers[0].metadata.name
-    core.patch_namespaced_pod(worker, namespace, {"metadata": {"finalizers": [HOLD]}})
-    try:
-        core.delete_namespaced_pod(worker, namespace)
-        wait_for(
-            lambda: _deleting_or_gone(core, namespace, before.leader),
-            timeout=30,
-            what="the controller to delete the group's leader",
-        )
-        events = core.list_namespaced_event(namespace, field_selector="reason=RecreateGroup")
-        assert any(worker in e.message for e in events.items), [e.message for e in events.items]
-    finally:
-        _release(core, namespace, worker)
-    after = lws.wait_group_ready(core, namespace, "grp", exclude=before.uids, timeout=90)
+    after = delete_worker_and_wait_new_group(core, namespace, "grp", before)
     assert [p.metadata.name for p in after.pods] == [p.metadata.name for p in before.pods]
     wait_for(lambda: lws.ready_replicas(custom, namespace, "grp") == 1, what="readyReplicas 1")
-
-
-def _deleting_or_gone(core: client.CoreV1Api, namespace: str, pod: client.V1Pod) -> bool:
-    try:
-        now = core.read_namespaced_pod(pod.metadata.name, namespace)
-    except client.ApiException as error:
-        if error.status == 404:
-            return True
-        raise
-    return now.metadata.uid != pod.metadata.uid or now.metadata.deletion_timestamp is not None
-
-
-def _release(core: client.CoreV1Api, namespace: str, name: str) -> None:
-    """Drop the test's finalizer (and only it) from pod NAME: a JSON patch (finalizers merge
-    under a strategic merge patch), retried while another writer changed them."""
-
-    def released() -> bool:
-        try:
-            held = core.read_namespaced_pod(name, namespace).metadata.finalizers or []
-            if HOLD not in held:
-                return True
-            rest = [f for f in held if f != HOLD]
-            core.patch_namespaced_pod(
-                name,
-                namespace,
-                [
-                    {"op": "test", "path": "/metadata/finalizers", "value": held},
-                    {"op": "replace", "path": "/metadata/finalizers", "value": rest},
-                ],
-            )
-        except client.ApiException as error:
-            if error.status == 404:
-                return True
-            if error.status not in (409, 422):  # 422: the test op saw other finalizers
-                raise
-        return False
-
-    wait_for(released, timeout=30, what=f"{HOLD} removed from {name}")

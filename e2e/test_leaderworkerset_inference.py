@@ -10,7 +10,9 @@ kubelet would (`PodProcess.expand`). Two things a real cluster provides are stoo
   status.podIP, `move_to_loopback`), the address that name resolves to in a cluster;
 - `--master-port` (29501, and torch's rendezvous on the next port) would be shared by every
   test on this one machine: both processes get the same free pair of ports instead.
-Everything else (args, env, the OCTAVO_NODE_KEY Secret, probes) is the operator's.
+Everything else (args, env, the OCTAVO_NODE_KEY Secret, probes) is the operator's. Last, a
+deleted worker pod makes the LWS controller recreate the group (e2e/lws_recreate.py) and the
+service is Ready again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from kubernetes import client
 from e2e import isvc, lws
 from e2e.helpers import wait_for
 from e2e.loopback_pod import move_to_loopback, tiny_llama
+from e2e.lws_recreate import delete_worker_and_wait_new_group
 from e2e.pod_process import PodProcess, dockerfile_env
 from octavo.cache_dirs import cache_root
 
@@ -101,6 +104,10 @@ def test_nodes_two_becomes_a_leaderworkerset_whose_pods_serve(
         key = next(e for e in pod.spec.containers[0].env if e.name == "OCTAVO_NODE_KEY")
         assert key.value_from.secret_key_ref.name == NODE_KEY_SECRET
     serve_group(api_client, core, namespace, group, tmp_path)
+    # The group is restarted together: a worker pod deleted -> a new leader and worker.
+    after = delete_worker_and_wait_new_group(core, namespace, LWS_NAME, group)
+    assert [p.metadata.name for p in after.pods] == [p.metadata.name for p in group.pods]
+    isvc.wait_condition(custom, namespace, NAME, "Ready", "True")
 
 
 def _lws_or_none(custom: client.CustomObjectsApi, namespace: str) -> dict | None:
