@@ -88,8 +88,8 @@ STOP_GRACE_S = 15.0
 
 def binaries() -> tuple[Path, list[Path]]:
     """The built controller and its CRD files (built on first use, then cached)."""
-    found = build.ensure_built(("lws",))
-    return found["lws-controller"], [found[name] for name in build.LWS_CRDS]
+    binary = build.ensure_built(("lws",))["lws-controller"]
+    return binary, [binary.parent / name for name in build.LWS_CRDS]
 
 
 def config_text(webhook_port: int, health_port: int, cert_dir: Path) -> str:

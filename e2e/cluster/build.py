@@ -68,6 +68,7 @@ class Group:
     version: str
     binaries: tuple[str, ...]
     module_dir: Path | None  # wrapper module whose go.mod/go.sum are part of the fingerprint
+    files: tuple[str, ...] = ()  # other outputs, beside the binaries (not linked into bin/)
 
 
 GROUPS: dict[str, Group] = {
@@ -76,7 +77,7 @@ GROUPS: dict[str, Group] = {
     "kwok": Group("kwok", versions.KWOK, ("kwok",), None),
     "helm": Group("helm", versions.HELM, ("helm",), None),
     "epp": Group("epp", versions.LLM_D_ROUTER, ("epp",), EPP_MODULE_DIR),
-    "lws": Group("lws", versions.LWS, ("lws-controller", *LWS_CRDS), LWS_MODULE_DIR),
+    "lws": Group("lws", versions.LWS, ("lws-controller",), LWS_MODULE_DIR, LWS_CRDS),
 }
 
 
@@ -523,7 +524,7 @@ def _build_group(group: Group, final: Path, go_ver: str) -> None:
     start = time.monotonic()
     BUILDERS[group.name](tmp, logfile)
     elapsed = time.monotonic() - start
-    for b in group.binaries:
+    for b in (*group.binaries, *group.files):
         if not (tmp / b).is_file():
             raise BuildError(f"building {group.name} did not produce {b} (log: {logfile})")
     info = {
