@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from octavo import LLM
 from octavo.cli import main
 from octavo.config import EngineArgs
 from octavo.distributed import worker_group
@@ -229,3 +230,8 @@ def test_a_worker_stopped_before_it_is_given_a_rank_exits_quietly():
     assert serve(worker) is None
     leader.close()
     assert serve(worker) is None  # and the executor gone before any message
+
+
+def test_an_engine_runs_on_the_leader_only(tiny_folder):
+    with pytest.raises(ValueError, match="node_rank 1 is a worker host: run it as `octavo serve"):
+        LLM(str(tiny_folder("llama3")), pipeline_parallel_size=2, nnodes=2, node_rank=1)

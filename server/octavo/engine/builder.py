@@ -49,12 +49,7 @@ class EngineParts:
 
 
 def build_engine_parts(args: EngineArgs) -> EngineParts:
-    layout = NodeLayout.of(args)
-    if layout.node_rank != 0:
-        raise ValueError(
-            f"node_rank {layout.node_rank} is a worker host: run it as `octavo serve "
-            "--headless`; the engine runs on node 0, the leader"
-        )
+    layout = leader_layout(args)
     folder = resolve_model_folder(args.model, args.revision)
     config = ModelConfig.from_folder(folder)
     config.enable_expert_parallel = args.enable_expert_parallel
@@ -101,6 +96,17 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
         folder, runner,
     )  # fmt: skip
+
+
+def leader_layout(args: EngineArgs) -> NodeLayout:
+    """The engine's layout; an engine runs on node 0 only (ValueError elsewhere)."""
+    layout = NodeLayout.of(args)
+    if layout.node_rank != 0:
+        raise ValueError(
+            f"node_rank {layout.node_rank} is a worker host: run it as `octavo serve "
+            "--headless`; the engine runs on node 0, the leader"
+        )
+    return layout
 
 
 def runner_settings(args: EngineArgs, folder: Path, config: ModelConfig) -> RunnerSettings:
