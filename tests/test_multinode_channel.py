@@ -20,7 +20,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from multinode_cluster import free_port_pair
 from octavo.distributed.node_layout import NodeLayout
 from octavo.executor import node_channel, node_rendezvous
 from octavo.executor.node_channel import (
@@ -38,6 +37,8 @@ from octavo.executor.node_channel import (
 )
 from octavo.executor.node_rendezvous import NodeRendezvous, WorkersDidNotJoin
 from octavo.executor.node_watch import NodeWatch
+
+from multinode_cluster import free_port_pair
 
 WAIT = 30.0
 

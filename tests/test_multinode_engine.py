@@ -16,11 +16,11 @@ import re
 
 import pytest
 
-from multinode_cluster import NODE_KEY, NodeGroup
 from octavo import LLM, SamplingParams
 from octavo.executor.node_channel import KEY_ENV, NodeRefused
 
 from greedy_prompts import mixed_prompts
+from multinode_cluster import NODE_KEY, NodeGroup
 
 JOIN_SECONDS = 240.0
 EXIT_WITHIN_SECONDS = 60

@@ -20,11 +20,11 @@ import httpx
 import psutil
 import pytest
 
-from multinode_cluster import NodeGroup, greedy_token_ids, node_group
 from octavo import LLM, SamplingParams
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
 
 from greedy_prompts import mixed_prompts
+from multinode_cluster import NodeGroup, greedy_token_ids, node_group
 from tiny_models import build_tiny_model
 
 STARTUP_SECONDS = 240
