@@ -18,6 +18,11 @@ from pathlib import Path
 import httpx
 
 NODE_KEY = "multinode-test-secret"
+# A small fp32 engine, one thread per rank: what every host of a test group runs with.
+SMALL_ENGINE_FLAGS = [
+    *("--dtype", "float32", "--max-model-len", "384"),
+    *("--kv-cache-memory", "8MiB", "--num-threads", "1"),
+]
 SERVED_NAME = "tiny"
 
 

@@ -20,24 +20,13 @@ from octavo import LLM, SamplingParams
 from octavo.executor.node_channel import KEY_ENV, NodeRefused
 
 from greedy_prompts import mixed_prompts
-from multinode_cluster import NODE_KEY, NodeGroup
+from multinode_cluster import NODE_KEY, SMALL_ENGINE_FLAGS, NodeGroup
 
 JOIN_SECONDS = 240.0
 EXIT_WITHIN_SECONDS = 60
 MAX_TOKENS = 12
 ENGINE = {"dtype": "float32", "max_model_len": 384, "kv_cache_memory": 8 << 20}
-WORKER_FLAGS = [
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "384",
-    "--kv-cache-memory",
-    "8MiB",
-    "--num-threads",
-    "1",
-    "--node-join-timeout",
-    "240",
-]
+WORKER_FLAGS = [*SMALL_ENGINE_FLAGS, "--node-join-timeout", "240"]
 
 
 @pytest.fixture(scope="module")

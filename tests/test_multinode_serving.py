@@ -24,7 +24,7 @@ from octavo import LLM, SamplingParams
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
 
 from greedy_prompts import mixed_prompts
-from multinode_cluster import NodeGroup, greedy_token_ids, node_group
+from multinode_cluster import SMALL_ENGINE_FLAGS, NodeGroup, greedy_token_ids, node_group
 from tiny_models import build_tiny_model
 
 STARTUP_SECONDS = 240
@@ -33,17 +33,7 @@ UNHEALTHY_WITHIN_SECONDS = 2.0  # the host's link is watched, not polled between
 JOIN_EXIT_SLACK_SECONDS = 10.0  # stopping the leader's own worker and the server, busy CPUs
 MAX_TOKENS = 12
 PROMPTS = 4
-SHARED_FLAGS = [
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "384",
-    "--kv-cache-memory",
-    "8MiB",
-    "--num-threads",
-    "1",
-    "--return-tokens-as-token-ids",
-]
+SHARED_FLAGS = [*SMALL_ENGINE_FLAGS, "--return-tokens-as-token-ids"]
 
 
 @pytest.fixture(scope="module")

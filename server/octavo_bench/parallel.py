@@ -6,7 +6,8 @@ greedy with ``ignore_eos``, after an untimed warm-up. Reported per layout: tok/s
 ratio to 1×1, steps, and the communication per step measured inside the workers
 (all-reduce, logits gather, pipeline receive — the last includes waiting for the
 previous stage). On a CPU the ranks share the same cores and memory bandwidth, so more
-ranks are not faster; the figures show what the split costs.
+ranks are not faster; the figures show what the split costs. Every layout gets the
+machine's CPUs shared out among its ranks (`--num-threads`), wherever they run.
 
 A layout ``TPxPP@N`` spreads the ranks over N "hosts": the benchmark's engine is the
 leader (node 0) and N - 1 ``octavo serve --headless`` processes on 127.0.0.1 join it over
@@ -30,6 +31,7 @@ from typing import Any
 
 from octavo import LLM
 from octavo.cache_dirs import cache_root
+from octavo.kernels.cpu_count import usable_cpus
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo_bench.engine_options import add_engine_options, default_dtype
 from octavo_bench.engine_runs import greedy, warm_up
@@ -194,6 +196,8 @@ def run_layout(
         "kv_cache_memory": 2**30,
         "tensor_parallel_size": layout.tensor,
         "pipeline_parallel_size": layout.pipeline,
+        # this machine's CPUs shared out among every rank, whichever "host" runs it
+        "num_threads": max(1, usable_cpus() // (layout.tensor * layout.pipeline)),
     }
     if layout.nodes == 1:
         return run_engine(folder, layout, settings, workloads)

@@ -10,65 +10,39 @@ Where ``os.pidfd_open`` is missing the thread polls the processes instead.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
-import threading
 from collections.abc import Callable
 from multiprocessing.connection import wait
+
+from octavo.executor.first_event_watch import FirstEventWatch
 
 POLL_SECONDS = 0.1  # without pidfds: how often the processes are polled
 
 DeathListener = Callable[[int], None]  # called with the index of the worker that exited
 
 
-class WorkerWatch:
+class WorkerWatch(FirstEventWatch[int]):
+    thread_name = "octavo-worker-watch"
+
     def __init__(self, processes: list[subprocess.Popen]) -> None:
+        super().__init__()
         self._processes = processes
-        self._listener: DeathListener | None = None
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._dead: int | None = None  # the first worker seen dead
-        self._wake_read, self._wake_write = os.pipe()
-        self._thread = threading.Thread(target=self._run, name="octavo-worker-watch", daemon=True)
-        self._thread.start()
+        self.start()
 
     def on_death(self, listener: DeathListener) -> None:
         """Call ``listener`` when a worker exits (at once if one already has)."""
-        with self._lock:
-            self._listener, dead = listener, self._dead
-        if dead is not None and not self._stopping.is_set():
-            listener(dead)
+        self.on_event(listener)
 
-    def stop(self) -> None:
-        """Stop watching: the workers' exits from now on are expected."""
-        self._stopping.set()
-        with contextlib.suppress(OSError):
-            os.write(self._wake_write, b"x")
-
-    def _run(self) -> None:
-        try:
-            index = self._wait_for_an_exit()
-        finally:
-            for fd in (self._wake_read, self._wake_write):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        if index is None or self._stopping.is_set():
-            return
-        with self._lock:
-            self._dead, listener = index, self._listener
-        if listener is not None:
-            listener(index)
-
-    def _wait_for_an_exit(self) -> int | None:
+    def _wait_for(self, wake_fd: int) -> int | None:
         """The index of the first worker to exit, or None once stopped."""
         try:
             fds = [os.pidfd_open(process.pid) for process in self._processes]
         except (AttributeError, OSError):  # no pidfds here (or a worker already reaped)
             return self._poll_for_an_exit()
         try:
-            ready = wait([self._wake_read, *fds])
-            return None if self._wake_read in ready else fds.index(ready[0])
+            ready = wait([wake_fd, *fds])
+            return None if wake_fd in ready else fds.index(ready[0])
         finally:
             for fd in fds:
                 os.close(fd)
