@@ -23,6 +23,13 @@ from multiprocessing.connection import Connection
 
 from octavo.config import EngineArgs
 from octavo.distributed.node_layout import NodeLayout, rank_span
+from octavo.executor.host_workers import (
+    Outcome,
+    kill_workers,
+    start_workers,
+    stop_workers,
+    supervise,
+)
 from octavo.executor.node_channel import (
     NODE_LINK,
     RANK_LINK,
@@ -31,13 +38,6 @@ from octavo.executor.node_channel import (
     hello,
 )
 from octavo.worker.host_overrides import HostOverrides
-from octavo.worker.host_workers import (
-    Outcome,
-    kill_workers,
-    start_workers,
-    stop_workers,
-    supervise,
-)
 
 logger = logging.getLogger(__name__)
 
