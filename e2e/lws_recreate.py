@@ -31,11 +31,20 @@ def delete_worker_and_wait_new_group(
             timeout=30,
             what="the LWS controller to delete the group's leader",
         )
-        events = core.list_namespaced_event(namespace, field_selector="reason=RecreateGroup")
-        assert any(worker in e.message for e in events.items), [e.message for e in events.items]
+        # The controller's event recorder posts in the background, after the delete.
+        wait_for(
+            lambda: recreate_event_names(core, namespace, worker),
+            timeout=30,
+            what=f"a RecreateGroup event naming {worker}",
+        )
     finally:
         release(core, namespace, worker)
     return lws.wait_group_ready(core, namespace, name, exclude=before.uids, timeout=timeout)
+
+
+def recreate_event_names(core: client.CoreV1Api, namespace: str, worker: str) -> bool:
+    events = core.list_namespaced_event(namespace, field_selector="reason=RecreateGroup")
+    return any(worker in (e.message or "") for e in events.items)
 
 
 def deleting_or_gone(core: client.CoreV1Api, namespace: str, pod: client.V1Pod) -> bool:

@@ -63,6 +63,7 @@ class FakePod:
     refuse: dict[str, str] = field(default_factory=dict)  # path -> why
     calls: list[str] = field(default_factory=list)
     down: bool = False
+    listing_error: str | None = None  # an HTTP error status on GET /v1/models
 
     def api(self, url: str) -> FakePod:
         self.calls.append(url)
@@ -81,6 +82,8 @@ class FakePod:
     def list(self) -> dict[str, str]:
         if self.down:
             raise PodUnreachable("connection refused")
+        if self.listing_error is not None:
+            raise ValueError(self.listing_error)
         return dict(self.served)
 
 
@@ -137,6 +140,24 @@ def test_no_ready_pod_or_an_unreachable_one_is_not_ready(pods, reason):
     report = sync_adapters(isvc({"adapters": TWO}), pods, lambda _: Api(fake))
     condition = adapters_condition(report)
     assert not condition.status and condition.reason == reason
+
+
+def test_a_pod_whose_listing_fails_is_reported_and_the_others_are_still_synced():
+    """An HTTP error on one pod's GET /v1/models (something else answers at its address)
+    is that pod's problem in the condition, never an exception out of the timer."""
+    broken, healthy = FakePod(listing_error="HTTP 404: Not Found"), FakePod()
+    fakes = {"10.0.0.1": broken, "10.0.0.2": healthy}
+    pods = [pod("p1", "10.0.0.1"), pod("p2", "10.0.0.2")]
+
+    def api_for(url: str) -> Api:
+        return Api(fakes[url.split("//")[1].split(":")[0]])
+
+    report = sync_adapters(isvc({"adapters": TWO}), pods, api_for)
+    assert healthy.served == {"sql": "/adapters/loras/sql", "chat": "hf://org/chat"}
+    assert report.unreachable == {"p1": "listing its adapters failed: HTTP 404: Not Found"}
+    condition = adapters_condition(report)
+    assert not condition.status and condition.reason == "Loading"
+    assert "pod p1 unreachable: listing its adapters failed: HTTP 404" in condition.message
 
 
 def test_the_condition_appears_only_with_spec_adapters():

@@ -58,6 +58,8 @@ def sync_adapters(isvc: InferenceService, pods: list[dict[str, Any]],
             _sync_pod(pod, api_for(f"http://{ip}:{c.SERVER_PORT}"), wanted, report)
         except PodUnreachable as error:
             report.unreachable[pod] = str(error)
+        except ValueError as error:  # its adapter listing failed: no server of ours answers
+            report.unreachable[pod] = f"listing its adapters failed: {error}"
     return report
 
 
