@@ -13,7 +13,11 @@ the same).
 
 from __future__ import annotations
 
+import contextlib
 import random
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from kubernetes import client
@@ -29,6 +33,17 @@ from tests.tiny_models import build_tiny_model
 def tiny_llama(root: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(prepare_embedded_model(cache_root() / "models"))
     return build_tiny_model(root / "tiny", "llama3", tokenizer)
+
+
+@contextlib.contextmanager
+def temporary_tiny_llama(prefix: str) -> Iterator[Path]:
+    """A tiny Llama in a fresh folder under the cache (not /tmp: a pod's /tmp is a volume
+    of its own, so file:// paths there would differ), removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=cache_root()))
+    try:
+        yield tiny_llama(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def pod_on_loopback(

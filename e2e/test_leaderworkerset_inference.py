@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import shutil
 import socket
 import subprocess
-import tempfile
 from pathlib import Path
 
 import openai
@@ -31,7 +29,7 @@ from kubernetes import client
 
 from e2e import isvc, lws
 from e2e.helpers import wait_for
-from e2e.loopback_pod import move_to_loopback, tiny_llama
+from e2e.loopback_pod import move_to_loopback, temporary_tiny_llama
 from e2e.lws_recreate import delete_worker_and_wait_new_group
 from e2e.pod_process import PodProcess, dockerfile_env
 from octavo.cache_dirs import cache_root
@@ -44,9 +42,8 @@ KERNELS_IN_IMAGE = "/opt/octavo/kernels"  # the Dockerfile's prebuilt CPU kernel
 
 @pytest.fixture
 def tiny_model():
-    root = Path(tempfile.mkdtemp(prefix="e2e-lws-", dir=cache_root()))
-    yield tiny_llama(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with temporary_tiny_llama("e2e-lws-") as model:
+        yield model
 
 
 def spec_of(model: Path) -> dict:

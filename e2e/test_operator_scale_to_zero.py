@@ -17,8 +17,6 @@ kube-proxy would forward it.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
 import time
 import urllib.request
@@ -29,10 +27,9 @@ from kubernetes import client
 
 from e2e import isvc
 from e2e.helpers import wait_for
-from e2e.loopback_pod import pod_on_loopback, tiny_llama
+from e2e.loopback_pod import pod_on_loopback, temporary_tiny_llama
 from e2e.operator_process import OperatorProcess, free_port
 from e2e.pod_process import PodProcess, dockerfile_env
-from octavo.cache_dirs import cache_root
 
 NAME = "idle"
 ACTIVATOR_IP = "10.244.7.7"
@@ -46,9 +43,8 @@ REQUEST_EVERY, BUSY_SECONDS = 4.0, 2.5 * IDLE_SECONDS
 
 @pytest.fixture
 def tiny_model():
-    root = Path(tempfile.mkdtemp(prefix="e2e-scale-to-zero-", dir=cache_root()))
-    yield tiny_llama(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with temporary_tiny_llama("e2e-scale-to-zero-") as model:
+        yield model
 
 
 def spec_of(model: Path) -> dict:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,11 +23,10 @@ import pytest
 
 from e2e import isvc
 from e2e.helpers import wait_for
-from e2e.loopback_pod import is_ready, move_to_loopback, tiny_llama
+from e2e.loopback_pod import is_ready, move_to_loopback, temporary_tiny_llama
 from e2e.operator_process import OperatorProcess
 from e2e.pod_process import PodProcess, dockerfile_env
 from e2e.router_setup import install_pool_crd, start_picker
-from octavo.cache_dirs import cache_root
 from octavo_bench.gateway.picker_client import Pick, PickerError, PickerStream
 
 NAME = "coldpool"
@@ -39,9 +36,8 @@ IDLE_SECONDS = 10
 
 @pytest.fixture
 def tiny_model():
-    root = Path(tempfile.mkdtemp(prefix="e2e-router-zero-", dir=cache_root()))
-    yield tiny_llama(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with temporary_tiny_llama("e2e-router-zero-") as model:
+        yield model
 
 
 def spec_of(model: Path) -> dict:
