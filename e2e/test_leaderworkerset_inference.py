@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import socket
 import subprocess
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from e2e.loopback_pod import move_to_loopback, temporary_tiny_llama
 from e2e.lws_recreate import delete_worker_and_wait_new_group
 from e2e.pod_process import PodProcess, dockerfile_env
 from octavo.cache_dirs import cache_root
+from tests.multinode_cluster import free_port_pair
 
 NAME = "multi"
 LWS_NAME = f"{NAME}-lws"  # the operator's LeaderWorkerSet (not the Service's name)
@@ -63,22 +63,6 @@ def spec_of(model: Path) -> dict:
 def flag(args: list[str], name: str) -> str:
     assert name in args, f"{name} not in {args}"
     return args[args.index(name) + 1]
-
-
-def free_port_pair() -> int:
-    """P with P and P+1 free on every address (the control listener and torch's store)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("", port))
-                b.bind(("", port + 1))
-            return port
-        except OSError:
-            continue
-    raise AssertionError("no free pair of ports")
 
 
 def test_nodes_two_becomes_a_leaderworkerset_whose_pods_serve(

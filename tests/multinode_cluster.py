@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,17 +28,31 @@ SERVED_NAME = "tiny"
 
 
 def free_port_pair() -> int:
-    """A port P with P and P + 1 free on loopback (the node port and torch's)."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as second, contextlib.suppress(OSError):
-                second.bind(("127.0.0.1", port + 1))
-                return port
-    raise RuntimeError("no two consecutive free ports on loopback")
+    """A port P with P and P + 1 free on every address (the node port and torch's), below the
+    kernel's ephemeral range: a port from that range can be taken between this probe and
+    the bind by the source port of any outgoing connection (the worker hosts' own
+    connections to P included), which made torch's store fail with EADDRINUSE."""
+    low, _ = ephemeral_port_range()
+    ports = range(max(1024, low - 12000), max(1025, low - 1))
+    candidates = random.Random(os.getpid() ^ time.monotonic_ns()).sample(
+        ports, min(200, len(ports))
+    )
+    for port in candidates:
+        with contextlib.suppress(OSError), socket.socket() as first, socket.socket() as second:
+            first.bind(("", port))
+            second.bind(("", port + 1))
+            return port
+    raise RuntimeError("no two consecutive free ports below the ephemeral range")
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux's default if the
+    file is absent)."""
+    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    with contextlib.suppress(OSError, ValueError):
+        low, high = path.read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
 
 
 def free_port() -> int:
