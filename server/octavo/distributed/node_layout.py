@@ -23,10 +23,27 @@ LAST_PORT = 65535
 
 
 @dataclass(frozen=True)
-class NodeLayout:
+class RankGrid:
+    """How many ranks one engine has and how many run on each host."""
+
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     nnodes: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def local_world_size(self) -> int:
+        """Ranks (GPUs) on each host."""
+        return self.world_size // self.nnodes
+
+
+@dataclass(frozen=True)
+class NodeLayout(RankGrid):
+    """The grid plus where this host sits in it and where the leader listens."""
+
     node_rank: int = 0
     master_addr: str = DEFAULT_MASTER_ADDR
     master_port: int = DEFAULT_MASTER_PORT
@@ -42,15 +59,6 @@ class NodeLayout:
             args.master_addr,
             args.master_port,
         )
-
-    @property
-    def world_size(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
-
-    @property
-    def local_world_size(self) -> int:
-        """Ranks on each node."""
-        return self.world_size // self.nnodes
 
     @property
     def is_multi_node(self) -> bool:

@@ -9,23 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo.distributed.node_layout import RankGrid
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ParallelConfig:
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    nnodes: int = 1  # hosts the ranks are spread over (``node_layout``)
-
-    @property
-    def world_size(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
-
-    @property
-    def local_world_size(self) -> int:
-        """Ranks (GPUs) on each host."""
-        return self.world_size // self.nnodes
+class ParallelConfig(RankGrid):
+    """The rank grid (hosts as ``node_layout`` spreads them) checked against a model."""
 
     def check(self, model, device: torch.device) -> None:
         """Raise ``ValueError`` naming what does not fit ``model`` (a ``ModelConfig``)."""
