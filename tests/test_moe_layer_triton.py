@@ -28,13 +28,19 @@ EXPERTS, TOP_K, HIDDEN, INTER, TOKENS = 4, 2, 32, 32, 6
 LAYOUTS = [(0, 1, False), (1, 2, False), (1, 2, True)]  # (rank, ranks, expert parallel)
 
 
-def random_moe(gpt_oss: bool, rank: int, ranks: int, expert_parallel: bool) -> FusedMoE:
+def random_moe(
+    gpt_oss: bool,
+    rank: int,
+    ranks: int,
+    expert_parallel: bool,
+    swiglu: ClampedSwigluAndMul | None = None,
+) -> FusedMoE:
     options = (
         dict(
             names=GPT_OSS,
             router="softmax_after_topk",
             renormalize=False,
-            activation=ClampedSwigluAndMul(),
+            activation=swiglu or ClampedSwigluAndMul(),
             bias=True,
             router_bias=True,
         )
@@ -55,7 +61,16 @@ def random_moe(gpt_oss: bool, rank: int, ranks: int, expert_parallel: bool) -> F
 @pytest.mark.parametrize(("rank", "ranks", "expert_parallel"), LAYOUTS)
 @pytest.mark.parametrize("gpt_oss", [False, True])
 def test_the_triton_path_equals_the_grouped_path(gpt_oss, rank, ranks, expert_parallel):
-    moe = random_moe(gpt_oss, rank, ranks, expert_parallel)
+    assert_paths_agree(random_moe(gpt_oss, rank, ranks, expert_parallel))
+
+
+def test_the_configs_swiglu_alpha_and_limit_reach_the_kernel():
+    """A config's ``swiglu_alpha`` / ``swiglu_limit`` (not gpt-oss's 1.702 / 7): the Triton
+    path applies the same constants as the grouped (CPU) path."""
+    assert_paths_agree(random_moe(True, 0, 1, False, ClampedSwigluAndMul(alpha=0.5, limit=0.4)))
+
+
+def assert_paths_agree(moe: FusedMoE) -> None:
     hidden = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     with torch.no_grad():
         weights, ids = moe.router(hidden)

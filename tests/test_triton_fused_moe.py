@@ -20,7 +20,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from octavo.model_executor.layers.moe.triton_fused_moe import align_pairs, fused_moe_triton
+from octavo.model_executor.layers.moe.triton_fused_moe import (
+    SwigluConstants,
+    align_pairs,
+    fused_moe_triton,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 NO_GPU = "needs a CUDA GPU (none on CI: the kernels are checked there under TRITON_INTERPRET)"
@@ -82,23 +86,33 @@ def make_case(
     return case
 
 
-def reference_activation(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+GPT_OSS_SWIGLU = SwigluConstants()
+
+
+def reference_activation(
+    gate: torch.Tensor, up: torch.Tensor, activation: str, swiglu: SwigluConstants
+) -> torch.Tensor:
     if activation == "silu":
         return torch.nn.functional.silu(gate) * up
-    gate, up = gate.clamp(max=7.0), up.clamp(min=-7.0, max=7.0)
-    return (up + 1) * gate * torch.sigmoid(1.702 * gate)
+    limit = swiglu.limit
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (up + 1) * gate * torch.sigmoid(swiglu.alpha * gate)
 
 
-def reference_expert(case: MoeCase, expert: int, row: torch.Tensor, activation: str):
+def reference_expert(
+    case: MoeCase, expert: int, row: torch.Tensor, activation: str, swiglu: SwigluConstants
+):
     gate_up = case.w13[expert].float() @ row
     if case.w13_bias is not None:
         gate_up = gate_up + case.w13_bias[expert].float()
     gate, up = gate_up.chunk(2)
-    out = case.w2[expert].float() @ reference_activation(gate, up, activation)
+    out = case.w2[expert].float() @ reference_activation(gate, up, activation, swiglu)
     return out if case.w2_bias is None else out + case.w2_bias[expert].float()
 
 
-def reference_moe(case: MoeCase, activation: str) -> torch.Tensor:
+def reference_moe(
+    case: MoeCase, activation: str, swiglu: SwigluConstants = GPT_OSS_SWIGLU
+) -> torch.Tensor:
     """One token, one routed slot at a time, in fp32."""
     out = torch.zeros(case.hidden.shape, dtype=torch.float32, device=case.hidden.device)
     for token, row in enumerate(case.hidden.float()):
@@ -107,11 +121,13 @@ def reference_moe(case: MoeCase, activation: str) -> torch.Tensor:
                 expert = int(case.expert_map[expert])
             if expert >= 0:
                 weight = case.topk_weights[token, slot].float()
-                out[token] += weight * reference_expert(case, expert, row, activation)
+                out[token] += weight * reference_expert(case, expert, row, activation, swiglu)
     return out
 
 
-def run_kernel(case: MoeCase, activation: str) -> torch.Tensor:
+def run_kernel(
+    case: MoeCase, activation: str, swiglu: SwigluConstants | None = None
+) -> torch.Tensor:
     return fused_moe_triton(
         case.hidden,
         case.w13,
@@ -122,12 +138,18 @@ def run_kernel(case: MoeCase, activation: str) -> torch.Tensor:
         w13_bias=case.w13_bias,
         w2_bias=case.w2_bias,
         expert_map=case.expert_map,
+        swiglu=swiglu,
     )
 
 
-def assert_close(case: MoeCase, activation: str, dtype: torch.dtype) -> None:
-    actual = run_kernel(case, activation)
-    expected = reference_moe(case, activation)
+def assert_close(
+    case: MoeCase,
+    activation: str,
+    dtype: torch.dtype,
+    swiglu: SwigluConstants = GPT_OSS_SWIGLU,
+) -> None:
+    actual = run_kernel(case, activation, swiglu)
+    expected = reference_moe(case, activation, swiglu)
     assert actual.dtype == case.hidden.dtype and actual.shape == case.hidden.shape
     error = (actual.float() - expected).abs().max()
     assert error <= TOLERANCE[dtype] * max(expected.abs().max(), 1.0), error
@@ -146,6 +168,20 @@ def test_clamped_swiglu_clamps_large_gates_and_ups():
     gate_up = torch.einsum("th,eih->tei", case.hidden, case.w13)
     assert (gate_up > 7).any() and (gate_up < -7).any()
     assert_close(case.to(DEVICE, torch.float32), "clamped_swiglu", torch.float32)
+
+
+def test_clamped_swiglu_takes_the_configs_alpha_and_limit():
+    """Not gpt-oss's 1.702 / 7: a config's ``swiglu_alpha`` / ``swiglu_limit`` reach the
+    kernel (the old kernel had them as constants, off by far more than the tolerance)."""
+    case = make_case(12, biases=True, seed=6)
+    case.hidden *= 4.0
+    swiglu = SwigluConstants(alpha=0.75, limit=2.5)
+    gate_up = torch.einsum("th,eih->tei", case.hidden, case.w13)
+    assert (gate_up.abs() > swiglu.limit).float().mean() > 0.2  # the limit clamps
+    case = case.to(DEVICE, torch.float32)
+    assert_close(case, "clamped_swiglu", torch.float32, swiglu)
+    gpt_oss = reference_moe(case, "clamped_swiglu")
+    assert (run_kernel(case, "clamped_swiglu", swiglu) - gpt_oss).abs().max() > 0.1
 
 
 def test_experts_on_other_ranks_add_nothing():

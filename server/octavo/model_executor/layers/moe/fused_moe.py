@@ -137,8 +137,13 @@ class FusedMoE(nn.Module):
         return self.w2_bias if self.placement.adds_down_bias else None
 
     def experts_triton(self, hidden, topk_weights, topk_ids) -> torch.Tensor:
-        from octavo.model_executor.layers.moe.triton_fused_moe import fused_moe_triton
+        from octavo.model_executor.layers.moe.triton_fused_moe import (
+            SwigluConstants,
+            fused_moe_triton,
+        )
 
+        alpha, limit = (getattr(self.activation, name, None) for name in ("alpha", "limit"))
+        swiglu = None if alpha is None else SwigluConstants(alpha=alpha, limit=limit)
         return fused_moe_triton(
             hidden,
             self.w13,
@@ -149,6 +154,7 @@ class FusedMoE(nn.Module):
             w13_bias=self.w13_bias,
             w2_bias=self.down_bias(),
             expert_map=self.expert_map,
+            swiglu=swiglu,  # the config's swiglu_alpha / swiglu_limit, as on the CPU path
         )
 
 

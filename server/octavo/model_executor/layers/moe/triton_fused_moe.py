@@ -22,8 +22,15 @@ import triton
 import triton.language as tl
 
 ACTIVATIONS = {"silu": 0, "clamped_swiglu": 1}
-SWIGLU_LIMIT = tl.constexpr(7.0)  # gpt-oss: gate <= 7, -7 <= up <= 7
-SWIGLU_ALPHA = tl.constexpr(1.702)
+
+
+@dataclass(frozen=True)
+class SwigluConstants:
+    """The clamped SwiGLU's constants (a config's ``swiglu_alpha``, ``swiglu_limit``);
+    the defaults are gpt-oss's: gate <= 7, -7 <= up <= 7, sigmoid(1.702 * gate)."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
 
 
 @dataclass(frozen=True)
@@ -96,13 +103,13 @@ def _add_bias(acc, bias_ptr, expert, offs_n, mask_n, stride_be, HAS_BIAS: tl.con
 
 
 @triton.jit
-def _activate(gate, up, ACTIVATION: tl.constexpr):
-    """0: SiLU(gate) * up; 1: gpt-oss's clamped SwiGLU."""
+def _activate(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
+    """0: SiLU(gate) * up; 1: the clamped SwiGLU (gpt-oss's) with ``alpha`` and ``limit``."""
     if ACTIVATION == 0:
         return gate * tl.sigmoid(gate) * up
-    gate = tl.minimum(gate, SWIGLU_LIMIT)
-    up = tl.minimum(tl.maximum(up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
-    return (up + 1.0) * gate * tl.sigmoid(gate * SWIGLU_ALPHA)
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    return (up + 1.0) * gate * tl.sigmoid(gate * alpha)
 
 
 @triton.jit
@@ -123,6 +130,8 @@ def _gate_up_kernel(
     stride_wk,
     stride_be,
     stride_om,
+    swiglu_alpha,
+    swiglu_limit,
     TOP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
@@ -152,7 +161,8 @@ def _gate_up_kernel(
         up += tl.dot(x, w_up, input_precision="ieee")
     gate = _add_bias(gate, bias_ptr, expert, offs_n, mask_n, stride_be, HAS_BIAS)
     up = _add_bias(up, bias_ptr + N, expert, offs_n, mask_n, stride_be, HAS_BIAS)
-    values = _activate(gate, up, ACTIVATION).to(out_ptr.dtype.element_ty)
+    values = _activate(gate, up, swiglu_alpha, swiglu_limit, ACTIVATION)
+    values = values.to(out_ptr.dtype.element_ty)
     out = out_ptr + pairs[:, None] * stride_om + offs_n[None, :]
     tl.store(out, values, mask=mask_m[:, None] & mask_n[None, :])
 
@@ -259,6 +269,7 @@ def _gate_up(
     aligned: AlignedPairs,
     top_k: int,
     activation: int,
+    swiglu: SwigluConstants,
     tiles: Tiles,
 ) -> torch.Tensor:
     num_pairs = hidden.shape[0] * top_k
@@ -280,6 +291,8 @@ def _gate_up(
         *w13.stride(),
         0 if bias is None else bias.stride(0),
         out.stride(0),
+        float(swiglu.alpha),
+        float(swiglu.limit),
         TOP_K=top_k,
         HAS_BIAS=bias is not None,
         ACTIVATION=activation,
@@ -334,12 +347,14 @@ def fused_moe_triton(
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
     expert_map: torch.Tensor | None = None,
+    swiglu: SwigluConstants | None = None,
 ) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden[t])`` for every token.
 
     An expert is ``w2 @ act(w13 @ x + b13) + b2`` with w13's first ``I`` rows the gate and
     the next ``I`` the up projection. ``expert_map`` maps global expert ids to this rank's
-    index into w13/w2 (-1: elsewhere; such pairs add nothing). Returns hidden's dtype.
+    index into w13/w2 (-1: elsewhere; such pairs add nothing). ``swiglu``: the clamped
+    SwiGLU's constants (default gpt-oss's). Returns hidden's dtype.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown MoE activation {activation!r}; known: {sorted(ACTIVATIONS)}")
@@ -354,6 +369,7 @@ def fused_moe_triton(
     aligned = align_pairs(_local_ids(topk_ids, expert_map), num_experts, tiles.block_m)
     routing = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13_bias, w2_bias = (b if b is None else b.contiguous() for b in (w13_bias, w2_bias))
-    inter = _gate_up(hidden, w13, w13_bias, aligned, top_k, ACTIVATIONS[activation], tiles)
+    kind, swiglu = ACTIVATIONS[activation], swiglu or SwigluConstants()
+    inter = _gate_up(hidden, w13, w13_bias, aligned, top_k, kind, swiglu, tiles)
     pairs = _down(inter, w2, w2_bias, routing, aligned, tiles)
     return pairs.view(num_tokens, top_k, size).sum(dim=1).to(hidden.dtype)
