@@ -5,35 +5,45 @@ Hosts that join are handed over as connections the executor drives like local pi
 a NodeWatch reports a host's worker exit or its link's end; a host with other parallel
 sizes, or a second host claiming one node rank, is refused on both sides; a peer without
 the key (or one that speaks garbage) is turned away while the wait goes on, logged, until
-it fails naming the missing host; a worker host whose leader never answers gives up; a
-missing key is warned about loudly."""
+it fails naming the missing host; a worker host whose leader never answers gives up.
+Handshakes run side by side under one deadline each: silent, garbled and trickling
+strangers do not delay a real host's join, and a malformed handshake (even from a peer
+holding the key) drops only that connection. Without ``OCTAVO_NODE_KEY`` neither a leader
+nor a worker host starts."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
 import re
 import socket
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 import pytest
 
+from octavo.cli import main
+from octavo.config import EngineArgs
 from octavo.distributed.node_layout import NodeLayout
-from octavo.executor import node_channel, node_rendezvous
+from octavo.entrypoints import headless
+from octavo.entrypoints.llm import LLM
+from octavo.entrypoints.openai import server
+from octavo.executor import node_admission, node_rendezvous
 from octavo.executor.node_channel import (
     KEY_ENV,
     NODE_LINK,
     RANK_LINK,
     STOP_NODE,
-    UNAUTHENTICATED_KEY,
     WORKER_EXITED,
     NodeChannelError,
+    NodeKeyMissing,
     NodeRefused,
     connect_to_leader,
     hello,
-    node_key,
 )
 from octavo.executor.node_rendezvous import NodeRendezvous, WorkersDidNotJoin
 from octavo.executor.node_watch import NodeWatch
@@ -41,11 +51,13 @@ from octavo.executor.node_watch import NodeWatch
 from multinode_cluster import free_port_pair
 
 WAIT = 30.0
+KEY = "channel-test"
+NO_KEY = f"{KEY_ENV} is not set: a multi-node engine (--nnodes > 1) needs the same secret"
 
 
 @pytest.fixture(autouse=True)
 def key(monkeypatch):
-    monkeypatch.setenv(KEY_ENV, "channel-test")
+    monkeypatch.setenv(KEY_ENV, KEY)
 
 
 @pytest.fixture
@@ -177,8 +189,114 @@ def test_a_worker_host_gives_up_when_the_leader_never_answers():
     assert time.monotonic() - started < 5
 
 
-def test_without_a_key_the_channel_warns_loudly(monkeypatch, caplog):
+def silent_stranger(layout: NodeLayout) -> socket.socket:
+    """Connects and says nothing."""
+    return connect_raw(layout)
+
+
+def garbage_stranger(layout: NodeLayout) -> socket.socket:
+    """Announces a 5-byte message, sends 3 bytes of it, and stalls."""
+    stranger = connect_raw(layout)
+    stranger.sendall(b"\x00\x00\x00\x05hel")
+    return stranger
+
+
+def slowloris(layout: NodeLayout, stop: threading.Event) -> threading.Thread:
+    """Announces a 255-byte message and sends it one byte every 50 ms (each read is quick,
+    the handshake never ends) until the leader cuts it or ``stop`` is set."""
+    stranger = connect_raw(layout)
+
+    def trickle() -> None:
+        with stranger, contextlib.suppress(OSError):
+            stranger.sendall(b"\x00\x00\x00\xff")
+            while not stop.wait(0.05):
+                stranger.sendall(b"x")
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_strangers_do_not_delay_a_real_host(pool):
+    layout = leader_layout()
+    future = gather(pool, layout)
+    stop = threading.Event()
+    with silent_stranger(layout), garbage_stranger(layout):
+        trickling = slowloris(layout, stop)
+        time.sleep(0.2)  # the leader has accepted all three before the real host comes
+        started = time.monotonic()
+        join(layout, 1)
+        joined = future.result(WAIT)
+        elapsed = time.monotonic() - started
+    stop.set()
+    trickling.join(WAIT)
+    assert elapsed < 1.0, f"the join took {elapsed:.1f} s behind three strangers"
+    assert [worker.rank for worker in joined.workers] == [1]
+
+
+def test_a_trickling_stranger_is_cut_at_the_handshake_deadline(monkeypatch, caplog):
+    """The deadline bounds the whole handshake, not each read."""
+    monkeypatch.setattr(node_admission, "HANDSHAKE_SECONDS", 0.5)
+    caplog.set_level(logging.WARNING, logger="octavo.executor.node_admission")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        layout = dataclasses.replace(leader_layout(), master_port=listener.getsockname()[1])
+        with node_admission.NodeDoor(listener, KEY.encode()):
+            stop = threading.Event()
+            started = time.monotonic()
+            trickling = slowloris(layout, stop)
+            trickling.join(WAIT)  # ends when a byte can no longer be sent
+            elapsed = time.monotonic() - started
+            stop.set()
+    assert elapsed < 2.0, f"a trickling stranger held its handshake for {elapsed:.1f} s"
+    assert caplog.text.count("ignored a connection from 127.0.0.1") == 1
+
+
+def keyed_stranger(layout: NodeLayout, malformed_challenge: bool) -> Connection:
+    """A peer that holds the key and then breaks the handshake: a challenge that is not
+    one, or a hello that is not a pickle."""
+    conn = Connection(connect_raw(layout).detach())
+    answer_challenge(conn, KEY.encode())
+    if malformed_challenge:
+        conn.send_bytes(b"no challenge here")
+    else:
+        deliver_challenge(conn, KEY.encode())
+        conn.send_bytes(b"\x80not a pickle")
+    return conn
+
+
+@pytest.mark.parametrize("malformed_challenge", [True, False])
+def test_a_malformed_handshake_drops_that_peer_only(pool, caplog, malformed_challenge):
+    caplog.set_level(logging.WARNING, logger="octavo.executor.node_admission")
+    layout = leader_layout()
+    future = gather(pool, layout)
+    with keyed_stranger(layout, malformed_challenge) as stranger, pytest.raises(EOFError):
+        stranger.recv_bytes()  # the leader dropped it
+    join(layout, 1)
+    assert [worker.rank for worker in future.result(WAIT).workers] == [1]
+    assert caplog.text.count("ignored a connection from 127.0.0.1") == 1
+
+
+def test_without_a_key_a_leader_refuses_to_start(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv(KEY_ENV)
-    monkeypatch.setattr(node_channel, "_warned", [])
-    assert node_key() == UNAUTHENTICATED_KEY
-    assert "OCTAVO_NODE_KEY is not set: the node channel is NOT authenticated" in caplog.text
+    with pytest.raises(NodeKeyMissing, match=re.escape(NO_KEY)):
+        LLM(str(tmp_path), pipeline_parallel_size=2, nnodes=2)
+    with pytest.raises(NodeKeyMissing, match=re.escape(NO_KEY)):
+        NodeRendezvous(leader_layout(), WAIT)
+    monkeypatch.setattr(server, "run_server", must_not_start)
+    assert main(["serve", str(tmp_path), "--pipeline-parallel-size", "2", "--nnodes", "2"]) == 2
+    assert NO_KEY in capsys.readouterr().err
+
+
+def test_without_a_key_a_worker_host_refuses_to_start(monkeypatch, tmp_path, capsys, caplog):
+    monkeypatch.delenv(KEY_ENV)
+    monkeypatch.setattr(headless, "host_overrides", must_not_start)
+    flags = ["--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "1"]
+    assert main(["serve", str(tmp_path), *flags, "--headless"]) == 2
+    assert NO_KEY in capsys.readouterr().err
+    args = EngineArgs(model=str(tmp_path), pipeline_parallel_size=2, nnodes=2, node_rank=1)
+    assert headless.run_headless(args) == headless.JOIN_FAILED_EXIT_CODE
+    assert NO_KEY in caplog.text
+
+
+def must_not_start(*args, **kwargs):
+    raise AssertionError("started without OCTAVO_NODE_KEY")

@@ -13,6 +13,7 @@ from octavo.distributed.node_layout import NodeLayout
 from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.device import select_device, select_dtype
 from octavo.executor.executor import Executor, create_executor
+from octavo.executor.node_channel import require_node_key
 from octavo.kernels.cpu_count import usable_cpus
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
@@ -99,8 +100,10 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
 
 
 def leader_layout(args: EngineArgs) -> NodeLayout:
-    """The engine's layout; an engine runs on node 0 only (ValueError elsewhere)."""
+    """The engine's layout; an engine runs on node 0 only (ValueError elsewhere), and
+    across hosts only with ``OCTAVO_NODE_KEY`` (``NodeKeyMissing``, a ValueError)."""
     layout = NodeLayout.of(args)
+    require_node_key(layout.nnodes)
     if layout.node_rank != 0:
         raise ValueError(
             f"node_rank {layout.node_rank} is a worker host: run it as `octavo serve "

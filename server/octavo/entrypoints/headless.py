@@ -8,8 +8,9 @@ host (downloading it if need be), joins the leader at ``--master-addr:--master-p
 
 Exit codes: 0 after the leader's clean stop (or SIGTERM/SIGINT here); 2 when the leader
 vanished, its engine failed (it lost another host, or could not load), or a worker of
-this host died (this host's other workers are stopped first); 1 when the leader could
-not be reached in time or refused this host (layouts differ).
+this host died (this host's other workers are stopped first); 1 when ``OCTAVO_NODE_KEY``
+is not set, or the leader could not be reached in time or refused this host (layouts
+differ).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from octavo.executor.node_channel import (
     NodeChannelError,
     connect_to_leader,
     hello,
+    require_node_key,
 )
 from octavo.worker.host_overrides import HostOverrides
 
@@ -64,6 +66,7 @@ def run_headless(args: EngineArgs) -> int:
     )
     with _signals_terminate():
         try:
+            require_node_key(layout.nnodes)  # before anything is downloaded or loaded
             overrides = host_overrides(args, layout)
             link, conns = join_leader(layout, args.node_join_timeout)
         except NodeChannelError as error:

@@ -6,7 +6,8 @@ answers the other. Before anything is unpickled both ends prove they hold the sh
 secret ``OCTAVO_NODE_KEY`` (the mutual HMAC challenge of ``multiprocessing``'s own
 listeners): pickle from an unauthenticated peer would run its code. Then the peer says
 who it is (a ``hello``: a node link or one rank, with its layout and version) and the
-leader answers ``("ok", None)`` or ``("error", why)``.
+leader answers ``("ok", None)`` or ``("error", why)``. There is no fallback key: a
+multi-node leader or worker host without ``OCTAVO_NODE_KEY`` refuses to start.
 
 Sockets keep TCP keepalive on (a silently vanished host errors in about 25 s instead of
 hanging) and Nagle off (a step's small messages go out at once).
@@ -31,7 +32,6 @@ from octavo.distributed.node_layout import NodeLayout
 logger = logging.getLogger(__name__)
 
 KEY_ENV = "OCTAVO_NODE_KEY"
-UNAUTHENTICATED_KEY = b"octavo-node-channel-without-a-key"
 HANDSHAKE_SECONDS = 10.0  # a peer that connects must prove its key and say hello this fast
 RETRY_SECONDS = 1.0  # a worker host tries to reach the leader this often
 PROGRESS_LOG_SECONDS = 15.0  # waits on the other side are logged this often
@@ -43,9 +43,6 @@ STOP_NODE = "stop"  # the leader's clean stop, on a node link
 ABORT_NODE = "abort"  # the leader's stop on a failure: (ABORT_NODE, why), on a node link
 WORKER_EXITED = "worker-exited"  # a worker host's report: (WORKER_EXITED, rank, exit code)
 
-_warned: list[bool] = []
-
-
 class NodeChannelError(RuntimeError):
     """The channel cannot be set up: no answer, a wrong key, or a refusal."""
 
@@ -54,19 +51,28 @@ class NodeRefused(NodeChannelError):
     """The leader refused this host (or the leader refuses a host): layouts differ."""
 
 
+class NodeKeyMissing(NodeChannelError, ValueError):
+    """A multi-node leader or worker host was started without ``OCTAVO_NODE_KEY``."""
+
+
 def node_key() -> bytes:
-    """The shared secret; without ``OCTAVO_NODE_KEY`` a fixed one, with a loud warning."""
+    """The shared secret ``OCTAVO_NODE_KEY``; ``NodeKeyMissing`` when it is not set."""
     key = os.environ.get(KEY_ENV, "")
-    if key:
-        return key.encode()
-    if not _warned:
-        _warned.append(True)
-        logger.warning(
-            "%s is not set: the node channel is NOT authenticated, so anyone who can reach "
-            "the master port can run code in this engine; set the same secret on every node",
-            KEY_ENV,
+    if not key:
+        raise NodeKeyMissing(
+            f"{KEY_ENV} is not set: a multi-node engine (--nnodes > 1) needs the same secret "
+            f"in {KEY_ENV} on the leader and on every --headless worker host (the node "
+            "channel carries pickled calls: without a key anyone who reaches --master-port "
+            "could run code in the engine); the operator writes one per group in the Secret "
+            "<name>-node-key"
         )
-    return UNAUTHENTICATED_KEY
+    return key.encode()
+
+
+def require_node_key(nnodes: int) -> None:
+    """Refuse to start a multi-node leader or worker host without the key."""
+    if nnodes > 1:
+        node_key()
 
 
 def hello(layout: NodeLayout, kind: str, rank: int | None = None) -> dict[str, Any]:
@@ -108,23 +114,21 @@ def io_timeout(sock: socket.socket, seconds: float) -> Iterator[None]:
 
 
 def accept_peer(sock: socket.socket, key: bytes) -> tuple[Connection, dict[str, Any]]:
-    """The leader's side of a new connection: the mutual challenge, then the peer's
-    hello. ``AuthenticationError``/``OSError``/``EOFError`` for a peer to ignore."""
-    with sock:
-        sock.setblocking(True)
-        tune(sock)
-        with io_timeout(sock, HANDSHAKE_SECONDS):
-            conn = Connection(os.dup(sock.fileno()))
-            try:
-                deliver_challenge(conn, key)
-                answer_challenge(conn, key)
-                greeting = conn.recv()
-            except BaseException:
-                conn.close()
-                raise
-    if not isinstance(greeting, dict) or greeting.get("kind") not in (NODE_LINK, RANK_LINK):
+    """The leader's side of a new connection: the mutual challenge, then the peer's hello.
+    The caller owns ``sock`` and bounds the whole handshake (``node_admission``); any
+    exception means a peer to drop (``AuthenticationError``: it lacks the key)."""
+    sock.setblocking(True)
+    tune(sock)
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+        greeting = conn.recv()
+        if not isinstance(greeting, dict) or greeting.get("kind") not in (NODE_LINK, RANK_LINK):
+            raise EOFError(f"not a worker host's hello: {greeting!r:.200}")
+    except BaseException:
         conn.close()
-        raise EOFError(f"not a worker host's hello: {greeting!r}")
+        raise
     return conn, greeting
 
 

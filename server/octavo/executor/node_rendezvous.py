@@ -6,30 +6,29 @@ there, checks each hello against its own layout (a host started with other paral
 sizes, another ``--nnodes``, another octavo version or a rank already taken is refused
 and fails the load: the group must be recreated with matching flags), logs what it still
 waits for every ``PROGRESS_LOG_SECONDS``, and after ``timeout`` seconds gives up with
-``WorkersDidNotJoin`` naming the missing hosts and ranks. A peer without the key is
-turned away and the wait goes on.
+``WorkersDidNotJoin`` naming the missing hosts and ranks. Connections are handshaken side
+by side (``node_admission``): a peer without the key, a silent or garbled one, is dropped
+on its own and the wait goes on.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import socket
 import time
 from dataclasses import dataclass
-from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection
 from typing import Any
 
 import octavo
 from octavo.distributed.node_layout import NodeLayout, rank_span
+from octavo.executor.node_admission import Admitted, NodeDoor
 from octavo.executor.node_channel import (
     KEY_ENV,
     NODE_LINK,
     PROGRESS_LOG_SECONDS,
     NodeChannelError,
     NodeRefused,
-    accept_peer,
     node_key,
 )
 from octavo.executor.remote_worker import NodeLink, RemoteWorkerHandle
@@ -70,8 +69,8 @@ class NodeRendezvous:
             message = f"cannot listen for worker hosts on {self._where}: {error}"
             raise NodeChannelError(message) from None
         try:
-            with server:
-                self._accept_all(server)
+            with server, NodeDoor(server, self._key) as door:
+                self._accept_all(door)
         except BaseException as error:
             self.abandon(f"the leader gave up waiting for its worker hosts: {error}")
             raise
@@ -87,7 +86,7 @@ class NodeRendezvous:
         for worker in self.workers.values():
             worker.conn.close()
 
-    def _accept_all(self, server: socket.socket) -> None:
+    def _accept_all(self, door: NodeDoor) -> None:
         started = time.monotonic()
         deadline, next_log = started + self.timeout, started + PROGRESS_LOG_SECONDS
         logger.info(
@@ -105,32 +104,20 @@ class NodeRendezvous:
             if now >= next_log:
                 next_log = now + PROGRESS_LOG_SECONDS
                 logger.info("still waiting for %s; %.0f s left", self._progress(), deadline - now)
-            server.settimeout(max(0.01, min(deadline, next_log) - now))
-            try:
-                sock, address = server.accept()
-            except TimeoutError:
-                continue
-            self._admit(sock, address[0], started)
+            admitted = door.next(min(deadline, next_log) - now)
+            if admitted is not None:
+                self._admit(admitted, started)
 
-    def _admit(self, sock: socket.socket, peer: str, started: float) -> None:
-        try:
-            conn, greeting = accept_peer(sock, self._key)
-        except AuthenticationError:
-            logger.warning(
-                "refused a connection from %s: it does not hold this engine's %s", peer, KEY_ENV
-            )
-            return
-        except (OSError, EOFError, pickle.UnpicklingError) as error:
-            logger.warning("ignored a connection from %s: %s", peer, error)
-            return
-        problem = self._problem(greeting, peer)
+    def _admit(self, admitted: Admitted, started: float) -> None:
+        """Answer a peer that holds the key: welcome, or refuse it and fail the load."""
+        problem = self._problem(admitted.greeting, admitted.peer)
         if problem is not None:
-            _answer(conn, ("error", problem))
-            conn.close()
-            logger.error("refused %s: %s", peer, problem)
+            _answer(admitted.conn, ("error", problem))
+            admitted.conn.close()
+            logger.error("refused %s: %s", admitted.peer, problem)
             raise NodeRefused(problem)
-        _answer(conn, ("ok", None))
-        self._record(conn, greeting, peer, started)
+        _answer(admitted.conn, ("ok", None))
+        self._record(admitted.conn, admitted.greeting, admitted.peer, started)
 
     def _problem(self, greeting: dict[str, Any], peer: str) -> str | None:
         node, layout = greeting.get("node_rank"), self.layout

@@ -84,10 +84,12 @@ def serve(args: argparse.Namespace) -> int:
     """Validate everything that can be checked before the port opens, then serve."""
     from octavo.engine.early_checks import check_parallel_layout_early, check_quantization_early
     from octavo.entrypoints.openai.server import run_server
+    from octavo.executor.node_channel import require_node_key
     from octavo.model_executor.loader import check_model_early
 
     engine_args = parsed_engine_args(args)
     check_node_role(args.headless, engine_args)  # --headless on worker hosts only
+    require_node_key(engine_args.nnodes)  # multi-node: OCTAVO_NODE_KEY on every host
     check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
     check_parallel_layout_early(engine_args)  # so does a layout the model cannot take
     check_quantization_early(engine_args)  # and a quantization it does not fit
