@@ -32,6 +32,7 @@ from octavo.distributed.node_layout import (
 )
 from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
+from octavo.model_executor.hf_overrides import parse_hf_overrides
 from octavo.pooling.runner import RUNNERS, TASKS, parse_pooler_config
 from octavo.spec_decode.config import SpeculativeConfig
 
@@ -105,7 +106,18 @@ class EngineArgs:
         "a request's own values always win",
     )
     max_model_len: int | None = engine_arg(
-        None, "context length (default: from the model's config)", positive_int
+        None,
+        "context length (default: from the model's config, rope scaling included as vLLM "
+        "derives it; a LongRoPE model's original_max_position_embeddings)",
+        positive_int,
+    )
+    hf_overrides: dict | None = engine_arg(  # noqa: RUF009
+        None,
+        "JSON merged into the model's config.json before anything reads it (vLLM's flag), "
+        'e.g. \'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+        '"original_max_position_embeddings": 32768}}\' to serve past the checkpoint'
+        "'s context; nested objects merge key by key, rope settings are replaced whole",
+        _flag_type(parse_hf_overrides),
     )
     max_num_seqs: int = engine_arg(256, "most sequences running at once", positive_int)
     max_num_batched_tokens: int | None = engine_arg(
@@ -306,6 +318,7 @@ class EngineArgs:
         ):  # LLM(speculative_config={...})
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._fold_legacy_speculative_flags()
+        self.hf_overrides = parse_hf_overrides(self.hf_overrides)  # LLM(hf_overrides={...})
         if self.pooler_config is not None:  # LLM(pooler_config={...})
             self.pooler_config = parse_pooler_config(self.pooler_config)
         if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's

@@ -19,6 +19,7 @@ from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.kv_cache.sliding_window import max_blocks_per_sequence
 from octavo.lora.config import LoRAConfig
+from octavo.model_executor.context_length import context_length_of
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
@@ -52,7 +53,7 @@ class EngineParts:
 def build_engine_parts(args: EngineArgs) -> EngineParts:
     layout = leader_layout(args)
     folder = resolve_model_folder(args.model, args.revision)
-    config = ModelConfig.from_folder(folder)
+    config = ModelConfig.from_folder(folder, args.hf_overrides)
     config.enable_expert_parallel = args.enable_expert_parallel
     runner = runner_settings(args, folder, config)
     config.pooling_only = not runner.generates
@@ -195,12 +196,11 @@ def _eos_token_ids(config: ModelConfig, tokenizer) -> set[int]:
 
 
 def max_model_len_of(args: EngineArgs, config: ModelConfig) -> int:
-    limit = config.max_position_embeddings  # sliding windows are attention, not a cap
-    if args.max_model_len is None:
-        return limit
-    if args.max_model_len > limit:
-        raise ValueError(f"max_model_len {args.max_model_len} exceeds the model's limit of {limit}")
-    return args.max_model_len
+    """``--max-model-len`` within the config's longest context (rope scaling included, as
+    vLLM derives it; sliding windows are attention, not a cap), or its default."""
+    positions = {"max_position_embeddings": config.max_position_embeddings}
+    context = config.context or context_length_of(positions, config.rope)
+    return context.resolve(args.max_model_len)
 
 
 def _check_capacity(num_blocks: int, block_size: int, max_model_len: int, needed: int) -> None:

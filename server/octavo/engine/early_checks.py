@@ -24,7 +24,8 @@ def check_parallel_layout_early(args) -> None:
     if folder is None:
         return  # checked again, as always, when the engine loads
     layout = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size, args.nnodes)
-    layout.check(ModelConfig.from_folder(folder), select_device(args.device))
+    config = ModelConfig.from_folder(folder, args.hf_overrides)
+    layout.check(config, select_device(args.device))
 
 
 def check_quantization_early(args) -> None:

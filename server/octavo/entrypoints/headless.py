@@ -91,7 +91,7 @@ def host_overrides(args: EngineArgs, layout: NodeLayout) -> HostOverrides:
     parallel = ParallelConfig(
         layout.tensor_parallel_size, layout.pipeline_parallel_size, layout.nnodes
     )
-    parallel.check(ModelConfig.from_folder(folder), device)
+    parallel.check(ModelConfig.from_folder(folder, args.hf_overrides), device)
     threads = args.num_threads or max(1, usable_cpus() // layout.local_world_size)
     return HostOverrides(str(folder), str(device), threads, args.tokenizer)
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from octavo.model_executor.context_length import ContextLength, context_length_of
+from octavo.model_executor.hf_overrides import apply_hf_overrides
 from octavo.model_executor.models.registry import check_architecture
 from octavo.model_executor.rotary import rope_parameters_for
 
@@ -43,6 +45,8 @@ class ModelConfig:
     # not from config.json: the engine's --runner pooling (no LM head is built)
     pooling_only: bool = False
     hf: Any = field(default=None, repr=False, compare=False)  # transformers' config object
+    # the longest max_model_len the config allows (rope scaling included) and its default
+    context: ContextLength | None = None
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -69,6 +73,7 @@ class ModelConfig:
             hf=hf,
         )
         config.layer_types = _layer_types(hf, config)
+        config.context = context_length_of(raw, config.rope)
         return config
 
     @property
@@ -83,8 +88,10 @@ class ModelConfig:
         return self.sliding_window if self.layer_types[layer] == SLIDING_ATTENTION else None
 
     @classmethod
-    def from_folder(cls, folder: Path) -> ModelConfig:
-        config = cls.from_dict(json.loads((folder / "config.json").read_text()))
+    def from_folder(cls, folder: Path, hf_overrides: dict | None = None) -> ModelConfig:
+        """``hf_overrides`` (``--hf-overrides``) are merged into config.json first."""
+        raw = json.loads((folder / "config.json").read_text())
+        config = cls.from_dict(apply_hf_overrides(raw, hf_overrides))
         generation = folder / "generation_config.json"
         if generation.exists():
             extra = _as_tuple(json.loads(generation.read_text()).get("eos_token_id"))

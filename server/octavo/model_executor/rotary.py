@@ -38,6 +38,7 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 _ROPE_TYPE_ALIASES = {"su": "longrope"}  # early Phi-3 checkpoints
+_PRETRAINED_LENGTH_TYPES = ("llama3", "yarn", "longrope")  # need original_max_position_embeddings
 
 
 # --- config spellings ------------------------------------------------------------------------
@@ -75,6 +76,9 @@ def rope_parameters_for(raw_config: dict, layer_type: str = FULL_ATTENTION) -> d
     rope_type = rope.pop("type", None)
     rope_type = rope.get("rope_type") or rope_type or "default"
     rope["rope_type"] = _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
+    if rope["rope_type"] in _PRETRAINED_LENGTH_TYPES and rope.get("max_position_embeddings"):
+        # transformers 5's default where a config leaves the pretraining length out
+        rope.setdefault("original_max_position_embeddings", rope["max_position_embeddings"])
     return rope
 
 

@@ -42,9 +42,10 @@ def check_draft(draft: ModelConfig, target: ModelConfig, max_model_len: int, nam
             f"tokens but the target has {target.vocab_size}; a draft model must share the "
             "target's tokenizer"
         )
-    if draft.max_position_embeddings < max_model_len:
+    longest = draft.context.longest if draft.context else draft.max_position_embeddings
+    if longest < max_model_len:
         raise ValueError(
             f"speculative_config: draft model {name!r} handles "
-            f"{draft.max_position_embeddings} positions, fewer than max_model_len "
+            f"{longest} positions, fewer than max_model_len "
             f"{max_model_len}; lower max_model_len"
         )

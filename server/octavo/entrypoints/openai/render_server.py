@@ -79,7 +79,7 @@ def load_render_info(args: EngineArgs) -> EngineInfo:
     """What the routes read of an engine, from the config and tokenizer alone (the values
     the engine itself derives from them, through the same functions)."""
     folder = config_folder(args.model, args.revision)
-    config = ModelConfig.from_folder(folder)
+    config = ModelConfig.from_folder(folder, args.hf_overrides)
     tokenizer = load_tokenizer(folder, args.tokenizer)
     return EngineInfo(
         tokenizer=tokenizer,
