@@ -20,14 +20,16 @@ import zmq
 
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
+from octavo.kv_cache.block_hash import HashChain
 from octavo.kv_cache.block_pool import BlockPool
-from octavo.kv_cache.kv_cache_manager import KVCacheManager, chain_hash
+from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.kv_events import publisher as publisher_module
 from octavo.kv_events.config import KVEventsConfig
 from octavo.kv_events.events import BlockStored, KVEventBatch, wire_hash
 from octavo.kv_events.publisher import NullEventPublisher, ZmqEventPublisher, start_publisher
 from octavo.lora_request import LoRARequest
 from octavo.sampling_params import SamplingParams
+from octavo.scheduler.sequence import block_keys
 
 from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)
 
@@ -225,7 +227,7 @@ def test_registered_blocks_are_one_chained_block_stored():
     hashes = kv.tables[1].hashes
     assert first == BlockStored([wire_hash(h) for h in hashes[:2]], None, tokens[:8], 4)
     assert second == BlockStored([wire_hash(hashes[2])], wire_hash(hashes[1]), tokens[8:12], 4)
-    assert hashes[1] == chain_hash(hashes[0], tuple(tokens[4:8]))
+    assert hashes[1] == kv.hasher.hash_block(hashes[0], tuple(tokens[4:8]))
     assert pool.take_events() == []  # taken once
 
 
@@ -242,15 +244,17 @@ def test_blocks_cached_already_are_not_stored_again():
     assert stored == BlockStored([wire_hash(hashes[2])], wire_hash(hashes[1]), [5, 6, 7, 8], 4)
 
 
-def test_a_lora_chain_starts_from_its_salt_but_names_no_parent():
+def test_a_lora_chain_hashes_its_adapter_but_names_no_parent():
     pool, kv = recording()
     adapter = LoRARequest("sql", 3, "/adapters/sql")
-    salt = hash(("lora", 3))
+    chain = HashChain(block_keys(adapter, None))
     assert kv.allocate_slots(1, 0, 8)
-    kv.cache_full_blocks(1, list(range(8)), 8, salt, adapter)
+    kv.cache_full_blocks(1, list(range(8)), 8, chain, adapter)
     (stored,) = pool.take_events()
-    assert stored.block_hashes[0] == wire_hash(chain_hash(salt, (0, 1, 2, 3)))
-    assert stored.parent_block_hash is None  # the salt is no block (as vLLM: lora in keys)
+    first = kv.hasher.hash_block(None, (0, 1, 2, 3), (("lora", "sql", "/adapters/sql"),))
+    assert stored.block_hashes[0] == wire_hash(first)
+    assert first != kv.hasher.hash_block(None, (0, 1, 2, 3))  # the base model's block
+    assert stored.parent_block_hash is None  # the seed is no block (as vLLM: lora in keys)
     assert (stored.lora_id, stored.lora_name) == (3, "sql")
 
 
@@ -278,7 +282,7 @@ def test_resetting_the_prefix_cache_clears_all_or_removes_the_free_ones():
     pool.take_events()
     pool.reset_prefix_cache()  # sequence 2 still holds its block: that hash stays
     (removed,) = pool.take_events()
-    assert removed.block_hashes == [wire_hash(chain_hash(None, (1, 2, 3, 4)))]
+    assert removed.block_hashes == [wire_hash(kv.hasher.hash_block(None, (1, 2, 3, 4)))]
     kv.free(2)
     pool.reset_prefix_cache()  # nothing in use: the whole cache (vLLM's AllBlocksCleared)
     assert [type(e).__name__ for e in pool.take_events()] == ["AllBlocksCleared"]
@@ -423,10 +427,7 @@ def scenario(tiny_folder):
     live = []
     while (message := receive(sub, 0.5)) is not None:
         live.append(message)
-    hashes, parent = [], None
-    for start in range(0, len(first), BLOCK):
-        parent = chain_hash(parent, tuple(first[start : start + BLOCK]))
-        hashes.append(parent)
+    hashes = engine.kv.hasher.extend(HashChain(), first, BLOCK, 3)
     yield Scenario(engine, sub, events_config, live, first, hashes)
     engine.shutdown()
     sub.close(linger=0)
@@ -511,7 +512,7 @@ def test_an_engine_without_the_flag_opens_no_socket(tiny_folder, monkeypatch):
         engine.shutdown()
 
 
-def test_an_adapters_blocks_name_it_and_chain_from_its_salt(tiny_folder, tmp_path):
+def test_an_adapters_blocks_name_it_and_hash_it(tiny_folder, tmp_path):
     from lora_adapters import make_adapter
 
     base = tiny_folder("llama3")
@@ -531,9 +532,9 @@ def test_an_adapters_blocks_name_it_and_chain_from_its_salt(tiny_folder, tmp_pat
     finally:
         engine.shutdown()
     (stored,) = of_type(events_of(batches), "BlockStored")
-    first = chain_hash(hash(("lora", 1)), tuple(prompt[:BLOCK]))
-    second = chain_hash(first, tuple(prompt[BLOCK : 2 * BLOCK]))
-    assert stored["block_hashes"] == [wire_hash(first), wire_hash(second)]
-    assert stored["parent_block_hash"] is None  # the salt is no block llm-d could know
+    chain = HashChain(block_keys(adapter, None))
+    hashes = engine.kv.hasher.extend(chain, prompt, BLOCK, 2)
+    assert stored["block_hashes"] == [wire_hash(h) for h in hashes]
+    assert stored["parent_block_hash"] is None  # the seed is no block llm-d could know
     assert (stored["lora_id"], stored["lora_name"]) == (1, "sql")
     assert stored["token_ids"] == prompt[: 2 * BLOCK]

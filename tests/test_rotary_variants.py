@@ -169,18 +169,29 @@ def test_longrope_tables_short_below_and_long_from_the_original_length():
         assert_tables_equal(our_cos_sin(config, one, torch.float32), theirs)
 
 
+def vllm_dynamic_ntk_inv_freq(theta: float, dim: int, max_position: int, factor: float):
+    """vLLM's ``DynamicNTKScalingRotaryEmbedding._compute_cos_sin_cache`` frequencies, written
+    out: one static base for a length of ``max_position * factor`` (the formula vLLM's Llama
+    path has long used; vLLM PR #41277, 2026, reworked it for Nomic's embedders)."""
+    max_len = max_position * factor
+    base = theta * ((factor * max_len / max_position) - (factor - 1)) ** (dim / (dim - 2))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
 def test_dynamic_ntk_matches_transformers_within_and_vllm_beyond():
     config = hf_config("llama", {"max_position_embeddings": 2048, **CASES["dynamic"][1]})
     within = torch.arange(0, 2048, 5)
     theirs = hf_cos_sin(LlamaRotaryEmbedding(config), within, torch.float32)
     assert_tables_equal(our_cos_sin(config, within, torch.float32, max_positions=4096), theirs)
-    # vLLM's static choice beyond: the frequencies for a length of max_position * factor
-    static, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu", seq_len=4096)
+    # beyond 2048: vLLM's static table, computed here from its formula (not transformers')
     beyond = torch.tensor([2048, 3000, 4095])
-    angles = torch.outer(beyond.float(), static)
+    angles = torch.outer(beyond.float(), vllm_dynamic_ntk_inv_freq(10000.0, HEAD_DIM, 2048, 2.0))
     cos, sin = our_cos_sin(config, beyond, torch.float32, max_positions=4096)
     torch.testing.assert_close(cos[:, : HEAD_DIM // 2], angles.cos(), rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(sin[:, HEAD_DIM // 2 :], angles.sin(), rtol=2e-6, atol=2e-6)
+    # and not transformers' per-length recomputation (a batch ending at position 3000)
+    per_length = hf_cos_sin(LlamaRotaryEmbedding(config), beyond[1:2], torch.float32)[0]
+    assert (per_length[0, : HEAD_DIM // 2] - cos[1, : HEAD_DIM // 2]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"])

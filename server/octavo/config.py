@@ -30,6 +30,7 @@ from octavo.distributed.node_layout import (
     DEFAULT_NODE_JOIN_TIMEOUT,
     NodeLayout,
 )
+from octavo.kv_cache.block_hash import DEFAULT_HASH_ALGO, HASH_ALGOS
 from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.model_executor.hf_overrides import parse_hf_overrides
@@ -172,6 +173,13 @@ class EngineArgs:
     )
     enable_prefix_caching: bool = engine_arg(
         True, "reuse KV blocks of shared prompt prefixes", parse_bool, kind="bool"
+    )
+    prefix_caching_hash_algo: str = engine_arg(
+        DEFAULT_HASH_ALGO,
+        "hash of the prefix-cache blocks: sha256 (SHA-256 of the pickled block key) or "
+        "sha256_cbor (SHA-256 of its canonical CBOR: reproducible outside Python)",
+        one_of(HASH_ALGOS),
+        choices=HASH_ALGOS,
     )
     dtype: str = engine_arg(
         "auto", "weight/activation dtype", one_of(SUPPORTED_DTYPES), choices=SUPPORTED_DTYPES
@@ -418,6 +426,11 @@ class EngineArgs:
             self.quantization in (None, *QUANTIZATION_NAMES),
             f"unknown quantization {self.quantization!r}; supported: "
             f"{', '.join(QUANTIZATION_NAMES)}",
+        )
+        _require(
+            self.prefix_caching_hash_algo in HASH_ALGOS,
+            f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
+            f"got {self.prefix_caching_hash_algo!r}",
         )
 
     @classmethod

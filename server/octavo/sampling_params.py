@@ -14,6 +14,7 @@ from octavo.pooling.params import PoolingParams
 from octavo.structured_output.params import StructuredOutputsParams
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are treated as 0 (greedy decoding)
+MAX_CACHE_SALT_LENGTH = 1024  # characters of a request's cache_salt
 
 
 class RequestOutputKind(enum.Enum):
@@ -58,6 +59,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, ...
     # Set only by ``for_pooling``: the request returns one vector, no tokens.
     pooling: PoolingParams | None = None
+    # Only requests with the same salt share prefix-cache blocks (vLLM's request field).
+    cache_salt: str | None = None
 
     @classmethod
     def for_pooling(cls, pooling: PoolingParams) -> SamplingParams:
@@ -81,6 +84,7 @@ class SamplingParams:
         self._normalise_stops()
         self._validate_numbers()
         self._validate_lengths()
+        self._validate_cache_salt()
 
     @property
     def is_greedy(self) -> bool:
@@ -167,6 +171,14 @@ class SamplingParams:
                 value is None or (_is_int(value) and value >= 0),
                 f"{name} must be None or an integer >= 0, got {value!r}",
             )
+
+    def _validate_cache_salt(self) -> None:
+        salt = self.cache_salt
+        _require(
+            salt is None or (isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT_LENGTH),
+            f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_LENGTH} "
+            f"characters, got {salt!r:.80}",
+        )
 
     def check_max_logprobs(self, max_logprobs: int) -> None:
         """ValueError when ``logprobs`` or ``prompt_logprobs`` asks for more than

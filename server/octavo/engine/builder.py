@@ -15,6 +15,7 @@ from octavo.engine.device import select_device, select_dtype
 from octavo.executor.executor import Executor, create_executor
 from octavo.executor.node_channel import require_node_key
 from octavo.kernels.cpu_count import usable_cpus
+from octavo.kv_cache.block_hash import BlockHasher
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.kv_cache.sliding_window import max_blocks_per_sequence
@@ -73,6 +74,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
         args.tokenizer,
     )  # fmt: skip
+    hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
     executor = create_executor(spec, layout, args.node_join_timeout)
     lookahead = speculative.num_speculative_tokens if speculative is not None else 0
     window = config.uniform_sliding_window if draft is None else None  # a draft reads it all
@@ -85,7 +87,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     pool = BlockPool(
         num_blocks, args.enable_prefix_caching, events is not None and events.publishes
     )
-    kv = KVCacheManager(pool, args.block_size, window)
+    kv = KVCacheManager(pool, args.block_size, window, hasher)
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
     budget = args.token_budget(device.type, max_model_len)

@@ -14,6 +14,7 @@ is None and nothing is recorded. The hashes announced are always those of ``cach
 
 from __future__ import annotations
 
+from octavo.kv_cache.block_hash import BlockHash
 from octavo.kv_cache.free_block_queue import FreeBlockQueue, KVBlock
 from octavo.kv_events.events import AllBlocksCleared, BlockRemoved, KVCacheEvent, wire_hash
 
@@ -29,7 +30,7 @@ class BlockPool:
         self.blocks = [KVBlock(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.enable_prefix_caching = enable_prefix_caching
-        self.cached: dict[int, KVBlock] = {}
+        self.cached: dict[BlockHash, KVBlock] = {}
         self.events: list[KVCacheEvent] | None = [] if record_events else None
 
     @property
@@ -59,7 +60,7 @@ class BlockPool:
         self._record_removed(removed)
         return blocks
 
-    def lookup(self, block_hash: int, token_ids: tuple[int, ...]) -> KVBlock | None:
+    def lookup(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> KVBlock | None:
         block = self.cached.get(block_hash)
         if block is None or block.token_ids != token_ids:
             return None
@@ -86,7 +87,7 @@ class BlockPool:
         else:
             self.free_queue.append(block)  # cached: keep as long as possible (LRU)
 
-    def register(self, block: KVBlock, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+    def register(self, block: KVBlock, block_hash: BlockHash, token_ids: tuple[int, ...]) -> bool:
         """Mark a full, computed block as reusable by later requests with the same prefix;
         True if its hash is newly cached."""
         if not self.enable_prefix_caching or block.block_hash is not None:
@@ -97,7 +98,7 @@ class BlockPool:
         self.cached[block_hash] = block
         return True
 
-    def _forget_hash(self, block: KVBlock) -> int | None:
+    def _forget_hash(self, block: KVBlock) -> BlockHash | None:
         """Drop the block's hash; the hash if it was the cached one (it leaves the cache)."""
         block_hash = block.block_hash
         if block_hash is None:
@@ -108,7 +109,7 @@ class BlockPool:
         del self.cached[block_hash]
         return block_hash
 
-    def _record_removed(self, hashes: list[int | None]) -> None:
+    def _record_removed(self, hashes: list[BlockHash | None]) -> None:
         if self.events is not None and any(h is not None for h in hashes):
             self.events.append(BlockRemoved([wire_hash(h) for h in hashes if h is not None]))
 

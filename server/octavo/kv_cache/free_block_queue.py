@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 class KVBlock:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: bytes | None = None  # its prefix-cache hash (see block_hash.py)
     token_ids: tuple[int, ...] | None = None  # the full block's tokens, checked on a cache hit
     prev: KVBlock | None = field(default=None, repr=False)
     next: KVBlock | None = field(default=None, repr=False)

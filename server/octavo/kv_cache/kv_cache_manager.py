@@ -1,8 +1,9 @@
 """Per-sequence block tables on top of the block pool.
 
 A sequence's table grows on demand as its tokens are scheduled. Full blocks of computed
-tokens are hashed (chained with the previous block's hash) and registered for prefix
-caching. Sequences forked for ``n > 1`` share the prompt's blocks; the first write into a
+tokens are hashed (SHA-256 chained with the previous block's hash, the adapter and the
+request's cache salt: see ``block_hash``) and registered for prefix caching.
+Sequences forked for ``n > 1`` share the prompt's blocks; the first write into a
 shared, partly filled block copies it (copy-on-write) and the copy is recorded for the
 model runner to perform before the step's forward pass.
 
@@ -22,6 +23,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from octavo.kv_cache.block_hash import BlockHash, BlockHasher, HashChain
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.free_block_queue import KVBlock
 from octavo.kv_cache.sliding_window import num_skipped_blocks
@@ -34,27 +36,30 @@ if TYPE_CHECKING:
 @dataclass
 class SequenceBlocks:
     blocks: list[KVBlock] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)  # chained hashes of registered full blocks
+    hashes: list[BlockHash] = field(default_factory=list)  # those of registered full blocks
 
 
 class CacheHits(list):
     """Prefix-cache hits (null blocks for those behind a window) with the chain hash of
     each block, so the sequence's later blocks chain on from them."""
 
-    def __init__(self, blocks: list[KVBlock], hashes: list[int]) -> None:
+    def __init__(self, blocks: list[KVBlock], hashes: list[BlockHash]) -> None:
         super().__init__(blocks)
         self.hashes = hashes
 
 
-def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent_hash, token_ids))
-
-
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, sliding_window: int | None = None) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        sliding_window: int | None = None,
+        hasher: BlockHasher | None = None,
+    ) -> None:
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
         self.pool = pool
+        self.hasher = hasher or BlockHasher.create()  # --prefix-caching-hash-algo
         self.block_size = block_size
         self.sliding_window = sliding_window  # every layer's window: blocks behind it are freed
         self.tables: dict[int, SequenceBlocks] = {}
@@ -74,19 +79,23 @@ class KVCacheManager:
         freed = sum(1 for block in table.blocks if self._is_null(block))
         return max(0, num_computed - freed * self.block_size)
 
-    def find_cached_prefix(self, token_ids: list[int], salt: int | None = None) -> list[KVBlock]:
-        """Longest cache hit of full blocks, leaving at least one token to compute; ``salt``
-        starts the hash chain (a LoRA adapter's KV is its own). Without a window every
-        block of the hit must be cached; with one, only those the next token's window
-        reaches (the others come back as the null block, as vLLM's sliding-window hit)."""
+    def find_cached_prefix(
+        self, token_ids: list[int], chain: HashChain | None = None
+    ) -> list[KVBlock]:
+        """Longest cache hit of full blocks, leaving at least one token to compute;
+        ``chain`` is the sequence's (its adapter and cache salt are in its hashes, which
+        it keeps). Without a window every block of the hit must be cached; with one, only
+        those the next token's window reaches (the others come back as the null block, as
+        vLLM's sliding-window hit)."""
         if not self.pool.enable_prefix_caching:
             return []
-        size, parent, hashes, found = self.block_size, salt, [], []
-        for start in range(0, len(token_ids) - size, size):
-            chunk = tuple(token_ids[start : start + size])
-            parent = chain_hash(parent, chunk)
-            hashes.append(parent)
-            found.append(self.pool.lookup(parent, chunk))
+        size = self.block_size
+        num_blocks = (len(token_ids) - 1) // size
+        hashes = self.hasher.extend(chain or HashChain(), token_ids, size, num_blocks)
+        found = [
+            self.pool.lookup(block_hash, tuple(token_ids[index * size : (index + 1) * size]))
+            for index, block_hash in enumerate(hashes)
+        ]
         misses = (index if block is None else -1 for index, block in enumerate(found))
         last_miss = list(itertools.accumulate(misses, max))
         for end in range(len(found), 0, -1):
@@ -179,19 +188,21 @@ class KVCacheManager:
         seq_id: int,
         token_ids: list[int],
         num_computed: int,
-        salt: int | None = None,
+        chain: HashChain | None = None,
         lora: LoRARequest | None = None,
     ) -> None:
-        """Register every block whose tokens are now all computed (chained from ``salt``;
-        ``lora`` names the adapter in the KV events)."""
+        """Register every block whose tokens are now all computed (hashed in the
+        sequence's ``chain``; ``lora`` names the adapter in the KV events)."""
         table = self.tables[seq_id]
         size = self.block_size
+        chain = chain or HashChain(hashes=list(table.hashes))
+        hashes = self.hasher.extend(chain, token_ids, size, num_computed // size)
         events = self.pool.events
         stored = None if events is None else StoredRuns(events, size, lora)
-        for index in range(len(table.hashes), num_computed // size):
+        for index in range(len(table.hashes), len(hashes)):
             chunk = tuple(token_ids[index * size : (index + 1) * size])
             parent = table.hashes[-1] if table.hashes else None
-            block_hash = chain_hash(salt if parent is None else parent, chunk)
+            block_hash = hashes[index]
             table.hashes.append(block_hash)
             block = table.blocks[index]
             registered = not self._is_null(block) and self.pool.register(block, block_hash, chunk)
@@ -212,7 +223,7 @@ class KVCacheManager:
         return copies
 
 
-def _chain_of(blocks: list[KVBlock]) -> list[int]:
+def _chain_of(blocks: list[KVBlock]) -> list[BlockHash]:
     hashes = [block.block_hash for block in blocks]
     assert all(h is not None for h in hashes), "cache hits must be registered blocks"
     return hashes  # type: ignore[return-value]

@@ -5,8 +5,8 @@ Here a block whose hash is already cached under another block (Octavo keeps one 
 per hash), or a null block behind a sliding window, is not newly stored: it ends a run,
 and each run of newly stored consecutive blocks is one event. An event's parent is the
 wire hash of the block before its first one in the sequence (announced earlier: it is
-cached, or was), None for a sequence's first block. A LoRA adapter's chain starts from
-its salt, but that is no block: vLLM sends None there too, and names the adapter in
+cached, or was), None for a sequence's first block (the chain's seed, adapter and cache
+salt are no block: vLLM sends None there too), and the event names the adapter in
 ``lora_id`` / ``lora_name`` (llm-d keys the adapter's blocks by ``lora_name``).
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from octavo.kv_cache.block_hash import BlockHash
 from octavo.kv_events.events import BlockStored, KVCacheEvent, wire_hash
 
 if TYPE_CHECKING:
@@ -30,7 +31,9 @@ class StoredRuns:
     _token_ids: list[int] = field(default_factory=list)
     _parent: int | None = None
 
-    def add(self, parent: int | None, block_hash: int, token_ids: tuple[int, ...]) -> None:
+    def add(
+        self, parent: BlockHash | None, block_hash: BlockHash, token_ids: tuple[int, ...]
+    ) -> None:
         """A newly stored block, ``parent`` the chain hash of the one before (None first)."""
         if not self._hashes:
             self._parent = None if parent is None else wire_hash(parent)

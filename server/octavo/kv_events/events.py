@@ -10,11 +10,12 @@ llm-d-kv-cache v0.9.0's vLLM adapter) reads these maps by name, as well as vLLM'
 positional arrays.
 
 Block hashes on the wire are unsigned 64-bit integers (vLLM's
-``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` form): the engine's chain hashes are Python
-``hash`` values, mapped by ``wire_hash`` to 64 bits with the top bit set. That bit keeps
-every hash a full 8-byte msgpack uint64: llm-d's decoder takes a hash only as a 64-bit
-integer (a value under 2**32, which msgpack packs shorter, fails the whole batch there),
-and never 0, which llm-d reads as "no parent". ``medium`` is ``"GPU"``, vLLM's name for the
+``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` form): the engine's block hashes are SHA-256
+digests (``kv_cache/block_hash.py``), and ``wire_hash`` sends their low 64 bits, as vLLM
+does, with the top bit set. That bit keeps every hash a full 8-byte msgpack uint64:
+llm-d's decoder takes a hash only as a 64-bit integer (a value under 2**32, which msgpack
+packs shorter, fails the whole batch there), and never 0, which llm-d reads as "no
+parent". ``medium`` is ``"GPU"``, vLLM's name for the
 engine's own KV cache tier whatever the device (llm-d weighs ``"CPU"`` as an offload tier).
 """
 
@@ -30,9 +31,10 @@ UINT64_MASK = (1 << 64) - 1
 TOP_BIT = 1 << 63
 
 
-def wire_hash(block_hash: int) -> int:
-    """A chain hash (a signed 64-bit Python ``hash``) as its unsigned 64-bit wire value."""
-    return (block_hash & UINT64_MASK) | TOP_BIT
+def wire_hash(block_hash: bytes) -> int:
+    """A block hash (a digest) as its unsigned 64-bit wire value: its low 64 bits
+    (vLLM's ``maybe_convert_block_hash``) with the top bit set."""
+    return (int.from_bytes(block_hash, "big") & UINT64_MASK) | TOP_BIT
 
 
 @dataclass(slots=True)

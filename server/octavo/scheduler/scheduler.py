@@ -229,7 +229,7 @@ class Scheduler:
             if not self._adapter_fits(seq, adapters):
                 break
             scored = seq.params.computes_whole_prompt  # every prompt token is computed
-            hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.cache_salt)
+            hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.hash_chain)
             num_cached = len(hits) * self.kv.block_size
             if not (self.chunked_prefill or scored) and seq.num_tokens - num_cached > budget:
                 break  # it waits for a step with room for its whole prompt (scored: chunked)
@@ -353,7 +353,7 @@ class Scheduler:
 
     def _cache_blocks(self, seq: Sequence) -> None:
         self.kv.cache_full_blocks(
-            seq.seq_id, seq.token_ids, seq.num_computed_tokens, seq.cache_salt, seq.lora_request
+            seq.seq_id, seq.token_ids, seq.num_computed_tokens, seq.hash_chain, seq.lora_request
         )
 
     def _fork(self, parent: Sequence) -> None:

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from octavo.kv_cache.block_hash import BlockKeys, HashChain
 from octavo.lora_request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
@@ -45,6 +46,10 @@ class Sequence:
     spec_acceptance: float = SPEC_ACCEPTANCE_START  # moving average: proposals accepted
     spec_steps_held: int = 0  # steps its proposals were held back (see SpeculationPolicy)
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
+    hash_chain: HashChain = field(init=False, repr=False)  # its full blocks' prefix hashes
+
+    def __post_init__(self) -> None:
+        self.hash_chain = HashChain(block_keys(self.lora_request, self.params.cache_salt))
 
     @property
     def num_tokens(self) -> int:
@@ -65,11 +70,6 @@ class Sequence:
     @property
     def lora_id(self) -> int | None:
         return None if self.lora_request is None else self.lora_request.lora_int_id
-
-    @property
-    def cache_salt(self) -> int | None:
-        """Starts its blocks' hash chain: the same prompt under two adapters shares no KV."""
-        return None if self.lora_request is None else hash(("lora", self.lora_id))
 
     @property
     def is_finished(self) -> bool:
@@ -96,6 +96,14 @@ class Sequence:
             announced=True,
             forked=True,
         )
+
+
+def block_keys(lora: LoRARequest | None, cache_salt: str | None) -> BlockKeys:
+    """What its blocks' hashes hold besides tokens: the same prompt under two adapters,
+    or with two cache salts, shares no KV."""
+    if lora is None:
+        return BlockKeys(cache_salt=cache_salt)
+    return BlockKeys(lora.lora_name, lora.lora_path, cache_salt)
 
 
 def sequence_seed(request_seed: int | None, index: int) -> int | None:

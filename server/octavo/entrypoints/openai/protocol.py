@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from octavo.sampling_params import MAX_CACHE_SALT_LENGTH
+
 MAX_REQUEST_ID_LENGTH = 200
 # What the server itself hands the chat template (chat_template_kwargs may not set it).
 CHAT_TEMPLATE_ARGUMENTS = frozenset(
@@ -133,6 +135,8 @@ class SamplingRequest(RequestBody):
     include_stop_str_in_output: bool = False
     priority: int = 0
     request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_LENGTH)
+    # Only requests with the same salt share prefix-cache blocks (vLLM's field).
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_LENGTH)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None

@@ -80,17 +80,18 @@ def generate_request(
         model=body.model,
         stream=body.stream,
         stream_options=options if body.stream else None,
+        cache_salt=params.cache_salt,
         priority=body.priority,
     )
 
 
 def sampling_params_json(params: SamplingParams) -> dict[str, Any]:
     """The engine's parameters with vLLM's field names (the output kind as its number,
-    the constraint as its one set field)."""
+    the constraint as its one set field; the cache salt is the request's, not here)."""
     values = {
         field.name: getattr(params, field.name)
         for field in dataclasses.fields(params)
-        if field.name not in ("output_kind", "structured_outputs")
+        if field.name not in ("output_kind", "structured_outputs", "cache_salt")
     }
     constraint = params.structured_outputs
     if constraint is not None:

@@ -30,6 +30,7 @@ _PLAIN_FIELDS = (
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "include_stop_str_in_output",
+    "cache_salt",
 )
 
 

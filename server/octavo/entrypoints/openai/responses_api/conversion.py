@@ -60,6 +60,7 @@ def to_chat_request(body: ResponsesRequest, earlier: list[ChatMessage]) -> ChatC
         "top_p": body.top_p,
         "seed": body.seed,
         "request_id": body.request_id,
+        "cache_salt": body.cache_salt,
         "response_format": chat_response_format(body.text),
         "tools": chat_tools(body.tools),
         "tool_choice": chat_tool_choice(body.tool_choice),

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from octavo.entrypoints.openai.protocol import MAX_REQUEST_ID_LENGTH, RequestBody
+from octavo.sampling_params import MAX_CACHE_SALT_LENGTH
 
 JsonObject = dict[str, Any]
 
@@ -35,6 +36,7 @@ class ResponsesRequest(RequestBody):
     stream_options: JsonObject | None = None
     reasoning: JsonObject | None = None
     request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_LENGTH)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_LENGTH)
     background: bool | None = None
     # Accepted for compatibility; they do not change what is generated.
     metadata: dict[str, str] | None = None
