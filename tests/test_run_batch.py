@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from threading import Event, Timer
 
@@ -162,14 +162,19 @@ def run_here(
     with torch_threads(1):
         if interrupt_at is None:
             return asyncio.run(run_batch(app, settings))
-        working = output_file.working_path(output, tmp_dir)
-        asyncio.run(cancel_at(run_batch(app, settings), working, interrupt_at))
+        running = run_batch(app, settings)
+        asyncio.run(cancel_at(running, lambda: written(output, tmp_dir), interrupt_at))
     return None
 
 
-async def cancel_at(run: Coroutine, written: Path, lines: int) -> None:
+def written(output: Path, tmp_dir: Path | None) -> Path | None:
+    """The file a run writes: the output, or its working file in ``tmp_dir`` (once made)."""
+    return output if tmp_dir is None else output_file.find_working(output, tmp_dir)
+
+
+async def cancel_at(run: Coroutine, written: Callable[[], Path | None], lines: int) -> None:
     task = asyncio.ensure_future(run)
-    while complete_lines(written) < lines:
+    while complete_lines(written()) < lines:
         assert not task.done(), "the run ended before it was interrupted"
         await asyncio.sleep(0.01)
     task.cancel()
@@ -259,6 +264,12 @@ def test_a_full_disk_fails_the_run(tiny_folder, tmp_path, monkeypatch):
 
 
 # ----- input lines and the output file ----------------------------------------------------
+def deeply_nested_line() -> bytes:
+    """A line of about 200 KB nested 100,000 deep: Python's JSON parser cannot read it."""
+    body = "[" * 100_000 + "]" * 100_000
+    return f'{{"custom_id": "deep", "method": "POST", "body": {body}}}'.encode()
+
+
 def raw_line(**changes) -> bytes:
     record = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}
     return json.dumps({**record, **changes}).encode()
@@ -276,6 +287,7 @@ def raw_line(**changes) -> bytes:
         (raw_line(url="/v1/models"), "a", "url '/v1/models' is not supported"),
         (raw_line(body=[]), "a", "body must be a JSON object"),
         (raw_line(body={"stream": True}), "a", STREAM_MESSAGE),
+        (deeply_nested_line(), "line-7", "line 7 is nested too deeply"),
     ],
 )
 def test_malformed_lines_are_named_and_explained(raw, custom_id, message):
@@ -294,6 +306,74 @@ def test_an_unreadable_line_inside_the_output_is_refused(tmp_path):
     output.write_text(f"{good}\ngarbage\n{good}\n")
     with pytest.raises(ValueError, match=r"line 2 of .* is not a batch result line"):
         output_file.read_existing(output)
+
+
+def test_a_deeply_nested_line_gets_an_error_line_and_the_batch_finishes(tiny_folder, tmp_path):
+    """It raised RecursionError out of the run (exit 1, no output, the same on every rerun)."""
+    batch, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    good = as_line("ok", "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    batch.write_bytes(deeply_nested_line() + b"\n" + good.encode() + b"\n")
+    summary = run_here(tiny_folder, batch, output)
+    by_id = {r["custom_id"]: r for r in read_results(output)}
+    assert by_id.keys() == {"line-1", "ok"} and summary.errors == 1
+    assert by_id["line-1"]["response"]["status_code"] == 400
+    assert "line 1 is nested too deeply" in by_id["line-1"]["error"]
+    assert by_id["ok"]["response"]["status_code"] == 200
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"my notes\n", b"my notes, no newline", b"{}\n", deeply_nested_line() + b"\n"],
+    ids=["text", "text-without-newline", "json-not-a-result", "deeply-nested"],
+)
+def test_a_file_that_is_not_a_batch_output_is_refused_untouched(
+    tiny_folder, tmp_path, capsys, content
+):
+    """It was taken for a torn last line and truncated."""
+    (tmp_path / "in.jsonl").write_text(as_line("a", "/v1/completions", {"prompt": "x"}) + "\n")
+    output = tmp_path / "notes.txt"
+    output.write_bytes(content)
+    files = ["-i", str(tmp_path / "in.jsonl"), "-o", str(output)]
+    assert octavo_main(["run-batch", *files, str(tiny_folder("llama3"))]) == 2
+    err = capsys.readouterr().err
+    assert "line 1 of" in err and "is not a batch result line" in err and "Traceback" not in err
+    assert output.read_bytes() == content
+
+
+def test_a_symbolic_link_output_is_refused_not_followed(tiny_folder, tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_text(as_line("a", "/v1/completions", {"prompt": "x"}) + "\n")
+    target, link = tmp_path / "elsewhere.jsonl", tmp_path / "out.jsonl"
+    target.write_text("")
+    link.symlink_to(target)
+    files = ["-i", str(tmp_path / "in.jsonl"), "-o", str(link)]
+    assert octavo_main(["run-batch", *files, str(tiny_folder("llama3"))]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert target.read_text() == "" and link.is_symlink()
+    with pytest.raises(ValueError, match="cannot write"):  # a link made after the checks
+        output_file.DurableAppender(link)
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot create files in: a read-only one, or (as root, who may
+    write anywhere else) sysfs."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir(mode=0o500)
+        return folder
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("running as root without sysfs: no folder here refuses root's writes")
+    return Path("/sys/kernel")
+
+
+def test_an_unwritable_output_is_one_line_and_exit_2(tiny_folder, tmp_path, capsys):
+    """It was a PermissionError traceback."""
+    (tmp_path / "in.jsonl").write_text("")
+    output = unwritable_folder(tmp_path) / "out.jsonl"
+    files = ["-i", str(tmp_path / "in.jsonl"), "-o", str(output)]
+    assert octavo_main(["run-batch", *files, str(tiny_folder("llama3"))]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write in {output.parent}" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_two_runs_cannot_write_one_output(tmp_path):
@@ -425,8 +505,8 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def complete_lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
+def complete_lines(path: Path | None) -> int:
+    return path.read_bytes().count(b"\n") if path is not None and path.exists() else 0
 
 
 def test_sigkill_halfway_then_rerun_loses_and_repeats_no_line(tiny_folder, tmp_path):
@@ -451,15 +531,25 @@ def test_sigkill_halfway_then_rerun_loses_and_repeats_no_line(tiny_folder, tmp_p
 
 
 def test_output_tmp_dir_leaves_no_partial_output_until_done(tiny_folder, tmp_path):
+    """The working file has a random name (O_EXCL): a link planted at the name it once had
+    (the output's name and a digest of its path) is neither followed nor resumed from."""
     batch = write_batch(tmp_path / "in.jsonl", count=60)
-    output, tmp_dir = tmp_path / "out.jsonl", tmp_path / "work"
+    output, tmp_dir, victim = tmp_path / "out.jsonl", tmp_path / "work", tmp_path / "victim"
     tmp_dir.mkdir()
-    working = output_file.working_path(output, tmp_dir)
+    victim.write_text("not yours\n")
+    planted = output_file.working_prefix(output).removesuffix(".") + output_file.WORKING_SUFFIX
+    (tmp_dir / planted).symlink_to(victim)
+    (tmp_dir / f"{output_file.working_prefix(output)}x{output_file.WORKING_SUFFIX}").symlink_to(
+        victim
+    )
     run_here(tiny_folder, batch, output, tmp_dir, interrupt_at=20)
-    assert not output.exists()
+    assert not output.exists() and victim.read_text() == "not yours\n"
+    working = output_file.find_working(output, tmp_dir)
+    assert working is not None and working.stat().st_mode & 0o077 == 0  # private
     done = working.read_bytes()
     assert 20 <= done.count(b"\n") < 60 and done.endswith(b"\n")
     summary = run_here(tiny_folder, batch, output, tmp_dir)
     assert not working.exists() and output.read_bytes().startswith(done)
     assert Counter(r["custom_id"] for r in read_results(output)) == expected_ids(60)
     assert (summary.already_done, summary.written) == (done.count(b"\n"), 60 - done.count(b"\n"))
+    assert victim.read_text() == "not yours\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 from octavo.arg_types import positive_int
 from octavo.entrypoints.openai import options
 from octavo.entrypoints.openai.cli import add_server_arguments, parsed_engine_args, server_config
+from octavo.entrypoints.openai.run_batch.output_file import check_writable
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def batch_files(args: argparse.Namespace) -> tuple[Path, Path, Path | None]:
     tmp_dir = Path(args.output_tmp_dir) if args.output_tmp_dir else None
     if tmp_dir is not None and not tmp_dir.is_dir():
         raise ValueError(f"--output-tmp-dir {tmp_dir}: no such folder")
+    check_writable(output_path, tmp_dir)
     return input_path, output_path, tmp_dir
 
 

@@ -50,6 +50,9 @@ def parse_line(raw: bytes, line_number: int) -> BatchRequest | BadLine:
     except json.JSONDecodeError as error:
         message = f"{where} is not JSON: {error.msg} at column {error.colno}"
         return BadLine(line_number, derived_custom_id(line_number), message)
+    except RecursionError:  # Python's JSON parser recurses once per nesting level
+        message = f"{where} is nested too deeply to parse (arrays or objects in one another)"
+        return BadLine(line_number, derived_custom_id(line_number), message)
     if not isinstance(record, dict):
         return BadLine(line_number, derived_custom_id(line_number), f"{where} is not an object")
     custom_id = record.get("custom_id")

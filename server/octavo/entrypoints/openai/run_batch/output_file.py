@@ -1,9 +1,12 @@
 """The output file: what earlier runs wrote (to resume), durable appends, the atomic finish.
 
 Results are appended as whole lines and fsynced before they count as written, so a crash
-loses at most the lines in flight; a torn last line is dropped and its request redone.
-With ``--output-tmp-dir`` the lines go to a working file there (named after the output's
-absolute path, so a rerun finds it) that is renamed onto the output when the batch is done.
+loses at most the lines in flight; a torn last line is dropped and its request redone. A
+file that is not a batch output (a line that is not a result line) is refused, never
+truncated, and no symbolic link is followed. With ``--output-tmp-dir`` the lines go to a
+working file there, created with a random name (``O_EXCL``: nobody can plant it or a link
+in its place), that is renamed onto the output when the batch is done; a rerun finds it by
+its prefix (named after the output's absolute path), if it is a plain file of this user's.
 """
 
 from __future__ import annotations
@@ -12,17 +15,27 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import stat
+import tempfile
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+WORKING_SUFFIX = ".partial"
+PUBLISHED_MODE = 0o644  # the working file is private (0600) until it becomes the output
+# How a result line starts (``encode_line``), whitespace aside: a torn last line must too.
+_RESULT_START = b'{"id":'
+_WHITESPACE = re.compile(rb"\s+")
 
 
 @dataclass
@@ -34,29 +47,66 @@ class Existing:
     keep_bytes: int = 0
 
 
+def check_writable(output: Path, tmp_dir: Path | None) -> None:
+    """ValueError (one clear line) unless ``output`` can be appended to, or created, and,
+    with ``tmp_dir``, a working file made there and renamed onto ``output``. Nothing is
+    written: an existing output is opened for appending and closed, folders get a
+    temporary file that is deleted at once."""
+    try:
+        info = output.lstat()
+    except FileNotFoundError:
+        info = None
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise ValueError(f"-o {output} is a symbolic link: give the file it points to")
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"-o {output} is not a regular file")
+    if info is not None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            os.close(os.open(output, flags))
+        except OSError as error:
+            raise ValueError(f"-o {output}: cannot write it ({error.strerror})") from None
+    if info is None or tmp_dir is not None:  # created, or renamed onto: in its folder
+        _check_folder_writable(output.parent, "-o")
+    if tmp_dir is not None:
+        _check_folder_writable(tmp_dir, "--output-tmp-dir")
+
+
+def _check_folder_writable(folder: Path, flag: str) -> None:
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot write in {folder} ({error.strerror})") from None
+
+
 def read_existing(path: Path) -> Existing:
-    """The result lines already in ``path``; ValueError if an unreadable line is followed by
-    readable ones (not a torn write: the file was edited or is not a batch output)."""
-    existing, unreadable_at, offset = Existing(), None, 0
+    """The result lines already in ``path``; ValueError if a complete line is not a result
+    line, or the unfinished last one does not start as one: the file was edited or is not
+    a batch output, and is left as it is."""
+    existing, offset = Existing(), 0
     if not path.exists():
         return existing
-    with path.open("rb") as file:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as file:
         for number, raw in enumerate(file, 1):
             offset += len(raw)
             custom_id = result_custom_id(raw)
-            if custom_id is None:
-                unreadable_at = unreadable_at or number
-                continue
-            if unreadable_at is not None:
+            if custom_id is None and (raw.endswith(b"\n") or not _starts_a_result(raw)):
                 raise ValueError(
-                    f"line {unreadable_at} of {path} is not a batch result line; "
-                    "remove it (or the file) to rerun"
+                    f"line {number} of {path} is not a batch result line: it is not an "
+                    "octavo run-batch output; give another -o (or remove the file to start over)"
                 )
-            existing.done[custom_id] += 1
-            existing.keep_bytes = offset
+            if custom_id is not None:
+                existing.done[custom_id] += 1
+                existing.keep_bytes = offset
     if offset > existing.keep_bytes:
         logger.warning("dropping a torn last line of %s (a crash mid-write)", path)
     return existing
+
+
+def _starts_a_result(tail: bytes) -> bool:
+    """Whether an unfinished last line is the start of a result line (a torn write)."""
+    start = _WHITESPACE.sub(b"", tail[: 4 * len(_RESULT_START)])
+    return start.startswith(_RESULT_START) or _RESULT_START.startswith(start)
 
 
 def result_custom_id(raw: bytes) -> str | None:
@@ -65,7 +115,7 @@ def result_custom_id(raw: bytes) -> str | None:
         return None
     try:
         record = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to parse
         return None
     if not isinstance(record, dict) or "response" not in record:
         return None
@@ -79,8 +129,11 @@ class DurableAppender:
     runs never write one output."""
 
     def __init__(self, path: Path) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        self._fd = os.open(path, flags, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError as error:  # a link (ELOOP), no permission, a read-only file system
+            raise ValueError(f"cannot write {path}: {error.strerror}") from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -122,19 +175,43 @@ class DurableAppender:
             self._fd = -1
 
 
-def working_path(output: Path, tmp_dir: Path | None) -> Path:
-    """Where the lines are written: the output itself, or a file in ``tmp_dir`` named after
-    the output's absolute path."""
+def working_file(output: Path, tmp_dir: Path | None) -> Path:
+    """Where the lines are written: the output itself, or (``tmp_dir``) the working file an
+    earlier run left there, else a new one holding what the output has (a first run with
+    ``--output-tmp-dir`` over an existing output resumes from it)."""
     if tmp_dir is None:
         return output
+    found = find_working(output, tmp_dir)
+    if found is not None:
+        return found
+    fd, name = tempfile.mkstemp(  # a random name, O_EXCL, mode 0600
+        prefix=working_prefix(output), suffix=WORKING_SUFFIX, dir=tmp_dir
+    )
+    with os.fdopen(fd, "wb") as working:
+        if output.is_file():
+            with output.open("rb") as source:
+                shutil.copyfileobj(source, working)
+    return Path(name)
+
+
+def working_prefix(output: Path) -> str:
+    """How the working files of ``output`` are named (then a random part, ``.partial``)."""
     digest = hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:16]
-    return tmp_dir / f"{output.name}.{digest}.partial"
+    return f"{output.name}.{digest}."
 
 
-def seed_working_file(output: Path, working: Path) -> None:
-    """A first run with ``--output-tmp-dir`` over an existing output resumes from it."""
-    if working != output and not working.exists() and output.exists():
-        shutil.copyfile(output, working)
+def find_working(output: Path, tmp_dir: Path) -> Path | None:
+    """The newest working file of ``output`` in ``tmp_dir`` that this user made: a plain
+    file (not a link), owned by this user, writable by nobody else; others are ignored."""
+    usable = []
+    for path in tmp_dir.glob(f"{glob.escape(working_prefix(output))}*{WORKING_SUFFIX}"):
+        info = path.lstat()
+        ours = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+        if ours and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            usable.append((info.st_mtime, path))
+        else:
+            logger.warning("ignoring %s: not a plain file of this user's", path)
+    return max(usable)[1] if usable else None
 
 
 def publish(working: Path, output: Path) -> None:
@@ -142,6 +219,7 @@ def publish(working: Path, output: Path) -> None:
     copied next to the output first)."""
     if working == output:
         return
+    os.chmod(working, PUBLISHED_MODE)
     try:
         os.replace(working, output)
     except OSError as error:

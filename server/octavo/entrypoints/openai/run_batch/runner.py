@@ -81,8 +81,7 @@ def count_lines(path: Path) -> int:
 
 async def run_batch(app: FastAPI, settings: BatchSettings) -> BatchSummary:
     """Run every line of the input not yet in the output; publish the output when done."""
-    working = output_file.working_path(settings.output_path, settings.tmp_dir)
-    output_file.seed_working_file(settings.output_path, working)
+    working = output_file.working_file(settings.output_path, settings.tmp_dir)
     appender = output_file.DurableAppender(working)  # locked before it is read
     try:
         existing = output_file.read_existing(working)
