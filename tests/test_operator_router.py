@@ -192,6 +192,17 @@ def test_tokenizer_sidecar_renders_with_the_servers_image_and_model():
     ]
 
 
+def test_tokenizer_sidecar_has_default_resources_unless_given():
+    """It takes end users' bodies: without tokenizerResources it still gets requests and
+    limits (a flood is bounded by its own memory limit, not the node's)."""
+    default = picker_containers()["tokenizer"]["resources"]
+    assert default == c.TOKENIZER_RESOURCES
+    assert default["limits"]["memory"] and default["requests"]["memory"]
+    given = {"limits": {"memory": "8Gi"}}
+    spec = {**ROUTED, "router": {**ROUTER, "picker": {"tokenizerResources": given}}}
+    assert picker_containers(spec)["tokenizer"]["resources"] == given
+
+
 def test_tokenizer_sidecar_mounts_a_pvc_model_read_only():
     spec = {"model": {"uri": "pvc://weights/llama"}, "router": ROUTER}
     deployment = children(spec)["Deployment/chat-epp"]["spec"]["template"]["spec"]

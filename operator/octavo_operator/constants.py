@@ -35,6 +35,13 @@ PICKER_GRPC_PORT = 9002  # ext_proc, what the gateway calls
 PICKER_HEALTH_PORT = 9003  # gRPC health (liveness / readiness services)
 PICKER_METRICS_PORT = 9090
 RENDER_PORT = 8000  # the tokenizer sidecar in the picker pod (`octavo launch render`)
+# The sidecar's resources when spec.router.picker.tokenizerResources names none: it takes
+# end users' request bodies, so a flood is bounded by its limits, not by the node's memory.
+# Measured: 857 MiB resident once ready (SmolLM2's tokenizer); a 256-prompt render +12 MiB.
+TOKENIZER_RESOURCES = {
+    "requests": {"cpu": "250m", "memory": "1Gi"},
+    "limits": {"cpu": "2", "memory": "3Gi"},
+}
 KV_EVENTS_PORT = 5557  # the servers' ZMQ PUB socket; the replay socket is the next port
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"

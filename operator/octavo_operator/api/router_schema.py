@@ -45,6 +45,14 @@ def scorers_schema() -> Schema:
     )
 
 
+def _requirements(resources: dict[str, dict[str, str]]) -> str:
+    """``requests cpu 250m, memory 512Mi; limits ...`` for a description."""
+    return "; ".join(
+        f"{kind} " + ", ".join(f"{name} {amount}" for name, amount in amounts.items())
+        for kind, amounts in resources.items()
+    )
+
+
 def picker_schema() -> Schema:
     return obj(
         "The endpoint picker: the llm-d router's EPP, with a tokenizer sidecar running "
@@ -63,7 +71,8 @@ def picker_schema() -> Schema:
             ),
             "resources": free_form("EPP container resources (core/v1 ResourceRequirements)"),
             "tokenizerResources": free_form(
-                "tokenizer sidecar resources (core/v1 ResourceRequirements)"
+                "tokenizer sidecar resources (core/v1 ResourceRequirements; default: "
+                f"{_requirements(c.TOKENIZER_RESOURCES)})"
             ),
             "failureMode": string(
                 "what the gateway does when the picker does not answer: FailOpen sends the "

@@ -149,10 +149,19 @@ def render_container(isvc: InferenceService, server_image: str) -> dict[str, Any
         "ports": [{"name": "render-http", "containerPort": c.RENDER_PORT, "protocol": "TCP"}],
         "startupProbe": {"httpGet": http, "periodSeconds": 5, "failureThreshold": 360},
         "readinessProbe": {"httpGet": http, "periodSeconds": 10, "timeoutSeconds": 5},
-        "resources": dict(router.picker.tokenizer_resources),
+        "resources": tokenizer_resources(isvc),
         "securityContext": security_context(),
         "volumeMounts": mounts,
     }
+
+
+def tokenizer_resources(isvc: InferenceService) -> dict[str, Any]:
+    """spec.router.picker.tokenizerResources as given, else the operator's defaults."""
+    router = isvc.router
+    assert router is not None
+    given = router.picker.tokenizer_resources
+    chosen = given if given else c.TOKENIZER_RESOURCES
+    return {kind: dict(amounts) for kind, amounts in chosen.items()}
 
 
 def picker_volumes(isvc: InferenceService) -> list[dict[str, Any]]:

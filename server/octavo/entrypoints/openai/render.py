@@ -5,9 +5,12 @@ An endpoint picker's token producer (the llm-d router's ``vllm`` tokenizer backe
 posts the request body it is routing and reads ``token_ids`` to score pods by the KV
 blocks they hold. The answer must be exactly what the engine would run, so it comes
 from the request path's own functions (``completion_inputs``, ``chat_inputs``): the
-same chat template, template kwargs, tools, special tokens and checks. Only what
-protects a running engine (the request's size against the KV cache, compiling its
-output constraint) is left to the real request.
+same chat template, template kwargs, tools, special tokens and checks. The per-request
+limits hold here as there (prompts × n against ``--max-sequences-per-request``, checked
+before anything is tokenized; each prompt against the context; the body's size), so a
+render costs no more than the request itself would. Only compiling the output
+constraint is left to the real request. (A render-only server has no KV cache: its
+default sequence limit is ``--max-num-seqs``.)
 
 The shape is vLLM's ``GenerateRequest``: one object for a chat request, a list of them
 (one per prompt) for a completion request.

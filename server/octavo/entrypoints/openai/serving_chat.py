@@ -139,13 +139,12 @@ async def chat_inputs(
 ) -> ChatInputs:
     """The request checked and rendered into engine inputs (the render endpoint's answer).
 
-    ``admitting``: the request is about to run, so what protects the engine is checked
-    too — its size against the KV cache, and its constraint compiled.
+    The per-request limits (``n``, the conversation's length) hold for a render too.
+    ``admitting``: the request is about to run, so its constraint is compiled too.
     """
     adapter = context.check_model(body.model)
     info = context.ready_info()
-    if admitting:
-        context.check_fan_out(body.n, info, "n")
+    context.check_fan_out(body.n, info, "n")
     context.check_logprobs(body.top_logprobs if body.logprobs else None, "top_logprobs")
     config = context.config
     tools = plan_tools(body, config.enable_auto_tool_choice, config.tool_call_parser)

@@ -99,15 +99,15 @@ async def completion_inputs(
 ) -> CompletionInputs:
     """The request checked and turned into engine inputs (the render endpoint's answer).
 
-    ``admitting``: the request is about to run, so what protects the engine is checked
-    too — its size against the KV cache, and its constraint compiled.
+    The per-request limits (prompts × n, each prompt's length) hold for a render too, and
+    are checked before anything is tokenized. ``admitting``: the request is about to run,
+    so its constraint is compiled too.
     """
     adapter = context.check_model(body.model)
     info = context.ready_info()
     context.check_logprobs(body.logprobs, "logprobs")
     items = prompt_items(body.prompt)
-    if admitting:
-        context.check_fan_out(len(items) * body.n, info, "prompt")
+    context.check_fan_out(len(items) * body.n, info, "prompt")
     prompts = await context.tokenizers.run(completion_prompts, items, info)
     if admitting:
         constraint = await checked_constraint(body, info, context)
