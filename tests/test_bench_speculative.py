@@ -8,12 +8,15 @@ import json
 from octavo_bench.cli import main
 
 
-def test_a_tiny_run_reports_ratios_and_acceptance(tmp_path):
-    code = main(["speculative", "--variants", "off,ngram", "--single", "1", "--users", "2",
+def test_a_tiny_run_reports_ratios_and_acceptance(tiny_folder, tmp_path):
+    """The tiny random Llama: the run's plumbing, not SmolLM2's speed, is under test."""
+    code = main(["speculative", "--model", str(tiny_folder("llama3")),
+                 "--variants", "off,ngram", "--single", "1", "--users", "2",
                  "--max-tokens", "12", "--dtype", "float32",
                  "--output-dir", str(tmp_path)])  # fmt: skip
     assert code == 0
     report = json.loads((tmp_path / "speculative.json").read_text())
+    assert report["model"] == tiny_folder("llama3").name
     runs = {(r["variant"], r["workload"], r["users"]): r for r in report["runs"]}
     engines = {(v, w, u) for v in ("off", "ngram") for w in ("grounded", "free") for u in (1, 2)}
     hf = {(v, w, 1) for v in ("hf", "hf prompt lookup") for w in ("grounded", "free")}

@@ -49,6 +49,7 @@ class SpecRun:
 
 @dataclass
 class SpecReport:
+    model: str
     dtype: str
     threads: int
     k: int
@@ -63,8 +64,9 @@ class SpecReport:
 
     def to_json(self) -> dict[str, Any]:
         runs = [{**asdict(r), "vs_off": self.versus_off(r)} for r in self.runs]
-        return {"dtype": self.dtype, "threads": self.threads, "num_speculative_tokens": self.k,
-                "runs": runs, "notes": self.notes, "machine": self.machine}  # fmt: skip
+        return {"model": self.model, "dtype": self.dtype, "threads": self.threads,
+                "num_speculative_tokens": self.k, "runs": runs, "notes": self.notes,
+                "machine": self.machine}  # fmt: skip
 
     def text(self) -> str:
         rows = [[r.variant, r.workload, str(r.users), f"{r.tok_s:.1f}", _fmt(r.tpot_ms, "ms"),
@@ -72,7 +74,7 @@ class SpecReport:
                  _fmt(r.mean_accepted_length, "")] for r in self.runs]  # fmt: skip
         headers = ["variant", "workload", "users", "tok/s", "TPOT", "vs off", "acceptance",
                    "tokens/verify"]  # fmt: skip
-        return "\n".join([f"SmolLM2-135M ({self.dtype}, {self.threads} threads, k={self.k})",
+        return "\n".join([f"{self.model} ({self.dtype}, {self.threads} threads, k={self.k})",
                           table(headers, rows), *self.notes])  # fmt: skip
 
     def draw(self, plt: Any) -> Any:
@@ -97,8 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default="off,ngram", help="comma-separated: off,ngram,"
                         "draft (default: %(default)s)")  # fmt: skip
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default: 4)")
+    parser.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2)")
     parser.add_argument("--draft-model", default=None, help="draft model folder (default: the "
-                        "embedded SmolLM2, drafting for itself)")  # fmt: skip
+                        "model, drafting for itself)")  # fmt: skip
     add_engine_options(parser, {"dtype": default_dtype(), "num_threads": None})
     parser.add_argument("--single", type=int, default=4, help="single-stream requests")
     parser.add_argument("--users", type=int, default=20, help="concurrent users")
@@ -117,13 +120,13 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {list(VARIANTS)}")
-    folder = resolve_model_folder(None)
+    folder = resolve_model_folder(args.model)
     tokenizer = load_tokenizer(folder)
     count = max(args.single, args.users)
     workloads = [grounded_workload(tokenizer, count, args.max_tokens),
                  free_workload(tokenizer, count, args.max_tokens)]  # fmt: skip
     threads = threads_used(args.num_threads)
-    report = SpecReport(args.dtype, threads, args.k)
+    report = SpecReport(folder.name, args.dtype, threads, args.k)
     for variant in variants:
         config = speculative_config(variant, args, str(folder))
         with LLM(str(folder), dtype=args.dtype, max_model_len=1024, num_threads=threads,
