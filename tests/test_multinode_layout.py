@@ -162,6 +162,7 @@ def test_a_rank_takes_the_gpu_of_its_own_host(monkeypatch):
 
 def test_shared_memory_joins_only_a_tensor_group_on_one_host(monkeypatch):
     made: list[str] = []
+    monkeypatch.setattr(worker_group, "open_store", lambda *a, **k: None)
     monkeypatch.setattr(worker_group.dist, "init_process_group", lambda *a, **k: None)
     monkeypatch.setattr(worker_group.dist, "new_group", lambda ranks: tuple(ranks))
     monkeypatch.setattr(

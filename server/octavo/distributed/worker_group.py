@@ -2,7 +2,8 @@
 
 Each worker calls ``join_process_group`` once, before it builds its model: gloo on CPU,
 NCCL on GPU, rendezvous over TCP (on loopback on one host, the executor picks the port;
-at the leader's ``master_port + 1`` across hosts). Every rank creates every stage's
+at the leader's ``master_port + 1`` across hosts), through a store that rank 0 binds to
+that address only (``rendezvous_store``). Every rank creates every stage's
 tensor-parallel group (``new_group`` is collective), keeps its own, and records its place
 in ``parallel_state``. The shared-memory all-reduce joins a group only when all its ranks
 are on one host.
@@ -23,6 +24,7 @@ from octavo.distributed.parallel_state import (
     TensorParallelGroup,
     set_parallel_state,
 )
+from octavo.distributed.rendezvous_store import open_store
 from octavo.distributed.shm_all_reduce import create_shared_all_reduce
 
 logger = logging.getLogger(__name__)
@@ -73,9 +75,16 @@ def join_process_group(
 ) -> None:
     """Join the world, build the groups, and (CPU) the shared-memory all-reduce named after
     ``session`` (unique per engine)."""
+    store = open_store(
+        init_method,
+        placement.rank,
+        placement.world_size,
+        COLLECTIVE_TIMEOUT,
+        close_listener=backend == "gloo",  # NCCL meets over the store later, lazily
+    )
     dist.init_process_group(
         backend,
-        init_method=init_method,
+        store=store,
         rank=placement.rank,
         world_size=placement.world_size,
         timeout=COLLECTIVE_TIMEOUT,
