@@ -1,7 +1,10 @@
 """A model's pooling defaults, read as sentence-transformers reads them.
 
-A sentence-transformers folder has ``modules.json`` (Transformer → Pooling → Normalize);
-the Pooling module's ``config.json`` names its mode (``pooling_mode_lasttoken``,
+A sentence-transformers folder has ``modules.json`` (Transformer → Pooling → Normalize),
+each module's ``type`` a class path: ``sentence_transformers.models.Pooling`` as versions
+before 6 write it, ``sentence_transformers.sentence_transformer.modules.pooling.Pooling``
+(or ``...base.modules.normalize.Normalize``) as 6 writes it; the class name decides. The
+Pooling module's ``config.json`` names its mode (``pooling_mode_lasttoken``,
 ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``, or newer ``pooling_mode``).
 A folder without it pools the last token and normalises (vLLM's default for decoders).
 ``--pooler-config`` overrides either. Matryoshka sizes come from ``config.json``
@@ -11,13 +14,16 @@ A folder without it pools the last token and normalises (vLLM's default for deco
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from octavo.pooling.params import PoolerConfig, PoolingType
 
+logger = logging.getLogger(__name__)
 MODULES_FILE = "modules.json"
-ST_PREFIX = "sentence_transformers.models."
+ST_CONFIG_FILE = "sentence_bert_config.json"
+ST_PACKAGE = "sentence_transformers."
 _MODES = {  # the Pooling module's flag -> our pooling type
     "pooling_mode_lasttoken": PoolingType.LAST,
     "pooling_mode_mean_tokens": PoolingType.MEAN,
@@ -35,6 +41,7 @@ def read_pooler_config(
     modules = sentence_transformer_modules(folder)
     if modules is not None:
         pooling_type, normalize = _from_modules(folder, modules)
+        _warn_about_chat_rendering(folder)
     overrides = overrides or {}
     if overrides.get("pooling_type") is not None:
         pooling_type = PoolingType.parse(overrides["pooling_type"])
@@ -83,15 +90,39 @@ def _from_modules(folder: Path, modules: list[dict]) -> tuple[PoolingType, bool]
     return pooling_type, normalize
 
 
+def _warn_about_chat_rendering(folder: Path) -> None:
+    """sentence-transformers 6 renders plain text through the chat template when the
+    Transformer module's ``modality_config`` has ``message``; Octavo embeds text as given."""
+    path = folder / ST_CONFIG_FILE
+    settings = json.loads(path.read_text()) if path.is_file() else {}
+    if "message" in (settings.get("modality_config") or {}):
+        logger.warning(
+            "%s: sentence-transformers 6 renders plain-text inputs of this model through its "
+            "chat template; Octavo (as vLLM) embeds the text as given, so apply the template "
+            "to the inputs yourself to get sentence-transformers' vectors",
+            path,
+        )
+
+
 def _kind(module: dict) -> str:
-    return str(module.get("type", "")).removeprefix(ST_PREFIX)
+    """The module's class name where sentence-transformers defines it (any of its module
+    paths), else the whole ``type`` (a custom module, refused by name)."""
+    kind = str(module.get("type", ""))
+    return kind.rpartition(".")[2] if kind.startswith(ST_PACKAGE) else kind
 
 
 def _pooling_mode(path: Path) -> PoolingType:
     settings = json.loads(path.read_text()) if path.is_file() else {}
     named = settings.get("pooling_mode")
+    if isinstance(named, list) and len(named) == 1:  # a tuple of one mode, saved as a list
+        named = named[0]
     if isinstance(named, str) and named in _MODE_NAMES:
         return _MODE_NAMES[named]
+    if named is not None:
+        raise ValueError(
+            f"{path}: Octavo pools by exactly one of {', '.join(_MODE_NAMES)}; this module "
+            f"asks for pooling_mode {named!r}"
+        )
     chosen = [kind for flag, kind in _MODES.items() if settings.get(flag)]
     others = [key for key, on in settings.items() if key.startswith("pooling_mode_") and on]
     if len(chosen) != 1 or len(others) != 1:
