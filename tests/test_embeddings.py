@@ -101,7 +101,7 @@ def test_matryoshka_dimensions(tmp_path, smol_tokenizer):
 def server(last_folder):
     app = build_local_app(str(last_folder), **ENGINE)
     with ThreadedServer(app) as running:
-        yield running
+        yield running.wait_ready()  # a test run alone must not meet the 503 of loading
 
 
 def test_openai_client_float_and_base64(server, last_folder):
@@ -134,6 +134,7 @@ def test_token_id_inputs_equal_text_inputs(server, smol_tokenizer):
     ids = smol_tokenizer.encode("hello world")
     by_text = httpx.post(f"{server.url}/v1/embeddings", json={"input": "hello world"}, timeout=60)
     by_ids = httpx.post(f"{server.url}/v1/embeddings", json={"input": [ids, ids]}, timeout=60)
+    assert by_ids.status_code == by_text.status_code == 200, (by_ids.text, by_text.text)
     assert by_ids.json()["data"][1]["embedding"] == by_text.json()["data"][0]["embedding"]
 
 
@@ -148,12 +149,40 @@ def test_token_id_inputs_equal_text_inputs(server, smol_tokenizer):
         ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
         ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
         ({"input": "word " * 600}, "input"),  # longer than max_model_len 512
+        # Checked as /v1/completions checks them:
+        ({"input": [True]}, "input"),  # a boolean is not a token id
+        ({"input": [[1, False]]}, "input"),
+        ({"input": "x", "request_id": "r" * 201}, "request_id"),  # at most 200 characters
+        ({"input": "x", "request_id": ""}, "request_id"),
+        ({"input": "x", "priority": 1}, "priority"),  # no priority scheduling
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(server, body, param):
     response = httpx.post(f"{server.url}/v1/embeddings", json=body, timeout=60)
     assert response.status_code == 400, response.text
     assert param in (response.json()["error"]["param"] or "")
+
+
+def test_the_input_count_is_checked_before_anything_is_tokenized(server):
+    """10k strings were all tokenized before the count was checked: now the count first."""
+    context = server.app.state.octavo
+    calls = []
+    run, limit = context.tokenizers.run, context.config.max_sequences_per_request
+
+    async def counting_run(*args):
+        calls.append(args[0])
+        return await run(*args)
+
+    context.tokenizers.run, context.config.max_sequences_per_request = counting_run, 3
+    try:
+        refused = httpx.post(f"{server.url}/v1/embeddings", json={"input": ["a"] * 4}, timeout=60)
+        accepted = httpx.post(f"{server.url}/v1/embeddings", json={"input": ["a"] * 3}, timeout=60)
+    finally:
+        context.tokenizers.run, context.config.max_sequences_per_request = run, limit
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input"
+    assert "--max-sequences-per-request" in refused.json()["error"]["message"]
+    assert accepted.status_code == 200, accepted.text
+    assert len(calls) == 1, "only the accepted request reached the tokenizer"
 
 
 def test_truncation_keeps_the_last_tokens(server):

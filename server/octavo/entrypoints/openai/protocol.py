@@ -93,6 +93,31 @@ class RequestBody(StrictModel):
         return data
 
 
+class RequestControls(RequestBody):
+    """vLLM's ``priority`` and ``request_id``, checked alike on every endpoint that runs
+    the engine (completions, chat, embeddings)."""
+
+    priority: int = 0
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_LENGTH)
+
+    @field_validator("priority")
+    @classmethod
+    def _no_priority_scheduling(cls, value: int) -> int:
+        if value != 0:  # vLLM answers the same under its default fcfs policy
+            raise ValueError(
+                f"priority {value}: priority scheduling is not enabled (this server "
+                "schedules first come, first served); send 0 or leave it out"
+            )
+        return value
+
+    @field_validator("request_id")
+    @classmethod
+    def _printable_request_id(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("request_id must be printable text")
+        return value
+
+
 class StreamOptions(StrictModel):
     include_usage: bool = False
 
@@ -112,7 +137,7 @@ class StructuredOutputsRequest(StrictModel):
         return super().model_dump(by_alias=True, **kwargs)
 
 
-class SamplingRequest(RequestBody):
+class SamplingRequest(RequestControls):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
@@ -133,8 +158,6 @@ class SamplingRequest(RequestBody):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    priority: int = 0
-    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_LENGTH)
     # Only requests with the same salt share prefix-cache blocks (vLLM's field).
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_LENGTH)
     stream: bool = False
@@ -157,23 +180,6 @@ class SamplingRequest(RequestBody):
     def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
             raise ValueError("logit_bias is not supported by this server")
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _no_priority_scheduling(cls, value: int) -> int:
-        if value != 0:  # vLLM answers the same under its default fcfs policy
-            raise ValueError(
-                f"priority {value}: priority scheduling is not enabled (this server "
-                "schedules first come, first served); send 0 or leave it out"
-            )
-        return value
-
-    @field_validator("request_id")
-    @classmethod
-    def _printable_request_id(cls, value: str | None) -> str | None:
-        if value is not None and not value.isprintable():
-            raise ValueError("request_id must be printable text")
         return value
 
     @field_validator("stop")
@@ -204,7 +210,8 @@ def _is_token_ids(value: Any) -> bool:
     )
 
 
-def _check_prompt_shape(value: Any) -> PromptInput:
+def check_prompt_shape(value: Any, name: str = "prompt") -> PromptInput:
+    """One of the four shapes of a prompt (token ids are integers, never booleans)."""
     if isinstance(value, str) or _is_token_ids(value):
         return value
     if isinstance(value, list) and (
@@ -212,13 +219,13 @@ def _check_prompt_shape(value: Any) -> PromptInput:
     ):
         return value
     raise ValueError(
-        "prompt must be a string, a list of strings, a list of token ids or a list of "
+        f"{name} must be a string, a list of strings, a list of token ids or a list of "
         "token-id lists"
     )
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: Annotated[Any, AfterValidator(_check_prompt_shape)]
+    prompt: Annotated[Any, AfterValidator(check_prompt_shape)]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs (checked when served)
     best_of: int | None = None

@@ -22,12 +22,14 @@ def input_items(value: str | list) -> list[str | list[int]]:
     return list(value)
 
 
-def embedding_inputs(body: EmbeddingRequest, info: EngineInfo) -> list[list[int]]:
-    """Every input's token ids: texts tokenized (with the model's special tokens unless
+def embedding_inputs(
+    body: EmbeddingRequest, items: list[str | list[int]], info: EngineInfo
+) -> list[list[int]]:
+    """Every input's token ids (``items``: ``input_items(body.input)``, counted by the
+    caller before this runs): texts tokenized (with the model's special tokens unless
     ``add_special_tokens`` is false), ids checked; truncated from the left to
     ``truncate_prompt_tokens`` when given (-1: the context length), else 400 when an
     input is longer than the context."""
-    items = input_items(body.input)
     if any(not item for item in items):
         raise bad_request("input must not contain empty strings or lists", param=PARAM)
     limit = _truncation(body.truncate_prompt_tokens, info.max_model_len)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
-from octavo.entrypoints.openai.protocol import StrictModel
-
-EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+from octavo.entrypoints.openai.protocol import RequestControls, check_prompt_shape
 
 
-class EmbeddingRequest(StrictModel):
-    input: EmbeddingInput
+def _check_input_shape(value: Any) -> Any:
+    return check_prompt_shape(value, "input")
+
+
+class EmbeddingRequest(RequestControls):
+    """``request_id`` and ``priority`` are checked as on the other endpoints."""
+
+    input: Annotated[Any, AfterValidator(_check_input_shape)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
@@ -22,8 +26,6 @@ class EmbeddingRequest(StrictModel):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # -1: max_model_len
     add_special_tokens: bool = True
     normalize: bool | None = None  # None: the model's default
-    request_id: str | None = None
-    priority: int = 0  # accepted for vLLM's clients; Octavo schedules first come, first served
 
 
 class EmbeddingData(BaseModel):

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
-from octavo.entrypoints.openai.embeddings.inputs import embedding_inputs
+from octavo.entrypoints.openai.embeddings.inputs import embedding_inputs, input_items
 from octavo.entrypoints.openai.embeddings.protocol import (
     EmbeddingData,
     EmbeddingRequest,
@@ -34,8 +34,9 @@ async def create_embedding(
     adapter = context.check_model(body.model)
     info = context.ready_info()
     params = _pooling_params(body, info)
-    prompts = await context.tokenizers.run(embedding_inputs, body, info)
-    context.check_fan_out(len(prompts), info, "input")
+    items = input_items(body.input)
+    context.check_fan_out(len(items), info, "input")  # before anything is tokenized
+    prompts = await context.tokenizers.run(embedding_inputs, body, items, info)
     ids = request_ids(raw_request.scope, "embd", body.request_id)
     streams = await open_streams(
         context.engine,
