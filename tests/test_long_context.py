@@ -83,32 +83,43 @@ def octavo_greedy(folder, prompt: list[int], **engine) -> tuple[int, list[int]]:
         return llm.engine.max_model_len, list(output.outputs[0].token_ids)
 
 
-def assert_matches_reference(folder, prompt: list[int], tokens: list[int]) -> None:
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    expected = hf_greedy(model, prompt, NEW_TOKENS, ignore_eos=True)
-    clear = clear_prefix(model, prompt, expected)
+@pytest.fixture(scope="module")
+def reference(tiny_long, long_prompt):
+    """Factory: HF's greedy tokens for the model by name, and how many of them are clear
+    of near-ties (each computed once)."""
+    made: dict[str, tuple[list[int], int]] = {}
+
+    def make(name: str) -> tuple[list[int], int]:
+        if name not in made:
+            folder = tiny_long(name)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+            expected = hf_greedy(model, long_prompt, NEW_TOKENS, ignore_eos=True)
+            made[name] = expected, clear_prefix(model, long_prompt, expected)
+        return made[name]
+
+    return make
+
+
+def assert_matches_reference(reference, name: str, tokens: list[int]) -> None:
+    expected, clear = reference(name)
     assert clear >= NEW_TOKENS // 2, f"the reference ties after {clear} tokens"
     assert tokens[:clear] == expected[:clear]
 
 
 @pytest.mark.parametrize("name", sorted(ROPE_SCALINGS))
 def test_a_rope_scaled_model_serves_past_its_positions_as_transformers(
-    name, tiny_long, long_prompt
+    name, tiny_long, long_prompt, reference
 ):
     """The derived max_model_len is 2 x 64; a 100-token prompt (prefilled in chunks of 32,
     across position 64) and 24 greedy tokens match HF with the same rope config."""
     max_model_len, tokens = octavo_greedy(tiny_long(name), long_prompt)
     assert max_model_len == 2 * ORIGINAL
-    assert_matches_reference(tiny_long(name), long_prompt, tokens)
+    assert_matches_reference(reference, name, tokens)
 
 
-def test_the_scaling_changes_the_tokens(tiny_long, long_prompt):
+def test_the_scaling_changes_the_tokens(reference):
     """Not vacuous: HF's tokens past 64 positions differ with and without the scaling."""
-    plain = AutoModelForCausalLM.from_pretrained(tiny_long("none"), dtype=torch.float32)
-    scaled = AutoModelForCausalLM.from_pretrained(tiny_long("linear"), dtype=torch.float32)
-    assert hf_greedy(plain.eval(), long_prompt, NEW_TOKENS, ignore_eos=True) != hf_greedy(
-        scaled.eval(), long_prompt, NEW_TOKENS, ignore_eos=True
-    )
+    assert reference("none")[0] != reference("linear")[0]
 
 
 def test_a_model_without_rope_scaling_refuses_more_positions(tiny_long):
@@ -119,12 +130,12 @@ def test_a_model_without_rope_scaling_refuses_more_positions(tiny_long):
     assert "max_position_embeddings=64" in message and "--hf-overrides" in message
 
 
-def test_hf_overrides_set_rope_scaling_on_a_plain_model(tiny_long, long_prompt):
+def test_hf_overrides_set_rope_scaling_on_a_plain_model(tiny_long, long_prompt, reference):
     """The plain checkpoint with ``hf_overrides`` is the linear one: same length, tokens."""
     overrides = {"rope_scaling": LINEAR}
     max_model_len, tokens = octavo_greedy(tiny_long("none"), long_prompt, hf_overrides=overrides)
     assert max_model_len == 2 * ORIGINAL
-    assert_matches_reference(tiny_long("linear"), long_prompt, tokens)
+    assert_matches_reference(reference, "linear", tokens)
 
 
 # ----- the derived length, as vLLM's _get_and_verify_max_len ---------------------------------
