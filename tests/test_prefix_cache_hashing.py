@@ -214,3 +214,14 @@ def test_sampling_params_refuse_a_bad_cache_salt(salt, says):
         SamplingParams(cache_salt=salt)
     assert says(str(error.value))
     assert SamplingParams(cache_salt="x" * MAX_CACHE_SALT_LENGTH).cache_salt is not None
+
+
+def test_a_render_names_the_salt_where_vllms_does_not_in_the_sampling_params():
+    from octavo.entrypoints.openai.protocol import CompletionRequest
+    from octavo.entrypoints.openai.render import generate_request
+
+    body = CompletionRequest(prompt="hi", cache_salt="tenant-a")
+    params = SamplingParams(cache_salt="tenant-a")
+    rendered = generate_request(body, "cmpl-1", [1, 2], params)
+    assert rendered.cache_salt == "tenant-a"
+    assert "cache_salt" not in rendered.sampling_params

@@ -160,6 +160,49 @@ def test_priority_zero_is_accepted_and_others_refused_by_name(client):
     assert error["param"] == "priority" and "priority scheduling is not enabled" in error["message"]
 
 
+# ----- cache_salt ------------------------------------------------------------------------
+SALTED_PROMPT = list(range(1000, 1040))  # two full blocks of 16 tokens, and 8 more
+
+
+def cached_tokens(client: httpx.Client, **salt: str) -> int:
+    body = complete(client, prompt=SALTED_PROMPT, max_tokens=1, **salt)
+    return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_only_requests_with_the_same_cache_salt_share_prefix_cache_blocks(client, configured):
+    with configured(enable_prompt_tokens_details=True):
+        assert cached_tokens(client, cache_salt="tenant-a") == 0
+        assert cached_tokens(client, cache_salt="tenant-b") == 0  # same prompt, no hit
+        assert cached_tokens(client) == 0  # nor without a salt
+        assert cached_tokens(client, cache_salt="tenant-a") == 32  # same salt: a hit
+        assert cached_tokens(client) == 32
+
+
+def test_cache_salt_reaches_the_engine_from_completions_chat_and_responses(client, added):
+    complete(client, max_tokens=1, cache_salt="salt-1")
+    assert added.last()[2].cache_salt == "salt-1"
+    chat(client, max_tokens=1, cache_salt="salt-2")
+    assert added.last()[2].cache_salt == "salt-2"
+    post(client, "/v1/responses", input="hi", max_output_tokens=1, cache_salt="salt-3")
+    assert added.last()[2].cache_salt == "salt-3"
+    chat(client, max_tokens=1)
+    assert added.last()[2].cache_salt is None
+
+
+@pytest.mark.parametrize("salt", ["", "x" * 1025, 7, ["a"]])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/chat/completions", {"messages": USER}),
+        ("/v1/responses", {"input": "hi"}),
+    ],
+)
+def test_a_bad_cache_salt_is_a_400_naming_it(client, path, body, salt):
+    error = post(client, path, 400, cache_salt=salt, **body)["error"]
+    assert error["param"] == "cache_salt" and error["type"] == "invalid_request_error"
+
+
 # ----- chat rendering --------------------------------------------------------------------
 def rendered(added: AddedRequests, tokenizer: Any) -> str:
     return tokenizer.decode(added.last()[1], skip_special_tokens=False)
