@@ -234,7 +234,8 @@ class EngineArgs:
     master_addr: str = engine_arg(
         DEFAULT_MASTER_ADDR,
         "the leader's address (a name or IP every host resolves to the leader, e.g. "
-        "LeaderWorkerSet's LWS_LEADER_ADDRESS)",
+        "LeaderWorkerSet's LWS_LEADER_ADDRESS); one of the leader's own addresses: its "
+        "torch.distributed store listens there only",
     )
     master_port: int = engine_arg(
         DEFAULT_MASTER_PORT,
