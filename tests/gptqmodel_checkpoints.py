@@ -69,18 +69,23 @@ def quantize(source: Path, out: Path, case: Case, tokenizer) -> Path:
 def dequantized_weights(folder: Path, case: Case) -> dict:
     """``prefix.weight`` (fp32 ``[out, in]``) of each quantized linear, decoded by
     GPT-QModel's reader and its own unpacking formulas, scales widened to fp32 first so
-    the product is exact."""
+    the product is exact.
+
+    Loaded in fp16, the scales' own type: GPT-QModel's ``auto`` dtype on a CPU is bf16,
+    which rounds every fp16 scale to 8 mantissa bits (weights off by up to 2^-8 relative,
+    enough to flip a greedy token), and the reference would no longer be the checkpoint."""
     import torch
     from gptqmodel import BACKEND, GPTQModel
     from gptqmodel.nn_modules.qlinear import BaseQuantLinear, PackableQuantLinear
     from gptqmodel.quantization.awq.utils.packing_utils import dequantize_gemm
 
     backend = BACKEND.AWQ_TORCH if case.method == "awq" else BACKEND.TORCH
-    model = GPTQModel.load(str(folder), device="cpu", backend=backend)
+    model = GPTQModel.load(str(folder), device="cpu", backend=backend, dtype=torch.float16)
     weights = {}
     for name, module in model.model.named_modules():
         if not isinstance(module, BaseQuantLinear):
             continue
+        assert module.scales.dtype == torch.float16, (name, module.scales.dtype)
         scales = module.scales.float()
         if case.method == "awq":
             weight = dequantize_gemm(module.qweight, module.qzeros, scales, 4, module.group_size)

@@ -106,12 +106,12 @@ def leader_layout(args: EngineArgs) -> NodeLayout:
     """The engine's layout; an engine runs on node 0 only (ValueError elsewhere), and
     across hosts only with ``OCTAVO_NODE_KEY`` (``NodeKeyMissing``, a ValueError)."""
     layout = NodeLayout.of(args)
-    require_node_key(layout.nnodes)
     if layout.node_rank != 0:
         raise ValueError(
             f"node_rank {layout.node_rank} is a worker host: run it as `octavo serve "
             "--headless`; the engine runs on node 0, the leader"
         )
+    require_node_key(layout.nnodes)
     return layout
 
 
