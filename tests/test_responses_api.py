@@ -393,6 +393,18 @@ def test_cancel_is_only_for_background_responses(server, client):
         ({"background": True}, "background", "background"),
         ({"extra_body": {"surprise": 1}}, "surprise", "not permitted"),
         ({"previous_response_id": "resp_unknown"}, "previous_response_id", "not found"),
+        # Echoed and stored with the response: bounded as OpenAI bounds them.
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "at most 16 pairs"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata", "64 characters"),
+        ({"metadata": {"k": "v" * 513}}, "metadata", "512 characters"),
+        ({"user": "u" * 257}, "user", "256"),
+        ({"safety_identifier": "s" * 65}, "safety_identifier", "64"),
+        ({"text": {"format": {"type": "text"}, "padding": "x"}}, "text", "padding"),
+        ({"text": {"format": {"type": "json_object", "junk": "x"}}}, "text", "junk"),
+        ({"text": {"verbosity": "x" * 1000}}, "text", "verbosity"),
+        ({"reasoning": {"effort": "low", "notes": "x"}}, "reasoning", "notes"),
+        ({"reasoning": {"effort": "x" * 1000}}, "reasoning", "reasoning.effort"),
+        ({"tools": [{**WEATHER, "padding": "x" * 100}]}, "tools[0].padding", "padding"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(client, fields, param, words):
@@ -401,6 +413,44 @@ def test_bad_input_is_a_400_naming_the_field(client, fields, param, words):
         client.responses.create(**body)
     assert error.value.body["param"] == param
     assert words in error.value.body["message"]
+
+
+def test_the_store_is_bounded_in_bytes_too(monkeypatch):
+    """100 responses of 7.5 MiB each once took the server from 794 to 1573 MiB: the store
+    now forgets the least recently used past OCTAVO_RESPONSES_STORE_BYTES as well."""
+    from octavo.entrypoints.openai.protocol import ChatMessage
+    from octavo.entrypoints.openai.responses_api.objects import ResponseObject
+    from octavo.entrypoints.openai.responses_api.store import (
+        DEFAULT_STORE_BYTES,
+        STORE_BYTES_ENV,
+        ResponseStore,
+        StoredResponse,
+        store_bytes_from_env,
+    )
+
+    def entry(text: str) -> StoredResponse:
+        response = ResponseObject(status="completed", model=MODEL, instructions=text)
+        return StoredResponse(response, [ChatMessage(role="user", content=text)])
+
+    size = entry("x" * 10_000).size()
+    assert 20_000 < size < 21_000, "the response and its conversation, as JSON"
+    store = ResponseStore(capacity=100, max_bytes=3 * size)
+    entries = [entry("x" * 10_000) for _ in range(5)]
+    for item in entries:
+        store.put(item)
+    assert len(store) == 3 and store.num_bytes == 3 * size <= store.max_bytes
+    kept = [store.get(e.response.id) is not None for e in entries]
+    assert kept == [False, False, True, True, True]
+    store.put(entry("y" * 100_000))  # larger than the whole bound: not kept, evicts nothing
+    assert len(store) == 3 and store.num_bytes == 3 * size
+    assert store.delete(entries[0].response.id) is False
+    assert store.delete(entries[4].response.id) is True and store.num_bytes == 2 * size
+    assert store_bytes_from_env() == DEFAULT_STORE_BYTES == 256 * 1024 * 1024
+    monkeypatch.setenv(STORE_BYTES_ENV, "1048576")
+    assert store_bytes_from_env() == 1 << 20
+    monkeypatch.setenv(STORE_BYTES_ENV, "-1")
+    with pytest.raises(ValueError, match=STORE_BYTES_ENV):
+        store_bytes_from_env()
 
 
 def test_the_store_forgets_the_least_recently_used_past_its_bound(monkeypatch):

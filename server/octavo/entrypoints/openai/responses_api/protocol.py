@@ -3,7 +3,10 @@
 Unknown fields are refused (HTTP 400), as for the other endpoints. ``input`` items,
 ``tools``, ``tool_choice`` and ``text`` are kept as JSON here and read in
 ``conversion.py``, which names the exact offending field (``input[2].type``) in its 400s.
-Fields OpenAI clients send that do not change generation here are accepted.
+Fields OpenAI clients send that do not change generation here are accepted, within
+OpenAI's bounds (a stored response echoes them): ``metadata`` at most 16 pairs of keys up
+to 64 and values up to 512 characters, ``user`` and the identifiers bounded, and only
+OpenAI's keys in ``text`` and ``reasoning``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,19 @@ from octavo.entrypoints.openai.protocol import MAX_REQUEST_ID_LENGTH, RequestBod
 from octavo.sampling_params import MAX_CACHE_SALT_LENGTH
 
 JsonObject = dict[str, Any]
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_USER_CHARS = 256
+MAX_IDENTIFIER_CHARS = 64  # safety_identifier, prompt_cache_key (OpenAI's bound)
+TEXT_KEYS = frozenset(["format", "verbosity"])
+FORMAT_KEYS = frozenset(["type", "name", "description", "schema", "strict"])
+VERBOSITY = ("low", "medium", "high")
+REASONING_CHOICES = {  # OpenAI's reasoning keys and the values each takes (None: unset)
+    "effort": ("none", "minimal", "low", "medium", "high", "xhigh", None),
+    "summary": ("auto", "concise", "detailed", None),
+    "generate_summary": ("auto", "concise", "detailed", None),
+}
 
 
 class ResponsesRequest(RequestBody):
@@ -40,12 +56,50 @@ class ResponsesRequest(RequestBody):
     background: bool | None = None
     # Accepted for compatibility; they do not change what is generated.
     metadata: dict[str, str] | None = None
-    user: str | None = None
+    user: str | None = Field(None, max_length=MAX_USER_CHARS)
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
+    prompt_cache_key: str | None = Field(None, max_length=MAX_IDENTIFIER_CHARS)
+    safety_identifier: str | None = Field(None, max_length=MAX_IDENTIFIER_CHARS)
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        pairs = value or {}
+        if len(pairs) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} pairs, got {len(pairs)}")
+        for key, text in pairs.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise ValueError(f"keys are at most {MAX_METADATA_KEY_CHARS} characters")
+            if len(text) > MAX_METADATA_VALUE_CHARS:
+                raise ValueError(f"values are at most {MAX_METADATA_VALUE_CHARS} characters")
+        return value
+
+    @field_validator("text")
+    @classmethod
+    def _known_text_keys(cls, value: JsonObject | None) -> JsonObject | None:
+        if value is None:
+            return None
+        _only_keys(value, TEXT_KEYS, "text")
+        spec = value.get("format")
+        if isinstance(spec, dict):
+            _only_keys(spec, FORMAT_KEYS, "text.format")
+        if value.get("verbosity") not in (*VERBOSITY, None):
+            raise ValueError(f"text.verbosity must be one of {', '.join(VERBOSITY)}")
+        return value
+
+    @field_validator("reasoning")
+    @classmethod
+    def _known_reasoning(cls, value: JsonObject | None) -> JsonObject | None:
+        if value is None:
+            return None
+        _only_keys(value, frozenset(REASONING_CHOICES), "reasoning")
+        for key, choices in REASONING_CHOICES.items():
+            if value.get(key) not in choices:
+                known = ", ".join(choice for choice in choices if choice is not None)
+                raise ValueError(f"reasoning.{key} must be one of {known}")
+        return value
 
     @field_validator("background")
     @classmethod
@@ -64,3 +118,9 @@ class ResponsesRequest(RequestBody):
         if not value:
             raise ValueError("input must hold at least one item")
         return value
+
+
+def _only_keys(value: JsonObject, known: frozenset[str], where: str) -> None:
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; known: {', '.join(sorted(known))}")

@@ -39,6 +39,12 @@ def _function_tool(tool: dict[str, Any], path: str) -> ToolDefinition:
             "built-in tools such as web_search or file_search need OpenAI's services)",
             param=f"{path}.type",
         )
+    unknown = sorted(set(tool) - {"type", *FUNCTION_FIELDS})
+    if unknown:  # never used, yet echoed and stored with the response
+        raise bad_request(
+            f"function tools take only type, {', '.join(FUNCTION_FIELDS)}; got {unknown}",
+            param=f"{path}.{unknown[0]}",
+        )
     fields = {key: tool[key] for key in FUNCTION_FIELDS if tool.get(key) is not None}
     try:
         function = FunctionDefinition(**fields)
