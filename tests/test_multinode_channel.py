@@ -300,3 +300,21 @@ def test_without_a_key_a_worker_host_refuses_to_start(monkeypatch, tmp_path, cap
 
 def must_not_start(*args, **kwargs):
     raise AssertionError("started without OCTAVO_NODE_KEY")
+
+
+def test_a_worker_host_retries_a_peer_that_does_not_speak_the_handshake():
+    """Something else on the leader's port (a malformed challenge) is retried like a
+    leader not listening yet, then named; the worker host never crashes on it."""
+    with socket.create_server(("127.0.0.1", 0)) as impostor:
+        layout = NodeLayout(1, 2, 2, node_rank=1, master_port=impostor.getsockname()[1])
+
+        def answer_garbage() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    peer, _ = impostor.accept()
+                    with peer:
+                        peer.sendall(b"\x00\x00\x00\x05hello")
+
+        threading.Thread(target=answer_garbage, daemon=True).start()
+        with pytest.raises(NodeChannelError, match=r"did not answer .*AssertionError"):
+            connect_to_leader(layout, hello(layout, NODE_LINK), time.monotonic() + 1.5)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import socket
 import struct
 import time
@@ -37,11 +38,17 @@ RETRY_SECONDS = 1.0  # a worker host tries to reach the leader this often
 PROGRESS_LOG_SECONDS = 15.0  # waits on the other side are logged this often
 KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
 
+# What a connection attempt may fail with short of a refusal: no listener yet, a reset, or
+# a peer that does not speak the handshake (a malformed challenge fails an ``assert`` in
+# ``multiprocessing``, a malformed answer unpickling or unpacking).
+UNANSWERED = (OSError, EOFError, AssertionError, ValueError, pickle.UnpicklingError)
+
 NODE_LINK = "node"  # a host's liveness link (one per worker host)
 RANK_LINK = "worker"  # one rank's calls and answers
 STOP_NODE = "stop"  # the leader's clean stop, on a node link
 ABORT_NODE = "abort"  # the leader's stop on a failure: (ABORT_NODE, why), on a node link
 WORKER_EXITED = "worker-exited"  # a worker host's report: (WORKER_EXITED, rank, exit code)
+
 
 class NodeChannelError(RuntimeError):
     """The channel cannot be set up: no answer, a wrong key, or a refusal."""
@@ -136,17 +143,18 @@ def connect_to_leader(layout: NodeLayout, greeting: dict[str, Any], deadline: fl
     """A worker host's connection to the leader, accepted; retried until ``deadline``
     (the leader's name may not resolve yet, or it may not listen yet)."""
     host, port = layout.control_address
+    key = node_key()
     started, last_error, next_log = time.monotonic(), "none", time.monotonic()
     while True:
         try:
-            return _open(layout, greeting, deadline)
+            return _open(layout, greeting, key, deadline)
         except AuthenticationError:
             raise NodeChannelError(
                 f"the leader {host}:{port} and this host hold different keys: set the same "
                 f"{KEY_ENV} on every node"
             ) from None
-        except (OSError, EOFError) as error:
-            last_error = f"{type(error).__name__}: {error}"
+        except UNANSWERED as error:  # not (yet) a leader that answers: try again
+            last_error = f"{type(error).__name__}: {error!s:.200}"
         now = time.monotonic()
         if now >= deadline:
             raise NodeChannelError(
@@ -165,7 +173,7 @@ def connect_to_leader(layout: NodeLayout, greeting: dict[str, Any], deadline: fl
         time.sleep(min(RETRY_SECONDS, max(0.0, deadline - now)))
 
 
-def _open(layout: NodeLayout, greeting: dict[str, Any], deadline: float) -> Connection:
+def _open(layout: NodeLayout, greeting: dict[str, Any], key: bytes, deadline: float) -> Connection:
     timeout = max(0.1, min(HANDSHAKE_SECONDS, deadline - time.monotonic()))
     with socket.create_connection(layout.control_address, timeout=timeout) as sock:
         sock.setblocking(True)
@@ -173,8 +181,8 @@ def _open(layout: NodeLayout, greeting: dict[str, Any], deadline: float) -> Conn
         with io_timeout(sock, HANDSHAKE_SECONDS):
             conn = Connection(os.dup(sock.fileno()))
             try:
-                answer_challenge(conn, node_key())
-                deliver_challenge(conn, node_key())
+                answer_challenge(conn, key)
+                deliver_challenge(conn, key)
                 conn.send(greeting)
                 status, detail = conn.recv()
             except BaseException:
