@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 NODE_KEY = "multinode-test-secret"
+EXIT_WITHIN_SECONDS = 60  # a failed leader (or host) exits this fast, busy CPUs included
 # A small fp32 engine, one thread per rank: what every host of a test group runs with.
 SMALL_ENGINE_FLAGS = [
     *("--dtype", "float32", "--max-model-len", "384"),
@@ -179,3 +181,35 @@ def greedy_token_ids(url: str, prompt: list[int], max_tokens: int) -> list[int]:
     assert reply.status_code == 200, reply.text
     tokens = reply.json()["choices"][0]["logprobs"]["tokens"]
     return [int(token.removeprefix("token_id:")) for token in tokens]
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process under ``pid`` (a host's workers, the engine core's among them)."""
+    return psutil.Process(pid).children(recursive=True)
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def assert_gone(processes: list[psutil.Process]) -> None:
+    deadline = time.monotonic() + 10
+    while not all(gone(process) for process in processes):
+        assert time.monotonic() < deadline, "worker processes left behind"
+        time.sleep(0.05)
+
+
+def health_until_exit(group: NodeGroup, leader: Host) -> list[tuple[float, int]]:
+    """/health's answers (seconds from now, status) until the leader exits."""
+    started = time.monotonic()
+    statuses: list[tuple[float, int]] = []
+    while leader.process.poll() is None:
+        assert time.monotonic() < started + EXIT_WITHIN_SECONDS, group.logs()
+        with contextlib.suppress(httpx.TransportError):  # already closing
+            status = httpx.get(f"{group.url}/health", timeout=2).status_code
+            statuses.append((time.monotonic() - started, status))
+        time.sleep(0.05)
+    return statuses

@@ -16,19 +16,25 @@ import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-import psutil
 import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
 
 from greedy_prompts import mixed_prompts
-from multinode_cluster import SMALL_ENGINE_FLAGS, NodeGroup, greedy_token_ids, node_group
+from multinode_cluster import (
+    EXIT_WITHIN_SECONDS,
+    SMALL_ENGINE_FLAGS,
+    NodeGroup,
+    assert_gone,
+    descendants,
+    greedy_token_ids,
+    health_until_exit,
+    node_group,
+)
 from tiny_models import build_tiny_model
 
 STARTUP_SECONDS = 240
-EXIT_WITHIN_SECONDS = 60
 UNHEALTHY_WITHIN_SECONDS = 2.0  # the host's link is watched, not polled between steps
 JOIN_EXIT_SLACK_SECONDS = 10.0  # stopping the leader's own worker and the server, busy CPUs
 MAX_TOKENS = 12
@@ -76,17 +82,6 @@ def started_group(folder, workdir, tensor: int, pipeline: int, nnodes: int):
         yield group
 
 
-def worker_processes(host_pid: int) -> list[psutil.Process]:
-    return psutil.Process(host_pid).children(recursive=True)
-
-
-def gone(process: psutil.Process) -> bool:
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.fixture(scope="module")
 def three_nodes(three_layer_folder, tmp_path_factory):
     """Pipeline parallel 3 over a served leader and two worker hosts (ends in the test
@@ -105,7 +100,7 @@ def test_three_hosts_answer_identically_to_one_process(three_nodes, three_layer_
 def test_a_killed_worker_host_fails_health_at_once_and_every_host_exits_2(three_nodes):
     group = three_nodes
     leader, survivor, victim = group.hosts
-    workers = worker_processes(survivor.process.pid)
+    workers = descendants(survivor.process.pid)
     victim.kill_host()
     statuses = health_until_exit(group, leader)
     assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE
@@ -119,26 +114,6 @@ def test_a_killed_worker_host_fails_health_at_once_and_every_host_exits_2(three_
     assert survivor.wait(EXIT_WITHIN_SECONDS) == 2, group.logs()
     assert "the leader's engine stopped: worker host 2 (127.0.0.1, rank 2)" in survivor.text()
     assert_gone(workers)
-
-
-def health_until_exit(group: NodeGroup, leader) -> list[tuple[float, int]]:
-    """/health's answers (seconds from now, status) until the leader exits."""
-    started = time.monotonic()
-    statuses: list[tuple[float, int]] = []
-    while leader.process.poll() is None:
-        assert time.monotonic() < started + EXIT_WITHIN_SECONDS, group.logs()
-        with contextlib.suppress(httpx.TransportError):  # already closing
-            status = httpx.get(f"{group.url}/health", timeout=2).status_code
-            statuses.append((time.monotonic() - started, status))
-        time.sleep(0.05)
-    return statuses
-
-
-def assert_gone(processes: list[psutil.Process]) -> None:
-    deadline = time.monotonic() + 10
-    while not all(gone(process) for process in processes):
-        assert time.monotonic() < deadline, "worker processes left behind"
-        time.sleep(0.05)
 
 
 def test_hosts_that_never_join_fail_within_the_timeout(tiny_folder, tmp_path):

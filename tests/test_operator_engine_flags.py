@@ -79,6 +79,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--trust-remote-code": "refused by the server (no remote code runs)",
     "--uvicorn-log-level": "debugging one deployment, not a lasting setting",
     "--node-join-timeout": "multi-node: how long the leader waits for slow image pulls",
+    "--execute-model-timeout-seconds": "a wedged rank's bound: the default suits serving",
     "--hf-overrides": "a JSON patch of the model's config.json (e.g. rope scaling), per model",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).

@@ -30,6 +30,7 @@ from octavo.distributed.node_layout import (
     DEFAULT_NODE_JOIN_TIMEOUT,
     NodeLayout,
 )
+from octavo.executor.step_timeout import DEFAULT_EXECUTE_MODEL_TIMEOUT
 from octavo.kv_cache.block_hash import DEFAULT_HASH_ALGO, HASH_ALGOS
 from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
@@ -249,6 +250,14 @@ class EngineArgs:
         "leader to answer) before it gives up and exits 1",
         positive_float,
     )
+    execute_model_timeout_seconds: float = engine_arg(
+        DEFAULT_EXECUTE_MODEL_TIMEOUT,
+        "seconds every rank has to finish a step (with more than one rank; vLLM's "
+        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS): a rank that does not answer in time (stuck in "
+        "a collective, its process or host stopped) stops the engine: /health turns 503, "
+        "the workers are killed and the server exits 2",
+        positive_float,
+    )
 
     # engine_arg's field() is evaluated once, like every other field's here
     speculative_config: SpeculativeConfig | None = engine_arg(  # noqa: RUF009
@@ -423,6 +432,10 @@ class EngineArgs:
         layout_problems = NodeLayout.of(self).problems()
         _require(not layout_problems, "; ".join(layout_problems))
         _require(self.node_join_timeout > 0, "--node-join-timeout must be > 0 seconds")
+        _require(
+            self.execute_model_timeout_seconds > 0,
+            "--execute-model-timeout-seconds must be > 0 seconds",
+        )
         _require(
             self.quantization in (None, *QUANTIZATION_NAMES),
             f"unknown quantization {self.quantization!r}; supported: "

@@ -75,7 +75,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         args.tokenizer,
     )  # fmt: skip
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
-    executor = create_executor(spec, layout, args.node_join_timeout)
+    executor = create_executor(
+        spec, layout, args.node_join_timeout, args.execute_model_timeout_seconds
+    )
     lookahead = speculative.num_speculative_tokens if speculative is not None else 0
     window = config.uniform_sliding_window if draft is None else None  # a draft reads it all
     try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from octavo.distributed.node_layout import DEFAULT_NODE_JOIN_TIMEOUT, NodeLayout
+from octavo.executor.step_timeout import DEFAULT_EXECUTE_MODEL_TIMEOUT
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
 from octavo.worker.worker import KVBudget, Worker, WorkerConfig
@@ -65,13 +66,16 @@ class UniProcExecutor:
 
 
 def create_executor(
-    spec: WorkerConfig, layout: NodeLayout, join_timeout: float = DEFAULT_NODE_JOIN_TIMEOUT
+    spec: WorkerConfig,
+    layout: NodeLayout,
+    join_timeout: float = DEFAULT_NODE_JOIN_TIMEOUT,
+    execute_model_timeout: float = DEFAULT_EXECUTE_MODEL_TIMEOUT,
 ) -> Executor:
     """The in-process executor for one rank, worker processes for more (on this host,
     and across hosts with ``layout.nnodes > 1``: the worker hosts have ``join_timeout``
-    seconds to join)."""
+    seconds to join; every rank must finish a step within ``execute_model_timeout``)."""
     if layout.world_size == 1:
         return UniProcExecutor(spec)
     from octavo.executor.multiproc_executor import MultiprocExecutor
 
-    return MultiprocExecutor(spec, layout, join_timeout)
+    return MultiprocExecutor(spec, layout, join_timeout, execute_model_timeout)

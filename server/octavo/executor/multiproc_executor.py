@@ -12,8 +12,12 @@ reports a worker's exit the moment it happens (``on_worker_death``), so the serv
 unhealthy before the engine has stopped the other workers; ``check_health`` notices one
 between steps too. An error reported by some ranks while others never
 answer (stuck in a collective) is fatal as well; the same error from every rank is an
-ordinary step failure. ``shutdown`` (or the executor being collected) stops every
-worker, killing what does not stop in time.
+ordinary step failure. So is a step that does not come back within
+``execute_model_timeout`` seconds (``step_timeout``): a rank is wedged (a stuck
+collective, a stopped process or host), so every local worker is killed at once (ranks
+stuck mid-step never read a stop) and the worker hosts are told the engine failed.
+``shutdown`` (or the executor being collected) stops every worker, killing what does
+not stop in time.
 
 Across hosts (``--nnodes``): this host runs the ranks of node 0; the others run on
 worker hosts (``octavo serve --headless``) that join over TCP (``node_rendezvous``), and
@@ -43,6 +47,11 @@ from octavo.distributed.worker_group import Placement
 from octavo.executor.node_rendezvous import NodeRendezvous
 from octavo.executor.node_watch import NodeWatch
 from octavo.executor.remote_worker import NodeLink, RemoteWorkerHandle
+from octavo.executor.step_timeout import (
+    DEFAULT_EXECUTE_MODEL_TIMEOUT,
+    bound_sends,
+    overdue_message,
+)
 from octavo.executor.worker_env import worker_env
 from octavo.executor.worker_watch import WorkerWatch
 from octavo.outputs import ModelRunnerOutput
@@ -92,6 +101,11 @@ class WorkerHandle:
             self.process.kill()
             self.process.wait()
 
+    def kill(self) -> None:
+        """SIGKILL the process (a stopped one too) unless it has exited."""
+        if self.process.poll() is None:
+            self.process.kill()
+
 
 Handle = WorkerHandle | RemoteWorkerHandle
 
@@ -102,6 +116,7 @@ class MultiprocExecutor:
         spec: WorkerConfig,
         layout: NodeLayout,
         join_timeout: float = DEFAULT_NODE_JOIN_TIMEOUT,
+        execute_model_timeout: float = DEFAULT_EXECUTE_MODEL_TIMEOUT,
     ) -> None:
         tp, pp = layout.tensor_parallel_size, layout.pipeline_parallel_size
         self.placements = [Placement(r, tp, pp, layout.nnodes) for r in range(layout.world_size)]
@@ -109,6 +124,7 @@ class MultiprocExecutor:
         self.local_workers = [WorkerHandle(rank) for rank in layout.ranks_on(0)]
         self.workers: list[Handle] = list(self.local_workers)  # every rank, in rank order
         self.links: list[NodeLink] = []  # the worker hosts' links (multi-node)
+        self.execute_model_timeout = execute_model_timeout
         self._broken: str | None = None
         self._death_listener: Callable[[str], None] | None = None
         self._death_reported = threading.Lock()  # held once the death was reported
@@ -134,6 +150,7 @@ class MultiprocExecutor:
             if layout.is_multi_node:
                 self._join(layout, join_timeout)
             for worker in self.workers:
+                bound_sends(worker.conn, execute_model_timeout)
                 worker.conn.send((spec, self.placements[worker.rank], init_method, session))
             self._collect()
         except BaseException as error:
@@ -153,7 +170,7 @@ class MultiprocExecutor:
 
     # ----- the Executor interface ----------------------------------------------------------
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
-        return self.call("execute_model", step)[self.driver]
+        return self.call("execute_model", step, timeout=self.execute_model_timeout)[self.driver]
 
     def num_available_blocks(self, budget: KVBudget) -> int:
         return min(self.call("num_available_blocks", budget))
@@ -191,8 +208,9 @@ class MultiprocExecutor:
             self._death_listener(reason)
 
     # ----- calls ---------------------------------------------------------------------------
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """Run ``worker.method(*args)`` on every rank; their results in rank order."""
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        """Run ``worker.method(*args)`` on every rank; their results in rank order. Every
+        rank must answer within ``timeout`` seconds (None: no bound)."""
         self.check_health()
         message = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         for worker in self.workers:
@@ -200,20 +218,19 @@ class MultiprocExecutor:
                 worker.conn.send_bytes(message)
             except OSError:
                 self._fail(worker.exit_description())
-        return self._collect()
+        return self._collect(timeout)
 
-    def _collect(self) -> list[Any]:
+    def _collect(self, timeout: float | None = None) -> list[Any]:
         results: list[Any] = [None] * len(self.workers)
         pending = {worker.conn: worker for worker in self.workers}
         errors: list[tuple[int, str, str]] = []
-        deadline: float | None = None
+        step_deadline = None if timeout is None else time.monotonic() + timeout
+        deadline: float | None = None  # once a rank reported an error: the others' grace
         while pending:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait(list(pending), timeout)
+            ready = wait(list(pending), _seconds_until(deadline, step_deadline))
             if not ready:
                 ranks = sorted(w.rank for w in pending.values())
-                self._fail(f"worker {errors[0][0]} failed ({errors[0][1]}) and ranks {ranks} "
-                           "stopped answering")  # fmt: skip
+                self._fail(_silence(errors, ranks, timeout), kill=True)
             for conn in ready:
                 worker = pending.pop(conn)
                 try:
@@ -236,14 +253,31 @@ class MultiprocExecutor:
         for link in self.links:
             link.abort(reason)
 
-    def _fail(self, reason: str) -> None:
-        """The workers cannot go on: stop them all and raise ``WorkerDied``."""
+    def _fail(self, reason: str, kill: bool = False) -> None:
+        """The workers cannot go on: stop them all (``kill``: at once, they are wedged)
+        and raise ``WorkerDied``."""
         self._broken = self._broken or reason
         logger.error("%s; stopping every worker", self._broken)
         self._report_death(self._broken)  # before waiting for the others to stop
         self._abort_links(self._broken)
+        if kill:
+            for worker in self.local_workers:
+                worker.kill()
         self.shutdown()
         raise WorkerDied(self._broken)
+
+
+def _seconds_until(*deadlines: float | None) -> float | None:
+    """Seconds to the earliest of the deadlines that are set (None: none is)."""
+    set_ones = [deadline for deadline in deadlines if deadline is not None]
+    return max(0.0, min(set_ones) - time.monotonic()) if set_ones else None
+
+
+def _silence(errors: list[tuple[int, str, str]], ranks: list[int], timeout: float | None) -> str:
+    """Why ranks that never answered stop the engine."""
+    if errors:
+        return f"worker {errors[0][0]} failed ({errors[0][1]}) and ranks {ranks} stopped answering"
+    return overdue_message(timeout or 0.0, ranks)
 
 
 def _raise_reported(errors: list[tuple[int, str, str]]) -> None:
