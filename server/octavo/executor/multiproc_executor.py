@@ -12,10 +12,10 @@ reports a worker's exit the moment it happens (``on_worker_death``), so the serv
 unhealthy before the engine has stopped the other workers; ``check_health`` notices one
 between steps too. An error reported by some ranks while others never
 answer (stuck in a collective) is fatal as well; the same error from every rank is an
-ordinary step failure. So is a step that does not come back within
-``execute_model_timeout`` seconds (``step_timeout``): a rank is wedged (a stuck
-collective, a stopped process or host), so every local worker is killed at once (ranks
-stuck mid-step never read a stop) and the worker hosts are told the engine failed.
+ordinary step failure. A step that does not come back within ``execute_model_timeout``
+seconds (``step_timeout``) is fatal too: a rank is wedged (a stuck collective, a stopped
+process or host), so every local worker is killed at once (ranks stuck mid-step never
+read a stop) and the worker hosts are told the engine failed.
 ``shutdown`` (or the executor being collected) stops every worker, killing what does
 not stop in time.
 
