@@ -6,9 +6,10 @@ import logging
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from octavo.model_executor.embedded import embedded_model_folder
+from octavo.model_executor.footprint import weight_bytes as weight_bytes  # its old home
+from octavo.model_executor.footprint import weight_footprint
 from octavo.model_executor.gguf_folder import gguf_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
 from octavo.model_executor.hub_files import download_file
@@ -74,26 +75,15 @@ def load_model(
     for module in list(model.modules()):  # (a method may replace a module's children)
         if isinstance(module, LinearBase | QuantizedVocabEmbedding | FusedMoE):
             module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN
+    footprint = weight_footprint(model)
     logger.info(
-        "loaded %s (%s) as %s on %s%s: weights take %.1f MiB",
+        "loaded %s (%s) as %s on %s%s: weights %.1f MiB incl. %.1f MiB of prepacked copies "
+        "(a tied LM head's; %.1f MiB prepacked in all)",
         folder.name, config.architecture, dtype, device,
-        f", {quantization} linears" if quantization else "", weight_bytes(model) / 2**20,
+        f", {quantization} linears" if quantization else "",
+        footprint.total / 2**20, footprint.copies / 2**20, footprint.prepacked / 2**20,
     )  # fmt: skip
     return model.eval()
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's weights as stored (quantized or prepacked ones included; a
-    tensor shared by two modules counted once)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    tensors += [getattr(m, "packed_weight", None) for m in model.modules()]
-    unique = {_storage_key(t): t.numel() * t.element_size() for t in tensors if t is not None}
-    return sum(unique.values())
-
-
-def _storage_key(tensor: torch.Tensor) -> int:
-    """Shared storage is one key; oneDNN-packed (opaque) tensors have no data pointer."""
-    return tensor.data_ptr() if tensor.layout == torch.strided else id(tensor)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")

@@ -18,6 +18,7 @@ from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block
+from octavo.kv_cache.cpu_budget import HostMemory, cpu_kv_bytes
 from octavo.kv_cache.gpu_budget import (
     GpuMemory,
     StepRows,
@@ -30,8 +31,9 @@ from octavo.kv_cache.gpu_budget import (
 from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
+from octavo.model_executor.footprint import weight_bytes, weight_footprint
 from octavo.model_executor.layers.lora import LoRASize
-from octavo.model_executor.loader import load_model, load_tokenizer, weight_bytes
+from octavo.model_executor.loader import load_model, load_tokenizer
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
 from octavo.model_executor.models.causal_lm import CausalLM
@@ -145,7 +147,7 @@ class Worker:
         return self.placement is None or self.placement.is_driver
 
     def parameter_bytes(self) -> int:
-        """Bytes of this rank's weights as stored (its shard; ``loader.weight_bytes``)."""
+        """Bytes of this rank's weights as stored (its shard; ``footprint.weight_bytes``)."""
         return weight_bytes(self.model)
 
     def communication_stats(self) -> dict[str, tuple[float, int]]:
@@ -161,8 +163,19 @@ class Worker:
             per_block += bytes_per_block(draft_shape, block_size, cache_dtype)
         if self.device.type != "cuda":
             assert budget.kv_cache_bytes is not None, "the CPU budget is always in bytes"
-            return budget.kv_cache_bytes // per_block
+            return self._cpu_kv_bytes(budget.kv_cache_bytes) // per_block
         return max(0, self._gpu_kv_bytes(budget)) // per_block
+
+    def _cpu_kv_bytes(self, kv_bytes: int) -> int:
+        """``--kv-cache-memory``, checked against the host's memory next to the weights
+        (the draft's too) as stored, prepacked copies included (``cpu_budget``)."""
+        if self.device.type != "cpu":
+            return kv_bytes
+        models = [self.model] if self.draft is None else [self.model, self.draft]
+        footprints = [weight_footprint(model) for model in models]
+        weights = sum(footprint.total for footprint in footprints)
+        copies = sum(footprint.copies for footprint in footprints)
+        return cpu_kv_bytes(kv_bytes, weights, copies, HostMemory.read())
 
     def _gpu_kv_bytes(self, budget: KVBudget) -> int:
         """The KV cache's bytes on this GPU: as requested, or the utilization's leftover."""
