@@ -9,6 +9,8 @@ format breaks a test here. Sockets are on 127.0.0.1 with ports the OS picks.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -23,9 +25,11 @@ from octavo.engine.llm_engine import LLMEngine
 from octavo.kv_cache.block_hash import HashChain
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
+from octavo.kv_events import config as config_module
 from octavo.kv_events import publisher as publisher_module
 from octavo.kv_events.config import KVEventsConfig
 from octavo.kv_events.events import BlockStored, KVEventBatch, wire_hash
+from octavo.kv_events.pacing import ThrottledWarning, TokenBucket
 from octavo.kv_events.publisher import NullEventPublisher, ZmqEventPublisher, start_publisher
 from octavo.lora_request import LoRARequest
 from octavo.sampling_params import SamplingParams
@@ -93,7 +97,7 @@ def replay_until(context, endpoint: str, last_seq: int) -> list[list[bytes]]:
         frames = replay(context, endpoint, 0)[:-1]
         if (frames and seq_of(frames[-1]) >= last_seq) or time.monotonic() > deadline:
             return frames
-        time.sleep(0.02)
+        time.sleep(0.25)  # within the replay socket's pace (REPLAY_RATE a second)
 
 
 def seq_of(message: list[bytes]) -> int:
@@ -140,7 +144,7 @@ def test_the_flag_takes_vllms_json_with_vllms_defaults():
     assert parsed == KVEventsConfig(
         enable_kv_cache_events=True,
         publisher="zmq",
-        endpoint="tcp://*:5557",
+        endpoint=None,  # port 5557 of the server's --host; vLLM's tcp://*:5557 without one
         replay_endpoint=None,
         buffer_steps=10_000,
         hwm=100_000,
@@ -148,6 +152,7 @@ def test_the_flag_takes_vllms_json_with_vllms_defaults():
         topic="",
     )
     assert parsed.publishes
+    assert (parsed.publish_endpoint, parsed.publish_binds) == ("tcp://*:5557", True)
     full = (
         '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:6000", '
         '"replay_endpoint": "tcp://*:6001", "buffer_steps": 5, "hwm": 7, '
@@ -295,7 +300,7 @@ def synced(context, cfg: KVEventsConfig) -> tuple[ZmqEventPublisher, zmq.Socket,
     until one arrives (a PUB drops what it sends before the subscription reaches it).
     Returns the next sequence number the subscriber will see."""
     sub, address = bound_subscriber(context, cfg.topic)
-    publisher = ZmqEventPublisher(KVEventsConfig(**{**vars(cfg), "endpoint": address}))
+    publisher = ZmqEventPublisher(dataclasses.replace(cfg, endpoint=address))
     for _ in range(200):
         publisher.publish(KVEventBatch(time.time(), []))
         message = receive(sub, 0.05)
@@ -348,6 +353,98 @@ def test_the_replay_socket_returns_the_kept_batches_from_a_sequence_number_on(co
     assert all(m[0] == TOPIC.encode() and len(m) == 3 for m in answer[:-1])
     assert [decode(m)[0] for m in answer[:-1]] == [3.0, 4.0, 5.0]
     assert answer[-1] == [b"", END_SEQ, b""]  # vLLM's end marker: seq -1, empty payload
+
+
+def test_replay_requests_are_paced_and_malformed_ones_logged_once_per_interval(
+    context, monkeypatch, caplog
+):
+    """A replay answer may resend every kept batch: past the bucket's burst, requests go
+    unanswered; 20 malformed requests make one warning line, not 20."""
+    monkeypatch.setattr(publisher_module, "REPLAY_RATE", 0.001)
+    monkeypatch.setattr(publisher_module, "REPLAY_BURST", 3)
+    publisher = ZmqEventPublisher(
+        config(endpoint="inproc://kv-paced", replay_endpoint="tcp://127.0.0.1:0")
+    )
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(publisher.replay_endpoint)
+    caplog.set_level(logging.WARNING, logger=publisher_module.logger.name)
+    try:
+        for _ in range(20):
+            dealer.send_multipart([b"", b"short"])  # malformed: no 8-byte sequence number
+        for _ in range(5):
+            dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        ends = 0
+        while dealer.poll(1500):
+            ends += dealer.recv_multipart()[1:] == [b"", END_SEQ, b""]
+    finally:
+        dealer.close(linger=0)
+        publisher.shutdown()
+    assert ends == 0, "the burst of 3 went to the first malformed requests"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "KV events: ignored 1 malformed replay request(s)",
+        "KV events: dropped 1 replay request(s) over 0.001 a second",
+    ]
+
+
+def test_the_pacing_bucket_and_the_warning_count_with_a_clock():
+    now = [0.0]
+    bucket = TokenBucket(rate=2.0, burst=2.0, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+    now[0] = 0.5  # one token back
+    assert [bucket.take(), bucket.take()] == [True, False]
+    lines: list[str] = []
+
+    class Recorder(logging.Logger):
+        def warning(self, message, *args, **kwargs):
+            lines.append(message % args)
+
+    warning = ThrottledWarning(Recorder("x"), "%d bad", interval=60.0, clock=lambda: now[0])
+    for moment in (0.0, 1.0, 2.0, 59.0, 61.0, 62.0):
+        now[0] = moment
+        warning.note()
+    assert lines == ["1 bad", "4 bad"]
+
+
+def test_an_unnamed_endpoint_binds_on_the_servers_host(monkeypatch):
+    """vLLM binds tcp://*:5557 whatever --host says: every subscriber on the network reads
+    every user's token ids. Octavo binds the server's host unless the endpoint is named."""
+    on_host = config()
+    on_host.server_host = "127.0.0.1"
+    assert (on_host.publish_endpoint, on_host.publish_binds) == ("tcp://127.0.0.1:5557", True)
+    for host, address in [("0.0.0.0", "*"), ("::1", "[::1]"), ("localhost", "localhost")]:
+        on_host.server_host = host
+        assert on_host.publish_endpoint == f"tcp://{address}:5557"
+    named = config(endpoint="tcp://*:6000")
+    named.server_host = "127.0.0.1"
+    assert (named.publish_endpoint, named.publish_binds) == ("tcp://*:6000", True)
+    assert not config(endpoint="tcp://10.0.0.1:6000").publish_binds  # vLLM: connect
+    monkeypatch.setattr(config_module, "DEFAULT_PORT", 0)
+    on_host.server_host = "127.0.0.1"
+    publisher = ZmqEventPublisher(on_host)
+    try:
+        assert publisher.endpoint.startswith("tcp://127.0.0.1:")
+    finally:
+        publisher.shutdown()
+
+
+def test_serve_hands_its_host_to_the_kv_events(monkeypatch, tiny_folder):
+    from octavo.cli import main
+    from octavo.entrypoints.openai import server
+
+    seen = []
+
+    def run_server(config, engine_args, listen) -> int:
+        seen.append((engine_args.kv_events_config, listen.host))
+        return 0
+
+    monkeypatch.setattr(server, "run_server", run_server)
+    events = '{"enable_kv_cache_events": true}'
+    folder = str(tiny_folder("llama3"))
+    assert main(["serve", folder, "--host", "127.0.0.2", "--kv-events-config", events]) == 0
+    ((events_config, host),) = seen
+    assert host == "127.0.0.2"
+    assert events_config.publish_endpoint == "tcp://127.0.0.2:5557"
 
 
 def test_a_started_publisher_first_announces_an_empty_cache(context):

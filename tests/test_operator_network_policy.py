@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from octavo_operator import constants as c
 from octavo_operator.builders.children import ChildRef, desired_children
 from octavo_operator.builders.network_policy import network_policy
 
@@ -54,3 +55,25 @@ def test_with_adapters_the_operator_may_reach_the_adapter_routes():
     )
     (plain,) = network_policy(isvc({"networkPolicy": {"enabled": True}}))["spec"]["ingress"]
     assert len(plain["from"]) == 1, "without adapters the operator needs no way in"
+
+
+def test_router_mode_admits_only_the_picker_to_the_kv_events_by_default():
+    """The KV-event stream carries every user's prompt and output token ids: with
+    spec.router a NetworkPolicy exists without spec.networkPolicy, opening the event ports
+    to the picker's pods only and leaving the server port as open as before."""
+    spec = {"model": {"uri": "hf://org/name"}, "router": {"enabled": True}}
+    out = desired_children(isvc(spec), "img:1", service_monitors_served=False)
+    (policy,) = [o for o in out.apply if o["kind"] == "NetworkPolicy"]
+    assert ChildRef("networking.k8s.io/v1", "NetworkPolicy", "chat") not in out.remove
+    server, picker = policy["spec"]["ingress"]
+    assert server == {"ports": [{"port": c.SERVER_PORT, "protocol": "TCP"}]}, "open to all"
+    picker_pods = {"matchLabels": {c.NAME_LABEL: "octavo-router", c.INSTANCE_LABEL: "chat"}}
+    assert picker["from"] == [{"podSelector": picker_pods}]
+    assert [p["port"] for p in picker["ports"]] == [c.SERVER_PORT, 5557, 5558]
+    kv_ports = {5557, 5558}
+    for rule in policy["spec"]["ingress"]:
+        if kv_ports & {p.get("port") for p in rule["ports"]}:
+            assert rule.get("from") == [{"podSelector": picker_pods}]
+    multi = {**spec, "engine": {"nodes": 2}, "resources": {"gpu": 1}}
+    (group,) = network_policy(isvc(multi))["spec"]["ingress"][2:]
+    assert group["ports"] == [{"protocol": "TCP"}], "the group's own ports between its pods"

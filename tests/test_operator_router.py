@@ -83,7 +83,8 @@ def test_router_off_removes_the_pool_only_where_its_api_is_served():
 
 def test_without_the_inference_pool_api_nothing_is_applied_or_removed():
     out = desired_children(isvc(ROUTED), "octavo:1", False, inference_pools_served=False)
-    assert [o["kind"] for o in out.apply] == ["Deployment", "Service"]
+    # The servers publish KV events all the same: the policy closes their ports to others.
+    assert [o["kind"] for o in out.apply] == ["Deployment", "Service", "NetworkPolicy"]
     assert all(not r.name.endswith("-epp") for r in out.remove)
 
 
@@ -463,7 +464,7 @@ def test_reconcile_without_the_api_applies_no_router_child_and_does_not_crash():
     kube = FakeKube(pools=False)
     applied = Controller(kube, Settings()).reconcile(body(ROUTED), trigger="create")
     assert applied.error is None and applied.pools_served is False
-    assert [o["kind"] for o in kube.applied] == ["Deployment", "Service"]
+    assert [o["kind"] for o in kube.applied] == ["Deployment", "Service", "NetworkPolicy"]
 
 
 def test_reconcile_applies_the_router_children_and_removes_them_when_turned_off():

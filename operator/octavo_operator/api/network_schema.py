@@ -35,7 +35,9 @@ def network_policy_schema() -> Schema:
         {
             "enabled": {
                 "type": "boolean",
-                "description": "create the NetworkPolicy (deleted when turned off)",
+                "description": "create the NetworkPolicy (deleted when turned off; with "
+                "spec.router there is one anyway, admitting only the endpoint picker to the "
+                "KV-event ports and anyone to port 8000)",
                 "default": False,
             },
             "allowFrom": peers("clients allowed in (default: pods of the same namespace)"),

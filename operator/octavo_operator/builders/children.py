@@ -15,7 +15,7 @@ from .deployment import deployment
 from .disruption_budget import pod_disruption_budget
 from .inference_pool import inference_pool
 from .leader_worker_set import leader_worker_set
-from .network_policy import network_policy
+from .network_policy import network_policy, wants_network_policy
 from .picker import picker_deployment, picker_service
 from .picker_config import picker_config_map
 from .picker_rbac import picker_role, picker_role_binding, picker_service_account
@@ -71,7 +71,7 @@ def desired_children(
             "HorizontalPodAutoscaler",
         ),
         (
-            isvc.network_policy is not None,
+            wants_network_policy(isvc),
             network_policy,
             "networking.k8s.io/v1",
             "NetworkPolicy",

@@ -1,4 +1,7 @@
-"""The NetworkPolicy that limits who may reach the server pods (spec.networkPolicy)."""
+"""The NetworkPolicy that limits who may reach the server pods: spec.networkPolicy's, or
+with spec.router alone one that admits only the endpoint picker to the KV-event ports (the
+stream carries every user's prompt and output token ids) and leaves the server port open.
+"""
 
 from __future__ import annotations
 
@@ -21,16 +24,16 @@ OPERATOR_PODS: dict[str, Any] = {
 }  # fmt: skip
 
 
+def wants_network_policy(isvc: InferenceService) -> bool:
+    """spec.networkPolicy asks for one; spec.router needs one for its KV-event ports."""
+    return isvc.network_policy is not None or isvc.router is not None
+
+
 def network_policy(isvc: InferenceService) -> dict[str, Any]:
     """Ingress only to the server port, from the chosen peers (default: the namespace's own
-    pods) and from the scrape peers; egress stays open (model downloads, DNS)."""
-    policy = isvc.network_policy
-    assert policy is not None
-    peers = [*(policy.allow_from or (SAME_NAMESPACE,)), *policy.allow_scrape_from]
-    if isvc.adapters is not None or isvc.scales_to_zero:
-        peers.append(OPERATOR_PODS)
-    port = {"port": c.SERVER_PORT, "protocol": "TCP"}
-    ingress = [{"from": [dict(p) for p in peers], "ports": [port]}]
+    pods; with spec.router alone: anyone) and from the scrape peers, and to the KV-event
+    ports from the picker; egress stays open (model downloads, DNS)."""
+    ingress = [server_ingress(isvc)]
     if isvc.router is not None:
         ingress.append(picker_ingress(isvc))
     if isvc.engine.multi_node:
@@ -45,6 +48,17 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
             "ingress": ingress,
         },
     }
+
+
+def server_ingress(isvc: InferenceService) -> dict[str, Any]:
+    port = {"port": c.SERVER_PORT, "protocol": "TCP"}
+    policy = isvc.network_policy
+    if policy is None:  # spec.router alone: the server port stays as open as without it
+        return {"ports": [port]}
+    peers = [*(policy.allow_from or (SAME_NAMESPACE,)), *policy.allow_scrape_from]
+    if isvc.adapters is not None or isvc.scales_to_zero:
+        peers.append(OPERATOR_PODS)
+    return {"from": [dict(p) for p in peers], "ports": [port]}
 
 
 def picker_ingress(isvc: InferenceService) -> dict[str, Any]:

@@ -1,13 +1,17 @@
 """``kv_events_config`` in vLLM's spelling (its ``KVEventsConfig``), parsed and checked.
 
 ``{"enable_kv_cache_events": true}`` publishes the KV cache's events on a ZMQ PUB socket
-bound to ``tcp://*:5557`` with an empty topic; every key and default is vLLM's:
+bound to port 5557 of the server's ``--host`` (vLLM binds ``tcp://*:5557``: every
+interface, whatever ``--host`` says) with an empty topic; every other key and default is
+vLLM's:
 
 - ``enable_kv_cache_events`` (false): nothing is recorded or published without it.
 - ``publisher``: ``"zmq"`` or ``"null"`` (publish nothing); default ``"zmq"`` when events
   are enabled, else ``"null"``.
-- ``endpoint`` (``"tcp://*:5557"``): the PUB address; bound when it holds ``*`` or ``::``
-  or is ``ipc://``/``inproc://``, else connected to (a subscriber that binds).
+- ``endpoint`` (port 5557 of the server's ``--host``; without a server, as offline,
+  vLLM's ``tcp://*:5557``): the PUB address; when named, bound if it holds ``*`` or
+  ``::`` or is ``ipc://``/``inproc://``, else connected to (a subscriber that binds).
+  ``tcp://*:PORT`` names every interface.
 - ``replay_endpoint`` (none): a ROUTER address, always bound, where a subscriber asks for
   the batches it missed from a sequence number on.
 - ``buffer_steps`` (10000): batches (one per engine step with events) kept for replay.
@@ -21,7 +25,7 @@ bound to ``tcp://*:5557`` with an empty topic; every key and default is vLLM's:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from octavo.arg_types import json_object
@@ -29,23 +33,41 @@ from octavo.arg_types import json_object
 PUBLISHERS = ("null", "zmq")
 ZMQ_TRANSPORTS = ("tcp://", "ipc://", "inproc://")
 COUNTS = ("buffer_steps", "hwm", "max_queue_size")
+DEFAULT_PORT = 5557
+WILDCARD_HOSTS = ("", "0.0.0.0", "*")
 
 
 @dataclass
 class KVEventsConfig:
     enable_kv_cache_events: bool = False
     publisher: str | None = None  # resolved in __post_init__, as vLLM does
-    endpoint: str = "tcp://*:5557"
+    endpoint: str | None = None  # None: DEFAULT_PORT on the server's --host (see above)
     replay_endpoint: str | None = None
     buffer_steps: int = 10_000
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
+    # Not a vLLM key: the API server's --host, where an unnamed endpoint binds.
+    server_host: str | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.publisher is None:
             self.publisher = "zmq" if self.enable_kv_cache_events else "null"
         self.check()
+
+    @property
+    def publish_endpoint(self) -> str:
+        """The PUB socket's address: the named ``endpoint``, else port 5557 of the server's
+        host (every interface without one, as vLLM)."""
+        if self.endpoint is not None:
+            return self.endpoint
+        return f"tcp://{zmq_host(self.server_host)}:{DEFAULT_PORT}"
+
+    @property
+    def publish_binds(self) -> bool:
+        """Bind (an address of this host) or connect (a subscriber that binds)? vLLM's rule
+        for a named endpoint; the server's host is always bound."""
+        return self.endpoint is None or binds_by_vllms_rule(self.endpoint)
 
     @property
     def publishes(self) -> bool:
@@ -59,7 +81,7 @@ class KVEventsConfig:
         if isinstance(raw, KVEventsConfig):
             return raw
         values = json_object(raw, "kv_events_config")
-        known = [f.name for f in fields(cls)]
+        known = [f.name for f in fields(cls) if f.init]
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"kv_events_config: unknown keys {unknown}; known: {known}")
@@ -74,7 +96,8 @@ class KVEventsConfig:
             self.publisher in PUBLISHERS,
             f"unknown publisher {self.publisher!r}; known: {list(PUBLISHERS)}",
         )
-        _check_endpoint("endpoint", self.endpoint)
+        if self.endpoint is not None:
+            _check_endpoint("endpoint", self.endpoint)
         if self.replay_endpoint is not None:
             _check_endpoint("replay_endpoint", self.replay_endpoint)
         for name in COUNTS:
@@ -84,6 +107,19 @@ class KVEventsConfig:
                 f"{name} must be a non-negative integer, got {value!r}",
             )
         _expect(isinstance(self.topic, str), f"topic must be a string, got {self.topic!r}")
+
+
+def zmq_host(host: str | None) -> str:
+    """``--host`` as a ZMQ bind address: ``*`` for every interface, IPv6 in brackets."""
+    if host is None or host in WILDCARD_HOSTS:
+        return "*"
+    return f"[{host.strip('[]')}]" if ":" in host else host
+
+
+def binds_by_vllms_rule(endpoint: str) -> bool:
+    """vLLM binds a wildcard address (``*``, ``::``) and ipc/inproc; it connects to others."""
+    wildcard = "*" in endpoint or "::" in endpoint
+    return wildcard or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def _check_endpoint(name: str, value: Any) -> None:

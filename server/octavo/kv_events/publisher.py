@@ -5,7 +5,10 @@ sequence number (0 for the first batch of this engine, then +1 each) and the msg
 batch. The last ``buffer_steps`` batches are kept; a subscriber that missed some sends
 ``[b"", <8-byte start seq>]`` from a DEALER (or ``<start seq>`` from a REQ) to the replay
 ROUTER socket and gets back ``[b"", topic, seq, payload]`` for each kept batch from that
-sequence number on, then the end marker ``[b"", b"", seq -1, b""]``.
+sequence number on, then the end marker ``[b"", b"", seq -1, b""]``. Replay requests
+are paced (``REPLAY_RATE`` a second, bursts of ``REPLAY_BURST``, for the whole socket):
+past that they are dropped unanswered, and dropped or malformed requests are logged at
+most once per ``WARNING_INTERVAL`` seconds, with their count.
 
 The engine only queues batches (``publish``); encoding and sending happen on a
 background thread, which also answers replay requests. A started publisher first sends
@@ -27,6 +30,7 @@ from typing import Protocol
 
 from octavo.kv_events.config import KVEventsConfig
 from octavo.kv_events.events import AllBlocksCleared, KVEventBatch
+from octavo.kv_events.pacing import ThrottledWarning, TokenBucket
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,9 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 SHUTDOWN_TIMEOUT = 2.0  # seconds to send what is queued, then the sockets close
 IDLE_POLL_SECONDS = 0.05  # how often an idle publisher looks for replay requests
 PUB_LINGER_MS = 1000  # a closed PUB socket still sends its last messages this long
+REPLAY_RATE = 5.0  # replay requests answered a second (each may resend buffer_steps batches)
+REPLAY_BURST = 10.0
+WARNING_INTERVAL = 60.0  # seconds between two warnings about replay requests
 
 
 class EventPublisher(Protocol):
@@ -73,13 +80,24 @@ class ZmqEventPublisher:
         context = zmq.Context.instance()
         self._pub = context.socket(zmq.PUB)
         self._replay = None
+        self._replay_budget = TokenBucket(REPLAY_RATE, REPLAY_BURST)
+        self._malformed = ThrottledWarning(
+            logger, "KV events: ignored %d malformed replay request(s)", WARNING_INTERVAL
+        )
+        self._dropped = ThrottledWarning(
+            logger,
+            f"KV events: dropped %d replay request(s) over {REPLAY_RATE:g} a second",
+            WARNING_INTERVAL,
+        )
         try:
             self._pub.set_hwm(config.hwm)
-            self.endpoint = _open(self._pub, config.endpoint, "endpoint")
+            self.endpoint = _open(
+                self._pub, config.publish_endpoint, "endpoint", config.publish_binds
+            )
             if config.replay_endpoint is not None:
                 self._replay = context.socket(zmq.ROUTER)
                 self.replay_endpoint = _open(
-                    self._replay, config.replay_endpoint, "replay_endpoint"
+                    self._replay, config.replay_endpoint, "replay_endpoint", True
                 )
         except BaseException:
             self._close_sockets()
@@ -136,16 +154,18 @@ class ZmqEventPublisher:
     def _answer_replays(self) -> None:
         while self._replay is not None and self._replay.poll(0):
             try:
-                self._answer_replay(self._replay.recv_multipart())
+                frames = self._replay.recv_multipart()
+                if not self._replay_budget.take():
+                    self._dropped.note()
+                    continue
+                self._answer_replay(frames)
             except Exception:  # a broken request must not stop the events
                 logger.exception("KV events: a replay request failed")
 
     def _answer_replay(self, frames: list[bytes]) -> None:
         """``[client, b"", start]`` -> every kept batch from ``start`` on, then the end."""
         if len(frames) != 3 or len(frames[2]) != 8:
-            logger.warning(
-                "KV events: ignored a malformed replay request of %d frames", len(frames)
-            )
+            self._malformed.note()
             return
         client, _, start_bytes = frames
         start = int.from_bytes(start_bytes, "big")
@@ -158,13 +178,13 @@ class ZmqEventPublisher:
         self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
 
-def _open(socket, endpoint: str, name: str) -> str:
-    """Bind (wildcard, ipc and inproc addresses, and always the replay socket) or connect,
-    as vLLM does; the address actually bound (a port 0 becomes the one chosen)."""
+def _open(socket, endpoint: str, name: str, binds: bool) -> str:
+    """Bind or connect (``KVEventsConfig.publish_binds``; the replay socket is always
+    bound); the address actually bound (a port 0 becomes the one chosen)."""
     import zmq
 
-    binds = name == "replay_endpoint" or "*" in endpoint or "::" in endpoint
-    binds = binds or endpoint.startswith(("ipc://", "inproc://"))
+    if "[" in endpoint:  # an IPv6 address
+        socket.setsockopt(zmq.IPV6, 1)
     try:
         if not binds:
             socket.connect(endpoint)

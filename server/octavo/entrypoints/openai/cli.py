@@ -88,6 +88,8 @@ def serve(args: argparse.Namespace) -> int:
     from octavo.model_executor.loader import check_model_early
 
     engine_args = parsed_engine_args(args)
+    if engine_args.kv_events_config is not None:  # an unnamed endpoint binds on --host
+        engine_args.kv_events_config.server_host = args.host
     check_node_role(args.headless, engine_args)  # --headless on worker hosts only
     require_node_key(engine_args.nnodes)  # multi-node: OCTAVO_NODE_KEY on every host
     check_model_early(args.model, args.revision)  # a wrong path fails before the port opens
