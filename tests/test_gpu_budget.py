@@ -78,9 +78,33 @@ def test_speculating_rows_are_counted():
 MEMORY = GpuMemory(total=80 * GiB, free=60 * GiB, reserved=12 * GiB, allocated=10 * GiB)
 
 
-def test_utilization_leaves_the_kv_cache_the_rest():
-    # 72 GiB allowed; another process holds 80 - 60 - 12 = 8 GiB; weights 10; activations 2
-    assert utilization_budget(MEMORY, 0.9, 2 * GiB) == int(80 * GiB * 0.9) - 20 * GiB
+def test_utilization_leaves_the_kv_cache_the_rest_of_this_instances_share():
+    # 72 GiB allowed; weights 10; activations 2. Another process's 8 GiB (80 - 60 - 12) is
+    # not this instance's: not subtracted (it was, and 8 GiB of the share went unused).
+    assert utilization_budget(MEMORY, 0.9, 2 * GiB) == int(80 * GiB * 0.9) - 12 * GiB
+
+
+def after_loading(total: int, others: int, weights: int) -> GpuMemory:
+    """A GPU once this process's weights are loaded (torch caching them exactly)."""
+    return GpuMemory(total, total - others - weights, reserved=weights, allocated=weights)
+
+
+def test_two_instances_at_045_share_one_gpu():
+    """vLLM's rule: the first takes 45 % of 80 GiB; the second, started next to it, gets
+    the same KV cache (its share is its own, whatever the first holds)."""
+    first = utilization_budget(after_loading(80 * GiB, 0, 10 * GiB), 0.45, 2 * GiB)
+    assert first == int(80 * GiB * 0.45) - 12 * GiB
+    held_by_first = 10 * GiB + first + 2 * GiB
+    second = after_loading(80 * GiB, held_by_first, 10 * GiB)
+    assert utilization_budget(second, 0.45, 2 * GiB) == first
+
+
+def test_a_share_with_nothing_left_or_not_free_is_refused():
+    with pytest.raises(ValueError, match=r"nothing is left for the KV cache; raise --gpu-memory"):
+        utilization_budget(after_loading(80 * GiB, 0, 10 * GiB), 0.15, 2 * GiB, "cuda:0")
+    crowded = after_loading(80 * GiB, 60 * GiB, 10 * GiB)  # 10 GiB free, a 24 GiB cache
+    with pytest.raises(ValueError, match=r"only 8\.00 GiB is free .* \(60\.00 GiB is held by"):
+        utilization_budget(crowded, 0.45, 2 * GiB, "cuda:0")
 
 
 def test_kv_cache_memory_is_given_when_it_fits_and_refused_when_not():

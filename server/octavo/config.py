@@ -170,7 +170,11 @@ class EngineArgs:
         choices=KV_CACHE_DTYPES,
     )
     gpu_memory_utilization: float = engine_arg(
-        0.9, "fraction of GPU memory for weights and KV cache", positive_float
+        0.9,
+        "this instance's fraction of GPU memory for its weights, activations and KV cache "
+        "(as vLLM: other processes' memory is not subtracted, so two servers at 0.45 "
+        "share one GPU)",
+        positive_float,
     )
     enable_prefix_caching: bool = engine_arg(
         True, "reuse KV blocks of shared prompt prefixes", parse_bool, kind="bool"

@@ -1,9 +1,10 @@
 """How many bytes a GPU worker gives its KV cache.
 
 Two ways, as in vLLM: ``--kv-cache-memory`` names the bytes (refused when they do not fit
-next to the weights and one step's activations), or ``--gpu-memory-utilization`` takes
-that fraction of the device and leaves the KV cache what the weights, other processes
-and the activations do not use. The activations are measured on a GPU
+next to the weights and one step's activations), or ``--gpu-memory-utilization`` is this
+instance's share of the device: the KV cache gets what the weights and the activations
+leave of it (other processes' memory is theirs, not subtracted; a KV cache larger than
+what is free is refused). The activations are measured on a GPU
 (``worker/memory_profile``: one dummy forward of the largest step, plus the sampler's
 working copies); the estimate here from the largest step's shapes (its tokens, the logits
 rows that reach the LM head and the rows the sampler works on, ``StepRows``) remains for
@@ -101,11 +102,33 @@ class GpuMemory:
         return self.free + self.reserved - self.allocated
 
 
-def utilization_budget(memory: GpuMemory, utilization: float, activations: int) -> int:
-    """``--gpu-memory-utilization``: that share of the device, less what other processes,
-    the weights and the activations use (may be negative: nothing left)."""
-    used_by_others = memory.total - memory.free - memory.reserved
-    return int(memory.total * utilization) - used_by_others - memory.allocated - activations
+def utilization_budget(
+    memory: GpuMemory, utilization: float, activations: int, device: object = "the GPU"
+) -> int:
+    """``--gpu-memory-utilization``, as vLLM: this instance's share of the device
+    (``total * utilization``) less this process's peak, its weights and one step's
+    activations. Other processes' memory is not subtracted: two servers at 0.45 share one
+    GPU. Refused (ValueError) when nothing is left for the KV cache, or when the KV cache
+    would need more than is free (other processes hold the rest of the share)."""
+    share = int(memory.total * utilization)
+    budget = share - memory.allocated - activations
+    if budget <= 0:
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization} gives this instance {_gib(share)} of "
+            f"{device} ({_gib(memory.total)}), but the weights take {_gib(memory.allocated)} "
+            f"and one step's activations about {_gib(activations)}: nothing is left for the "
+            "KV cache; raise --gpu-memory-utilization (or lower --max-num-batched-tokens / "
+            "--max-num-seqs)"
+        )
+    room = memory.available - activations
+    if budget > room:
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization} leaves the KV cache {_gib(budget)} on "
+            f"{device}, but only {_gib(max(0, room))} is free after the weights and one "
+            f"step's activations ({_gib(memory.total - memory.free - memory.reserved)} is "
+            "held by other processes); lower --gpu-memory-utilization or free the GPU"
+        )
+    return budget
 
 
 def requested_budget(memory: GpuMemory, kv_bytes: int, activations: int, device: object) -> int:

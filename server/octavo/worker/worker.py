@@ -189,7 +189,8 @@ class Worker:
         memory = GpuMemory.of(self.device)
         if budget.kv_cache_bytes is not None:
             return requested_budget(memory, budget.kv_cache_bytes, activations, self.device)
-        return utilization_budget(memory, budget.gpu_memory_utilization, activations)
+        utilization = budget.gpu_memory_utilization
+        return utilization_budget(memory, utilization, activations, self.device)
 
     def step_activation_bytes(self, rows: StepRows, max_num_seqs: int) -> int:
         """The largest step's activations: measured by a dummy forward (``memory_profile``)
