@@ -158,7 +158,7 @@ def write_llama_gguf(
     state = load_file(str(folder / "model.safetensors"))
     writer = gguf.GGUFWriter(str(path), "llama")
     _write_config(writer, config)
-    _copy_tokenizer(writer, tokenizer_gguf)
+    copy_tokenizer(writer, tokenizer_gguf)
     dequantized = {}
     for name, tensor in state.items():
         if name == "lm_head.weight":
@@ -200,7 +200,7 @@ def _write_config(writer, config: dict) -> None:
     writer.add_vocab_size(config["vocab_size"])
 
 
-def _copy_tokenizer(writer, source: Path) -> None:
+def copy_tokenizer(writer, source: Path) -> None:
     reader = gguf.GGUFReader(source)
     for key, field in reader.fields.items():
         if key.startswith("tokenizer."):

@@ -4,20 +4,25 @@ The file is memory-mapped by the ``gguf`` package (llama.cpp's own reader, on Py
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and K-quant (Q4_K, Q5_K, Q6_K) matrices are handed over as
 ``QuantizedTensor`` (the bytes as stored), F32/F16/BF16 ones as float tensors. Each tensor
 has its own kind (a ``Q4_K_M`` file mixes Q4_K, Q6_K and others); a layer keeps each of
-its checkpoint matrices in its kind. llama.cpp's converter permutes the rows of a Llama's
-Q and K projections (its rotary pairs adjacent dimensions); whole rows are moved back
-here, so the blocks stay untouched. Any other block kind is refused by name.
+its checkpoint matrices in its kind. Names come from the gguf package's tables for the
+file's architecture (``gguf_names.py``). llama.cpp's converter permutes the rows of the Q
+and K projections of the architectures it runs with Llama's rotary (adjacent dimensions
+paired: Llama, Mistral, Granite, SmolLM3); whole rows are moved back here, so the blocks
+stay untouched. It stores Gemma's norm weights plus one (llama.cpp multiplies by the
+weight, Gemma by one plus it); one is taken off again. Any other block kind is refused
+by name.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from octavo.model_executor.gguf_names import GgufNames, gguf_names
 from octavo.model_executor.layers.quantization.blocks import BlockKind
 from octavo.model_executor.layers.quantization.quantized_tensor import QuantizedTensor
 
@@ -36,58 +41,58 @@ KEPT_KINDS = {
 }
 FLOAT_KINDS = ("F32", "F16", "BF16")
 SUPPORTED = ", ".join([*KEPT_KINDS, *FLOAT_KINDS])
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+PERMUTED_ARCHS = ("llama", "granite", "smollm3")  # converted as llama.cpp's LlamaModel
+NORM_PLUS_ONE_ARCHS = ("gemma2", "gemma3")
 
 
-def hf_name(gguf_name: str) -> str | None:
+@lru_cache(maxsize=16)
+def _names(arch: str, num_blocks: int) -> GgufNames:
+    return gguf_names(arch, num_blocks)
+
+
+def hf_name(gguf_name: str, arch: str = "llama", num_blocks: int = 0) -> str | None:
     """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight`` (None: unused)."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _LAYER.match(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
-        return None
-    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.{match.group(3)}"
+    parts = gguf_name.split(".")
+    if len(parts) > 1 and parts[0] == "blk" and parts[1].isdigit():
+        num_blocks = max(num_blocks, int(parts[1]) + 1)
+    return _names(arch, num_blocks).hf_name(gguf_name)
 
 
 def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, object]]:
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
-    permuted = _field_text(reader, "general.architecture") == "llama"
+    arch, blocks = file_architecture(reader)
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, arch, blocks)
         if name is None:
             continue
         value = _tensor_value(tensor, path)
-        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = num_heads if "q_proj" in name else num_kv_heads
             value = _unpermute_rows(value, heads)
+        if arch in NORM_PLUS_ONE_ARCHS and name.endswith("norm.weight"):
+            value = value - 1.0
         yield name, value
+
+
+def file_architecture(reader) -> tuple[str, int]:
+    """``general.architecture`` and its block count (the metadata llama.cpp writes)."""
+    arch = _field_text(reader, "general.architecture") or "llama"
+    field = reader.fields.get(f"{arch}.block_count")
+    return arch, int(field.contents()) if field is not None else 0
 
 
 def check_gguf_kinds(path: Path) -> None:
     """Refuse, naming it, a block kind Octavo does not keep (before anything loads)."""
     from gguf import GGUFReader
 
-    for tensor in GGUFReader(path).tensors:
+    reader = GGUFReader(path)
+    arch, blocks = file_architecture(reader)
+    for tensor in reader.tensors:
         kind = tensor.tensor_type.name
-        if hf_name(tensor.name) and kind not in KEPT_KINDS and kind not in FLOAT_KINDS:
+        known = kind in KEPT_KINDS or kind in FLOAT_KINDS
+        if hf_name(tensor.name, arch, blocks) and not known:
             raise unsupported_kind(path, tensor.name, kind)
 
 

@@ -20,11 +20,11 @@ from octavo.cache_dirs import cache_root
 from octavo.model_executor.quantized_checkpoint import GGUF_LINK
 
 logger = logging.getLogger(__name__)
-FOLDER_FORMAT = 2  # bump when what is written changes: old folders are then ignored
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "mistral": "MistralForCausalLM",
+FOLDER_FORMAT = 3  # bump when what is written changes: old folders are then ignored
+METADATA_KEYS = {  # "{arch}.key" -> config attribute, where transformers' GGUF reader skips it
+    "attention.key_length": "head_dim",  # Qwen3's and Gemma's head_dim != hidden / heads
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "final_logit_softcapping": "final_logit_softcapping",
 }
 
 
@@ -60,10 +60,32 @@ def _write_config_and_tokenizer(path: Path, out: Path) -> None:
             f"{path.name}: not a GGUF model transformers can describe ({error})"
         ) from None
     if not config.architectures:  # transformers leaves it unset for GGUF files
-        config.architectures = [ARCHITECTURES.get(config.model_type, config.model_type)]
+        config.architectures = [causal_lm_class(config.model_type)]
+    _read_skipped_metadata(path, config)
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _drop_quantization_config(out / "config.json")
+
+
+def _read_skipped_metadata(path: Path, config) -> None:
+    """The ``METADATA_KEYS`` the file has, onto the config transformers read."""
+    from gguf import GGUFReader
+
+    from octavo.model_executor.gguf_checkpoint import file_architecture
+
+    reader = GGUFReader(path)
+    arch, _ = file_architecture(reader)
+    for key, attribute in METADATA_KEYS.items():
+        field = reader.fields.get(f"{arch}.{key}")
+        if field is not None:
+            setattr(config, attribute, field.contents())
+
+
+def causal_lm_class(model_type: str) -> str:
+    """transformers' causal-LM class of ``model_type`` (``gemma3_text`` → Gemma3ForCausalLM)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, model_type)
 
 
 def _drop_quantization_config(path: Path) -> None:

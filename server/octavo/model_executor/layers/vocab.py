@@ -46,7 +46,7 @@ class VocabParallelEmbedding(nn.Module):
 class QuantizedVocabEmbedding(VocabParallelEmbedding):
     """The embedding of a GGUF file kept in its blocks (e.g. Q8_0): a lookup dequantizes
     only the rows it reads. The quantized LM head loads the same checkpoint matrix, so
-    both hold one storage."""
+    both hold one storage. A float (F32/F16/BF16) embedding is looked up as it is."""
 
     def _create_weight(self, rows: int, hidden_size: int):
         self.register_buffer("device_anchor", torch.empty(0), persistent=False)  # follows .to()
@@ -55,13 +55,16 @@ class QuantizedVocabEmbedding(VocabParallelEmbedding):
 
     def process_weights_after_loading(self) -> None:
         (segment,) = self.weight.finish(self.device_anchor.device)
-        if not isinstance(segment.weight, QuantizedTensor):
-            raise ValueError("a quantized embedding needs its checkpoint matrix in blocks")
-        self.blocks = segment.weight
-        self.register_buffer("embedding_blocks", self.blocks.blocks, persistent=False)
+        if isinstance(segment.weight, QuantizedTensor):
+            self.blocks = segment.weight
+            self.register_buffer("embedding_blocks", self.blocks.blocks, persistent=False)
+        else:
+            self.register_buffer("embedding_rows", segment.weight, persistent=False)
         self.weight = QuantizedWeight(*self.weight.shape)  # only its shape is read from now on
 
     def lookup(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.blocks is None:
+            return F.embedding(token_ids, self.embedding_rows).to(self.device_anchor.dtype)
         rows = self.embedding_blocks.index_select(0, token_ids.reshape(-1))
         values = dequantize(rows, self.blocks.kind).to(self.device_anchor.dtype)
         return values.reshape(*token_ids.shape, -1)

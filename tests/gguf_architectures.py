@@ -1,0 +1,95 @@
+"""A tiny transformers checkpoint of any architecture written as a GGUF file, as llama.cpp's
+``convert_hf_to_gguf.py`` writes it: names from the ``gguf`` package's own table
+(``gguf.get_tensor_name_map``), Q/K rows permuted for the architectures it converts as a
+Llama, Gemma's norm weights stored plus one, and the metadata keys it writes per
+architecture. Matrices stay F32 or are quantized with gguf's own quantizer (Q8_0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as GGML
+
+from gguf_kquants import copy_tokenizer, llama_cpp_permute
+
+PERMUTED = ("llama", "granite", "smollm3")
+NORM_PLUS_ONE = ("gemma2", "gemma3")
+
+
+def write_gguf(
+    path: Path, folder: Path, arch: str, tokenizer_gguf: Path, kind: GGML = GGML.F32
+) -> dict[str, torch.Tensor]:
+    """``folder``'s checkpoint as a GGUF of ``arch``, matrices in ``kind``; returns the
+    state dict the file stands for (the matrices as ``kind`` rounds them)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    state = load_file(str(folder / "model.safetensors"))
+    arch_enum = {name: enum for enum, name in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    names = gguf.get_tensor_name_map(arch_enum, config["num_hidden_layers"])
+    writer = gguf.GGUFWriter(str(path), arch)
+    write_metadata(writer, config, arch)
+    copy_tokenizer(writer, tokenizer_gguf)
+    stored = {}
+    for name, tensor in state.items():
+        if name == "lm_head.weight" and config.get("tie_word_embeddings"):
+            continue
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert target is not None, f"gguf has no name for {name}"
+        stored[name] = _add_tensor(writer, target, tensor.float().numpy(), arch, config, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def _add_tensor(writer, target: str, weight: np.ndarray, arch: str, config, kind) -> torch.Tensor:
+    if weight.ndim == 1:
+        shift = 1.0 if arch in NORM_PLUS_ONE and target.endswith("norm.weight") else 0.0
+        writer.add_tensor(target, (weight + shift).astype(np.float32))
+        return torch.from_numpy(weight.copy())
+    if kind == GGML.F32:
+        data, expanded = weight, weight
+    else:
+        data = gguf.quants.quantize(weight, kind)
+        expanded = gguf.quants.dequantize(data, kind).reshape(weight.shape)
+    if arch in PERMUTED and target.endswith(("attn_q.weight", "attn_k.weight")):
+        heads = config["num_attention_heads" if "attn_q" in target else "num_key_value_heads"]
+        data = llama_cpp_permute(data, heads)
+    writer.add_tensor(target, data, raw_dtype=None if kind == GGML.F32 else kind)
+    return torch.from_numpy(np.ascontiguousarray(expanded))
+
+
+def write_metadata(writer, config: dict, arch: str) -> None:
+    """The hyperparameters convert_hf_to_gguf.py writes for these architectures."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(rope_theta(config))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    if arch in PERMUTED or arch == "phi3":
+        writer.add_rope_dimension_count(head_dim)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if arch in NORM_PLUS_ONE and config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
+
+
+def rope_theta(config: dict) -> float:
+    """The (full-attention) rope theta, transformers 5's ``rope_parameters`` or 4's key."""
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))

@@ -1,0 +1,88 @@
+"""GGUF files of the registered architectures beyond Llama/Qwen2/Mistral: a tiny random
+transformers checkpoint written as llama.cpp's converter writes it (``gguf_architectures``),
+served through ``LLM(file.gguf)`` with HF's greedy tokens on the same weights (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GGML
+
+from architecture_check import TINY_SIZES, write_tiny_checkpoint
+from gguf_architectures import write_gguf
+from octavo import LLM, SamplingParams
+from octavo.model_executor.embedded import gguf_path
+from octavo.model_executor.gguf_checkpoint import hf_name
+
+from conftest import hf_greedy
+
+NEW_TOKENS = 8
+PROMPTS = ["Hello there", "The cat sat on the mat and then", "def add(a, b):"]
+CASES = {  # GGUF architecture -> (transformers model_type, config beyond TINY_SIZES)
+    "qwen3": ("qwen3", {"tie_word_embeddings": False}),
+    "gemma2": (
+        "gemma2",
+        {"attn_logit_softcapping": 4.0, "final_logit_softcapping": 8.0, "sliding_window": 8},
+    ),
+    "gemma3": ("gemma3_text", {"sliding_window": 8, "tie_word_embeddings": False}),
+    "phi3": ("phi3", {"tie_word_embeddings": False}),
+}
+ENGINE = {"dtype": "float32", "kv_cache_memory": 2**24, "max_model_len": 128}
+
+
+def run_octavo(path, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    with LLM(str(path), **ENGINE) as llm:
+        inputs = [{"prompt_token_ids": ids} for ids in prompts]
+        return [out.outputs[0].token_ids for out in llm.generate(inputs, params, use_tqdm=False)]
+
+
+def hf_tokens(folder, prompts, state=None) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    if state is not None:
+        model.load_state_dict(state, strict=False)
+    return [hf_greedy(model, ids, NEW_TOKENS, ignore_eos=True) for ids in prompts]
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def converted(request, tmp_path_factory, smol_tokenizer):
+    arch = request.param
+    model_type, config = CASES[arch]
+    root = tmp_path_factory.mktemp(f"gguf-{arch}")
+    folder = write_tiny_checkpoint(root / "hf", model_type, smol_tokenizer, **config)
+    path = root / f"tiny-{arch}.gguf"
+    write_gguf(path, folder, arch, gguf_path())
+    prompts = [smol_tokenizer.encode(text) for text in PROMPTS]
+    return arch, folder, path, prompts
+
+
+def test_an_f32_gguf_is_token_identical_to_hf(converted):
+    arch, folder, path, prompts = converted
+    assert run_octavo(path, prompts) == hf_tokens(folder, prompts), arch
+
+
+def test_a_q8_0_gguf_equals_hf_on_the_dequantized_weights(tmp_path, smol_tokenizer):
+    """Kept in its blocks (Q8_0) on the torch path... as the float expansion of the file."""
+    folder = write_tiny_checkpoint(tmp_path / "hf", "gemma2", smol_tokenizer, **CASES["gemma2"][1])
+    path = tmp_path / "tiny-gemma2-q8_0.gguf"
+    stored = write_gguf(path, folder, "gemma2", gguf_path(), GGML.Q8_0)
+    prompts = [smol_tokenizer.encode(text) for text in PROMPTS]
+    assert run_octavo(path, prompts) == hf_tokens(folder, prompts, stored)
+
+
+@pytest.mark.parametrize(
+    ("arch", "gguf_name", "expected"),
+    [
+        ("gemma2", "blk.1.ffn_norm.weight", "model.layers.1.pre_feedforward_layernorm.weight"),
+        ("llama", "blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"),
+        ("phi3", "blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj.weight"),
+        ("phi3", "blk.0.attn_qkv.weight", "model.layers.0.self_attn.qkv_proj.weight"),
+        ("olmo2", "blk.0.post_ffw_norm.weight", "model.layers.0.post_feedforward_layernorm.weight"),
+        ("gpt-oss", "blk.2.attn_sinks", "model.layers.2.self_attn.sinks"),
+        ("qwen3", "rope_freqs.weight", None),
+    ],
+)
+def test_names_come_from_ggufs_table_per_architecture(arch, gguf_name, expected):
+    assert hf_name(gguf_name, arch, TINY_SIZES["num_hidden_layers"] + 1) == expected
