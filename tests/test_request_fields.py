@@ -154,6 +154,16 @@ def test_unknown_field_is_a_400_naming_it(client):
     assert "not_a_field" in error["message"] and error["param"] == "not_a_field"
 
 
+@pytest.mark.parametrize("token_ids", [[-1], [10**6]])
+def test_bad_stop_token_ids_are_a_400_naming_that_field(client, token_ids):
+    """-1 is refused by SamplingParams, 10**6 by the engine (outside the vocabulary): both
+    once came back naming no field or ``prompt``."""
+    for send in (complete, chat):
+        error = send(client, 400, max_tokens=1, stop_token_ids=token_ids)["error"]
+        assert error["param"] == "stop_token_ids", error
+        assert "stop_token_ids" in error["message"]
+
+
 def test_priority_zero_is_accepted_and_others_refused_by_name(client):
     assert complete(client, max_tokens=1, priority=0)["choices"]
     error = chat(client, 400, priority=1)["error"]

@@ -14,7 +14,11 @@ import torch
 from octavo import LLM, SamplingParams
 from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.model_executor.model_config import ModelConfig
-from octavo.structured_output.compiler import GrammarCompileError, choice_grammar
+from octavo.structured_output.compiler import (
+    GrammarCompileError,
+    GrammarCompiler,
+    choice_grammar,
+)
 from octavo.structured_output.params import StructuredOutputsParams
 
 from greedy_prompts import mixed_prompts
@@ -68,6 +72,25 @@ def test_the_driver_samples_with_the_grammar_under_tensor_parallelism(tiny_folde
              tensor_parallel_size=2) as llm:  # fmt: skip
         (output,) = llm.generate(["Hello"], greedy(regex=REGEX), use_tqdm=False)
     assert re.fullmatch(REGEX, output.outputs[0].text)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "words"),
+    [
+        ({"grammar": 'root ::= "a" | undefined_rule'}, 'Rule "undefined_rule" is not defined'),
+        ({"regex": "(["}, "Unclosed"),
+        ({"json": {"type": "nope"}}, "nope"),
+    ],
+)
+def test_compile_errors_name_the_problem_without_source_paths(smol_tokenizer, constraint, words):
+    """xgrammar's messages start "[04:10:15] /project/cpp/grammar_parser.cc:820: ": the 400
+    keeps what is wrong and drops its log time and source file positions."""
+    compiler = GrammarCompiler(smol_tokenizer, len(smol_tokenizer), [0])
+    with pytest.raises(GrammarCompileError) as error:
+        compiler.compile(StructuredOutputsParams(**constraint))
+    message = str(error.value)
+    assert words in message
+    assert not re.search(r"\.(cc|cpp|h|py):\d+|/project/|\[\d\d:\d\d:\d\d\]", message), message
 
 
 def test_offline_bad_constraint_fails_before_anything_runs(llm):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -22,6 +23,10 @@ from octavo.structured_output.params import StructuredOutputsParams
 logger = logging.getLogger(__name__)
 
 CACHE_SIZE = 256  # compiled grammars kept per process
+# xgrammar's messages start "[04:10:15] /project/cpp/grammar_parser.cc:820: ": its log
+# time and source position, nothing a client should see (nor where the library was built).
+_LOG_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\]\s*")
+_SOURCE_POSITION = re.compile(r"(?:[\w.-]*/)+[\w.-]+\.(?:cc|cpp|cxx|c|h|hpp|py):\d+:?\s*")
 
 
 class GrammarCompileError(ValueError):
@@ -121,5 +126,7 @@ def _what(kind: str) -> str:
 
 
 def _first_line(error: Exception) -> str:
+    """The message's first line, without xgrammar's log time and source file positions."""
     text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0][:300]
+    line = _SOURCE_POSITION.sub("", _LOG_PREFIX.sub("", text.splitlines()[0])).strip()
+    return (line or type(error).__name__)[:300]

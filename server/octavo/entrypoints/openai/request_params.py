@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +23,8 @@ _OPTIONAL_FIELDS = (
     "repetition_penalty",
     "seed",
 )
+_SAMPLING_FIELDS = frozenset(field.name for field in dataclasses.fields(SamplingParams))
+_LEADING_NAME = re.compile(r"\w+")
 _PLAIN_FIELDS = (
     "n",
     "stop",
@@ -91,4 +95,13 @@ def to_sampling_params(
             **values, max_tokens=max_tokens, logprobs=logprobs, output_kind=RequestOutputKind.DELTA
         )
     except ValueError as error:
-        raise bad_request(str(error)) from None
+        raise bad_request(str(error), param=refused_field(str(error))) from None
+
+
+def refused_field(message: str, default: str | None = None) -> str | None:
+    """The request field a ``SamplingParams`` or engine refusal is about: the sampling
+    field its message starts with ("stop_token_ids must be ...", "n=3 ..."), else
+    ``default``."""
+    match = _LEADING_NAME.match(message)
+    name = match.group() if match else None
+    return name if name in _SAMPLING_FIELDS else default

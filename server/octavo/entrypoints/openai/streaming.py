@@ -16,6 +16,7 @@ from octavo.engine.core_messages import NewRequest
 from octavo.engine.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.entrypoints.openai.errors import bad_request, error_body
 from octavo.entrypoints.openai.request_log import log_request
+from octavo.entrypoints.openai.request_params import refused_field
 from octavo.lora_request import LoRARequest
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -121,5 +122,5 @@ async def open_streams(
     ]
     try:
         return await engine.add_requests(base_id, requests)
-    except ValueError as error:  # the engine refused a prompt
-        raise bad_request(str(error), param="prompt") from None
+    except ValueError as error:  # the engine refused a prompt or a sampling field
+        raise bad_request(str(error), param=refused_field(str(error), "prompt")) from None
