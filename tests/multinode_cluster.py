@@ -202,9 +202,12 @@ def assert_gone(processes: list[psutil.Process]) -> None:
         time.sleep(0.05)
 
 
-def health_until_exit(group: NodeGroup, leader: Host) -> list[tuple[float, int]]:
-    """/health's answers (seconds from now, status) until the leader exits."""
-    started = time.monotonic()
+def health_until_exit(
+    group: NodeGroup, leader: Host, since: float | None = None
+) -> list[tuple[float, int]]:
+    """/health's answers (seconds from ``since``, by default now; status) until the leader
+    exits."""
+    started = time.monotonic() if since is None else since
     statuses: list[tuple[float, int]] = []
     while leader.process.poll() is None:
         assert time.monotonic() < started + EXIT_WITHIN_SECONDS, group.logs()

@@ -66,8 +66,9 @@ def ask(url: str) -> int | None:
 def fails_after_the_bound(group: NodeGroup, leader: Host, pool: ThreadPoolExecutor) -> None:
     """A request starts a step that never finishes: the leader turns unhealthy once the
     bound has passed (not before), answers the request and exits 2."""
+    asked_at = time.monotonic()  # the step and its bound start later
     asked: Future = pool.submit(ask, group.url)
-    statuses = health_until_exit(group, leader)
+    statuses = health_until_exit(group, leader, since=asked_at)
     assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE, group.logs()
     first_503 = next(seconds for seconds, status in statuses if status == 503)
     assert first_503 >= TIMEOUT_SECONDS, statuses
