@@ -23,8 +23,8 @@ from octavo.kv_cache.gpu_budget import (
     StepRows,
     activation_bytes,
     requested_budget,
-    sampler_bytes,
     step_rows,
+    unprofiled_bytes,
     utilization_budget,
 )
 from octavo.scheduler.scheduler import PROMPT_SCORING_ROWS_PER_STEP
@@ -156,7 +156,7 @@ def test_a_gpu_worker_gives_its_cache_exactly_kv_cache_memory(monkeypatch, kv_ca
 def test_a_gpu_worker_without_kv_cache_memory_uses_the_utilization(monkeypatch):
     worker = gpu_worker(monkeypatch)
     rows = step_rows(2048, 256, 0, PROMPT_SCORING_ROWS_PER_STEP)
-    activations = PROFILED_PEAK + sampler_bytes(rows, Shape().vocab_size)
+    activations = PROFILED_PEAK + unprofiled_bytes(rows, Shape().vocab_size)
     left = utilization_budget(MEMORY, 0.9, activations)
     blocks = worker.num_available_blocks(KVBudget(None, 0.9, 2048, 256))
     assert blocks == left // bytes_per_block(worker.cache_shape, 16, torch.bfloat16)

@@ -1,13 +1,28 @@
 """GPU KV sizing by measurement: the dummy step of the largest batch (shape, blocks) runs
-through the real model on CPU here; on a GPU its allocator peak sizes the KV cache."""
+through the real model on CPU here; on a GPU its allocator peak sizes the KV cache. No GPU
+on CI: the sizing is also run end to end on CPU with the allocator's statistics faked
+(``fake_allocator.PeakMemory``), and the largest real step must fit what it set aside;
+the CUDA test runs only where a GPU is."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from octavo import LLM
-from octavo.kv_cache.gpu_budget import StepRows, step_rows
+from fake_allocator import PeakMemory
+from octavo import LLM, SamplingParams
+from octavo.kv_cache.cache_tensors import bytes_per_block
+from octavo.kv_cache.gpu_budget import (
+    GpuMemory,
+    StepRows,
+    step_rows,
+    unprofiled_bytes,
+    utilization_budget,
+)
+from octavo.model_executor.footprint import weight_bytes
+from octavo.scheduler.scheduler import PROMPT_SCORING_ROWS_PER_STEP
 from octavo.worker.memory_profile import (
     CacheSpec,
     DummyStep,
@@ -19,6 +34,7 @@ from octavo.worker.memory_profile import (
 )
 
 CPU = torch.device("cpu")
+MiB = 2**20
 
 
 def test_the_largest_step_spends_the_token_budget_over_the_most_sequences():
@@ -81,3 +97,49 @@ def test_on_a_gpu_the_peak_grows_with_the_step(tiny_folder):
         rows = step_rows(4096, 8)
         assert worker.step_activation_bytes(rows, 8) > big
     torch.cuda.empty_cache()
+
+
+TOKENS, SEQS, MAX_LEN = 256, 4, 128
+
+
+def test_the_largest_step_runs_in_the_activations_the_profile_set_aside(tiny_folder):
+    """The GPU sizing, end to end on CPU (no GPU here: CUDA's allocator statistics faked by
+    ``fake_allocator.PeakMemory``): profile the dummy step, size the KV cache from a
+    device share as ``utilization_budget`` does, then run the largest real step the
+    scheduler makes (``max_num_batched_tokens`` over ``max_num_seqs`` prompts, sampled)
+    and check it needs no more than the profile set aside, and its blocks fit the cache."""
+    engine = {"max_num_batched_tokens": TOKENS, "max_num_seqs": SEQS, "max_model_len": MAX_LEN}
+    with LLM(str(tiny_folder("llama3")), dtype="float32", device="cpu", **engine) as llm:
+        worker = llm.engine.executor.worker
+        rows = step_rows(TOKENS, SEQS, 0, PROMPT_SCORING_ROWS_PER_STEP)
+        step = largest_step(rows, SEQS, MAX_LEN)
+        with PeakMemory() as profiled:
+            cache = CacheSpec(16, torch.float32, CPU)
+            measure_step_peak(worker.paged_model_on, worker.cache_shape, step, cache)
+        per_block = bytes_per_block(worker.cache_shape, 16, torch.float32)
+        peak = profiled.peak - scratch_blocks(step, 16) * per_block  # as on a GPU: above
+        set_aside = peak + unprofiled_bytes(rows, worker.spec.config.vocab_size)  # cache
+        weights = weight_bytes(worker.model)
+        share = weights + set_aside + 8 * MiB  # a device share with 8 MiB left for KV
+        memory = GpuMemory(total=share, free=share, reserved=weights, allocated=weights)
+        kv_bytes = utilization_budget(memory, 1.0, set_aside)
+        blocks_needed = 1 + sum(math.ceil(length / 16) for length in step.lengths)
+        assert kv_bytes // per_block >= blocks_needed
+
+        prompts = torch.randint(10, 1000, (SEQS, TOKENS // SEQS)).tolist()
+        # scored prompts: as many logits rows (and log-softmax copies) as a step can have
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        with PeakMemory() as real:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+    print(
+        "peaks (MiB): real step",
+        real.peak / MiB,
+        "profiled",
+        profiled.peak / MiB,
+        "set aside",
+        set_aside / MiB,
+    )  # pytest -s
+    assert step.lengths == [TOKENS // SEQS] * SEQS  # the profile's shape is the real one
+    assert all(len(output.outputs[0].token_ids) == 1 for output in outputs)
+    assert 0 < real.peak <= set_aside, (real.peak, peak, set_aside)
+    assert weights + kv_bytes + real.peak <= share

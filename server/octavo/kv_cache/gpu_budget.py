@@ -81,6 +81,13 @@ def sampler_bytes(rows: StepRows, vocab_size: int) -> int:
     return rows.sampled * vocab_size * SAMPLER_BYTES_PER_LOGIT
 
 
+def unprofiled_bytes(rows: StepRows, vocab_size: int) -> int:
+    """What a profiled forward does not reach: each logits row's fp32 copy and
+    log-softmax (a step scoring prompt logprobs has ``rows.logits`` of them) and the
+    sampler's working copies."""
+    return rows.logits * vocab_size * LOGIT_COPY_BYTES + sampler_bytes(rows, vocab_size)
+
+
 @dataclass(frozen=True)
 class GpuMemory:
     """One GPU's memory as the worker sees it once its weights are loaded."""

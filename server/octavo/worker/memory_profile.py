@@ -6,7 +6,8 @@ sequences as it may run, logits for as many rows as a step can score) through th
 model, attention backend and LM head, on a scratch KV cache just large enough for it, and
 reads the allocator's peak above what was live before (weights and the scratch cache).
 The KV cache then gets what ``--gpu-memory-utilization`` leaves after the weights and
-that peak, plus the sampler's working copies (``gpu_budget.sampler_bytes``). On CPU the
+that peak, plus what the forward does not reach: the logits rows' fp32 copies and
+log-softmax, and the sampler's working copies (``gpu_budget.unprofiled_bytes``). On CPU the
 same dummy step runs (the tests check it there); only a GPU reports a peak.
 """
 

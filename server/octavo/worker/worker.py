@@ -24,8 +24,8 @@ from octavo.kv_cache.gpu_budget import (
     StepRows,
     activation_bytes,
     requested_budget,
-    sampler_bytes,
     step_rows,
+    unprofiled_bytes,
     utilization_budget,
 )
 from octavo.lora.config import LoRAConfig
@@ -202,7 +202,7 @@ class Worker:
         cache = CacheSpec(self.spec.block_size, self.spec.cache_dtype, self.device)
         peak = measure_step_peak(self.paged_model_on, self.cache_shape, step, cache)
         assert peak is not None, "a GPU reports its allocator's peak"
-        return peak + sampler_bytes(rows, self.spec.config.vocab_size)
+        return peak + unprofiled_bytes(rows, self.spec.config.vocab_size)
 
     def paged_model_on(self, caches: list[torch.Tensor]) -> PagedModel:
         """The model with ``caches`` and this device's attention backend (the runner's, and
