@@ -33,7 +33,7 @@ def write_gguf(
     names = gguf.get_tensor_name_map(arch_enum, config["num_hidden_layers"])
     writer = gguf.GGUFWriter(str(path), arch)
     write_metadata(writer, config, arch)
-    copy_tokenizer(writer, tokenizer_gguf)
+    copy_tokenizer(writer, tokenizer_gguf, config["vocab_size"])
     stored = {}
     for name, tensor in state.items():
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):

@@ -9,6 +9,7 @@ always checked against ``gguf.quants.dequantize``, never against this file.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import gguf
@@ -200,9 +201,28 @@ def _write_config(writer, config: dict) -> None:
     writer.add_vocab_size(config["vocab_size"])
 
 
-def copy_tokenizer(writer, source: Path) -> None:
-    reader = gguf.GGUFReader(source)
-    for key, field in reader.fields.items():
+def copy_tokenizer(writer, source: Path, vocab_size: int | None = None) -> None:
+    """``source``'s tokenizer metadata; with ``vocab_size``, only its first tokens (and the
+    merges among them): a small vocabulary reads back fast."""
+    for key, (value, value_type, sub_type) in _tokenizer_fields(source).items():
+        if vocab_size is not None and key in _PER_TOKEN:
+            value = value[:vocab_size]
+        if vocab_size is not None and key == "tokenizer.ggml.merges":
+            kept = set(_tokenizer_fields(source)["tokenizer.ggml.tokens"][0][:vocab_size])
+            value = [m for m in value if {*m.split(" "), m.replace(" ", "")} <= kept]
+        writer.add_key_value(key, value, value_type, sub_type)
+
+
+_PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+
+
+@lru_cache(maxsize=2)
+def _tokenizer_fields(source: Path) -> dict[str, tuple]:
+    """(value, type, array item type) of each ``tokenizer.*`` key (read once: gguf's reader
+    takes seconds over a 49k-token vocabulary)."""
+    fields = {}
+    for key, field in gguf.GGUFReader(source).fields.items():
         if key.startswith("tokenizer."):
             sub_type = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+            fields[key] = (field.contents(), field.types[0], sub_type)
+    return fields

@@ -1,6 +1,9 @@
 """GGUF files of the registered architectures beyond Llama/Qwen2/Mistral: a tiny random
 transformers checkpoint written as llama.cpp's converter writes it (``gguf_architectures``),
-served through ``LLM(file.gguf)`` with HF's greedy tokens on the same weights (fp32)."""
+served through ``LLM(file.gguf)`` with HF's greedy tokens on the same weights (fp32).
+
+The files carry the embedded model's tokenizer cut to its first ``VOCAB`` tokens (a full
+49k vocabulary takes gguf's reader seconds per read); prompts are token ids."""
 
 from __future__ import annotations
 
@@ -13,11 +16,13 @@ from gguf_architectures import write_gguf
 from octavo import LLM, SamplingParams
 from octavo.model_executor.embedded import gguf_path
 from octavo.model_executor.gguf_checkpoint import hf_name
+from quantized_references import forced_torch_path
 
 from conftest import hf_greedy
 
 NEW_TOKENS = 8
-PROMPTS = ["Hello there", "The cat sat on the mat and then", "def add(a, b):"]
+VOCAB = 512
+PROMPTS = [[1, 300, 17, 42], [1, *range(100, 130)], [7, 7, 7, 500, 3]]
 CASES = {  # GGUF architecture -> (transformers model_type, config beyond TINY_SIZES)
     "qwen3": ("qwen3", {"tie_word_embeddings": False}),
     "gemma2": (
@@ -25,7 +30,7 @@ CASES = {  # GGUF architecture -> (transformers model_type, config beyond TINY_S
         {"attn_logit_softcapping": 4.0, "final_logit_softcapping": 8.0, "sliding_window": 8},
     ),
     "gemma3": ("gemma3_text", {"sliding_window": 8, "tie_word_embeddings": False}),
-    "phi3": ("phi3", {"tie_word_embeddings": False}),
+    "phi3": ("phi3", {"tie_word_embeddings": False, "pad_token_id": 2}),  # default: 32000
 }
 ENGINE = {"dtype": "float32", "kv_cache_memory": 2**24, "max_model_len": 128}
 
@@ -51,25 +56,29 @@ def converted(request, tmp_path_factory, smol_tokenizer):
     arch = request.param
     model_type, config = CASES[arch]
     root = tmp_path_factory.mktemp(f"gguf-{arch}")
-    folder = write_tiny_checkpoint(root / "hf", model_type, smol_tokenizer, **config)
+    folder = write_tiny_checkpoint(
+        root / "hf", model_type, smol_tokenizer, vocab_size=VOCAB, **config
+    )
     path = root / f"tiny-{arch}.gguf"
     write_gguf(path, folder, arch, gguf_path())
-    prompts = [smol_tokenizer.encode(text) for text in PROMPTS]
-    return arch, folder, path, prompts
+    return arch, folder, path
 
 
 def test_an_f32_gguf_is_token_identical_to_hf(converted):
-    arch, folder, path, prompts = converted
-    assert run_octavo(path, prompts) == hf_tokens(folder, prompts), arch
+    arch, folder, path = converted
+    assert run_octavo(path, PROMPTS) == hf_tokens(folder, PROMPTS), arch
 
 
 def test_a_q8_0_gguf_equals_hf_on_the_dequantized_weights(tmp_path, smol_tokenizer):
-    """Kept in its blocks (Q8_0) on the torch path... as the float expansion of the file."""
-    folder = write_tiny_checkpoint(tmp_path / "hf", "gemma2", smol_tokenizer, **CASES["gemma2"][1])
+    """Matrices kept in their Q8_0 blocks (the torch path: no int8 activations) run as
+    the float expansion of the file does in HF."""
+    config = {"vocab_size": VOCAB, **CASES["gemma2"][1]}
+    folder = write_tiny_checkpoint(tmp_path / "hf", "gemma2", smol_tokenizer, **config)
     path = tmp_path / "tiny-gemma2-q8_0.gguf"
     stored = write_gguf(path, folder, "gemma2", gguf_path(), GGML.Q8_0)
-    prompts = [smol_tokenizer.encode(text) for text in PROMPTS]
-    assert run_octavo(path, prompts) == hf_tokens(folder, prompts, stored)
+    with forced_torch_path():
+        tokens = run_octavo(path, PROMPTS)
+    assert tokens == hf_tokens(folder, PROMPTS, stored)
 
 
 @pytest.mark.parametrize(
