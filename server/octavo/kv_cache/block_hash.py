@@ -114,14 +114,16 @@ class BlockHasher:
         self, chain: HashChain, token_ids: list[int], block_size: int, num_blocks: int
     ) -> list[BlockHash]:
         """The hashes of the first ``num_blocks`` full blocks of ``token_ids``, hashing
-        only those ``chain`` does not hold yet."""
+        only those ``chain`` does not hold yet (the chain's own list, not a copy, when it
+        holds no more: read it before the chain grows again)."""
         hashes, num_full = chain.hashes, len(token_ids) // block_size
-        del hashes[num_full:]  # tokens cut after a stop string
+        if len(hashes) > num_full:
+            del hashes[num_full:]  # tokens cut after a stop string
         for index in range(len(hashes), min(num_blocks, num_full)):
             chunk = tuple(token_ids[index * block_size : (index + 1) * block_size])
             parent = hashes[-1] if hashes else None
             hashes.append(self.hash_block(parent, chunk, chain.keys.extra_keys(index)))
-        return hashes[:num_blocks]
+        return hashes if len(hashes) <= num_blocks else hashes[:num_blocks]
 
 
 def _require_cbor2() -> None:

@@ -195,6 +195,8 @@ class KVCacheManager:
         sequence's ``chain``; ``lora`` names the adapter in the KV events)."""
         table = self.tables[seq_id]
         size = self.block_size
+        if len(table.hashes) >= num_computed // size:
+            return  # no block filled since the last call (most decode steps)
         chain = chain or HashChain(hashes=list(table.hashes))
         hashes = self.hasher.extend(chain, token_ids, size, num_computed // size)
         events = self.pool.events
