@@ -81,6 +81,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--node-join-timeout": "multi-node: how long the leader waits for slow image pulls",
     "--execute-model-timeout-seconds": "a wedged rank's bound: the default suits serving",
     "--hf-overrides": "a JSON patch of the model's config.json (e.g. rope scaling), per model",
+    "--prefix-caching-hash-algo": "sha256 suits serving; sha256_cbor is for hashes outside Python",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {
