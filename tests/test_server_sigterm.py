@@ -1,9 +1,10 @@
-"""`octavo serve` as a real process: SIGTERM drains in-flight streams, then exits 0, and
-exits at once while slow constraints are compiling."""
+"""`octavo serve` as a real process: SIGTERM drains in-flight streams, then exits 0; requests
+waiting for their constraint to compile are in flight too (they end at their compile
+deadline, or at the drain's, with an OpenAI-style JSON error, never a traceback)."""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import os
 import signal
@@ -11,10 +12,16 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
+from unittest.mock import Mock
 
 import httpx
 import pytest
 
+from octavo.entrypoints.openai.errors import APIError
+from octavo.entrypoints.openai.shutdown import drain
+from octavo.entrypoints.openai.structured_outputs import COMPILE_TIMEOUT_SECONDS, GrammarChecker
+from octavo.structured_output.params import StructuredOutputsParams
 from octavo_bench.serve_launch import free_port
 
 from conftest import wait_healthy
@@ -25,9 +32,9 @@ SHUTDOWN_TIMEOUT = 60
 NUM_STREAMS = 5
 MAX_MODEL_LEN = 1024
 STREAM_SECONDS = 2.0  # how long each stream should run: still running when SIGTERM arrives
-# uvicorn's wait for open connections (GRACEFUL_CLOSE_SECONDS, 5 s) and a margin for a
-# shared CPU; the slow constraints' compiles alone would take a minute.
-SLOW_CONSTRAINT_EXIT_SECONDS = 20
+# The compile deadline (COMPILE_TIMEOUT_SECONDS, 10 s) and a margin for a shared CPU; the
+# slow constraints' compiles alone would take a minute.
+SLOW_CONSTRAINT_EXIT_SECONDS = 30
 
 
 @pytest.fixture
@@ -134,29 +141,83 @@ def test_sigterm_drains_five_streams_then_exits_zero(serve_process):
     assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT
 
 
-def post_slow_constraint(url: str, extra: dict) -> None:
-    body = {"prompt": "Slow", "max_tokens": 2, **extra}
-    with contextlib.suppress(httpx.TransportError):  # the server may close it: it exits
-        httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+SLOW_ENTRIES = 25_000  # a constraint under the size limit that compiles for a minute
 
 
-def test_sigterm_exits_while_slow_constraints_compile(serve_process):
-    """Constraints under the size limit that take a minute to compile are being compiled
-    when SIGTERM comes: the server still exits at once (uvicorn's 5 s wait for the open
-    connections, then the compile processes are killed), not after the compiles."""
-    process, url = serve_process
-    wait_healthy(process, url, STARTUP_SECONDS)
-    warm = {"prompt": "Warm", "max_tokens": 2, "guided_choice": ["warm", "up"]}
-    assert httpx.post(f"{url}/v1/completions", json=warm, timeout=120).status_code == 200
-    entries = range(25_000)
-    slow = [
+def slow_constraints() -> list[dict]:
+    entries = range(SLOW_ENTRIES)
+    return [
         {"guided_json": {"enum": [f"v{i}" for i in entries]}},
         {"guided_choice": [f"c{i}" for i in entries]},
     ]
-    for extra in slow:
-        threading.Thread(target=post_slow_constraint, args=(url, extra), daemon=True).start()
+
+
+def post_slow_constraint(url: str, extra: dict, answers: list) -> None:
+    body = {"prompt": "Slow", "max_tokens": 2, **extra}
+    try:
+        answers.append(httpx.post(f"{url}/v1/completions", json=body, timeout=60))
+    except httpx.TransportError as error:  # the server closed it: not waited for
+        answers.append(error)
+
+
+def test_sigterm_waits_for_compiling_requests_then_exits(serve_process):
+    """Two constraints that take a minute to compile are compiling when SIGTERM comes. The
+    drain counted 0 requests in flight: the server closed at once and they got plain-text
+    500s (tracebacks in the log). Now they count: /health is 503 "draining" meanwhile,
+    each ends at its compile deadline with a JSON 400, and then the server exits 0."""
+    process, url = serve_process
+    wait_healthy(process, url, STARTUP_SECONDS)
+    answers: list = []
+    threads = [
+        threading.Thread(target=post_slow_constraint, args=(url, extra, answers), daemon=True)
+        for extra in slow_constraints()
+    ]
+    for thread in threads:
+        thread.start()
     time.sleep(1.5)  # both are being compiled now
     process.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
+    wait_health_503(url)
+    for thread in threads:
+        thread.join(SLOW_CONSTRAINT_EXIT_SECONDS)
     assert process.wait(timeout=SLOW_CONSTRAINT_EXIT_SECONDS) == 0
     assert time.monotonic() - signalled < SLOW_CONSTRAINT_EXIT_SECONDS
+    log = process.stdout.read().decode()
+    assert "Traceback" not in log, log[-3000:]
+    assert len(answers) == 2 and all(isinstance(a, httpx.Response) for a in answers), answers
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        message = answer.json()["error"]["message"]
+        assert f"did not compile within {COMPILE_TIMEOUT_SECONDS:g} s" in message
+
+
+def test_a_drain_past_its_timeout_ends_the_compiles_with_json_503s(smol_tokenizer):
+    """A compile that outlasts the drain is stopped; its request answers 503 in OpenAI's
+    error shape (and the drain waited for it until then)."""
+    info = SimpleNamespace(
+        tokenizer=smol_tokenizer,
+        vocab_size=len(smol_tokenizer),
+        eos_token_ids=[smol_tokenizer.eos_token_id],
+    )
+    checker = GrammarChecker(timeout=60)
+    engine = SimpleNamespace(draining=False, num_open=0, abort_all=lambda: None)
+    slow = StructuredOutputsParams(choice=tuple(f"c{i}" for i in range(SLOW_ENTRIES)))
+
+    async def scenario() -> tuple[float, BaseException | None]:
+        await checker.warm_up(info)
+        compiling = asyncio.create_task(checker.check(slow, info, Mock()))
+        await asyncio.sleep(0.3)
+        assert checker.in_flight == 1
+        started = time.monotonic()
+        await drain(engine, 0.5, checker)
+        (outcome,) = await asyncio.gather(compiling, return_exceptions=True)
+        return time.monotonic() - started, outcome
+
+    try:
+        waited, outcome = asyncio.run(scenario())
+    finally:
+        checker.shutdown()
+    assert waited >= 0.5 and engine.draining
+    assert isinstance(outcome, APIError) and outcome.status == 503, outcome
+    assert outcome.body()["error"]["code"] == "grammar_compiler_unavailable"
+    assert "shutting down" in outcome.message

@@ -1,8 +1,8 @@
-"""The compile pool's lifecycle without a server: shutting it down while its zygote is
-still starting returns at once, equal vocabularies share a zygote, the zygote imports only
-what compiling needs, the server starts it in the background once the engine is ready,
-and the engine's compile thread is a daemon (a compile in flight never keeps a process
-from exiting)."""
+"""The compile pool without a server: shutting it down while its zygote is still starting
+returns at once, equal vocabularies share a zygote, the zygote imports only what compiling
+needs, small constraints never queue behind slow ones, and the engine's compile thread is
+a daemon (a compile in flight never keeps a process from exiting); and with a server:
+``/health`` says 200 only once the compiler is warm."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from unittest.mock import Mock
 
+import httpx
 import pytest
 from transformers import AutoTokenizer
 
@@ -29,6 +31,12 @@ from octavo.structured_output.compile_pool import (
 from octavo.structured_output.compile_worker import Vocabulary
 from octavo.structured_output.manager import StructuredOutputManager
 from octavo.structured_output.params import StructuredOutputsParams
+from octavo.structured_output.zygote import kill_zygotes
+
+from server_harness import ThreadedServer, torch_threads
+
+SLOW_ENTRIES = 20_000  # a choice of 20,000 compiles for 20-50 s: stopped at the deadline
+TRIVIAL = StructuredOutputsParams(choice=("yes", "no"))
 
 
 def test_shutdown_while_starting_returns_at_once(smol_tokenizer):
@@ -40,7 +48,7 @@ def test_shutdown_while_starting_returns_at_once(smol_tokenizer):
     pool.shutdown()
     assert time.monotonic() - started < 1
     with pytest.raises(CompilerUnavailable):
-        pool.submit(StructuredOutputsParams(choice=("a", "b"))).future.result(timeout=1)
+        pool.submit(StructuredOutputsParams(choice=("a", "b")), 1.0).future.result(timeout=1)
 
 
 def test_equal_vocabularies_share_a_key(smol_folder, smol_tokenizer):
@@ -96,20 +104,20 @@ def test_the_zygote_imports_what_compiling_needs_not_the_engine():
     assert not {"fastapi", "uvicorn", "starlette"} & set(modules)
 
 
-def test_warm_starts_the_compile_processes_in_the_background(smol_tokenizer):
-    """Once the engine is ready the server starts the compile processes without waiting
-    for them; the first constrained request then finds them ready."""
-    tokenizer = smol_tokenizer
-    info = SimpleNamespace(
+def engine_info(tokenizer) -> SimpleNamespace:
+    """The few ``EngineInfo`` fields the grammar checker reads."""
+    return SimpleNamespace(
         tokenizer=tokenizer, vocab_size=len(tokenizer), eos_token_ids=[tokenizer.eos_token_id]
     )
-    engine, checker = SimpleNamespace(status="ready", info=info), GrammarChecker()
-    started = time.monotonic()
-    asyncio.run(warm_when_ready(engine, checker))
-    assert time.monotonic() - started < 1  # the zygote's start is not awaited
+
+
+def test_the_warm_up_compiles_a_constraint_before_it_ends(smol_tokenizer):
+    """The server's warm-up starts the compile processes and compiles a trivial constraint
+    before it returns."""
+    info, checker = engine_info(smol_tokenizer), GrammarChecker()
+    asyncio.run(checker.warm_up(info))
     try:
-        assert checker._pool is not None
-        checker._pool.ready.result(timeout=STARTUP_TIMEOUT_SECONDS)
+        assert checker._pool.ready.done()
         metrics = SimpleNamespace(record_constrained=lambda kind, seconds: None)
         started = time.monotonic()
         asyncio.run(checker.check(StructuredOutputsParams(choice=("on", "off")), info, metrics))
@@ -119,8 +127,12 @@ def test_warm_starts_the_compile_processes_in_the_background(smol_tokenizer):
 
 
 def test_no_warm_up_when_the_engine_fails_to_load():
-    checker = SimpleNamespace(warm=lambda info: pytest.fail("warmed a failed engine"))
+    async def warm_up(info) -> None:
+        pytest.fail("warmed a failed engine")
+
+    checker = SimpleNamespace(warm_up=warm_up, warming=True)
     asyncio.run(warm_when_ready(SimpleNamespace(status="failed", info=None), checker))
+    assert not checker.warming
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")
@@ -147,3 +159,101 @@ def _is_running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def slow_constraint(index: int) -> StructuredOutputsParams:
+    return StructuredOutputsParams(choice=tuple(f"s{index}-{i}" for i in range(SLOW_ENTRIES)))
+
+
+async def timed_check(checker: GrammarChecker, info, constraint) -> float:
+    """Seconds ``constraint``'s check took (raises its 400 or 503)."""
+    started = time.monotonic()
+    await checker.check(constraint, info, Mock())
+    return time.monotonic() - started
+
+
+async def stop(tasks: list[asyncio.Task]) -> list:
+    """Cancel ``tasks`` (their compiles are killed); their outcomes."""
+    for task in tasks:
+        task.cancel()
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_small_constraint_does_not_wait_behind_slow_ones(smol_tokenizer):
+    """Five slow constraints, then a trivial one: it took 9.4 s (two compile processes, and
+    a deadline that counted the time queued); now it never waits for a slow compile. The
+    slow ones are 400s at their deadline, counted from their own compile's start."""
+    info, checker = engine_info(smol_tokenizer), GrammarChecker(timeout=1.0)
+
+    async def scenario() -> float:
+        await checker.warm_up(info)
+        constraints = [slow_constraint(index) for index in range(5)]
+        slow = [asyncio.create_task(timed_check(checker, info, c)) for c in constraints]
+        await asyncio.sleep(0.05)  # they are queued or compiling now
+        trivial = await timed_check(checker, info, TRIVIAL)
+        for outcome in await asyncio.gather(*slow[:2], return_exceptions=True):
+            assert getattr(outcome, "status", None) == 400, outcome
+            assert "did not compile within 1 s" in outcome.message
+        await stop(slow[2:])
+        return trivial
+
+    try:
+        assert asyncio.run(scenario()) < 2
+    finally:
+        checker.shutdown()
+
+
+def test_trivial_constraints_between_slow_ones_all_compile(smol_tokenizer):
+    """A slow constraint every 0.3 s and a trivial one after each: 2 of 6 trivial ones
+    failed "simplify it" (their deadline ran out in the queue); now each compiles at once."""
+    info, checker = engine_info(smol_tokenizer), GrammarChecker(timeout=1.0)
+
+    async def scenario() -> list[float]:
+        await checker.warm_up(info)
+        slow, trivial = [], []
+        for index in range(6):
+            slow.append(asyncio.create_task(timed_check(checker, info, slow_constraint(index))))
+            await asyncio.sleep(0.3)
+            fresh = StructuredOutputsParams(choice=(f"yes {index}", "no"))  # not remembered
+            trivial.append(await timed_check(checker, info, fresh))
+        await stop(slow)
+        return trivial
+
+    try:
+        assert max(asyncio.run(scenario())) < 2
+    finally:
+        checker.shutdown()
+
+
+def test_health_is_200_only_once_the_compiler_is_warm(tiny_folder):
+    """The first constrained request after /health said 200 took 11.6 s: the compile
+    processes started after it (their zygote imports xgrammar). Now /health waits for them
+    and a trivial compile, and that request answers within 2 s."""
+    from octavo.config import EngineArgs
+    from octavo.engine.core_thread import ThreadCore
+    from octavo.engine.llm_engine import LLMEngine
+    from octavo.entrypoints.openai.app import build_app, context_of
+    from octavo.entrypoints.openai.context import ServerConfig
+
+    folder = str(tiny_folder("llama3"))
+    args = EngineArgs(model=folder, max_model_len=256, kv_cache_memory=8 << 20)
+    config = ServerConfig(served_model_names=["tiny"], model_root=folder)
+    app = build_app(config, ThreadCore(lambda: LLMEngine(args)), warm_grammar_compiler=True)
+    kill_zygotes()  # as in a fresh server: the zygote starts with it
+    body = {"prompt": "Pick", "max_tokens": 2, "guided_choice": ["left", "right"]}
+    with torch_threads(1), ThreadedServer(app) as server:
+        wait_health_200(server.url)
+        assert context_of(app).grammars._pool.ready.done()
+        started = time.monotonic()
+        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] in ("left", "right")
+    assert elapsed < 2
+
+
+def wait_health_200(url: str, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"{url}/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "/health did not turn 200"
+        time.sleep(0.02)

@@ -1,245 +1,161 @@
-"""Grammar compiles in processes that can be killed: a deadline really stops a compile.
+"""Grammar compiles in processes that can be killed, in two kinds of lane, so that a small
+constraint never waits behind a large one.
 
-A few compile processes stay up and take constraints one at a time (a trivial one costs
-a pipe round trip, about a millisecond). A daemon thread per process hands it the queued
-jobs. A job whose caller gave up (its deadline passed, or its client left) is dropped if
-still queued and, if it is being compiled, its process is killed (SIGKILL: the C++
-compile cannot be interrupted otherwise) and a fresh one forked in its place.
+Every constraint first goes to a fast lane (``num_fast`` of them, each with a compile
+process). A compile that takes longer than ``FAST_SECONDS`` there is killed and the job
+moves to a slow lane (``num_slow``), where it compiles again with its whole deadline: a
+fast lane is never held longer than ``FAST_SECONDS``, whatever the queue holds, so a
+small constraint (milliseconds) is compiled within a fraction of a second even while
+large ones are being compiled or are queued. Large constraints queue behind each other
+only, and at most ``num_slow`` of them use the CPU at once.
 
-The processes fork from a zygote process that imported xgrammar and loaded the
-vocabulary once (seconds: the server starts it when the engine is ready, see
-``GrammarChecker.warm``): a replacement is ready in milliseconds and shares the zygote's
-memory. The zygote is a plain subprocess that imports what compiling needs, not the
-server (``compile_worker.start_zygote``). Nothing here blocks the server's exit: the
-threads are daemons, ``shutdown`` kills the compile processes, and the zygote (one per
-vocabulary and process) is killed at exit (and stops by itself when this process's end
-of its socket closes); its compile processes die with it.
+Why measure instead of estimating the cost from the constraint: xgrammar's compile time
+is not a function of the text's size (5,000 enum values compile in 0.3 s, 20,000 in
+50 s, a few pathological rules in seconds), whereas the time a compile has taken is
+exact; and a compile process forks from the zygote in milliseconds, so killing one costs
+little (``zygote.py``). The deadline counts the compile in the slow lane (or, when it is
+shorter than ``FAST_SECONDS``, the fast lane's), never the time spent queued.
+
+A job whose caller gave up (its client left) is dropped if still queued and, if being
+compiled, its process is killed and a fresh one forked in its place. Nothing here blocks
+the server's exit: the threads are daemons and ``shutdown`` fails the queued jobs and
+kills the compile processes.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
-import multiprocessing
-import os
 import queue
-import signal
-import subprocess
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.reduction import send_handle
 
-from octavo.structured_output.compile_worker import (
-    FORK,
-    READY,
-    Compiled,
-    Invalid,
-    Vocabulary,
-    start_zygote,
-)
+from octavo.structured_output.compile_worker import Vocabulary
 from octavo.structured_output.params import StructuredOutputsParams
+from octavo.structured_output.zygote import (
+    STARTUP_TIMEOUT_SECONDS,
+    CompileProcess,
+    CompilerUnavailable,
+    ProcessLost,
+    shared_zygote,
+)
+
+__all__ = [
+    "STARTUP_TIMEOUT_SECONDS",
+    "CompileJob",
+    "CompilePool",
+    "CompileTimeout",
+    "CompilerUnavailable",
+    "shared_zygote",
+]
 
 logger = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_SECONDS = 120.0  # the first start imports xgrammar in the fork server
-POLL_SECONDS = 0.05  # how soon a running job notices that its caller gave up
+FAST_SECONDS = 0.25  # the longest a compile holds a fast lane (real schemas: ~15 ms)
 
 
-class CompilerUnavailable(RuntimeError):
-    """No compile process could be started, or the pool is shut down."""
+class CompileTimeout(Exception):
+    """The compile ran past its deadline (its process was killed)."""
 
 
 @dataclass
 class CompileJob:
     params: StructuredOutputsParams
+    deadline_seconds: float  # compile time allowed, queueing not included
     future: Future = field(default_factory=Future)  # Compiled, Invalid or an exception
     abandoned: threading.Event = field(default_factory=threading.Event)
 
 
-class Zygote:
-    """The process that forks compile processes (``compile_worker.zygote_main``); it is
-    started at once, ``fork`` waits until it is ready (seconds, the first time)."""
+@dataclass
+class Lane:
+    """One kind of lane: its queue and the compile time it allows a job."""
 
-    def __init__(self, vocabulary: Vocabulary) -> None:
-        self._conn, theirs = multiprocessing.Pipe()  # a socket pair: file descriptors pass
-        try:
-            self._process = start_zygote(theirs)
-        finally:
-            theirs.close()
-        self._lock = threading.Lock()  # one fork at a time; the first waits for READY
-        self._ready = False
-        sender = threading.Thread(
-            target=self._send, args=(vocabulary,), name="octavo-grammar-zygote", daemon=True
-        )
-        sender.start()  # blocks until the zygote reads it, after its imports
-
-    def _send(self, vocabulary: Vocabulary) -> None:
-        with contextlib.suppress(OSError, ValueError):  # it died or was killed: fork says so
-            self._conn.send(vocabulary)
-
-    def is_alive(self) -> bool:
-        return self._process.poll() is None
-
-    def _wait_ready(self) -> None:
-        if not self._ready:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-            while not self._conn.poll(POLL_SECONDS):  # kill() from another thread ends it
-                if time.monotonic() > deadline:
-                    self._process.kill()  # the next start makes a new one
-                    raise CompilerUnavailable("the grammar compiler did not start in time")
-            if self._conn.recv() != READY:
-                raise CompilerUnavailable("the grammar compiler did not start")
-            self._ready = True
-
-    def fork(self) -> CompileProcess:
-        ours, theirs = multiprocessing.Pipe()
-        try:
-            with self._lock:
-                self._wait_ready()
-                self._conn.send(FORK)
-                send_handle(self._conn, theirs.fileno(), self._process.pid)
-                pid = self._conn.recv()
-        except CompilerUnavailable:
-            ours.close()
-            raise
-        except (EOFError, OSError) as error:
-            ours.close()
-            raise CompilerUnavailable("the grammar compiler stopped") from error
-        finally:
-            theirs.close()
-        return CompileProcess(ours, pid)
-
-    def kill(self) -> None:
-        self._process.kill()
-        self._process.wait(5)
-        self._conn.close()
-
-
-class CompileProcess:
-    """One compile process (forked by the zygote) and its pipe; one thread uses it."""
-
-    def __init__(self, conn: Connection, pid: int) -> None:
-        self._conn, self.pid = conn, pid
-        self._pidfd = _pidfd(pid)
-
-    def run(self, job: CompileJob) -> Compiled | Invalid | None:
-        """The job's answer; ``None`` if the caller gave up first or the process died
-        (then this process is killed and must be replaced)."""
-        try:
-            self._conn.send(job.params)
-            while not self._conn.poll(POLL_SECONDS):
-                if job.abandoned.is_set():
-                    raise TimeoutError
-            answer = self._conn.recv()
-            if isinstance(answer, Compiled | Invalid):
-                return answer
-        except (EOFError, OSError):  # TimeoutError included: the caller gave up
-            pass
-        self.kill()
-        return None
-
-    def kill(self) -> None:
-        """SIGKILL (through a pidfd where Linux has them: never another process)."""
-        with contextlib.suppress(OSError):
-            if self._pidfd is not None:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-        self._conn.close()
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
-
-
-_ZYGOTES: dict[str, Zygote] = {}
-_ZYGOTES_LOCK = threading.Lock()
-
-
-def shared_zygote(vocabulary: Vocabulary) -> Zygote:
-    """This process's zygote for ``vocabulary`` (started if none is alive). Servers in one
-    process (tests) share it; it lives as long as the process: it stops by itself when
-    this process's end of its socket closes (at exit at the latest)."""
-    key = vocabulary.key
-    with _ZYGOTES_LOCK:
-        zygote = _ZYGOTES.get(key)
-        if zygote is None or not zygote.is_alive():
-            if not _ZYGOTES:
-                atexit.register(_kill_zygotes)
-            zygote = _ZYGOTES[key] = Zygote(vocabulary)
-        return zygote
-
-
-def _kill_zygotes() -> None:
-    """At exit: a zygote still importing would otherwise outlive this process by seconds
-    (holding its stdout and stderr); its compile processes die with it."""
-    for zygote in list(_ZYGOTES.values()):
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            zygote.kill()
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):  # not Linux ≥ 5.3
-        return None
+    name: str
+    jobs: queue.SimpleQueue[CompileJob | None]
+    fast: bool
 
 
 class CompilePool:
-    """``num_processes`` compile processes, each started at once by its thread; ``ready``
-    is done when the first is up (or failed when none could start)."""
+    """``num_fast`` fast and ``num_slow`` slow lanes, a thread each; the fast lanes start
+    their processes at once, the slow lanes when they get a job. ``ready`` is done when
+    the first process is up (or failed when no fast lane could start one)."""
 
-    def __init__(self, vocabulary: Vocabulary, num_processes: int) -> None:
+    def __init__(self, vocabulary: Vocabulary, num_fast: int, num_slow: int | None = None) -> None:
         self._vocabulary = vocabulary
-        self._jobs: queue.SimpleQueue[CompileJob | None] = queue.SimpleQueue()
+        self._fast = Lane("fast", queue.SimpleQueue(), fast=True)
+        self._slow = Lane("slow", queue.SimpleQueue(), fast=False)
         self._lock = threading.Lock()
         self._processes: set[CompileProcess] = set()
         self._closed, self._failed_starts = False, 0
         self.ready: Future[None] = Future()
-        self._num_threads = num_processes
-        for index in range(num_processes):
-            name = f"octavo-grammar-{index}"
-            threading.Thread(target=self._serve, name=name, daemon=True).start()
+        self._num_fast, self._num_slow = num_fast, num_fast if num_slow is None else num_slow
+        for lane, count in ((self._fast, self._num_fast), (self._slow, self._num_slow)):
+            for index in range(count):
+                name = f"octavo-grammar-{lane.name}-{index}"
+                threading.Thread(target=self._serve, args=(lane,), name=name, daemon=True).start()
 
-    def submit(self, params: StructuredOutputsParams) -> CompileJob:
-        job = CompileJob(params)
-        if self._closed:
-            job.future.set_exception(CompilerUnavailable("the server is shutting down"))
-        else:
-            self._jobs.put(job)
+    def submit(self, params: StructuredOutputsParams, deadline_seconds: float) -> CompileJob:
+        job = CompileJob(params, deadline_seconds)
+        with self._lock:  # not queued after ``shutdown`` failed the queued jobs
+            if not self._closed:
+                self._fast.jobs.put(job)
+                return job
+        job.future.set_exception(CompilerUnavailable("the server is shutting down"))
         return job
 
     def shutdown(self) -> None:
-        """Drop queued jobs and kill the processes (compiles in flight included)."""
+        """Fail the queued jobs and kill the processes (compiles in flight included)."""
         with self._lock:
             self._closed = True
             processes = list(self._processes)
-        for _ in range(self._num_threads):
-            self._jobs.put(None)
+        for lane, count in ((self._fast, self._num_fast), (self._slow, self._num_slow)):
+            _fail_queued(lane.jobs)
+            for _ in range(count):
+                lane.jobs.put(None)
         for process in processes:
             process.kill()
 
-    def _serve(self) -> None:
-        process = self._start_or_none()
-        while (job := self._jobs.get()) is not None:
-            if job.abandoned.is_set() or not job.future.set_running_or_notify_cancel():
-                continue  # its caller gave up while it was queued
+    def _serve(self, lane: Lane) -> None:
+        process = self._start_or_none() if lane.fast else None
+        while (job := lane.jobs.get()) is not None:
+            if not _still_wanted(job):
+                continue
             try:
                 process = process or self._start()
             except Exception as error:
                 job.future.set_exception(error)
                 continue
-            answer = process.run(job)
-            if answer is not None:
-                job.future.set_result(answer)
-                continue
-            job.future.set_exception(CompilerUnavailable("the compile was stopped"))
-            with self._lock:
-                self._processes.discard(process)
-            process = self._start_or_none()  # forked now: ready when the next job comes
+            if not self._compile(process, job, lane):
+                self._retire(process)
+                process = self._start_or_none() if lane.fast else None  # ready for the next
+
+    def _compile(self, process: CompileProcess, job: CompileJob, lane: Lane) -> bool:
+        """Compile ``job`` on ``process``: its answer, its deadline's error, or (past
+        ``FAST_SECONDS`` in a fast lane) a place in the slow lane's queue. False when the
+        process was killed (or must be: it is still compiling)."""
+        limit = min(FAST_SECONDS, job.deadline_seconds) if lane.fast else job.deadline_seconds
+        try:
+            process.send(job.params)
+            answer = process.wait(limit, job.abandoned)
+        except ProcessLost:
+            stopped = "the server is shutting down" if self._closed else "the compile was stopped"
+            job.future.set_exception(CompilerUnavailable(stopped))
+            return False
+        if answer is not None:
+            job.future.set_result(answer)
+            return True
+        if self._closed:
+            job.future.set_exception(CompilerUnavailable("the server is shutting down"))
+        elif lane.fast and job.deadline_seconds > FAST_SECONDS:
+            self._slow.jobs.put(job)  # its future stays running: the slow lane answers it
+        else:
+            job.future.set_exception(CompileTimeout(f"{job.deadline_seconds:g} s"))
+        return False
+
+    def _retire(self, process: CompileProcess) -> None:
+        process.kill()
+        with self._lock:
+            self._processes.discard(process)
 
     def _start_or_none(self) -> CompileProcess | None:
         try:
@@ -250,7 +166,7 @@ class CompilePool:
             logger.warning("could not start a grammar compile process: %s", error)
             with self._lock:
                 self._failed_starts += 1
-                if self._failed_starts >= self._num_threads and not self.ready.done():
+                if self._failed_starts >= self._num_fast and not self.ready.done():
                     self.ready.set_exception(error)
             return None
 
@@ -266,3 +182,25 @@ class CompilePool:
             process.kill()
             raise CompilerUnavailable("the server is shutting down")
         return process
+
+
+def _still_wanted(job: CompileJob) -> bool:
+    """Whether to compile a job taken from a queue: not if its caller gave up meanwhile.
+    A job moved from a fast lane has a running future already."""
+    if not job.future.running():
+        return not job.abandoned.is_set() and job.future.set_running_or_notify_cancel()
+    if job.abandoned.is_set():
+        job.future.set_exception(CompilerUnavailable("the compile was stopped"))
+        return False
+    return True
+
+
+def _fail_queued(jobs: queue.SimpleQueue[CompileJob | None]) -> None:
+    """Answer every job still queued: the pool is shutting down."""
+    while True:
+        try:
+            job = jobs.get_nowait()
+        except queue.Empty:
+            return
+        if job is not None and (job.future.running() or job.future.set_running_or_notify_cancel()):
+            job.future.set_exception(CompilerUnavailable("the server is shutting down"))

@@ -22,6 +22,7 @@ from octavo.entrypoints.openai import (
 from octavo.entrypoints.openai.auth import ApiKeyMiddleware
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.errors import install_error_handlers
+from octavo.entrypoints.openai.grammar_warm_up import warm_up_structured_output
 from octavo.entrypoints.openai.metrics import ServerMetrics
 from octavo.entrypoints.openai.middleware import (
     BodySizeLimitMiddleware,
@@ -50,8 +51,8 @@ def build_app(
     (``octavo launch render``, whose core loads only the tokenizer): no generation
     routes, only the render endpoints, /v1/models and the operational routes. With
     ``warm_grammar_compiler`` (the served app; tests' servers leave it off to spare their
-    CPU) the structured-output compile processes start in the background once the engine
-    is ready, so the first constrained request does not wait seconds for them.
+    CPU) structured output is warmed up once the engine is ready, before ``/health`` says
+    200 (``grammar_warm_up.py``), so the first constrained request does not wait seconds.
     """
     metrics = ServerMetrics(config.model_name)
     engine = AsyncEngine(
@@ -65,6 +66,7 @@ def build_app(
     tokenizers = TokenizerPool()
     context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)
     warm = context.grammars if warm_grammar_compiler else None
+    context.grammars.warming = warm_grammar_compiler  # /health waits for the warm-up
     lifespan = _lifespan(engine, [tokenizers, context.grammars], warm)
     app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
     app.state.octavo = context
@@ -117,15 +119,16 @@ def _lifespan(
 
 
 async def warm_when_ready(engine: AsyncEngine, grammars: GrammarChecker) -> None:
-    """Once the engine has loaded, start the grammar compile processes (in the background:
-    ``/health`` and shutdown never wait for them); nothing if the engine failed to load."""
-    while engine.status == "loading":
-        await asyncio.sleep(READY_POLL_SECONDS)
-    if engine.status == "ready" and engine.info is not None:
-        try:
-            grammars.warm(engine.info)
-        except Exception:  # the first constrained request will try again and say why
-            logger.warning("could not start the grammar compiler", exc_info=True)
+    """Once the engine has loaded, warm structured output up (``grammar_warm_up.py``):
+    ``/health`` says 200 once done (ready means ready; shutdown does not wait for it);
+    nothing if the engine failed to load."""
+    try:
+        while engine.status == "loading":
+            await asyncio.sleep(READY_POLL_SECONDS)
+        if engine.status == "ready" and engine.info is not None:
+            await warm_up_structured_output(engine, grammars)
+    finally:
+        grammars.warming = False
 
 
 def context_of(app: FastAPI) -> ServerContext:

@@ -16,6 +16,8 @@ from octavo.engine.stats import EngineStats
 from octavo.entrypoints.openai.engine_stats_collector import EngineStatsCollector
 from octavo.outputs import RequestOutput
 
+# The server's own requests (the structured-output warm-up): not counted as requests.
+UNCOUNTED_REQUEST_PREFIX = "octavo-warm-up-"
 LATENCY_BUCKETS = (
     0.001,
     0.005,
@@ -128,6 +130,8 @@ class ServerMetrics:
             self.record_output(output)
 
     def record_output(self, output: RequestOutput) -> None:
+        if output.request_id.startswith(UNCOUNTED_REQUEST_PREFIX):
+            return
         last = output.metrics.last_token_time
         previous = self._last_token_time.get(output.request_id)
         if last is not None and previous is not None and last > previous:

@@ -26,12 +26,15 @@ Context = Annotated[ServerContext, Depends(get_context)]
 
 @router.get("/health")
 async def health(context: Context) -> HealthResponse:
-    """200 only while the engine loop is alive and taking requests; 503 otherwise."""
+    """200 only while the engine loop is alive and taking requests (and, in the served
+    app, once the structured-output compiler has warmed up); 503 otherwise."""
     engine = context.engine
     if engine.draining:
         raise APIError(503, "the server is shutting down", code="draining")
     if not engine.is_ready:
         raise APIError(503, f"the engine is not ready ({engine.status})", code=engine.status)
+    if context.grammars.warming:
+        raise APIError(503, "the structured-output compiler is starting", code="loading")
     return HealthResponse(status="ok")
 
 

@@ -59,7 +59,8 @@ def run_server(
         timeout_graceful_shutdown=GRACEFUL_CLOSE_SECONDS,
         lifespan="on",
     )
-    server = DrainingServer(uv_config, context_of(app).engine, config.shutdown_timeout)
+    context = context_of(app)
+    server = DrainingServer(uv_config, context.engine, config.shutdown_timeout, context.grammars)
     holder.append(server)
     logger.info("serving %s on http://%s:%d", config.model_name, listen.host, listen.port)
     server.run()

@@ -6,15 +6,18 @@ Spellings: ``response_format`` (chat: ``json_object``, ``json_schema``), vLLM's
 ``guided_choice`` / ``guided_grammar``. At most one may be given. The constraint is
 compiled here, in a compile process, with a deadline: an invalid one is a 400 naming the
 problem, one larger than ``MAX_CONSTRAINT_CHARS`` or that does not compile in
-``COMPILE_TIMEOUT_SECONDS`` too (its process is killed, so it stops using the CPU), and a
-pathological schema never reaches (or stalls) the engine, whose runner then compiles it
-in the background.
+``COMPILE_TIMEOUT_SECONDS`` of compile time too (its process is killed, so it stops using
+the CPU; time queued does not count, and small constraints never queue behind large ones:
+``compile_pool.py``), and a pathological schema never reaches (or stalls) the engine,
+whose runner then compiles it in the background. Requests waiting for a compile count as
+in flight while the server drains (``in_flight``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -25,14 +28,18 @@ from octavo.structured_output.compile_pool import (
     STARTUP_TIMEOUT_SECONDS,
     CompilePool,
     CompilerUnavailable,
+    CompileTimeout,
 )
 from octavo.structured_output.compile_worker import Compiled, Invalid, Vocabulary
 from octavo.structured_output.compiler import GrammarCompileError
 from octavo.structured_output.limits import MAX_CONSTRAINT_CHARS, check_constraint_size
 from octavo.structured_output.params import StructuredOutputsParams
 
+logger = logging.getLogger(__name__)
+
 COMPILE_TIMEOUT_SECONDS = 10.0
-COMPILE_PROCESSES = 2
+COMPILE_PROCESSES = 2  # fast lanes; as many slow lanes (compile_pool.py)
+WARM_UP_CONSTRAINT = StructuredOutputsParams(choice=("warm", "up"))
 ANSWERS_KEPT = 1024  # constraints whose answer (compiled or invalid) is remembered
 _GUIDED = {
     "guided_json": "json",
@@ -119,6 +126,8 @@ class GrammarChecker:
         self._pool: CompilePool | None = None
         self._answers: OrderedDict[bytes, Compiled | Invalid] = OrderedDict()
         self._closed = False
+        self.in_flight = 0  # requests in ``check`` now: a drain waits for them
+        self.warming = False  # the server's warm-up is not done: /health is not 200 yet
 
     async def check(
         self,
@@ -133,17 +142,27 @@ class GrammarChecker:
             check_constraint_size(constraint, self.max_chars)
         except GrammarCompileError as error:
             raise bad_request(str(error)) from None
+        self.in_flight += 1
+        try:
+            answer = await self._answer(constraint, info)
+        finally:
+            self.in_flight -= 1
+        if isinstance(answer, Invalid):
+            raise bad_request(answer.message)
+        metrics.record_constrained(kind or constraint.kind, answer.seconds)
+
+    async def _answer(
+        self, constraint: StructuredOutputsParams, info: EngineInfo
+    ) -> Compiled | Invalid:
+        """The remembered answer (``Compiled(None)``: no compile now), or a compile's."""
         key = _digest(constraint)
         answer = self._answers.get(key)
         if answer is None:
             answer = await self._compile(constraint, info)
             self._remember(key, answer)
-        else:
-            self._answers.move_to_end(key)
-            answer = Compiled(None) if isinstance(answer, Compiled) else answer
-        if isinstance(answer, Invalid):
-            raise bad_request(answer.message)
-        metrics.record_constrained(kind or constraint.kind, answer.seconds)
+            return answer
+        self._answers.move_to_end(key)
+        return Compiled(None) if isinstance(answer, Compiled) else answer
 
     async def _compile(
         self, constraint: StructuredOutputsParams, info: EngineInfo
@@ -153,10 +172,10 @@ class GrammarChecker:
             await asyncio.wait_for(asyncio.wrap_future(pool.ready), STARTUP_TIMEOUT_SECONDS)
         except (TimeoutError, CompilerUnavailable) as error:
             raise _unavailable(error) from None
-        job = pool.submit(constraint)
+        job = pool.submit(constraint, self.timeout)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(job.future), self.timeout)
-        except TimeoutError:
+            return await asyncio.wrap_future(job.future)  # the pool enforces the deadline
+        except CompileTimeout:
             raise bad_request(
                 f"the {constraint.kind} constraint did not compile within "
                 f"{self.timeout:g} s; simplify it"
@@ -166,11 +185,18 @@ class GrammarChecker:
         finally:
             job.abandoned.set()  # still queued: dropped; compiling: its process is killed
 
-    def warm(self, info: EngineInfo) -> None:
-        """Start the compile processes now, in the background (the zygote imports xgrammar:
-        seconds), so that the first constrained request does not wait for them."""
-        if not self._closed:
-            self._pool_for(info)
+    async def warm_up(self, info: EngineInfo) -> None:
+        """Start the compile processes (the zygote imports xgrammar: seconds) and compile a
+        trivial constraint, so that the first constrained request does not wait for them.
+        A failure is logged (the constrained requests are then 503s saying why)."""
+        try:
+            if not self._closed:
+                pool = self._pool_for(info)
+                await asyncio.wait_for(asyncio.wrap_future(pool.ready), STARTUP_TIMEOUT_SECONDS)
+                job = pool.submit(WARM_UP_CONSTRAINT, STARTUP_TIMEOUT_SECONDS)
+                await asyncio.wrap_future(job.future)
+        except Exception as error:  # reported, never fatal: generation works without it
+            logger.error("the grammar compiler did not start: %s", error or type(error).__name__)
 
     def _pool_for(self, info: EngineInfo) -> CompilePool:
         if self._closed:
