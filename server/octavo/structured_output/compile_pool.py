@@ -68,7 +68,7 @@ class CompileJob:
 
 @dataclass
 class Lane:
-    """One kind of lane: its queue and the compile time it allows a job."""
+    """One kind of lane (fast or slow): the queue its threads take jobs from."""
 
     name: str
     jobs: queue.SimpleQueue[CompileJob | None]
