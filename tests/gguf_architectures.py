@@ -7,6 +7,7 @@ architecture. Matrices stay F32 or are quantized with gguf's own quantizer (Q8_0
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import gguf
@@ -18,6 +19,7 @@ from gguf_kquants import copy_tokenizer, llama_cpp_permute
 
 PERMUTED = ("llama", "granite", "smollm3")
 NORM_PLUS_ONE = ("gemma2", "gemma3")
+EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
 def write_gguf(
@@ -35,7 +37,7 @@ def write_gguf(
     write_metadata(writer, config, arch)
     copy_tokenizer(writer, tokenizer_gguf, config["vocab_size"])
     stored = {}
-    for name, tensor in state.items():
+    for name, tensor in stack_experts(state).items():
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -48,7 +50,26 @@ def write_gguf(
     return stored
 
 
+def stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert matrices (``...experts.3.up_proj.weight``) stacked as the converter does
+    (``...experts.up_proj.weight [E, I, H]``); other tensors as they are."""
+    out, experts = {}, {}
+    for name, tensor in state.items():
+        match = EXPERT.match(name)
+        if match is None:
+            out[name] = tensor
+            continue
+        key = f"{match.group(1)}.{match.group(3)}.weight"
+        experts.setdefault(key, {})[int(match.group(2))] = tensor
+    for key, by_index in experts.items():
+        out[key] = torch.stack([by_index[e] for e in sorted(by_index)])
+    return out
+
+
 def _add_tensor(writer, target: str, weight: np.ndarray, arch: str, config, kind) -> torch.Tensor:
+    if weight.ndim == 3:  # stacked experts: F32 (llama.cpp quantizes them too; not here)
+        writer.add_tensor(target, weight)
+        return torch.from_numpy(weight.copy())
     if weight.ndim == 1:
         shift = 1.0 if arch in NORM_PLUS_ONE and target.endswith("norm.weight") else 0.0
         writer.add_tensor(target, (weight + shift).astype(np.float32))
@@ -84,6 +105,11 @@ def write_metadata(writer, config: dict, arch: str) -> None:
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    experts = config.get("num_experts", config.get("num_local_experts"))  # transformers 4, 5
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if arch in NORM_PLUS_ONE and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
 

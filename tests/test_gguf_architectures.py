@@ -30,6 +30,15 @@ CASES = {  # GGUF architecture -> (transformers model_type, config beyond TINY_S
         {"attn_logit_softcapping": 4.0, "final_logit_softcapping": 8.0, "sliding_window": 8},
     ),
     "gemma3": ("gemma3_text", {"sliding_window": 8, "tie_word_embeddings": False}),
+    "qwen3moe": (
+        "qwen3_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+        },
+    ),
     "phi3": ("phi3", {"tie_word_embeddings": False, "pad_token_id": 2}),  # default: 32000
 }
 ENGINE = {"dtype": "float32", "kv_cache_memory": 2**24, "max_model_len": 128}

@@ -25,6 +25,7 @@ METADATA_KEYS = {  # "{arch}.key" -> config attribute, where transformers' GGUF 
     "attention.key_length": "head_dim",  # Qwen3's and Gemma's head_dim != hidden / heads
     "attn_logit_softcapping": "attn_logit_softcapping",
     "final_logit_softcapping": "final_logit_softcapping",
+    "expert_feed_forward_length": "moe_intermediate_size",
 }
 
 

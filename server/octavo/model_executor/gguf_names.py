@@ -30,6 +30,7 @@ PREFERRED = (  # layer-relative HF module names Octavo's models read, best first
     "mlp.gate_proj",
     "mlp.up_proj",
     "mlp.down_proj",
+    "mlp.gate",  # a MoE block's router (Qwen-MoE)
 )
 GLOBAL_NAMES = ("model.embed_tokens", "model.norm", "lm_head")
 ARCH_CHOICES = {  # where llama.cpp's converter stores a tensor under another HF spelling

@@ -22,6 +22,7 @@ from octavo.model_executor.layers.moe.placement import ExpertPlacement
 from octavo.model_executor.layers.moe.quantized_experts import (
     QuantizedExperts,
     check_expert_quantization,
+    expert_quantization,
 )
 from octavo.model_executor.layers.moe.router import TopKRouter
 
@@ -45,6 +46,7 @@ class FusedMoE(nn.Module):
         router_weights_in_model_dtype: bool = False,
     ) -> None:
         super().__init__()
+        quantization = expert_quantization(quantization)
         check_expert_quantization(quantization)
         if router_bias and names.router_bias is None:
             raise ValueError("router_bias=True needs ExpertNames.router_bias")

@@ -15,6 +15,12 @@ from octavo.model_executor.layers.linear_method import LinearMethod
 from octavo.model_executor.layers.quantization.registry import linear_method_for
 
 EXPERT_QUANTIZATIONS = ("int8", "fp8")  # methods that quantize a float checkpoint at load
+FLOAT_EXPERT_METHODS = ("gguf",)  # the checkpoint's experts are expanded to float at load
+
+
+def expert_quantization(quantization: str | None) -> str | None:
+    """How the experts of a model run with ``quantization`` are stored (None: float)."""
+    return None if quantization in FLOAT_EXPERT_METHODS else quantization
 
 
 def check_expert_quantization(quantization: str | None) -> None:
