@@ -105,6 +105,11 @@ def write_metadata(writer, config: dict, arch: str) -> None:
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if arch == "granite":
+        writer.add_embedding_scale(config["embedding_multiplier"])
+        writer.add_residual_scale(config["residual_multiplier"])
+        writer.add_attention_scale(config["attention_multiplier"])
+        writer.add_logit_scale(config["logits_scaling"])
     experts = config.get("num_experts", config.get("num_local_experts"))  # transformers 4, 5
     if experts:
         writer.add_expert_count(experts)

@@ -39,6 +39,17 @@ CASES = {  # GGUF architecture -> (transformers model_type, config beyond TINY_S
             "norm_topk_prob": True,
         },
     ),
+    "olmo2": ("olmo2", {"tie_word_embeddings": False}),
+    "granite": (
+        "granite",
+        {
+            "embedding_multiplier": 2.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.1,
+            "logits_scaling": 4.0,
+        },
+    ),
+    "smollm3": ("smollm3", {"tie_word_embeddings": False, "pad_token_id": 2}),  # default 128004
     "phi3": ("phi3", {"tie_word_embeddings": False, "pad_token_id": 2}),  # default: 32000
 }
 ENGINE = {"dtype": "float32", "kv_cache_memory": 2**24, "max_model_len": 128}

@@ -17,6 +17,11 @@ import tempfile
 from pathlib import Path
 
 from octavo.cache_dirs import cache_root
+from octavo.model_executor.gguf_config import (
+    config_from_metadata,
+    described_by_octavo,
+    read_metadata,
+)
 from octavo.model_executor.quantized_checkpoint import GGUF_LINK
 
 logger = logging.getLogger(__name__)
@@ -50,36 +55,45 @@ def gguf_model_folder(path: Path) -> Path:
 
 
 def _write_config_and_tokenizer(path: Path, out: Path) -> None:
-    from transformers import AutoConfig, AutoTokenizer
-
     logger.info("reading the config and tokenizer of %s (first use only)", path)
     try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        config = _read_config(path)
+        tokenizer = _read_tokenizer(path)
     except Exception as error:
         raise ValueError(
             f"{path.name}: not a GGUF model transformers can describe ({error})"
         ) from None
     if not config.architectures:  # transformers leaves it unset for GGUF files
         config.architectures = [causal_lm_class(config.model_type)]
-    _read_skipped_metadata(path, config)
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _drop_quantization_config(out / "config.json")
 
 
-def _read_skipped_metadata(path: Path, config) -> None:
-    """The ``METADATA_KEYS`` the file has, onto the config transformers read."""
-    from gguf import GGUFReader
+def _read_tokenizer(path: Path):
+    """transformers' tokenizer of the file (its generic fast class where transformers has
+    no config for the architecture: AutoTokenizer would ask for one)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from octavo.model_executor.gguf_checkpoint import file_architecture
+    metadata, _ = read_metadata(path)
+    reader = PreTrainedTokenizerFast if described_by_octavo(metadata) else AutoTokenizer
+    return reader.from_pretrained(path.parent, gguf_file=path.name)
 
-    reader = GGUFReader(path)
-    arch, _ = file_architecture(reader)
+
+def _read_config(path: Path):
+    """transformers' reading of the file's config, with the ``METADATA_KEYS`` it skips;
+    Octavo's own (``gguf_config``) for the architectures it does not describe."""
+    from transformers import AutoConfig
+
+    metadata, tensor_names = read_metadata(path)
+    if described_by_octavo(metadata):
+        return config_from_metadata(metadata, tensor_names)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    arch = metadata.get("general.architecture", "")
     for key, attribute in METADATA_KEYS.items():
-        field = reader.fields.get(f"{arch}.{key}")
-        if field is not None:
-            setattr(config, attribute, field.contents())
+        if f"{arch}.{key}" in metadata:
+            setattr(config, attribute, metadata[f"{arch}.{key}"])
+    return config
 
 
 def causal_lm_class(model_type: str) -> str:

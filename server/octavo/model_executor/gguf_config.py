@@ -1,0 +1,59 @@
+"""A GGUF file's Hugging Face config for the architectures transformers' GGUF reader does
+not describe (OLMo2, Granite, SmolLM3): the hyperparameters llama.cpp's converter writes
+(``{arch}.block_count``, ...) under transformers' config names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COMMON_KEYS = {  # "{arch}.key" -> config attribute, as every converter writes them
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.key_length": "head_dim",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+}
+ARCH_KEYS = {
+    "granite": {
+        "embedding_scale": "embedding_multiplier",
+        "residual_scale": "residual_multiplier",
+        "attention.scale": "attention_multiplier",
+        "logit_scale": "logits_scaling",
+    },
+}
+MODEL_TYPES = {"olmo2": "olmo2", "granite": "granite", "smollm3": "smollm3"}  # GGUF -> HF
+TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id"}
+
+
+def read_metadata(path: Path) -> tuple[dict, tuple[str, ...]]:
+    """The file's metadata (arrays as their lengths) and tensor names, read fast."""
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
+    return read_gguf_metadata(str(path))
+
+
+def described_by_octavo(metadata: dict) -> bool:
+    return metadata.get("general.architecture") in MODEL_TYPES
+
+
+def config_from_metadata(metadata: dict, tensor_names: tuple[str, ...]):
+    """The transformers config of a file whose architecture is in ``MODEL_TYPES``."""
+    from transformers import AutoConfig
+
+    arch = metadata["general.architecture"]
+    keys = {**COMMON_KEYS, **ARCH_KEYS.get(arch, {})}
+    values = {
+        attr: metadata[f"{arch}.{key}"] for key, attr in keys.items() if f"{arch}.{key}" in metadata
+    }
+    values.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens"))
+    for attr, key in TOKEN_IDS.items():
+        if f"tokenizer.ggml.{key}" in metadata:
+            values[attr] = metadata[f"tokenizer.ggml.{key}"]
+    values["tie_word_embeddings"] = "output.weight" not in tensor_names
+    model_type = MODEL_TYPES[arch]
+    return AutoConfig.for_model(model_type, architectures=None, **values)
