@@ -7,6 +7,8 @@ The files carry the embedded model's tokenizer cut to its first ``VOCAB`` tokens
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as GGML
@@ -15,7 +17,7 @@ from architecture_check import TINY_SIZES, write_tiny_checkpoint
 from gguf_architectures import write_gguf
 from octavo import LLM, SamplingParams
 from octavo.model_executor.embedded import gguf_path
-from octavo.model_executor.gguf_checkpoint import hf_name
+from octavo.model_executor.gguf_checkpoint import check_gguf_kinds, hf_name
 from quantized_references import forced_torch_path
 
 from conftest import hf_greedy
@@ -115,3 +117,16 @@ def test_a_q8_0_gguf_equals_hf_on_the_dequantized_weights(tmp_path, smol_tokeniz
 )
 def test_names_come_from_ggufs_table_per_architecture(arch, gguf_name, expected):
     assert hf_name(gguf_name, arch, TINY_SIZES["num_hidden_layers"] + 1) == expected
+
+
+@pytest.mark.parametrize("arch", ["gpt-oss", "llama"])  # gpt-oss's and Mixtral's GGUF forms
+def test_moe_experts_octavo_cannot_read_yet_are_refused_by_name(tmp_path, arch):
+    path = tmp_path / "moe.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((4, 8, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=f"experts of GGUF architecture '{arch}'"):
+        check_gguf_kinds(path)

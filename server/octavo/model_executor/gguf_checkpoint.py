@@ -115,6 +115,11 @@ def check_gguf_kinds(path: Path) -> None:
     reader = GGUFReader(path)
     arch, blocks = file_architecture(reader)
     for tensor in reader.tensors:
+        if tensor.name.endswith("_exps.weight") and arch not in EXPERT_NAMES:
+            raise ValueError(
+                f"{path.name}: the MoE experts of GGUF architecture {arch!r} are not "
+                f"supported yet (GGUF MoE files: {', '.join(EXPERT_NAMES)})"
+            )
         kind = tensor.tensor_type.name
         known = kind in KEPT_KINDS or kind in FLOAT_KINDS
         if hf_name(tensor.name, arch, blocks) and not known:
