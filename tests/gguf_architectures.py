@@ -19,7 +19,7 @@ from gguf_kquants import copy_tokenizer, llama_cpp_permute
 
 PERMUTED = ("llama", "granite", "smollm3")
 NORM_PLUS_ONE = ("gemma2", "gemma3")
-EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+EXPERT = re.compile(r"^(model\.layers\.\d+\.\w+\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
 def write_gguf(
@@ -114,7 +114,8 @@ def write_metadata(writer, config: dict, arch: str) -> None:
     if experts:
         writer.add_expert_count(experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
-        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if "moe_intermediate_size" in config:
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if arch in NORM_PLUS_ONE and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
 

@@ -91,6 +91,15 @@ def test_an_f32_gguf_is_token_identical_to_hf(converted):
     assert run_octavo(path, PROMPTS) == hf_tokens(folder, PROMPTS), arch
 
 
+def test_mixtral_written_as_a_llama_with_experts_is_token_identical_to_hf(tmp_path, smol_tokenizer):
+    """llama.cpp converts Mixtral as ``llama`` (Q/K permuted) with stacked experts."""
+    config = {"vocab_size": VOCAB, "num_local_experts": 4, "num_experts_per_tok": 2}
+    folder = write_tiny_checkpoint(tmp_path / "hf", "mixtral", smol_tokenizer, **config)
+    path = tmp_path / "tiny-mixtral.gguf"
+    write_gguf(path, folder, "llama", gguf_path())
+    assert run_octavo(path, PROMPTS) == hf_tokens(folder, PROMPTS)
+
+
 def test_a_q8_0_gguf_equals_hf_on_the_dequantized_weights(tmp_path, smol_tokenizer):
     """Matrices kept in their Q8_0 blocks (the torch path: no int8 activations) run as
     the float expansion of the file does in HF."""
@@ -119,7 +128,7 @@ def test_names_come_from_ggufs_table_per_architecture(arch, gguf_name, expected)
     assert hf_name(gguf_name, arch, TINY_SIZES["num_hidden_layers"] + 1) == expected
 
 
-@pytest.mark.parametrize("arch", ["gpt-oss", "llama"])  # gpt-oss's and Mixtral's GGUF forms
+@pytest.mark.parametrize("arch", ["gpt-oss", "qwen2moe"])
 def test_moe_experts_octavo_cannot_read_yet_are_refused_by_name(tmp_path, arch):
     path = tmp_path / "moe.gguf"
     writer = gguf.GGUFWriter(str(path), arch)

@@ -46,6 +46,11 @@ SUPPORTED = ", ".join([*KEPT_KINDS, *FLOAT_KINDS])
 PERMUTED_ARCHS = ("llama", "granite", "smollm3")  # converted as llama.cpp's LlamaModel
 NORM_PLUS_ONE_ARCHS = ("gemma2", "gemma3")
 EXPERT_NAMES = {  # GGUF arch -> stacked projection -> one expert's HF name in its layer
+    "llama": {  # Mixtral, converted as a Llama with experts
+        "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1.weight",
+        "ffn_up_exps": "block_sparse_moe.experts.{e}.w3.weight",
+        "ffn_down_exps": "block_sparse_moe.experts.{e}.w2.weight",
+    },
     "qwen3moe": {
         "ffn_gate_exps": "mlp.experts.{e}.gate_proj.weight",
         "ffn_up_exps": "mlp.experts.{e}.up_proj.weight",

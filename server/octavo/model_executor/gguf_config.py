@@ -1,6 +1,7 @@
 """A GGUF file's Hugging Face config for the architectures transformers' GGUF reader does
-not describe (OLMo2, Granite, SmolLM3): the hyperparameters llama.cpp's converter writes
-(``{arch}.block_count``, ...) under transformers' config names."""
+not describe (OLMo2, Granite, SmolLM3, and Mixtral, which llama.cpp writes as a ``llama``
+with experts): the hyperparameters llama.cpp's converter writes (``{arch}.block_count``,
+...) under transformers' config names."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ COMMON_KEYS = {  # "{arch}.key" -> config attribute, as every converter writes t
     "vocab_size": "vocab_size",
 }
 ARCH_KEYS = {
+    "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
     "granite": {
         "embedding_scale": "embedding_multiplier",
         "residual_scale": "residual_multiplier",
@@ -37,16 +39,24 @@ def read_metadata(path: Path) -> tuple[dict, tuple[str, ...]]:
     return read_gguf_metadata(str(path))
 
 
+def model_type(metadata: dict) -> str | None:
+    """The HF model type Octavo describes the file as (None: transformers does)."""
+    arch = metadata.get("general.architecture")
+    if arch == "llama" and metadata.get("llama.expert_count"):
+        return "mixtral"
+    return MODEL_TYPES.get(arch)
+
+
 def described_by_octavo(metadata: dict) -> bool:
-    return metadata.get("general.architecture") in MODEL_TYPES
+    return model_type(metadata) is not None
 
 
 def config_from_metadata(metadata: dict, tensor_names: tuple[str, ...]):
     """The transformers config of a file whose architecture is in ``MODEL_TYPES``."""
     from transformers import AutoConfig
 
-    arch = metadata["general.architecture"]
-    keys = {**COMMON_KEYS, **ARCH_KEYS.get(arch, {})}
+    arch, kind = metadata["general.architecture"], model_type(metadata)
+    keys = {**COMMON_KEYS, **ARCH_KEYS.get(kind, {})}
     values = {
         attr: metadata[f"{arch}.{key}"] for key, attr in keys.items() if f"{arch}.{key}" in metadata
     }
@@ -55,5 +65,4 @@ def config_from_metadata(metadata: dict, tensor_names: tuple[str, ...]):
         if f"tokenizer.ggml.{key}" in metadata:
             values[attr] = metadata[f"tokenizer.ggml.{key}"]
     values["tie_word_embeddings"] = "output.weight" not in tensor_names
-    model_type = MODEL_TYPES[arch]
-    return AutoConfig.for_model(model_type, architectures=None, **values)
+    return AutoConfig.for_model(kind, architectures=None, **values)
