@@ -27,6 +27,7 @@ from e2e.cluster import build, control_plane
 from e2e.helpers import wait_for
 from e2e.lws_controller import LwsController
 from e2e.operator_process import OperatorProcess, install_crd, install_rbac
+from tests.suite_timing import pytest_terminal_summary  # noqa: F401  (the suite's time budget)
 
 LOG_TAIL_LINES = 25
 SESSION_OPERATORS: list[OperatorProcess] = []

@@ -16,6 +16,10 @@ import torch
 
 from octavo.kernels.cpu_build import KERNELS_DIR_ENV, kernels_dir
 from octavo.model_executor.embedded import embedded_model_folder
+from suite_timing import (  # noqa: F401  (the suite's time budget: file order, summary)
+    pytest_collection_modifyitems,
+    pytest_terminal_summary,
+)
 
 from tiny_models import build_tiny_model
 
