@@ -1,8 +1,9 @@
 """The compile pool without a server: shutting it down while its zygote is still starting
 returns at once, equal vocabularies share a zygote, the zygote imports only what compiling
-needs, small constraints never queue behind slow ones, and the engine's compile thread is
-a daemon (a compile in flight never keeps a process from exiting); and with a server:
-``/health`` says 200 only once the compiler is warm."""
+needs, its warm-up compiles before it returns, small constraints never queue behind slow
+ones, and the engine's compile thread is a daemon (a compile in flight never keeps a
+process from exiting). The served warm-up (/health 200 only once it is done) is tested on
+``octavo serve`` itself, in test_server_sigterm.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest.mock import Mock
 
-import httpx
 import pytest
 from transformers import AutoTokenizer
 
@@ -31,9 +31,6 @@ from octavo.structured_output.compile_pool import (
 from octavo.structured_output.compile_worker import Vocabulary
 from octavo.structured_output.manager import StructuredOutputManager
 from octavo.structured_output.params import StructuredOutputsParams
-from octavo.structured_output.zygote import kill_zygotes
-
-from server_harness import ThreadedServer, torch_threads
 
 SLOW_ENTRIES = 20_000  # a choice of 20,000 compiles for 20-50 s: stopped at the deadline
 TRIVIAL = StructuredOutputsParams(choice=("yes", "no"))
@@ -223,37 +220,3 @@ def test_trivial_constraints_between_slow_ones_all_compile(smol_tokenizer):
         assert max(asyncio.run(scenario())) < 2
     finally:
         checker.shutdown()
-
-
-def test_health_is_200_only_once_the_compiler_is_warm(tiny_folder):
-    """The first constrained request after /health said 200 took 11.6 s: the compile
-    processes started after it (their zygote imports xgrammar). Now /health waits for them
-    and a trivial compile, and that request answers within 2 s."""
-    from octavo.config import EngineArgs
-    from octavo.engine.core_thread import ThreadCore
-    from octavo.engine.llm_engine import LLMEngine
-    from octavo.entrypoints.openai.app import build_app, context_of
-    from octavo.entrypoints.openai.context import ServerConfig
-
-    folder = str(tiny_folder("llama3"))
-    args = EngineArgs(model=folder, max_model_len=256, kv_cache_memory=8 << 20)
-    config = ServerConfig(served_model_names=["tiny"], model_root=folder)
-    app = build_app(config, ThreadCore(lambda: LLMEngine(args)), warm_grammar_compiler=True)
-    kill_zygotes()  # as in a fresh server: the zygote starts with it
-    body = {"prompt": "Pick", "max_tokens": 2, "guided_choice": ["left", "right"]}
-    with torch_threads(1), ThreadedServer(app) as server:
-        wait_health_200(server.url)
-        assert context_of(app).grammars._pool.ready.done()
-        started = time.monotonic()
-        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
-        elapsed = time.monotonic() - started
-    assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["text"] in ("left", "right")
-    assert elapsed < 2
-
-
-def wait_health_200(url: str, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(f"{url}/health", timeout=10).status_code != 200:
-        assert time.monotonic() < deadline, "/health did not turn 200"
-        time.sleep(0.02)
