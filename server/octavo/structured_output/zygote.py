@@ -110,6 +110,7 @@ class CompileProcess:
     def __init__(self, conn: Connection, pid: int) -> None:
         self._conn, self.pid = conn, pid
         self._pidfd = _pidfd(pid)
+        self._kill_lock, self._killed = threading.Lock(), False
 
     def send(self, params: StructuredOutputsParams) -> None:
         """Start compiling ``params``; ``ProcessLost`` (killed) if the process is gone."""
@@ -139,16 +140,22 @@ class CompileProcess:
         raise ProcessLost
 
     def kill(self) -> None:
-        """SIGKILL (through a pidfd where Linux has them: never another process)."""
-        with contextlib.suppress(OSError):
+        """SIGKILL (through a pidfd where Linux has them: never another process), once:
+        the pool's shutdown and its lane's thread may both call it, and a second signal
+        by pid could reach a process that reused it."""
+        with self._kill_lock:
+            if self._killed:
+                return
+            self._killed = True
+            with contextlib.suppress(OSError):
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                else:
+                    os.kill(self.pid, signal.SIGKILL)
+            self._conn.close()
             if self._pidfd is not None:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-        self._conn.close()
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+                os.close(self._pidfd)
+                self._pidfd = None
 
 
 _ZYGOTES: dict[str, Zygote] = {}
