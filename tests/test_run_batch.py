@@ -376,6 +376,15 @@ def test_an_unwritable_output_is_one_line_and_exit_2(tiny_folder, tmp_path, caps
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_blank_lines_in_the_output_are_kept_and_a_torn_result_dropped(tmp_path):
+    output = tmp_path / "out.jsonl"
+    good = json.dumps({"id": "vllm-1", "custom_id": "a", "response": {}, "error": None})
+    output.write_text(f"{good}\n\n{good}\n{good[:10]}")
+    existing = output_file.read_existing(output)
+    assert existing.done == Counter(a=2)
+    assert existing.keep_bytes == len(f"{good}\n\n{good}\n")
+
+
 def test_two_runs_cannot_write_one_output(tmp_path):
     first = output_file.DurableAppender(tmp_path / "out.jsonl")
     try:

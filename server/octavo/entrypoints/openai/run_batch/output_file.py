@@ -89,6 +89,9 @@ def read_existing(path: Path) -> Existing:
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as file:
         for number, raw in enumerate(file, 1):
             offset += len(raw)
+            if raw.endswith(b"\n") and not raw.strip():  # a blank line (an editor's): kept
+                existing.keep_bytes = offset
+                continue
             custom_id = result_custom_id(raw)
             if custom_id is None and (raw.endswith(b"\n") or not _starts_a_result(raw)):
                 raise ValueError(
