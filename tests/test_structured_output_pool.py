@@ -20,7 +20,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from octavo.entrypoints.openai.app import warm_when_ready
+from octavo.entrypoints.openai.metrics import UNCOUNTED_REQUEST_PREFIX, ServerMetrics
 from octavo.entrypoints.openai.structured_outputs import GrammarChecker
+from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from octavo.structured_output import compile_worker
 from octavo.structured_output.compile_pool import (
     STARTUP_TIMEOUT_SECONDS,
@@ -31,6 +33,8 @@ from octavo.structured_output.compile_pool import (
 from octavo.structured_output.compile_worker import Vocabulary
 from octavo.structured_output.manager import StructuredOutputManager
 from octavo.structured_output.params import StructuredOutputsParams
+
+from server_harness import metric_value
 
 SLOW_ENTRIES = 20_000  # a choice of 20,000 compiles for 20-50 s: stopped at the deadline
 TRIVIAL = StructuredOutputsParams(choice=("yes", "no"))
@@ -130,6 +134,16 @@ def test_no_warm_up_when_the_engine_fails_to_load():
     checker = SimpleNamespace(warm_up=warm_up, warming=True)
     asyncio.run(warm_when_ready(SimpleNamespace(status="failed", info=None), checker))
     assert not checker.warming
+
+
+def test_the_warm_up_request_is_not_counted_as_a_request():
+    """The server's own constrained request (before /health 200) is not a client's."""
+    metrics = ServerMetrics("tiny")
+    completion = CompletionOutput(index=0, text="", token_ids=[7], finish_reason="length")
+    times = RequestMetrics(arrival_time=1.0, first_token_time=1.5, last_token_time=1.5)
+    for request_id in (f"{UNCOUNTED_REQUEST_PREFIX}1", "cmpl-1"):
+        metrics.record_output(RequestOutput(request_id, None, [1], [completion], True, 0, times))
+    assert metric_value(metrics.render().decode(), "vllm:request_success_total") == 1
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")
