@@ -60,7 +60,7 @@ def check_writable(output: Path, tmp_dir: Path | None) -> None:
         raise ValueError(f"-o {output} is a symbolic link: give the file it points to")
     if info is not None and not stat.S_ISREG(info.st_mode):
         raise ValueError(f"-o {output} is not a regular file")
-    if info is not None:
+    if info is not None and tmp_dir is None:  # appended to (else renamed onto)
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             os.close(os.open(output, flags))
