@@ -37,7 +37,10 @@ def write_gguf(
     write_metadata(writer, config, arch)
     copy_tokenizer(writer, tokenizer_gguf, config["vocab_size"])
     stored = {}
-    for name, tensor in stack_experts(state).items():
+    tensors = stack_experts(state).items()
+    if arch == "gpt-oss":
+        tensors = [pair for name, tensor in tensors for pair in gpt_oss_tensors(name, tensor)]
+    for name, tensor in tensors:
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -64,6 +67,26 @@ def stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for key, by_index in experts.items():
         out[key] = torch.stack([by_index[e] for e in sorted(by_index)])
     return out
+
+
+def gpt_oss_tensors(name: str, tensor: torch.Tensor):
+    """The converter's GptOssModel.modify_tensors on float experts: gate/up split from their
+    interleaving and transposed to ``[E, I, H]``, down to ``[E, H, I]``; sinks + .weight."""
+    if name.endswith("self_attn.sinks"):
+        yield name + ".weight", tensor
+    elif name.endswith("experts.gate_up_proj"):
+        rows = tensor.transpose(-1, -2)
+        yield name.replace("gate_up_proj", "gate_proj.weight"), rows[:, ::2].contiguous()
+        yield name.replace("gate_up_proj", "up_proj.weight"), rows[:, 1::2].contiguous()
+    elif name.endswith("experts.gate_up_proj_bias"):
+        yield name.replace("gate_up_proj_bias", "gate_proj.bias"), tensor[..., ::2].contiguous()
+        yield name.replace("gate_up_proj_bias", "up_proj.bias"), tensor[..., 1::2].contiguous()
+    elif name.endswith("experts.down_proj"):
+        yield name + ".weight", tensor.transpose(-1, -2).contiguous()
+    elif name.endswith("experts.down_proj_bias"):
+        yield name.replace("down_proj_bias", "down_proj.bias"), tensor
+    else:
+        yield name, tensor
 
 
 def _add_tensor(writer, target: str, weight: np.ndarray, arch: str, config, kind) -> torch.Tensor:
@@ -116,6 +139,12 @@ def write_metadata(writer, config: dict, arch: str) -> None:
         writer.add_expert_used_count(config["num_experts_per_tok"])
         if "moe_intermediate_size" in config:
             writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch == "gpt-oss":
+        writer.add_sliding_window(config["sliding_window"])
+        rope = config["rope_parameters"]
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if arch in NORM_PLUS_ONE and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
 

@@ -52,6 +52,22 @@ CASES = {  # GGUF architecture -> (transformers model_type, config beyond TINY_S
         },
     ),
     "smollm3": ("smollm3", {"tie_word_embeddings": False, "pad_token_id": 2}),  # default 128004
+    "gpt-oss": (
+        "gpt_oss",
+        {  # swiglu_alpha / swiglu_limit stay gpt-oss's: llama.cpp fixes them, no metadata
+            "max_position_embeddings": 256,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
     "phi3": ("phi3", {"tie_word_embeddings": False, "pad_token_id": 2}),  # default: 32000
 }
 ENGINE = {"dtype": "float32", "kv_cache_memory": 2**24, "max_model_len": 128}
@@ -128,7 +144,7 @@ def test_names_come_from_ggufs_table_per_architecture(arch, gguf_name, expected)
     assert hf_name(gguf_name, arch, TINY_SIZES["num_hidden_layers"] + 1) == expected
 
 
-@pytest.mark.parametrize("arch", ["gpt-oss", "qwen2moe"])
+@pytest.mark.parametrize("arch", ["qwen2moe", "deepseek2"])
 def test_moe_experts_octavo_cannot_read_yet_are_refused_by_name(tmp_path, arch):
     path = tmp_path / "moe.gguf"
     writer = gguf.GGUFWriter(str(path), arch)

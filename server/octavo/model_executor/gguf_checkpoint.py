@@ -8,9 +8,8 @@ its checkpoint matrices in its kind. Names come from the gguf package's tables f
 file's architecture (``gguf_names.py``). llama.cpp's converter permutes the rows of the Q
 and K projections of the architectures it runs with Llama's rotary (adjacent dimensions
 paired: Llama, Mistral, Granite, SmolLM3); whole rows are moved back here, so the blocks
-stay untouched. A MoE's experts are stacked per projection (``ffn_gate_exps [E, I, H]``);
-they are expanded to float and handed over one expert at a time, under the checkpoint's
-per-expert names (the experts run unquantized). It stores Gemma's norm weights plus one
+stay untouched. A MoE's stacked experts go through ``gguf_experts.py`` (expanded to
+float, in the checkpoint's layout). It stores Gemma's norm weights plus one
 (llama.cpp multiplies by the weight, Gemma by one plus it); one is taken off again. Any
 other block kind is refused by name.
 """
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from octavo.model_executor.gguf_experts import MOE_ARCHS, ExpertReader
 from octavo.model_executor.gguf_names import GgufNames, gguf_names
 from octavo.model_executor.layers.quantization.blocks import BlockKind
 from octavo.model_executor.layers.quantization.quantized_tensor import QuantizedTensor
@@ -45,18 +45,6 @@ FLOAT_KINDS = ("F32", "F16", "BF16")
 SUPPORTED = ", ".join([*KEPT_KINDS, *FLOAT_KINDS])
 PERMUTED_ARCHS = ("llama", "granite", "smollm3")  # converted as llama.cpp's LlamaModel
 NORM_PLUS_ONE_ARCHS = ("gemma2", "gemma3")
-EXPERT_NAMES = {  # GGUF arch -> stacked projection -> one expert's HF name in its layer
-    "llama": {  # Mixtral, converted as a Llama with experts
-        "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1.weight",
-        "ffn_up_exps": "block_sparse_moe.experts.{e}.w3.weight",
-        "ffn_down_exps": "block_sparse_moe.experts.{e}.w2.weight",
-    },
-    "qwen3moe": {
-        "ffn_gate_exps": "mlp.experts.{e}.gate_proj.weight",
-        "ffn_up_exps": "mlp.experts.{e}.up_proj.weight",
-        "ffn_down_exps": "mlp.experts.{e}.down_proj.weight",
-    },
-}
 
 
 @lru_cache(maxsize=16)
@@ -77,10 +65,11 @@ def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tupl
 
     reader = GGUFReader(path)
     arch, blocks = file_architecture(reader)
+    experts = ExpertReader(arch)
     for tensor in reader.tensors:
         name = hf_name(tensor.name, arch, blocks)
         if name is None:
-            yield from _split_experts(tensor, arch)
+            yield from experts.read(tensor)
             continue
         value = _tensor_value(tensor, path)
         if arch in PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -89,21 +78,6 @@ def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tupl
         if arch in NORM_PLUS_ONE_ARCHS and name.endswith("norm.weight"):
             value = value - 1.0
         yield name, value
-
-
-def _split_experts(tensor, arch: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """``blk.3.ffn_up_exps.weight [E, I, H]`` → each expert's float ``[I, H]`` under its
-    HF name (nothing for a tensor that is not a known architecture's stacked experts)."""
-    from gguf.quants import dequantize
-
-    layer, _, rest = tensor.name.removeprefix("blk.").partition(".")
-    part = rest.removesuffix(".weight")
-    pattern = EXPERT_NAMES.get(arch, {}).get(part)
-    if pattern is None or not layer.isdigit():
-        return
-    stacked = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
-    for expert, matrix in enumerate(stacked):
-        yield f"model.layers.{layer}.{pattern.format(e=expert)}", matrix
 
 
 def file_architecture(reader) -> tuple[str, int]:
@@ -120,10 +94,10 @@ def check_gguf_kinds(path: Path) -> None:
     reader = GGUFReader(path)
     arch, blocks = file_architecture(reader)
     for tensor in reader.tensors:
-        if tensor.name.endswith("_exps.weight") and arch not in EXPERT_NAMES:
+        if tensor.name.endswith("_exps.weight") and arch not in MOE_ARCHS:
             raise ValueError(
                 f"{path.name}: the MoE experts of GGUF architecture {arch!r} are not "
-                f"supported yet (GGUF MoE files: {', '.join(EXPERT_NAMES)})"
+                f"supported yet (GGUF MoE files: {', '.join(MOE_ARCHS)})"
             )
         kind = tensor.tensor_type.name
         known = kind in KEPT_KINDS or kind in FLOAT_KINDS

@@ -1,7 +1,8 @@
 """A GGUF file's Hugging Face config for the architectures transformers' GGUF reader does
-not describe (OLMo2, Granite, SmolLM3, and Mixtral, which llama.cpp writes as a ``llama``
-with experts): the hyperparameters llama.cpp's converter writes (``{arch}.block_count``,
-...) under transformers' config names."""
+not describe (OLMo2, Granite, SmolLM3, Mixtral, which llama.cpp writes as a ``llama``
+with experts, and gpt-oss, whose rope-scaling values transformers' reader leaves as numpy
+views a config cannot save): the hyperparameters llama.cpp's converter writes
+(``{arch}.block_count``, ...) under transformers' config names."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ COMMON_KEYS = {  # "{arch}.key" -> config attribute, as every converter writes t
     "vocab_size": "vocab_size",
 }
 ARCH_KEYS = {
+    "gpt_oss": {
+        "expert_count": "num_local_experts",
+        "expert_used_count": "num_experts_per_tok",
+        "attention.sliding_window": "sliding_window",
+    },
     "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
     "granite": {
         "embedding_scale": "embedding_multiplier",
@@ -28,7 +34,16 @@ ARCH_KEYS = {
         "logit_scale": "logits_scaling",
     },
 }
-MODEL_TYPES = {"olmo2": "olmo2", "granite": "granite", "smollm3": "smollm3"}  # GGUF -> HF
+MODEL_TYPES = {  # GGUF arch -> HF model type
+    "olmo2": "olmo2",
+    "granite": "granite",
+    "smollm3": "smollm3",
+    "gpt-oss": "gpt_oss",
+}
+YARN_KEYS = {
+    "rope.scaling.factor": "factor",
+    "rope.scaling.original_context_length": "original_max_position_embeddings",
+}
 TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id"}
 
 
@@ -47,6 +62,11 @@ def model_type(metadata: dict) -> str | None:
     return MODEL_TYPES.get(arch)
 
 
+def plain(value):
+    """A metadata value as a Python scalar (the reader may hand over numpy views)."""
+    return value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
+
+
 def described_by_octavo(metadata: dict) -> bool:
     return model_type(metadata) is not None
 
@@ -58,11 +78,19 @@ def config_from_metadata(metadata: dict, tensor_names: tuple[str, ...]):
     arch, kind = metadata["general.architecture"], model_type(metadata)
     keys = {**COMMON_KEYS, **ARCH_KEYS.get(kind, {})}
     values = {
-        attr: metadata[f"{arch}.{key}"] for key, attr in keys.items() if f"{arch}.{key}" in metadata
+        attr: plain(metadata[f"{arch}.{key}"])
+        for key, attr in keys.items()
+        if f"{arch}.{key}" in metadata
     }
     values.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens"))
     for attr, key in TOKEN_IDS.items():
         if f"tokenizer.ggml.{key}" in metadata:
-            values[attr] = metadata[f"tokenizer.ggml.{key}"]
+            values[attr] = plain(metadata[f"tokenizer.ggml.{key}"])
     values["tie_word_embeddings"] = "output.weight" not in tensor_names
+    if plain(metadata.get(f"{arch}.rope.scaling.type")) == "yarn":
+        rope = {"rope_type": "yarn", "rope_theta": values.pop("rope_theta", 10000.0)}
+        for key, name in YARN_KEYS.items():
+            if f"{arch}.{key}" in metadata:
+                rope[name] = plain(metadata[f"{arch}.{key}"])
+        values["rope_parameters"] = rope
     return AutoConfig.for_model(kind, architectures=None, **values)

@@ -20,6 +20,7 @@ from octavo.cache_dirs import cache_root
 from octavo.model_executor.gguf_config import (
     config_from_metadata,
     described_by_octavo,
+    plain,
     read_metadata,
 )
 from octavo.model_executor.quantized_checkpoint import GGUF_LINK
@@ -92,7 +93,7 @@ def _read_config(path: Path):
     arch = metadata.get("general.architecture", "")
     for key, attribute in METADATA_KEYS.items():
         if f"{arch}.{key}" in metadata:
-            setattr(config, attribute, metadata[f"{arch}.{key}"])
+            setattr(config, attribute, plain(metadata[f"{arch}.{key}"]))
     return config
 
 

@@ -35,7 +35,9 @@ PREFERRED = (  # layer-relative HF module names Octavo's models read, best first
 GLOBAL_NAMES = ("model.embed_tokens", "model.norm", "lm_head")
 ARCH_CHOICES = {  # where llama.cpp's converter stores a tensor under another HF spelling
     "phi3": {"ffn_up": "mlp.gate_up_proj"},  # gate and up, fused
+    "gpt-oss": {"ffn_gate_inp": "mlp.router"},
 }
+BARE_PARAMETERS = ("self_attn.sinks",)  # HF parameters without .weight (the file adds it)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -56,7 +58,7 @@ class GgufNames:
         hf = self.to_hf.get(base)
         if hf is None:
             return None
-        return f"{hf}.{suffix}" if suffix else hf
+        return f"{hf}.{suffix}" if suffix and not hf.endswith(BARE_PARAMETERS) else hf
 
 
 def gguf_names(arch: str, num_blocks: int) -> GgufNames:
