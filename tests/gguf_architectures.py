@@ -23,10 +23,15 @@ EXPERT = re.compile(r"^(model\.layers\.\d+\.\w+\.experts)\.(\d+)\.(\w+)\.weight$
 
 
 def write_gguf(
-    path: Path, folder: Path, arch: str, tokenizer_gguf: Path, kind: GGML = GGML.F32
+    path: Path,
+    folder: Path,
+    arch: str,
+    tokenizer_gguf: Path,
+    kind: GGML = GGML.F32,
 ) -> dict[str, torch.Tensor]:
-    """``folder``'s checkpoint as a GGUF of ``arch``, matrices in ``kind``; returns the
-    state dict the file stands for (the matrices as ``kind`` rounds them)."""
+    """``folder``'s checkpoint as a GGUF of ``arch``, matrices in ``kind`` (stacked experts
+    F32); returns the state dict the file stands for (the matrices as ``kind`` rounds
+    them)."""
     from safetensors.torch import load_file
 
     config = json.loads((folder / "config.json").read_text())
@@ -89,8 +94,8 @@ def gpt_oss_tensors(name: str, tensor: torch.Tensor):
         yield name, tensor
 
 
-def _add_tensor(writer, target: str, weight: np.ndarray, arch: str, config, kind) -> torch.Tensor:
-    if weight.ndim == 3:  # stacked experts: F32 (llama.cpp quantizes them too; not here)
+def _add_tensor(writer, target: str, weight: np.ndarray, arch: str, config, kind):
+    if weight.ndim == 3:  # stacked experts
         writer.add_tensor(target, weight)
         return torch.from_numpy(weight.copy())
     if weight.ndim == 1:

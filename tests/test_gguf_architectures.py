@@ -17,7 +17,7 @@ from architecture_check import TINY_SIZES, write_tiny_checkpoint
 from gguf_architectures import write_gguf
 from octavo import LLM, SamplingParams
 from octavo.model_executor.embedded import gguf_path
-from octavo.model_executor.gguf_checkpoint import check_gguf_kinds, hf_name
+from octavo.model_executor.gguf_checkpoint import check_gguf_kinds, hf_name, iterate_gguf
 from quantized_references import forced_torch_path
 
 from conftest import hf_greedy
@@ -155,3 +155,28 @@ def test_moe_experts_octavo_cannot_read_yet_are_refused_by_name(tmp_path, arch):
     writer.close()
     with pytest.raises(ValueError, match=f"experts of GGUF architecture '{arch}'"):
         check_gguf_kinds(path)
+
+
+def test_gpt_oss_mxfp4_experts_come_back_in_the_checkpoint_layout(tmp_path):
+    """The converter's split (gate, up ``[E, I, H]``; down ``[E, H, I]``) in MXFP4 blocks,
+    read back as gpt-oss's ``gate_up_proj [E, H, 2I]`` (gate at even columns) and
+    ``down_proj [E, I, H]``, equal to gguf's own dequantization."""
+    rng = np.random.default_rng(3)
+    parts = {"gate": (2, 96, 64), "up": (2, 96, 64), "down": (2, 64, 96)}
+    path, expanded = tmp_path / "experts.gguf", {}
+    writer = gguf.GGUFWriter(str(path), "gpt-oss")
+    for part, shape in parts.items():
+        blocks = gguf.quants.quantize(rng.standard_normal(shape).astype(np.float32), GGML.MXFP4)
+        writer.add_tensor(f"blk.0.ffn_{part}_exps.weight", blocks, raw_dtype=GGML.MXFP4)
+        expanded[part] = torch.from_numpy(gguf.quants.dequantize(blocks, GGML.MXFP4).copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    got = dict(iterate_gguf(path, num_heads=4, num_kv_heads=2))
+    gate_up = got["model.layers.0.mlp.experts.gate_up_proj"]
+    assert torch.equal(gate_up[:, :, 0::2], expanded["gate"].transpose(1, 2))
+    assert torch.equal(gate_up[:, :, 1::2], expanded["up"].transpose(1, 2))
+    assert torch.equal(
+        got["model.layers.0.mlp.experts.down_proj"], expanded["down"].transpose(1, 2)
+    )
