@@ -66,19 +66,25 @@ def test_a_burst_of_deletions_is_one_release() -> None:
     assert wait_until(lambda: len(released) == 2)
 
 
+def allocation_moves() -> tuple[int, int]:
+    """Bytes in use gained by a live 256 MiB allocation, and lost when it is freed."""
+    before = heap_usage()
+    block = bytearray(256 * 2**20)  # above the mmap threshold: counted in in_use, then gone
+    grown = heap_usage()
+    del block
+    after = heap_usage()
+    return grown.in_use - before.in_use, grown.in_use - after.in_use
+
+
 def test_heap_gauges_follow_live_allocations() -> None:
     """glibc's mallinfo2: bytes in use grow with a live allocation and shrink when it is
     freed (the figures the operator bench reports beside its RSS)."""
-    before = heap_usage()
-    if before is None:
+    if heap_usage() is None:
         pytest.skip(reason="no glibc mallinfo2 here (musl or glibc < 2.33)")
-    block = bytearray(256 * 2**20)  # above the mmap threshold: counted in in_use, then gone
-    grown = heap_usage()
-    # other threads of the test process allocate and free meanwhile: a wide margin
-    assert grown is not None and grown.in_use - before.in_use >= 200 * 2**20
-    del block
-    after = heap_usage()
-    assert after is not None and after.in_use < grown.in_use - 200 * 2**20
+    # Other threads of the test process (servers of earlier tests in this pytest worker
+    # winding down) allocate and free meanwhile: a wide margin, and a few tries.
+    moves = [allocation_moves() for _ in range(3)]
+    assert any(grew >= 200 * 2**20 and shrank >= 200 * 2**20 for grew, shrank in moves), moves
     scraped = {name: REGISTRY.get_sample_value(f"octavo_operator_heap_{name}_bytes")
                for name in ("in_use", "free")}  # fmt: skip
     assert scraped["in_use"] > 0 and scraped["free"] >= 0, scraped

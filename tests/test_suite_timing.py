@@ -1,0 +1,60 @@
+"""The suite's own time budget (tests/suite_timing.py): files go out longest first, a file's
+tests keep their order, and the summary adds up per file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+import suite_timing
+
+
+@dataclass
+class FakeItem:
+    nodeid: str
+
+
+@dataclass
+class FakeReport:
+    nodeid: str
+    duration: float
+
+
+def test_files_are_ordered_longest_first_keeping_their_own_order(monkeypatch):
+    recorded = {"tests/test_slow.py": 300.0, "tests/test_quick.py": 1.0}
+    monkeypatch.setattr(suite_timing, "recorded_durations", lambda: recorded)
+    names = ["test_quick.py::a", "test_new.py::a", "test_slow.py::b", "test_quick.py::b"]
+    names += ["test_slow.py::a", "test_new.py::b"]
+    items = [FakeItem(f"tests/{name}") for name in names]
+    suite_timing.pytest_collection_modifyitems(None, None, items)
+    assert [item.nodeid.removeprefix("tests/") for item in items] == [
+        "test_slow.py::b",
+        "test_slow.py::a",
+        "test_new.py::a",  # unknown: UNKNOWN_FILE_S, between the two
+        "test_new.py::b",
+        "test_quick.py::a",
+        "test_quick.py::b",
+    ]
+
+
+def test_the_summary_adds_setup_call_and_teardown_per_file():
+    reports = [FakeReport("tests/test_a.py::x", 1.5), FakeReport("tests/test_a.py::y", 2.0)]
+    reports.append(FakeReport("tests/test_b.py::z", 0.5))
+    totals = suite_timing.file_totals(reports)
+    assert totals == {"tests/test_a.py": 3.5, "tests/test_b.py": 0.5}
+    lines = suite_timing.timing_lines(totals, wall_s=10)
+    assert lines[0] == "wall 10 s; tests 4 s summed over 2 files"
+    assert lines[1].split() == ["3.5", "s", "tests/test_a.py"]
+
+
+def test_recorded_durations_name_existing_unit_test_files():
+    recorded = suite_timing.recorded_durations()
+    if not recorded:
+        pytest.fail(f"{suite_timing.DURATIONS_FILE} is missing or empty")
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    assert all(name.startswith("tests/") for name in recorded)
+    stale = [name for name in recorded if not (root / name).is_file()]
+    assert not stale, f"durations.json names files that are gone: {stale}"
