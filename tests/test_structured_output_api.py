@@ -242,6 +242,7 @@ def test_metrics_count_constrained_requests_and_compile_time(client, server):
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert metric_value(text, "octavo:structured_output_requests_total", kind="regex") >= 1
     assert metric_value(text, "octavo:grammar_compile_seconds_count") >= 1
+    assert metric_value(text, "octavo:grammar_requests_compiling") == 0  # none waits now
 
 
 def test_a_constraint_that_does_not_compile_in_time_is_a_400(server, monkeypatch):

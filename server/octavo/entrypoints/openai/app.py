@@ -65,6 +65,7 @@ def build_app(
     metrics.engine_stats.engine_info = lambda: engine.info
     tokenizers = TokenizerPool()
     context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)
+    metrics.watch_compiling(lambda: context.grammars.in_flight)
     warm = context.grammars if warm_grammar_compiler else None
     context.grammars.warming = warm_grammar_compiler  # /health waits for the warm-up
     lifespan = _lifespan(engine, [tokenizers, context.grammars], warm)

@@ -8,9 +8,10 @@ as each request's outputs arrive.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from octavo.engine.stats import EngineStats
 from octavo.entrypoints.openai.engine_stats_collector import EngineStatsCollector
@@ -115,6 +116,16 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def watch_compiling(self, count: Callable[[], int]) -> None:
+        """``octavo:grammar_requests_compiling``: requests waiting for their constraint's
+        compile, read at scrape time (they are in flight before the engine sees them)."""
+        gauge = Gauge(
+            "octavo:grammar_requests_compiling",
+            "Requests waiting for their structured-output constraint to compile.",
+            **self._labels(),
+        )
+        gauge.labels(self.model_name).set_function(count)
 
     def record_constrained(self, kind: str, compile_seconds: float | None) -> None:
         """A constrained request was admitted; its grammar took ``compile_seconds`` to
