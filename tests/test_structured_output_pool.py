@@ -137,13 +137,23 @@ def test_no_warm_up_when_the_engine_fails_to_load():
 
 
 def test_the_warm_up_request_is_not_counted_as_a_request():
-    """The server's own constrained request (before /health 200) is not a client's."""
+    """The server's own constrained request (before /health 200) is not a client's: not in
+    the request metrics, and its tokens are not in the engine's token counters."""
     metrics = ServerMetrics("tiny")
-    completion = CompletionOutput(index=0, text="", token_ids=[7], finish_reason="length")
+    completion = CompletionOutput(0, "", [7], finish_reason="length", num_tokens=1)
     times = RequestMetrics(arrival_time=1.0, first_token_time=1.5, last_token_time=1.5)
     for request_id in (f"{UNCOUNTED_REQUEST_PREFIX}1", "cmpl-1"):
-        metrics.record_output(RequestOutput(request_id, None, [1], [completion], True, 0, times))
-    assert metric_value(metrics.render().decode(), "vllm:request_success_total") == 1
+        output = RequestOutput(request_id, None, [1], [completion], True, 0, times)
+        output.num_prompt_tokens = 1
+        metrics.record_output(output)
+    engine_counted = {"prompt_tokens": 2, "generation_tokens": 2, "prefix_cache_queries": 2}
+    metrics.engine_stats.update(SimpleNamespace(**engine_counted, prefix_cache_hits=0,
+                                                num_running=0, num_waiting=0, kv_cache_usage=0,
+                                                num_preemptions=0, spec_decode=None))  # fmt: skip
+    text = metrics.render().decode()
+    assert metric_value(text, "vllm:request_success_total") == 1
+    for name in ("prompt_tokens", "generation_tokens", "prefix_cache_queries"):
+        assert metric_value(text, f"vllm:{name}_total") == 1, name
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")

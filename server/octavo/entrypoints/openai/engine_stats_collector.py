@@ -59,6 +59,13 @@ class EngineStatsCollector(Collector):
         self._created = time.time()  # the counters count from the engine's start
         self._latest: EngineStats | None = None
         self._latest_time = self._created
+        self._left_out: dict[str, float] = {}  # counter field -> the server's own share
+
+    def leave_out(self, **counts: float) -> None:
+        """Keep the server's own requests (the structured-output warm-up) out of the token
+        and prefix-cache counters, e.g. ``generation_tokens=1`` (on the engine thread)."""
+        for field, count in counts.items():
+            self._left_out[field] = self._left_out.get(field, 0.0) + count
 
     def update(self, stats: EngineStats) -> None:
         """Keep ``stats`` for the next scrape (called on the engine thread)."""
@@ -74,7 +81,8 @@ class EngineStatsCollector(Collector):
         for name, field in ENGINE_COUNTERS.items():
             help_text = f"Cumulative {field.replace('_', ' ')}."
             counter = CounterMetricFamily(name, help_text, labels=LABEL_NAMES)
-            counter.add_metric(labels, _value(stats, field), created=self._created)
+            value = _value(stats, field) - self._left_out.get(field, 0.0)
+            counter.add_metric(labels, max(value, 0.0), created=self._created)
             yield counter
         if stats is not None and stats.spec_decode is not None:
             yield from self._spec_decode(stats.spec_decode)

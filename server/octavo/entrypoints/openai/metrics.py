@@ -142,6 +142,14 @@ class ServerMetrics:
 
     def record_output(self, output: RequestOutput) -> None:
         if output.request_id.startswith(UNCOUNTED_REQUEST_PREFIX):
+            if output.finished:
+                generated = sum(completion.num_tokens for completion in output.outputs)
+                self.engine_stats.leave_out(
+                    prompt_tokens=output.num_prompt_tokens,
+                    generation_tokens=generated,
+                    prefix_cache_queries=output.num_prompt_tokens,
+                    prefix_cache_hits=output.num_cached_tokens,
+                )
             return
         last = output.metrics.last_token_time
         previous = self._last_token_time.get(output.request_id)
