@@ -87,7 +87,7 @@ def test_gpu_shortage_is_reported_as_insufficient_gpu(operator, namespace, custo
         events = isvc.events_for(core, namespace, "huge")
         return [e for e in events if e.reason == "InsufficientGPU" and e.type == "Warning"]
 
-    event = wait_for(warned, timeout=10, what="an InsufficientGPU Event")[0]
+    event = wait_for(warned, timeout=30, what="an InsufficientGPU Event")[0]
     assert "nvidia.com/gpu" in event.message
 
 
