@@ -45,9 +45,13 @@ def tiny_long(tmp_path_factory, smol_tokenizer):
             folder = tmp_path_factory.mktemp(f"long-{name}")
             scaling = ROPE_SCALINGS.get(name)
             build_tiny_model(
-                folder, "llama3", smol_tokenizer, max_position_embeddings=ORIGINAL,
-                rope_theta=10000.0, rope_scaling=scaling,
-            )  # fmt: skip
+                folder,
+                "llama3",
+                smol_tokenizer,
+                max_position_embeddings=ORIGINAL,
+                rope_theta=10000.0,
+                rope_scaling=scaling,
+            )
             made[name] = folder
         return made[name]
 
@@ -159,24 +163,37 @@ LLAMA3 = {
     [
         ({"max_position_embeddings": 4096}, (4096, 4096)),
         ({"max_position_embeddings": 64, "rope_scaling": LINEAR}, (128, 128)),
-        ({"max_position_embeddings": 64, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
-         (256, 256)),
+        (
+            {"max_position_embeddings": 64, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
+            (256, 256),
+        ),
         # Qwen3's documented 128k: original_max_position_embeddings x factor
         ({"max_position_embeddings": 40960, "rope_scaling": QWEN3_YARN}, (131072, 131072)),
         # Llama 3.1 already names the stretched length: not multiplied again
         ({"max_position_embeddings": 131072, "rope_scaling": LLAMA3}, (131072, 131072)),
         # LongRoPE (Phi-3.5): the longest as named; the original length by default
-        ({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
-          "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
-         (131072, 4096)),
-        ({"max_position_embeddings": 131072, "model_type": "gemma3_text",
-          "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, (131072, 131072)),
+        (
+            {
+                "max_position_embeddings": 131072,
+                "original_max_position_embeddings": 4096,
+                "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]},
+            },
+            (131072, 4096),
+        ),
+        (
+            {
+                "max_position_embeddings": 131072,
+                "model_type": "gemma3_text",
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            },
+            (131072, 131072),
+        ),
         ({"n_positions": 1024}, (1024, 1024)),  # GPT-2's key
         ({"max_position_embeddings": 4096, "seq_length": 2048}, (2048, 2048)),  # the smallest
         ({"max_position_embeddings": 4096, "model_max_length": 8192}, (8192, 8192)),  # wins
         ({}, (2048, 2048)),  # none: vLLM's assumption
     ],
-)  # fmt: skip
+)
 def test_longest_context_is_derived_as_vllm_does(raw, expected):
     assert longest(**raw) == expected
 

@@ -361,7 +361,7 @@ def unwritable_folder(tmp_path: Path) -> Path:
         folder.mkdir(mode=0o500)
         return folder
     if not Path("/sys/kernel").is_dir():
-        pytest.skip("running as root without sysfs: no folder here refuses root's writes")
+        pytest.skip(reason="running as root without sysfs: no folder here refuses root's writes")
     return Path("/sys/kernel")
 
 

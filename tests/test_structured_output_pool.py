@@ -147,9 +147,17 @@ def test_the_warm_up_request_is_not_counted_as_a_request():
         output.num_prompt_tokens = 1
         metrics.record_output(output)
     engine_counted = {"prompt_tokens": 2, "generation_tokens": 2, "prefix_cache_queries": 2}
-    metrics.engine_stats.update(SimpleNamespace(**engine_counted, prefix_cache_hits=0,
-                                                num_running=0, num_waiting=0, kv_cache_usage=0,
-                                                num_preemptions=0, spec_decode=None))  # fmt: skip
+    metrics.engine_stats.update(
+        SimpleNamespace(
+            **engine_counted,
+            prefix_cache_hits=0,
+            num_running=0,
+            num_waiting=0,
+            kv_cache_usage=0,
+            num_preemptions=0,
+            spec_decode=None,
+        )
+    )
     text = metrics.render().decode()
     assert metric_value(text, "vllm:request_success_total") == 1
     for name in ("prompt_tokens", "generation_tokens", "prefix_cache_queries"):

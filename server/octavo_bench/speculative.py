@@ -58,24 +58,56 @@ class SpecReport:
     machine: dict[str, Any] = field(default_factory=machine_info)
 
     def versus_off(self, run: SpecRun) -> float | None:
-        base = [r for r in self.runs if (r.variant, r.workload, r.users) == ("off", run.workload,
-                                                                            run.users)]  # fmt: skip
+        base = [
+            r
+            for r in self.runs
+            if (r.variant, r.workload, r.users) == ("off", run.workload, run.users)
+        ]
         return ratio(run.tok_s, base[0].tok_s) if base else None
 
     def to_json(self) -> dict[str, Any]:
         runs = [{**asdict(r), "vs_off": self.versus_off(r)} for r in self.runs]
-        return {"model": self.model, "dtype": self.dtype, "threads": self.threads,
-                "num_speculative_tokens": self.k, "runs": runs, "notes": self.notes,
-                "machine": self.machine}  # fmt: skip
+        return {
+            "model": self.model,
+            "dtype": self.dtype,
+            "threads": self.threads,
+            "num_speculative_tokens": self.k,
+            "runs": runs,
+            "notes": self.notes,
+            "machine": self.machine,
+        }
 
     def text(self) -> str:
-        rows = [[r.variant, r.workload, str(r.users), f"{r.tok_s:.1f}", _fmt(r.tpot_ms, "ms"),
-                 _fmt(self.versus_off(r), "x"), _fmt(r.acceptance_rate, ""),
-                 _fmt(r.mean_accepted_length, "")] for r in self.runs]  # fmt: skip
-        headers = ["variant", "workload", "users", "tok/s", "TPOT", "vs off", "acceptance",
-                   "tokens/verify"]  # fmt: skip
-        return "\n".join([f"{self.model} ({self.dtype}, {self.threads} threads, k={self.k})",
-                          table(headers, rows), *self.notes])  # fmt: skip
+        rows = [
+            [
+                r.variant,
+                r.workload,
+                str(r.users),
+                f"{r.tok_s:.1f}",
+                _fmt(r.tpot_ms, "ms"),
+                _fmt(self.versus_off(r), "x"),
+                _fmt(r.acceptance_rate, ""),
+                _fmt(r.mean_accepted_length, ""),
+            ]
+            for r in self.runs
+        ]
+        headers = [
+            "variant",
+            "workload",
+            "users",
+            "tok/s",
+            "TPOT",
+            "vs off",
+            "acceptance",
+            "tokens/verify",
+        ]
+        return "\n".join(
+            [
+                f"{self.model} ({self.dtype}, {self.threads} threads, k={self.k})",
+                table(headers, rows),
+                *self.notes,
+            ]
+        )
 
     def draw(self, plt: Any) -> Any:
         groups = sorted({(r.workload, r.users) for r in self.runs})
@@ -83,8 +115,9 @@ class SpecReport:
         for axis, (workload, users) in zip(axes[0], groups, strict=True):
             runs = [r for r in self.runs if (r.workload, r.users) == (workload, users)]
             bars = axis.bar([r.variant for r in runs], [r.tok_s for r in runs])
-            axis.bar_label(bars, [f"{r.tok_s:.0f}\n{_fmt(self.versus_off(r), 'x')}"
-                                  for r in runs], fontsize=8)  # fmt: skip
+            axis.bar_label(
+                bars, [f"{r.tok_s:.0f}\n{_fmt(self.versus_off(r), 'x')}" for r in runs], fontsize=8
+            )
             axis.set_ylim(0, 1.3 * max(r.tok_s for r in runs))
             axis.set_title(f"{workload}, {users} user(s): tok/s", fontsize=9)
             axis.tick_params(axis="x", labelsize=7)
@@ -96,12 +129,18 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variants", default="off,ngram", help="comma-separated: off,ngram,"
-                        "draft (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--variants",
+        default="off,ngram",
+        help="comma-separated: off,ngram,draft (default: %(default)s)",
+    )
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default: 4)")
     parser.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2)")
-    parser.add_argument("--draft-model", default=None, help="draft model folder (default: the "
-                        "model, drafting for itself)")  # fmt: skip
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft model folder (default: the model, drafting for itself)",
+    )
     add_engine_options(parser, {"dtype": default_dtype(), "num_threads": None})
     parser.add_argument("--single", type=int, default=4, help="single-stream requests")
     parser.add_argument("--users", type=int, default=20, help="concurrent users")
@@ -111,8 +150,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
-    register_subcommand(kinds, "speculative", "with and without speculative decoding",
-                        __doc__, "", add_arguments, run)  # fmt: skip
+    register_subcommand(
+        kinds,
+        "speculative",
+        "with and without speculative decoding",
+        __doc__,
+        "",
+        add_arguments,
+        run,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,14 +169,21 @@ def run(args: argparse.Namespace) -> int:
     folder = resolve_model_folder(args.model)
     tokenizer = load_tokenizer(folder)
     count = max(args.single, args.users)
-    workloads = [grounded_workload(tokenizer, count, args.max_tokens),
-                 free_workload(tokenizer, count, args.max_tokens)]  # fmt: skip
+    workloads = [
+        grounded_workload(tokenizer, count, args.max_tokens),
+        free_workload(tokenizer, count, args.max_tokens),
+    ]
     threads = threads_used(args.num_threads)
     report = SpecReport(folder.name, args.dtype, threads, args.k)
     for variant in variants:
         config = speculative_config(variant, args, str(folder))
-        with LLM(str(folder), dtype=args.dtype, max_model_len=1024, num_threads=threads,
-                 speculative_config=config) as llm:  # fmt: skip
+        with LLM(
+            str(folder),
+            dtype=args.dtype,
+            max_model_len=1024,
+            num_threads=threads,
+            speculative_config=config,
+        ) as llm:
             llm.generate([workloads[0].prompts[0]], SamplingParams(max_tokens=8), use_tqdm=False)
             for workload in workloads:
                 report.runs.append(run_engine(llm, variant, workload, 1, args.single))
@@ -145,16 +198,20 @@ def speculative_config(variant: str, args: argparse.Namespace, folder: str) -> d
     if variant == "off":
         return None
     if variant == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4,
-                "prompt_lookup_min": 2}  # fmt: skip
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": args.k,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
     return {"model": args.draft_model or folder, "num_speculative_tokens": args.k}
 
 
-def run_engine(llm: LLM, variant: str, workload: SpecWorkload, users: int,
-               total: int) -> SpecRun:  # fmt: skip
+def run_engine(llm: LLM, variant: str, workload: SpecWorkload, users: int, total: int) -> SpecRun:
     """``total`` requests, ``users`` in flight at a time (1: one after the other)."""
-    params = SamplingParams(temperature=0, max_tokens=workload.max_tokens,
-                            ignore_eos=workload.ignore_eos)  # fmt: skip
+    params = SamplingParams(
+        temperature=0, max_tokens=workload.max_tokens, ignore_eos=workload.ignore_eos
+    )
     before = llm.engine.stats().spec_decode
     start, outputs = time.perf_counter(), []
     for first in range(0, total, users):
@@ -190,8 +247,11 @@ def run_hf(folder, workloads: list[SpecWorkload], args, threads: int) -> list[Sp
             tokens, start = 0, time.perf_counter()
             for prompt in workload.prompts[: args.single]:
                 tokens += _hf_generate(model, prompt, workload, extra)
-            runs.append(SpecRun(label, workload.name, 1, tokens / (time.perf_counter() - start),
-                                None, tokens))  # fmt: skip
+            runs.append(
+                SpecRun(
+                    label, workload.name, 1, tokens / (time.perf_counter() - start), None, tokens
+                )
+            )
     return runs
 
 
@@ -199,10 +259,17 @@ def _hf_generate(model, prompt: list[int], workload: SpecWorkload, extra: dict) 
     import torch
 
     ids = torch.tensor([prompt])
-    length = {"max_new_tokens": workload.max_tokens,
-              "min_new_tokens": workload.max_tokens if workload.ignore_eos else 0}  # fmt: skip
+    length = {
+        "max_new_tokens": workload.max_tokens,
+        "min_new_tokens": workload.max_tokens if workload.ignore_eos else 0,
+    }
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             pad_token_id=model.generation_config.eos_token_id,
-                             **length, **extra)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            pad_token_id=model.generation_config.eos_token_id,
+            **length,
+            **extra,
+        )
     return out.shape[1] - len(prompt)

@@ -125,8 +125,9 @@ class NodeDoor:
             conn, greeting = accept_peer(sock, self._key)
             admitted = Admitted(conn, greeting, peer)
         except AuthenticationError:
-            logger.warning("refused a connection from %s: it does not hold this engine's %s",
-                           peer, KEY_ENV)  # fmt: skip
+            logger.warning(
+                "refused a connection from %s: it does not hold this engine's %s", peer, KEY_ENV
+            )
         except Exception as error:  # garbage, silence, a malformed message: this peer only
             logger.warning("ignored a connection from %s: %s", peer, _brief(error))
         with self._lock:
