@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GGML
 
-from gguf_kquants import copy_tokenizer, llama_cpp_permute
+from gguf_kquants import copy_tokenizer, llama_cpp_permute, write_shape
 
 PERMUTED = ("llama", "granite", "smollm3")
 NORM_PLUS_ONE = ("gemma2", "gemma3")
@@ -117,17 +117,9 @@ def _add_tensor(writer, target: str, weight: np.ndarray, arch: str, config, kind
 def write_metadata(writer, config: dict, arch: str) -> None:
     """The hyperparameters convert_hf_to_gguf.py writes for these architectures."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    write_shape(writer, config)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(rope_theta(config))
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_vocab_size(config["vocab_size"])
     if arch in PERMUTED or arch == "phi3":
         writer.add_rope_dimension_count(head_dim)
     if arch == "gemma2":
@@ -152,10 +144,3 @@ def write_metadata(writer, config: dict, arch: str) -> None:
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if arch in NORM_PLUS_ONE and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
-
-
-def rope_theta(config: dict) -> float:
-    """The (full-attention) rope theta, transformers 5's ``rope_parameters`` or 4's key."""
-    rope = config.get("rope_parameters") or {}
-    rope = rope.get("full_attention", rope)
-    return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))

@@ -187,18 +187,29 @@ def _add_tensor(writer, name: str, weight: np.ndarray, kinds, config) -> torch.T
     return torch.from_numpy(expanded.copy())
 
 
-def _write_config(writer, config: dict) -> None:
+def write_shape(writer, config: dict) -> None:
+    """The hyperparameters convert_hf_to_gguf.py writes for every decoder architecture."""
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
-    rope = config.get("rope_parameters") or {}  # transformers 5; 4 had rope_theta at the top
-    writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(rope_theta(config))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
+
+
+def rope_theta(config: dict) -> float:
+    """The (full-attention) rope theta, transformers 5's ``rope_parameters`` or 4's key."""
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _write_config(writer, config: dict) -> None:
+    write_shape(writer, config)
+    writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
 
 
 def copy_tokenizer(writer, source: Path, vocab_size: int | None = None) -> None:

@@ -169,6 +169,26 @@ def metric_samples(text: str, name: str, **labels: str) -> list[float]:
     ]
 
 
+def engine_stats(prompt_tokens: int, generation_tokens: int, running: int) -> Any:
+    """An engine's ``EngineStats`` after it took ``prompt_tokens`` and generated
+    ``generation_tokens`` (every prompt token looked up in the prefix cache, none hit)."""
+    from octavo.engine.stats import EngineStats
+
+    return EngineStats(
+        num_running=running,
+        num_waiting=0,
+        kv_cache_usage=0.25,
+        kv_cache_tokens_held=0,
+        kv_cache_slots_allocated=0,
+        num_blocks=64,
+        prefix_cache_queries=prompt_tokens,
+        prefix_cache_hits=0,
+        num_preemptions=0,
+        prompt_tokens=prompt_tokens,
+        generation_tokens=generation_tokens,
+    )
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The sum of the matching samples of a Prometheus text scrape (``KeyError`` if none)."""
     values = metric_samples(text, name, **labels)

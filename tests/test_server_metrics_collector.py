@@ -7,29 +7,12 @@ engine's totals as they are, and a request the engine failed.
 
 from __future__ import annotations
 
-from octavo.engine.stats import EngineStats
 from octavo.entrypoints.openai.metrics import ServerMetrics
 from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
-from server_harness import metric_value
+from server_harness import engine_stats, metric_value
 
 MODEL = "tiny"
-
-
-def engine_stats(prompt_tokens: int, generation_tokens: int, running: int) -> EngineStats:
-    return EngineStats(
-        num_running=running,
-        num_waiting=0,
-        kv_cache_usage=0.25,
-        kv_cache_tokens_held=0,
-        kv_cache_slots_allocated=0,
-        num_blocks=64,
-        prefix_cache_queries=prompt_tokens,
-        prefix_cache_hits=0,
-        num_preemptions=0,
-        prompt_tokens=prompt_tokens,
-        generation_tokens=generation_tokens,
-    )
 
 
 def finished_output(request_id: str, reason: str, error: str | None = None) -> RequestOutput:

@@ -34,7 +34,7 @@ from octavo.structured_output.compile_worker import Vocabulary
 from octavo.structured_output.manager import StructuredOutputManager
 from octavo.structured_output.params import StructuredOutputsParams
 
-from server_harness import metric_value
+from server_harness import engine_stats, metric_value
 
 SLOW_ENTRIES = 20_000  # a choice of 20,000 compiles for 20-50 s: stopped at the deadline
 TRIVIAL = StructuredOutputsParams(choice=("yes", "no"))
@@ -146,18 +146,7 @@ def test_the_warm_up_request_is_not_counted_as_a_request():
         output = RequestOutput(request_id, None, [1], [completion], True, 0, times)
         output.num_prompt_tokens = 1
         metrics.record_output(output)
-    engine_counted = {"prompt_tokens": 2, "generation_tokens": 2, "prefix_cache_queries": 2}
-    metrics.engine_stats.update(
-        SimpleNamespace(
-            **engine_counted,
-            prefix_cache_hits=0,
-            num_running=0,
-            num_waiting=0,
-            kv_cache_usage=0,
-            num_preemptions=0,
-            spec_decode=None,
-        )
-    )
+    metrics.engine_stats.update(engine_stats(prompt_tokens=2, generation_tokens=2, running=0))
     text = metrics.render().decode()
     assert metric_value(text, "vllm:request_success_total") == 1
     for name in ("prompt_tokens", "generation_tokens", "prefix_cache_queries"):
