@@ -214,13 +214,17 @@ def test_chunked_prefill_off_makes_the_budget_hold_a_whole_prompt():
     assert parse().enable_chunked_prefill is True
 
 
-def test_enforce_eager_is_accepted_and_changes_nothing():
-    """Octavo captures no CUDA graphs and compiles nothing: the model always runs eagerly."""
+def test_enforce_eager_and_compilation_config_take_vllms_spellings():
+    """--enforce-eager and -O0 turn decode graphs off; -O takes vLLM's JSON too."""
     engine_args, _ = configs("--enforce-eager")
     assert engine_args.enforce_eager is True
-    assert (
-        "changes nothing" in EngineArgs.__dataclass_fields__["enforce_eager"].metadata["flag"].help
-    )
+    assert configs()[0].compilation_config.uses_graphs
+    assert not configs("-O0")[0].compilation_config.uses_graphs
+    sizes = configs("-O", '{"cudagraph_capture_sizes": [1, 2, 8]}')[0].compilation_config
+    assert sizes.capture_sizes(256) == [1, 2, 8]
+    assert configs("--compilation-config", "3")[0].compilation_config.uses_graphs
+    with pytest.raises(SystemExit):
+        parse("-O", '{"splitting_ops": []}')
 
 
 def test_old_speculative_flags_build_the_same_config(caplog):

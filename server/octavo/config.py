@@ -24,6 +24,7 @@ from octavo.arg_types import (
     positive_float,
     positive_int,
 )
+from octavo.compilation.config import CompilationConfig, parse_compilation_config
 from octavo.distributed.node_layout import (
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,
@@ -60,6 +61,7 @@ class FlagSpec:
     parse: Callable[[str], Any] = str
     choices: tuple[Any, ...] | None = None
     kind: str = "value"  # "value" or "bool" (--x / --no-x)
+    aliases: tuple[str, ...] = ()  # short spellings (vLLM's -O)
 
 
 def engine_arg(default: Any, help: str, parse: Callable[[str], Any] = str, **flag: Any) -> Any:
@@ -143,10 +145,20 @@ class EngineArgs:
     )
     enforce_eager: bool = engine_arg(
         False,
-        "accepted for vLLM's command lines: Octavo always runs the model eagerly (it "
-        "captures no CUDA graphs and uses no torch.compile), so this changes nothing",
+        "run every step eagerly: no CUDA graphs of decode steps (on a GPU they are captured "
+        "at start-up, for the batch sizes of --compilation-config); no effect on CPU",
         parse_bool,
         kind="bool",
+    )
+    # engine_arg's field() is evaluated once, like every other field's here
+    compilation_config: CompilationConfig = engine_arg(  # noqa: RUF009
+        None,
+        "how the model runs on a GPU, as vLLM's -O / --compilation-config: a level (-O0 "
+        "runs eagerly) or JSON with cudagraph_mode (FULL_DECODE_ONLY or NONE), "
+        "cudagraph_capture_sizes and max_cudagraph_capture_size (default: batch sizes 1, "
+        "2, 4, 8, 16, ... 256, 272, ... up to max_num_seqs, at most 512)",
+        parse_compilation_config,
+        aliases=("-O",),
     )
     block_size: int = engine_arg(
         16,
@@ -341,6 +353,8 @@ class EngineArgs:
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._fold_legacy_speculative_flags()
         self.hf_overrides = parse_hf_overrides(self.hf_overrides)  # LLM(hf_overrides={...})
+        # LLM(compilation_config={...}) or 3; None: the default
+        self.compilation_config = parse_compilation_config(self.compilation_config)
         if self.pooler_config is not None:  # LLM(pooler_config={...})
             self.pooler_config = parse_pooler_config(self.pooler_config)
         if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's

@@ -30,6 +30,7 @@ from octavo.pooling.model_defaults import read_pooler_config
 from octavo.pooling.runner import RunnerSettings, resolve_runner
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.stop_checker import StopLimits
+from octavo.spec_decode.config import SpeculativeConfig
 from octavo.spec_decode.draft_checks import resolve_draft
 from octavo.worker.worker import KVBudget, WorkerConfig
 
@@ -72,7 +73,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
         threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
-        args.tokenizer,
+        args.tokenizer, graph_sizes(args, device, parallel, speculative),
     )  # fmt: skip
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
     executor = create_executor(
@@ -102,6 +103,27 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
         folder, runner,
     )  # fmt: skip
+
+
+def graph_sizes(
+    args: EngineArgs,
+    device: torch.device,
+    parallel: ParallelConfig,
+    speculative: SpeculativeConfig | None,
+) -> tuple[int, ...]:
+    """The decode batch sizes captured as CUDA graphs: none on CPU, with --enforce-eager,
+    level 0 or cudagraph_mode NONE, and (for now) with LoRA or more than one rank."""
+    compilation = args.compilation_config
+    if (
+        device.type != "cuda"
+        or args.enforce_eager
+        or not compilation.uses_graphs
+        or parallel.world_size > 1
+        or args.enable_lora
+    ):
+        return ()
+    rows_per_seq = 1 + (speculative.num_speculative_tokens if speculative else 0)
+    return tuple(compilation.capture_sizes(args.max_num_seqs * rows_per_seq))
 
 
 def leader_layout(args: EngineArgs) -> NodeLayout:

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import torch
 
+from octavo.compilation.decode_graphs import DecodeGraphs
 from octavo.distributed.parallel_state import PipelineStage
 from octavo.distributed.pipeline_comm import (
     IntermediateTensors,
@@ -127,6 +128,7 @@ class ModelRunner:
         self.pooling_of: dict[int, PoolingParams] = {}  # every rank: pooling sequences
         self.pooling = PoolingAccumulator()  # the driver's partial pooled states
         self._pending_pool: dict[int, Partial] = {}
+        self.graphs: DecodeGraphs | None = None  # captured decode steps (the worker's)
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -148,6 +150,10 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         if self.loras is not None:
             self.loras.state.batch = inputs.lora
+        if self.graphs is not None and intermediate is None:
+            size = self.graphs.size_for(inputs)
+            if size is not None:  # a decode step: replay the graph of its padded size
+                return self.graphs.run(inputs, size)
         return self.paged.run(inputs, intermediate)
 
     def _outputs(self, result: StepResult, inputs: StepInputs) -> ModelRunnerOutput:

@@ -14,6 +14,7 @@ import torch
 
 from octavo.attention.backend import select_backend
 from octavo.attention.kv_quant import kv_cache_dtype
+from octavo.compilation.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
@@ -47,7 +48,7 @@ from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.ngram_proposer import NgramProposer, NgramStepProposer
 from octavo.structured_output.compiler import GrammarCompiler
 from octavo.structured_output.manager import StructuredOutputManager, shared_compiler
-from octavo.worker.memory_profile import CacheSpec, largest_step, measure_step_peak
+from octavo.worker.memory_profile import CacheSpec, DummyStep, largest_step, measure_step_peak
 
 STOP_WORKER = "stop"  # the message that ends a worker process (``worker_process``)
 
@@ -71,6 +72,7 @@ class WorkerConfig:
     lora: LoRAConfig | None = None  # LoRA adapters: slots and limits
     kv_cache_dtype: str = "auto"  # ``--kv-cache-dtype``: auto (the model's dtype) or an fp8 kind
     tokenizer: str | None = None  # ``--tokenizer``: another folder's tokenizer
+    graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured as CUDA graphs (none: eager)
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -202,7 +204,18 @@ class Worker:
         cache = CacheSpec(self.spec.block_size, self.spec.cache_dtype, self.device)
         peak = measure_step_peak(self.paged_model_on, self.cache_shape, step, cache)
         assert peak is not None, "a GPU reports its allocator's peak"
-        return peak + unprofiled_bytes(rows, self.spec.config.vocab_size)
+        return peak + unprofiled_bytes(rows, self.spec.config.vocab_size) + self._graph_bytes()
+
+    def _graph_bytes(self) -> int:
+        """What the decode graphs' memory pool keeps: the activations of the largest
+        captured batch (measured like the largest step), held for the server's life."""
+        if not self.spec.graph_sizes:
+            return 0
+        size = max(self.spec.graph_sizes)
+        cache = CacheSpec(self.spec.block_size, self.spec.cache_dtype, self.device)
+        step = DummyStep([1] * size, size)
+        peak = measure_step_peak(self.paged_model_on, self.cache_shape, step, cache)
+        return peak or 0
 
     def paged_model_on(self, caches: list[torch.Tensor]) -> PagedModel:
         """The model with ``caches`` and this device's attention backend (the runner's, and
@@ -225,6 +238,12 @@ class Worker:
             self._proposer(num_blocks) if self.is_driver else None,
             self.adapters,
         )
+        if spec.graph_sizes and self.device.type == "cuda":
+            graphs = DecodeGraphs(
+                self.runner.paged, list(spec.graph_sizes), spec.max_positions, CudaGraphRecorder()
+            )
+            graphs.capture()
+            self.runner.graphs = graphs
 
     def _proposer(self, num_blocks: int) -> Proposer | None:
         speculative, spec = self.spec.speculative, self.spec

@@ -43,6 +43,7 @@ class Option:
     kind: str = "value"
     secret: bool = False
     negation: str | None = None  # another flag that sets a bool option false (vLLM's)
+    aliases: tuple[str, ...] = ()  # short spellings of the flag (vLLM's -O)
 
     @property
     def dest(self) -> str:
@@ -63,6 +64,7 @@ def engine_options() -> tuple[Option, ...]:
             default=field.default,
             choices=spec.choices,
             kind=spec.kind,
+            aliases=spec.aliases,
         )
         for field, spec in flag_fields()
     )
@@ -239,6 +241,7 @@ def add_options(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> 
             continue
         parser.add_argument(
             option.flag,
+            *option.aliases,
             type=option.type,
             default=default,
             choices=option.choices,

@@ -1,0 +1,114 @@
+"""``--compilation-config`` / ``-O``: how the model runs, in vLLM's spelling.
+
+Octavo captures CUDA graphs of uniform decode steps (vLLM's ``FULL_DECODE_ONLY``): every
+sequence of the step decodes (or verifies proposals), the batch is padded up to the
+nearest capture size, and the step replays the graph of that size. Prefill and mixed
+steps, and batches larger than the largest capture size, run eagerly. ``--enforce-eager``
+(or ``cudagraph_mode`` ``NONE``) turns graphs off.
+
+Accepted forms, as vLLM's: ``-O0`` .. ``-O3`` (a level: 0 turns graphs off), a JSON
+object (``{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}``)
+or a dict from ``LLM(compilation_config=...)``. Keys Octavo does not act on are refused by
+name rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+GRAPH_MODES = ("NONE", "FULL_DECODE_ONLY")
+# vLLM's other modes capture prefill too (piecewise, around attention); Octavo's graphs
+# cover decode steps only, so those names are read as what Octavo does for them.
+MODE_ALIASES = {
+    "FULL": "FULL_DECODE_ONLY",
+    "FULL_AND_PIECEWISE": "FULL_DECODE_ONLY",
+    "PIECEWISE": "FULL_DECODE_ONLY",
+}
+KNOWN_KEYS = (
+    "level",
+    "mode",
+    "cudagraph_mode",
+    "cudagraph_capture_sizes",
+    "max_cudagraph_capture_size",
+)
+LARGEST_DEFAULT_SIZE = 512  # vLLM's cap on the default capture sizes
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    level: int = 3  # vLLM's default optimisation level; 0 runs everything eagerly
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: the default ladder
+    max_cudagraph_capture_size: int | None = None  # None: from max_num_seqs
+
+    @property
+    def uses_graphs(self) -> bool:
+        return self.level > 0 and self.cudagraph_mode != "NONE"
+
+    def capture_sizes(self, max_decode_rows: int) -> list[int]:
+        """The batch sizes captured, ascending: the configured ones, or vLLM's ladder
+        ``1, 2, 4, 8, 16, ..., 248, 256, 272, ...`` up to ``max_cudagraph_capture_size``
+        (default: the most decode rows a step can have, at most 512)."""
+        if self.cudagraph_capture_sizes is not None:
+            return sorted(set(self.cudagraph_capture_sizes))
+        largest = self.max_cudagraph_capture_size
+        if largest is None:
+            largest = min(max_decode_rows, LARGEST_DEFAULT_SIZE)
+        ladder = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 16, 16)]
+        sizes = [size for size in ladder if size <= largest]
+        if largest not in sizes:  # the largest batch a step can reach gets its own graph
+            sizes.append(largest)
+        return sizes
+
+
+def parse_compilation_config(value: Any) -> CompilationConfig:
+    """``-O3``'s ``"3"``, a level, a JSON object, a dict or a ``CompilationConfig``."""
+    if value is None or isinstance(value, CompilationConfig):
+        return value or CompilationConfig()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _checked({"level": value})
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return _checked({"level": int(text)})
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"--compilation-config must be a level 0-3 or a JSON object: {error}"
+            ) from None
+    if not isinstance(value, dict):
+        raise ValueError("--compilation-config must be a level 0-3 or a JSON object")
+    return _checked(value)
+
+
+def _checked(raw: dict) -> CompilationConfig:
+    unknown = sorted(set(raw) - set(KNOWN_KEYS))
+    if unknown:
+        raise ValueError(
+            f"--compilation-config: unsupported keys {', '.join(unknown)} "
+            f"(supported: {', '.join(KNOWN_KEYS)})"
+        )
+    level = raw.get("mode", raw.get("level", 3))
+    if not isinstance(level, int) or not 0 <= level <= 3:
+        raise ValueError(f"--compilation-config: level must be 0-3, got {level!r}")
+    mode = str(raw.get("cudagraph_mode", "FULL_DECODE_ONLY")).upper()
+    mode = MODE_ALIASES.get(mode, mode)
+    if mode not in GRAPH_MODES:
+        raise ValueError(
+            f"--compilation-config: cudagraph_mode must be one of "
+            f"{', '.join(GRAPH_MODES + tuple(MODE_ALIASES))}, got {mode!r}"
+        )
+    sizes = raw.get("cudagraph_capture_sizes")
+    largest = raw.get("max_cudagraph_capture_size")
+    checks = (("cudagraph_capture_sizes", sizes), ("max_cudagraph_capture_size", [largest]))
+    for name, numbers in checks:
+        if numbers is not None and not all(n is None or _positive(n) for n in numbers):
+            raise ValueError(f"--compilation-config: {name} must be positive integers")
+    return CompilationConfig(level, mode, None if sizes is None else tuple(sizes), largest)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

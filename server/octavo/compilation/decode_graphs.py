@@ -1,0 +1,218 @@
+"""CUDA graphs of decode steps (vLLM's ``FULL_DECODE_ONLY``), replayed from persistent buffers.
+
+A decode step's forward is a few hundred small kernel launches; replaying a captured graph
+launches them all at once, so the host no longer paces the GPU. A graph reads fixed
+addresses, so the step's inputs live in persistent buffers (``DecodeBuffers``) sized for
+the largest captured batch, and each step copies its ids, positions, cache slots, block
+tables and context lengths into their first rows. A batch is padded up to the nearest
+captured size; the padding rows write no cache slot (slot ``-1``) and attend to one
+position of the null block (block 0, never written), so they only cost their share of the
+batched matmuls. Their logits are dropped before sampling.
+
+Only a step where every row is one decode query fits: no prefill chunk, no LoRA, no
+pooling or prompt scoring rows, a block table no wider than the buffers. Every other step
+(and ``--enforce-eager``) runs eagerly. The graph covers embedding to logits; sampling
+runs after it, outside.
+
+``GraphRecorder`` is how a warmed-up forward becomes a replayable one: on a GPU a
+``torch.cuda.CUDAGraph`` in one shared memory pool (``CudaGraphRecorder``); the CPU tests
+record by re-running the forward on the same buffers, which checks the buffers, padding
+and dispatch without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from octavo.attention.metadata import AttentionMetadata
+from octavo.model_executor.models.causal_lm import StepResult
+from octavo.model_executor.paged_model import PagedModel
+from octavo.model_executor.step_inputs import StepInputs
+
+logger = logging.getLogger(__name__)
+
+Replay = Callable[[], torch.Tensor]  # runs the recorded forward; returns its logits
+
+
+class GraphRecorder(Protocol):
+    def record(self, forward: Replay) -> Replay:
+        """Record ``forward`` (already warmed up once) and return its replay."""
+        ...
+
+
+class CudaGraphRecorder:
+    """Captures into ``torch.cuda.CUDAGraph``s that share one memory pool."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def record(self, forward: Replay) -> Replay:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = forward()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return logits
+
+        return replay
+
+
+@dataclass
+class DecodeBuffers:
+    """The inputs of every captured graph: row ``i`` of each is decode row ``i``."""
+
+    input_ids: torch.Tensor  # [rows] int64
+    positions: torch.Tensor  # [rows] int64
+    slot_mapping: torch.Tensor  # [rows] int64, -1 on padding rows
+    block_tables: torch.Tensor  # [rows, max_blocks] int32
+    seq_lens: torch.Tensor  # [rows] int32, 1 on padding rows (the null block's slot 0)
+    query_start_loc: torch.Tensor  # [rows + 1] int32: 0, 1, 2, ...
+    logits_indices: torch.Tensor  # [rows] int64: 0, 1, 2, ...
+
+    @classmethod
+    def allocate(cls, rows: int, max_blocks: int, device: torch.device) -> DecodeBuffers:
+        def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        steps = torch.arange(rows + 1, device=device)
+        return cls(
+            input_ids=zeros(rows),
+            positions=zeros(rows),
+            slot_mapping=torch.full((rows,), -1, dtype=torch.long, device=device),
+            block_tables=zeros(rows, max_blocks, dtype=torch.int32),
+            seq_lens=torch.ones(rows, dtype=torch.int32, device=device),
+            query_start_loc=steps.to(torch.int32),
+            logits_indices=steps[:rows].clone(),
+        )
+
+    @property
+    def max_blocks(self) -> int:
+        return self.block_tables.shape[1]
+
+    def load(self, inputs: StepInputs, size: int) -> None:
+        """Copy the step's rows in and pad rows ``[rows, size)``."""
+        rows, meta = inputs.input_ids.shape[0], inputs.meta
+        self.input_ids[:rows].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:rows].copy_(inputs.positions, non_blocking=True)
+        self.slot_mapping[:rows].copy_(meta.slot_mapping, non_blocking=True)
+        width = meta.block_tables.shape[1]
+        self.block_tables[:rows, :width].copy_(meta.block_tables, non_blocking=True)
+        self.seq_lens[:rows].copy_(meta.seq_lens, non_blocking=True)
+        if size > rows:
+            self.pad(rows, size)
+
+    def pad(self, first: int, size: int) -> None:
+        self.slot_mapping[first:size].fill_(-1)
+        self.seq_lens[first:size].fill_(1)
+        self.block_tables[first:size, 0].fill_(0)
+
+    def metadata(self, size: int, max_seq_len: int) -> AttentionMetadata:
+        """Decode-only metadata over the first ``size`` rows (host lists are placeholders:
+        a graph's kernels read the device tensors)."""
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            seq_lens=self.seq_lens[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            num_prefills=0,
+            num_prefill_tokens=0,
+            query_lens_list=[1] * size,
+            query_start_loc_list=list(range(size)),
+            seq_lens_list=[max_seq_len] * size,
+            max_seq_len=max_seq_len,
+        )
+
+
+class DecodeGraphs:
+    """One recorded decode forward per capture size, and the dispatch to them."""
+
+    def __init__(
+        self,
+        paged: PagedModel,
+        sizes: list[int],
+        max_model_len: int,
+        recorder: GraphRecorder,
+    ) -> None:
+        self.paged, self.sizes, self.max_model_len = paged, sorted(sizes), max_model_len
+        self.recorder = recorder
+        max_blocks = math.ceil(max_model_len / paged.block_size)
+        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, paged.device)
+        self.replays: dict[int, Replay] = {}
+        self.capture_seconds, self.capture_bytes = 0.0, 0
+
+    def capture(self) -> None:
+        """Warm up and record every size, largest first (smaller ones reuse its memory)."""
+        start = time.perf_counter()
+        free_before = _free_bytes(self.paged.device)
+        for size in reversed(self.sizes):
+            forward = self._forward(size)
+            forward()  # compiles the Triton kernels and settles lazy allocations
+            self.replays[size] = self.recorder.record(forward)
+        taken = free_before - _free_bytes(self.paged.device)
+        seconds = time.perf_counter() - start
+        logger.info(
+            "captured %d decode graphs (batch sizes %d..%d) in %.1f s, taking %.0f MiB",
+            len(self.sizes),
+            self.sizes[0],
+            self.sizes[-1],
+            seconds,
+            taken / 2**20,
+        )
+        self.capture_seconds, self.capture_bytes = seconds, taken
+
+    def _forward(self, size: int) -> Replay:
+        buffers = self.buffers
+
+        def forward() -> torch.Tensor:
+            meta = buffers.metadata(size, self.max_model_len)
+            result = self.paged.model.run(
+                buffers.input_ids[:size],
+                buffers.positions[:size],
+                self.paged.kv_caches,
+                meta,
+                self.paged.attention,
+                buffers.logits_indices[:size],
+            )
+            assert isinstance(result, StepResult) and result.logits is not None
+            return result.logits
+
+        return forward
+
+    def size_for(self, inputs: StepInputs) -> int | None:
+        """The capture size this step replays, or None when it must run eagerly."""
+        meta, rows = inputs.meta, inputs.input_ids.shape[0]
+        fits = (
+            meta.num_prefills == 0
+            and meta.num_seqs == rows
+            and inputs.logits_indices.shape[0] == rows
+            and not inputs.scored
+            and inputs.lora is None
+            and inputs.pooled_indices is None
+            and meta.block_tables.shape[1] <= self.buffers.max_blocks
+            and rows <= self.sizes[-1]
+        )
+        if not fits:
+            return None
+        return next(size for size in self.sizes if size >= rows)
+
+    def run(self, inputs: StepInputs, size: int) -> StepResult:
+        """The step's logits, from the graph of ``size`` rows."""
+        rows = inputs.input_ids.shape[0]
+        self.buffers.load(inputs, size)
+        logits = self.replays[size]()
+        return StepResult(logits[:rows])
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.mem_get_info(device)[0]

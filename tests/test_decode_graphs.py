@@ -1,0 +1,144 @@
+"""Decode steps through persistent buffers and recorded graphs (``compilation/``).
+
+On CPU the graphs are "recorded" by re-running the forward on the persistent buffers, so
+the buffers, the padding rows and the dispatch are checked against eager steps token for
+token; on a GPU the same is checked with real CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo import LLM, SamplingParams
+from octavo.compilation.config import CompilationConfig, parse_compilation_config
+from octavo.compilation.decode_graphs import DecodeGraphs
+from octavo.config import EngineArgs
+from octavo.distributed.parallel_config import ParallelConfig
+from octavo.engine.builder import graph_sizes
+
+PROMPTS = [[11, 12, 13], [21, 22, 23, 24, 25, 26, 27], [31, 32], [41, 42, 43, 44, 45]]
+MAX_TOKENS = [9, 4, 12, 6]  # sequences finish at different steps: the batch shrinks
+
+
+class RerunRecorder:
+    """A CPU stand-in for CUDA graph capture: each replay re-runs the recorded forward,
+    which reads only the persistent buffers, as a graph would."""
+
+    def __init__(self) -> None:
+        self.recorded = 0
+        self.replays = 0
+
+    def record(self, forward):
+        self.recorded += 1
+
+        def replay() -> torch.Tensor:
+            self.replays += 1
+            return forward()
+
+        return replay
+
+
+def test_the_default_sizes_follow_vllms_ladder_up_to_the_decode_rows():
+    config = CompilationConfig()
+    assert config.capture_sizes(256)[:6] == [1, 2, 4, 8, 16, 24]
+    assert config.capture_sizes(256)[-2:] == [248, 256]
+    assert config.capture_sizes(300)[-4:] == [256, 272, 288, 300]  # the largest batch too
+    assert config.capture_sizes(10_000)[-1] == 512
+    assert config.capture_sizes(3) == [1, 2, 3]
+    explicit = CompilationConfig(cudagraph_capture_sizes=(8, 1, 4, 4))
+    assert explicit.capture_sizes(256) == [1, 4, 8]
+
+
+def test_the_config_takes_vllms_spellings_and_refuses_unknown_keys():
+    assert not parse_compilation_config("0").uses_graphs
+    assert parse_compilation_config('{"cudagraph_mode": "none"}').uses_graphs is False
+    assert parse_compilation_config({"cudagraph_mode": "FULL_AND_PIECEWISE"}).uses_graphs
+    with pytest.raises(ValueError, match="unsupported keys splitting_ops"):
+        parse_compilation_config('{"splitting_ops": []}')
+    with pytest.raises(ValueError, match="cudagraph_capture_sizes must be positive"):
+        parse_compilation_config({"cudagraph_capture_sizes": [0]})
+    with pytest.raises(ValueError, match="level must be 0-3"):
+        parse_compilation_config("7")
+
+
+def test_graphs_are_captured_only_on_a_single_gpu_rank_without_eager_or_lora():
+    cuda, single = torch.device("cuda"), ParallelConfig()
+    args = EngineArgs(max_num_seqs=16)
+    assert graph_sizes(args, cuda, single, None) == (1, 2, 4, 8, 16)
+    assert graph_sizes(args, torch.device("cpu"), single, None) == ()
+    assert graph_sizes(EngineArgs(enforce_eager=True), cuda, single, None) == ()
+    assert graph_sizes(EngineArgs(compilation_config=0), cuda, single, None) == ()
+    assert graph_sizes(EngineArgs(enable_lora=True), cuda, single, None) == ()
+    assert graph_sizes(args, cuda, ParallelConfig(tensor_parallel_size=2), None) == ()
+
+
+def _generate(llm: LLM, **params) -> list[list[int]]:
+    outputs = llm.generate(
+        PROMPTS,
+        [
+            SamplingParams(**{"temperature": 0, **params}, max_tokens=n, ignore_eos=True)
+            for n in MAX_TOKENS
+        ],
+        use_tqdm=False,
+    )
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_folder):
+    llm = LLM(str(tiny_folder("llama3")), device="cpu", dtype="float32", max_model_len=256)
+    yield llm
+    llm.shutdown()
+
+
+def test_padded_decode_steps_through_the_buffers_equal_eager_steps(tiny_llm):
+    eager = _generate(tiny_llm)
+    runner = tiny_llm.engine.executor.worker.runner
+    recorder = RerunRecorder()
+    graphs = DecodeGraphs(runner.paged, [1, 2, 8], 256, recorder)
+    graphs.capture()
+    runner.graphs = graphs
+    try:
+        replayed = _generate(tiny_llm)
+        sampled = _generate(tiny_llm, seed=7, temperature=0.8, top_p=0.9)
+        runner.graphs = None
+        assert sampled == _generate(tiny_llm, seed=7, temperature=0.8, top_p=0.9)
+    finally:
+        runner.graphs = None
+    assert recorder.recorded == 3
+    assert recorder.replays >= 2 * max(MAX_TOKENS) - 2  # every decode step went through them
+    assert replayed == eager
+
+
+def test_a_step_that_does_not_fit_runs_eagerly(tiny_llm):
+    runner = tiny_llm.engine.executor.worker.runner
+    recorder = RerunRecorder()
+    graphs = DecodeGraphs(runner.paged, [1, 2], 256, recorder)
+    graphs.capture()
+    runner.graphs = graphs
+    try:
+        replayed = _generate(tiny_llm)  # 4 sequences: larger than the largest graph
+        scored = tiny_llm.generate(
+            PROMPTS[:1], SamplingParams(max_tokens=3, prompt_logprobs=1), use_tqdm=False
+        )
+    finally:
+        runner.graphs = None
+    assert replayed[2][-1] == _generate(tiny_llm)[2][-1]
+    assert recorder.replays > 0  # the last two sequences decode alone at the end
+    assert scored[0].prompt_logprobs is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(tiny_folder):
+    folder = str(tiny_folder("llama3"))
+    common = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=8)
+    eager = LLM(folder, enforce_eager=True, **common)
+    expected = _generate(eager)
+    assert eager.engine.executor.worker.runner.graphs is None
+    del eager
+    torch.cuda.empty_cache()
+    graphed = LLM(folder, **common)
+    graphs = graphed.engine.executor.worker.runner.graphs
+    assert graphs is not None and sorted(graphs.replays) == [1, 2, 4, 8]
+    assert _generate(graphed) == expected
