@@ -35,6 +35,7 @@ from octavo.executor.step_timeout import DEFAULT_EXECUTE_MODEL_TIMEOUT
 from octavo.kv_cache.block_hash import DEFAULT_HASH_ALGO, HASH_ALGOS
 from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
+from octavo.model_executor.dummy_weights import LOAD_FORMATS
 from octavo.model_executor.hf_overrides import parse_hf_overrides
 from octavo.pooling.runner import RUNNERS, TASKS, parse_pooler_config
 from octavo.spec_decode.config import SpeculativeConfig
@@ -122,6 +123,14 @@ class EngineArgs:
         '"original_max_position_embeddings": 32768}}\' to serve past the checkpoint'
         "'s context; nested objects merge key by key, rope settings are replaced whole",
         _flag_type(parse_hf_overrides),
+    )
+    load_format: str = engine_arg(
+        "auto",
+        "how the weights are loaded (vLLM's flag): auto (the checkpoint's safetensors or "
+        "GGUF) or dummy (random weights, no weight file read: the folder needs only "
+        "config.json and a tokenizer; for benchmarks of a model's shape)",
+        one_of(LOAD_FORMATS),
+        choices=LOAD_FORMATS,
     )
     max_num_seqs: int = engine_arg(256, "most sequences running at once", positive_int)
     max_num_batched_tokens: int | None = engine_arg(

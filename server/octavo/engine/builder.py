@@ -73,7 +73,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     spec = WorkerConfig(
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
         threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
-        args.tokenizer, graph_sizes(args, device, parallel, speculative),
+        args.tokenizer, graph_sizes(args, device, parallel, speculative), args.load_format,
     )  # fmt: skip
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
     executor = create_executor(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from octavo.model_executor.dummy_weights import check_load_format, fill_dummy_weights
 from octavo.model_executor.embedded import embedded_model_folder
 from octavo.model_executor.footprint import weight_bytes as weight_bytes  # its old home
 from octavo.model_executor.footprint import weight_footprint
@@ -64,14 +65,21 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = None,
+    load_format: str = "auto",
 ) -> CausalLM:
+    """The model of ``folder`` on ``device``: the checkpoint's weights, or with
+    ``load_format="dummy"`` random ones (no weight file read; ``dummy_weights``)."""
+    check_load_format(load_format, quantization)
     with torch.device("meta"):
         skeleton = model_class(config.architecture)(config, quantization)
     model = skeleton.to_empty(device=device).to(dtype)
     model.set_rotary(max_positions, dtype, device)
     model.tie_lm_head()  # to_empty gave the embedding and the LM head each their own storage
     with torch.no_grad():
-        load_weights(model, folder, checkpoint_tensors(folder, config, quantization))
+        if load_format == "dummy":
+            fill_dummy_weights(model)
+        else:
+            load_weights(model, folder, checkpoint_tensors(folder, config, quantization))
     for module in list(model.modules()):  # (a method may replace a module's children)
         if isinstance(module, LinearBase | QuantizedVocabEmbedding | FusedMoE):
             module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN

@@ -73,6 +73,7 @@ class WorkerConfig:
     kv_cache_dtype: str = "auto"  # ``--kv-cache-dtype``: auto (the model's dtype) or an fp8 kind
     tokenizer: str | None = None  # ``--tokenizer``: another folder's tokenizer
     graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured as CUDA graphs (none: eager)
+    load_format: str = "auto"  # ``--load-format``: auto (the checkpoint) or dummy (random)
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -113,7 +114,7 @@ class Worker:
             torch.set_num_threads(spec.num_threads)
         self.model = load_model(
             spec.folder, spec.config, spec.max_positions, spec.dtype, self.device,
-            spec.quantization,
+            spec.quantization, spec.load_format,
         )  # fmt: skip
         layers = self.model.layers
         kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
@@ -127,7 +128,10 @@ class Worker:
         if self.spec.draft is None or not self.is_driver:
             return None
         folder, config = self.spec.draft
-        return load_model(folder, config, self.spec.max_positions, self.spec.dtype, self.device)
+        spec = self.spec
+        return load_model(
+            folder, config, spec.max_positions, spec.dtype, self.device, None, spec.load_format
+        )
 
     def _lora_slots(self) -> AdapterSlots | None:
         """LoRA layers around the linears and the slots that hold adapters."""
