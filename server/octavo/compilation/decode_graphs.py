@@ -147,6 +147,7 @@ class DecodeGraphs:
         self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, paged.device)
         self.replays: dict[int, Replay] = {}
         self.capture_seconds, self.capture_bytes = 0.0, 0
+        self.logits: torch.Tensor | None = None  # [largest size, vocab]: every graph's output
 
     def capture(self) -> None:
         """Warm up and record every size, largest first (smaller ones reuse its memory)."""
@@ -182,9 +183,19 @@ class DecodeGraphs:
                 buffers.logits_indices[:size],
             )
             assert isinstance(result, StepResult) and result.logits is not None
-            return result.logits
+            return self._logits_rows(size, result.logits)
 
         return forward
+
+    def _logits_rows(self, size: int, logits: torch.Tensor) -> torch.Tensor:
+        """Every graph writes its logits into one shared buffer: a graph's own output would
+        stay allocated in the pool for each size (vocabulary x batch x 4 bytes apiece)."""
+        if self.logits is None:
+            rows = (self.sizes[-1], logits.shape[1])
+            self.logits = torch.empty(rows, dtype=logits.dtype, device=logits.device)
+        out = self.logits[:size]
+        out.copy_(logits)
+        return out
 
     def size_for(self, inputs: StepInputs) -> int | None:
         """The capture size this step replays, or None when it must run eagerly."""

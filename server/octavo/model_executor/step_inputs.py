@@ -75,17 +75,21 @@ def lay_out(
 def step_inputs(
     layout: StepLayout, num_prefills: int, device: torch.device, scored: list | None = None
 ) -> StepInputs:
-    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
-
+    """The layout as device tensors: two host-to-device copies (one of the int64 lists,
+    one of the int32 ones), from pinned memory on a GPU so they do not wait for it."""
     width = max(len(table) for table in layout.tables)
-    padded = [table + [0] * (width - len(table)) for table in layout.tables]
+    padded = [value for table in layout.tables for value in table + [0] * (width - len(table))]
     starts = layout.starts
+    longs = _on_device(
+        [layout.token_ids, layout.positions, layout.slots, layout.logits_rows], torch.long, device
+    )
+    ints = _on_device([padded, layout.seq_lens, starts], torch.int32, device)
+    token_ids, positions, slots, logits_rows = longs
     meta = AttentionMetadata(
-        slot_mapping=tensor(layout.slots, torch.long),
-        block_tables=tensor(padded, torch.int32),
-        seq_lens=tensor(layout.seq_lens, torch.int32),
-        query_start_loc=tensor(starts, torch.int32),
+        slot_mapping=slots,
+        block_tables=ints[0].view(len(layout.tables), width),
+        seq_lens=ints[1],
+        query_start_loc=ints[2],
         num_prefills=num_prefills,
         num_prefill_tokens=starts[num_prefills],
         query_lens_list=[b - a for a, b in itertools.pairwise(starts)],
@@ -94,13 +98,22 @@ def step_inputs(
         max_seq_len=max(layout.seq_lens),
     )
     return StepInputs(
-        input_ids=tensor(layout.token_ids, torch.long),
-        positions=tensor(layout.positions, torch.long),
+        input_ids=token_ids,
+        positions=positions,
         meta=meta,
-        logits_indices=tensor(layout.logits_rows, torch.long),
+        logits_indices=logits_rows,
         sampled=layout.sampled,
         scored=scored or [],
     )
+
+
+def _on_device(lists: list[list[int]], dtype: torch.dtype, device: torch.device):
+    """Each list as a tensor on ``device``: views of one packed tensor, copied once."""
+    values = list(itertools.chain.from_iterable(lists))
+    packed = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    if device.type != "cpu":
+        packed = packed.to(device, non_blocking=True)
+    return packed.split([len(values) for values in lists])
 
 
 def slots_of(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
