@@ -20,7 +20,7 @@ if not torch.cuda.is_available():  # must be set before triton is first imported
 
 import pytest
 
-from octavo.attention import triton_kernels
+from octavo.attention import triton_decode, triton_kernels
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
@@ -118,7 +118,7 @@ def check_decode(options, dtype=torch.float32, cache_dtype=None, scales=UNIT_SCA
     seq_lens = [3, 9, 21]
     cache, tables = random_cache(cache_dtype or dtype), block_tables(seq_lens)
     query = seeded(len(seq_lens), NUM_HEADS, HEAD_DIM, seed=3, spread=2.0).to(dtype)
-    out = triton_kernels.paged_decode_attention(
+    out = triton_decode.paged_decode_attention(
         query.to(DEVICE),
         cache.to(DEVICE),
         tables.to(DEVICE),
@@ -208,7 +208,7 @@ def test_blocks_before_the_window_are_never_read() -> None:
     prefill = triton_kernels.prefill_attention(
         query.to(DEVICE), *args, starts, lens, 5, HEAD_DIM**-0.5, options=options
     )
-    decode = triton_kernels.paged_decode_attention(
+    decode = triton_decode.paged_decode_attention(
         query[-1:].to(DEVICE), *args, lens, 30, HEAD_DIM**-0.5, options=options
     )
     keys, values = context(cache, tables[0], 30, UNIT_SCALES)
@@ -231,7 +231,7 @@ def test_invalid_options_are_refused(options: AttentionOptions) -> None:
     lens = torch.tensor([3], dtype=torch.int32, device=DEVICE)
     tables = block_tables([3]).to(DEVICE)
     with pytest.raises(ValueError, match=r"sliding_window|soft_cap|sinks"):
-        triton_kernels.paged_decode_attention(query, cache, tables, lens, 3, 1.0, options=options)
+        triton_decode.paged_decode_attention(query, cache, tables, lens, 3, 1.0, options=options)
 
 
 Step = tuple[tuple[torch.Tensor, ...], torch.Tensor, AttentionMetadata]

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():  # must be set before triton is first imported
 
 import pytest
 
-from octavo.attention import torch_ops, triton_kernels
+from octavo.attention import torch_ops, triton_decode, triton_kernels
 from octavo.attention.backend import TorchAttention
 from octavo.attention.kv_quant import KVScales
 from octavo.attention.metadata import AttentionMetadata
@@ -95,7 +95,7 @@ def test_paged_decode_matches_torch(dtype: torch.dtype, block_size: int, head_di
     query = randn(3, NUM_HEADS, head_dim, dtype=dtype, seed=3)
     args = (query, cache, tables, lens, max(seq_lens), head_dim**-0.5)
     assert_close(
-        triton_kernels.paged_decode_attention(*args), torch_ops.paged_decode_attention(*args)
+        triton_decode.paged_decode_attention(*args), torch_ops.paged_decode_attention(*args)
     )
 
 
@@ -227,7 +227,7 @@ def test_fp8_decode_and_prefill_match_torch(
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
     scale = head_dim**-0.5
     query = randn(3, NUM_HEADS, head_dim, dtype=dtype, seed=3)
-    decode = triton_kernels.paged_decode_attention(
+    decode = triton_decode.paged_decode_attention(
         query, cache, tables, lens, 37, scale, scales=FP8_SCALES
     )
     assert_close(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.attention import triton_kernels
+from octavo.attention import triton_decode, triton_kernels
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
@@ -34,7 +34,7 @@ class TritonAttention:
             self._prefill(query[:split], kv_cache, meta, scale, out[:split], kv_scales, options)
         if meta.num_decodes:
             first = meta.num_prefills
-            triton_kernels.paged_decode_attention(
+            triton_decode.paged_decode_attention(
                 query[split:],
                 kv_cache,
                 meta.block_tables[first:],

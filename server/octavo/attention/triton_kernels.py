@@ -182,60 +182,6 @@ def _soft_cap(scores, cap):
 
 
 @triton.jit
-def _decode_kernel(
-    q_ptr, cache_ptr, table_ptr, seq_lens_ptr, out_ptr,
-    stride_qb, stride_qh, stride_ob, stride_oh, stride_tb,
-    stride_kv, stride_blk, stride_tok, stride_ch,
-    qk_scale, v_factor, head_dim, window, soft_cap, sinks_ptr,
-    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, DIM_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
-    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SINKS: tl.constexpr,
-):  # fmt: skip
-    """Program ``(seq, kv_head)``: the ``GROUP`` query heads sharing one kv head.
-
-    ``WINDOW``: only the last ``window`` positions are visible and the loop starts at the
-    tile holding the first of them. ``SOFT_CAP``: scores become ``soft_cap * tanh(s /
-    soft_cap)`` (``soft_cap`` in the log2 domain). ``SINKS``: each head's sink logit starts
-    the softmax's running max and denominator.
-    """
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    offs_g = tl.arange(0, GROUP_P2)
-    offs_d = tl.arange(0, DIM_P2)
-    heads = kv_head * GROUP + offs_g
-    mask_q = (offs_g[:, None] < GROUP) & (offs_d[None, :] < head_dim)
-    q_ptrs = q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32) * qk_scale
-    m_i, l_i = _softmax_init(sinks_ptr, heads, offs_g < GROUP, GROUP_P2, SINKS)
-    acc = tl.zeros([GROUP_P2, DIM_P2], tl.float32)
-    first = 0
-    if WINDOW:
-        first = tl.maximum(seq_len - window, 0)
-    for start in range(first // BLOCK_N * BLOCK_N, seq_len, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < seq_len
-        if WINDOW:
-            mask_n = mask_n & (offs_n >= first)
-        ptrs = _kv_tile_ptrs(
-            cache_ptr, table_ptr + seq * stride_tb, offs_n, mask_n, offs_d, kv_head,
-            stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
-        )  # fmt: skip
-        mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
-        k = _load_kv(ptrs, mask_kv, FP8, tl.float32)
-        v = _load_kv(ptrs + stride_kv, mask_kv, FP8, tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        if SOFT_CAP:
-            scores = _soft_cap(scores, soft_cap)
-        scores = tl.where(mask_n[None, :], scores, float("-inf"))
-        p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    out = acc * (v_factor / tl.where(l_i > 0, l_i, 1.0))[:, None]
-    o_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_q)
-
-
-@triton.jit
 def _prefill_kernel(
     q_ptr, cache_ptr, table_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
@@ -250,8 +196,8 @@ def _prefill_kernel(
 
     The two matmuls take ``DOT_DTYPE`` operands and accumulate in fp32; ``PRECISION`` is
     "ieee" for fp32 operands so they are not rounded to TF32. The options are those of
-    ``_decode_kernel``; with a window the loop starts at the tile holding the first key
-    the tile's earliest query sees.
+    ``triton_decode._decode_kernel``; with a window the loop starts at the tile holding the
+    first key the tile's earliest query sees.
     """
     seq = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -319,12 +265,6 @@ def _prefill_kv_tile(block_size: int) -> int:
     return max(16, min(64, triton.next_power_of_2(block_size)))
 
 
-def _decode_kv_tile(block_size: int, group_p2: int, dim_p2: int) -> int:
-    """Context tokens per decode loop step (the ``[group, tokens, dim]`` tile ≤ 8K values)."""
-    budget = triton.next_power_of_2(max(1, 8192 // (group_p2 * dim_p2)))
-    return max(4, min(64, triton.next_power_of_2(block_size), budget))
-
-
 def kernel_options(options: AttentionOptions, query: torch.Tensor) -> dict[str, object]:
     """The attention kernels' option arguments: runtime values and the constexpr flags that
     compile each feature in (all off for plain attention: the kernel without options).
@@ -388,46 +328,6 @@ def store_kv(
         BLOCK_SIZE=kv_cache.shape[2], HEADS_P2=triton.next_power_of_2(num_kv_heads),
         DIM_P2=triton.next_power_of_2(head_dim), FP8=cache.fp8,
     )  # fmt: skip
-
-
-def paged_decode_attention(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seq_len: int,
-    scale: float,
-    out: torch.Tensor | None = None,
-    scales: KVScales = UNIT_SCALES,
-    options: AttentionOptions = FULL_ATTENTION,
-) -> torch.Tensor:
-    """One new token per sequence: ``query [B, heads, head_dim]`` → ``[B, heads, head_dim]``.
-
-    ``max_seq_len`` is accepted for parity with ``torch_ops``; each program loops up to its
-    own sequence length. ``out`` may be a preallocated ``[B, heads, head_dim]`` view.
-    ``options``: the layer's window, soft-cap and sinks (``AttentionOptions``).
-    """
-    del max_seq_len
-    query = _last_dim_contiguous(query)
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = kv_cache.shape[3]
-    out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
-    if num_seqs == 0:
-        return out
-    extra = kernel_options(options, query)
-    group = num_heads // num_kv_heads
-    group_p2, dim_p2 = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
-    cache = cache_format(kv_cache, scales)
-    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
-    _decode_kernel[(num_seqs, num_kv_heads)](
-        query, cache.tensor, block_tables, seq_lens, out,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E * cache.k_factor,
-        cache.v_factor, head_dim,
-        GROUP=group, GROUP_P2=group_p2, DIM_P2=dim_p2, BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_N=_decode_kv_tile(kv_cache.shape[2], group_p2, dim_p2), FP8=cache.fp8, **extra,
-    )  # fmt: skip
-    return out
 
 
 def prefill_attention(

@@ -1,0 +1,499 @@
+"""Paged decode attention in Triton: one new token per sequence over its cached context.
+
+Two kernels, picked by ``choose_num_splits`` from the launch's shape alone:
+
+* single pass: one program per ``(sequence, kv head)`` loops over the whole context;
+* split KV ("flash-decoding"): programs ``(sequence, kv head, split)`` each take one
+  contiguous chunk of the context and write a partial (running max, denominator and
+  unnormalised accumulator) to a workspace; ``_merge_kernel`` combines a row's partials
+  with log-sum-exp weights.
+
+Both are CUDA-graph safe: each program reads its sequence's length from ``seq_lens`` on
+the device and derives its chunk from it, and the host decides the grid from what is fixed
+for a captured batch (rows, kv heads, the block table's width, the GPU's SM count), never
+from the per-step lengths. Cache layout, fp8 decoding and options: see ``triton_kernels``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales
+from octavo.attention.options import FULL_ATTENTION, AttentionOptions
+from octavo.attention.triton_kernels import (
+    LOG2E,
+    _cache_strides,
+    _dot_dtype,
+    _kv_tile_ptrs,
+    _last_dim_contiguous,
+    _load_kv,
+    _online_softmax,
+    _soft_cap,
+    _softmax_init,
+    cache_format,
+    kernel_options,
+)
+
+_LOG2E = tl.constexpr(LOG2E)
+SPLIT_KV_TILE = 64  # context tokens per split-kernel loop step (a multiple of block_size)
+MIN_SPLIT_TOKENS = 128  # a split reads at least two such tiles of the longest context
+MAX_SPLITS = 32
+PROGRAMS_PER_SM = 8  # resident programs per SM that keep enough loads in flight for HBM
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    cache_ptr,
+    table_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_tb,
+    stride_kv,
+    stride_blk,
+    stride_tok,
+    stride_ch,
+    qk_scale,
+    v_factor,
+    head_dim,
+    window,
+    soft_cap,
+    sinks_ptr,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    SINKS: tl.constexpr,
+):
+    """Single pass, program ``(seq, kv_head)``: the ``GROUP`` query heads sharing one kv head.
+
+    ``WINDOW``: only the last ``window`` positions are visible and the loop starts at the
+    tile holding the first of them. ``SOFT_CAP``: scores become ``soft_cap * tanh(s /
+    soft_cap)`` (``soft_cap`` in the log2 domain). ``SINKS``: each head's sink logit starts
+    the softmax's running max and denominator.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    offs_g = tl.arange(0, GROUP_P2)
+    offs_d = tl.arange(0, DIM_P2)
+    heads = kv_head * GROUP + offs_g
+    mask_q = (offs_g[:, None] < GROUP) & (offs_d[None, :] < head_dim)
+    q_ptrs = q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32) * qk_scale
+    m_i, l_i = _softmax_init(sinks_ptr, heads, offs_g < GROUP, GROUP_P2, SINKS)
+    acc = tl.zeros([GROUP_P2, DIM_P2], tl.float32)
+    first = 0
+    if WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    for start in range(first // BLOCK_N * BLOCK_N, seq_len, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < seq_len
+        if WINDOW:
+            mask_n = mask_n & (offs_n >= first)
+        ptrs = _kv_tile_ptrs(
+            cache_ptr,
+            table_ptr + seq * stride_tb,
+            offs_n,
+            mask_n,
+            offs_d,
+            kv_head,
+            stride_blk,
+            stride_tok,
+            stride_ch,
+            BLOCK_SIZE,
+        )
+        mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
+        k = _load_kv(ptrs, mask_kv, FP8, tl.float32)
+        v = _load_kv(ptrs + stride_kv, mask_kv, FP8, tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        if SOFT_CAP:
+            scores = _soft_cap(scores, soft_cap)
+        scores = tl.where(mask_n[None, :], scores, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    out = acc * (v_factor / tl.where(l_i > 0, l_i, 1.0))[:, None]
+    o_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_q)
+
+
+@triton.jit
+def _tile_rows(
+    table_ptr,
+    start,
+    seq_len,
+    kv_head,
+    stride_blk,
+    stride_tok,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Cache offsets ``[BLOCK_N]`` of context positions ``start ..``: one block id per cache
+    block of the tile (``start`` is a multiple of ``BLOCK_N``; one of them divides the other).
+    Ids of blocks past ``seq_len`` are not read (their rows are masked by the caller)."""
+    if BLOCK_N >= BLOCK_SIZE:
+        PER_TILE: tl.constexpr = BLOCK_N // BLOCK_SIZE
+        index = start // BLOCK_SIZE + tl.arange(0, PER_TILE)
+        ids = tl.load(table_ptr + index, mask=index * BLOCK_SIZE < seq_len, other=0)
+        rows = ids.to(tl.int64)[:, None] * stride_blk
+        rows = rows + tl.arange(0, BLOCK_SIZE)[None, :] * stride_tok
+        rows = tl.reshape(rows, [BLOCK_N])
+    else:
+        block = tl.load(table_ptr + start // BLOCK_SIZE).to(tl.int64)
+        rows = block * stride_blk + (start % BLOCK_SIZE + tl.arange(0, BLOCK_N)) * stride_tok
+    return rows + kv_head * stride_ch
+
+
+@triton.jit
+def _split_bounds(seq_len, window, split, num_splits, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """``(first visible position, chunk start, chunk end)`` of split ``split``: the tiles
+    holding visible positions, shared out evenly (a split may get none: start >= end)."""
+    first = 0
+    if WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    first_tile = first // BLOCK_N
+    tiles = tl.cdiv(seq_len, BLOCK_N) - first_tile
+    per_split = tl.cdiv(tiles, num_splits)
+    start = (first_tile + split * per_split) * BLOCK_N
+    return first, start, tl.minimum(start + per_split * BLOCK_N, seq_len)
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,
+    cache_ptr,
+    table_ptr,
+    seq_lens_ptr,
+    acc_ptr,
+    max_ptr,
+    sum_ptr,
+    stride_qb,
+    stride_qh,
+    stride_tb,
+    stride_kv,
+    stride_blk,
+    stride_tok,
+    stride_ch,
+    qk_scale,
+    head_dim,
+    window,
+    soft_cap,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+):
+    """Program ``(seq, kv_head, split)``: the ``GROUP`` query heads of one kv head over one
+    chunk of the context (``_split_bounds``), as ``BLOCK_H`` (>= 16) rows of two ``tl.dot``s.
+
+    Writes the chunk's running max and denominator (log2 domain) and its unnormalised
+    accumulator to the workspace ``[seqs, heads, splits(, head_dim)]``; an empty chunk
+    writes max -1e30, denominator 0 and zeros. Sinks are left to ``_merge_kernel``.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first, lo, hi = _split_bounds(seq_len, window, split, num_splits, BLOCK_N, WINDOW)
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, DIM_P2)
+    heads = kv_head * GROUP + offs_g
+    mask_q = (offs_g[:, None] < GROUP) & (offs_d[None, :] < head_dim)
+    q_ptrs = q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(DOT_DTYPE)
+    m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DIM_P2], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = (offs_n < seq_len) & (offs_n >= first)
+        rows = _tile_rows(
+            table_ptr + seq * stride_tb,
+            start,
+            seq_len,
+            kv_head,
+            stride_blk,
+            stride_tok,
+            stride_ch,
+            BLOCK_SIZE,
+            BLOCK_N,
+        )
+        ptrs = cache_ptr + rows[:, None] + offs_d[None, :]
+        mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
+        k = _load_kv(ptrs, mask_kv, FP8, DOT_DTYPE)
+        v = _load_kv(ptrs + stride_kv, mask_kv, FP8, DOT_DTYPE)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if SOFT_CAP:
+            scores = _soft_cap(scores, soft_cap)
+        scores = tl.where(mask_n[None, :], scores, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
+        pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+    part = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split
+    mask_h = offs_g < GROUP
+    tl.store(max_ptr + part, m_i, mask=mask_h)
+    tl.store(sum_ptr + part, l_i, mask=mask_h)
+    tl.store(acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=mask_q)
+
+
+@triton.jit
+def _merge_kernel(
+    acc_ptr,
+    max_ptr,
+    sum_ptr,
+    out_ptr,
+    sinks_ptr,
+    stride_ob,
+    stride_oh,
+    num_splits,
+    head_dim,
+    v_factor,
+    SPLITS_P2: tl.constexpr,
+    DIM_P2: tl.constexpr,
+    SINKS: tl.constexpr,
+):
+    """Program ``(seq, head)``: the row's partials weighted by ``exp2(max - overall max)``;
+    the sink (if any) joins the denominator once. A row with nothing visible gives zeros."""
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_P2)
+    offs_d = tl.arange(0, DIM_P2)
+    part = (seq * tl.num_programs(1) + head) * num_splits + offs_s
+    mask_s = offs_s < num_splits
+    maxes = tl.load(max_ptr + part, mask=mask_s, other=-1.0e30)
+    sums = tl.load(sum_ptr + part, mask=mask_s, other=0.0)
+    overall = tl.max(maxes, axis=0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * _LOG2E
+        overall = tl.maximum(overall, sink)
+    weights = tl.exp2(maxes - overall)
+    total = tl.sum(weights * sums, axis=0)
+    if SINKS:
+        total += tl.exp2(sink - overall)
+    mask_acc = mask_s[:, None] & (offs_d[None, :] < head_dim)
+    accs = tl.load(acc_ptr + part[:, None] * head_dim + offs_d[None, :], mask=mask_acc, other=0.0)
+    out = tl.sum(weights[:, None] * accs, axis=0) * (v_factor / tl.where(total > 0, total, 1.0))
+    o_ptrs = out_ptr + seq * stride_ob + head * stride_oh + offs_d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere: the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, sms: int) -> int:
+    """Context splits of a decode launch; 1 means the single-pass kernel.
+
+    Decode attention reads every cached key and value once, so it is fast only when the
+    whole GPU has loads in flight: about ``PROGRAMS_PER_SM`` programs on every SM. The
+    single pass has ``num_seqs * num_kv_heads`` programs; when that falls short (few
+    sequences, e.g. batch 1, or few kv heads) each row's context is split until it does.
+    A split takes at least ``MIN_SPLIT_TOKENS`` of the longest possible context (a short
+    context gains nothing from splitting and pays the merge), and at most ``MAX_SPLITS``.
+
+    Only what is fixed for a captured CUDA graph goes in: ``max_context`` is the block
+    table's width times the block size, never a step's sequence lengths. The constants are
+    first guesses, to be refined from ``python -m octavo_bench gpu``'s sweep.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    wanted = -(-PROGRAMS_PER_SM * sms // programs)
+    return max(1, min(wanted, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+
+
+def _decode_kv_tile(block_size: int, group_p2: int, dim_p2: int) -> int:
+    """Single pass: context tokens per loop step (the ``[group, tokens, dim]`` tile ≤ 8K)."""
+    budget = triton.next_power_of_2(max(1, 8192 // (group_p2 * dim_p2)))
+    return max(4, min(64, triton.next_power_of_2(block_size), budget))
+
+
+def _split_kv_tile(block_size: int) -> int:
+    """Split kernel: ``SPLIT_KV_TILE`` tokens, or a whole cache block when that is larger."""
+    return max(SPLIT_KV_TILE, block_size)
+
+
+def _splittable(block_size: int) -> bool:
+    """The split kernel's tiles hold whole blocks or whole fractions of one (powers of 2)."""
+    return block_size & (block_size - 1) == 0
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    scales: KVScales = UNIT_SCALES,
+    options: AttentionOptions = FULL_ATTENTION,
+    num_splits: int | None = None,
+    kv_tile: int | None = None,
+) -> torch.Tensor:
+    """One new token per sequence: ``query [B, heads, head_dim]`` → ``[B, heads, head_dim]``.
+
+    ``max_seq_len`` is accepted for parity with ``torch_ops``; each program reads its own
+    sequence length. ``out`` may be a preallocated ``[B, heads, head_dim]`` view.
+    ``options``: the layer's window, soft-cap and sinks (``AttentionOptions``).
+    ``num_splits`` forces a split count (1: the single pass; default ``choose_num_splits``)
+    and ``kv_tile`` the split kernel's tokens per step (a power of 2, at least 16 on a GPU).
+    """
+    del max_seq_len
+    query = _last_dim_contiguous(query)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
+    if query.shape[0] == 0:
+        return out
+    block_size = kv_cache.shape[2]
+    if num_splits is None:
+        max_context = block_tables.shape[1] * block_size
+        sms = sm_count(query.device)
+        num_splits = choose_num_splits(query.shape[0], kv_cache.shape[3], max_context, sms)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be at least 1, got {num_splits}")
+    if num_splits == 1 or not _splittable(block_size):
+        _single_pass(query, kv_cache, block_tables, seq_lens, scale, out, scales, options)
+    else:
+        tile = kv_tile or _split_kv_tile(block_size)
+        launch = (query, kv_cache, block_tables, seq_lens, scale, out, scales, options)
+        _split_kv(*launch, num_splits, tile)
+    return out
+
+
+def _single_pass(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    scales: KVScales,
+    options: AttentionOptions,
+) -> None:
+    """``_decode_kernel`` over grid ``(seqs, kv_heads)``."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    extra = kernel_options(options, query)
+    group = num_heads // num_kv_heads
+    group_p2, dim_p2 = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
+    cache = cache_format(kv_cache, scales)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
+    _decode_kernel[(num_seqs, num_kv_heads)](
+        query,
+        cache.tensor,
+        block_tables,
+        seq_lens,
+        out,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        stride_kv,
+        stride_blk,
+        stride_tok,
+        stride_ch,
+        scale * LOG2E * cache.k_factor,
+        cache.v_factor,
+        head_dim,
+        GROUP=group,
+        GROUP_P2=group_p2,
+        DIM_P2=dim_p2,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_N=_decode_kv_tile(kv_cache.shape[2], group_p2, dim_p2),
+        FP8=cache.fp8,
+        **extra,
+    )
+
+
+def _split_kv(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    scales: KVScales,
+    options: AttentionOptions,
+    num_splits: int,
+    kv_tile: int,
+) -> None:
+    """``_split_kernel`` over grid ``(seqs, kv_heads, num_splits)``, then ``_merge_kernel``
+    over ``(seqs, heads)``. The fp32 workspace is allocated here: inside a CUDA graph's
+    capture it comes from the graph's pool and stays the graph's own."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    extra = kernel_options(options, query)
+    sinks, has_sinks = extra.pop("sinks_ptr"), extra.pop("SINKS")
+    group = num_heads // num_kv_heads
+    dim_p2 = triton.next_power_of_2(head_dim)
+    rows = num_seqs * num_heads * num_splits
+    parts = torch.empty(rows * (head_dim + 2), dtype=torch.float32, device=query.device)
+    acc, maxes, sums = parts.split([rows * head_dim, rows, rows])
+    cache = cache_format(kv_cache, scales)
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
+    dot_dtype = _dot_dtype(query)
+    _split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query,
+        cache.tensor,
+        block_tables,
+        seq_lens,
+        acc,
+        maxes,
+        sums,
+        query.stride(0),
+        query.stride(1),
+        block_tables.stride(0),
+        stride_kv,
+        stride_blk,
+        stride_tok,
+        stride_ch,
+        scale * LOG2E * cache.k_factor,
+        head_dim,
+        GROUP=group,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        DIM_P2=dim_p2,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_N=kv_tile,
+        FP8=cache.fp8,
+        DOT_DTYPE=dot_dtype,
+        PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        **extra,
+    )
+    _merge_kernel[(num_seqs, num_heads)](
+        acc,
+        maxes,
+        sums,
+        out,
+        sinks,
+        out.stride(0),
+        out.stride(1),
+        num_splits,
+        head_dim,
+        cache.v_factor,
+        SPLITS_P2=triton.next_power_of_2(num_splits),
+        DIM_P2=dim_p2,
+        SINKS=has_sinks,
+    )
