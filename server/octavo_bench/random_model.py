@@ -4,7 +4,11 @@ for an architecture, written by transformers, with the embedded model's tokenize
 Throughput does not depend on what the weights say (the benchmarks run greedy with
 ``ignore_eos``), so architectures can be compared, and against vLLM, on the same folder
 without downloading weights. The shapes are SmolLM2-135M's (hidden 576, 9 heads of 64,
-3 KV heads); the MoE ones give each token about the dense model's MLP work.
+3 KV heads); the MoE ones give each token about the dense model's MLP work. The GPU
+benchmark's shapes are real models' (llama-1b, llama-8b, qwen3-0.6b; the last two with
+their own vocabulary sizes, larger than the embedded tokenizer's: ids past it decode to
+nothing). ``--config-only`` writes config.json and the tokenizer alone, for an engine run
+with ``--load-format dummy`` (no 16 GB checkpoint written for the 8B shape).
 """
 
 from __future__ import annotations
@@ -35,9 +39,33 @@ LLAMA_1B_SHAPE = {  # Llama-3.2-1B's decoder (for the GPU benchmark: 1.1B parame
     "num_attention_heads": 32,
     "num_key_value_heads": 8,
 }
+LLAMA_8B_SHAPE = {  # Llama-3.1-8B's (8.0B parameters, untied 128256-token vocabulary)
+    **LLAMA_1B_SHAPE,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+}
+QWEN3_06B_SHAPE = {  # Qwen3-0.6B's (q/k RMSNorm from the qwen3 architecture; tied)
+    **SMOL_SHAPE,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+}
 PRESETS: dict[str, tuple[str, dict]] = {  # name -> (transformers model_type, config)
     "llama": ("llama", SMOL_SHAPE),
     "llama-1b": ("llama", LLAMA_1B_SHAPE),
+    "llama-8b": ("llama", LLAMA_8B_SHAPE),
+    "qwen3-0.6b": ("qwen3", QWEN3_06B_SHAPE),
     "qwen3": ("qwen3", SMOL_SHAPE),
     "qwen3-moe": (
         "qwen3_moe",
@@ -50,8 +78,9 @@ PRESETS: dict[str, tuple[str, dict]] = {  # name -> (transformers model_type, co
 }
 
 
-def build_random_model(preset: str, target: Path) -> Path:
-    """``target`` with a random ``preset`` checkpoint (kept if it already holds one)."""
+def build_random_model(preset: str, target: Path, config_only: bool = False) -> Path:
+    """``target`` with a random ``preset`` checkpoint (kept if it already holds one); with
+    ``config_only`` its config.json and tokenizer alone (for ``--load-format dummy``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from octavo.model_executor.embedded import embedded_model_folder
@@ -61,13 +90,13 @@ def build_random_model(preset: str, target: Path) -> Path:
         return target
     model_type, shape = PRESETS[preset]
     tokenizer = load_tokenizer(embedded_model_folder())
-    config = AutoConfig.for_model(
-        model_type,
-        **shape,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    tokens = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    config = AutoConfig.for_model(model_type, **{"vocab_size": len(tokenizer), **tokens, **shape})
+    if config_only:  # the class a checkpoint's save would name (what the engine reads)
+        config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+        config.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        return target
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(target)
@@ -78,10 +107,15 @@ def build_random_model(preset: str, target: Path) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("preset", choices=sorted(PRESETS), help="architecture and shape")
     parser.add_argument("output", type=Path, help="folder to write the checkpoint into")
+    parser.add_argument(
+        "--config-only",
+        action="store_true",
+        help="write config.json and the tokenizer only, no weights (for --load-format dummy)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    print(build_random_model(args.preset, args.output))
+    print(build_random_model(args.preset, args.output, args.config_only))
     return 0
 
 
