@@ -2,20 +2,27 @@
 
 Same inputs to both; the report keeps the time per call of each (CUDA events, after a
 warm-up) and the largest absolute difference. Shapes are a 1B-class model's decode
-(32 query heads, 8 KV heads of 128, 32 sequences of 1,024 context) and its gated MLP.
+attention (32 query heads, 8 KV heads of 128, bf16) and its gated MLP.
+
+Decode attention is timed per layer call at 32 sequences x 1k and 2k context and at 1
+sequence x 2k: the torch path (``TorchAttention.decode``), the single-pass Triton kernel
+and the split-KV kernel at the split count ``choose_num_splits`` picks (plus a sweep of
+split counts, to refine that rule), each with the K+V bytes it must read per second.
+(1 x 2k reads 8 MiB, which an H100's 50 MB L2 holds between calls: above HBM speed.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from octavo.attention.backend import TorchAttention
-from octavo.attention.triton_backend import TritonAttention
+from octavo.attention.triton_decode import choose_num_splits, paged_decode_attention, sm_count
 from octavo.model_executor.step_inputs import lay_out, step_inputs
 from octavo.scheduler.output import ScheduledSequence
+from octavo_bench.report import table
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,8 @@ class KernelResult:
     torch_ms: float
     max_abs_diff: float
     max_reference: float  # the largest |value| the torch path gave: the scale of the diff
+    bytes_read: int | None = None  # what one call must read (decode attention: K + V)
+    sweep_ms: dict[int, float] | None = None  # split-KV: ms per call by forced split count
 
     @property
     def speedup(self) -> float:
@@ -35,8 +44,27 @@ class KernelResult:
         """The largest difference relative to the output's scale (bf16 rounds at 2**-8)."""
         return self.max_abs_diff / self.max_reference if self.max_reference > 0 else 0.0
 
+    @property
+    def triton_gb_s(self) -> float | None:
+        """Achieved bandwidth of the Triton kernel: ``bytes_read`` per second, in GB/s."""
+        return gb_per_s(self.bytes_read, self.triton_ms)
+
+    @property
+    def torch_gb_s(self) -> float | None:
+        return gb_per_s(self.bytes_read, self.torch_ms)
+
     def to_json(self) -> dict:
-        return {**asdict(self), "speedup": self.speedup, "max_rel_diff": self.max_rel_diff}
+        derived = {"speedup": self.speedup, "max_rel_diff": self.max_rel_diff}
+        return {
+            **asdict(self),
+            **derived,
+            "triton_gb_s": self.triton_gb_s,
+            "torch_gb_s": self.torch_gb_s,
+        }
+
+
+def gb_per_s(num_bytes: int | None, ms: float) -> float | None:
+    return num_bytes / (ms * 1e6) if num_bytes and ms > 0 else None
 
 
 def time_ms(fn: Callable[[], torch.Tensor], repeats: int = 20) -> float:
@@ -53,29 +81,105 @@ def time_ms(fn: Callable[[], torch.Tensor], repeats: int = 20) -> float:
     return start.elapsed_time(end) / repeats
 
 
-def decode_attention(
-    device: torch.device, dtype: torch.dtype, seqs: int = 32, context: int = 1024
-) -> KernelResult:
-    """Paged decode attention, one query token per sequence over ``context`` cached ones."""
-    heads, kv_heads, head_dim, block_size = 32, 8, 128, 16
-    blocks_each = context // block_size
+@dataclass(frozen=True)
+class DecodeShape:
+    """One decode-attention launch of a 1B-class model: rows x cached context."""
+
+    seqs: int
+    context: int
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+
+    @property
+    def label(self) -> str:
+        kilo = self.context % 1024 == 0
+        return f"{self.seqs}x{self.context // 1024}k" if kilo else f"{self.seqs}x{self.context}"
+
+    def kv_bytes(self, dtype: torch.dtype) -> int:
+        """Keys and values a call must read: every cached token of every sequence."""
+        elements = 2 * self.seqs * self.context * self.kv_heads * self.head_dim
+        return elements * torch.empty((), dtype=dtype).element_size()
+
+
+DECODE_SHAPES = (DecodeShape(32, 1024), DecodeShape(32, 2048), DecodeShape(1, 2048))
+SWEEP_SPLITS = (2, 4, 8, 16, 32)
+
+
+def decode_inputs(shape: DecodeShape, device: torch.device, dtype: torch.dtype):
+    """``(query, cache, meta)``: each sequence one query token over ``context`` cached
+    ones, in blocks of its own (block 0 is the null block)."""
+    blocks_each = shape.context // shape.block_size
     scheduled = [
         ScheduledSequence(
-            i, [0], context - 1, list(range(1 + i * blocks_each, 1 + (i + 1) * blocks_each)), True
+            i,
+            [0],
+            shape.context - 1,
+            list(range(1 + i * blocks_each, 1 + (i + 1) * blocks_each)),
+            True,
         )
-        for i in range(seqs)
+        for i in range(shape.seqs)
     ]
-    meta = step_inputs(lay_out(scheduled, block_size), 0, device).meta
-    cache_shape = (2, 1 + seqs * blocks_each, block_size, kv_heads, head_dim)
+    meta = step_inputs(lay_out(scheduled, shape.block_size), 0, device).meta
+    cache_shape = (
+        2,
+        1 + shape.seqs * blocks_each,
+        shape.block_size,
+        shape.kv_heads,
+        shape.head_dim,
+    )
     cache = torch.randn(cache_shape, dtype=dtype, device=device)
-    query = torch.randn(seqs, heads, head_dim, dtype=dtype, device=device)
-    key, value = (torch.randn(seqs, kv_heads, head_dim, dtype=dtype, device=device) for _ in "kv")
-    scale = head_dim**-0.5
+    query = torch.randn(shape.seqs, shape.heads, shape.head_dim, dtype=dtype, device=device)
+    return query, cache, meta
 
-    def run(backend) -> Callable[[], torch.Tensor]:
-        return lambda: backend.forward(query, key, value, cache, meta, scale)
 
-    return compare("paged decode attention", run(TritonAttention()), run(TorchAttention()))
+def decode_attention(
+    device: torch.device, dtype: torch.dtype, shape: DecodeShape
+) -> list[KernelResult]:
+    """The single-pass and the split-KV kernel against the torch path on one shape."""
+    query, cache, meta = decode_inputs(shape, device, dtype)
+    scale, out = shape.head_dim**-0.5, torch.empty_like(query)
+
+    def triton_call(**forced) -> Callable[[], torch.Tensor]:
+        args = (query, cache, meta.block_tables, meta.seq_lens, shape.context, scale)
+        return lambda: paged_decode_attention(*args, out=out, **forced)
+
+    def torch_call() -> torch.Tensor:
+        return TorchAttention().decode(query, cache, meta, scale)
+
+    splits = choose_num_splits(shape.seqs, shape.kv_heads, shape.context, sm_count(device))
+    name = f"decode {shape.label}"
+    single = compare(f"{name} single pass", triton_call(num_splits=1), torch_call)
+    forced = max(2, splits)  # timed even where the rule keeps the single pass
+    rule = "" if splits > 1 else " (rule: single pass)"
+    split = compare(f"{name} split x{forced}{rule}", triton_call(num_splits=forced), torch_call)
+    sweep = {n: time_ms(triton_call(num_splits=n), repeats=10) for n in SWEEP_SPLITS}
+    bytes_read = shape.kv_bytes(dtype)
+    return [
+        replace(single, bytes_read=bytes_read),
+        replace(split, bytes_read=bytes_read, sweep_ms=sweep),
+    ]
+
+
+def decode_table(results: list[KernelResult]) -> str:
+    """The decode rows with their achieved bandwidth and the split sweep."""
+    headers = ["kernel", "triton ms", "GB/s", "torch ms", "torch GB/s", "max |diff|", "sweep ms"]
+    rows = []
+    for r in results:
+        sweep = " ".join(f"{n}:{ms:.4f}" for n, ms in (r.sweep_ms or {}).items())
+        rows.append(
+            [
+                r.name,
+                f"{r.triton_ms:.4f}",
+                f"{r.triton_gb_s or 0:.0f}",
+                f"{r.torch_ms:.4f}",
+                f"{r.torch_gb_s or 0:.0f}",
+                f"{r.max_abs_diff:.2e}",
+                sweep,
+            ]
+        )
+    return table(headers, rows)
 
 
 def gated_activation(device: torch.device, dtype: torch.dtype, rows: int = 256) -> KernelResult:
@@ -99,4 +203,8 @@ def compare(name: str, triton_fn, torch_fn) -> KernelResult:
 
 
 def all_kernels(device: torch.device, dtype: torch.dtype) -> list[KernelResult]:
-    return [decode_attention(device, dtype), gated_activation(device, dtype)]
+    """Every kernel row; prints the decode rows' bandwidth table (the report's own table
+    has no GB/s column)."""
+    decode = [row for shape in DECODE_SHAPES for row in decode_attention(device, dtype, shape)]
+    print("== decode attention: achieved K+V bandwidth ==", decode_table(decode), sep="\n")
+    return [*decode, gated_activation(device, dtype)]
