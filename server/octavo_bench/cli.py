@@ -1,5 +1,5 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
-random-model|sharegpt-synth|gpu|routed|embeddings``: the command line."""
+random-model|sharegpt-synth|gpu|routed|embeddings|step-profile``: the command line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from octavo_bench import (
     serve,
     sharegpt,
     speculative,
+    step_profile,
     structured,
 )
 from octavo_bench.parsers import PROG
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sharegpt.register(kinds)
     gpu.register(kinds)
     embeddings.register(kinds)
+    step_profile.register(kinds)
     return parser
 
 

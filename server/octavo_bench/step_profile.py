@@ -1,0 +1,181 @@
+"""`python -m octavo_bench step-profile`: where one engine step's time goes, by phase.
+
+For each batch size, ``batch`` prompts decode ``--steps`` tokens each (greedy,
+``ignore_eos``) and every phase of the engine's steps is timed on the host: the
+scheduler, the runner's input preparation, the forward's launch (on a GPU the graph
+replay or the eager kernels are queued, not waited for), sampling (which waits for the
+GPU), the scheduler's update and the engine's detokenizing. On a GPU the forward's device
+time is read from CUDA events around it, so host overhead and GPU time sit side by side:
+a step is host-bound where ``step`` far exceeds ``gpu_forward_ms``. Writes
+step_profile.json and step_profile.png (the phases of a step, stacked, per batch size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from octavo_bench.parsers import add_output_dir, register_subcommand, standalone_parser
+from octavo_bench.report import machine_info, save, table
+
+PHASES = {  # (object path, method) -> phase name
+    ("scheduler", "schedule"): "schedule",
+    ("runner", "prepare"): "prepare",
+    ("runner", "_forward"): "forward_launch",
+    ("runner", "_outputs"): "sample",
+    ("scheduler", "update_from_output"): "update",
+    ("engine", "_record_all"): "detokenize",
+}
+
+
+class PhaseTimer:
+    """Wraps the engine's phase methods with host timers (and CUDA events on the forward)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.steps = 0
+        owners = {"engine": engine, "scheduler": engine.scheduler}
+        owners["runner"] = engine.executor.worker.runner
+        for (owner, method), phase in PHASES.items():
+            self._wrap(owners[owner], method, phase)
+        self._wrap(engine, "step", "step")
+
+    def _wrap(self, owner: Any, method: str, phase: str) -> None:
+        original: Callable = getattr(owner, method)
+        on_gpu = phase == "forward_launch" and torch.cuda.is_available()
+
+        def timed(*args, **kwargs):
+            if on_gpu:
+                start_event, end_event = torch.cuda.Event(True), torch.cuda.Event(True)
+                start_event.record()
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            self.seconds[phase] += time.perf_counter() - start
+            if on_gpu:
+                end_event.record()
+                self.events.append((start_event, end_event))
+            self.steps += phase == "step"
+            return result
+
+        setattr(owner, method, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.events.clear()
+        self.steps = 0
+
+    def per_step_ms(self) -> dict[str, float]:
+        steps = max(1, self.steps)
+        result = {phase: 1000 * self.seconds[phase] / steps for phase in [*PHASES.values(), "step"]}
+        if self.events:
+            torch.cuda.synchronize()
+            gpu = sum(start.elapsed_time(end) for start, end in self.events)
+            result["gpu_forward_ms"] = gpu / steps
+        return result
+
+
+def profile_batch(llm: Any, timer: PhaseTimer, batch: int, steps: int, prompt_len: int) -> dict:
+    from octavo import SamplingParams
+
+    prompts = [[10 + (i * 7 + j) % 1000 for j in range(prompt_len)] for i in range(batch)]
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    timer.reset()
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    row = {"batch": batch, "steps": timer.steps, "tok_s": batch * steps / wall}
+    row.update(timer.per_step_ms())
+    return row
+
+
+@dataclass
+class StepProfileReport:
+    settings: dict[str, str]
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=machine_info)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"settings": self.settings, "machine": self.machine, "rows": self.rows}
+
+    def text(self) -> str:
+        columns = ["batch", "tok_s", "step", *PHASES.values(), "gpu_forward_ms"]
+        body = [[_cell(row.get(name)) for name in columns] for row in self.rows]
+        title = "== step profile: ms per step by phase (host), GPU forward (CUDA events) =="
+        return "\n".join([title, table(columns, body), *self.notes])
+
+    def draw(self, plt: Any) -> Any:
+        figure, axes = plt.subplots(figsize=(8, 4))
+        labels = [str(row["batch"]) for row in self.rows]
+        bottom = [0.0] * len(self.rows)
+        for phase in PHASES.values():
+            heights = [row[phase] for row in self.rows]
+            axes.bar(labels, heights, bottom=bottom, label=phase)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        axes.set_xlabel("batch size")
+        axes.set_ylabel("ms per step")
+        axes.legend()
+        return figure
+
+
+def run(args: argparse.Namespace) -> int:
+    from octavo import LLM
+
+    kwargs = {"enforce_eager": args.enforce_eager, "load_format": args.load_format}
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=2048, **kwargs)
+    timer = PhaseTimer(llm.engine)
+    report = StepProfileReport(_settings(args))
+    for batch in args.batches:
+        report.rows.append(profile_batch(llm, timer, batch, args.steps, args.prompt_len))
+    llm.shutdown()
+    save(report, args.output_dir, "step_profile")
+    return 0
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    return {key: str(value) for key, value in vars(args).items() if key != "func"}
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(size) for size in text.split(",") if size.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="HF model folder")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
+    parser.add_argument(
+        "--batches", type=_sizes, default=[1, 32, 256], help="comma-separated batch sizes"
+    )
+    parser.add_argument("--steps", type=int, default=64, help="decode steps per batch")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--enforce-eager", action="store_true")
+    add_output_dir(parser, "step-profile")
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    help_text = "per-phase host time and GPU forward time of engine steps"
+    register_subcommand(kinds, "step-profile", help_text, __doc__, "", add_arguments, run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return standalone_parser("step-profile", __doc__, "", add_arguments)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,23 @@
+"""``octavo_bench step-profile`` on CPU: every phase timed, JSON and PNG written."""
+
+from __future__ import annotations
+
+import json
+
+from octavo_bench import step_profile
+
+
+def test_a_cpu_run_times_every_phase_per_batch(tiny_folder, tmp_path):
+    argv = ["--model", str(tiny_folder("llama3")), "--device", "cpu", "--dtype", "float32"]
+    argv += ["--batches", "1,3", "--steps", "4", "--prompt-len", "5"]
+    assert step_profile.main([*argv, "--output-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "step_profile.json").read_text())["rows"]
+    assert [row["batch"] for row in rows] == [1, 3]
+    for row in rows:
+        assert row["steps"] >= 4  # the prefill step and the decode steps
+        assert row["tok_s"] > 0
+        phases = [row[phase] for phase in step_profile.PHASES.values()]
+        assert all(ms > 0 for ms in phases)
+        assert sum(phases) <= row["step"] * 1.01  # the phases are parts of a step
+        assert "gpu_forward_ms" not in row  # CUDA events only on a GPU
+    assert (tmp_path / "step_profile.png").exists()
