@@ -136,9 +136,14 @@ def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(tiny_folder):
     eager = LLM(folder, enforce_eager=True, **common)
     expected = _generate(eager)
     assert eager.engine.executor.worker.runner.graphs is None
+    eager_blocks = len(eager.engine.parts.pool.blocks)
+    eager.shutdown()
     del eager
     torch.cuda.empty_cache()
     graphed = LLM(folder, **common)
     graphs = graphed.engine.executor.worker.runner.graphs
     assert graphs is not None and sorted(graphs.replays) == [1, 2, 4, 8]
     assert _generate(graphed) == expected
+    # the graphs' memory pool was counted before the KV cache was sized
+    assert len(graphed.engine.parts.pool.blocks) < eager_blocks
+    graphed.shutdown()
