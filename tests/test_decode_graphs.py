@@ -132,7 +132,13 @@ def test_a_step_that_does_not_fit_runs_eagerly(tiny_llm):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(tiny_folder):
     folder = str(tiny_folder("llama3"))
-    common = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=8)
+    common = dict(
+        device="cuda",
+        dtype="bfloat16",
+        max_model_len=256,
+        max_num_seqs=8,
+        gpu_memory_utilization=0.3,
+    )
     eager = LLM(folder, enforce_eager=True, **common)
     expected = _generate(eager)
     assert eager.engine.executor.worker.runner.graphs is None
