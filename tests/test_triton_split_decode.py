@@ -30,6 +30,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HEAD_DIM, NUM_BLOCKS, KV_HEADS = 16, 24, 2
 SEQ_LENS = [1, 17, 40, 9]  # a one-token row, partial blocks, a context of several tiles
 FP8_SCALES = KVScales(0.37, 2.5)
+NO_GPU = "needs a CUDA GPU (none here: the split kernel is checked under TRITON_INTERPRET)"
 SINKS = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0, -0.5, 0.25, 3.0])
 
 
@@ -153,3 +154,29 @@ def test_choose_num_splits() -> None:
 def test_a_split_count_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="num_splits"):
         launch(CASES["plain"], SEQ_LENS, num_splits=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+def test_a_captured_launch_replays_with_new_lengths() -> None:
+    """CUDA-graph safety: a launch captured once gives the right answer when only the
+    device tensors change (lengths, tables, queries), padding rows included."""
+    case = CASES["sinks_window"]
+    shape = (2, NUM_BLOCKS, case.block_size, KV_HEADS, HEAD_DIM)
+    cache = seeded(*shape, seed=11).to(DEVICE)
+    lens = torch.tensor(SEQ_LENS, dtype=torch.int32, device=DEVICE)
+    table = tables_for(SEQ_LENS, case.block_size, 6).to(DEVICE)
+    query = seeded(len(SEQ_LENS), 2 * KV_HEADS, HEAD_DIM, seed=3).to(DEVICE)
+    options = device_options(case.options)
+    args = (query, cache, table, lens, 48, HEAD_DIM**-0.5)
+    launch_args = {"options": options, "num_splits": 3, "kv_tile": 16}
+    triton_decode.paged_decode_attention(*args, **launch_args)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_decode.paged_decode_attention(*args, **launch_args)
+    new_lens = [44, 1, 23, 1]  # rows 1 and 3: padding rows on the null block
+    lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+    table.copy_(tables_for(new_lens, case.block_size, 6))
+    query.copy_(seeded(len(SEQ_LENS), 2 * KV_HEADS, HEAD_DIM, seed=5))
+    graph.replay()
+    expected = torch_ops.paged_decode_attention(*args, UNIT_SCALES, options)
+    assert_close(out, expected)
