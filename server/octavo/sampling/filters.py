@@ -5,13 +5,18 @@ logits and sets removed tokens to -inf. Per-row settings come as Python lists; r
 whose filter is off are left untouched and cost nothing.
 
 A full sort of a large vocabulary is slow on CPU, so nothing here sorts the whole
-vocabulary unless it has to: top-k uses ``topk(k)``, and top-p looks at a growing
-number of best tokens until they hold enough probability mass.
+vocabulary unless it has to: top-k uses ``topk(k)``, and top-p on the CPU looks at a
+growing number of best tokens until they hold enough probability mass. That loop reads
+back from the device on every round, so on an accelerator top-p instead finds each row's
+exact threshold by a fixed-length bisection (``top_p_threshold``): no sort, no host sync.
 """
 
 from __future__ import annotations
 
 import torch
+
+from octavo.sampling.host_lists import device_tensor
+from octavo.sampling.top_p_threshold import top_p_thresholds
 
 TOP_P_FIRST_WIDTH = 64  # best tokens inspected first when looking for the top-p nucleus
 TOP_P_GROWTH = 8  # how much the inspected width grows when the nucleus is wider
@@ -39,15 +44,15 @@ def _apply_top_k_rows(
 ) -> None:
     """Top-k (and top-p within the top-k) for the given rows, in place."""
     device = logits.device
-    index = torch.tensor(rows, dtype=torch.long, device=device)
+    index = device_tensor(rows, torch.long, device)
     sub = logits[index]
     values = sub.topk(max(ks), dim=1, sorted=True).values
-    ks_t = torch.tensor(ks, dtype=torch.long, device=device)
+    ks_t = device_tensor(ks, torch.long, device)
     positions = torch.arange(values.shape[1], device=device).unsqueeze(0)
     values = values.masked_fill(positions >= ks_t.unsqueeze(1), float("-inf"))
     counts = ks_t
     if any(p < 1.0 for p in ps):
-        ps_t = torch.tensor(ps, dtype=torch.float32, device=device)
+        ps_t = device_tensor(ps, torch.float32, device)
         nucleus = _nucleus_size(torch.softmax(values, dim=1), ps_t)
         counts = torch.where(ps_t < 1.0, torch.minimum(ks_t, nucleus), ks_t)
     thresholds = values.gather(1, (counts - 1).unsqueeze(1))
@@ -55,14 +60,25 @@ def _apply_top_k_rows(
 
 
 def _apply_top_p_rows(logits: torch.Tensor, rows: list[int], ps: list[float]) -> None:
-    """Top-p for the given rows, inspecting only as many best tokens as needed."""
-    device, vocab_size = logits.device, logits.shape[1]
-    index = torch.tensor(rows, dtype=torch.long, device=device)
+    """Top-p for the given rows: the growing search on the CPU, the bisection elsewhere."""
+    index = device_tensor(rows, torch.long, logits.device)
     sub = logits[index]
     probs = torch.softmax(sub, dim=1)
-    ps_t = torch.tensor(ps, dtype=torch.float32, device=device)
-    thresholds = torch.zeros(len(rows), dtype=torch.float32, device=device)
-    pending = torch.arange(len(rows), device=device)
+    ps_t = device_tensor(ps, torch.float32, logits.device)
+    if logits.device.type == "cpu":
+        thresholds = _growing_search_thresholds(probs, ps_t)
+    else:
+        thresholds = top_p_thresholds(probs, ps_t)
+    logits[index] = sub.masked_fill(probs < thresholds.unsqueeze(1), float("-inf"))
+
+
+def _growing_search_thresholds(probs: torch.Tensor, ps_t: torch.Tensor) -> torch.Tensor:
+    """Each row's smallest kept probability, inspecting only as many best tokens as
+    needed (fastest on the CPU, where reading ``pending`` back costs nothing)."""
+    rows, vocab_size = probs.shape
+    device = probs.device
+    thresholds = torch.zeros(rows, dtype=torch.float32, device=device)
+    pending = torch.arange(rows, device=device)
     width = min(TOP_P_FIRST_WIDTH, vocab_size)
     while pending.numel() > 0:
         best = probs[pending].topk(width, dim=1, sorted=True).values
@@ -73,7 +89,7 @@ def _apply_top_p_rows(logits: torch.Tensor, rows: list[int], ps: list[float]) ->
         thresholds[pending[enough]] = smallest_kept[enough]
         pending = pending[~enough]
         width = min(width * TOP_P_GROWTH, vocab_size)
-    logits[index] = sub.masked_fill(probs < thresholds.unsqueeze(1), float("-inf"))
+    return thresholds
 
 
 def _nucleus_size(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -92,10 +108,9 @@ def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> None:
     rows = [i for i, p in enumerate(min_p) if p > 0.0]
     if not rows:
         return
-    device = logits.device
-    index = torch.tensor(rows, dtype=torch.long, device=device)
+    index = device_tensor(rows, torch.long, logits.device)
     sub = logits[index]
     probs = torch.softmax(sub, dim=1)
-    scale = torch.tensor([min_p[i] for i in rows], dtype=torch.float32, device=device)
+    scale = device_tensor([min_p[i] for i in rows], torch.float32, logits.device)
     threshold = probs.amax(dim=1, keepdim=True) * scale.unsqueeze(1)
     logits[index] = sub.masked_fill(probs < threshold, float("-inf"))

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo.sampling.host_lists import device_tensor
+
 
 @dataclass
 class TokenLogprobs:
@@ -24,34 +26,60 @@ class TokenLogprobs:
 def raw_logprobs(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Return float32 ``log_softmax`` of the given rows of the unmodified logits."""
     if len(rows) < logits.shape[0]:
-        logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        logits = logits[device_tensor(rows, torch.long, logits.device)]
     return torch.log_softmax(logits.float(), dim=-1)
 
 
 def gather_logprobs(
-    logprobs: torch.Tensor, chosen: list[int], num_top: list[int]
+    logprobs: torch.Tensor, chosen: list[int] | torch.Tensor, num_top: list[int]
 ) -> list[TokenLogprobs]:
-    """Build one ``TokenLogprobs`` per row of ``logprobs``.
+    """Build one ``TokenLogprobs`` per row of ``logprobs`` (one read-back from the device).
 
-    ``chosen[i]`` is the token sampled for row ``i`` and ``num_top[i]`` how many top
-    alternatives that row wants (0 = none).
+    ``chosen[i]`` is the token sampled for row ``i`` (a list, or a ``[rows]`` tensor on
+    ``logprobs``' device) and ``num_top[i]`` how many top alternatives it wants (0 = none).
     """
-    chosen_t = torch.tensor(chosen, dtype=torch.long, device=logprobs.device).unsqueeze(1)
-    chosen_lp = logprobs.gather(1, chosen_t)
-    ranks = ((logprobs > chosen_lp).sum(dim=1, dtype=torch.int32) + 1).tolist()  # 2x int64's
-    chosen_values = chosen_lp.squeeze(1).tolist()
-    widest = max(num_top, default=0)
-    top_ids: list[list[int]] = [[] for _ in chosen]
-    top_values: list[list[float]] = [[] for _ in chosen]
+    if not isinstance(chosen, torch.Tensor):
+        chosen = device_tensor(chosen, torch.long, logprobs.device)
+    return unpack_logprobs(pack_logprobs(logprobs, chosen, max(num_top, default=0)).cpu(), num_top)
+
+
+def pack_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, widest: int) -> torch.Tensor:
+    """Everything ``TokenLogprobs`` needs, as one int64 ``[rows, 3 + 2 * widest]`` tensor
+    on the device: chosen id, its logprob, its rank, ``widest`` top ids, their logprobs.
+    Logprobs travel as their float32 bit patterns (``unpack_logprobs`` turns them back),
+    so ids and values come back to the host in one exact transfer."""
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1))
+    above = (logprobs > chosen_lp).sum(dim=1, keepdim=True, dtype=torch.int32)  # 2x int64's
+    ranks = above.to(torch.int64) + 1
+    parts = [chosen.unsqueeze(1), _bits(chosen_lp), ranks]
     if widest > 0:
         values, indices = logprobs.topk(widest, dim=1, sorted=True)
-        top_ids, top_values = indices.tolist(), values.tolist()
+        parts += [indices, _bits(values)]
+    return torch.cat(parts, dim=1)
+
+
+def unpack_logprobs(packed: torch.Tensor, num_top: list[int]) -> list[TokenLogprobs]:
+    """The ``TokenLogprobs`` of a ``pack_logprobs`` tensor already on the host."""
+    widest = (packed.shape[1] - 3) // 2
+    chosen_values = _floats(packed[:, 1]).tolist()
+    top_ids = packed[:, 3 : 3 + widest].tolist()
+    top_values = _floats(packed[:, 3 + widest :]).tolist()
     return [
         TokenLogprobs(
             token_id=token_id,
             logprob=chosen_values[i],
-            rank=ranks[i],
+            rank=rank,
             top=list(zip(top_ids[i][: num_top[i]], top_values[i][: num_top[i]], strict=True)),
         )
-        for i, token_id in enumerate(chosen)
+        for i, (token_id, rank) in enumerate(packed[:, [0, 2]].tolist())
     ]
+
+
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    """float32 values as int64 holding their bit patterns (exact, reversible)."""
+    return values.contiguous().view(torch.int32).to(torch.int64)
+
+
+def _floats(bits: torch.Tensor) -> torch.Tensor:
+    """The float32 values whose bit patterns ``_bits`` stored."""
+    return bits.to(torch.int32).view(torch.float32)

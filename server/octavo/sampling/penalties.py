@@ -15,6 +15,8 @@ from itertools import chain
 
 import torch
 
+from octavo.sampling.host_lists import device_tensor, to_device
+
 
 def apply_repetition_penalty(
     logits: torch.Tensor,
@@ -63,13 +65,20 @@ def apply_presence_frequency_penalties(
 
 def mask_tokens(logits: torch.Tensor, row: int, token_ids: Sequence[int]) -> None:
     """Set ``logits[row, token_ids]`` to -inf so those tokens can never be picked."""
-    if not token_ids:
-        return
+    mask_token_rows(logits, [row], [token_ids])
+
+
+def mask_token_rows(
+    logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[Sequence[int]]
+) -> None:
+    """Set ``logits[rows[i], token_ids[i]]`` to -inf for every ``i``: one write."""
     vocab_size = logits.shape[1]
-    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
-        raise ValueError(f"token ids to block must be in [0, {vocab_size}), got {token_ids}")
-    index = torch.tensor(list(token_ids), dtype=torch.long, device=logits.device)
-    logits[row, index] = float("-inf")
+    for ids in token_ids:
+        if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+            raise ValueError(f"token ids to block must be in [0, {vocab_size}), got {list(ids)}")
+    flat_index = _flat_indices(logits, rows, token_ids)
+    if flat_index is not None:
+        logits.view(-1)[flat_index] = float("-inf")
 
 
 def _flat_indices(
@@ -84,7 +93,7 @@ def _flat_indices(
     if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
         raise ValueError(f"token ids in a sequence's history must be in [0, {vocab_size})")
     row_ids = torch.repeat_interleave(torch.tensor(list(rows)), torch.tensor(lengths))
-    return (row_ids * vocab_size + token_ids).to(logits.device)
+    return to_device(row_ids * vocab_size + token_ids, logits.device)
 
 
 def _per_row(
@@ -92,6 +101,6 @@ def _per_row(
 ) -> torch.Tensor:
     """A ``[batch]`` float32 tensor holding ``values[i]`` at ``rows[i]``, else ``default``."""
     full = torch.full((logits.shape[0],), default, dtype=torch.float32, device=logits.device)
-    index = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
-    full[index] = torch.tensor(list(values), dtype=torch.float32, device=logits.device)
+    index = device_tensor(rows, torch.long, logits.device)
+    full[index] = device_tensor(values, torch.float32, logits.device)
     return full

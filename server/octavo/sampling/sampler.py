@@ -13,6 +13,12 @@ The random draw uses the "exponential race" (``random_draws.race``): with
 ``q ~ Exp(1)`` per token, ``argmax(probs / q)`` is an exact sample from ``probs``. Seeded
 rows draw ``q`` from their own ``torch.Generator``, so their tokens do not depend on the
 rest of the batch; ``random_draws`` keeps each draw on its generator's device.
+
+On an accelerator the host never waits in the middle of a step: per-row settings go to
+the device through pinned memory (``host_lists``), top-p needs no read-back
+(``top_p_threshold``), greedy and sampled rows' tokens meet in one device tensor, and
+that tensor (with the requested logprobs packed beside it, ``pack_logprobs``) comes
+back in one transfer.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from octavo.sampling.filters import apply_min_p, apply_top_k_top_p
-from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from octavo.sampling.host_lists import device_tensor
+from octavo.sampling.logprobs import TokenLogprobs, pack_logprobs, raw_logprobs, unpack_logprobs
 from octavo.sampling.penalties import (
     apply_presence_frequency_penalties,
     apply_repetition_penalty,
-    mask_tokens,
+    mask_token_rows,
 )
 from octavo.sampling.random_draws import race
 from octavo.sampling_params import SamplingParams
@@ -86,14 +93,28 @@ class Sampler:
         logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         raw = raw_logprobs(logits, logprob_rows) if logprob_rows else None
         work = _prepare_logits(allowed, rows)
-        token_ids = _choose_tokens(work, rows)
-        result = SampleResult(token_ids=token_ids, logprobs=[None] * len(rows))
-        if raw is not None:
-            chosen = [token_ids[i] for i in logprob_rows]
-            wanted = [rows[i].params.logprobs or 0 for i in logprob_rows]
-            for i, entry in zip(logprob_rows, gather_logprobs(raw, chosen, wanted), strict=True):
-                result.logprobs[i] = entry
-        return result
+        chosen = _choose_tokens(work, rows)
+        if raw is None:
+            return SampleResult(token_ids=chosen.tolist(), logprobs=[None] * len(rows))
+        return _result_with_logprobs(chosen, raw, rows, logprob_rows)
+
+
+def _result_with_logprobs(
+    chosen: torch.Tensor, raw: torch.Tensor, rows: list[SamplingRow], logprob_rows: list[int]
+) -> SampleResult:
+    """Read the chosen ids and the logprob rows' entries back in one transfer."""
+    wanted = [rows[i].params.logprobs or 0 for i in logprob_rows]
+    picked = chosen
+    if len(logprob_rows) < len(rows):
+        picked = chosen[device_tensor(logprob_rows, torch.long, chosen.device)]
+    packed = pack_logprobs(raw, picked, max(wanted))
+    host = torch.cat([chosen, packed.flatten()]).cpu()  # the step's one read-back
+    batch = len(rows)
+    entries = unpack_logprobs(host[batch:].view(len(logprob_rows), -1), wanted)
+    result = SampleResult(token_ids=host[:batch].tolist(), logprobs=[None] * batch)
+    for i, entry in zip(logprob_rows, entries, strict=True):
+        result.logprobs[i] = entry
+    return result
 
 
 def _check_inputs(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -128,8 +149,8 @@ def _prepare_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         return logits.float()
     work = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     work.copy_(logits)  # a fresh contiguous float32 copy
-    for i, token_ids in enumerate(blocked):
-        mask_tokens(work, i, token_ids)
+    if any(blocked):
+        mask_token_rows(work, range(len(rows)), blocked)
     if penalised:
         _apply_penalties(work, [rows[i] for i in penalised], penalised)
     return work
@@ -157,31 +178,30 @@ def _apply_penalties(work: torch.Tensor, rows: list[SamplingRow], indices: list[
         )
 
 
-def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-    """Pick greedy rows by ``argmax`` and sample the others."""
-    greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
-    if len(greedy) == len(rows):
-        return row_argmax(work)
+def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """``[rows]`` token ids on the device: ``argmax`` for greedy rows, a draw for others."""
     sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
-    token_ids = [0] * len(rows)
-    picks = _sample(work, [rows[i] for i in sampled], sampled)
-    if greedy:
-        index = torch.tensor(greedy, dtype=torch.long, device=work.device)
-        picks += row_argmax(work[index])
-    for i, token_id in zip(sampled + greedy, picks, strict=True):
-        token_ids[i] = token_id
-    return token_ids
+    if not sampled:
+        return work.max(dim=-1).indices
+    sampled_index = device_tensor(sampled, torch.long, work.device)
+    probs = _probabilities(work, [rows[i] for i in sampled], sampled_index)
+    picks = race(probs, [rows[i].generator for i in sampled])
+    if len(sampled) == len(rows):
+        return picks
+    greedy_index = device_tensor(
+        [i for i, row in enumerate(rows) if row.params.is_greedy], torch.long, work.device
+    )
+    chosen = torch.empty(len(rows), dtype=torch.long, device=work.device)
+    chosen[sampled_index] = picks
+    chosen[greedy_index] = work[greedy_index].max(dim=-1).indices
+    return chosen
 
 
-def _sample(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> list[int]:
-    """Temperature-scale, filter and randomly draw one token for each of ``rows``."""
-    probs = _probabilities(work, rows, indices)
-    return race(probs, [row.generator for row in rows]).tolist()
-
-
-def _probabilities(work: torch.Tensor, rows: list[SamplingRow], indices: list[int]) -> torch.Tensor:
-    """The distributions ``rows`` draw from: temperature, top-k, top-p, min-p, softmax."""
-    index = torch.tensor(indices, dtype=torch.long, device=work.device)
+def _probabilities(
+    work: torch.Tensor, rows: list[SamplingRow], index: torch.Tensor
+) -> torch.Tensor:
+    """The distributions ``rows`` (``work[index]``) draw from: temperature, top-k, top-p,
+    min-p, softmax."""
     logits = work[index]  # advanced indexing copies, so the filters may work in place
     temperatures = [row.params.temperature for row in rows]
     if any(t != 1.0 for t in temperatures):
@@ -202,11 +222,12 @@ def target_probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch
     probs = torch.zeros_like(work)
     sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
     if sampled:
-        probs[sampled] = _probabilities(work, [rows[i] for i in sampled], sampled)
+        index = device_tensor(sampled, torch.long, work.device)
+        probs[index] = _probabilities(work, [rows[i] for i in sampled], index)
     greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
     if greedy:
-        best = work[greedy].max(dim=-1).indices
-        probs[greedy, best] = 1.0
+        index = device_tensor(greedy, torch.long, work.device)
+        probs[index, work[index].max(dim=-1).indices] = 1.0
     return probs
 
 
@@ -218,4 +239,4 @@ def row_argmax(values: torch.Tensor) -> list[int]:
 
 def _row_tensor(values: list[float], device: torch.device) -> torch.Tensor:
     """A float32 ``[rows]`` tensor of per-row settings."""
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    return device_tensor(values, torch.float32, device)
