@@ -113,6 +113,28 @@ class KVCacheManager:
         ``cached`` are prefix-cache hits for a sequence that holds no blocks yet; they
         cover the first ``len(cached) * block_size`` tokens (``num_computed`` must equal that).
         """
+        if not cached and self._blocks_suffice(seq_id, num_computed, num_new):
+            return True  # most decode steps: the slots are in blocks the sequence owns
+        return self._allocate_slots(seq_id, num_computed, num_new, cached)
+
+    def _blocks_suffice(self, seq_id: int, num_computed: int, num_new: int) -> bool:
+        """Do the blocks held already cover the new slots, with nothing to free (no
+        window) and nothing to copy (the first written block is this sequence's alone)?
+        Then ``_allocate_slots`` would change nothing."""
+        table = self.tables.get(seq_id)
+        if table is None or self.sliding_window is not None:
+            return False
+        blocks, size = table.blocks, self.block_size
+        if num_computed + num_new > len(blocks) * size:
+            return False
+        offset = num_computed % size
+        return num_new == 0 or offset == 0 or blocks[num_computed // size].ref_count <= 1
+
+    def _allocate_slots(
+        self, seq_id: int, num_computed: int, num_new: int, cached: list[KVBlock] = ()
+    ) -> bool:
+        """``allocate_slots``' general path: frees skipped blocks, takes cache hits,
+        copies a shared block and allocates the missing ones."""
         table = self.tables.setdefault(seq_id, SequenceBlocks())
         self._free_skipped_blocks(table, num_computed)
         hits = self._hits_in_window(list(cached), num_computed)
