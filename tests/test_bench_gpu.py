@@ -10,25 +10,63 @@ import torch
 
 from octavo_bench import gpu
 
+TINY = ["--device", "cpu", "--dtype", "float32", "--batch", "3", "--prompt-len", "5"]
+TINY += ["--max-tokens", "8", "--max-model-len", "64", "--copy-bytes", str(1 << 20)]
+TINY += ["--kv-cache-memory", str(4 << 20), "--offline-seqs", "3", "--offline-min-len", "4"]
+TINY += ["--offline-max-len", "8"]
+
 
 def test_a_cpu_smoke_run_writes_every_figure(tiny_folder, tmp_path, capsys):
-    argv = ["--model", str(tiny_folder("llama3")), "--device", "cpu", "--dtype", "float32"]
-    argv += ["--batch", "3", "--prompt-len", "5", "--max-tokens", "4", "--max-model-len", "64"]
-    argv += ["--copy-bytes", str(1 << 20), "--kv-cache-memory", str(4 << 20)]
+    """One mode here (on a CPU --enforce-eager changes nothing); both in the next test."""
+    folder = str(tiny_folder("llama3"))  # the 8B and Qwen3 parts load it with dummy weights
+    argv = [*TINY, "--model", folder, "--model-8b", folder, "--model-qwen3", folder]
+    argv += ["--modes", "graphs"]
     assert gpu.main([*argv, "--output-dir", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gpu.json").read_text())
-    figures = result["figures"]
-    assert figures["weight_bytes"] > 0 and figures["copy_bandwidth_gb_s"] > 0
-    expected_ms = 1000 * figures["weight_bytes"] / (figures["copy_bandwidth_gb_s"] * 1e9)
-    assert figures["roofline_ms_per_token"] == pytest.approx(expected_ms)
-    assert figures["b1_fraction_of_roofline"] == pytest.approx(
-        figures["roofline_ms_per_token"] / figures["b1_ms_per_token"]
-    )
-    assert figures["b32_tok_s"] > 0 and figures["hf_b32_tok_s"] > 0
-    assert figures["b32_vs_hf"] == pytest.approx(figures["b32_tok_s"] / figures["hf_b32_tok_s"])
-    assert result["kernels"] == [] and "need CUDA" in result["notes"][0]
-    assert "roofline_ms_per_token" in capsys.readouterr().out
+    common = result["common"]
+    assert common["weight_bytes"] > 0 and common["copy_bandwidth_gb_s"] > 0
+    expected_ms = 1000 * common["weight_bytes"] / (common["copy_bandwidth_gb_s"] * 1e9)
+    assert common["roofline_ms_per_token"] == pytest.approx(expected_ms)
+    assert common["roofline_8b_ms_per_token"] == pytest.approx(expected_ms)  # the same folder
+    assert result["figures"]["eager"] == {}
+    for mode in ("graphs",):
+        figures = result["figures"][mode]
+        assert figures["b1_fraction_of_roofline"] == pytest.approx(
+            common["roofline_ms_per_token"] / figures["b1_ms_per_token"]
+        )
+        assert figures["b32_step_over_b1"] == pytest.approx(
+            figures["b32_ms_per_step"] / figures["b1_ms_per_token"]
+        )
+        assert figures["b32_vs_hf"] == pytest.approx(figures["b32_tok_s"] / common["hf_b32_tok_s"])
+        assert figures["b1_8b_fraction_of_roofline"] == pytest.approx(
+            common["roofline_8b_ms_per_token"] / figures["b1_8b_ms_per_token"]
+        )
+        assert figures["offline_1b_tok_s"] > 0 and figures["offline_qwen3_tok_s"] > 0
+        assert figures["b1_gpu_ms_per_step"] is None  # kernel time: CUDA only
+        assert min(figures[f"start_{name}_s"] for name in ("1b", "qwen3", "8b")) > 0
+    assert result["targets"]["b32_step_over_b1"] == "<= 1.5"
+    assert result["kernels"] == [] and any("need CUDA" in note for note in result["notes"])
+    out = capsys.readouterr().out
+    assert "graphs" in out and ">= 0.70" in out and "[gpu " in out
     assert (tmp_path / "gpu.png").stat().st_size > 0
+
+
+def test_both_modes_each_part_alone_and_a_failed_part_keeps_the_others(
+    tiny_folder, tmp_path, capsys
+):
+    folder, missing = str(tiny_folder("llama3")), str(tmp_path / "missing")
+    argv = [*TINY, "--parts", "qwen3,8b", "--output-dir", str(tmp_path)]
+    assert gpu.main([*argv, "--model-8b", folder, "--model-qwen3", missing]) == 1
+    result = json.loads((tmp_path / "gpu.json").read_text())
+    eight_b = {"b1_8b_ms_per_token", "b1_8b_fraction_of_roofline", "b1_8b_gpu_ms_per_step"}
+    for mode in ("graphs", "eager"):
+        assert set(result["figures"][mode]) == {*eight_b, "start_8b_s"}
+        assert f"Qwen3-0.6B {mode} failed: ValueError" in " ".join(result["notes"])
+    assert "hf_b32_tok_s" not in result["common"] and "weight_bytes" not in result["common"]
+    header = next(line for line in capsys.readouterr().out.splitlines() if "target" in line)
+    assert header.split() == ["figure", "graphs", "eager", "target"]
+    with pytest.raises(SystemExit):
+        gpu.build_parser().parse_args(["--parts", "b1,nope"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

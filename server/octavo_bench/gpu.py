@@ -1,189 +1,288 @@
-"""`python -m octavo_bench gpu`: the GPU figures, in one run (what `make gpu-check` calls).
+"""`python -m octavo_bench gpu`: the GPU figures, in one run (what `make gpu-check` calls),
+each for CUDA graphs (the default) and for ``--enforce-eager``, one engine at a time.
 
-1. Decode at batch 1 against the HBM roofline: a decode step must read every weight once,
-   so ``weight bytes / memory bandwidth`` is the fastest a step can be; the bandwidth is
-   measured here (a device-to-device copy of 1 GiB: bytes read + written per second).
-2. Batch 32 (32 prompts x ``--max-tokens``, greedy, ``ignore_eos``) against HF
-   transformers ``generate`` on the same model, dtype and device.
-3. Each Triton kernel against the torch path on the same inputs (``gpu_kernels``).
+Parts (``--parts``, all by default):
 
-``--device cpu`` runs parts 1 and 2 on the CPU (a smoke run of the same code; the kernel
-part needs CUDA and is skipped with a note). Writes gpu.json and gpu.png.
+- ``b1``: decode at batch 1 on the 1B shape against the HBM roofline (a decode step must
+  read every weight once, so ``weight bytes / memory bandwidth`` is the fastest a step can
+  be; the bandwidth is measured here: a device-to-device copy, bytes read + written per
+  second), and the GPU's own kernel time per step (torch.profiler), so that host overhead
+  shows as the gap between the two;
+- ``b32``: the decode step at batch 32 against batch 1, and 32 prompts x ``--max-tokens``
+  in tok/s (``hf``: against HF transformers ``generate`` on the same folder, once);
+- ``offline``, ``qwen3``: nano-vllm's bench.py shape (256 sequences, prompt and output
+  lengths uniform in [100, 1024], random ids, ``ignore_eos``) on the 1B shape and on
+  Qwen3-0.6B's shape (``--load-format dummy``);
+- ``8b``: batch-1 decode on Llama-3.1-8B's shape with dummy weights (a config-only folder:
+  no 16 GB checkpoint written) against its roofline;
+- ``kernels``: each Triton kernel against the torch path (``gpu_kernels``; CUDA only).
+
+A step's time is marginal: a run of ``--max-tokens`` minus a run of an eighth of them,
+over the steps between (prefill and start-up cancel). ``--device cpu`` runs the same code
+on the CPU (a smoke run; the kernel part is skipped with a note). Writes gpu.json, gpu.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 import torch
 
-from octavo_bench.baselines import HFBatch, left_padded
+from octavo_bench.baselines import HFBatch
+from octavo_bench.gpu_measures import (
+    OfflineShape,
+    copy_bandwidth,
+    decode_timing,
+    free_device_memory,
+    gpu_ms_per_step,
+    hf_tok_s,
+    offline_tok_s,
+    prompts_of,
+)
+from octavo_bench.gpu_report import MODES, GpuReport
 from octavo_bench.parsers import add_output_dir, register_subcommand, standalone_parser
-from octavo_bench.report import machine_info, save, table
+from octavo_bench.report import save
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+PARTS = ("b1", "b32", "hf", "offline", "qwen3", "8b", "kernels")
+ONE_B_PARTS = frozenset({"b1", "b32", "offline"})  # the parts that run the 1B engine
 
 
 @dataclass
-class GpuReport:
-    settings: dict[str, Any]
-    figures: dict[str, Any] = field(default_factory=dict)
-    kernels: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    machine: dict[str, Any] = field(default_factory=machine_info)
+class Bench:
+    """One run: its arguments, its report, and the parts that failed (the rest still run)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "settings": self.settings,
-            "machine": self.machine,
-            "figures": self.figures,
-            "kernels": self.kernels,
-            "notes": self.notes,
-        }
+    args: argparse.Namespace
+    report: GpuReport
+    started: float = field(default_factory=time.perf_counter)
+    failures: int = 0
 
-    def text(self) -> str:
-        rows = [[key, _number(value)] for key, value in self.figures.items()]
-        parts = ["== gpu: decode vs roofline, batch 32 vs HF ==", table(["figure", "value"], rows)]
-        if self.kernels:
-            headers = ["kernel", "triton ms", "torch ms", "speedup", "max |diff|"]
-            kernel_rows = [kernel_row(kernel) for kernel in self.kernels]
-            parts += ["== Triton kernels vs torch ==", table(headers, kernel_rows)]
-        return "\n".join(parts + [f"note: {note}" for note in self.notes])
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.args.device)
 
-    def draw(self, plt: Any) -> Any:
-        figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-        f = self.figures
-        axes[0].bar(["roofline", "octavo"], [f["roofline_ms_per_token"], f["b1_ms_per_token"]])
-        axes[0].set_title("decode, batch 1: ms per token")
-        axes[1].bar(["octavo", "hf"], [f["b32_tok_s"], f.get("hf_b32_tok_s") or 0.0])
-        axes[1].set_title("batch 32: output tok/s")
-        return figure
+    def progress(self, message: str) -> None:
+        print(f"[gpu {time.perf_counter() - self.started:6.1f}s] {message}", flush=True)
+
+    def section(self, name: str, body: Callable[[], None]) -> None:
+        """``body``, its failure noted (with a traceback) instead of ending the run."""
+        self.progress(f"{name} ...")
+        try:
+            body()
+        except Exception as error:  # one failed part must not lose the others' figures
+            traceback.print_exc()
+            self.report.notes.append(f"{name} failed: {type(error).__name__}: {error}")
+            self.failures += 1
+        free_device_memory()
+        self.progress(f"{name} done")
 
 
-def copy_bandwidth(device: torch.device, size: int = 1 << 30, repeats: int = 5) -> float:
-    """Bytes per second of a device-to-device copy (each byte read once and written once)."""
-    source = torch.empty(size, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    target.copy_(source)
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        target.copy_(source)
-    synchronize(device)
-    return 2 * size * repeats / (time.perf_counter() - start)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def octavo_tok_s(llm, prompts: list[list[int]], max_tokens: int) -> float:
-    from octavo import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    return sum(len(out.outputs[0].token_ids) for out in outputs) / wall
-
-
-def hf_tok_s(folder: str, dtype: torch.dtype, device: torch.device, batch: HFBatch) -> float:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    ids, mask = (t.to(device) for t in left_padded(batch.prompts, 0))
-    settings = dict(do_sample=False, pad_token_id=0, attention_mask=mask)
-    with torch.inference_mode():
-        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **settings)
-        synchronize(device)
-        start = time.perf_counter()
-        length = batch.max_new_tokens
-        out = model.generate(ids, max_new_tokens=length, min_new_tokens=length, **settings)
-        synchronize(device)
-    return (out.shape[1] - ids.shape[1]) * ids.shape[0] / (time.perf_counter() - start)
-
-
-def kernel_row(kernel: dict) -> list[str]:
-    times = [f"{kernel['triton_ms']:.4f}", f"{kernel['torch_ms']:.4f}"]
-    return [kernel["name"], *times, f"{kernel['speedup']:.2f}x", f"{kernel['max_abs_diff']:.2e}"]
-
-
-def _number(value: Any) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def prompts_of(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(10, min(vocab, 30000), (count, length), generator=generator)
-    return ids.tolist()
-
-
-def measure(args: argparse.Namespace, report: GpuReport) -> None:
+def with_engine(bench: Bench, folder: Path, mode: str, load_format: str, body) -> float:
+    """Build an engine on ``folder`` in ``mode``, run ``body(llm)``, shut it down and free
+    its device memory; returns the seconds the build took (load, profiling, capture)."""
     from octavo import LLM
+
+    args = bench.args
+    extra = {} if args.kv_cache_memory is None else {"kv_cache_memory": args.kv_cache_memory}
+    start = time.perf_counter()
+    llm = LLM(
+        str(folder),
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        enforce_eager=mode == "eager",
+        load_format=load_format,
+        **extra,
+    )
+    build_s = time.perf_counter() - start
+    try:
+        body(llm)
+    finally:
+        llm.shutdown()
+        del llm
+        free_device_memory()
+    return build_s
+
+
+def roofline_ms(llm, bandwidth: float) -> tuple[int, float]:
+    """The engine's weight bytes and the ms one pass over them takes at ``bandwidth``."""
     from octavo.model_executor.loader import weight_bytes
 
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    extra = {} if args.kv_cache_memory is None else {"kv_cache_memory": args.kv_cache_memory}
-    llm = LLM(
-        args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, **extra
-    )
-    model = llm.engine.executor.worker.model
-    weights = weight_bytes(model)
-    bandwidth = copy_bandwidth(device, args.copy_bytes)
-    prompts = prompts_of(args.batch, args.prompt_len, llm.engine.vocab_size)
-    single = octavo_tok_s(llm, prompts[:1], args.max_tokens)
-    batched = octavo_tok_s(llm, prompts, args.max_tokens)
-    roofline_ms = 1000.0 * weights / bandwidth
-    report.figures.update(
-        weight_bytes=weights,
-        copy_bandwidth_gb_s=bandwidth / 1e9,
-        roofline_ms_per_token=roofline_ms,
-        b1_ms_per_token=1000.0 / single,
-        b1_fraction_of_roofline=roofline_ms * single / 1000.0,
-        b32_tok_s=batched,
-    )
-    del llm
-    if args.hf:
-        batch = HFBatch(prompts, args.max_tokens, args.max_tokens * len(prompts))
-        report.figures["hf_b32_tok_s"] = hf_tok_s(args.model, dtype, device, batch)
-        report.figures["b32_vs_hf"] = batched / report.figures["hf_b32_tok_s"]
-    if device.type == "cuda":
-        from octavo_bench.gpu_kernels import all_kernels
+    weights = weight_bytes(llm.engine.executor.worker.model)
+    return weights, 1000.0 * weights / bandwidth
 
-        report.kernels = [result.to_json() for result in all_kernels(device, dtype)]
-    else:
-        report.notes.append(
+
+def one_b(bench: Bench, mode: str, bandwidth: float) -> None:
+    """The 1B engine's parts: batch 1 vs the roofline, batch 32 vs batch 1, nano-vllm."""
+    args, parts, figures = bench.args, bench.args.parts, bench.report.figures[mode]
+
+    def body(llm) -> None:
+        weights, roofline = roofline_ms(llm, bandwidth)
+        bench.report.common.update(weight_bytes=weights, roofline_ms_per_token=roofline)
+        if "b1" in parts:
+            single = decode_timing(llm, 1, args.prompt_len, args.max_tokens)
+            figures["b1_ms_per_token"] = single.step_ms
+            figures["b1_fraction_of_roofline"] = roofline / single.step_ms
+            figures["b1_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
+        if "b32" in parts:
+            batched = decode_timing(llm, args.batch, args.prompt_len, args.max_tokens)
+            figures.update(b32_ms_per_step=batched.step_ms, b32_tok_s=batched.tok_s)
+            if "b1_ms_per_token" in figures:
+                figures["b32_step_over_b1"] = batched.step_ms / figures["b1_ms_per_token"]
+        if "offline" in parts:
+            bench.progress(f"1B {mode}: nano-vllm offline shape")
+            figures["offline_1b_tok_s"] = offline_tok_s(llm, offline_shape(args))
+
+    figures["start_1b_s"] = with_engine(bench, args.model, mode, "auto", body)
+
+
+def qwen3(bench: Bench, mode: str) -> None:
+    """nano-vllm's offline shape on Qwen3-0.6B's shape, dummy weights."""
+    args, figures = bench.args, bench.report.figures[mode]
+
+    def body(llm) -> None:
+        figures["offline_qwen3_tok_s"] = offline_tok_s(llm, offline_shape(args))
+
+    folder = args.model_qwen3 or preset_folder("qwen3-0.6b")
+    figures["start_qwen3_s"] = with_engine(bench, folder, mode, "dummy", body)
+
+
+def eight_b(bench: Bench, mode: str, bandwidth: float) -> None:
+    """Batch-1 decode on Llama-3.1-8B's shape, dummy weights, against its roofline."""
+    args, figures = bench.args, bench.report.figures[mode]
+
+    def body(llm) -> None:
+        weights, roofline = roofline_ms(llm, bandwidth)
+        bench.report.common.update(weight_bytes_8b=weights, roofline_8b_ms_per_token=roofline)
+        single = decode_timing(llm, 1, args.prompt_len, args.max_tokens)
+        figures["b1_8b_ms_per_token"] = single.step_ms
+        figures["b1_8b_fraction_of_roofline"] = roofline / single.step_ms
+        figures["b1_8b_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
+
+    folder = args.model_8b or preset_folder("llama-8b")
+    figures["start_8b_s"] = with_engine(bench, folder, mode, "dummy", body)
+
+
+def offline_shape(args: argparse.Namespace) -> OfflineShape:
+    return OfflineShape(args.offline_seqs, args.offline_min_len, args.offline_max_len)
+
+
+def preset_folder(preset: str, config_only: bool = True) -> Path:
+    """A random-model preset's folder under the temp dir (config-only: for dummy weights)."""
+    from octavo_bench.random_model import build_random_model
+
+    suffix = "config" if config_only else "checkpoint"
+    target = Path(tempfile.gettempdir()) / f"octavo-{preset}-{suffix}"
+    return build_random_model(preset, target, config_only)
+
+
+def hf_baseline(bench: Bench) -> None:
+    """HF ``generate`` on the 1B folder: the same batch as ``b32``, once for both modes."""
+    args = bench.args
+    prompts = prompts_of(args.batch, args.prompt_len, 30000)
+    batch = HFBatch(prompts, args.max_tokens, args.max_tokens * len(prompts))
+    hf = hf_tok_s(str(args.model), DTYPES[args.dtype], bench.device, batch)
+    bench.report.common["hf_b32_tok_s"] = hf
+    for mode in args.modes:
+        figures = bench.report.figures[mode]
+        if "b32_tok_s" in figures:
+            figures["b32_vs_hf"] = figures["b32_tok_s"] / hf
+
+
+def kernels(bench: Bench) -> None:
+    if bench.device.type != "cuda":
+        bench.report.notes.append(
             "kernels skipped: Triton kernels need CUDA (the unit tests check them on CPU "
             "under TRITON_INTERPRET=1)"
         )
+        return
+    from octavo_bench.gpu_kernels import all_kernels
+
+    results = all_kernels(bench.device, DTYPES[bench.args.dtype])
+    bench.report.kernels = [result.to_json() for result in results]
+
+
+def measure(bench: Bench) -> None:
+    args, report = bench.args, bench.report
+    bandwidth = copy_bandwidth(bench.device, args.copy_bytes)
+    report.common["copy_bandwidth_gb_s"] = bandwidth / 1e9
+    if bench.device.type == "cuda":
+        report.machine["gpu"] = torch.cuda.get_device_name(bench.device)
+    for mode in args.modes:
+        if ONE_B_PARTS & set(args.parts):
+            bench.section(f"1B {mode}", lambda mode=mode: one_b(bench, mode, bandwidth))
+        if "qwen3" in args.parts:
+            bench.section(f"Qwen3-0.6B {mode}", lambda mode=mode: qwen3(bench, mode))
+        if "8b" in args.parts:
+            bench.section(f"8B {mode}", lambda mode=mode: eight_b(bench, mode, bandwidth))
+    if "hf" in args.parts:
+        bench.section("HF generate", lambda: hf_baseline(bench))
+    if "kernels" in args.parts:
+        bench.section("kernels", lambda: kernels(bench))
+    report.notes.append(
+        "ms per token/step: marginal decode steps (a run of --max-tokens minus a run of "
+        "an eighth of them); GPU kernel ms: torch.profiler's CUDA kernels and copies"
+    )
+
+
+def names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """A comma-separated list of ``allowed`` names (argparse type)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+        unknown = [name for name in chosen if name not in allowed]
+        if unknown or not chosen:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected a comma-separated list of {', '.join(allowed)}"
+            )
+        return chosen
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="HF model folder (random-model makes one)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="the 1B HF checkpoint folder (default: random-model llama-1b, written once to "
+        "the temp dir)",
+    )
+    parser.add_argument("--model-8b", type=Path, default=None, help="default: llama-8b config")
+    parser.add_argument("--model-qwen3", type=Path, default=None, help="default: qwen3-0.6b config")
+    parser.add_argument("--parts", type=names(PARTS), default=PARTS, help=",".join(PARTS))
+    parser.add_argument("--modes", type=names(MODES), default=MODES, help=",".join(MODES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--offline-seqs", type=int, default=256)
+    parser.add_argument("--offline-min-len", type=int, default=100)
+    parser.add_argument("--offline-max-len", type=int, default=1024)
     parser.add_argument("--copy-bytes", type=int, default=1 << 30, help="bandwidth probe size")
     parser.add_argument(
         "--kv-cache-memory", type=int, default=None, help="bytes (default: the engine's sizing)"
     )
-    parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
     add_output_dir(parser, "gpu")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model is None and ({"hf"} | ONE_B_PARTS) & set(args.parts):
+        args.model = preset_folder("llama-1b", config_only=False)
     report = GpuReport({key: str(value) for key, value in vars(args).items() if key != "func"})
-    measure(args, report)
+    bench = Bench(args, report)
+    measure(bench)
     save(report, args.output_dir, "gpu")
-    return 0
+    bench.progress(f"finished: {bench.failures} part(s) failed")
+    return 1 if bench.failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
-    help_text = "GPU figures: decode vs the HBM roofline, batch 32 vs HF, Triton vs torch"
+    help_text = (
+        "GPU figures, CUDA graphs and eager: decode vs the HBM roofline (1B, 8B), batch 32 "
+        "vs 1 and vs HF, nano-vllm's offline shape, Triton vs torch"
+    )
     register_subcommand(kinds, "gpu", help_text, __doc__, "", add_arguments, run)
 
 
