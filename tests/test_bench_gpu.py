@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -115,3 +116,17 @@ def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
     for row in (single, split):
         assert row.max_rel_diff < 1e-5 and row.bytes_read == 2 * 2 * 48 * 2 * 16 * 4
     assert split.sweep_ms == {3: 1.0}
+
+
+def test_hf_generate_runs_on_random_weights_from_a_config_only_folder(tiny_folder, tmp_path):
+    source, folder = tiny_folder("llama3"), tmp_path / "config-only"
+    folder.mkdir()
+    for path in source.iterdir():  # everything but the weights
+        if path.suffix != ".safetensors":
+            shutil.copy(path, folder)
+    argv = [*TINY, "--parts", "hf", "--output-dir", str(tmp_path)]
+    assert gpu.main([*argv, "--model", str(folder), "--load-format", "dummy"]) == 0
+    result = json.loads((tmp_path / "gpu.json").read_text())
+    assert result["settings"]["load_format"] == "dummy" and result["common"]["hf_b32_tok_s"] > 0
+    args = gpu.build_parser().parse_args(["--model", str(folder)])
+    assert args.load_format is None  # run() makes it auto: a given folder's own checkpoint

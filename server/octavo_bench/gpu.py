@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from octavo.model_executor.dummy_weights import LOAD_FORMATS
 from octavo_bench.baselines import HFBatch
 from octavo_bench.gpu_measures import (
     OfflineShape,
@@ -139,7 +140,7 @@ def one_b(bench: Bench, mode: str, bandwidth: float) -> None:
             bench.progress(f"1B {mode}: nano-vllm offline shape")
             figures["offline_1b_tok_s"] = offline_tok_s(llm, offline_shape(args))
 
-    figures["start_1b_s"] = with_engine(bench, args.model, mode, "auto", body)
+    figures["start_1b_s"] = with_engine(bench, args.model, mode, args.load_format, body)
 
 
 def qwen3(bench: Bench, mode: str) -> None:
@@ -173,13 +174,12 @@ def offline_shape(args: argparse.Namespace) -> OfflineShape:
     return OfflineShape(args.offline_seqs, args.offline_min_len, args.offline_max_len)
 
 
-def preset_folder(preset: str, config_only: bool = True) -> Path:
-    """A random-model preset's folder under the temp dir (config-only: for dummy weights)."""
+def preset_folder(preset: str) -> Path:
+    """A random-model preset's config-only folder under the temp dir (for dummy weights)."""
     from octavo_bench.random_model import build_random_model
 
-    suffix = "config" if config_only else "checkpoint"
-    target = Path(tempfile.gettempdir()) / f"octavo-{preset}-{suffix}"
-    return build_random_model(preset, target, config_only)
+    target = Path(tempfile.gettempdir()) / f"octavo-{preset}-config"
+    return build_random_model(preset, target, config_only=True)
 
 
 def hf_baseline(bench: Bench) -> None:
@@ -187,7 +187,7 @@ def hf_baseline(bench: Bench) -> None:
     args = bench.args
     prompts = prompts_of(args.batch, args.prompt_len, 30000)
     batch = HFBatch(prompts, args.max_tokens, args.max_tokens * len(prompts))
-    hf = hf_tok_s(str(args.model), DTYPES[args.dtype], bench.device, batch)
+    hf = hf_tok_s(args.model, DTYPES[args.dtype], bench.device, batch)
     bench.report.common["hf_b32_tok_s"] = hf
     for mode in args.modes:
         figures = bench.report.figures[mode]
@@ -251,8 +251,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         type=Path,
         default=None,
-        help="the 1B HF checkpoint folder (default: random-model llama-1b, written once to "
-        "the temp dir)",
+        help="the 1B model's folder (default: random-model llama-1b --config-only in the temp "
+        "dir, loaded with dummy weights; HF generate gets random weights too)",
+    )
+    parser.add_argument(
+        "--load-format",
+        choices=LOAD_FORMATS,
+        default=None,
+        help="the 1B model's weights (default: auto with --model, else dummy)",
     )
     parser.add_argument("--model-8b", type=Path, default=None, help="default: llama-8b config")
     parser.add_argument("--model-qwen3", type=Path, default=None, help="default: qwen3-0.6b config")
@@ -275,8 +281,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.load_format is None:
+        args.load_format = "dummy" if args.model is None else "auto"
     if args.model is None and ({"hf"} | ONE_B_PARTS) & set(args.parts):
-        args.model = preset_folder("llama-1b", config_only=False)
+        args.model = preset_folder("llama-1b")
     report = GpuReport({key: str(value) for key, value in vars(args).items() if key != "func"})
     bench = Bench(args, report)
     measure(bench)

@@ -9,6 +9,7 @@ import gc
 import time
 from dataclasses import dataclass
 from itertools import count
+from pathlib import Path
 
 import torch
 
@@ -133,10 +134,20 @@ def offline_tok_s(llm, shape: OfflineShape) -> float:
     return tokens / wall
 
 
-def hf_tok_s(folder: str, dtype: torch.dtype, device: torch.device, batch: HFBatch) -> float:
-    from transformers import AutoModelForCausalLM
+def hf_model(folder: Path, dtype: torch.dtype, device: torch.device):
+    """HF transformers' model of ``folder``: its checkpoint, or random weights made on the
+    device when the folder has only a config (as Octavo's ``--load-format dummy``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    if any(folder.glob("*.safetensors")):
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    with torch.device(device):
+        config = AutoConfig.from_pretrained(folder)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def hf_tok_s(folder: Path, dtype: torch.dtype, device: torch.device, batch: HFBatch) -> float:
+    model = hf_model(folder, dtype, device)
     ids, mask = (t.to(device) for t in left_padded(batch.prompts, 0))
     settings = dict(do_sample=False, pad_token_id=0, attention_mask=mask)
     with torch.inference_mode():

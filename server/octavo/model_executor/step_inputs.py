@@ -53,23 +53,48 @@ def lay_out(
     """``pooling``: ids of pooling sequences, which reach their last token unsampled."""
     layout = StepLayout()
     for seq in scheduled:
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
-        first = len(layout.token_ids)
-        layout.seq_starts.append(first)
-        layout.token_ids.extend(seq.token_ids)
-        layout.positions.extend(range(start, end))
-        layout.slots.extend(slots_of(seq.block_ids, start, end, block_size))
-        rows = range(start + 1, end + 1) if seq.is_speculative else [end]
-        for seq_len in rows:  # one attention row, or one per verified token
-            layout.starts.append(first + seq_len - start)
-            layout.tables.append(seq.block_ids)
-            layout.seq_lens.append(seq_len)
-        if seq.sample and seq.seq_id not in pooling:
-            num_rows = 1 + seq.num_spec_tokens
-            layout.logits_rows.extend(range(first + seq.num_new_tokens - num_rows,
-                                            first + seq.num_new_tokens))  # fmt: skip
-            layout.sampled.append(seq)
+        if seq.num_spec_tokens or len(seq.token_ids) != 1:
+            _add_chunk(layout, seq, block_size, seq.sample and seq.seq_id not in pooling)
+        else:
+            _add_decode(layout, seq, block_size, seq.sample and seq.seq_id not in pooling)
     return layout
+
+
+def _add_decode(layout: StepLayout, seq: ScheduledSequence, block_size: int, sampled: bool) -> None:
+    """One token without proposals (most rows of a decode step): one attention row whose
+    slot is in the block table's block of its position."""
+    position, first = seq.num_computed_tokens, len(layout.token_ids)
+    layout.seq_starts.append(first)
+    layout.token_ids.append(seq.token_ids[0])
+    layout.positions.append(position)
+    block_index, offset = divmod(position, block_size)
+    layout.slots.append(seq.block_ids[block_index] * block_size + offset)
+    layout.starts.append(first + 1)
+    layout.tables.append(seq.block_ids)
+    layout.seq_lens.append(position + 1)
+    if sampled:
+        layout.logits_rows.append(first)
+        layout.sampled.append(seq)
+
+
+def _add_chunk(layout: StepLayout, seq: ScheduledSequence, block_size: int, sampled: bool) -> None:
+    """Several tokens: a prompt chunk (one attention row) or a verification (a row each)."""
+    start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_new_tokens
+    first = len(layout.token_ids)
+    layout.seq_starts.append(first)
+    layout.token_ids.extend(seq.token_ids)
+    layout.positions.extend(range(start, end))
+    layout.slots.extend(slots_of(seq.block_ids, start, end, block_size))
+    rows = range(start + 1, end + 1) if seq.is_speculative else [end]
+    for seq_len in rows:  # one attention row, or one per verified token
+        layout.starts.append(first + seq_len - start)
+        layout.tables.append(seq.block_ids)
+        layout.seq_lens.append(seq_len)
+    if sampled:
+        num_rows = 1 + seq.num_spec_tokens
+        end_row = first + seq.num_new_tokens
+        layout.logits_rows.extend(range(end_row - num_rows, end_row))
+        layout.sampled.append(seq)
 
 
 def step_inputs(
@@ -118,5 +143,6 @@ def _on_device(lists: list[list[int]], dtype: torch.dtype, device: torch.device)
 
 def slots_of(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
     """The cache slots of positions ``[start, end)`` through a block table."""
-    return [block_ids[pos // block_size] * block_size + pos % block_size
-            for pos in range(start, end)]  # fmt: skip
+    return [
+        block_ids[pos // block_size] * block_size + pos % block_size for pos in range(start, end)
+    ]
