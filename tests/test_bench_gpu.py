@@ -108,6 +108,7 @@ def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
     from octavo_bench import gpu_kernels
 
     monkeypatch.setattr(gpu_kernels, "time_ms", lambda fn, repeats=20: 1.0)
+    monkeypatch.setattr(gpu_kernels, "graph_time_ms", lambda fn, repeats=20: 1.0)
     monkeypatch.setattr(gpu_kernels, "SWEEP_SPLITS", (3,))
     shape = gpu_kernels.DecodeShape(2, 48, heads=4, kv_heads=2, head_dim=16)
     single, split = gpu_kernels.decode_attention(torch.device("cpu"), torch.float32, shape)

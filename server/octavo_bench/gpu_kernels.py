@@ -8,6 +8,8 @@ Decode attention is timed per layer call at 32 sequences x 1k and 2k context and
 sequence x 2k: the torch path (``TorchAttention.decode``), the single-pass Triton kernel
 and the split-KV kernel at the split count ``choose_num_splits`` picks (plus a sweep of
 split counts, to refine that rule), each with the K+V bytes it must read per second.
+These calls are timed as CUDA-graph replays, as decode steps run them: eager, Python's
+launch cost (tens of microseconds a call) would hide what the GPU takes.
 (1 x 2k reads 8 MiB, which an H100's 50 MB L2 holds between calls: above HBM speed.)
 """
 
@@ -81,6 +83,23 @@ def time_ms(fn: Callable[[], torch.Tensor], repeats: int = 20) -> float:
     return start.elapsed_time(end) / repeats
 
 
+def graph_time_ms(fn: Callable[[], torch.Tensor], repeats: int = 20) -> float:
+    """GPU milliseconds per call: ``repeats`` calls captured in one CUDA graph and replayed,
+    as the decode step runs them (no Python launch cost, which would hide a short kernel);
+    eager ``time_ms`` where the call cannot be captured."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(repeats):
+                fn()
+    except RuntimeError:
+        return time_ms(fn, repeats)
+    return time_ms(graph.replay, 3) / repeats
+
+
 @dataclass(frozen=True)
 class DecodeShape:
     """One decode-attention launch of a 1B-class model: rows x cached context."""
@@ -150,11 +169,13 @@ def decode_attention(
 
     splits = choose_num_splits(shape.seqs, shape.kv_heads, shape.context, sm_count(device))
     name = f"decode {shape.label}"
-    single = compare(f"{name} single pass", triton_call(num_splits=1), torch_call)
+    timer = graph_time_ms
+    single = compare(f"{name} single pass", triton_call(num_splits=1), torch_call, timer)
     forced = max(2, splits)  # timed even where the rule keeps the single pass
     rule = "" if splits > 1 else " (rule: single pass)"
-    split = compare(f"{name} split x{forced}{rule}", triton_call(num_splits=forced), torch_call)
-    sweep = {n: time_ms(triton_call(num_splits=n), repeats=10) for n in SWEEP_SPLITS}
+    split_call = triton_call(num_splits=forced)
+    split = compare(f"{name} split x{forced}{rule}", split_call, torch_call, timer)
+    sweep = {n: timer(triton_call(num_splits=n), 10) for n in SWEEP_SPLITS}
     bytes_read = shape.kv_bytes(dtype)
     return [
         replace(single, bytes_read=bytes_read),
@@ -195,11 +216,12 @@ def gated_activation(device: torch.device, dtype: torch.dtype, rows: int = 256) 
     return compare("SiLU and mul", lambda: gated_activation_triton(x, "silu"), reference)
 
 
-def compare(name: str, triton_fn, torch_fn) -> KernelResult:
+def compare(name: str, triton_fn, torch_fn, timer=None) -> KernelResult:
+    timer = timer or time_ms
     reference = torch_fn().float()
     difference = (triton_fn().float() - reference).abs().max().item()
     scale = reference.abs().max().item()
-    return KernelResult(name, time_ms(triton_fn), time_ms(torch_fn), difference, scale)
+    return KernelResult(name, timer(triton_fn), timer(torch_fn), difference, scale)
 
 
 def all_kernels(device: torch.device, dtype: torch.dtype) -> list[KernelResult]:

@@ -43,6 +43,8 @@ SPLIT_KV_TILE = 64  # context tokens per split-kernel loop step (a multiple of b
 MIN_SPLIT_TOKENS = 128  # a split reads at least two such tiles of the longest context
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 8  # resident programs per SM that keep enough loads in flight for HBM
+SPLIT_NUM_WARPS, SPLIT_NUM_STAGES = 4, 3  # the split kernel's launch (Triton's defaults)
+SPLIT_PREFETCH = True
 
 
 @triton.jit
@@ -130,10 +132,19 @@ def _decode_kernel(
 
 
 @triton.jit
+def _tile_ids(table_ptr, start, seq_len, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block ids of the tile at ``start`` (a multiple of ``BLOCK_N``; one of ``BLOCK_N`` and
+    ``BLOCK_SIZE`` divides the other): one per cache block, none read past ``seq_len``."""
+    if BLOCK_N >= BLOCK_SIZE:
+        index = start // BLOCK_SIZE + tl.arange(0, BLOCK_N // BLOCK_SIZE)
+        return tl.load(table_ptr + index, mask=index * BLOCK_SIZE < seq_len, other=0)
+    return tl.load(table_ptr + start // BLOCK_SIZE, mask=start < seq_len, other=0)
+
+
+@triton.jit
 def _tile_rows(
-    table_ptr,
+    ids,
     start,
-    seq_len,
     kv_head,
     stride_blk,
     stride_tok,
@@ -141,19 +152,14 @@ def _tile_rows(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Cache offsets ``[BLOCK_N]`` of context positions ``start ..``: one block id per cache
-    block of the tile (``start`` is a multiple of ``BLOCK_N``; one of them divides the other).
-    Ids of blocks past ``seq_len`` are not read (their rows are masked by the caller)."""
+    """Cache offsets ``[BLOCK_N]`` of the tile at ``start`` from its ``_tile_ids``."""
     if BLOCK_N >= BLOCK_SIZE:
-        PER_TILE: tl.constexpr = BLOCK_N // BLOCK_SIZE
-        index = start // BLOCK_SIZE + tl.arange(0, PER_TILE)
-        ids = tl.load(table_ptr + index, mask=index * BLOCK_SIZE < seq_len, other=0)
         rows = ids.to(tl.int64)[:, None] * stride_blk
         rows = rows + tl.arange(0, BLOCK_SIZE)[None, :] * stride_tok
         rows = tl.reshape(rows, [BLOCK_N])
     else:
-        block = tl.load(table_ptr + start // BLOCK_SIZE).to(tl.int64)
-        rows = block * stride_blk + (start % BLOCK_SIZE + tl.arange(0, BLOCK_N)) * stride_tok
+        offs = start % BLOCK_SIZE + tl.arange(0, BLOCK_N)
+        rows = ids.to(tl.int64) * stride_blk + offs * stride_tok
     return rows + kv_head * stride_ch
 
 
@@ -201,6 +207,7 @@ def _split_kernel(
     PRECISION: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Program ``(seq, kv_head, split)``: the ``GROUP`` query heads of one kv head over one
     chunk of the context (``_split_bounds``), as ``BLOCK_H`` (>= 16) rows of two ``tl.dot``s.
@@ -224,13 +231,16 @@ def _split_kernel(
     m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DIM_P2], tl.float32)
+    table_row = table_ptr + seq * stride_tb
+    ids = _tile_ids(table_row, lo, seq_len, BLOCK_SIZE, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = (offs_n < seq_len) & (offs_n >= first)
+        if not PREFETCH:
+            ids = _tile_ids(table_row, start, seq_len, BLOCK_SIZE, BLOCK_N)
         rows = _tile_rows(
-            table_ptr + seq * stride_tb,
+            ids,
             start,
-            seq_len,
             kv_head,
             stride_blk,
             stride_tok,
@@ -238,6 +248,8 @@ def _split_kernel(
             BLOCK_SIZE,
             BLOCK_N,
         )
+        if PREFETCH:  # the next tile's ids load while this tile's keys and values do
+            ids = _tile_ids(table_row, start + BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
         ptrs = cache_ptr + rows[:, None] + offs_d[None, :]
         mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
         k = _load_kv(ptrs, mask_kv, FP8, DOT_DTYPE)
@@ -480,6 +492,9 @@ def _split_kv(
         FP8=cache.fp8,
         DOT_DTYPE=dot_dtype,
         PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        PREFETCH=SPLIT_PREFETCH,
+        num_warps=SPLIT_NUM_WARPS,
+        num_stages=SPLIT_NUM_STAGES,
         **extra,
     )
     _merge_kernel[(num_seqs, num_heads)](
