@@ -57,8 +57,9 @@ bench: venv
 
 # The GPU checks in one command, for the day a GPU machine (PyTorch and Triton, no network)
 # is at hand: `make gpu-prepare` here fills .whl/ and .gpu-baked/ (git-ignored); carry both
-# to the GPU machine and run `make gpu-check` there: every CUDA-gated test, then the GPU
-# benchmark (decode B=1 vs the HBM roofline, B=32 vs HF, Triton kernels vs torch).
+# to the GPU machine and run `make gpu-check` there: the fast GPU test files, then the GPU
+# benchmark, graphs and eager (decode B=1 vs the HBM roofline on the 1B and 8B shapes, B=32
+# vs B=1 and vs HF, nano-vllm's offline shape, Triton kernels vs torch): about 8 minutes.
 gpu-prepare: venv
 	BIN=$(BIN) ./scripts/gpu-prepare.sh
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The GPU checks, run on a lent GPU machine (PyTorch and Triton installed, no network) by
-# the device tool, after scripts/gpu-prepare.sh has filled .whl/ and .gpu-baked/ here:
+# The GPU checks, run on a lent GPU machine (PyTorch, Triton and transformers installed, no
+# network) by the device tool, after scripts/gpu-prepare.sh has filled .whl/ and .gpu-baked/:
 #   carry [".whl", ".gpu-baked"], command "bash scripts/gpu-check.sh [TEST_FILE ...]"
-# Runs the test files that have CUDA paths (default: every one that does), then, with no
-# arguments, the GPU benchmark (`python -m octavo_bench gpu` on a random Llama-1B-shaped
-# checkpoint: decode B=1 vs the HBM roofline, B=32 vs HF, Triton kernels vs torch), and
-# writes the logs, gpu.json and gpu.png to $OUT when the device tool provides it.
+# With no arguments: the fast GPU test files (decode graphs, the GPU bench's own tests, the
+# Triton attention files, sampling on devices; not test_memory_profile.py, ~110 s: name it
+# to run it) under `timeout 150`, then `python -m octavo_bench gpu` under `timeout 300`
+# (CUDA graphs and --enforce-eager: 1B decode B=1 vs the HBM roofline and B=32 vs B=1 and
+# vs HF, nano-vllm's offline shape on the 1B and Qwen3-0.6B shapes, the 8B shape at B=1,
+# Triton kernels vs torch; every model from a config-only folder with dummy weights, so no
+# checkpoint is written). With test files as arguments: those tests only, no benchmark.
+# Logs, gpu.json and gpu.png go to $OUT (the device tool's) or /tmp.
 # `make gpu-check` runs it; `make gpu-prepare` (on the CPU machine) fills .whl/.gpu-baked.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,20 +17,27 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD/server:$PWD/operator:$PWD/tests"
 export OCTAVO_BAKED_MODELS="$PWD/.gpu-baked" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 benchmark=0
 if [ "$#" -eq 0 ]; then
-    set -- $(grep -l "cuda.is_available()" tests/test_*.py)
+    # the GPU-relevant files first, the bench's own (CPU smoke runs included) last
+    triton=$(grep -l "paged_decode_attention\|triton_kernels" tests/test_*.py |
+        grep -v -e test_memory_profile.py -e test_cpu_kernels.py -e test_bench_gpu.py)
+    set -- tests/test_decode_graphs.py tests/test_sampling_devices.py $triton \
+        tests/test_bench_gpu.py
     benchmark=1
 fi
 out="${OUT:-/tmp}"
-python3 -m pytest -q -p no:cacheprovider -o addopts="--durations=15" -rs "$@" 2>&1 |
+timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="--durations=15" -rs "$@" 2>&1 |
     tee "$out/gpu-tests.log"
 tests_status=${PIPESTATUS[0]}
+bench_status=0
 if [ "$benchmark" -eq 1 ]; then
-    python3 -m octavo_bench random-model llama-1b /tmp/octavo-llama-1b &&
-        python3 -m octavo_bench gpu --model /tmp/octavo-llama-1b --output-dir "$out" 2>&1 |
-        tee "$out/gpu-bench.log"
+    timeout 300 python3 -m octavo_bench gpu --output-dir "$out" 2>&1 | tee "$out/gpu-bench.log"
+    bench_status=${PIPESTATUS[0]}
 fi
+echo "gpu-check: tests exit $tests_status (124: timed out), bench exit $bench_status"
+[ "$tests_status" -eq 0 ] && exit "$bench_status"
 exit "$tests_status"

@@ -25,6 +25,7 @@ on the CPU (a smoke run; the kernel part is skipped with a note). Writes gpu.jso
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 import traceback
@@ -48,7 +49,7 @@ from octavo_bench.gpu_measures import (
 )
 from octavo_bench.gpu_report import MODES, GpuReport
 from octavo_bench.parsers import add_output_dir, register_subcommand, standalone_parser
-from octavo_bench.report import save
+from octavo_bench.report import json_safe, save
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PARTS = ("b1", "b32", "hf", "offline", "qwen3", "8b", "kernels")
@@ -81,7 +82,14 @@ class Bench:
             self.report.notes.append(f"{name} failed: {type(error).__name__}: {error}")
             self.failures += 1
         free_device_memory()
+        self.write_json()
         self.progress(f"{name} done")
+
+    def write_json(self) -> None:
+        """gpu.json as it stands: a run cut short by its timeout keeps what it measured."""
+        self.args.output_dir.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(json_safe(self.report.to_json()), indent=2, allow_nan=False)
+        (self.args.output_dir / "gpu.json").write_text(text + "\n")
 
 
 def with_engine(bench: Bench, folder: Path, mode: str, load_format: str, body) -> float:
@@ -130,7 +138,6 @@ def one_b(bench: Bench, mode: str, bandwidth: float) -> None:
             single = decode_timing(llm, 1, args.prompt_len, args.max_tokens)
             figures["b1_ms_per_token"] = single.step_ms
             figures["b1_fraction_of_roofline"] = roofline / single.step_ms
-            figures["b1_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
         if "b32" in parts:
             batched = decode_timing(llm, args.batch, args.prompt_len, args.max_tokens)
             figures.update(b32_ms_per_step=batched.step_ms, b32_tok_s=batched.tok_s)
@@ -139,6 +146,9 @@ def one_b(bench: Bench, mode: str, bandwidth: float) -> None:
         if "offline" in parts:
             bench.progress(f"1B {mode}: nano-vllm offline shape")
             figures["offline_1b_tok_s"] = offline_tok_s(llm, offline_shape(args))
+        if "b1" in parts:  # last: the profiler is the riskiest step (written out first)
+            bench.write_json()
+            figures["b1_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
 
     figures["start_1b_s"] = with_engine(bench, args.model, mode, args.load_format, body)
 
@@ -164,6 +174,7 @@ def eight_b(bench: Bench, mode: str, bandwidth: float) -> None:
         single = decode_timing(llm, 1, args.prompt_len, args.max_tokens)
         figures["b1_8b_ms_per_token"] = single.step_ms
         figures["b1_8b_fraction_of_roofline"] = roofline / single.step_ms
+        bench.write_json()
         figures["b1_8b_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
 
     folder = args.model_8b or preset_folder("llama-8b")
@@ -189,9 +200,14 @@ def hf_baseline(bench: Bench) -> None:
     batch = HFBatch(prompts, args.max_tokens, args.max_tokens * len(prompts))
     hf = hf_tok_s(args.model, DTYPES[args.dtype], bench.device, batch)
     bench.report.common["hf_b32_tok_s"] = hf
-    for mode in args.modes:
-        figures = bench.report.figures[mode]
-        if "b32_tok_s" in figures:
+    compare_to_hf(bench.report)
+
+
+def compare_to_hf(report: GpuReport) -> None:
+    """Each mode's batch-32 tok/s over HF generate's (where both were measured)."""
+    hf = report.common.get("hf_b32_tok_s")
+    for figures in report.figures.values():
+        if hf and "b32_tok_s" in figures:
             figures["b32_vs_hf"] = figures["b32_tok_s"] / hf
 
 
@@ -214,21 +230,30 @@ def measure(bench: Bench) -> None:
     report.common["copy_bandwidth_gb_s"] = bandwidth / 1e9
     if bench.device.type == "cuda":
         report.machine["gpu"] = torch.cuda.get_device_name(bench.device)
-    for mode in args.modes:
-        if ONE_B_PARTS & set(args.parts):
-            bench.section(f"1B {mode}", lambda mode=mode: one_b(bench, mode, bandwidth))
-        if "qwen3" in args.parts:
-            bench.section(f"Qwen3-0.6B {mode}", lambda mode=mode: qwen3(bench, mode))
-        if "8b" in args.parts:
-            bench.section(f"8B {mode}", lambda mode=mode: eight_b(bench, mode, bandwidth))
+    first, *others = args.modes  # HF and the kernels before the second mode: the eager
+    engine_parts(bench, first, bandwidth)  # runs are the slowest, a timeout takes them first
     if "hf" in args.parts:
         bench.section("HF generate", lambda: hf_baseline(bench))
     if "kernels" in args.parts:
         bench.section("kernels", lambda: kernels(bench))
+    for mode in others:
+        engine_parts(bench, mode, bandwidth)
+    compare_to_hf(report)
     report.notes.append(
         "ms per token/step: marginal decode steps (a run of --max-tokens minus a run of "
         "an eighth of them); GPU kernel ms: torch.profiler's CUDA kernels and copies"
     )
+
+
+def engine_parts(bench: Bench, mode: str, bandwidth: float) -> None:
+    """Every engine part of ``mode``, one engine at a time: 1B, Qwen3-0.6B, 8B."""
+    parts = set(bench.args.parts)
+    if ONE_B_PARTS & parts:
+        bench.section(f"1B {mode}", lambda: one_b(bench, mode, bandwidth))
+    if "qwen3" in parts:
+        bench.section(f"Qwen3-0.6B {mode}", lambda: qwen3(bench, mode))
+    if "8b" in parts:
+        bench.section(f"8B {mode}", lambda: eight_b(bench, mode, bandwidth))
 
 
 def names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
