@@ -83,7 +83,8 @@ class Bench:
             self.failures += 1
         free_device_memory()
         self.write_json()
-        self.progress(f"{name} done")
+        held = torch.cuda.memory_reserved() / 2**30 if self.device.type == "cuda" else 0.0
+        self.progress(f"{name} done ({held:.1f} GiB of GPU memory still reserved)")
 
     def write_json(self) -> None:
         """gpu.json as it stands: a run cut short by its timeout keeps what it measured."""
