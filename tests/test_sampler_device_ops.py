@@ -120,7 +120,8 @@ def mixed_rows(seeded_on: torch.device | None) -> list[SamplingRow]:
 
 
 class ReadBacks(FakeAccelerator):
-    """``FakeAccelerator`` that also counts reads of device tensors back to the host."""
+    """``FakeAccelerator`` that also counts what makes the host wait for the device: reads
+    back, and ``tensor[index] = number`` (CUDA copies the number over synchronously)."""
 
     READS: ClassVar[set] = {
         torch.Tensor.cpu,
@@ -136,11 +137,15 @@ class ReadBacks(FakeAccelerator):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and first.device.type != "cpu":
-            if func in self.READS or func in _HOST_READS:
+            if func in self.READS or func in _HOST_READS or _sets_a_number(func, args):
                 self.count += 1
             if func is torch.Tensor.cpu:
                 return torch.zeros(first.shape, dtype=first.dtype)
         return super().__torch_function__(func, types, args, kwargs)
+
+
+def _sets_a_number(func, args: tuple) -> bool:
+    return func is torch.Tensor.__setitem__ and isinstance(args[2], (int, float))
 
 
 def test_a_mixed_step_reads_the_device_back_once() -> None:

@@ -77,8 +77,8 @@ def mask_token_rows(
         if ids and (min(ids) < 0 or max(ids) >= vocab_size):
             raise ValueError(f"token ids to block must be in [0, {vocab_size}), got {list(ids)}")
     flat_index = _flat_indices(logits, rows, token_ids)
-    if flat_index is not None:
-        logits.view(-1)[flat_index] = float("-inf")
+    if flat_index is not None:  # index_fill_: ``[index] = scalar`` copies it over (a sync)
+        logits.view(-1).index_fill_(0, flat_index, float("-inf"))
 
 
 def _flat_indices(
