@@ -227,7 +227,7 @@ def target_probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch
     greedy = [i for i, row in enumerate(rows) if row.params.is_greedy]
     if greedy:
         index = device_tensor(greedy, torch.long, work.device)
-        probs[index, work[index].max(dim=-1).indices] = 1.0
+        probs[index, work[index].max(dim=-1).indices] = probs.new_ones(())  # no scalar copy
     return probs
 
 
