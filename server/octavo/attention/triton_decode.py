@@ -135,10 +135,12 @@ def _decode_kernel(
 def _tile_ids(table_ptr, start, seq_len, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Block ids of the tile at ``start`` (a multiple of ``BLOCK_N``; one of ``BLOCK_N`` and
     ``BLOCK_SIZE`` divides the other): one per cache block, none read past ``seq_len``."""
-    if BLOCK_N >= BLOCK_SIZE:
+    if BLOCK_N >= BLOCK_SIZE:  # one return: compiled Triton wants one type from both
         index = start // BLOCK_SIZE + tl.arange(0, BLOCK_N // BLOCK_SIZE)
-        return tl.load(table_ptr + index, mask=index * BLOCK_SIZE < seq_len, other=0)
-    return tl.load(table_ptr + start // BLOCK_SIZE, mask=start < seq_len, other=0)
+        ids = tl.load(table_ptr + index, mask=index * BLOCK_SIZE < seq_len, other=0)
+    else:
+        ids = tl.load(table_ptr + start // BLOCK_SIZE, mask=start < seq_len, other=0)
+    return ids
 
 
 @triton.jit
