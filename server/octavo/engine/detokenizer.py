@@ -87,7 +87,8 @@ class IncrementalDetokenizer:
         self._all_ids.append(token_id)
         previous_length = len(self._text)
         self._text += self._decode_new_text()
-        if not self._stops or len(self.token_ids) < self._params.min_tokens:
+        num_generated = len(self._all_ids) - self._num_context  # without copying them
+        if not self._stops or num_generated < self._params.min_tokens:
             return None
         return self._check_stop(previous_length)
 

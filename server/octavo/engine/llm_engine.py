@@ -244,12 +244,13 @@ class LLMEngine:
     def _record_all(self, updates: list[SequenceUpdate]) -> list[Request]:
         """Text, timing and totals for each new token; a failure here fails that request."""
         touched: dict[str, Request] = {}
+        requests, now = self.requests, time.monotonic()  # one time for the step's tokens
         for update in updates:
-            request = self.requests.get(update.seq.request_id)
-            if request is None or update.num_tokens > update.seq.num_tokens:
+            request = requests.get(update.seq.request_id)
+            if request is None or update.num_tokens > len(update.seq.token_ids):
                 continue  # failed earlier in this step, or a token after its stop string
             try:
-                self._record(request, update)
+                self._record(request, update, now)
             except Exception as error:  # detokenizing one request's tokens
                 self._fail_request(request.request_id, describe(error))
                 continue
@@ -270,19 +271,22 @@ class LLMEngine:
             done.append(request)
         return done
 
-    def _record(self, request: Request, update: SequenceUpdate) -> None:
-        seq, now = update.seq, time.monotonic()
-        if seq.index not in request.texts:  # a completion forked in this step
+    def _record(self, request: Request, update: SequenceUpdate, now: float) -> None:
+        seq = update.seq
+        text = request.texts.get(seq.index)
+        if text is None:  # a completion forked in this step
             self._track(request, seq)
+            text = request.texts[seq.index]
         if seq.num_output_tokens == 1:
             seq.first_token_time = now
             self.prompt_tokens_total += seq.num_prompt_tokens if seq.index == 0 else 0
         seq.last_token_time = now
         self.generation_tokens_total += 1
-        text = request.texts[seq.index]
         if update.logprobs is not None:
             text.add_logprobs(update.logprobs)
         stop_string = text.detokenizer.update(update.token_id)
+        if stop_string is None:  # the common case: apply_stop_string would change nothing
+            return
         if apply_stop_string(seq, stop_string, update.num_tokens) and not seq.is_finished:
             self.scheduler.finish(seq)
 

@@ -52,7 +52,7 @@ class PrefixCacheCounters:
     preemptions: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceUpdate:
     """One sequence's new token after a step (the sequence may have finished with it)."""
 
@@ -62,7 +62,7 @@ class SequenceUpdate:
     num_tokens: int  # the sequence's length with this token (later ones may follow it)
 
 
-@dataclass
+@dataclass(slots=True)
 class PlannedSequence:
     seq: Sequence
     num_new: int  # known tokens to compute
@@ -145,22 +145,21 @@ class Scheduler:
     def _schedule_running(
         self, out: SchedulerOutput, plan: list[PlannedSequence], budget: int
     ) -> int:
-        index, adapters = 0, set()
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            if not self._adapter_fits(seq, adapters):
-                index += 1
+        index, adapters, running = 0, set(), self.running
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            index += 1
+            if seq.lora_request is not None and not self._adapter_fits(seq, adapters):
                 continue
             num_new = self._chunk(seq, seq.num_computed_tokens, budget)
             if num_new == 0:  # a prompt to score, and this step's scoring rows are spent
-                index += 1
                 continue
-            planned = PlannedSequence(seq, num_new, self._proposals_that_fit(seq, budget))
+            spec = self._proposals_that_fit(seq, budget) if seq.spec_token_ids else []
+            planned = PlannedSequence(seq, num_new, spec)
             if not self._allocate_or_preempt(planned, out):
                 break
             plan.append(planned)
             budget -= planned.num_slots
-            index += 1
         return budget
 
     def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
@@ -174,7 +173,7 @@ class Scheduler:
 
     def _adapter_fits(self, seq: Sequence, adapters: set[int]) -> bool:
         """Room for ``seq``'s LoRA adapter in a step that already uses ``adapters``?"""
-        if seq.lora_id is None or seq.lora_id in adapters:
+        if seq.lora_request is None or seq.lora_id in adapters:
             return True
         if len(adapters) >= self.max_loras:
             return False
@@ -194,6 +193,8 @@ class Scheduler:
 
     def _lookahead(self, seq: Sequence, num_computed: int, planned: PlannedSequence) -> int:
         """Slots kept past this step's tokens for a draft model's next proposals."""
+        if not self.num_lookahead_tokens:
+            return 0
         if num_computed + planned.num_new < seq.num_tokens:  # a prompt chunk: no sampling yet
             return 0
         end = num_computed + planned.num_slots
@@ -220,6 +221,8 @@ class Scheduler:
         self.counters.preemptions += 1
 
     def _admit_waiting(self, plan: list[PlannedSequence], budget: int) -> None:
+        if not self.waiting:
+            return  # most decode steps
         adapters = {p.seq.lora_id for p in plan if p.seq.lora_id is not None}
         seats_taken = sum(seats(seq) for seq in self.running)
         while self.waiting and budget > 0:
@@ -257,9 +260,10 @@ class Scheduler:
 
     def _place(self, out: SchedulerOutput, planned: PlannedSequence) -> None:
         seq, num_new, start = planned.seq, planned.num_new, planned.seq.num_computed_tokens
+        token_ids = seq.token_ids[start : start + num_new]
         scheduled = ScheduledSequence(
             seq_id=seq.seq_id,
-            token_ids=seq.token_ids[start : start + num_new] + planned.spec,
+            token_ids=token_ids + planned.spec if planned.spec else token_ids,
             num_computed_tokens=start,
             block_ids=self.kv.block_ids(seq.seq_id),
             sample=start + num_new == seq.num_tokens,
@@ -290,9 +294,10 @@ class Scheduler:
             seq = self.seqs[scheduled.seq_id]
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            seq.num_computed_tokens += scheduled.num_new_tokens - scheduled.num_spec_tokens
-            seq.spec_token_ids = []
-            if not scheduled.is_speculative:  # else once the kept proposals are known
+            seq.num_computed_tokens += len(scheduled.token_ids) - scheduled.num_spec_tokens
+            if seq.spec_token_ids:
+                seq.spec_token_ids = []
+            if not scheduled.num_spec_tokens:  # else once the kept proposals are known
                 self._cache_blocks(seq)
             if scheduled.fork_seq_ids:
                 self._fork(seq)
