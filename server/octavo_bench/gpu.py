@@ -147,7 +147,7 @@ def one_b(bench: Bench, mode: str, bandwidth: float) -> None:
         if "offline" in parts:
             bench.progress(f"1B {mode}: nano-vllm offline shape")
             figures["offline_1b_tok_s"] = offline_tok_s(llm, offline_shape(args))
-        if "b1" in parts:  # last: the profiler is the riskiest step (written out first)
+        if "b1" in parts and mode == "eager":  # last: the profiler is the riskiest step
             bench.write_json()
             figures["b1_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
 
@@ -175,8 +175,9 @@ def eight_b(bench: Bench, mode: str, bandwidth: float) -> None:
         single = decode_timing(llm, 1, args.prompt_len, args.max_tokens)
         figures["b1_8b_ms_per_token"] = single.step_ms
         figures["b1_8b_fraction_of_roofline"] = roofline / single.step_ms
-        bench.write_json()
-        figures["b1_8b_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
+        if mode == "eager":
+            bench.write_json()
+            figures["b1_8b_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
 
     folder = args.model_8b or preset_folder("llama-8b")
     figures["start_8b_s"] = with_engine(bench, folder, mode, "dummy", body)
@@ -242,7 +243,9 @@ def measure(bench: Bench) -> None:
     compare_to_hf(report)
     report.notes.append(
         "ms per token/step: marginal decode steps (a run of --max-tokens minus a run of "
-        "an eighth of them); GPU kernel ms: torch.profiler's CUDA kernels and copies"
+        "an eighth of them); GPU kernel ms: torch.profiler's CUDA kernels and copies, "
+        "under --enforce-eager only (a graph replays the same kernels; the profiler around "
+        "CUDA graph replays can crash the process: pytorch/pytorch#75504)"
     )
 
 
