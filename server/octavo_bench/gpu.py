@@ -139,6 +139,9 @@ def one_b(bench: Bench, mode: str, bandwidth: float) -> None:
             single = decode_timing(llm, 1, args.prompt_len, args.max_tokens)
             figures["b1_ms_per_token"] = single.step_ms
             figures["b1_fraction_of_roofline"] = roofline / single.step_ms
+            if mode == "eager":  # the profiler is the riskiest step: what came before is saved
+                bench.write_json()
+                figures["b1_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
         if "b32" in parts:
             batched = decode_timing(llm, args.batch, args.prompt_len, args.max_tokens)
             figures.update(b32_ms_per_step=batched.step_ms, b32_tok_s=batched.tok_s)
@@ -147,9 +150,6 @@ def one_b(bench: Bench, mode: str, bandwidth: float) -> None:
         if "offline" in parts:
             bench.progress(f"1B {mode}: nano-vllm offline shape")
             figures["offline_1b_tok_s"] = offline_tok_s(llm, offline_shape(args))
-        if "b1" in parts and mode == "eager":  # last: the profiler is the riskiest step
-            bench.write_json()
-            figures["b1_gpu_ms_per_step"] = gpu_ms_per_step(llm, args.prompt_len)
 
     figures["start_1b_s"] = with_engine(bench, args.model, mode, args.load_format, body)
 
