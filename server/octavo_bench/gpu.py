@@ -47,7 +47,7 @@ from octavo_bench.gpu_measures import (
     offline_tok_s,
     prompts_of,
 )
-from octavo_bench.gpu_report import MODES, GpuReport
+from octavo_bench.gpu_report import MODES, GpuReport, number
 from octavo_bench.parsers import add_output_dir, register_subcommand, standalone_parser
 from octavo_bench.report import json_safe, save
 
@@ -75,6 +75,7 @@ class Bench:
     def section(self, name: str, body: Callable[[], None]) -> None:
         """``body``, its failure noted (with a traceback) instead of ending the run."""
         self.progress(f"{name} ...")
+        before = self.report.flat()
         try:
             body()
         except Exception as error:  # one failed part must not lose the others' figures
@@ -85,6 +86,8 @@ class Bench:
         self.write_json()
         held = torch.cuda.memory_reserved() / 2**30 if self.device.type == "cuda" else 0.0
         self.progress(f"{name} done ({held:.1f} GiB of GPU memory still reserved)")
+        new = {key: value for key, value in self.report.flat().items() if key not in before}
+        print("    " + ", ".join(f"{key} {number(value)}" for key, value in new.items()))
 
     def write_json(self) -> None:
         """gpu.json as it stands: a run cut short by its timeout keeps what it measured."""

@@ -57,15 +57,22 @@ class GpuReport:
             "notes": self.notes,
         }
 
+    def flat(self) -> dict[str, Any]:
+        """Every figure under one key (``graphs.b1_ms_per_token``, ``weight_bytes``)."""
+        flat = dict(self.common)
+        for mode, figures in self.figures.items():
+            flat.update((f"{mode}.{key}", value) for key, value in figures.items())
+        return flat
+
     def text(self) -> str:
         rows = [
-            [row.label, *(_number(self.figures[m].get(row.key)) for m in MODES), row.target]
+            [row.label, *(number(self.figures[m].get(row.key)) for m in MODES), row.target]
             for row in ROWS
             if any(row.key in self.figures[m] for m in MODES)
         ]
         headers = ["figure", *MODES, "target"]
         parts = ["== gpu: CUDA graphs vs --enforce-eager ==", table(headers, rows)]
-        common = [[key, _number(value)] for key, value in self.common.items()]
+        common = [[key, number(value)] for key, value in self.common.items()]
         parts += ["== common to both modes ==", table(["figure", "value"], common)]
         if self.kernels:
             headers = ["kernel", "triton ms", "torch ms", "speedup", "max |diff|"]
@@ -98,7 +105,7 @@ def kernel_row(kernel: dict) -> list[str]:
     return [kernel["name"], *times, f"{kernel['speedup']:.2f}x", f"{kernel['max_abs_diff']:.2e}"]
 
 
-def _number(value: Any) -> str:
+def number(value: Any) -> str:
     if value is None:
         return "-"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
