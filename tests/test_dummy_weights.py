@@ -83,3 +83,12 @@ def test_the_serve_flag_is_spelled_as_vllms():
 
     option = next(option for option in ENGINE_OPTIONS if option.flag == "--load-format")
     assert option.default == "auto" and option.choices == ("auto", "dummy")
+
+
+def test_int8_quantizes_dummy_weights_at_load_as_any_others(config_only_folder):
+    from octavo import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    with LLM(str(config_only_folder), load_format="dummy", quantization="int8", **ENGINE) as llm:
+        outputs = llm.generate([[5, 6, 7]], params, use_tqdm=False)
+    assert len(outputs[0].outputs[0].token_ids) == 3
