@@ -134,21 +134,22 @@ def test_the_default_split_count_comes_from_the_shape(monkeypatch) -> None:
     """Without a forced count the rule sees the table's width, not the lengths: a wide
     table (a long possible context) splits short sequences, and the answer is unchanged."""
     monkeypatch.setattr(triton_decode, "sm_count", lambda device: 64)
-    assert triton_decode.choose_num_splits(4, KV_HEADS, 48 * 8, 64) == 3
+    assert triton_decode.choose_num_splits(4, KV_HEADS, 48 * 8, 64) == 6
     out, expected = launch(CASES["plain"], SEQ_LENS, width=48)
     assert_close(out, expected)
 
 
 def test_choose_num_splits() -> None:
-    """Few rows on many SMs split (up to the context's limit); many rows, or a short
-    context, keep the single pass."""
-    h100 = 132
-    assert triton_decode.choose_num_splits(1, 8, 2048, h100) == 16
-    assert triton_decode.choose_num_splits(32, 8, 2048, h100) == 5
-    assert triton_decode.choose_num_splits(32, 8, 1024, h100) == 5
-    assert triton_decode.choose_num_splits(256, 8, 2048, h100) == 1
-    assert triton_decode.choose_num_splits(1, 8, 128, h100) == 1
-    assert triton_decode.choose_num_splits(1, 1, 1 << 20, h100) == triton_decode.MAX_SPLITS
+    """Few rows on many SMs split most (up to the context's limit), many rows split in
+    two, and only a context too short for two splits keeps the single pass."""
+    h200 = 132
+    assert triton_decode.choose_num_splits(1, 8, 2048, h200) == 32
+    assert triton_decode.choose_num_splits(32, 8, 2048, h200) == 5
+    assert triton_decode.choose_num_splits(32, 8, 1024, h200) == 5
+    assert triton_decode.choose_num_splits(256, 8, 1024, h200) == 2
+    assert triton_decode.choose_num_splits(32, 8, 128, h200) == 2
+    assert triton_decode.choose_num_splits(32, 8, 64, h200) == 1
+    assert triton_decode.choose_num_splits(1, 1, 1 << 20, h200) == triton_decode.MAX_SPLITS
 
 
 def test_a_split_count_below_one_is_refused() -> None:

@@ -40,11 +40,13 @@ from octavo.attention.triton_kernels import (
 
 _LOG2E = tl.constexpr(LOG2E)
 SPLIT_KV_TILE = 64  # context tokens per split-kernel loop step (a multiple of block_size)
-MIN_SPLIT_TOKENS = 128  # a split reads at least two such tiles of the longest context
+MIN_SPLIT_TOKENS = 64  # a split reads at least one such tile of the longest context
 MAX_SPLITS = 32
-PROGRAMS_PER_SM = 8  # resident programs per SM that keep enough loads in flight for HBM
-SPLIT_NUM_WARPS, SPLIT_NUM_STAGES = 4, 3  # the split kernel's launch (Triton's defaults)
-SPLIT_PREFETCH = True
+PROGRAMS_PER_SM = 8  # programs per SM the split count aims for (see choose_num_splits)
+# Launch of the split kernel. H200, bf16, 32 seqs x 2k, 5 splits: 2 warps 0.135 ms (1985
+# GB/s), 4 warps 0.171 ms, 8 warps slower; num_stages 1 to 4 made no difference (the
+# loads' addresses come from the block table: Triton does not pipeline them).
+SPLIT_NUM_STAGES = 2
 
 
 @triton.jit
@@ -209,7 +211,6 @@ def _split_kernel(
     PRECISION: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """Program ``(seq, kv_head, split)``: the ``GROUP`` query heads of one kv head over one
     chunk of the context (``_split_bounds``), as ``BLOCK_H`` (>= 16) rows of two ``tl.dot``s.
@@ -234,24 +235,13 @@ def _split_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DIM_P2], tl.float32)
     table_row = table_ptr + seq * stride_tb
-    ids = _tile_ids(table_row, lo, seq_len, BLOCK_SIZE, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = (offs_n < seq_len) & (offs_n >= first)
-        if not PREFETCH:
-            ids = _tile_ids(table_row, start, seq_len, BLOCK_SIZE, BLOCK_N)
+        ids = _tile_ids(table_row, start, seq_len, BLOCK_SIZE, BLOCK_N)
         rows = _tile_rows(
-            ids,
-            start,
-            kv_head,
-            stride_blk,
-            stride_tok,
-            stride_ch,
-            BLOCK_SIZE,
-            BLOCK_N,
+            ids, start, kv_head, stride_blk, stride_tok, stride_ch, BLOCK_SIZE, BLOCK_N
         )
-        if PREFETCH:  # the next tile's ids load while this tile's keys and values do
-            ids = _tile_ids(table_row, start + BLOCK_N, seq_len, BLOCK_SIZE, BLOCK_N)
         ptrs = cache_ptr + rows[:, None] + offs_d[None, :]
         mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
         k = _load_kv(ptrs, mask_kv, FP8, DOT_DTYPE)
@@ -323,19 +313,28 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, sms: i
     """Context splits of a decode launch; 1 means the single-pass kernel.
 
     Decode attention reads every cached key and value once, so it is fast only when the
-    whole GPU has loads in flight: about ``PROGRAMS_PER_SM`` programs on every SM. The
-    single pass has ``num_seqs * num_kv_heads`` programs; when that falls short (few
-    sequences, e.g. batch 1, or few kv heads) each row's context is split until it does.
-    A split takes at least ``MIN_SPLIT_TOKENS`` of the longest possible context (a short
-    context gains nothing from splitting and pays the merge), and at most ``MAX_SPLITS``.
+    whole GPU has loads in flight. The split kernel aims at ``PROGRAMS_PER_SM`` programs
+    per SM: ``num_seqs * num_kv_heads`` rows, each context split until there are that
+    many (batch 1 splits most), at least 2, at most ``MAX_SPLITS``, and no split shorter
+    than ``MIN_SPLIT_TOKENS`` of the longest possible context. The single pass (one
+    program per row, 16-token CUDA-core tiles) is kept only for contexts too short for two
+    splits: on an H200 (bf16, 32 q / 8 kv heads of 128) it was 2.2-2.9x slower than the
+    split kernel at every shape measured: 32 x 128 (0.030 vs 0.014 ms), 32 x 1k, 32 x 2k
+    (0.509 vs 0.135 ms), 256 x 1k (1.60 vs 0.64 ms), and 37x at 1 x 2k (32 splits).
 
     Only what is fixed for a captured CUDA graph goes in: ``max_context`` is the block
-    table's width times the block size, never a step's sequence lengths. The constants are
-    first guesses, to be refined from ``python -m octavo_bench gpu``'s sweep.
+    table's width times the block size, never a step's sequence lengths.
     """
-    programs = max(1, num_seqs * num_kv_heads)
-    wanted = -(-PROGRAMS_PER_SM * sms // programs)
-    return max(1, min(wanted, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+    if max_context < 2 * MIN_SPLIT_TOKENS:
+        return 1
+    wanted = -(-PROGRAMS_PER_SM * sms // max(1, num_seqs * num_kv_heads))
+    return max(2, min(wanted, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+
+
+def _split_warps(dtype: torch.dtype) -> int:
+    """Warps per split program: 2 for half types (the measured best, see
+    ``SPLIT_NUM_STAGES``), 4 for fp32, whose tiles are twice the registers."""
+    return 2 if dtype in (torch.float16, torch.bfloat16) else 4
 
 
 def _decode_kv_tile(block_size: int, group_p2: int, dim_p2: int) -> int:
@@ -494,8 +493,7 @@ def _split_kv(
         FP8=cache.fp8,
         DOT_DTYPE=dot_dtype,
         PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
-        PREFETCH=SPLIT_PREFETCH,
-        num_warps=SPLIT_NUM_WARPS,
+        num_warps=_split_warps(query.dtype),
         num_stages=SPLIT_NUM_STAGES,
         **extra,
     )
