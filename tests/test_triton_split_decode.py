@@ -45,6 +45,7 @@ class Case:
     options: AttentionOptions = FULL_ATTENTION
     cache_dtype: torch.dtype | None = None
     scales: KVScales = UNIT_SCALES
+    dtype: torch.dtype = torch.float32  # the query's (and a non-fp8 cache's)
 
 
 CASES = {
@@ -61,7 +62,9 @@ CASES = {
     "sinks": Case(options=AttentionOptions(sinks=SINKS[:4])),
     "sinks_window": Case(options=AttentionOptions(sliding_window=6, sinks=SINKS[:4])),
     "fp8_e4m3": Case(cache_dtype=torch.float8_e4m3fn, scales=FP8_SCALES),
+    "fp16": Case(dtype=torch.float16, options=AttentionOptions(soft_cap=2.0, sinks=SINKS[:4])),
 }
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3}
 
 
 def seeded(*shape: int, seed: int) -> torch.Tensor:
@@ -91,10 +94,10 @@ def launch(case: Case, seq_lens: list[int], width: int = 6, **forced):
     """Both paths on the same inputs: ``(split kernel, torch_ops)`` outputs."""
     heads = KV_HEADS * case.group
     shape = (2, NUM_BLOCKS, case.block_size, KV_HEADS, HEAD_DIM)
-    cache = seeded(*shape, seed=11).to(DEVICE, case.cache_dtype or torch.float32)
+    cache = seeded(*shape, seed=11).to(DEVICE, case.cache_dtype or case.dtype)
     table = tables_for(seq_lens, case.block_size, width).to(DEVICE)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    query = seeded(len(seq_lens), heads, HEAD_DIM, seed=3).to(DEVICE)
+    query = seeded(len(seq_lens), heads, HEAD_DIM, seed=3).to(DEVICE, case.dtype)
     options = device_options(case.options)
     args = (query, cache, table, lens, max(seq_lens), HEAD_DIM**-0.5)
     out = triton_decode.paged_decode_attention(*args, scales=case.scales, options=options, **forced)
@@ -103,7 +106,8 @@ def launch(case: Case, seq_lens: list[int], width: int = 6, **forced):
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    torch.testing.assert_close(actual.float(), expected.float(), atol=1e-4, rtol=1e-4)
+    tol = TOLERANCE[expected.dtype]
+    torch.testing.assert_close(actual.float(), expected.float(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("name", CASES)
