@@ -117,15 +117,18 @@ def test_decode_rows_report_the_kv_bandwidth():
 def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
     """The decode bench's code path on the CPU (kernels under TRITON_INTERPRET, timing
     stubbed): both rows agree with the torch path and carry their bytes and sweep."""
+    from octavo.attention import triton_decode
     from octavo_bench import gpu_kernels
 
     monkeypatch.setattr(gpu_kernels, "time_ms", lambda fn, repeats=20: 1.0)
     monkeypatch.setattr(gpu_kernels, "graph_time_ms", lambda fn, repeats=20: 1.0)
     monkeypatch.setattr(gpu_kernels, "SWEEP_SPLITS", (3,))
+    monkeypatch.setattr(gpu_kernels, "SWEEP_LAUNCHES", ((1, 16),))
     shape = gpu_kernels.DecodeShape(2, 48, heads=4, kv_heads=2, head_dim=16)
     single, split = gpu_kernels.decode_attention(torch.device("cpu"), torch.float32, shape)
     assert single.name == "decode 2x48 single pass"
     assert split.name == "decode 2x48 split x2 (rule: single pass)"
     for row in (single, split):
         assert row.max_rel_diff < 1e-5 and row.bytes_read == 2 * 2 * 48 * 2 * 16 * 4
-    assert split.sweep_ms == {3: 1.0}
+    assert split.sweep_ms == {3: 1.0} and split.launch_ms == {"w1t16": 1.0}
+    assert triton_decode.SPLIT_NUM_WARPS is None  # the sweep puts the default back

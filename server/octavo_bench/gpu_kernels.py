@@ -7,7 +7,8 @@ attention (32 query heads, 8 KV heads of 128, bf16) and its gated MLP.
 Decode attention is timed per layer call at 32 sequences x 1k and 2k context and at 1
 sequence x 2k: the torch path (``TorchAttention.decode``), the single-pass Triton kernel
 and the split-KV kernel at the split count ``choose_num_splits`` picks (plus a sweep of
-split counts, to refine that rule), each with the K+V bytes it must read per second.
+split counts and of launch settings, to refine both), each with the K+V bytes it must
+read per second.
 These calls are timed as CUDA-graph replays, as decode steps run them: eager, Python's
 launch cost (tens of microseconds a call) would hide what the GPU takes.
 (1 x 2k reads 8 MiB, which an H100's 50 MB L2 holds between calls: above HBM speed.)
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from octavo.attention import triton_decode
 from octavo.attention.backend import TorchAttention
 from octavo.attention.triton_decode import choose_num_splits, paged_decode_attention, sm_count
 from octavo.model_executor.step_inputs import lay_out, step_inputs
@@ -36,6 +38,7 @@ class KernelResult:
     max_reference: float  # the largest |value| the torch path gave: the scale of the diff
     bytes_read: int | None = None  # what one call must read (decode attention: K + V)
     sweep_ms: dict[int, float] | None = None  # split-KV: ms per call by forced split count
+    launch_ms: dict[str, float] | None = None  # split-KV: ms by "w{warps}t{tile}" launch
 
     @property
     def speedup(self) -> float:
@@ -124,6 +127,24 @@ class DecodeShape:
 
 DECODE_SHAPES = (DecodeShape(32, 1024), DecodeShape(32, 2048), DecodeShape(1, 2048))
 SWEEP_SPLITS = (2, 4, 8, 16, 32)
+SWEEP_LAUNCHES = ((1, 32), (2, 32), (2, 64), (4, 64))  # (warps, kv tile) at the rule's splits
+
+
+def launch_sweep(call: Callable[..., Callable[[], torch.Tensor]], splits: int) -> dict:
+    """ms per call of the split kernel at each ``SWEEP_LAUNCHES`` warps and tile (NaN for
+    one that does not compile: it fails in the warm-up, before any capture)."""
+    timings = {}
+    try:
+        for warps, tile in SWEEP_LAUNCHES:
+            triton_decode.SPLIT_NUM_WARPS = warps
+            try:
+                ms = graph_time_ms(call(num_splits=splits, kv_tile=tile), 10)
+            except Exception:  # a compile error: the sweep is advice, not a check
+                ms = float("nan")
+            timings[f"w{warps}t{tile}"] = ms
+    finally:
+        triton_decode.SPLIT_NUM_WARPS = None
+    return timings
 
 
 def decode_inputs(shape: DecodeShape, device: torch.device, dtype: torch.dtype):
@@ -176,10 +197,11 @@ def decode_attention(
     split_call = triton_call(num_splits=forced)
     split = compare(f"{name} split x{forced}{rule}", split_call, torch_call, timer)
     sweep = {n: timer(triton_call(num_splits=n), 10) for n in SWEEP_SPLITS}
+    launches = launch_sweep(triton_call, forced)
     bytes_read = shape.kv_bytes(dtype)
     return [
         replace(single, bytes_read=bytes_read),
-        replace(split, bytes_read=bytes_read, sweep_ms=sweep),
+        replace(split, bytes_read=bytes_read, sweep_ms=sweep, launch_ms=launches),
     ]
 
 
@@ -188,7 +210,8 @@ def decode_table(results: list[KernelResult]) -> str:
     headers = ["kernel", "triton ms", "GB/s", "torch ms", "torch GB/s", "max |diff|", "sweep ms"]
     rows = []
     for r in results:
-        sweep = " ".join(f"{n}:{ms:.4f}" for n, ms in (r.sweep_ms or {}).items())
+        swept = {**(r.sweep_ms or {}), **(r.launch_ms or {})}
+        sweep = " ".join(f"{key}:{ms:.4f}" for key, ms in swept.items())
         rows.append(
             [
                 r.name,

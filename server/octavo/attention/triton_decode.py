@@ -47,6 +47,7 @@ PROGRAMS_PER_SM = 8  # programs per SM the split count aims for (see choose_num_
 # GB/s), 4 warps 0.171 ms, 8 warps slower; num_stages 1 to 4 made no difference (the
 # loads' addresses come from the block table: Triton does not pipeline them).
 SPLIT_NUM_STAGES = 2
+SPLIT_NUM_WARPS: int | None = None  # None: ``_split_warps``; the bench sets it to compare
 
 
 @triton.jit
@@ -334,6 +335,8 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, sms: i
 def _split_warps(dtype: torch.dtype) -> int:
     """Warps per split program: 2 for half types (the measured best, see
     ``SPLIT_NUM_STAGES``), 4 for fp32, whose tiles are twice the registers."""
+    if SPLIT_NUM_WARPS is not None:
+        return SPLIT_NUM_WARPS
     return 2 if dtype in (torch.float16, torch.bfloat16) else 4
 
 
