@@ -61,3 +61,12 @@ def test_fast_path_takes_no_block_while_the_last_one_has_room():
     free = kv.pool.num_free_blocks
     assert kv.allocate_slots(0, 3, 1) and kv.pool.num_free_blocks == free
     assert kv.allocate_slots(0, 4, 1) and kv.pool.num_free_blocks == free - 1
+
+
+def test_block_ids_are_shared_until_the_blocks_change_and_never_mutated():
+    kv = KVCacheManager(BlockPool(8), BLOCK)
+    assert kv.allocate_slots(0, 0, 4)
+    before = kv.block_ids(0)
+    assert kv.allocate_slots(0, 3, 1) and kv.block_ids(0) is before  # no new block
+    assert kv.allocate_slots(0, 4, 1)
+    assert len(before) == 1 and len(kv.block_ids(0)) == 2  # the step's copy kept its table

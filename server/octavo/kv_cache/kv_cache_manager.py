@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 class SequenceBlocks:
     blocks: list[KVBlock] = field(default_factory=list)
     hashes: list[BlockHash] = field(default_factory=list)  # those of registered full blocks
+    ids: list[int] | None = None  # the blocks' ids, built once per change (a new list each)
 
 
 class CacheHits(list):
@@ -66,7 +67,12 @@ class KVCacheManager:
         self.pending_copies: list[tuple[int, int]] = []  # (source block, destination block)
 
     def block_ids(self, seq_id: int) -> list[int]:
-        return [block.block_id for block in self.tables[seq_id].blocks]
+        """The sequence's block table as ids. The list is shared until its blocks change
+        (then a new one is built), so a step's copy stays as it was: never mutate it."""
+        table = self.tables[seq_id]
+        if table.ids is None:
+            table.ids = [block.block_id for block in table.blocks]
+        return table.ids
 
     def num_tokens_held(self, seq_id: int, num_computed: int) -> int:
         """Computed tokens whose keys/values still sit in blocks (those behind a window
@@ -136,6 +142,7 @@ class KVCacheManager:
         """``allocate_slots``' general path: frees skipped blocks, takes cache hits,
         copies a shared block and allocates the missing ones."""
         table = self.tables.setdefault(seq_id, SequenceBlocks())
+        table.ids = None  # the blocks may change below
         self._free_skipped_blocks(table, num_computed)
         hits = self._hits_in_window(list(cached), num_computed)
         needs_copy = self._written_block_is_shared(table, num_computed, num_new)
