@@ -201,9 +201,11 @@ class Scheduler:
         return max(0, min(self.num_lookahead_tokens, self.limits.max_model_len - end))
 
     def _allocate_or_preempt(self, planned: PlannedSequence, out: SchedulerOutput) -> bool:
-        seq = planned.seq
-        num_slots = planned.num_slots + self._lookahead(seq, seq.num_computed_tokens, planned)
-        while not self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens, num_slots):
+        seq, num_computed = planned.seq, planned.seq.num_computed_tokens
+        num_slots = planned.num_new + len(planned.spec)
+        if self.num_lookahead_tokens:
+            num_slots += self._lookahead(seq, num_computed, planned)
+        while not self.kv.allocate_slots(seq.seq_id, num_computed, num_slots):
             victim = self.running.pop()  # the newest
             self.preempt(victim)
             out.preempted_seq_ids.append(victim.seq_id)
@@ -266,7 +268,7 @@ class Scheduler:
             token_ids=token_ids + planned.spec if planned.spec else token_ids,
             num_computed_tokens=start,
             block_ids=self.kv.block_ids(seq.seq_id),
-            sample=start + num_new == seq.num_tokens,
+            sample=start + num_new == len(seq.token_ids),
             num_spec_tokens=len(planned.spec),
         )
         if not seq.announced:
