@@ -36,16 +36,23 @@ from octavo.model_executor.layers.lora import LoRABatch, LoRAState
 from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.model_executor.models.causal_lm import StepResult
 from octavo.model_executor.paged_model import PagedModel
+from octavo.model_executor.pending_step import PendingStep
 from octavo.model_executor.pooling_rows import Partial, PoolingAccumulator, plan_pooling
 from octavo.model_executor.proposer import Proposer
 from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
 from octavo.outputs import ModelRunnerOutput
 from octavo.pooling.params import PoolingParams
+from octavo.sampling.host_lists import device_tensor
 from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
 from octavo.sampling.random_draws import generator_for
 from octavo.sampling.sampler import Sampler, SamplingRow
 from octavo.sampling.spec_verifier import Proposal, verify_proposals
-from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
+from octavo.scheduler.output import (
+    IN_FLIGHT_TOKEN,
+    NewSequenceData,
+    ScheduledSequence,
+    SchedulerOutput,
+)
 from octavo.structured_output.manager import PendingGrammar, StructuredOutputManager
 
 CPU = torch.device("cpu")
@@ -129,6 +136,7 @@ class ModelRunner:
         self.pooling = PoolingAccumulator()  # the driver's partial pooled states
         self._pending_pool: dict[int, Partial] = {}
         self.graphs: DecodeGraphs | None = None  # captured decode steps (the worker's)
+        self.in_flight: PendingStep | None = None  # async scheduling: the launched step
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -142,10 +150,58 @@ class ModelRunner:
             output = self._execute_pipelined(step)
         else:
             inputs = self.prepare(step.scheduled, len(step.prefills))
-            output = self._outputs(self._forward(inputs), inputs)
+            output = self._outputs(self._forward(inputs), inputs).output()
         self._remember(output)
         output.draft_token_ids = self._propose(step, output)
         return output
+
+    @torch.inference_mode()
+    def execute_model_overlapped(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        """Async scheduling: launch ``step`` and return the output of the step launched
+        before it (empty for the first). The scheduler planned ``step`` before that output
+        was known, so a decode whose last token is still in flight carries
+        ``IN_FLIGHT_TOKEN``: its input is taken from the previous step's sampled ids on the
+        device. The previous tokens join the histories before this step samples, so
+        penalties, ``min_tokens`` and grammars see them as in a sequential run."""
+        self._update_states(step)
+        copy_blocks(self.kv_caches, step.block_copies)
+        launched = None
+        if not step.is_empty:
+            inputs = self.prepare(step.scheduled, len(step.prefills))
+            self._take_in_flight_tokens(step, inputs)
+            launched = self._forward(inputs)
+        output = self.finish_in_flight()
+        if launched is not None:
+            self._pending_pool = {}
+            self.in_flight = self._outputs(launched, inputs)
+        return output
+
+    def finish_in_flight(self) -> ModelRunnerOutput:
+        """The launched step's output on the host, its tokens added to the histories."""
+        pending, self.in_flight = self.in_flight, None
+        if pending is None:
+            return ModelRunnerOutput()
+        output = pending.output()
+        self._remember(output)
+        return output
+
+    def _take_in_flight_tokens(self, step: SchedulerOutput, inputs: StepInputs) -> None:
+        """Each ``IN_FLIGHT_TOKEN`` input becomes the token the previous step sampled for
+        its sequence, copied on the device (no round trip through the host)."""
+        places, sources, offset = [], [], 0
+        row_of = self.in_flight.row_of if self.in_flight is not None else {}
+        for scheduled in step.scheduled:  # the order lay_out puts tokens in
+            if scheduled.token_ids[:1] == [IN_FLIGHT_TOKEN]:
+                if scheduled.seq_id not in row_of:
+                    raise RuntimeError(f"sequence {scheduled.seq_id} has no token in flight")
+                places.append(offset)
+                sources.append(row_of[scheduled.seq_id])
+            offset += len(scheduled.token_ids)
+        if places:
+            assert self.in_flight is not None and self.in_flight.device_token_ids is not None
+            tokens = self.in_flight.device_token_ids
+            source = device_tensor(sources, torch.long, tokens.device)
+            inputs.input_ids[device_tensor(places, torch.long, tokens.device)] = tokens[source]
 
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         if self.loras is not None:
@@ -156,14 +212,14 @@ class ModelRunner:
                 return self.graphs.run(inputs, size)
         return self.paged.run(inputs, intermediate)
 
-    def _outputs(self, result: StepResult, inputs: StepInputs) -> ModelRunnerOutput:
+    def _outputs(self, result: StepResult, inputs: StepInputs) -> PendingStep:
         """Sampled tokens, and the vectors of the pooling sequences this step finished."""
-        output = self._sample(result.logits, inputs)
+        step = self._sample(result.logits, inputs)
         if self.is_driver and inputs.pooling:
             vectors, pending = self.pooling.step(result.pooled_hidden, inputs.pooling)
-            output.pooled = vectors
+            step.known.pooled = vectors
             self._pending_pool.update(pending)
-        return output
+        return step
 
     def _execute_pipelined(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Each micro-batch: take the previous stage's activations, run this stage's layers,
@@ -182,7 +238,7 @@ class ModelRunner:
             if isinstance(result, IntermediateTensors):
                 sends += send_to_next_stage(result, self.stage, index)
             else:
-                output.extend(self._outputs(result, inputs))
+                output.extend(self._outputs(result, inputs).output())
         for work in sends:
             work.wait()
         return output
@@ -217,19 +273,17 @@ class ModelRunner:
                 data, self.eos_token_ids, self.structured, self.device
             )
 
-    def _sample(self, logits: torch.Tensor | None, inputs: StepInputs) -> ModelRunnerOutput:
+    def _sample(self, logits: torch.Tensor | None, inputs: StepInputs) -> PendingStep:
         if logits is None or not self.is_driver:  # a rank that does not sample
-            return ModelRunnerOutput()
+            return PendingStep()
         sampled = inputs.sampled
         num_rows = sum(1 + scheduled.num_spec_tokens for scheduled in sampled)
         scored_logits, logits = logits[num_rows:], logits[:num_rows]
-        output = self._sample_rows(logits, sampled)
-        output.prompt_logprobs = score_prompts(scored_logits, inputs.scored)
-        return output
+        step = self._sample_rows(logits, sampled)
+        step.known.prompt_logprobs = score_prompts(scored_logits, inputs.scored)
+        return step
 
-    def _sample_rows(
-        self, logits: torch.Tensor, sampled: list[ScheduledSequence]
-    ) -> ModelRunnerOutput:
+    def _sample_rows(self, logits: torch.Tensor, sampled: list[ScheduledSequence]) -> PendingStep:
         """One token per plain sequence (and its forks); 1..k+1 per speculating one."""
         plain_rows, proposals, first_row = [], [], 0
         for scheduled in sampled:
@@ -240,19 +294,19 @@ class ModelRunner:
             else:
                 plain_rows.append((first_row, scheduled))
             first_row += 1 + scheduled.num_spec_tokens
-        output = self._sample_plain(logits, plain_rows)
+        step = self._sample_plain(logits, plain_rows)
         for verified in verify_proposals(logits, proposals) if proposals else []:
             count = len(verified.token_ids)
-            output.extend(ModelRunnerOutput(
+            step.known.extend(ModelRunnerOutput(
                 [verified.seq_id] * count, verified.token_ids, verified.logprobs
             ))  # fmt: skip
-        return output
+        return step
 
     def _sample_plain(
         self, logits: torch.Tensor, plain_rows: list[tuple[int, ScheduledSequence]]
-    ) -> ModelRunnerOutput:
+    ) -> PendingStep:
         if not plain_rows:
-            return ModelRunnerOutput()
+            return PendingStep()
         rows, seq_ids = [], []
         for row, scheduled in plain_rows:
             for seq_id in [scheduled.seq_id, *scheduled.fork_seq_ids]:
@@ -260,8 +314,8 @@ class ModelRunner:
                 seq_ids.append(seq_id)
         if rows != list(range(logits.shape[0])):
             logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
-        result = self.sampler(logits, [self._sampling_row(seq_id) for seq_id in seq_ids])
-        return ModelRunnerOutput(seq_ids, result.token_ids, result.logprobs)
+        pending = self.sampler.launch(logits, [self._sampling_row(i) for i in seq_ids])
+        return PendingStep(seq_ids, pending)
 
     def _sampling_row(self, seq_id: int) -> SamplingRow:
         """The sequence's row, with its grammar state once its compile is done."""
@@ -287,7 +341,10 @@ class ModelRunner:
         succeeded."""
         self.pooling.commit(self._pending_pool, list(output.pooled))
         for seq_id, token in zip(output.seq_ids, output.sampled_token_ids, strict=True):
-            row = self.states[seq_id].row
+            state = self.states.get(seq_id)
+            if state is None:  # finished (aborted, stopped) while its token was in flight
+                continue
+            row = state.row
             row.output_token_ids.append(token)
             if row.grammar is not None:
                 row.grammar.accept(token)

@@ -23,6 +23,7 @@ back in one transfer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,7 @@ from octavo.sampling.penalties import (
     apply_repetition_penalty,
     mask_token_rows,
 )
+from octavo.sampling.pending import PendingSample, read_back
 from octavo.sampling.random_draws import race
 from octavo.sampling_params import SamplingParams
 from octavo.structured_output.matcher import GrammarState, apply_grammar_bitmasks
@@ -82,39 +84,54 @@ class Sampler:
     """Stateless batch sampler; call it with ``[B, vocab]`` logits and ``B`` rows."""
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+        return self.launch(logits, rows).result()
+
+    def launch(self, logits: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
+        """Queue the step's sampling on the logits' device; the ids stay there (the next
+        step's inputs can take them) and reach the host when ``result()`` is asked for."""
         _check_inputs(logits, rows)
         if not rows:
-            return SampleResult(token_ids=[], logprobs=[])
+            return PendingSample.known(SampleResult(token_ids=[], logprobs=[]))
         allowed = logits
         if any(row.grammar is not None for row in rows):
             allowed = apply_grammar_bitmasks(logits, [row.grammar for row in rows])
         if _is_plain_greedy(rows):
-            return SampleResult(row_argmax(allowed), [None] * len(rows))
+            return read_back(allowed.max(dim=-1).indices, None, _plain_result(len(rows)))
         logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         raw = raw_logprobs(logits, logprob_rows) if logprob_rows else None
         work = _prepare_logits(allowed, rows)
         chosen = _choose_tokens(work, rows)
         if raw is None:
-            return SampleResult(token_ids=chosen.tolist(), logprobs=[None] * len(rows))
-        return _result_with_logprobs(chosen, raw, rows, logprob_rows)
+            return read_back(chosen, None, _plain_result(len(rows)))
+        return _launch_with_logprobs(chosen, raw, rows, logprob_rows)
 
 
-def _result_with_logprobs(
+def _plain_result(batch: int) -> Callable[[torch.Tensor], SampleResult]:
+    def finish(host: torch.Tensor) -> SampleResult:
+        return SampleResult(token_ids=host.tolist(), logprobs=[None] * batch)
+
+    return finish
+
+
+def _launch_with_logprobs(
     chosen: torch.Tensor, raw: torch.Tensor, rows: list[SamplingRow], logprob_rows: list[int]
-) -> SampleResult:
-    """Read the chosen ids and the logprob rows' entries back in one transfer."""
+) -> PendingSample:
+    """The chosen ids and the logprob rows' entries, read back in one transfer."""
     wanted = [rows[i].params.logprobs or 0 for i in logprob_rows]
     picked = chosen
     if len(logprob_rows) < len(rows):
         picked = chosen[device_tensor(logprob_rows, torch.long, chosen.device)]
     packed = pack_logprobs(raw, picked, max(wanted))
-    host = torch.cat([chosen, packed.flatten()]).cpu()  # the step's one read-back
     batch = len(rows)
-    entries = unpack_logprobs(host[batch:].view(len(logprob_rows), -1), wanted)
-    result = SampleResult(token_ids=host[:batch].tolist(), logprobs=[None] * batch)
-    for i, entry in zip(logprob_rows, entries, strict=True):
-        result.logprobs[i] = entry
-    return result
+
+    def finish(host: torch.Tensor) -> SampleResult:
+        entries = unpack_logprobs(host[batch:].view(len(logprob_rows), -1), wanted)
+        result = SampleResult(token_ids=host[:batch].tolist(), logprobs=[None] * batch)
+        for i, entry in zip(logprob_rows, entries, strict=True):
+            result.logprobs[i] = entry
+        return result
+
+    return read_back(chosen, packed.flatten(), finish)
 
 
 def _check_inputs(logits: torch.Tensor, rows: list[SamplingRow]) -> None:

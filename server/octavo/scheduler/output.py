@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from octavo.lora_request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
+# Async scheduling: a decode's input whose token the previous step is still sampling (the
+# runner takes it from that step's sampled ids on the device).
+IN_FLIGHT_TOKEN = -1
+
 
 @dataclass
 class NewSequenceData:
