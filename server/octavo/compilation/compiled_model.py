@@ -1,7 +1,9 @@
 """torch.compile (inductor) of the decoder layers, split at attention (vLLM's piecewise
-scheme): each layer's pre-attention piece (norm, Q/K/V projection, rotary) and its
-post-attention piece (output projection, residual add + norm, MLP) are compiled with a
-dynamic token dimension; the paged attention backend runs eagerly between them.
+scheme): the pieces between two attention blocks (residual add + norm, MLP) are compiled
+with a dynamic token dimension; each attention block (Q/K/V projection, rotary, paged
+attention, output projection) runs eagerly between them. The block, not only the paged
+attention, is the split point: its rotation in place of a strided Q/K view does not
+survive functionalization, and its storage check would guard on addresses.
 
 Whether it runs (``compile_decision``): never on GPU here (CUDA graphs cover decode there),
 never with ``--enforce-eager`` or ``-O0``; on CPU when ``--compilation-config`` says
@@ -42,27 +44,53 @@ LAYER_NATIVE_OPS = (
 
 
 @dataclass(frozen=True)
+class CompileSettings:
+    """What decides whether the layers compile (from the engine's arguments)."""
+
+    device_type: str
+    level: int = 3  # --compilation-config / -O level; 0 runs everything eagerly
+    backend: str | None = None  # {"backend": "inductor" | "eager"}; None: the default
+    enforce_eager: bool = False
+    world_size: int = 1
+    lora: bool = False
+    quantization: str | None = None
+
+
+@dataclass(frozen=True)
 class CompileDecision:
     enabled: bool
     reason: str  # why (logged at start-up)
 
 
-def compile_decision(
-    device_type: str, level: int, backend: str | None, enforce_eager: bool = False
-) -> CompileDecision:
-    """Whether the model's layers are compiled on this device with these settings."""
-    if device_type != "cpu":
-        return CompileDecision(False, f"{device_type}: decode steps run as CUDA graphs")
-    if enforce_eager or level == 0:
-        return CompileDecision(False, "--enforce-eager" if enforce_eager else "level 0")
+def compile_decision(settings: CompileSettings) -> CompileDecision:
+    """Whether the model's layers are compiled with these settings, and why."""
+    if settings.device_type != "cpu":
+        return CompileDecision(False, f"{settings.device_type}: decode steps run as CUDA graphs")
+    if settings.enforce_eager or settings.level == 0:
+        return CompileDecision(False, "--enforce-eager" if settings.enforce_eager else "level 0")
+    unsupported = _unsupported(settings)
+    if unsupported:
+        return CompileDecision(False, f"not compiled with {unsupported}")
     forced = os.environ.get(COMPILE_ENV, "").strip().lower()
     if forced in ("0", "false", "no", "off"):
         return CompileDecision(False, f"{COMPILE_ENV}={forced}")
     if forced in ("1", "true", "yes", "on"):
         return CompileDecision(True, f"{COMPILE_ENV}={forced}")
-    if backend is not None:
-        return CompileDecision(backend == "inductor", f"backend {backend}")
+    if settings.backend is not None:
+        return CompileDecision(settings.backend == "inductor", f"backend {settings.backend}")
     return CompileDecision(CPU_COMPILES_BY_DEFAULT, "the CPU default")
+
+
+def _unsupported(settings: CompileSettings) -> str:
+    """What the compiled layers do not handle yet: collectives inside the MLP, LoRA's
+    wrapped linears, quantized linears' native ops."""
+    if settings.world_size > 1:
+        return "tensor/pipeline parallelism"
+    if settings.lora:
+        return "LoRA"
+    if settings.quantization is not None:
+        return f"--quantization {settings.quantization}"
+    return ""
 
 
 def compile_cache_dir() -> Path:
@@ -76,57 +104,106 @@ def compile_cache_dir() -> Path:
     return folder
 
 
-class EagerAttention:
-    """The attention backend behind a dynamo boundary (the split point): its ``forward``
-    runs eagerly between two compiled pieces; everything else is the backend's."""
-
-    def __init__(self, backend) -> None:
-        self.backend = backend
-
-    @torch.compiler.disable
-    def forward(self, *args):
-        return self.backend.forward(*args)
-
-    def __getattr__(self, name: str):
-        return getattr(self.backend, name)
-
-
 class CompiledLayers:
-    """Each decoder layer's ``forward`` compiled once (the layers share one code object,
-    so the pieces compile once and serve every layer); attention stays eager."""
+    """Each decoder layer's ``forward`` compiled, its attention block (Q/K/V projection,
+    rotary, paged attention, output projection) left eager: the pieces compiled are the
+    norms, residual adds and the MLP between two attention calls. The layers share one
+    code object, so each piece compiles once and serves every layer."""
 
     def __init__(self, layers: nn.ModuleList) -> None:
-        self.split: dict[int, EagerAttention] = {}
-        for layer in layers:
-            layer.forward = self._wrap(layer)
+        self.layers = list(layers)
+        self.timer = CompileTimer()
+        for index, layer in enumerate(self.layers):
+            layer.self_attn.forward = torch.compiler.disable(layer.self_attn.forward)
+            layer.forward = self._wrap(layer, index == 0, index == len(self.layers) - 1)
 
-    def _wrap(self, layer: nn.Module):
-        compiled = torch.compile(layer.forward, dynamic=True)
+    def _wrap(self, layer: nn.Module, first: bool, last: bool):
+        compiled = torch.compile(layer.forward)
+        timer = self.timer
 
         def forward(hidden, residual, rope, kv_cache, meta, attention):
-            return compiled(hidden, residual, rope, kv_cache, meta, self._eager(attention))
+            if first:
+                timer.pass_started()
+            _mark_tokens_dynamic(hidden, residual)
+            out = compiled(hidden, residual, rope, kv_cache, meta, attention)
+            if last:
+                timer.pass_ended()
+            return out
 
         return forward
 
-    def _eager(self, backend) -> EagerAttention:
-        split = self.split.get(id(backend))
-        if split is None:
-            split = self.split[id(backend)] = EagerAttention(backend)
-        return split
+    def restore(self) -> None:
+        """The layers run eagerly again (the instance attributes go)."""
+        for layer in self.layers:
+            del layer.forward
+            del layer.self_attn.forward
+
+
+class CompileTimer:
+    """Seconds spent in passes through the layers that compiled new graphs (start-up and
+    each new shape kind: prefill, decode, one token), logged as they happen."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.start = 0.0
+        self.graphs = 0
+
+    def pass_started(self) -> None:
+        self.start, self.graphs = time.perf_counter(), _graphs_compiled()
+
+    def pass_ended(self) -> None:
+        new_graphs = _graphs_compiled() - self.graphs
+        if new_graphs > 0:
+            elapsed = time.perf_counter() - self.start
+            self.seconds += elapsed
+            logger.info(
+                "torch.compile: %d new graphs in %.1f s (%.1f s in all)",
+                new_graphs,
+                elapsed,
+                self.seconds,
+            )
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _mark_tokens_dynamic(*tensors: torch.Tensor | None) -> None:
+    """The token dimension is dynamic; the weights' shapes stay static (oneDNN's
+    prepacked linears need them)."""
+    for tensor in tensors:
+        if tensor is not None:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+
+
+def call_packed_linears_as_is() -> None:
+    """Inductor lowers oneDNN's prepacked linear only for weights it froze itself; the
+    layers' weights are prepacked at load (``UnquantizedLinearMethod``) and passed in, so
+    the op is called as it is (an extern kernel) instead."""
+    from torch._inductor import lowering, mkldnn_lowerings  # noqa: F401  (registers it)
+
+    op = torch.ops.mkldnn._linear_pointwise.default
+    if lowering.lowerings.get(op) is not _PACKED_LINEAR_FALLBACK.get("handler"):
+        lowering.lowerings.pop(op, None)
+        lowering.make_fallback(op, warn=False)
+        _PACKED_LINEAR_FALLBACK["handler"] = lowering.lowerings[op]
+
+
+_PACKED_LINEAR_FALLBACK: dict[str, object] = {}
 
 
 def register_fake_native_ops() -> None:
     """Tell the tracer the native layer ops write in place and return nothing."""
     namespace = torch.ops.octavo_cpu
     for name in LAYER_NATIVE_OPS:
-        qualified = f"octavo_cpu::{name}"
-        if not hasattr(namespace, name) or _has_fake(qualified):
-            continue
-        torch.library.register_fake(qualified, _returns_nothing)
+        if hasattr(namespace, name) and name not in _FAKES_REGISTERED:
+            torch.library.register_fake(f"octavo_cpu::{name}", _returns_nothing)
+            _FAKES_REGISTERED.add(name)
 
 
-def _has_fake(qualified: str) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "Meta")
+_FAKES_REGISTERED: set[str] = set()
 
 
 def _returns_nothing(*args, **kwargs) -> None:
@@ -134,17 +211,10 @@ def _returns_nothing(*args, **kwargs) -> None:
 
 
 def compile_layers(model: nn.Module) -> CompiledLayers:
-    """Compile ``model.layers`` in place (lazily: inductor runs at the first steps)."""
+    """Compile ``model.layers`` in place (lazily: inductor runs at the first steps; the
+    engine's start-up steps compile the prefill and decode shapes)."""
     folder = compile_cache_dir()
     register_fake_native_ops()
+    call_packed_linears_as_is()
     logger.info("compiling the decoder layers with inductor (cache %s)", folder)
     return CompiledLayers(model.layers)
-
-
-def timed_warmup(run_step) -> float:
-    """Seconds ``run_step`` takes (the compile, on a first step); logged."""
-    start = time.perf_counter()
-    run_step()
-    seconds = time.perf_counter() - start
-    logger.info("torch.compile: first compiled step took %.1f s", seconds)
-    return seconds

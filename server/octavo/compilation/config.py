@@ -32,7 +32,9 @@ KNOWN_KEYS = (
     "cudagraph_mode",
     "cudagraph_capture_sizes",
     "max_cudagraph_capture_size",
+    "backend",
 )
+BACKENDS = ("inductor", "eager")  # torch.compile of the CPU layers, or none
 LARGEST_DEFAULT_SIZE = 512  # vLLM's cap on the default capture sizes
 
 
@@ -42,6 +44,7 @@ class CompilationConfig:
     cudagraph_mode: str = "FULL_DECODE_ONLY"
     cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: the default ladder
     max_cudagraph_capture_size: int | None = None  # None: from max_num_seqs
+    backend: str | None = None  # CPU layers: "inductor" compiles, "eager" not; None: default
 
     @property
     def uses_graphs(self) -> bool:
@@ -107,7 +110,15 @@ def _checked(raw: dict) -> CompilationConfig:
     for name, numbers in checks:
         if numbers is not None and not all(n is None or _positive(n) for n in numbers):
             raise ValueError(f"--compilation-config: {name} must be positive integers")
-    return CompilationConfig(level, mode, None if sizes is None else tuple(sizes), largest)
+    sizes = None if sizes is None else tuple(sizes)
+    return CompilationConfig(level, mode, sizes, largest, _backend(raw.get("backend")))
+
+
+def _backend(value: Any) -> str | None:
+    if value is not None and value not in BACKENDS:
+        choices = ", ".join(BACKENDS)
+        raise ValueError(f"--compilation-config: backend must be one of {choices}, got {value!r}")
+    return value
 
 
 def _positive(value: Any) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from octavo.compilation.compiled_model import CompileSettings, compile_decision
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.distributed.node_layout import NodeLayout
 from octavo.distributed.parallel_config import ParallelConfig
@@ -74,6 +75,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
         threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
         args.tokenizer, graph_sizes(args, device, parallel, speculative), args.load_format,
+        compile_layers=compiles_layers(args, device, parallel, quantization),
     )  # fmt: skip
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
     executor = create_executor(
@@ -124,6 +126,25 @@ def graph_sizes(
         return ()
     rows_per_seq = 1 + (speculative.num_speculative_tokens if speculative else 0)
     return tuple(compilation.capture_sizes(args.max_num_seqs * rows_per_seq))
+
+
+def compiles_layers(
+    args: EngineArgs, device: torch.device, parallel: ParallelConfig, quantization: str | None
+) -> bool:
+    """Whether the workers torch.compile the decoder layers (``compile_decision``)."""
+    compilation = args.compilation_config
+    settings = CompileSettings(
+        device.type,
+        compilation.level,
+        compilation.backend,
+        args.enforce_eager,
+        parallel.world_size,
+        args.enable_lora,
+        quantization,
+    )
+    decision = compile_decision(settings)
+    logger.info("torch.compile of the decoder layers: %s (%s)", decision.enabled, decision.reason)
+    return decision.enabled
 
 
 def leader_layout(args: EngineArgs) -> NodeLayout:

@@ -14,6 +14,7 @@ import torch
 
 from octavo.attention.backend import select_backend
 from octavo.attention.kv_quant import kv_cache_dtype
+from octavo.compilation.compiled_model import compile_layers
 from octavo.compilation.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
@@ -74,6 +75,7 @@ class WorkerConfig:
     tokenizer: str | None = None  # ``--tokenizer``: another folder's tokenizer
     graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured as CUDA graphs (none: eager)
     load_format: str = "auto"  # ``--load-format``: auto (the checkpoint) or dummy (random)
+    compile_layers: bool = False  # torch.compile the decoder layers (``compiled_model``)
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -116,6 +118,8 @@ class Worker:
             spec.folder, spec.config, spec.max_positions, spec.dtype, self.device,
             spec.quantization, spec.load_format,
         )  # fmt: skip
+        if spec.compile_layers:
+            compile_layers(self.model)
         layers = self.model.layers
         kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
         self.cache_shape = CacheShape(len(layers), kv_heads, spec.config.head_dim)
