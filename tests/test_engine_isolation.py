@@ -148,7 +148,7 @@ def test_out_of_memory_is_an_engine_error(llm, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("no memory left")
 
-    monkeypatch.setattr(runner_of(engine), "sampler", out_of_memory)
+    monkeypatch.setattr(runner_of(engine).sampler, "launch", out_of_memory)
     with pytest.raises(torch.OutOfMemoryError):
         engine.step()
     monkeypatch.undo()

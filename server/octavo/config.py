@@ -159,6 +159,15 @@ class EngineArgs:
         parse_bool,
         kind="bool",
     )
+    async_scheduling: bool = engine_arg(
+        False,
+        "plan and prepare each step while the previous one runs (vLLM's flag): the host's "
+        "scheduling, input preparation and detokenizing overlap the GPU's work, a decode "
+        "taking its input token from the previous step's sampled ids on the device; a "
+        "sequence that stops costs one discarded token. One rank, no speculative decoding",
+        parse_bool,
+        kind="bool",
+    )
     # engine_arg's field() is evaluated once, like every other field's here
     compilation_config: CompilationConfig = engine_arg(  # noqa: RUF009
         None,

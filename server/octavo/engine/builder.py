@@ -100,11 +100,25 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         kv, args.max_num_seqs, budget, limits, ahead, chunked_prefill=args.enable_chunked_prefill
     )
     scheduler.max_loras = args.max_loras
+    scheduler.overlapped = overlaps_steps(args, parallel)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
         config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
         folder, runner,
     )  # fmt: skip
+
+
+def overlaps_steps(args: EngineArgs, parallel: ParallelConfig) -> bool:
+    """``--async-scheduling``, where it applies: one rank (the worker in this process) and
+    no speculative decoding (a step's proposals come from the previous step's output)."""
+    if not args.async_scheduling:
+        return False
+    if parallel.world_size > 1 or args.speculative_config is not None:
+        logger.warning(
+            "--async-scheduling needs one rank and no speculative decoding: steps run in turn"
+        )
+        return False
+    return True
 
 
 def graph_sizes(

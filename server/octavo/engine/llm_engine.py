@@ -59,6 +59,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.spec_log = SpecDecodeLog()
+        self._launched: tuple[SchedulerOutput, float] | None = None  # async: the step in flight
         self.adapters = EngineAdapters(
             args.enable_lora, parts.config, args.max_lora_rank, self.scheduler
         )
@@ -186,10 +187,48 @@ class LLMEngine:
 
     # ----- one step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step. A request whose data makes the step fail is failed alone."""
+        """Run one scheduled step. A request whose data makes the step fail is failed alone
+        (with ``--async-scheduling``, the requests of the steps in flight)."""
+        if self.scheduler.overlapped:
+            return self._step_overlapped()
         scheduled = self.scheduler.schedule()
         now = time.monotonic()
         scheduled, result = self._execute(scheduled)
+        return self._finish_step(scheduled, result, now)
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        """Launch the next step, then finish the previous one (its tokens, text and
+        outputs) while the device runs the one just launched."""
+        scheduled = self.scheduler.schedule()
+        launched, self._launched = self._launched, None
+        nothing = (SchedulerOutput(), ModelRunnerOutput(), time.monotonic())
+        try:
+            result = self.executor.execute_model_overlapped(scheduled)
+        except Exception as error:  # which of the two steps failed is not known
+            in_flight = [scheduled] if launched is None else [launched[0], scheduled]
+            self._fail_in_flight(in_flight, error)
+            return self._finish_step(*nothing)
+        if not scheduled.is_empty:
+            self._launched = (scheduled, time.monotonic())
+        if launched is None:
+            return self._finish_step(*nothing)
+        return self._finish_step(launched[0], result, launched[1])
+
+    def _fail_in_flight(self, steps: list[SchedulerOutput], error: Exception) -> None:
+        """A failed overlapped step: every request with a sequence in flight fails."""
+        logger.exception("an overlapped step failed: its requests fail")
+        self._launched = None
+        self.executor.discard_in_flight()
+        for step in steps:
+            for seq_id in {s.seq_id for s in step.scheduled}:
+                seq = self.scheduler.seqs.get(seq_id)
+                if seq is not None:
+                    self._fail_request(seq.request_id, describe(error))
+
+    def _finish_step(
+        self, scheduled: SchedulerOutput, result: ModelRunnerOutput, now: float
+    ) -> list[RequestOutput]:
+        """A step's tokens into the scheduler, text and outputs."""
         pooled = self._record_pooled(result)
         updates = self.scheduler.update_from_output(scheduled, result, now)
         touched = pooled + self._record_all(updates)

@@ -55,6 +55,15 @@ class UniProcExecutor:
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(step)
 
+    def execute_model_overlapped(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        """Async scheduling: launch ``step``; the previously launched step's output."""
+        return self.worker.execute_model_overlapped(step)
+
+    def discard_in_flight(self) -> None:
+        """Forget a launched step after a failure (its requests are failed)."""
+        if self.worker.runner is not None:
+            self.worker.runner.in_flight = None
+
     def check_health(self) -> None:
         pass  # the worker is this process
 

@@ -60,6 +60,7 @@ class SchedulerOutput:
     finished_seq_ids: list[int] = field(default_factory=list)  # the runner may forget these
     preempted_seq_ids: list[int] = field(default_factory=list)
     unloaded_lora_ids: list[int] = field(default_factory=list)  # adapters the workers drop
+    computed_at_schedule: bool = False  # async scheduling: tokens counted computed when planned
 
     @property
     def scheduled(self) -> list[ScheduledSequence]:

@@ -33,7 +33,12 @@ from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs
 from octavo.sampling_params import SamplingParams
-from octavo.scheduler.output import NewSequenceData, ScheduledSequence, SchedulerOutput
+from octavo.scheduler.output import (
+    IN_FLIGHT_TOKEN,
+    NewSequenceData,
+    ScheduledSequence,
+    SchedulerOutput,
+)
 from octavo.scheduler.sequence import Sequence, SequenceStatus, sequence_seed
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 from octavo.scheduler.speculation_policy import SpeculationPolicy
@@ -100,6 +105,9 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._finished_ids: list[int] = []  # to tell the runner on the next step
         self._scoring_rows_left = PROMPT_SCORING_ROWS_PER_STEP
+        # Async scheduling: each step is planned while the previous one still runs, so a
+        # decode's input may be the token that step is sampling (IN_FLIGHT_TOKEN).
+        self.overlapped = False
 
     def next_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -132,6 +140,7 @@ class Scheduler:
         out.block_copies = self.kv.take_pending_copies()
         out.finished_seq_ids, self._finished_ids = self._finished_ids, []
         out.unloaded_lora_ids = self._unloads_ready()
+        out.computed_at_schedule = self.overlapped
         return out
 
     def _unloads_ready(self) -> list[int]:
@@ -151,6 +160,8 @@ class Scheduler:
             index += 1
             if seq.lora_request is not None and not self._adapter_fits(seq, adapters):
                 continue
+            if seq.num_in_flight and not self._may_plan_ahead(seq):
+                continue
             num_new = self._chunk(seq, seq.num_computed_tokens, budget)
             if num_new == 0:  # a prompt to score, and this step's scoring rows are spent
                 continue
@@ -162,10 +173,20 @@ class Scheduler:
             budget -= planned.num_slots
         return budget
 
+    def _may_plan_ahead(self, seq: Sequence) -> bool:
+        """May a sequence whose last token is still in flight decode it next step? Not
+        when that token is its last (``max_tokens``, the context length), nor while its
+        forks are waiting to be made from it (they share what it has computed so far)."""
+        known = seq.num_tokens + seq.num_in_flight
+        if seq.fork_seq_ids or known >= self.limits.max_model_len:
+            return False
+        max_tokens = seq.params.max_tokens
+        return max_tokens is None or known - seq.num_prompt_tokens < max_tokens
+
     def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
         """Tokens of ``seq`` to compute this step: within the budget, and a prompt whose
         logprobs are asked for within the step's ``PROMPT_SCORING_ROWS_PER_STEP``."""
-        num_new = min(seq.num_tokens - num_computed, budget)
+        num_new = min(seq.num_tokens + seq.num_in_flight - num_computed, budget)
         if seq.params.prompt_logprobs is not None and num_computed < seq.num_prompt_tokens:
             num_new = min(num_new, self._scoring_rows_left)
             self._scoring_rows_left -= num_new
@@ -231,6 +252,8 @@ class Scheduler:
             seq = self.waiting[0]
             if seats_taken + seats(seq) > self.max_num_seqs:
                 break  # first come, first served: it waits until its completions fit
+            if seq.num_in_flight:  # preempted while a token was in flight: it comes first
+                break
             if not self._adapter_fits(seq, adapters):
                 break
             scored = seq.params.computes_whole_prompt  # every prompt token is computed
@@ -263,14 +286,19 @@ class Scheduler:
     def _place(self, out: SchedulerOutput, planned: PlannedSequence) -> None:
         seq, num_new, start = planned.seq, planned.num_new, planned.seq.num_computed_tokens
         token_ids = seq.token_ids[start : start + num_new]
+        if len(token_ids) < num_new:  # the last input is the token in flight
+            token_ids.append(IN_FLIGHT_TOKEN)
         scheduled = ScheduledSequence(
             seq_id=seq.seq_id,
             token_ids=token_ids + planned.spec if planned.spec else token_ids,
             num_computed_tokens=start,
             block_ids=self.kv.block_ids(seq.seq_id),
-            sample=start + num_new == len(seq.token_ids),
+            sample=start + num_new == len(seq.token_ids) + seq.num_in_flight,
             num_spec_tokens=len(planned.spec),
         )
+        if self.overlapped:  # counted now: the next step is planned before this one ends
+            seq.num_computed_tokens += num_new
+            seq.num_in_flight += scheduled.sample
         if not seq.announced:
             seq.announced = True
             out.new_sequences.append(_new_sequence_data(seq, seq.seq_id, seq.index))
@@ -293,10 +321,15 @@ class Scheduler:
     ) -> list[SequenceUpdate]:
         """Advance the scheduled sequences and append the runner's tokens (see the module doc)."""
         for scheduled in out.scheduled:
-            seq = self.seqs[scheduled.seq_id]
+            seq = self.seqs.get(scheduled.seq_id)
+            if seq is None:  # finished while its step was in flight (async scheduling)
+                continue
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            seq.num_computed_tokens += len(scheduled.token_ids) - scheduled.num_spec_tokens
+            if out.computed_at_schedule:
+                seq.num_in_flight -= scheduled.sample
+            else:
+                seq.num_computed_tokens += len(scheduled.token_ids) - scheduled.num_spec_tokens
             if seq.spec_token_ids:
                 seq.spec_token_ids = []
             if not scheduled.num_spec_tokens:  # else once the kept proposals are known
@@ -359,8 +392,13 @@ class Scheduler:
                 self._cache_blocks(seq)
 
     def _cache_blocks(self, seq: Sequence) -> None:
+        """Register its computed full blocks (async scheduling: those of known tokens; none
+        once it was preempted while its step was in flight)."""
+        if seq.status is not SequenceStatus.RUNNING:
+            return
+        computed = min(seq.num_computed_tokens, seq.num_tokens)
         self.kv.cache_full_blocks(
-            seq.seq_id, seq.token_ids, seq.num_computed_tokens, seq.hash_chain, seq.lora_request
+            seq.seq_id, seq.token_ids, computed, seq.hash_chain, seq.lora_request
         )
 
     def _fork(self, parent: Sequence) -> None:

@@ -30,6 +30,7 @@ class Sequence:
     params: SamplingParams
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache
+    num_in_flight: int = 0  # async scheduling: sampled by a launched step, not yet appended
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache on first admission
     prompt_logprobs: list = field(default_factory=list)  # TokenLogprobs of prompt tokens 1..
     num_preemptions: int = 0

@@ -287,6 +287,11 @@ class Worker:
         output = self.runner.execute_model(step)
         return output if self.is_driver else None
 
+    def execute_model_overlapped(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        """Async scheduling (one rank): launch ``step``, return the previous step's output."""
+        assert self.runner is not None, "initialize_cache() comes before the first step"
+        return self.runner.execute_model_overlapped(step)
+
 
 def _rank_device(device: torch.device, local_rank: int) -> torch.device:
     """One GPU per rank of this host, by its index here (``CUDA_VISIBLE_DEVICES`` picks
