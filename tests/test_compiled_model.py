@@ -3,6 +3,8 @@ runs, and that it changes no greedy token (fp32, the tiny Llama-3 model)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from octavo.compilation.compiled_model import (
@@ -67,7 +69,10 @@ def test_compile_cache_under_octavo_cache(monkeypatch, tmp_path):
     assert compile_cache_dir() == tmp_path / "mine"
 
 
-def test_compiled_layers_give_eager_greedy_tokens(no_compile_env, tiny_folder, smol_tokenizer):
+def test_compiled_layers_give_eager_greedy_tokens(
+    no_compile_env, tiny_folder, smol_tokenizer, caplog
+):
+    caplog.set_level(logging.INFO, logger="octavo.compilation.compiled_model")
     folder = str(tiny_folder("llama3"))
     prompts = mixed_prompts(smol_tokenizer)[:3]
     engines = {}
@@ -80,3 +85,4 @@ def test_compiled_layers_give_eager_greedy_tokens(no_compile_env, tiny_folder, s
     assert "forward" in vars(compiled), "the layer's forward is the compiled one"
     expected = run_batch(engines["eager"], prompts)
     assert run_batch(engines["inductor"], prompts) == expected
+    assert "torch.compile: " in caplog.text, "the compile time is logged"
