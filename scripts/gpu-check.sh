@@ -8,7 +8,9 @@
 # (CUDA graphs and --enforce-eager: 1B decode B=1 vs the HBM roofline and B=32 vs B=1 and
 # vs HF, nano-vllm's offline shape on the 1B and Qwen3-0.6B shapes, the 8B shape at B=1,
 # Triton kernels vs torch; every model from a config-only folder with dummy weights, so no
-# checkpoint is written). With test files as arguments: those tests only, no benchmark.
+# checkpoint is written), then `octavo_bench step-profile` of the 1B shape with steps in turn
+# and with --async-scheduling (host ms per phase vs GPU forward ms, batch 1/32/256).
+# With test files as arguments: those tests only, no benchmark.
 # Logs, gpu.json and gpu.png go to $OUT (the device tool's) or /tmp.
 # `make gpu-check` runs it; `make gpu-prepare` (on the CPU machine) fills .whl/.gpu-baked.
 set -uo pipefail
@@ -25,8 +27,8 @@ if [ "$#" -eq 0 ]; then
     # the GPU-relevant files first, the bench's own (CPU smoke runs included) last
     triton=$(grep -l "paged_decode_attention\|triton_kernels" tests/test_*.py |
         grep -v -e test_memory_profile.py -e test_cpu_kernels.py -e test_bench_gpu.py)
-    set -- tests/test_decode_graphs.py tests/test_sampling_devices.py $triton \
-        tests/test_bench_gpu.py
+    set -- tests/test_decode_graphs.py tests/test_sampling_devices.py \
+        tests/test_sampler_device_ops.py $triton tests/test_bench_gpu.py
     benchmark=1
 fi
 out="${OUT:-/tmp}"
@@ -37,6 +39,15 @@ bench_status=0
 if [ "$benchmark" -eq 1 ]; then
     timeout 300 python3 -m octavo_bench gpu --output-dir "$out" 2>&1 | tee "$out/gpu-bench.log"
     bench_status=${PIPESTATUS[0]}
+    # where a step's time goes (host phases vs the forward's GPU time), steps in turn and
+    # with --async-scheduling, on the 1B shape with dummy weights
+    python3 -m octavo_bench random-model llama-1b /tmp/octavo-1b-config --config-only
+    for mode in sync async; do
+        flag=$([ "$mode" = async ] && echo --async-scheduling)
+        timeout 90 python3 -m octavo_bench step-profile --model /tmp/octavo-1b-config \
+            --load-format dummy --batches 1,32,256 --steps 64 $flag \
+            --output-dir "$out/profile-$mode" 2>&1 | tee "$out/profile-$mode.log"
+    done
 fi
 echo "gpu-check: tests exit $tests_status (124: timed out), bench exit $bench_status"
 [ "$tests_status" -eq 0 ] && exit "$bench_status"

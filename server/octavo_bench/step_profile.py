@@ -129,7 +129,11 @@ class StepProfileReport:
 def run(args: argparse.Namespace) -> int:
     from octavo import LLM
 
-    kwargs = {"enforce_eager": args.enforce_eager, "load_format": args.load_format}
+    kwargs = {
+        "enforce_eager": args.enforce_eager,
+        "load_format": args.load_format,
+        "async_scheduling": args.async_scheduling,
+    }
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=2048, **kwargs)
     timer = PhaseTimer(llm.engine)
     report = StepProfileReport(_settings(args))
@@ -165,6 +169,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=64, help="decode steps per batch")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--async-scheduling", action="store_true", help="plan each step while the last runs"
+    )
     add_output_dir(parser, "step-profile")
 
 
