@@ -4,7 +4,7 @@ CUDA refuses to fill a tensor from a ``torch.Generator`` of another device ("Exp
 'cuda' device type for generator but found 'cpu'"); CPU and meta kernels do not check.
 Inside ``FakeAccelerator()`` every torch call given a ``generator`` must produce a tensor
 on that generator's device (else the same error CUDA raises), and reading a ``meta``
-tensor back to the host (``tolist``, ``item``, ``float``, ``int``, ``bool``) gives zeros,
+tensor back to the host (``cpu``, ``tolist``, ``item``, ``float``, ``int``, ``bool``) gives zeros,
 so sampling code runs end to end on ``meta`` "logits" as it would on a GPU.
 """
 
@@ -14,6 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _HOST_READS = {
+    torch.Tensor.cpu,
     torch.Tensor.tolist,
     torch.Tensor.item,
     torch.Tensor.__float__,

@@ -12,10 +12,10 @@ import torch
 
 from octavo import LLM, SamplingParams
 from octavo.compilation.config import CompilationConfig, parse_compilation_config
-from octavo.compilation.decode_graphs import DecodeGraphs
 from octavo.config import EngineArgs
 from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.builder import graph_sizes
+from octavo.model_executor.decode_graphs import DecodeGraphs
 
 PROMPTS = [[11, 12, 13], [21, 22, 23, 24, 25, 26, 27], [31, 32], [41, 42, 43, 44, 45]]
 MAX_TOKENS = [9, 4, 12, 6]  # sequences finish at different steps: the batch shrinks

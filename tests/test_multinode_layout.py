@@ -153,7 +153,12 @@ def test_a_rank_takes_the_gpu_of_its_own_host(monkeypatch):
     monkeypatch.setattr(worker_module, "load_model", stop_loading)
     loaded = {"folder": None, "config": None, "max_positions": 8, "dtype": None}
     spec = SimpleNamespace(
-        device=torch.device("cuda"), seed=0, num_threads=None, quantization=None, **loaded
+        device=torch.device("cuda"),
+        seed=0,
+        num_threads=None,
+        quantization=None,
+        load_format="auto",
+        **loaded,
     )
     with pytest.raises(LookupError):
         Worker(spec, Placement(3, 2, 2, nnodes=2))

@@ -1,2 +1,3 @@
-"""What runs the model besides eager PyTorch: CUDA graphs of decode steps (and the
-settings vLLM spells ``--compilation-config`` / ``-O``)."""
+"""What runs the model besides eager PyTorch: how vLLM spells it (``--compilation-config``
+/ ``-O``, which also sizes the decode CUDA graphs of ``model_executor/decode_graphs``) and
+torch.compile of the decoder layers."""

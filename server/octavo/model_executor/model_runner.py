@@ -23,7 +23,6 @@ from typing import Protocol
 
 import torch
 
-from octavo.compilation.decode_graphs import DecodeGraphs
 from octavo.distributed.parallel_state import PipelineStage
 from octavo.distributed.pipeline_comm import (
     IntermediateTensors,
@@ -32,6 +31,7 @@ from octavo.distributed.pipeline_comm import (
 )
 from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.lora_request import LoRARequest
+from octavo.model_executor.decode_graphs import DecodeGraphs
 from octavo.model_executor.layers.lora import LoRABatch, LoRAState
 from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.model_executor.models.causal_lm import StepResult

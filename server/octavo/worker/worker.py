@@ -15,7 +15,6 @@ import torch
 from octavo.attention.backend import select_backend
 from octavo.attention.kv_quant import kv_cache_dtype
 from octavo.compilation.compiled_model import compile_layers
-from octavo.compilation.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.worker_group import Placement, join_process_group
@@ -33,6 +32,7 @@ from octavo.kv_cache.gpu_budget import (
 from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
+from octavo.model_executor.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from octavo.model_executor.footprint import weight_bytes, weight_footprint
 from octavo.model_executor.layers.lora import LoRASize
 from octavo.model_executor.loader import load_model, load_tokenizer
