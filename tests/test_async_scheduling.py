@@ -5,6 +5,7 @@ stop strings, ``n > 1``, preemption, aborts)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from octavo import LLM, SamplingParams
 from octavo.scheduler.output import IN_FLIGHT_TOKEN
@@ -129,3 +130,24 @@ def test_a_decode_planned_ahead_takes_the_token_in_flight(engines):
     finally:
         scheduler.schedule = original
     assert [IN_FLIGHT_TOKEN] in seen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the overlap needs a CUDA GPU")
+def test_on_a_gpu_overlapped_graphed_steps_equal_steps_in_turn(tiny_folder):
+    """Launched steps, in-flight tokens filled on the device, decode graphs replayed."""
+    common = dict(
+        device="cuda",
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=8,
+        gpu_memory_utilization=0.2,
+    )
+    results = {}
+    for overlapped in (False, True):
+        llm = LLM(str(tiny_folder("llama3")), async_scheduling=overlapped, **common)
+        assert llm.engine.executor.worker.runner.graphs is not None
+        greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=16, logprobs=1)
+        results[overlapped] = [_completions(llm, p) for p in (greedy, sampled)]
+        llm.shutdown()
+    assert results[True] == results[False]

@@ -134,7 +134,8 @@ def test_cuda_graphs_give_the_eager_tokens_on_a_gpu(tiny_folder):
     folder = str(tiny_folder("llama3"))
     common = dict(
         device="cuda",
-        dtype="bfloat16",
+        dtype="float32",  # eager and graphed steps may split decode attention differently:
+        # float32 keeps their rounding far below any logit gap of the random model
         max_model_len=256,
         max_num_seqs=8,
         gpu_memory_utilization=0.3,
