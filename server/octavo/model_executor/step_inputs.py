@@ -16,6 +16,7 @@ import torch
 
 from octavo.attention.metadata import AttentionMetadata
 from octavo.model_executor.layers.lora import LoRABatch
+from octavo.sampling.host_lists import device_tensor
 from octavo.scheduler.output import ScheduledSequence
 
 
@@ -134,10 +135,7 @@ def step_inputs(
 
 def _on_device(lists: list[list[int]], dtype: torch.dtype, device: torch.device):
     """Each list as a tensor on ``device``: views of one packed tensor, copied once."""
-    values = list(itertools.chain.from_iterable(lists))
-    packed = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
-    if device.type != "cpu":
-        packed = packed.to(device, non_blocking=True)
+    packed = device_tensor(list(itertools.chain.from_iterable(lists)), dtype, device)
     return packed.split([len(values) for values in lists])
 
 

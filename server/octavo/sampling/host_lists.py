@@ -21,7 +21,8 @@ def device_tensor(
     """``values`` as a 1-D ``dtype`` tensor on ``device``, queued without a host wait."""
     if device.type != "cuda":
         return torch.tensor(list(values), dtype=dtype, device=device)
-    return to_device(torch.tensor(list(values), dtype=dtype), device)
+    staged = torch.tensor(list(values), dtype=dtype, pin_memory=True)  # pinned from the start
+    return staged.to(device, non_blocking=True)
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
