@@ -102,8 +102,11 @@ def run(count: int, out: Path) -> dict:
     operator_metrics = scrape(operator.metrics())
     stop.set()
     rss_deleted = delete_all_and_measure(custom, core, namespace, operator)
-    heap_deleted = {f"{name}_after_delete": value for name, value in
-                    scrape(operator.metrics()).items() if "_heap_" in name}  # fmt: skip
+    heap_deleted = {
+        f"{name}_after_delete": value
+        for name, value in scrape(operator.metrics()).items()
+        if "_heap_" in name
+    }
     latencies = [max(0.0, seen[n] - created[n]) for n in created if n in seen]
     result = {
         "count": count,
@@ -131,8 +134,12 @@ def run(count: int, out: Path) -> dict:
     return result
 
 
-def warm_up(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: str,
-            operator: OperatorProcess) -> float:  # fmt: skip
+def warm_up(
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+) -> float:
     """One service created, Ready, deleted and forgotten before the burst: the operator's
     RSS then ("warm idle"), with the code and caches that its first reconcile loads
     once (imports, API client models, kopf's per-resource machinery) already counted."""
@@ -142,18 +149,27 @@ def warm_up(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: 
     return delete_all_and_measure(custom, core, namespace, operator)
 
 
-def delete_all_and_measure(custom: client.CustomObjectsApi, core: client.CoreV1Api,
-                           namespace: str, operator: OperatorProcess) -> float:  # fmt: skip
+def delete_all_and_measure(
+    custom: client.CustomObjectsApi,
+    core: client.CoreV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+) -> float:
     """Delete every service, wait until the operator has forgotten them and their pods are
     gone; its RSS then."""
-    for item in custom.list_namespaced_custom_object(isvc.GROUP, isvc.VERSION, namespace,
-                                                     isvc.PLURAL)["items"]:  # fmt: skip
-        custom.delete_namespaced_custom_object(isvc.GROUP, isvc.VERSION, namespace,
-                                               isvc.PLURAL, item["metadata"]["name"])  # fmt: skip
+    for item in custom.list_namespaced_custom_object(
+        isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL
+    )["items"]:
+        custom.delete_namespaced_custom_object(
+            isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL, item["metadata"]["name"]
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        tracked = [line for line in operator.metrics().splitlines()
-                   if line.startswith("octavo_operator_tracked_services ")]  # fmt: skip
+        tracked = [
+            line
+            for line in operator.metrics().splitlines()
+            if line.startswith("octavo_operator_tracked_services ")
+        ]
         if tracked and float(tracked[0].split()[1]) == 0:
             break
         time.sleep(0.5)
@@ -187,8 +203,9 @@ def control_plane_floor(api: client.ApiClient, count: int, workers: int = 64) ->
     def apply_on_sight() -> None:
         w = watch.Watch()
         list_isvc = custom.list_namespaced_custom_object
-        for event in w.stream(list_isvc, isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL,
-                              timeout_seconds=120):  # fmt: skip
+        for event in w.stream(
+            list_isvc, isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL, timeout_seconds=120
+        ):
             body = event["object"]
             pool.submit(kube.apply, deployment(InferenceService.from_body(body), isvc.FAKE_IMAGE))
             if stop.is_set():

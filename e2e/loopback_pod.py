@@ -47,9 +47,13 @@ def temporary_tiny_llama(prefix: str) -> Iterator[Path]:
 
 
 def pod_on_loopback(
-    core: client.CoreV1Api, api_client: client.ApiClient, namespace: str, instance: str,
-    workdir: Path, skip: frozenset[str] = frozenset(),
-) -> PodProcess:  # fmt: skip
+    core: client.CoreV1Api,
+    api_client: client.ApiClient,
+    namespace: str,
+    instance: str,
+    workdir: Path,
+    skip: frozenset[str] = frozenset(),
+) -> PodProcess:
     """The service's pod (not one named in SKIP), its status.podIP moved to a loopback
     address its process binds; the ConfigMaps its env names are read from the apiserver."""
     selector = f"app.kubernetes.io/instance={instance}"
@@ -77,8 +81,10 @@ def move_to_loopback(
 ) -> PodProcess:
     """POD (Ready by kwok) with its status.podIP moved to a loopback address of its own."""
     ip = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}.{random.randint(2, 250)}"
-    moved = [{"op": "add", "path": "/status/podIP", "value": ip},
-             {"op": "add", "path": "/status/podIPs", "value": [{"ip": ip}]}]  # fmt: skip
+    moved = [
+        {"op": "add", "path": "/status/podIP", "value": ip},
+        {"op": "add", "path": "/status/podIPs", "value": [{"ip": ip}]},
+    ]
     core.patch_namespaced_pod_status(pod.metadata.name, namespace, moved)  # a JSON patch
     fresh = api_client.sanitize_for_serialization(
         core.read_namespaced_pod(pod.metadata.name, namespace)
@@ -95,8 +101,11 @@ def is_ready(pod: client.V1Pod) -> bool:
 def config_maps_of(core: client.CoreV1Api, namespace: str, pod: dict) -> dict:
     """(map, key) -> value for every configMapKeyRef in the pod's first container."""
     env = pod["spec"]["containers"][0].get("env") or []
-    refs = [var["valueFrom"]["configMapKeyRef"] for var in env
-            if "configMapKeyRef" in (var.get("valueFrom") or {})]  # fmt: skip
+    refs = [
+        var["valueFrom"]["configMapKeyRef"]
+        for var in env
+        if "configMapKeyRef" in (var.get("valueFrom") or {})
+    ]
     out = {}
     for ref in refs:
         data = core.read_namespaced_config_map(ref["name"], namespace).data or {}

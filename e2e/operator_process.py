@@ -135,10 +135,20 @@ class OperatorProcess:
         self.liveness_port, self.metrics_port = free_port(), free_port()
         own_port = () if "--activator-port" in self.args else ("--activator-port", str(free_port()))
         command = [
-            sys.executable, "-m", "octavo_operator.main", "--kubeconfig", str(kubeconfig),
-            "--liveness-port", str(self.liveness_port), "--metrics-port", str(self.metrics_port),
-            "--log-format", "json", *own_port, *self.args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "octavo_operator.main",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--liveness-port",
+            str(self.liveness_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--log-format",
+            "json",
+            *own_port,
+            *self.args,
+        ]
         from e2e.pod_process import dockerfile_env  # (it imports this module)
 
         env = {**os.environ, **dockerfile_env("operator"), **self.env}  # as the image runs it

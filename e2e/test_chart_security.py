@@ -79,12 +79,17 @@ def test_policy_defaults_are_safe(helm: Helm) -> None:
 def test_policy_values_are_baked_into_the_rules(helm: Helm) -> None:
     objects = render(
         helm,
-        "--set", "admissionPolicy.allowedImageRegistries={registry.corp/ml/,ghcr.io/octavo-dev/}",
-        "--set", "admissionPolicy.allowedEnvSecrets={hf-token,team-*}",
-        "--set", "admissionPolicy.allowedClaims={*}",
-        "--set", "admissionPolicy.allowedSchedulingFields={tolerations,nodeSelector}",
-        "--set", "admissionPolicy.namespaceSelector.matchLabels.tenant=ml",
-    )  # fmt: skip
+        "--set",
+        "admissionPolicy.allowedImageRegistries={registry.corp/ml/,ghcr.io/octavo-dev/}",
+        "--set",
+        "admissionPolicy.allowedEnvSecrets={hf-token,team-*}",
+        "--set",
+        "admissionPolicy.allowedClaims={*}",
+        "--set",
+        "admissionPolicy.allowedSchedulingFields={tolerations,nodeSelector}",
+        "--set",
+        "admissionPolicy.namespaceSelector.matchLabels.tenant=ml",
+    )
     policy = find(objects, "ValidatingAdmissionPolicy", POLICY)
     values = variables(policy)
     assert values["allowedImageRegistries"] == "['registry.corp/ml/', 'ghcr.io/octavo-dev/']"
@@ -141,8 +146,10 @@ def test_watch_namespaces_gives_roles_per_namespace_and_a_small_cluster_role(
     assert [b["metadata"]["namespace"] for b in bindings] == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": OPERATOR,
-        }  # fmt: skip
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": OPERATOR,
+        }
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}
         ]

@@ -381,12 +381,23 @@ def test_operator_container_command_env_probes_ports(default_objects: list[Obj])
     assert container["image"] == "ghcr.io/octavo-dev/octavo-operator:0.1.0"
     assert container["command"] == ["octavo-operator"]
     assert container["args"] == [
-        "--liveness-port", "8080", "--metrics-port", "8081", "--activator-port", "8082",
-        "--log-format", "json", "--leader-elect",
-    ]  # fmt: skip
+        "--liveness-port",
+        "8080",
+        "--metrics-port",
+        "8081",
+        "--activator-port",
+        "8082",
+        "--log-format",
+        "json",
+        "--leader-elect",
+    ]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env == {"OCTAVO_OPERATOR_DEFAULT_IMAGE": "ghcr.io/octavo-dev/octavo-server:0.1.0",
-                   "POD_NAMESPACE": None, "POD_NAME": None, "POD_IP": None}  # fmt: skip
+    assert env == {
+        "OCTAVO_OPERATOR_DEFAULT_IMAGE": "ghcr.io/octavo-dev/octavo-server:0.1.0",
+        "POD_NAMESPACE": None,
+        "POD_NAME": None,
+        "POD_IP": None,
+    }
     pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
     assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -532,11 +543,15 @@ def test_dashboard_configmap_for_the_grafana_sidecar(helm: Helm) -> None:
 def test_dashboard_label_and_namespace_are_configurable(helm: Helm) -> None:
     objects = render(
         helm,
-        "--set", "monitoring.dashboards.enabled=true",
-        "--set", "monitoring.dashboards.labelKey=grafana.com/dashboard",
-        "--set-string", "monitoring.dashboards.labelValue=octavo",
-        "--set", "monitoring.dashboards.namespace=monitoring",
-    )  # fmt: skip
+        "--set",
+        "monitoring.dashboards.enabled=true",
+        "--set",
+        "monitoring.dashboards.labelKey=grafana.com/dashboard",
+        "--set-string",
+        "monitoring.dashboards.labelValue=octavo",
+        "--set",
+        "monitoring.dashboards.namespace=monitoring",
+    )
     configmap = find(objects, "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana.com/dashboard"] == "octavo"
     assert "grafana_dashboard" not in configmap["metadata"]["labels"]
@@ -572,9 +587,13 @@ def test_notes_tell_the_next_commands(helm: Helm, tmp_path: Path) -> None:
 
 def test_notes_warn_when_the_service_monitor_cannot_render(helm: Helm, tmp_path: Path) -> None:
     notes = render_notes(
-        helm, tmp_path, "--set", "monitoring.serviceMonitor.enabled=true",
-        "--set", "operator.watchNamespaces={team-a}",
-    )  # fmt: skip
+        helm,
+        tmp_path,
+        "--set",
+        "monitoring.serviceMonitor.enabled=true",
+        "--set",
+        "operator.watchNamespaces={team-a}",
+    )
     assert "no ServiceMonitor was created" in notes
     assert "the namespaces team-a" in notes
 
@@ -616,9 +635,12 @@ def test_manifests_hold_the_chart_objects_without_the_crd(helm: Helm) -> None:
     assert "CustomResourceDefinition" not in kinds, "the CRD lives in manifests/crds/ only"
     assert kinds >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"}
     cluster_scoped = {
-        "Namespace", "ClusterRole", "ClusterRoleBinding",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-    }  # fmt: skip
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for obj in objects:
         if obj["kind"] not in cluster_scoped:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]

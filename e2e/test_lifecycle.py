@@ -108,12 +108,20 @@ def run_helm_test_hook(
         cluster, release_ns, account, tmp / "helm-test.kubeconfig"
     )
     command = [str(Path(sys.executable).parent / container["command"][0]), *args]
-    ok = subprocess.run([*command, "--kubeconfig", str(kubeconfig), "--timeout", "20"],
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    ok = subprocess.run(
+        [*command, "--kubeconfig", str(kubeconfig), "--timeout", "20"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     args[args.index("--operator-url") + 1] = "http://127.0.0.1:1/healthz"  # nothing listens
-    bad = subprocess.run([*command[:1], *args, "--kubeconfig", str(kubeconfig), "--timeout", "1"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [*command[:1], *args, "--kubeconfig", str(kubeconfig), "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "healthy=False" in bad.stderr
 
 
@@ -202,20 +210,49 @@ def edit_rolls_and_delete_cleans(
 
 
 def test_helm_install_to_openai_call_to_uninstall(
-    cluster, no_other_operator, namespace, helm, kubectl, api_client, apps, custom, apiext,
-    tmp_path, baked_models,
-):  # fmt: skip
+    cluster,
+    no_other_operator,
+    namespace,
+    helm,
+    kubectl,
+    api_client,
+    apps,
+    custom,
+    apiext,
+    tmp_path,
+    baked_models,
+):
     release_ns = f"octavo-helm-{secrets.token_hex(3)}"
     adopt_crd_for_helm(apiext, "octavo", release_ns)
-    helm("install", "octavo", str(CHART), "-n", release_ns, "--create-namespace", "--wait",
-         "--timeout", "2m")  # fmt: skip
+    helm(
+        "install",
+        "octavo",
+        str(CHART),
+        "-n",
+        release_ns,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "2m",
+    )
     operator = start_operator_like(cluster, apps, release_ns, tmp_path / "operator")
     try:
         run_helm_test_hook(cluster, helm, release_ns, operator, tmp_path)
         serve_example(api_client, custom, kubectl, namespace, tmp_path, baked_models)
 
-        helm("upgrade", "octavo", str(CHART), "-n", release_ns, "--reuse-values",
-             "--set", "operator.serverImage.tag=0.1.1", "--wait", "--timeout", "2m")  # fmt: skip
+        helm(
+            "upgrade",
+            "octavo",
+            str(CHART),
+            "-n",
+            release_ns,
+            "--reuse-values",
+            "--set",
+            "operator.serverImage.tag=0.1.1",
+            "--wait",
+            "--timeout",
+            "2m",
+        )
         env = operator_deployment(apps, release_ns).spec.template.spec.containers[0].env
         images = [e.value for e in env if e.name == "OCTAVO_OPERATOR_DEFAULT_IMAGE"]
         assert images and images[0].endswith(":0.1.1")
@@ -226,8 +263,11 @@ def test_helm_install_to_openai_call_to_uninstall(
             dep = apps.read_namespaced_deployment(EXAMPLE_NAME, namespace)
             return dep.spec.template.spec.containers[0].image
 
-        wait_for(lambda: server_image().endswith(":0.1.1"), timeout=20,
-                 what="the new default server image in the example's Deployment")  # fmt: skip
+        wait_for(
+            lambda: server_image().endswith(":0.1.1"),
+            timeout=20,
+            what="the new default server image in the example's Deployment",
+        )
         edit_rolls_and_delete_cleans(custom, apps, namespace)
     finally:
         operator.stop()
@@ -239,9 +279,16 @@ def test_helm_install_to_openai_call_to_uninstall(
 
 
 def test_kubectl_apply_manifests_to_openai_call(
-    cluster, no_other_operator, namespace, kubectl, api_client, apps, custom, tmp_path,
+    cluster,
+    no_other_operator,
+    namespace,
+    kubectl,
+    api_client,
+    apps,
+    custom,
+    tmp_path,
     baked_models,
-):  # fmt: skip
+):
     kubectl("apply", "-f", str(REPO_ROOT / "manifests/crds"), "-f", str(REPO_ROOT / "manifests"))
     operator = None
     try:

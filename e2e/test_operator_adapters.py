@@ -46,8 +46,10 @@ def tiny_model() -> Iterator[tuple[Path, dict[str, Path], Expected]]:
     greedy tokens HF transformers + PEFT give for the base and for each adapter."""
     root = Path(tempfile.mkdtemp(prefix="e2e-adapters-", dir=cache_root()))
     model = tiny_llama(root)
-    adapters = {name: make_adapter(model, root / name, seed=seed, rank=4)
-                for seed, name in enumerate(("a", "b", "c"))}  # fmt: skip
+    adapters = {
+        name: make_adapter(model, root / name, seed=seed, rank=4)
+        for seed, name in enumerate(("a", "b", "c"))
+    }
     expected = {"tiny": reference_tokens(model, None)}
     expected.update({name: reference_tokens(model, path) for name, path in adapters.items()})
     assert len({tuple(tokens) for tokens in expected.values()}) == 4, (
@@ -103,17 +105,32 @@ def assert_serves(pod: PodProcess, expected: Expected, *models: str) -> None:
 
 
 def test_adapters_are_loaded_and_unloaded_in_a_running_pod(
-    cluster, operator, no_other_operator, namespace, api_client, core, apps, custom,
-    tiny_model, tmp_path,
-):  # fmt: skip
+    cluster,
+    operator,
+    no_other_operator,
+    namespace,
+    api_client,
+    core,
+    apps,
+    custom,
+    tiny_model,
+    tmp_path,
+):
     model, adapters, expected = tiny_model
     own = OperatorProcess(cluster, tmp_path / "operator", OCTAVO_OPERATOR_ADAPTER_SYNC_SECONDS="1")
     own.start()
-    spec = {"model": {"uri": f"file://{model}", "servedName": "tiny"}, "resources": {"gpu": 0},
-            "engine": {"maxModelLen": 128, "maxLoras": 2, "maxLoraRank": 8, "dtype": "float32",
-                       "extraArgs": ["--kv-cache-memory", "64MiB",
-                                     "--lora-allowed-roots", str(model.parent)]},
-            "adapters": adapter_list(adapters, "ab")}  # fmt: skip
+    spec = {
+        "model": {"uri": f"file://{model}", "servedName": "tiny"},
+        "resources": {"gpu": 0},
+        "engine": {
+            "maxModelLen": 128,
+            "maxLoras": 2,
+            "maxLoraRank": 8,
+            "dtype": "float32",
+            "extraArgs": ["--kv-cache-memory", "64MiB", "--lora-allowed-roots", str(model.parent)],
+        },
+        "adapters": adapter_list(adapters, "ab"),
+    }
     pod: PodProcess | None = None
     try:
         isvc.create(custom, namespace, isvc.manifest(NAME, spec))
@@ -136,8 +153,9 @@ def test_adapters_are_loaded_and_unloaded_in_a_running_pod(
         dep = apps.read_namespaced_deployment(NAME, namespace)
         assert dep.metadata.generation == generation, "the pod template did not change"
         change_adapters(custom, namespace, adapter_list(adapters, "bc", bad=True))
-        failed = isvc.wait_condition(custom, namespace, NAME, "AdaptersReady", "False",
-                                     reason="LoadFailed", timeout=30)  # fmt: skip
+        failed = isvc.wait_condition(
+            custom, namespace, NAME, "AdaptersReady", "False", reason="LoadFailed", timeout=30
+        )
         message = isvc.condition(failed, "AdaptersReady")["message"]
         assert "bad: 0/1 pods" in message and "is not an adapter" in message, message
         assert served(pod) == {"b", "c"}

@@ -24,8 +24,12 @@ def gauge(operator: OperatorProcess, name: str) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
-def churn_once(custom: client.CustomObjectsApi, apps: client.AppsV1Api, namespace: str,
-               operator: OperatorProcess) -> None:  # fmt: skip
+def churn_once(
+    custom: client.CustomObjectsApi,
+    apps: client.AppsV1Api,
+    namespace: str,
+    operator: OperatorProcess,
+) -> None:
     names = [f"churn-{i:03d}" for i in range(COUNT)]
     spec = {"replicas": 1, "resources": {"gpu": 0}}
     with ThreadPoolExecutor(16) as pool:
@@ -37,14 +41,18 @@ def churn_once(custom: client.CustomObjectsApi, apps: client.AppsV1Api, namespac
     wait_for(lambda: deployments() == COUNT, timeout=120, what=f"{COUNT} Deployments")
 
     def delete(name: str) -> None:
-        custom.delete_namespaced_custom_object(isvc.GROUP, isvc.VERSION, namespace,
-                                               isvc.PLURAL, name)  # fmt: skip
+        custom.delete_namespaced_custom_object(
+            isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL, name
+        )
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(delete, names))
     wait_for(lambda: deployments() == 0, timeout=120, what="every Deployment collected")
-    wait_for(lambda: gauge(operator, "octavo_operator_tracked_services") == 0, timeout=30,
-             what="the operator to forget every deleted service")  # fmt: skip
+    wait_for(
+        lambda: gauge(operator, "octavo_operator_tracked_services") == 0,
+        timeout=30,
+        what="the operator to forget every deleted service",
+    )
 
 
 def handler_failures(log: str, namespace: str) -> list[str]:

@@ -29,8 +29,9 @@ def leads(operator: OperatorProcess) -> bool:
 
 def reconciles(operator: OperatorProcess) -> float:
     text = operator.metrics()
-    return sum(float(v) for v in re.findall(r"^octavo_operator_reconciles_total\{.*\} (\S+)$",
-                                             text, re.M))  # fmt: skip
+    return sum(
+        float(v) for v in re.findall(r"^octavo_operator_reconciles_total\{.*\} (\S+)$", text, re.M)
+    )
 
 
 def deployment_args(apps: client.AppsV1Api, namespace: str, name: str) -> list[str] | None:
@@ -55,8 +56,11 @@ def test_the_standby_takes_over_when_the_leader_dies(
         leader = next(r for r in replicas if leads(r))
         standby = next(r for r in replicas if r is not leader)
         isvc.create(custom, namespace, isvc.manifest("before", {"replicas": 1}))
-        wait_for(lambda: deployment_args(apps, namespace, "before"), timeout=15,
-                 what="the leader's Deployment")  # fmt: skip
+        wait_for(
+            lambda: deployment_args(apps, namespace, "before"),
+            timeout=15,
+            what="the leader's Deployment",
+        )
         assert reconciles(standby) == 0 and not leads(standby), "the standby reconciles nothing"
 
         leader.proc.kill()  # no hand-over: the standby waits the lease out
@@ -70,8 +74,13 @@ def test_the_standby_takes_over_when_the_leader_dies(
                 "--max-num-seqs" in args and deployment_args(apps, namespace, "during") is not None
             )
 
-        wait_for(caught_up, timeout=TAKEOVER_DEADLINE_SECONDS + 15, interval=0.2,
-                 what="the standby reconciling what changed", describe=standby.tail)  # fmt: skip
+        wait_for(
+            caught_up,
+            timeout=TAKEOVER_DEADLINE_SECONDS + 15,
+            interval=0.2,
+            what="the standby reconciling what changed",
+            describe=standby.tail,
+        )
         took = time.monotonic() - killed
         assert leads(standby)
         assert took < TAKEOVER_DEADLINE_SECONDS, f"takeover took {took:.1f} s"

@@ -18,14 +18,25 @@ NAME = "gitops"
 def test_server_side_reapply_with_autoscaling_has_no_conflict_or_diff(
     operator, namespace, custom, apps, kubectl, tmp_path: Path
 ):
-    body = isvc.manifest(NAME, {
-        "resources": {"gpu": 0},
-        "autoscaling": {"minReplicas": 2, "maxReplicas": 4, "metric": "requestsWaiting"},
-    })  # fmt: skip
+    body = isvc.manifest(
+        NAME,
+        {
+            "resources": {"gpu": 0},
+            "autoscaling": {"minReplicas": 2, "maxReplicas": 4, "metric": "requestsWaiting"},
+        },
+    )
     manifest = tmp_path / "isvc.json"
     manifest.write_text(json.dumps(body))
-    apply = ("apply", "--server-side", "--field-manager", "argocd-controller", "-n", namespace,
-             "-f", str(manifest))  # fmt: skip
+    apply = (
+        "apply",
+        "--server-side",
+        "--field-manager",
+        "argocd-controller",
+        "-n",
+        namespace,
+        "-f",
+        str(manifest),
+    )
     kubectl(*apply)
     obj = isvc.wait_condition(custom, namespace, NAME, "Ready", "True", timeout=60)
     assert apps.read_namespaced_deployment(NAME, namespace).spec.replicas == 2
@@ -54,8 +65,12 @@ def settled(custom, namespace: str, replicas: int) -> None:
         ready = isvc.condition(obj, "Ready").get("status") == "True"
         return ready and status.get("replicas") == status.get("readyReplicas") == replicas
 
-    wait_for(done, timeout=60, what=f"{NAME} Ready with {replicas} replicas",
-             describe=lambda: isvc.get(custom, namespace, NAME).get("status"))  # fmt: skip
+    wait_for(
+        done,
+        timeout=60,
+        what=f"{NAME} Ready with {replicas} replicas",
+        describe=lambda: isvc.get(custom, namespace, NAME).get("status"),
+    )
 
 
 def assert_no_diff(kubectl, namespace: str, manifest: Path, attempts: int = 3) -> None:
@@ -63,11 +78,21 @@ def assert_no_diff(kubectl, namespace: str, manifest: Path, attempts: int = 3) -
     caused (a field of the spec rewritten) shows on every attempt; a status write landing
     between kubectl's read of the live object and its dry-run apply shows once."""
     for _ in range(attempts):
-        diff = kubectl("diff", "--server-side", "--field-manager", "argocd-controller", "-n",
-                       namespace, "-f", str(manifest), check=False)  # fmt: skip
+        diff = kubectl(
+            "diff",
+            "--server-side",
+            "--field-manager",
+            "argocd-controller",
+            "-n",
+            namespace,
+            "-f",
+            str(manifest),
+            check=False,
+        )
         if diff.returncode == 0:
             return
         assert diff.returncode == 1, f"kubectl diff failed:\n{diff.stdout}\n{diff.stderr}"
         time.sleep(2)
-    raise AssertionError(f"the live object differs from the manifest ({attempts} tries):\n"
-                         f"{diff.stdout}")  # fmt: skip
+    raise AssertionError(
+        f"the live object differs from the manifest ({attempts} tries):\n{diff.stdout}"
+    )

@@ -26,16 +26,27 @@ def install_service_monitor_crd(apiext: client.ApiextensionsV1Api) -> None:
         "spec": {
             "group": "monitoring.coreos.com",
             "scope": "Namespaced",
-            "names": {"plural": "servicemonitors", "singular": "servicemonitor",
-                      "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                }},
-            }],
+            "names": {
+                "plural": "servicemonitors",
+                "singular": "servicemonitor",
+                "kind": "ServiceMonitor",
+                "listKind": "ServiceMonitorList",
+            },
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
         },
-    }  # fmt: skip
+    }
     apiext.create_custom_resource_definition(body)
 
 

@@ -19,9 +19,15 @@ TEMPLATES = ("templates/serviceaccount.yaml", "templates/rbac.yaml")
 def render_rbac(helm, release: str, release_ns: str, watched: str) -> list[dict]:
     only = [arg for template in TEMPLATES for arg in ("--show-only", template)]
     text = helm(
-        "template", release, str(CHART), "--namespace", release_ns, *only,
-        "--set", f"operator.watchNamespaces={{{watched}}}",
-    ).stdout  # fmt: skip
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        release_ns,
+        *only,
+        "--set",
+        f"operator.watchNamespaces={{{watched}}}",
+    ).stdout
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
@@ -40,8 +46,12 @@ def test_operator_runs_under_namespaced_rbac(
     objects = render_rbac(helm, f"scoped-{secrets.token_hex(3)}", release_ns, namespace)
     by_kind = {o["kind"]: o for o in objects}
     assert sorted(by_kind) == [
-        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount",
-    ]  # fmt: skip
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
     assert by_kind["Role"]["metadata"]["namespace"] == namespace
     assert {g for r in by_kind["ClusterRole"]["rules"] for g in r["apiGroups"]} == {
         "apiextensions.k8s.io"

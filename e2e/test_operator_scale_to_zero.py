@@ -48,10 +48,16 @@ def tiny_model():
 
 
 def spec_of(model: Path) -> dict:
-    return {"model": {"uri": f"file://{model}", "servedName": "tiny"}, "resources": {"gpu": 0},
-            "engine": {"maxModelLen": 128, "extraArgs": ["--kv-cache-memory", "64MiB"]},
-            "autoscaling": {"minReplicas": 0, "maxReplicas": 1,
-                            "scaleToZeroAfterSeconds": IDLE_SECONDS}}  # fmt: skip
+    return {
+        "model": {"uri": f"file://{model}", "servedName": "tiny"},
+        "resources": {"gpu": 0},
+        "engine": {"maxModelLen": 128, "extraArgs": ["--kv-cache-memory", "64MiB"]},
+        "autoscaling": {
+            "minReplicas": 0,
+            "maxReplicas": 1,
+            "scaleToZeroAfterSeconds": IDLE_SECONDS,
+        },
+    }
 
 
 def replicas(custom: client.CustomObjectsApi, namespace: str) -> int | None:
@@ -103,13 +109,31 @@ def start_pod(core, api_client, namespace: str, workdir: Path, skip=frozenset())
 
 
 def test_idle_service_scales_to_zero_and_a_request_brings_it_back(
-    cluster, operator, no_other_operator, namespace, api_client, core, apps, custom,
-    tiny_model, tmp_path,
-):  # fmt: skip
+    cluster,
+    operator,
+    no_other_operator,
+    namespace,
+    api_client,
+    core,
+    apps,
+    custom,
+    tiny_model,
+    tmp_path,
+):
     port = free_port()
-    own = OperatorProcess(cluster, tmp_path / "operator", OCTAVO_OPERATOR_IDLE_CHECK_SECONDS="1",
-                          args=("--activator-port", str(port), "--activator-address", ACTIVATOR_IP,
-                                "--activation-timeout", "300"))  # fmt: skip
+    own = OperatorProcess(
+        cluster,
+        tmp_path / "operator",
+        OCTAVO_OPERATOR_IDLE_CHECK_SECONDS="1",
+        args=(
+            "--activator-port",
+            str(port),
+            "--activator-address",
+            ACTIVATOR_IP,
+            "--activation-timeout",
+            "300",
+        ),
+    )
     own.start()
     discovery = client.DiscoveryV1Api(api_client)
     pods: list[PodProcess] = []
@@ -120,14 +144,24 @@ def test_idle_service_scales_to_zero_and_a_request_brings_it_back(
         first = pods[0].pod["metadata"]["name"]
         keep_busy(pods[0], custom, namespace)
 
-        wait_for(lambda: replicas(custom, namespace) == 0, timeout=IDLE_SECONDS + 60,
-                 what="the idle service set to 0 replicas")  # fmt: skip
-        wait_for(lambda: apps.read_namespaced_deployment(NAME, namespace).spec.replicas == 0,
-                 timeout=30, what="the Deployment at 0")  # fmt: skip
-        isvc.wait_condition(custom, namespace, NAME, "Ready", "True", reason="ScaledToZero",
-                            timeout=30)  # fmt: skip
-        piece = wait_for(lambda: activator_slice(discovery, namespace), timeout=30,
-                         what="the activator's EndpointSlice")  # fmt: skip
+        wait_for(
+            lambda: replicas(custom, namespace) == 0,
+            timeout=IDLE_SECONDS + 60,
+            what="the idle service set to 0 replicas",
+        )
+        wait_for(
+            lambda: apps.read_namespaced_deployment(NAME, namespace).spec.replicas == 0,
+            timeout=30,
+            what="the Deployment at 0",
+        )
+        isvc.wait_condition(
+            custom, namespace, NAME, "Ready", "True", reason="ScaledToZero", timeout=30
+        )
+        piece = wait_for(
+            lambda: activator_slice(discovery, namespace),
+            timeout=30,
+            what="the activator's EndpointSlice",
+        )
         assert piece["metadata"]["labels"]["kubernetes.io/service-name"] == NAME
         assert piece["endpoints"][0]["addresses"] == [ACTIVATOR_IP]
         assert piece["ports"] == [{"name": "http", "port": port, "protocol": "TCP"}]
@@ -138,15 +172,22 @@ def test_idle_service_scales_to_zero_and_a_request_brings_it_back(
         answer = {"host": f"{NAME}.{namespace}.svc.cluster.local:8000"}
         caller = threading.Thread(target=complete, args=(f"http://127.0.0.1:{port}", answer))
         caller.start()
-        wait_for(lambda: replicas(custom, namespace) == 1, timeout=30,
-                 what="the activator to set replicas back to 1")  # fmt: skip
-        pods.append(start_pod(core, api_client, namespace, tmp_path / "pod-2",
-                              skip=frozenset({first})))  # fmt: skip
+        wait_for(
+            lambda: replicas(custom, namespace) == 1,
+            timeout=30,
+            what="the activator to set replicas back to 1",
+        )
+        pods.append(
+            start_pod(core, api_client, namespace, tmp_path / "pod-2", skip=frozenset({first}))
+        )
         caller.join(timeout=120)
         assert answer.get("status") == 200, answer
         assert answer["body"]["model"] == "tiny" and answer["body"]["choices"][0]["text"]
-        wait_for(lambda: activator_slice(discovery, namespace) is None, timeout=30,
-                 what="the activator's EndpointSlice removed once a pod is ready")  # fmt: skip
+        wait_for(
+            lambda: activator_slice(discovery, namespace) is None,
+            timeout=30,
+            what="the activator's EndpointSlice removed once a pod is ready",
+        )
         assert "Traceback" not in own.tail(400), own.tail(80)
         print(f"request held by the activator for {answer['seconds']:.1f} s")
     finally:

@@ -13,8 +13,12 @@ EXTRA_ARGS_REFUSED = (
     "must not set --host, --port, --served-model-name, --api-key, nor an abbreviation of one"
 )
 NODE_ARGS_REFUSED = "must not set --nnodes, --node-rank, --master-addr, --master-port, --headless"
-INVERTED_LOOKUP = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
-                   "prompt_lookup_max": 2}  # fmt: skip
+INVERTED_LOOKUP = {
+    "method": "ngram",
+    "num_speculative_tokens": 2,
+    "prompt_lookup_min": 5,
+    "prompt_lookup_max": 2,
+}
 INVALID = {
     "max-below-min": (
         {"autoscaling": {"minReplicas": 4, "maxReplicas": 2}},

@@ -77,9 +77,10 @@ def serve_pod_command(spec: dict, api_client, namespace: str, tmp_path: Path) ->
         pod.wait_probe("startupProbe", limit=300)
         pod.wait_probe("readinessProbe")
         workers = [
-            p for p in psutil.Process(pod.proc.pid).children(recursive=True)
+            p
+            for p in psutil.Process(pod.proc.pid).children(recursive=True)
             if WORKER_MODULE in " ".join(p.cmdline())
-        ]  # fmt: skip
+        ]
         assert len(workers) == 2, pod.log_tail()
         base = f"http://127.0.0.1:{pod.local_port('http')}/v1"
         api = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)

@@ -59,34 +59,95 @@ def mean_target(histogram: str, legend: str, ref: int) -> dict[str, Any]:
 def panel_specs() -> list[tuple[str, str, str, list[dict[str, Any]]]]:
     """(title, unit, description, targets) of every panel, in reading order."""
     return [
-        ("Request throughput", "reqps", "Finished requests per second, by finish reason.",
-         [target(f"sum by (finished_reason) ({rate('vllm:request_success_total')})",
-                 "{{finished_reason}}", 0)]),
-        ("Token throughput", "suffix: tok/s", "Prompt and generated tokens per second.",
-         [target(f"sum({rate('vllm:prompt_tokens_total')})", "prompt", 0),
-          target(f"sum({rate('vllm:generation_tokens_total')})", "generation", 1)]),
-        ("Time to first token (TTFT)", "s", "Arrival to first output token, percentiles.",
-         quantile_targets("vllm:time_to_first_token_seconds")),
-        ("Inter-token latency (ITL)", "s", "Time between output tokens, percentiles.",
-         quantile_targets("vllm:inter_token_latency_seconds")),
-        ("End-to-end request latency", "s", "Arrival to finish, percentiles.",
-         quantile_targets("vllm:e2e_request_latency_seconds")),
-        ("Queue time", "s", "Arrival to first scheduled step, percentiles.",
-         quantile_targets("vllm:request_queue_time_seconds")),
-        ("Running and waiting requests", "short", "Requests in the engine, summed over pods.",
-         [target(f"sum(vllm:num_requests_running{{{SELECTOR}}})", "running", 0),
-          target(f"sum(vllm:num_requests_waiting{{{SELECTOR}}})", "waiting", 1)]),
-        ("KV cache usage", "percentunit", "Share of KV cache blocks in use, per pod.",
-         [target(f"vllm:kv_cache_usage_perc{{{SELECTOR}}}", "{{pod}} {{instance}}", 0)]),
-        ("Prefix cache hit rate", "percentunit", "Prompt tokens found in the prefix cache.",
-         [target(f"sum({rate('vllm:prefix_cache_hits_total')}) / "
-                 f"sum({rate('vllm:prefix_cache_queries_total')})", "hit rate", 0)]),
-        ("Preemptions", "short", "Sequences preempted (recomputed later) per second.",
-         [target(f"sum({rate('vllm:num_preemptions_total')})", "preemptions/s", 0)]),
-        ("Tokens per request (mean)", "short", "Mean prompt and generation length.",
-         [mean_target("vllm:request_prompt_tokens", "prompt", 0),
-          mean_target("vllm:request_generation_tokens", "generation", 1)]),
-    ]  # fmt: skip
+        (
+            "Request throughput",
+            "reqps",
+            "Finished requests per second, by finish reason.",
+            [
+                target(
+                    f"sum by (finished_reason) ({rate('vllm:request_success_total')})",
+                    "{{finished_reason}}",
+                    0,
+                )
+            ],
+        ),
+        (
+            "Token throughput",
+            "suffix: tok/s",
+            "Prompt and generated tokens per second.",
+            [
+                target(f"sum({rate('vllm:prompt_tokens_total')})", "prompt", 0),
+                target(f"sum({rate('vllm:generation_tokens_total')})", "generation", 1),
+            ],
+        ),
+        (
+            "Time to first token (TTFT)",
+            "s",
+            "Arrival to first output token, percentiles.",
+            quantile_targets("vllm:time_to_first_token_seconds"),
+        ),
+        (
+            "Inter-token latency (ITL)",
+            "s",
+            "Time between output tokens, percentiles.",
+            quantile_targets("vllm:inter_token_latency_seconds"),
+        ),
+        (
+            "End-to-end request latency",
+            "s",
+            "Arrival to finish, percentiles.",
+            quantile_targets("vllm:e2e_request_latency_seconds"),
+        ),
+        (
+            "Queue time",
+            "s",
+            "Arrival to first scheduled step, percentiles.",
+            quantile_targets("vllm:request_queue_time_seconds"),
+        ),
+        (
+            "Running and waiting requests",
+            "short",
+            "Requests in the engine, summed over pods.",
+            [
+                target(f"sum(vllm:num_requests_running{{{SELECTOR}}})", "running", 0),
+                target(f"sum(vllm:num_requests_waiting{{{SELECTOR}}})", "waiting", 1),
+            ],
+        ),
+        (
+            "KV cache usage",
+            "percentunit",
+            "Share of KV cache blocks in use, per pod.",
+            [target(f"vllm:kv_cache_usage_perc{{{SELECTOR}}}", "{{pod}} {{instance}}", 0)],
+        ),
+        (
+            "Prefix cache hit rate",
+            "percentunit",
+            "Prompt tokens found in the prefix cache.",
+            [
+                target(
+                    f"sum({rate('vllm:prefix_cache_hits_total')}) / "
+                    f"sum({rate('vllm:prefix_cache_queries_total')})",
+                    "hit rate",
+                    0,
+                )
+            ],
+        ),
+        (
+            "Preemptions",
+            "short",
+            "Sequences preempted (recomputed later) per second.",
+            [target(f"sum({rate('vllm:num_preemptions_total')})", "preemptions/s", 0)],
+        ),
+        (
+            "Tokens per request (mean)",
+            "short",
+            "Mean prompt and generation length.",
+            [
+                mean_target("vllm:request_prompt_tokens", "prompt", 0),
+                mean_target("vllm:request_generation_tokens", "generation", 1),
+            ],
+        ),
+    ]
 
 
 def panel(index: int, title: str, unit: str, description: str, targets: list) -> dict[str, Any]:

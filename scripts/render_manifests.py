@@ -64,11 +64,16 @@ def helm_binary() -> Path:
 def helm_template(helm: Path) -> str:
     """The chart's objects for manifests/, in helm's install order."""
     args = [
-        str(helm), "template", RELEASE, str(CHART),
-        "--namespace", NAMESPACE,
-        "--set", "crds.install=false",
+        str(helm),
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "crds.install=false",
         "--skip-tests",
-    ]  # fmt: skip
+    ]
     with tempfile.TemporaryDirectory(prefix="octavo-helm-") as home:
         env = {
             **os.environ,

@@ -195,9 +195,17 @@ def serve_subprocess(
 
     port = free_port()
     command = [
-        sys.executable, "-m", "octavo.cli", "serve", str(folder),
-        "--host", "127.0.0.1", "--port", str(port), *extra_args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "octavo.cli",
+        "serve",
+        str(folder),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra_args,
+    ]
     log = tmp_path / "serve.log"
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)

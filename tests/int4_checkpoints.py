@@ -76,8 +76,14 @@ def awq_tensors(q, scale, zero) -> dict[str, torch.Tensor]:
     }
 
 
-def write_int4_checkpoint(source: Path, out: Path, method: str, group_size: int = 32,
-                          act_order: bool = False, seed: int = 0) -> tuple[Path, Path]:  # fmt: skip
+def write_int4_checkpoint(
+    source: Path,
+    out: Path,
+    method: str,
+    group_size: int = 32,
+    act_order: bool = False,
+    seed: int = 0,
+) -> tuple[Path, Path]:
     """``out/quantized`` (the checkpoint) and ``out/reference`` (its dequantized twin)."""
     generator = torch.Generator().manual_seed(seed)
     quantized, reference = {}, {}
@@ -104,10 +110,20 @@ def write_int4_checkpoint(source: Path, out: Path, method: str, group_size: int 
 
 def _quantization_config(method: str, group_size: int, act_order: bool) -> dict:
     if method == "gptq":
-        return {"quant_method": "gptq", "bits": 4, "group_size": group_size,
-                "desc_act": act_order, "sym": False}  # fmt: skip
-    return {"quant_method": "awq", "bits": 4, "group_size": group_size, "version": "gemm",
-            "zero_point": True}  # fmt: skip
+        return {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": group_size,
+            "desc_act": act_order,
+            "sym": False,
+        }
+    return {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": group_size,
+        "version": "gemm",
+        "zero_point": True,
+    }
 
 
 def _write(source: Path, folder: Path, tensors: dict, settings: dict | None) -> Path:

@@ -89,9 +89,12 @@ def running_prometheus(binary: str, jobs: list[ScrapeJob], workdir: Path) -> Ite
     address = f"{LOOPBACK}:{free_port()}"
     log = workdir / "prometheus.log"
     command = [
-        binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address={address}", "--log.level=warn",
-    ]  # fmt: skip
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address={address}",
+        "--log.level=warn",
+    ]
     with log.open("w") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     try:

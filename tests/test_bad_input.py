@@ -15,9 +15,13 @@ def llm(tiny_folder) -> LLM:
 
 @pytest.mark.parametrize(
     ("prompt", "message"),
-    [("", "prompt must not be empty"), ([], "prompts? must not be empty"),
-     ([1] * 64, "max_model_len"), ([10**9], "token ids")],
-)  # fmt: skip
+    [
+        ("", "prompt must not be empty"),
+        ([], "prompts? must not be empty"),
+        ([1] * 64, "max_model_len"),
+        ([10**9], "token ids"),
+    ],
+)
 def test_bad_prompts(llm, prompt, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(prompt, SamplingParams(), use_tqdm=False)
@@ -26,9 +30,14 @@ def test_bad_prompts(llm, prompt, message):
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
-     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"n": 0}, "n")],
-)  # fmt: skip
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 0}, "n"),
+    ],
+)
 def test_bad_sampling_params(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
@@ -53,11 +62,15 @@ def test_unsupported_uri_scheme_is_refused():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"block_size": 12}, "block_size"), ({"gpu_memory_utilization": 1.5}, "gpu_memory"),
-     ({"dtype": "int8"}, "dtype"), ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
-         ({"pipeline_parallel_size": 0}, "pipeline_parallel_size"),
-     ({"max_num_seqs": 0}, "max_num_seqs")],
-)  # fmt: skip
+    [
+        ({"block_size": 12}, "block_size"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"pipeline_parallel_size": 0}, "pipeline_parallel_size"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+    ],
+)
 def test_bad_engine_args(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineArgs(**kwargs)

@@ -115,12 +115,26 @@ def test_request_warms_up_on_the_workloads_own_warmup_prompt(gguf: Path) -> None
 def test_results_become_run_results_noting_sequential_and_short_runs() -> None:
     result = {
         "results": [
-            {"name": "a", "num_requests": 32, "requested_tokens": 4096, "output_tokens": 4096,
-             "seconds": 32.0, "tok_s": 128.0, "sequential": True},
-            {"name": "c", "num_requests": 1, "requested_tokens": 128, "output_tokens": 100,
-             "seconds": 0.5, "tok_s": 200.0, "sequential": True},
+            {
+                "name": "a",
+                "num_requests": 32,
+                "requested_tokens": 4096,
+                "output_tokens": 4096,
+                "seconds": 32.0,
+                "tok_s": 128.0,
+                "sequential": True,
+            },
+            {
+                "name": "c",
+                "num_requests": 1,
+                "requested_tokens": 128,
+                "output_tokens": 100,
+                "seconds": 0.5,
+                "tok_s": 200.0,
+                "sequential": True,
+            },
         ]
-    }  # fmt: skip
+    }
     a, c = llama_cpp_baseline.to_run_results(result)
     assert isinstance(a, RunResult)
     assert (a.engine, a.workload, a.num_requests, a.output_tokens) == (LLAMA_CPP, "a", 32, 4096)
@@ -209,8 +223,12 @@ def test_run_offline_through_the_runner(
     assert (llm["logits_all"], llm["verbose"], llm["n_ctx"]) == (False, False, 256)
     # The warm-up, then every prompt alone from an empty cache, each to its exact count.
     assert [(c["prompt"], c["made"]) for c in record["calls"]] == [
-        ([5, 6, 7], WARMUP_TOKENS), ([5, 6, 7], 6), ([1, 2], 4), ([3, 4], 4), ([5], 4)
-    ]  # fmt: skip
+        ([5, 6, 7], WARMUP_TOKENS),
+        ([5, 6, 7], 6),
+        ([1, 2], 4),
+        ([3, 4], 4),
+        ([5], 4),
+    ]
     assert record["resets"] == 5
     assert setup.facts["version"] == "0.0.fake"
     assert setup.facts["n_threads"] == 2 and setup.facts["model_bytes"] == 100

@@ -13,10 +13,31 @@ from octavo_bench.lora import parse_counts
 
 
 def test_a_tiny_run_reports_tok_s_tpot_and_ratios(tiny_folder, tmp_path):
-    code = main(["lora", "--model", str(tiny_folder("llama3")), "--num-users", "3",
-                 "--max-tokens", "6", "--prompt-tokens", "40", "--adapter-counts", "1,2",
-                 "--rank", "4", "--repeats", "1", "--dtype", "float32",
-                 "--kv-cache-memory", str(2**24), "--output-dir", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "lora",
+            "--model",
+            str(tiny_folder("llama3")),
+            "--num-users",
+            "3",
+            "--max-tokens",
+            "6",
+            "--prompt-tokens",
+            "40",
+            "--adapter-counts",
+            "1,2",
+            "--rank",
+            "4",
+            "--repeats",
+            "1",
+            "--dtype",
+            "float32",
+            "--kv-cache-memory",
+            str(2**24),
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     report = json.loads((tmp_path / "lora.json").read_text())
     runs = {run["variant"]: run for run in report["runs"]}
@@ -30,8 +51,12 @@ def test_a_tiny_run_reports_tok_s_tpot_and_ratios(tiny_folder, tmp_path):
     assert runs["base"]["vs_base"] == 1.0
     two, base = runs["2 adapters"], runs["base"]
     assert two["vs_base"] == pytest.approx(two["median_tok_s"] / base["median_tok_s"])
-    assert report["target"] == {"variant": "4 adapters", "minimum_vs_base": 0.8,
-                                "vs_base": None, "met": None}  # fmt: skip
+    assert report["target"] == {
+        "variant": "4 adapters",
+        "minimum_vs_base": 0.8,
+        "vs_base": None,
+        "met": None,
+    }
     assert report["settings"]["adapter_counts"] == [1, 2]
     assert (tmp_path / "lora.png").stat().st_size > 0
 

@@ -73,14 +73,20 @@ def test_tiny_end_to_end_run(tiny_folder, tmp_path, capsys):
     out = tmp_path / "bench"
     code = offline.main(
         [
-            "--model", str(tiny_folder("llama3")),
-            "--dtype", "float32",
-            "--scale", "0.05",
-            "--baselines", "hf-fp32",
-            "--kv-cache-memory", str(8 * 2**20),
-            "--output-dir", str(out),
+            "--model",
+            str(tiny_folder("llama3")),
+            "--dtype",
+            "float32",
+            "--scale",
+            "0.05",
+            "--baselines",
+            "hf-fp32",
+            "--kv-cache-memory",
+            str(8 * 2**20),
+            "--output-dir",
+            str(out),
         ]
-    )  # fmt: skip
+    )
     assert code == 0
     report = json.loads((out / "offline.json").read_text())
     assert (out / "offline.png").stat().st_size > 0

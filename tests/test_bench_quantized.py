@@ -10,10 +10,25 @@ from octavo_bench.cli import main
 
 
 def test_a_tiny_run_reports_ratios_and_footprints(tmp_path):
-    code = main(["quantized", "--variants", "bf16,gguf,int8,llama.cpp", "--scale", "0.03",
-                 "--repeats", "1", "--dtype", "float32", "--kv-cache-memory", str(2**26),
-                 "--llama-cpp-python", str(tmp_path / "missing-python"),
-                 "--output-dir", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "quantized",
+            "--variants",
+            "bf16,gguf,int8,llama.cpp",
+            "--scale",
+            "0.03",
+            "--repeats",
+            "1",
+            "--dtype",
+            "float32",
+            "--kv-cache-memory",
+            str(2**26),
+            "--llama-cpp-python",
+            str(tmp_path / "missing-python"),
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     report = json.loads((tmp_path / "quantized.json").read_text())
     runs = {(run["variant"], run["workload"]): run for run in report["runs"]}

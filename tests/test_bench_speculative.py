@@ -10,10 +10,25 @@ from octavo_bench.cli import main
 
 def test_a_tiny_run_reports_ratios_and_acceptance(tiny_folder, tmp_path):
     """The tiny random Llama: the run's plumbing, not SmolLM2's speed, is under test."""
-    code = main(["speculative", "--model", str(tiny_folder("llama3")),
-                 "--variants", "off,ngram", "--single", "1", "--users", "2",
-                 "--max-tokens", "12", "--dtype", "float32",
-                 "--output-dir", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "speculative",
+            "--model",
+            str(tiny_folder("llama3")),
+            "--variants",
+            "off,ngram",
+            "--single",
+            "1",
+            "--users",
+            "2",
+            "--max-tokens",
+            "12",
+            "--dtype",
+            "float32",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     report = json.loads((tmp_path / "speculative.json").read_text())
     assert report["model"] == tiny_folder("llama3").name

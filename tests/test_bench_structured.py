@@ -10,9 +10,25 @@ from octavo_bench.structured import large_schema
 
 
 def test_a_tiny_run_reports_overheads_and_compile_times(tiny_folder, tmp_path):
-    code = main(["structured", "--model", str(tiny_folder("llama3")), "--dtype", "float32",
-                 "--concurrency", "3", "--output-len", "8", "--repeats", "1",
-                 "--schema-properties", "20", "--output-dir", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "structured",
+            "--model",
+            str(tiny_folder("llama3")),
+            "--dtype",
+            "float32",
+            "--concurrency",
+            "3",
+            "--output-len",
+            "8",
+            "--repeats",
+            "1",
+            "--schema-properties",
+            "20",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     report = json.loads((tmp_path / "structured.json").read_text())
     assert set(report["tokens_per_s"]) == {"unconstrained", "json-schema", "json-schema-maxlength"}

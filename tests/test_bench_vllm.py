@@ -219,10 +219,22 @@ def test_cpu_binding_dtype_and_env(monkeypatch):
 def test_vllm_server_command_line_and_serve_options():
     command = vllm_server_command("/v/bin/python", 8125, Path("/m"), "tiny", "bfloat16", 2048)
     assert command == [
-        "/v/bin/python", "-m", "vllm.entrypoints.openai.api_server",
-        "--model", "/m", "--served-model-name", "tiny", "--dtype", "bfloat16",
-        "--max-model-len", "2048", "--host", "127.0.0.1", "--port", "8125",
-    ]  # fmt: skip
+        "/v/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/m",
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "2048",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8125",
+    ]
     assert "--max-model-len" not in vllm_server_command("p", 1, "/m", "t", "float32", None)
     args = serve.build_parser().parse_args(["--baseline", "hf,vllm"])
     assert args.baseline == ["hf", "vllm"] and args.vllm_startup_timeout == 900.0

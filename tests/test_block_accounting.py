@@ -11,8 +11,13 @@ from conftest import assert_all_blocks_free
 
 @pytest.fixture(scope="module")
 def llm(tiny_folder) -> LLM:
-    return LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=256,
-               max_num_batched_tokens=32, kv_cache_memory=40 * 4096)  # fmt: skip
+    return LLM(
+        str(tiny_folder("llama3")),
+        dtype="float32",
+        max_model_len=256,
+        max_num_batched_tokens=32,
+        kv_cache_memory=40 * 4096,
+    )
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -25,8 +30,11 @@ def test_finish(llm):
 
 
 def test_preemption(llm):
-    outs = llm.generate([prompt(100, i) for i in range(6)],
-                        SamplingParams(max_tokens=40, ignore_eos=True), use_tqdm=False)  # fmt: skip
+    outs = llm.generate(
+        [prompt(100, i) for i in range(6)],
+        SamplingParams(max_tokens=40, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert all(len(out.outputs[0].token_ids) == 40 for out in outs)
     assert llm.engine.stats().num_preemptions > 0
     assert_all_blocks_free(llm.engine)

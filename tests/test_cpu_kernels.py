@@ -186,8 +186,9 @@ def test_token_bitmask_matches_xgrammar(ops, vocab):
     import xgrammar as xgr
 
     generator = torch.Generator().manual_seed(vocab)
-    bitmask = torch.randint(-(2**31), 2**31 - 1, (5, (vocab + 31) // 32), dtype=torch.int32,
-                            generator=generator)  # fmt: skip
+    bitmask = torch.randint(
+        -(2**31), 2**31 - 1, (5, (vocab + 31) // 32), dtype=torch.int32, generator=generator
+    )
     bitmask[1] = -1  # a row that allows everything
     logits = torch.randn(5, vocab, generator=generator)
     rows = [0, 1, 3]
@@ -262,8 +263,9 @@ def test_lora_delta_equals_the_torch_paths_gemms(ops, dtype, slices, slots, rows
 def test_lora_delta_refuses_bad_input(ops):
     flat_a, block_b, row_slots, x, out, offsets = lora_case([16], 2, 4, 8, 3, torch.float32)
     with pytest.raises(RuntimeError, match="has slot 5"):
-        ops.lora_delta(out, x, flat_a, block_b, torch.tensor([0, 5, -1], dtype=torch.int32),
-                       offsets, [16])  # fmt: skip
+        ops.lora_delta(
+            out, x, flat_a, block_b, torch.tensor([0, 5, -1], dtype=torch.int32), offsets, [16]
+        )
     with pytest.raises(RuntimeError, match="out of range"):
         ops.lora_delta(out, x, flat_a, block_b, row_slots, [8], [16])
     with pytest.raises(RuntimeError, match="float32"):

@@ -31,12 +31,19 @@ NAMESPACE = "octavo-test"  # what a Kubernetes scrape adds as the `namespace` ta
 TARGET_LABELS = {"namespace", "pod", "instance", "job"}
 PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "and", "or", "unless", "bool", "offset"}
 REQUIRED_METRICS = {
-    "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-    "vllm:e2e_request_latency_seconds_bucket", "vllm:num_requests_running",
-    "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total",
-    "vllm:prefix_cache_queries_total", "vllm:num_preemptions_total",
-}  # fmt: skip
+    "vllm:request_success_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:num_preemptions_total",
+}
 PERCENTILE_HISTOGRAMS = (
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
@@ -123,8 +130,11 @@ def test_panels_do_not_overlap(dashboard):
     for panel in dashboard["panels"]:
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24, panel["title"]
-        mine = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
-                for y in range(grid["y"], grid["y"] + grid["h"])}  # fmt: skip
+        mine = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
         assert not cells & mine, panel["title"]
         cells |= mine
 

@@ -20,8 +20,9 @@ PARAMS = SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=12, logprobs=2,
 
 @pytest.fixture(scope="module")
 def llm(tiny_folder) -> LLM:
-    return LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
-               kv_cache_memory=1 << 20)  # fmt: skip
+    return LLM(
+        str(tiny_folder("llama3")), dtype="float32", max_model_len=64, kv_cache_memory=1 << 20
+    )
 
 
 def joined(lists) -> list:
@@ -77,8 +78,10 @@ def test_the_accumulator_rebuilds_any_grouping_of_deltas(llm):
     for index in range(2):
         got = last.outputs[index]
         assert (got.token_ids, got.text, got.logprobs) == (
-            final.outputs[index].token_ids, final.outputs[index].text, final.outputs[index].logprobs
-        )  # fmt: skip
+            final.outputs[index].token_ids,
+            final.outputs[index].text,
+            final.outputs[index].logprobs,
+        )
         new_ids = joined(v.outputs[index].delta_token_ids for v in views)
         assert new_ids == got.token_ids
         assert "".join(v.outputs[index].delta_text for v in views) == got.text

@@ -14,8 +14,13 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tiny_folder) -> LLM:
-    return LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=128,
-               max_num_batched_tokens=64, kv_cache_memory=64 * 4096)  # fmt: skip
+    return LLM(
+        str(tiny_folder("llama3")),
+        dtype="float32",
+        max_model_len=128,
+        max_num_batched_tokens=64,
+        kv_cache_memory=64 * 4096,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,9 @@ def test_stop_string_is_trimmed(llm, question):
     full = llm.generate(question, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     text = full[0].outputs[0].text
     stop = text.split()[3]  # a word from the middle of the greedy answer
-    (out,) = llm.generate(question, SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]),
-                          use_tqdm=False)  # fmt: skip
+    (out,) = llm.generate(
+        question, SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]), use_tqdm=False
+    )
     completion = out.outputs[0]
     assert completion.finish_reason == "stop" and completion.stop_reason == stop
     assert completion.text == text[: text.index(stop)]
@@ -99,8 +100,9 @@ def test_logprobs_with_alternatives(llm, question):
 
 
 def test_chat_helper_applies_the_template(llm):
-    (out,) = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0.0),
-                      use_tqdm=False)  # fmt: skip
+    (out,) = llm.chat(
+        [{"role": "user", "content": "hi"}], SamplingParams(temperature=0.0), use_tqdm=False
+    )
     assert out.prompt.startswith("<|im_start|>") and out.outputs[0].text
 
 
@@ -109,8 +111,13 @@ def test_the_engine_seed_makes_unseeded_sampling_repeatable(tiny_folder):
     unseeded = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
 
     def run(seed: int) -> list[int]:
-        engine = LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
-                     kv_cache_memory=1 << 20, seed=seed)  # fmt: skip
+        engine = LLM(
+            str(tiny_folder("llama3")),
+            dtype="float32",
+            max_model_len=64,
+            kv_cache_memory=1 << 20,
+            seed=seed,
+        )
         return tokens(engine.generate([11, 12, 13], unseeded, use_tqdm=False))
 
     assert run(1) == run(1)
@@ -122,8 +129,13 @@ def test_num_threads_sets_the_engines_cpu_threads(tiny_folder):
 
     before = torch.get_num_threads()
     try:
-        LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
-            kv_cache_memory=1 << 20, num_threads=1)  # fmt: skip
+        LLM(
+            str(tiny_folder("llama3")),
+            dtype="float32",
+            max_model_len=64,
+            kv_cache_memory=1 << 20,
+            num_threads=1,
+        )
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -24,8 +24,14 @@ NEIGHBOUR = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tiny_folder) -> LLM:
-    return LLM(str(tiny_folder("qwen2")), dtype="float32", max_model_len=MAX_MODEL_LEN,
-               max_num_batched_tokens=32, max_num_seqs=8, kv_cache_memory=48 * 2048)  # fmt: skip
+    return LLM(
+        str(tiny_folder("qwen2")),
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+        kv_cache_memory=48 * 2048,
+    )
 
 
 def mostly(valid, invalid):

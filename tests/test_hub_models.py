@@ -35,14 +35,18 @@ def offline_cache(monkeypatch, tmp_path) -> Path:
 
 @pytest.mark.parametrize(
     ("model", "revision", "expected"),
-    [("hf://org/name", None, HubModel("org/name")),
-     ("hf://org/name@v1.0", None, HubModel("org/name", "v1.0")),
-     ("hf://Org-1/Name_2.5B", "main", HubModel("Org-1/Name_2.5B", "main")),
-     ("hf://org/name@refs/pr/3", None, HubModel("org/name", "refs/pr/3")),
-     ("org/name", "abc", HubModel("org/name", "abc")),
-     ("/models/org/name", None, None), ("file:///models/name", None, None),
-     ("./name", None, None), ("a/b/c", None, None)],
-)  # fmt: skip
+    [
+        ("hf://org/name", None, HubModel("org/name")),
+        ("hf://org/name@v1.0", None, HubModel("org/name", "v1.0")),
+        ("hf://Org-1/Name_2.5B", "main", HubModel("Org-1/Name_2.5B", "main")),
+        ("hf://org/name@refs/pr/3", None, HubModel("org/name", "refs/pr/3")),
+        ("org/name", "abc", HubModel("org/name", "abc")),
+        ("/models/org/name", None, None),
+        ("file:///models/name", None, None),
+        ("./name", None, None),
+        ("a/b/c", None, None),
+    ],
+)
 def test_parse_hub_model(model, revision, expected):
     assert parse_hub_model(model, revision) == expected
 
@@ -55,13 +59,18 @@ def test_bare_name_that_exists_locally_is_a_folder(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("model", "revision", "message"),
-    [("hf://name-only", None, "hf://ORG/NAME"), ("hf://org/na me", None, "hf://ORG/NAME"),
-     ("hf://org/name/extra", None, "hf://ORG/NAME"), ("hf://-org/name", None, "hf://ORG/NAME"),
-     ("hf://", None, "hf://ORG/NAME"), ("hf://org/name@", None, "empty revision"),
-     ("hf://org/name@v1", "v2", "pins revision 'v1' but --revision is 'v2'"),
-     ("hf://org/name", "bad rev!", "not a valid revision"),
-     ("s3://bucket/model", None, "unsupported scheme")],
-)  # fmt: skip
+    [
+        ("hf://name-only", None, "hf://ORG/NAME"),
+        ("hf://org/na me", None, "hf://ORG/NAME"),
+        ("hf://org/name/extra", None, "hf://ORG/NAME"),
+        ("hf://-org/name", None, "hf://ORG/NAME"),
+        ("hf://", None, "hf://ORG/NAME"),
+        ("hf://org/name@", None, "empty revision"),
+        ("hf://org/name@v1", "v2", "pins revision 'v1' but --revision is 'v2'"),
+        ("hf://org/name", "bad rev!", "not a valid revision"),
+        ("s3://bucket/model", None, "unsupported scheme"),
+    ],
+)
 def test_invalid_references_are_clear_errors(model, revision, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         parse_hub_model(model, revision)

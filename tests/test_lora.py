@@ -27,8 +27,12 @@ def adapters(tiny_folder, tmp_path_factory):
     """Three adapters of the tiny Qwen2 model: all modules, attention only, MLP only."""
     base = tiny_folder("qwen2")
     targets = [None, ["q_proj", "v_proj", "o_proj"], ["gate_proj", "up_proj", "down_proj"]]
-    folders = [make_adapter(base, tmp_path_factory.mktemp(f"lora{i}"), seed=i, rank=4 + 4 * i,
-                            targets=targets[i]) for i in range(3)]  # fmt: skip
+    folders = [
+        make_adapter(
+            base, tmp_path_factory.mktemp(f"lora{i}"), seed=i, rank=4 + 4 * i, targets=targets[i]
+        )
+        for i in range(3)
+    ]
     return [LoRARequest(f"a{i}", i + 1, str(folder)) for i, folder in enumerate(folders)]
 
 
@@ -39,8 +43,10 @@ def expected(tiny_folder, adapters):
     models = [hf_with_adapter(base, None)] + [
         hf_with_adapter(base, request.lora_path) for request in adapters
     ]
-    return {seed: [hf_greedy(model, prompt(12 + seed, seed), 10) for model in models]
-            for seed in range(3)}  # fmt: skip
+    return {
+        seed: [hf_greedy(model, prompt(12 + seed, seed), 10) for model in models]
+        for seed in range(3)
+    }
 
 
 def lora_llm(folder, **engine) -> LLM:
@@ -70,8 +76,7 @@ def test_a_batch_mixing_base_and_three_adapters_matches_hf_peft(
 def test_more_adapters_than_slots_are_evicted_least_recently_used(tiny_folder, adapters, expected):
     llm = lora_llm(tiny_folder("qwen2"), max_loras=1, max_cpu_loras=1)
     for _ in range(2):
-        outputs = llm.generate([prompt(12, 0)] * 3, GREEDY, use_tqdm=False,
-                               lora_request=adapters)  # fmt: skip
+        outputs = llm.generate([prompt(12, 0)] * 3, GREEDY, use_tqdm=False, lora_request=adapters)
         assert [out.outputs[0].token_ids for out in outputs] == expected[0][1:]
     slots = llm.engine.executor.worker.adapters
     assert slots.num_loads >= 6, "one slot, one adapter in CPU memory: read again each time"
@@ -93,14 +98,16 @@ def test_the_prefix_cache_is_not_shared_across_adapters(tiny_folder, adapters, e
 
 def test_adapters_under_tensor_parallelism_match(tiny_folder, adapters, expected):
     with lora_llm(tiny_folder("qwen2"), max_loras=3, tensor_parallel_size=2) as llm:
-        outputs = llm.generate([prompt(13, 1)] * 4, GREEDY, use_tqdm=False,
-                               lora_request=[None, *adapters])  # fmt: skip
+        outputs = llm.generate(
+            [prompt(13, 1)] * 4, GREEDY, use_tqdm=False, lora_request=[None, *adapters]
+        )
         assert [out.outputs[0].token_ids for out in outputs] == expected[1]
 
 
 def test_smollm2_with_an_attention_adapter_matches_hf_peft(smol_folder, tmp_path):
-    adapter = make_adapter(smol_folder, tmp_path / "smol", seed=3, rank=8,
-                           targets=["q_proj", "v_proj"])  # fmt: skip
+    adapter = make_adapter(
+        smol_folder, tmp_path / "smol", seed=3, rank=8, targets=["q_proj", "v_proj"]
+    )
     ids = prompt(10, 3)
     want = hf_greedy(hf_with_adapter(smol_folder, adapter), ids, 8)
     llm = lora_llm(smol_folder)
@@ -120,8 +127,9 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
     other_base = make_adapter(tiny_folder("llama3"), tmp_path / "llama3", seed=1, rank=4)
     unknown = tmp_path / "unknown"
     unknown.mkdir()
-    (unknown / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["lm_head"]}))  # fmt: skip
+    (unknown / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["lm_head"]})
+    )
     cases = {
         str(tmp_path / "missing"): "is not an adapter this server can load",
         str(broken): "adapter_config.json is not JSON",
@@ -131,8 +139,12 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
     }
     for index, (path, message) in enumerate(cases.items(), start=10):
         with pytest.raises(ValueError, match=message):
-            llm.generate([prompt(12, 0)], GREEDY, use_tqdm=False,
-                         lora_request=LoRARequest("bad", index, path))  # fmt: skip
+            llm.generate(
+                [prompt(12, 0)],
+                GREEDY,
+                use_tqdm=False,
+                lora_request=LoRARequest("bad", index, path),
+            )
     (out,) = llm.generate([prompt(12, 0)], GREEDY, use_tqdm=False, lora_request=adapters[0])
     assert out.outputs[0].token_ids == expected[0][1]
     plain = LLM(str(tiny_folder("qwen2")), dtype="float32", max_model_len=128)

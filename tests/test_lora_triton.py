@@ -53,8 +53,9 @@ class DoublingGroup:
         return tensor.mul_(2)
 
 
-def lora_layer(base: LinearBase, modules: tuple[str, ...], targets: dict[int, set[str]],
-               whole_input: int) -> LoRALinear:  # fmt: skip
+def lora_layer(
+    base: LinearBase, modules: tuple[str, ...], targets: dict[int, set[str]], whole_input: int
+) -> LoRALinear:
     """``base`` with random weights and adapters in slots 0 and 2 (slot 1 empty)."""
     gen = torch.Generator().manual_seed(len(modules))
     base.weight.copy_(torch.randn(base.weight.shape, generator=gen))
@@ -140,8 +141,14 @@ def test_kernels_against_an_explicit_reference():
     expected[:, BASE_ROWS] = 0
     assert torch.allclose(shrunk, expected, atol=1e-4, rtol=1e-5)
     out = torch.randn(ROWS, 30, generator=gen)
-    actual = lora_expand(out.to(DEVICE, copy=True), shrunk.to(DEVICE), lora_b.to(DEVICE), row_slots,
-                         (0, 12), (12, 18)).cpu()  # fmt: skip
+    actual = lora_expand(
+        out.to(DEVICE, copy=True),
+        shrunk.to(DEVICE),
+        lora_b.to(DEVICE),
+        row_slots,
+        (0, 12),
+        (12, 18),
+    ).cpu()
     delta = torch.einsum("smr,mnr->smn", shrunk, lora_b[slots.clamp(min=0)])
     reference = out + torch.cat([delta[0, :, :12], delta[1, :, 12:]], dim=1)
     reference[BASE_ROWS] = out[BASE_ROWS]

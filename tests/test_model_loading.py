@@ -34,13 +34,25 @@ def test_llama3_rope_matches_transformers():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
-    hf_config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500000.0,
-                            rope_scaling=scaling, max_position_embeddings=131072)  # fmt: skip
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    hf_config = LlamaConfig(
+        hidden_size=4096,
+        num_attention_heads=32,
+        rope_theta=500000.0,
+        rope_scaling=scaling,
+        max_position_embeddings=131072,
+    )
     expected, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
-    ours = inverse_frequencies(128, ModelConfig.from_dict(
-        {**hf_config.to_dict(), "architectures": ["LlamaForCausalLM"]}).rope)  # fmt: skip
+    ours = inverse_frequencies(
+        128,
+        ModelConfig.from_dict({**hf_config.to_dict(), "architectures": ["LlamaForCausalLM"]}).rope,
+    )
     assert ours.allclose(expected, rtol=1e-6)
 
 

@@ -37,8 +37,10 @@ class FakeWaker:
     def read(self, target: Target) -> dict[str, Any] | None:
         if not self.exists:
             return None
-        spec = {"replicas": self.replicas,
-                "autoscaling": {"minReplicas": self.min_replicas, "maxReplicas": 2}}  # fmt: skip
+        spec = {
+            "replicas": self.replicas,
+            "autoscaling": {"minReplicas": self.min_replicas, "maxReplicas": 2},
+        }
         meta = {"name": target.name, "namespace": target.namespace, "resourceVersion": "7"}
         return {"metadata": meta, "spec": spec}
 

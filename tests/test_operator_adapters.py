@@ -113,8 +113,9 @@ def test_sync_loads_the_missing_unloads_the_removed_and_reloads_a_moved_adapter(
     second = FakePod()
     fakes = {"10.0.0.1": first, "10.0.0.2": second}
     pods = [pod("p1", "10.0.0.1"), pod("p2", "10.0.0.2"), pod("p3", "10.0.0.3", ready=False)]
-    report = sync_adapters(isvc({"adapters": TWO}), pods,
-                           lambda url: Api(fakes[url.split("//")[1].split(":")[0]]))  # fmt: skip
+    report = sync_adapters(
+        isvc({"adapters": TWO}), pods, lambda url: Api(fakes[url.split("//")[1].split(":")[0]])
+    )
     wanted = {"sql": "/adapters/loras/sql", "chat": "hf://org/chat"}
     assert first.served == wanted and second.served == wanted
     assert report.ready_pods == ["p1", "p2"] and report.loaded == {"sql": 2, "chat": 2}
@@ -169,11 +170,14 @@ def test_the_condition_appears_only_with_spec_adapters():
 
 
 def test_adapter_claims_count_with_the_model_and_cache_claims():
-    service = isvc({"model": {"uri": "pvc://models/llama"}, "cache": {"claimName": "cache"},
-                    "adapters": TWO})  # fmt: skip
+    service = isvc(
+        {"model": {"uri": "pvc://models/llama"}, "cache": {"claimName": "cache"}, "adapters": TWO}
+    )
     assert service.claims == [
-        ("model.uri", "models"), ("cache.claimName", "cache"), ("adapters[sql].uri", "loras"),
-    ]  # fmt: skip
+        ("model.uri", "models"),
+        ("cache.claimName", "cache"),
+        ("adapters[sql].uri", "loras"),
+    ]
     _, conditions = compute(service, Observed(missing_claims=service.claims[2:]))
     (degraded,) = [c for c in conditions if c.type == "Degraded"]
     assert degraded.reason == "ClaimNotFound" and "adapters[sql].uri" in degraded.message

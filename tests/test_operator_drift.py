@@ -10,10 +10,12 @@ from octavo_operator.reconcile import child_version
 
 
 def hpa(resource_version: str, max_replicas: int, current: int) -> dict:
-    return {"kind": "HorizontalPodAutoscaler",
-            "metadata": {"name": "chat", "resourceVersion": resource_version},
-            "spec": {"minReplicas": 1, "maxReplicas": max_replicas},
-            "status": {"currentReplicas": current}}  # fmt: skip
+    return {
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "chat", "resourceVersion": resource_version},
+        "spec": {"minReplicas": 1, "maxReplicas": max_replicas},
+        "status": {"currentReplicas": current},
+    }
 
 
 def test_status_updates_are_not_drift_but_spec_edits_are() -> None:

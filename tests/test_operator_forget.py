@@ -68,8 +68,14 @@ def reconcile_with_index(isvc_index: dict) -> tuple[RecordingKube, Controller]:
         "pod_index": {},
         "claim_index": {},
     }
-    reconcile_isvc(body=body(), namespace="team-a", name="chat", reason="create",
-                   memo=kopf.Memo(controller=controller), **indexes)  # fmt: skip
+    reconcile_isvc(
+        body=body(),
+        namespace="team-a",
+        name="chat",
+        reason="create",
+        memo=kopf.Memo(controller=controller),
+        **indexes,
+    )
     return kube, controller
 
 

@@ -85,6 +85,8 @@ def test_heap_gauges_follow_live_allocations() -> None:
     # winding down) allocate and free meanwhile: a wide margin, and a few tries.
     moves = [allocation_moves() for _ in range(3)]
     assert any(grew >= 200 * 2**20 and shrank >= 200 * 2**20 for grew, shrank in moves), moves
-    scraped = {name: REGISTRY.get_sample_value(f"octavo_operator_heap_{name}_bytes")
-               for name in ("in_use", "free")}  # fmt: skip
+    scraped = {
+        name: REGISTRY.get_sample_value(f"octavo_operator_heap_{name}_bytes")
+        for name in ("in_use", "free")
+    }
     assert scraped["in_use"] > 0 and scraped["free"] >= 0, scraped

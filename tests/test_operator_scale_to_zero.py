@@ -228,9 +228,14 @@ def test_activator_slice_joins_the_service_under_its_port_name() -> None:
 
 @pytest.mark.parametrize(
     "host",
-    ["chat.team-a.svc.cluster.local:8000", "chat.team-a.svc.cluster.local", "chat.team-a.svc",
-     "chat.team-a:8000", "CHAT.team-a.svc.cluster.local."],
-)  # fmt: skip
+    [
+        "chat.team-a.svc.cluster.local:8000",
+        "chat.team-a.svc.cluster.local",
+        "chat.team-a.svc",
+        "chat.team-a:8000",
+        "CHAT.team-a.svc.cluster.local.",
+    ],
+)
 def test_the_host_header_names_the_service(host: str) -> None:
     assert target_from_host(host, lambda: None) == Target("team-a", "chat")
 

@@ -108,8 +108,13 @@ def test_seeded_sampling_with_forks_matches_one_rank(tiny_folder, smol_tokenizer
     params = SamplingParams(n=3, temperature=0.8, top_p=0.95, seed=11, max_tokens=16)
 
     def sample(tensor: int, pipeline: int) -> list[list[int]]:
-        with LLM(str(folder), dtype="float32", max_model_len=256,
-                 tensor_parallel_size=tensor, pipeline_parallel_size=pipeline) as llm:  # fmt: skip
+        with LLM(
+            str(folder),
+            dtype="float32",
+            max_model_len=256,
+            tensor_parallel_size=tensor,
+            pipeline_parallel_size=pipeline,
+        ) as llm:
             (output,) = llm.generate([prompt], params, use_tqdm=False)
         return [completion.token_ids for completion in output.outputs]
 

@@ -113,8 +113,13 @@ def test_a_checkpoint_slice_reads_only_the_part_asked_for(tmp_path):
 
 
 def test_an_error_on_every_rank_fails_the_call_and_the_workers_go_on(tiny_folder):
-    with LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
-             kv_cache_memory=2**20, tensor_parallel_size=2) as llm:  # fmt: skip
+    with LLM(
+        str(tiny_folder("llama3")),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory=2**20,
+        tensor_parallel_size=2,
+    ) as llm:
         executor = llm.engine.executor
         with pytest.raises(WorkerCallFailed, match="TypeError: zeros"):
             executor.call("initialize_cache", "not a number")
@@ -122,8 +127,13 @@ def test_an_error_on_every_rank_fails_the_call_and_the_workers_go_on(tiny_folder
 
 
 def test_a_dead_worker_is_noticed_and_the_rest_are_stopped(tiny_folder):
-    llm = LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=64,
-              kv_cache_memory=2**20, tensor_parallel_size=2)  # fmt: skip
+    llm = LLM(
+        str(tiny_folder("llama3")),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory=2**20,
+        tensor_parallel_size=2,
+    )
     executor = llm.engine.executor
     os.kill(executor.workers[1].process.pid, signal.SIGKILL)
     executor.workers[1].process.wait()

@@ -56,10 +56,15 @@ def test_each_parallel_layer_matches_its_float_reference(kind, dtype):
 
 
 NATURAL = [
-    "The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
-    "The best way to learn a language is", "Water boils at", "import numpy as",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "1, 2, 3, 4,",
+    "The best way to learn a language is",
+    "Water boils at",
+    "import numpy as",
     "The opposite of hot is",
-]  # fmt: skip
+]
 
 
 def test_smollm2_int8_picks_the_same_next_tokens_with_a_quarter_of_the_linear_bytes(
@@ -73,8 +78,7 @@ def test_smollm2_int8_picks_the_same_next_tokens_with_a_quarter_of_the_linear_by
     params = SamplingParams(temperature=0.0, max_tokens=1)
     runs = {}
     for quantization in (None, "int8"):
-        llm = LLM(str(smol_folder), dtype="float32", max_model_len=512,
-                  quantization=quantization)  # fmt: skip
+        llm = LLM(str(smol_folder), dtype="float32", max_model_len=512, quantization=quantization)
         runs[quantization] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[f"{quantization}-bytes"] = weight_bytes(llm.engine.executor.worker.model)
     same = [a.token_ids == b.token_ids for a, b in zip(runs[None], runs["int8"], strict=True)]
@@ -83,8 +87,13 @@ def test_smollm2_int8_picks_the_same_next_tokens_with_a_quarter_of_the_linear_by
 
 
 def test_int8_under_tensor_parallelism(tiny_folder):
-    with LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=128,
-             quantization="int8", tensor_parallel_size=2) as llm:  # fmt: skip
+    with LLM(
+        str(tiny_folder("llama3")),
+        dtype="float32",
+        max_model_len=128,
+        quantization="int8",
+        tensor_parallel_size=2,
+    ) as llm:
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
         (output,) = llm.generate(["Hello there"], params, use_tqdm=False)
     assert len(output.outputs[0].token_ids) == 12
@@ -110,8 +119,7 @@ def one_rank():
 
 def test_weight_bytes_counts_prepacked_bf16_weights(tiny_folder):
     """bf16 linears prepacked for oneDNN (opaque tensors) are counted too."""
-    llm = LLM(str(tiny_folder("llama3")), dtype="bfloat16", max_model_len=64,
-              kv_cache_memory=2**20)  # fmt: skip
+    llm = LLM(str(tiny_folder("llama3")), dtype="bfloat16", max_model_len=64, kv_cache_memory=2**20)
     model = llm.engine.executor.worker.model
     parameters = sum(p.numel() * p.element_size() for p in model.parameters())
     assert weight_bytes(model) >= parameters

@@ -114,8 +114,9 @@ def test_gptq_act_order_keeps_the_column_order():
         torch.randperm(128, generator=torch.Generator().manual_seed(3))
     ]
     q, scale, zero, dequantized = quantize_groups(weight, g_idx)
-    tensor = to_blocks("gptq", {"group_size": 32, "desc_act": True},
-                       gptq_tensors(q, scale, zero, g_idx))  # fmt: skip
+    tensor = to_blocks(
+        "gptq", {"group_size": 32, "desc_act": True}, gptq_tensors(q, scale, zero, g_idx)
+    )
     assert tensor.column_order is not None
     assert torch.equal(tensor.dequantize(), dequantized)
     with pytest.raises(ValueError, match="act-order"):
@@ -148,8 +149,14 @@ def checkpoint_matrices(kind: str, reference) -> dict[str, torch.Tensor]:
         return {"weight:0": weight[:64], "weight:1": weight[64:]}
     if kind == "qkv":
         q, k, v = weight.split([96, 32, 32])
-        return {"weight:q": q, "weight:k": k, "weight:v": v, "bias:q": reference.bias[:96],
-                "bias:k": reference.bias[96:128], "bias:v": reference.bias[128:]}  # fmt: skip
+        return {
+            "weight:q": q,
+            "weight:k": k,
+            "weight:v": v,
+            "bias:q": reference.bias[:96],
+            "bias:k": reference.bias[96:128],
+            "bias:v": reference.bias[128:],
+        }
     matrices = {"weight": weight}
     bias = reference.reduced_bias if kind == "row" else reference.bias
     if bias is not None:
@@ -166,12 +173,15 @@ def test_each_parallel_layer_keeps_a_quantized_checkpoint(kind, block_kind):
         param.data.normal_(0, 0.1)
     layer = LAYERS[kind](PrequantizedLinearMethod())
     with torch.no_grad():
-        load_like_a_checkpoint(layer, checkpoint_matrices(kind, reference),
-                               lambda w: QuantizedTensor(gguf_blocks(w, block_kind), block_kind,
-                                                         w.shape[1]))  # fmt: skip
+        load_like_a_checkpoint(
+            layer,
+            checkpoint_matrices(kind, reference),
+            lambda w: QuantizedTensor(gguf_blocks(w, block_kind), block_kind, w.shape[1]),
+        )
         layer.process_weights_after_loading()
-        reference.weight.copy_(dequantize(gguf_blocks(reference.weight.detach(), block_kind),
-                                          block_kind))  # fmt: skip
+        reference.weight.copy_(
+            dequantize(gguf_blocks(reference.weight.detach(), block_kind), block_kind)
+        )
     assert len(layer.segments) == 1  # fused shards of one kind run as one matrix
     x = torch.randn(5, reference.input_size)
     expected, actual = reference(x), layer(x)

@@ -14,14 +14,28 @@ from octavo.model_executor.models.registry import supported_architectures
 from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)
 
 FLAGS = (
-    "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
-    "--max-num-batched-tokens", "--block-size", "--kv-cache-memory",
-    "--gpu-memory-utilization", "--enable-prefix-caching", "--no-enable-prefix-caching",
-    "--dtype", "--tensor-parallel-size", "--pipeline-parallel-size", "--api-key",
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--block-size",
+    "--kv-cache-memory",
+    "--gpu-memory-utilization",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--dtype",
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--api-key",
     "--max-queue-len",
-    "--shutdown-timeout", "--log-level", "--max-sequences-per-request",
-    "--limit-concurrency", "--header-timeout",
-)  # fmt: skip
+    "--shutdown-timeout",
+    "--log-level",
+    "--max-sequences-per-request",
+    "--limit-concurrency",
+    "--header-timeout",
+)
 
 
 def test_help_lists_every_flag_and_the_environment(capsys):

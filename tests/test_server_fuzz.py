@@ -78,9 +78,15 @@ def test_every_served_operation_is_fuzzed(live):
     }
     assert served == {(method, path) for method, path, _ in CASES}
     assert {path for _, path in served} >= {
-        "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
-        "/health", "/metrics", "/version",
-    }  # fmt: skip
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/metrics",
+        "/version",
+    }
 
 
 @pytest.mark.parametrize(

@@ -42,11 +42,24 @@ SLOW_CONSTRAINT_EXIT_SECONDS = 30
 def serve_process(tiny_folder):
     port = free_port()
     command = [
-        sys.executable, "-m", "octavo.cli", "serve", str(tiny_folder("llama3")),
-        "--host", "127.0.0.1", "--port", str(port), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
-        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "8MiB",
-        "--log-level", "warning",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "octavo.cli",
+        "serve",
+        str(tiny_folder("llama3")),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--shutdown-timeout",
+        str(SHUTDOWN_TIMEOUT),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-memory",
+        "8MiB",
+        "--log-level",
+        "warning",
+    ]
     # One intra-op thread: the tiny model gains nothing from more, and spinning OpenMP
     # threads on a shared, busy CPU make every step many times slower.
     env = {"OMP_NUM_THREADS": "1", **os.environ}

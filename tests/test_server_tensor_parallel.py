@@ -30,8 +30,16 @@ WORKER_MODULE = "octavo.worker.worker_process"
 
 @pytest.fixture
 def tp_server(tiny_folder, tmp_path):
-    args = ["--max-model-len", "256", "--kv-cache-memory", "8MiB", "--tensor-parallel-size",
-            "2", "--served-model-name", "tiny"]  # fmt: skip
+    args = [
+        "--max-model-len",
+        "256",
+        "--kv-cache-memory",
+        "8MiB",
+        "--tensor-parallel-size",
+        "2",
+        "--served-model-name",
+        "tiny",
+    ]
     with serve_subprocess(tiny_folder("llama3"), tmp_path, args, STARTUP_SECONDS) as served:
         yield served
 

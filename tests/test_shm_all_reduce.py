@@ -37,8 +37,9 @@ def expected_sum(call: int, dtype: torch.dtype) -> torch.Tensor:
 
 def rank_main(rank: int, port: int, name: str, results) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD)  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
     shared = create_shared_all_reduce(name, rank, WORLD, None, 0)
     group = TensorParallelGroup(rank, WORLD, None, 0, shared)
     mismatches = []

@@ -18,11 +18,19 @@ from conftest import assert_all_blocks_free, tiny_server
 from server_harness import metric_value
 from tiny_models import build_tiny_model
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-         "prompt_lookup_max": 3}  # fmt: skip
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+}
 # A small KV cache and step budget: long prompts are chunked and sequences get preempted.
-SQUEEZED = {"dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 32,
-            "kv_cache_memory": 24 * 4096}  # fmt: skip
+SQUEEZED = {
+    "dtype": "float32",
+    "max_model_len": 256,
+    "max_num_batched_tokens": 32,
+    "kv_cache_memory": 24 * 4096,
+}
 DRAFT_KV = 48 * 4096  # the same 24 blocks: the tiny drafts' blocks are as large as the target's
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
@@ -109,8 +117,10 @@ def test_smollm2_drafting_for_itself_is_token_identical(smol_folder):
 
 def test_stop_strings_n_and_logprobs_match_no_speculation(smol_folder):
     """The stop string ends a verified stretch: the tokens kept after it are dropped."""
-    prompt = ("Copy this list exactly: apple, banana, cherry, date, elderberry, fig, grape, "
-              "honeydew, kiwi, lemon.\nCopy: apple, banana,")  # fmt: skip
+    prompt = (
+        "Copy this list exactly: apple, banana, cherry, date, elderberry, fig, grape, "
+        "honeydew, kiwi, lemon.\nCopy: apple, banana,"
+    )
     params = SamplingParams(max_tokens=30, temperature=0, stop=[" grape"], logprobs=2, n=2)
     plain = LLM(str(smol_folder), dtype="float32", max_model_len=256)
     expected = plain.generate([prompt], params, use_tqdm=False)[0]
@@ -136,8 +146,13 @@ def test_sampled_tokens_are_distributed_as_without_speculation(tiny_folder):
 
     def third_tokens(speculative_config) -> list[int]:
         torch.manual_seed(0)
-        llm = LLM(str(folder), dtype="float32", max_model_len=128, seed=7,
-                  speculative_config=speculative_config)  # fmt: skip
+        llm = LLM(
+            str(folder),
+            dtype="float32",
+            max_model_len=128,
+            seed=7,
+            speculative_config=speculative_config,
+        )
         outputs = llm.generate([prompt] * 1200, params, use_tqdm=False)
         if speculative_config is not None:
             counters = llm.engine.scheduler.spec_counters
@@ -184,8 +199,11 @@ def test_bad_speculative_configs_are_refused(tiny_folder, tmp_path, smol_tokeniz
     with pytest.raises(ValueError, match="vocabulary of 1000 tokens but the target has"):
         LLM(folder, speculative_config={"model": str(other), "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="a draft model runs with tensor_parallel_size"):
-        LLM(folder, tensor_parallel_size=2,
-            speculative_config={"model": folder, "num_speculative_tokens": 2})  # fmt: skip
+        LLM(
+            folder,
+            tensor_parallel_size=2,
+            speculative_config={"model": folder, "num_speculative_tokens": 2},
+        )
     with pytest.raises(ValueError, match=r"is not a folder with a config\.json"):
         LLM(folder, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
 
@@ -194,8 +212,14 @@ def test_served_stream_carries_several_tokens_per_delta_and_metrics(tiny_folder)
     """Through the real server: streamed text equals the non-streamed text, a delta holds
     every token a verification kept, and /metrics counts the proposals."""
     prompt = looping_prompt(40, 3)
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 30, "temperature": 0,
-            "ignore_eos": True, "logprobs": 0}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": 30,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
     with tiny_server(tiny_folder, "tiny", speculative_config=NGRAM, dtype="float32") as server:
         http = httpx.Client(base_url=server.url, timeout=60)
         full = http.post("/v1/completions", json=body).json()["choices"][0]
@@ -210,15 +234,18 @@ def test_served_stream_carries_several_tokens_per_delta_and_metrics(tiny_folder)
     accepted = metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_total")
     assert 0 < accepted <= metric_value(metrics, "vllm:spec_decode_num_draft_tokens_total")
     assert metric_value(metrics, "vllm:spec_decode_num_drafts_total") > 0
-    assert metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-                        position="0") > 0  # fmt: skip
+    assert (
+        metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0")
+        > 0
+    )
 
 
 def test_ngram_under_tensor_parallelism_is_token_identical(tiny_folder, reference):
     """Proposals come from the driver and reach every rank through the scheduler's step."""
     prompts = mixed_prompts()
-    with LLM(str(tiny_folder("llama3")), tensor_parallel_size=2, speculative_config=NGRAM,
-             **SQUEEZED) as llm:  # fmt: skip
+    with LLM(
+        str(tiny_folder("llama3")), tensor_parallel_size=2, speculative_config=NGRAM, **SQUEEZED
+    ) as llm:
         outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
         assert [out.outputs[0].token_ids for out in outputs] == reference
         assert llm.engine.scheduler.spec_counters.num_accepted_tokens > 0
@@ -229,8 +256,11 @@ def test_aborts_while_speculating_free_every_block(tiny_folder, draft_folder, st
     """Aborted ``steps`` steps after the first verification (prompts still being chunked,
     forks, proposals in flight)."""
     config = {"model": str(draft_folder), "num_speculative_tokens": 3}
-    llm = LLM(str(tiny_folder("llama3")), speculative_config=config,
-              **{**SQUEEZED, "kv_cache_memory": DRAFT_KV})  # fmt: skip
+    llm = LLM(
+        str(tiny_folder("llama3")),
+        speculative_config=config,
+        **{**SQUEEZED, "kv_cache_memory": DRAFT_KV},
+    )
     engine = llm.engine
     for index, prompt in enumerate(mixed_prompts()[:4]):
         engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=40, n=1 + index % 2))

@@ -25,8 +25,14 @@ def started(prompt_len=6, budget=32, lookahead=0, max_model_len=64, num_blocks=6
     kv = KVCacheManager(BlockPool(num_blocks), BLOCK)
     limits = StopLimits(frozenset({EOS}), max_model_len)
     scheduler = Scheduler(kv, 8, budget, limits, lookahead)
-    seq = Sequence(1, "r1", 0, list(range(10, 10 + prompt_len)), prompt_len,
-                   SamplingParams(ignore_eos=False, **params))  # fmt: skip
+    seq = Sequence(
+        1,
+        "r1",
+        0,
+        list(range(10, 10 + prompt_len)),
+        prompt_len,
+        SamplingParams(ignore_eos=False, **params),
+    )
     scheduler.add(seq)
     out = scheduler.schedule()
     scheduler.update_from_output(out, ModelRunnerOutput([1], [7], [None]), 0.0)
@@ -91,8 +97,11 @@ def test_spec_decode_metrics_have_vllm_names():
     stats = EngineStats(1, 0, 0.1, 10, 16, 64, 0, 0, 0, 5, 9, spec_decode=counters)
     collector = EngineStatsCollector("m")
     collector.update(stats)
-    samples = {(s.name, s.labels.get("position")): s.value
-               for metric in collector.collect() for s in metric.samples}  # fmt: skip
+    samples = {
+        (s.name, s.labels.get("position")): s.value
+        for metric in collector.collect()
+        for s in metric.samples
+    }
     assert samples[("vllm:spec_decode_num_drafts_total", None)] == 4
     assert samples[("vllm:spec_decode_num_draft_tokens_total", None)] == 12
     assert samples[("vllm:spec_decode_num_accepted_tokens_total", None)] == 7

@@ -18,10 +18,16 @@ DRAWS = 20_000
 
 
 def test_config_parses_vllm_spelling():
-    ngram = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, '
-                                    '"prompt_lookup_max": 5, "prompt_lookup_min": 2}')  # fmt: skip
-    assert (ngram.method, ngram.num_speculative_tokens, ngram.prompt_lookup_min,
-            ngram.prompt_lookup_max) == ("ngram", 3, 2, 5)  # fmt: skip
+    ngram = SpeculativeConfig.parse(
+        '{"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_max": 5, "prompt_lookup_min": 2}'
+    )
+    assert (
+        ngram.method,
+        ngram.num_speculative_tokens,
+        ngram.prompt_lookup_min,
+        ngram.prompt_lookup_max,
+    ) == ("ngram", 3, 2, 5)
     draft = SpeculativeConfig.parse({"model": "/models/draft", "num_speculative_tokens": 4})
     assert draft.method == "draft_model" and draft.model == "/models/draft"
 

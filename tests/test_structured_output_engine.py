@@ -56,10 +56,20 @@ def test_preemption_and_forks_keep_the_constraint(tiny_folder, smol_tokenizer):
     folder = tiny_folder("llama3")
     block = bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32)
     prompts = mixed_prompts(smol_tokenizer)
-    params = SamplingParams(n=2, temperature=0.9, seed=5, max_tokens=30,
-                            structured_outputs=StructuredOutputsParams(json=SCHEMA))  # fmt: skip
-    squeezed = LLM(str(folder), dtype="float32", max_model_len=384, kv_cache_memory=30 * block,
-                   max_num_batched_tokens=48)  # fmt: skip
+    params = SamplingParams(
+        n=2,
+        temperature=0.9,
+        seed=5,
+        max_tokens=30,
+        structured_outputs=StructuredOutputsParams(json=SCHEMA),
+    )
+    squeezed = LLM(
+        str(folder),
+        dtype="float32",
+        max_model_len=384,
+        kv_cache_memory=30 * block,
+        max_num_batched_tokens=48,
+    )
     outputs = squeezed.generate(prompts, params, use_tqdm=False)
     assert squeezed.engine.stats().num_preemptions > 0
     for output in outputs:
@@ -68,8 +78,9 @@ def test_preemption_and_forks_keep_the_constraint(tiny_folder, smol_tokenizer):
 
 
 def test_the_driver_samples_with_the_grammar_under_tensor_parallelism(tiny_folder):
-    with LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=128,
-             tensor_parallel_size=2) as llm:  # fmt: skip
+    with LLM(
+        str(tiny_folder("llama3")), dtype="float32", max_model_len=128, tensor_parallel_size=2
+    ) as llm:
         (output,) = llm.generate(["Hello"], greedy(regex=REGEX), use_tqdm=False)
     assert re.fullmatch(REGEX, output.outputs[0].text)
 
@@ -101,9 +112,13 @@ def test_offline_bad_constraint_fails_before_anything_runs(llm):
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({}, "exactly one"), ({"regex": "a", "grammar": "root ::= \"a\""}, "exactly one"),
-     ({"choice": []}, "non-empty"), ({"choice": ["a", ""]}, "non-empty")],
-)  # fmt: skip
+    [
+        ({}, "exactly one"),
+        ({"regex": "a", "grammar": 'root ::= "a"'}, "exactly one"),
+        ({"choice": []}, "non-empty"),
+        ({"choice": ["a", ""]}, "non-empty"),
+    ],
+)
 def test_params_need_exactly_one_valid_constraint(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StructuredOutputsParams(**kwargs)
@@ -123,8 +138,12 @@ def test_generation_past_the_grammar_end_keeps_to_stop_tokens(llm):
     """With ``ignore_eos`` (or ``min_tokens``) a sequence outlives its grammar: after the
     stop token only stop tokens may follow, and nothing fails (a served benchmark hit it)."""
     eos = llm.engine.scheduler.limits.eos_token_ids
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
-                            structured_outputs=StructuredOutputsParams(regex="ab"))  # fmt: skip
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=8,
+        ignore_eos=True,
+        structured_outputs=StructuredOutputsParams(regex="ab"),
+    )
     (output,) = llm.generate(["Hello"], params, use_tqdm=False)
     tokens = output.outputs[0].token_ids
     assert len(tokens) == 8 and output.outputs[0].text == "ab"

@@ -75,8 +75,10 @@ def test_llama3_json_that_is_not_a_call_is_content(text):
 
 def test_required_schema_accepts_calls_to_the_tools_only():
     schema = required_calls_schema([WEATHER, TIME], parallel=True)
-    good = [{"name": "get_weather", "parameters": {"city": "Rome"}},
-            {"name": "get_time", "parameters": {}}]  # fmt: skip
+    good = [
+        {"name": "get_weather", "parameters": {"city": "Rome"}},
+        {"name": "get_time", "parameters": {}},
+    ]
     jsonschema.validate(good, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "launch", "parameters": {}}], schema)
@@ -98,8 +100,12 @@ def test_constrained_tool_calls_from_a_tiny_model_are_valid_calls(tiny_folder):
     tools' arguments are bounded: a random model would fill a free string forever)."""
     from octavo import LLM, SamplingParams
 
-    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
-            "required": ["city"], "additionalProperties": False}  # fmt: skip
+    city = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     weather = {"name": "get_weather", "parameters": city}
     clock = {"name": "get_time", "parameters": {"type": "object", "additionalProperties": False}}
     llm = LLM(
@@ -107,8 +113,10 @@ def test_constrained_tool_calls_from_a_tiny_model_are_valid_calls(tiny_folder):
     )
     required = required_calls_constraint([weather, clock], parallel=False)
     named = named_call_constraint(city)
-    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c)
-              for c in (required, named)]  # fmt: skip
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=c)
+        for c in (required, named)
+    ]
     outputs = llm.generate(["Call a tool:", "Weather in"], params, use_tqdm=False)
     (call,) = calls_from_required_output(outputs[0].outputs[0].text)
     assert call.name in {"get_weather", "get_time"}
@@ -120,8 +128,10 @@ def test_auto_needs_the_server_flags():
     from octavo.entrypoints.openai.protocol import ChatCompletionRequest
     from octavo.entrypoints.openai.tool_calls.plan import plan_tools
 
-    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}],
-                                 tools=[{"type": "function", "function": WEATHER}])  # fmt: skip
+    body = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": WEATHER}],
+    )
     with pytest.raises(APIError, match="--enable-auto-tool-choice and --tool-call-parser"):
         plan_tools(body, False, None)
     plan = plan_tools(body, True, "llama3_json")

@@ -43,16 +43,34 @@ Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 # Bounded arguments: a random model would otherwise fill a free string until max_tokens.
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"enum": ["Paris", "Oslo", "Lima"]},
-        "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}  # fmt: skip
-CLOCK = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {
-        "zone": {"type": "integer", "minimum": -12, "maximum": 14}},
-        "required": ["zone"], "additionalProperties": False}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Oslo", "Lima"]},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, CLOCK]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -68,10 +86,15 @@ def tools_folder(tmp_path_factory, smol_folder):
 @pytest.fixture(scope="module")
 def server(tools_folder) -> Iterator[ThreadedServer]:
     folder = tools_folder
-    config = ServerConfig(served_model_names=[MODEL], model_root=MODEL,
-                          enable_auto_tool_choice=True, tool_call_parser="hermes")  # fmt: skip
-    with served_model(str(folder), config, 1, max_model_len=1024,
-                      kv_cache_memory=16 << 20) as running:  # fmt: skip
+    config = ServerConfig(
+        served_model_names=[MODEL],
+        model_root=MODEL,
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+    )
+    with served_model(
+        str(folder), config, 1, max_model_len=1024, kv_cache_memory=16 << 20
+    ) as running:
         yield running
 
 
@@ -102,9 +125,15 @@ def test_a_named_function_is_called_with_valid_arguments(client):
 @pytest.mark.parametrize("parallel", [False, True])
 def test_required_calls_validate_against_the_tools(client, parallel):
     reply = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=200,
-        parallel_tool_calls=parallel, temperature=0.8, seed=4,
-    ).choices[0]  # fmt: skip
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=200,
+        parallel_tool_calls=parallel,
+        temperature=0.8,
+        seed=4,
+    ).choices[0]
     assert reply.finish_reason == "tool_calls"
     calls = reply.message.tool_calls
     assert calls and (parallel or len(calls) == 1)
@@ -133,9 +162,13 @@ def assemble(stream) -> tuple[dict[int, dict], str | None]:
 )
 def test_a_streamed_tool_call_assembles_into_a_valid_call(client, tool_choice):
     stream = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=200,
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        max_tokens=200,
         stream=True,
-    )  # fmt: skip
+    )
     calls, finish = assemble(stream)
     assert finish == "tool_calls" and calls
     for call in calls.values():
@@ -157,8 +190,9 @@ def test_a_tool_result_round_trip(client):
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
     ]
-    reply = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
-                                           tool_choice="none", max_tokens=8)  # fmt: skip
+    reply = client.chat.completions.create(
+        model=MODEL, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8
+    )
     assert reply.choices[0].message.tool_calls in (None, [])
     assert reply.usage.prompt_tokens > 40  # the tools are not shown with "none"; history is
 
@@ -166,8 +200,7 @@ def test_a_tool_result_round_trip(client):
 def test_auto_streamed_equals_auto_whole(client):
     """Greedy ``auto``: the streamed content and calls are the whole reply's (whether this
     random model wrote plain text or opened a <tool_call> block)."""
-    kwargs = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 24,
-              "temperature": 0}  # fmt: skip
+    kwargs = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 24, "temperature": 0}
     whole = client.chat.completions.create(**kwargs).choices[0]
     content, calls, finish = "", [], None
     for chunk in client.chat.completions.create(**kwargs, stream=True):
@@ -246,13 +279,19 @@ def test_auto_streams_the_content_then_the_calls(client, parallel):
 @pytest.mark.parametrize(
     ("extra", "param", "message"),
     [
-        ({"tool_choice": {"type": "function", "function": {"name": "launch"}}}, "tool_choice",
-         "not among the tools"),
-        ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
-         "constrains the output already"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "launch"}}},
+            "tool_choice",
+            "not among the tools",
+        ),
+        (
+            {"tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+            "constrains the output already",
+        ),
         ({"tools": [WEATHER, WEATHER]}, "tools", "distinct"),
     ],
-)  # fmt: skip
+)
 def test_bad_tool_requests_are_400(server, extra, param, message):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 4, **extra}
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)

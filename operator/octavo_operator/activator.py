@@ -27,9 +27,20 @@ from octavo_operator.activator_waker import ServiceWaker
 from octavo_operator.activator_wakeup import WakeUps
 
 logger = logging.getLogger(__name__)
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                        "te", "trailers", "transfer-encoding", "upgrade", "host",
-                        "content-length"})  # fmt: skip
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=2)
 FORWARD_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10)
 
@@ -100,9 +111,13 @@ class Activator:
     async def _forward(self, request: web.Request, url: str) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         async with self.session.request(
-            request.method, url + request.path_qs, headers=headers, data=await request.read(),
-            timeout=FORWARD_TIMEOUT, allow_redirects=False,
-        ) as upstream:  # fmt: skip
+            request.method,
+            url + request.path_qs,
+            headers=headers,
+            data=await request.read(),
+            timeout=FORWARD_TIMEOUT,
+            allow_redirects=False,
+        ) as upstream:
             kept = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
             reply = web.StreamResponse(status=upstream.status, headers=kept)
             await reply.prepare(request)

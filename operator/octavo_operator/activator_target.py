@@ -37,8 +37,10 @@ def target_from_host(host: str, caller_namespace: Callable[[], str | None]) -> T
     if len(parts) == 1:
         namespace = caller_namespace()
         if namespace is None:
-            raise UnknownTarget(f"Host {host!r} is a bare name and the caller's namespace is "
-                                "unknown: call NAME.NAMESPACE.svc")  # fmt: skip
+            raise UnknownTarget(
+                f"Host {host!r} is a bare name and the caller's namespace is "
+                "unknown: call NAME.NAMESPACE.svc"
+            )
         return Target(namespace=namespace, name=parts[0])
     raise UnknownTarget(f"Host {host!r} is not a service's name (NAME.NAMESPACE.svc)")
 

@@ -43,8 +43,7 @@ class ServiceWaker:
         if ((body.get("spec") or {}).get("replicas") or 0) > 0:
             return False
         meta = body["metadata"]
-        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]},
-                 "spec": {"replicas": 1}}  # fmt: skip
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": 1}}
         target = Target(meta["namespace"], meta["name"])
         try:
             self.kube.merge_patch(self._path(target) + "/scale", patch)

@@ -41,15 +41,18 @@ def ready_pod_addresses(pods: list[dict[str, Any]]) -> dict[str, str]:
         if labels.get(c.COMPONENT_LABEL) == c.WORKER_COMPONENT:
             continue
         status = pod.get("status") or {}
-        ready = any(cond.get("type") == "Ready" and cond.get("status") == "True"
-                    for cond in status.get("conditions") or [])  # fmt: skip
+        ready = any(
+            cond.get("type") == "Ready" and cond.get("status") == "True"
+            for cond in status.get("conditions") or []
+        )
         if ready and status.get("podIP"):
             out[(pod.get("metadata") or {}).get("name", "?")] = status["podIP"]
     return out
 
 
-def sync_adapters(isvc: InferenceService, pods: list[dict[str, Any]],
-                  api_for: ApiFactory) -> AdapterReport:  # fmt: skip
+def sync_adapters(
+    isvc: InferenceService, pods: list[dict[str, Any]], api_for: ApiFactory
+) -> AdapterReport:
     wanted = {adapter.name: adapter_path(adapter) for adapter in isvc.adapters or ()}
     report = AdapterReport(loaded=dict.fromkeys(wanted, 0))
     for pod, ip in sorted(ready_pod_addresses(pods).items()):
@@ -63,8 +66,7 @@ def sync_adapters(isvc: InferenceService, pods: list[dict[str, Any]],
     return report
 
 
-def _sync_pod(pod: str, api: PodAdapterAPI, wanted: dict[str, str],
-              report: AdapterReport) -> None:  # fmt: skip
+def _sync_pod(pod: str, api: PodAdapterAPI, wanted: dict[str, str], report: AdapterReport) -> None:
     served = api.served()
     for name, path in served.items():
         if wanted.get(name) != path:
@@ -84,8 +86,12 @@ def adapters_condition(report: AdapterReport | None) -> Condition:
     if report is None:
         return Condition(ADAPTERS_READY, False, "Pending", "adapters not yet loaded into pods")
     if not report.ready_pods:
-        return Condition(ADAPTERS_READY, False, "NoReadyPods",
-                         "no ready pod: a starting pod loads the adapters itself")  # fmt: skip
+        return Condition(
+            ADAPTERS_READY,
+            False,
+            "NoReadyPods",
+            "no ready pod: a starting pod loads the adapters itself",
+        )
     total = len(report.ready_pods)
     parts = [_adapter_state(name, count, total, report) for name, count in report.loaded.items()]
     parts += [f"pod {pod} unreachable: {why}" for pod, why in report.unreachable.items()]

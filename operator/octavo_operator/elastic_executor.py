@@ -43,8 +43,9 @@ class ElasticExecutor(Executor):
             self._pending += 1
             if self._pending > self._idle and self._threads < self.max_workers:
                 self._threads += 1
-                threading.Thread(target=self._work, name=f"{self.name}-{self._threads}",
-                                 daemon=True).start()  # fmt: skip
+                threading.Thread(
+                    target=self._work, name=f"{self.name}-{self._threads}", daemon=True
+                ).start()
         return future
 
     def _work(self) -> None:

@@ -262,8 +262,9 @@ def reconcile_isvc(
 
 
 @kopf.on.event(*ISVC)
-def on_isvc_event(event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo,
-                  **_: Any) -> None:  # fmt: skip
+def on_isvc_event(
+    event: kopf.RawEvent, namespace: str, name: str, memo: kopf.Memo, **_: Any
+) -> None:
     """A deleted InferenceService leaves nothing behind in the operator's memory."""
     if event.get("type") == "DELETED":
         memo.controller.forget((namespace, name))
@@ -304,8 +305,15 @@ async def on_child_event(
         finally:
             lock.release()
     if check_later:  # in kopf's context (a correction's status write posts Events)
-        ctl.drift_checks.submit(contextvars.copy_context().run, correct_drift_when_free,
-                                ctl, key, child, deleted, indexes)  # fmt: skip
+        ctl.drift_checks.submit(
+            contextvars.copy_context().run,
+            correct_drift_when_free,
+            ctl,
+            key,
+            child,
+            deleted,
+            indexes,
+        )
     ctl.statuses.request(key, indexes)
 
 
@@ -320,8 +328,9 @@ def child_identity(body: Any) -> dict[str, Any]:
     return identity
 
 
-def correct_drift(ctl: Controller, key: Key, child: dict[str, Any], deleted: bool,
-                  indexes: dict[str, Any]) -> None:  # fmt: skip
+def correct_drift(
+    ctl: Controller, key: Key, child: dict[str, Any], deleted: bool, indexes: dict[str, Any]
+) -> None:
     """Put a child back if someone else deleted or changed it (caller holds the lock)."""
     owner = owner_of(indexes["isvc_index"], key)
     if owner is None or not ctl.drifted(key, child, deleted=deleted):
@@ -334,8 +343,9 @@ def correct_drift(ctl: Controller, key: Key, child: dict[str, Any], deleted: boo
         logger.warning("drift correction of %s/%s failed: %s", *key, error)
 
 
-def correct_drift_when_free(ctl: Controller, key: Key, child: dict[str, Any], deleted: bool,
-                            indexes: dict[str, Any]) -> None:  # fmt: skip
+def correct_drift_when_free(
+    ctl: Controller, key: Key, child: dict[str, Any], deleted: bool, indexes: dict[str, Any]
+) -> None:
     """The check under the service's lock, on a drift-check thread (it may wait for a
     running reconcile, and may reconcile): kopf's loop and handler threads stay free."""
     with ctl.lock(key):
@@ -347,8 +357,7 @@ for _group, _version, _plural in CHILD_RESOURCES:
 
 
 @kopf.on.event("", "v1", "pods", labels=OWNED)
-async def on_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo,
-                       **kwargs: Any) -> None:  # fmt: skip
+async def on_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     """On kopf's event loop: only asks for a status write (StatusQueue); a deleted pod
     also asks for memory to be given back once deletions are over."""
     if kwargs["event"].get("type") == "DELETED":
@@ -390,8 +399,9 @@ def _autoscales(spec: kopf.Spec, **_: Any) -> bool:
 
 
 @kopf.timer(*ISVC, interval=IDLE_CHECK_SECONDS, when=_autoscales)
-def on_idle_timer(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-                  **kwargs: Any) -> None:  # fmt: skip
+def on_idle_timer(
+    body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
     """Scale to zero: an idle service (autoscaling.minReplicas 0) goes to 0 replicas, and
     while it has no ready pod its traffic goes to the activator (idle_scaler.py)."""
     ctl: Controller = memo.controller

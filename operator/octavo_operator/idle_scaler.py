@@ -99,8 +99,9 @@ class IdleScaler:
         if not isvc.scales_to_zero:
             self._keep_slice(isvc, clock, wanted=False)
             return False
-        decision = decide(clock, replicas, samples, now,
-                          isvc.autoscaling.scale_to_zero_after_seconds)  # fmt: skip
+        decision = decide(
+            clock, replicas, samples, now, isvc.autoscaling.scale_to_zero_after_seconds
+        )
         self._keep_slice(isvc, clock, wanted=decision.slice_wanted or decision.scale_to_zero)
         if decision.scale_to_zero and self._scale_to_zero(body):
             clock.replicas = 0
@@ -112,23 +113,27 @@ class IdleScaler:
         if clock.slice_present == wanted:
             return
         if wanted and self.activator is None:
-            logger.warning("%s/%s is at zero but no activator address is set (POD_IP): its "
-                           "requests fail until a pod runs", isvc.namespace, isvc.name)  # fmt: skip
+            logger.warning(
+                "%s/%s is at zero but no activator address is set (POD_IP): its "
+                "requests fail until a pod runs",
+                isvc.namespace,
+                isvc.name,
+            )
             clock.slice_present = False
             return
         if wanted:
             self.kube.apply(activator_slice(isvc, self.activator))
         else:
-            self.kube.delete("discovery.k8s.io/v1", "EndpointSlice", isvc.namespace,
-                             activator_slice_name(isvc))  # fmt: skip
+            self.kube.delete(
+                "discovery.k8s.io/v1", "EndpointSlice", isvc.namespace, activator_slice_name(isvc)
+            )
         clock.slice_present = wanted
 
     def _scale_to_zero(self, body: dict[str, Any]) -> bool:
         """replicas 0 through /scale, only if the service was not changed meanwhile."""
         meta = body["metadata"]
         path = object_path(c.API_VERSION, c.KIND, meta["namespace"], meta["name"]) + "/scale"
-        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]},
-                 "spec": {"replicas": 0}}  # fmt: skip
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": 0}}
         try:
             self.kube.merge_patch(path, patch)
         except client.ApiException as error:

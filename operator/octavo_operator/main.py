@@ -106,18 +106,23 @@ def add_activator_options(parser: argparse.ArgumentParser) -> None:
     """Scale to zero: the activator that holds requests for services at zero replicas."""
     env = os.environ
     parser.add_argument(
-        "--activator-port", type=int, default=int(env.get("OCTAVO_ACTIVATOR_PORT", "8082")),
+        "--activator-port",
+        type=int,
+        default=int(env.get("OCTAVO_ACTIVATOR_PORT", "8082")),
         help="the activator's port (0: off, and no service scales to zero)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--activator-address", default=env.get("OCTAVO_ACTIVATOR_ADDRESS") or env.get("POD_IP"),
+        "--activator-address",
+        default=env.get("OCTAVO_ACTIVATOR_ADDRESS") or env.get("POD_IP"),
         help="the IP that services at zero send their traffic to: this pod's "
         "[env OCTAVO_ACTIVATOR_ADDRESS, else POD_IP]",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--activation-timeout", type=float, default=600.0,
+        "--activation-timeout",
+        type=float,
+        default=600.0,
         help="seconds a request waits in the activator for a ready pod before a 503",
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,8 +29,11 @@ class PodAdapterAPI:
     def served(self) -> dict[str, str]:
         """Adapter name -> the path it was loaded from."""
         listing = self._call("GET", "/v1/models", None, LIST_TIMEOUT_SECONDS)
-        return {card["id"]: card.get("root", "") for card in listing.get("data", [])
-                if card.get("parent")}  # fmt: skip
+        return {
+            card["id"]: card.get("root", "")
+            for card in listing.get("data", [])
+            if card.get("parent")
+        }
 
     def load(self, name: str, path: str) -> None:
         body = {"lora_name": name, "lora_path": path}

@@ -36,8 +36,12 @@ class StandbyHealth:
             threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()  # the port is kopf's next

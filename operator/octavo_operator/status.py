@@ -209,9 +209,11 @@ def deployment_summary(body: Any) -> dict[str, Any]:
     spec.replicas and status."""
     meta = body.get("metadata") or {}
     identity = ("name", "namespace", "generation", "resourceVersion")
-    return copy.deepcopy({
-        "kind": body.get("kind"),
-        "metadata": {k: meta.get(k) for k in identity},
-        "spec": {"replicas": (body.get("spec") or {}).get("replicas")},
-        "status": dict(body.get("status") or {}),
-    })  # fmt: skip
+    return copy.deepcopy(
+        {
+            "kind": body.get("kind"),
+            "metadata": {k: meta.get(k) for k in identity},
+            "spec": {"replicas": (body.get("spec") or {}).get("replicas")},
+            "status": dict(body.get("status") or {}),
+        }
+    )

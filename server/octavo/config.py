@@ -378,8 +378,10 @@ class EngineArgs:
         if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's
             self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
         if self.lora_modules:
-            self.lora_modules = [m if isinstance(m, LoRAModulePath) else parse_lora_module(m)
-                                 for m in self.lora_modules]  # fmt: skip
+            self.lora_modules = [
+                m if isinstance(m, LoRAModulePath) else parse_lora_module(m)
+                for m in self.lora_modules
+            ]
             self.enable_lora = True
         self.validate()
 

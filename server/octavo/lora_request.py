@@ -17,8 +17,9 @@ class LoRARequest:
         if not self.lora_name:
             raise ValueError("lora_request: lora_name must not be empty")
         if not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
-            raise ValueError(f"lora_request: lora_int_id must be an integer >= 1, "
-                             f"got {self.lora_int_id!r}")  # fmt: skip
+            raise ValueError(
+                f"lora_request: lora_int_id must be an integer >= 1, got {self.lora_int_id!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ def parse_lora_module(text: str) -> LoRAModulePath:
     else:
         name, _, path = text.partition("=")
     if not name.strip() or not path.strip():
-        raise ValueError(f"--lora-modules {text!r}: expected NAME=PATH or "
-                         '{"name": NAME, "path": PATH}')  # fmt: skip
+        raise ValueError(
+            f'--lora-modules {text!r}: expected NAME=PATH or {{"name": NAME, "path": PATH}}'
+        )
     return LoRAModulePath(name.strip(), path.strip())

@@ -117,25 +117,58 @@ class LoraReport:
         measured = self.run(_adapters_name(TARGET_ADAPTERS))
         value = None if measured is None else self.versus_base(measured)
         met = None if value is None else value >= TARGET_RATIO
-        return {"variant": _adapters_name(TARGET_ADAPTERS), "minimum_vs_base": TARGET_RATIO,
-                "vs_base": value, "met": met}  # fmt: skip
+        return {
+            "variant": _adapters_name(TARGET_ADAPTERS),
+            "minimum_vs_base": TARGET_RATIO,
+            "vs_base": value,
+            "met": met,
+        }
 
     def to_json(self) -> dict[str, Any]:
-        runs = [{**asdict(r), "median_tok_s": r.median_tok_s, "median_tpot_ms": r.median_tpot_ms,
-                 "vs_base": self.versus_base(r)} for r in self.runs]  # fmt: skip
-        return {"settings": self.settings, "runs": runs, "target": self.target(),
-                "notes": self.notes, "machine": self.machine}  # fmt: skip
+        runs = [
+            {
+                **asdict(r),
+                "median_tok_s": r.median_tok_s,
+                "median_tpot_ms": r.median_tpot_ms,
+                "vs_base": self.versus_base(r),
+            }
+            for r in self.runs
+        ]
+        return {
+            "settings": self.settings,
+            "runs": runs,
+            "target": self.target(),
+            "notes": self.notes,
+            "machine": self.machine,
+        }
 
     def text(self) -> str:
-        rows = [[r.variant, str(r.adapters), f"{r.median_tok_s:.1f}",
-                 " / ".join(f"{v:.1f}" for v in r.tok_s), _fmt(r.median_tpot_ms, " ms"),
-                 _fmt(self.versus_base(r), "x"), str(r.peak_running)]
-                for r in self.runs]  # fmt: skip
-        headers = ["variant", "adapters", "tok/s (median)", "rounds", "mean TPOT",
-                   "vs base", "peak running"]  # fmt: skip
+        rows = [
+            [
+                r.variant,
+                str(r.adapters),
+                f"{r.median_tok_s:.1f}",
+                " / ".join(f"{v:.1f}" for v in r.tok_s),
+                _fmt(r.median_tpot_ms, " ms"),
+                _fmt(self.versus_base(r), "x"),
+                str(r.peak_running),
+            ]
+            for r in self.runs
+        ]
+        headers = [
+            "variant",
+            "adapters",
+            "tok/s (median)",
+            "rounds",
+            "mean TPOT",
+            "vs base",
+            "peak running",
+        ]
         s = self.settings
-        title = (f"\n{s['model']} ({s['dtype']}, {s['threads']} threads): {s['num_users']} users"
-                 f" x {s['max_tokens']} tokens, rank-{s['rank']} adapters round-robin")  # fmt: skip
+        title = (
+            f"\n{s['model']} ({s['dtype']}, {s['threads']} threads): {s['num_users']} users"
+            f" x {s['max_tokens']} tokens, rank-{s['rank']} adapters round-robin"
+        )
         return "\n".join([title, table(headers, rows), self.target_line(), *self.notes])
 
     def target_line(self) -> str:
@@ -143,19 +176,28 @@ class LoraReport:
         if goal["vs_base"] is None:
             return f"target: {goal['variant']} >= {TARGET_RATIO}x base: not measured"
         verdict = "met" if goal["met"] else "NOT met"
-        return (f"target: {goal['variant']} >= {TARGET_RATIO}x base: "
-                f"{goal['vs_base']:.2f}x ({verdict})")  # fmt: skip
+        return (
+            f"target: {goal['variant']} >= {TARGET_RATIO}x base: {goal['vs_base']:.2f}x ({verdict})"
+        )
 
     def draw(self, plt: Any) -> Any:
         figure, (speed, tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
         names = [r.variant for r in self.runs]
         bars = speed.bar(names, [r.median_tok_s for r in self.runs])
-        speed.bar_label(bars, [f"{r.median_tok_s:.0f}\n{_fmt(self.versus_base(r), 'x')}"
-                               for r in self.runs], fontsize=8)  # fmt: skip
+        speed.bar_label(
+            bars,
+            [f"{r.median_tok_s:.0f}\n{_fmt(self.versus_base(r), 'x')}" for r in self.runs],
+            fontsize=8,
+        )
         base = self.run(BASE)
         if base is not None:
-            speed.axhline(TARGET_RATIO * base.median_tok_s, color="grey", linestyle="--",
-                          linewidth=1, label=f"{TARGET_RATIO}x base")  # fmt: skip
+            speed.axhline(
+                TARGET_RATIO * base.median_tok_s,
+                color="grey",
+                linestyle="--",
+                linewidth=1,
+                label=f"{TARGET_RATIO}x base",
+            )
             speed.legend(fontsize=8, loc="lower right")
         speed.set_ylim(0, 1.3 * max(r.median_tok_s for r in self.runs))
         speed.set_title("output tok/s (median of rounds)", fontsize=10)
@@ -177,8 +219,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-users", type=int, default=20, help="concurrent users")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per user")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="about, per prompt")
-    parser.add_argument("--adapter-counts", default="1,4,16",
-                        help="adapters the users share (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--adapter-counts", default="1,4,16", help="adapters the users share (default: %(default)s)"
+    )
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per variant")
     add_engine_options(
@@ -188,8 +231,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
-    register_subcommand(kinds, "lora", "many LoRA adapters at once vs the base model",
-                        __doc__, "", add_arguments, run)  # fmt: skip
+    register_subcommand(
+        kinds,
+        "lora",
+        "many LoRA adapters at once vs the base model",
+        __doc__,
+        "",
+        add_arguments,
+        run,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,8 +257,13 @@ def run(args: argparse.Namespace) -> int:
             requests = round_robin(adapters[: variant.adapters], args.num_users)
             llm = stack.enter_context(open_engine(folder, variant, args, threads))
             warm_up(llm, prompts, requests)
-            engines.append((llm, requests, LoraRun(variant.name, variant.enable_lora,
-                                                   variant.adapters, len(prompts))))  # fmt: skip
+            engines.append(
+                (
+                    llm,
+                    requests,
+                    LoraRun(variant.name, variant.enable_lora, variant.adapters, len(prompts)),
+                )
+            )
         for round_index in range(args.repeats):  # rounds interleaved: drift hits every variant
             for llm, requests, result in engines:
                 label = f"{result.variant} round {round_index + 1}/{args.repeats}"
@@ -218,25 +273,51 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def settings(args: argparse.Namespace, folder: Path, threads: int, counts: list[int],
-             prompts: list[list[int]]) -> dict[str, Any]:  # fmt: skip
-    return {"model": folder.name, "dtype": args.dtype, "threads": threads,
-            "num_users": args.num_users, "max_tokens": args.max_tokens,
-            "mean_prompt_tokens": round(statistics.fmean(map(len, prompts)), 1),
-            "adapter_counts": counts, "rank": args.rank, "lora_alpha": 2 * args.rank,
-            "target_modules": TARGET_MODULES,
-            "repeats": args.repeats, "enable_prefix_caching": False,
-            "kv_cache_memory": args.kv_cache_memory}  # fmt: skip
+def settings(
+    args: argparse.Namespace,
+    folder: Path,
+    threads: int,
+    counts: list[int],
+    prompts: list[list[int]],
+) -> dict[str, Any]:
+    return {
+        "model": folder.name,
+        "dtype": args.dtype,
+        "threads": threads,
+        "num_users": args.num_users,
+        "max_tokens": args.max_tokens,
+        "mean_prompt_tokens": round(statistics.fmean(map(len, prompts)), 1),
+        "adapter_counts": counts,
+        "rank": args.rank,
+        "lora_alpha": 2 * args.rank,
+        "target_modules": TARGET_MODULES,
+        "repeats": args.repeats,
+        "enable_prefix_caching": False,
+        "kv_cache_memory": args.kv_cache_memory,
+    }
 
 
 def open_engine(folder: Path, variant: Variant, args: argparse.Namespace, threads: int) -> LLM:
     """The variant's engine (LoRA slots for every adapter it spreads users over)."""
-    lora = {"enable_lora": True, "max_loras": max(1, variant.adapters),
+    lora = (
+        {
+            "enable_lora": True,
+            "max_loras": max(1, variant.adapters),
             "max_cpu_loras": max(1, variant.adapters),
-            "max_lora_rank": args.rank} if variant.enable_lora else {}  # fmt: skip
-    return LLM(str(folder), dtype=args.dtype, max_model_len=1024, num_threads=threads,
-               kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=False,
-               **lora)  # fmt: skip
+            "max_lora_rank": args.rank,
+        }
+        if variant.enable_lora
+        else {}
+    )
+    return LLM(
+        str(folder),
+        dtype=args.dtype,
+        max_model_len=1024,
+        num_threads=threads,
+        kv_cache_memory=args.kv_cache_memory,
+        enable_prefix_caching=False,
+        **lora,
+    )
 
 
 def warm_up(llm: LLM, prompts: list[list[int]], requests: list[LoRARequest | None]) -> None:
@@ -246,14 +327,21 @@ def warm_up(llm: LLM, prompts: list[list[int]], requests: list[LoRARequest | Non
     llm.generate(prompts, greedy(WARM_UP_TOKENS), use_tqdm=False, lora_request=requests)
 
 
-def timed_round(llm: LLM, prompts: list[list[int]], requests: list[LoRARequest | None],
-                max_tokens: int, label: str, result: LoraRun) -> None:  # fmt: skip
+def timed_round(
+    llm: LLM,
+    prompts: list[list[int]],
+    requests: list[LoRARequest | None],
+    max_tokens: int,
+    label: str,
+    result: LoraRun,
+) -> None:
     """Every user's request added at once, the engine stepped until all have finished."""
     engine, tracker = llm.engine, StepTracker()
     start = time.perf_counter()
     for prompt, request in zip(prompts, requests, strict=True):
-        engine.add_request(f"lora-{next(_request_ids)}", prompt, greedy(max_tokens),
-                           lora_request=request)  # fmt: skip
+        engine.add_request(
+            f"lora-{next(_request_ids)}", prompt, greedy(max_tokens), lora_request=request
+        )
     outputs = drain(engine, len(prompts), tracker, label)
     wall = time.perf_counter() - start
     result.output_tokens = sum(len(out.outputs[0].token_ids) for out in outputs)

@@ -36,17 +36,24 @@ def _note(tokenizer, rng: random.Random, num_tokens: int) -> str:
     return tokenizer.decode(tokenizer.encode(words, add_special_tokens=False)[:num_tokens])
 
 
-def make_adapters(base_folder: Path, target: Path, count: int, rank: int = 16,
-                  alpha: int = 32) -> list[Path]:  # fmt: skip
+def make_adapters(
+    base_folder: Path, target: Path, count: int, rank: int = 16, alpha: int = 32
+) -> list[Path]:
     """``count`` PEFT adapter folders of ``base_folder`` under ``target`` (adapter-0, ...):
     one peft model, its LoRA weights re-drawn from seed ``i`` before each save."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=TARGET_MODULES,
-                        init_lora_weights=False, lora_dropout=0.0, bias="none",
-                        task_type="CAUSAL_LM")  # fmt: skip
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=TARGET_MODULES,
+        init_lora_weights=False,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     folders = []
     for index in range(count):

@@ -68,21 +68,54 @@ class QuantizedReport:
         return ratio(run.median, base) if base else None
 
     def to_json(self) -> dict[str, Any]:
-        runs = [{**asdict(r), "median": r.median, "vs_bf16": self.versus(r, "bf16"),
-                 "vs_llama_cpp": self.versus(r, LLAMA_CPP)} for r in self.runs]  # fmt: skip
-        return {"dtype": self.dtype, "threads": self.threads, "runs": runs,
-                "notes": self.notes, "machine": self.machine}  # fmt: skip
+        runs = [
+            {
+                **asdict(r),
+                "median": r.median,
+                "vs_bf16": self.versus(r, "bf16"),
+                "vs_llama_cpp": self.versus(r, LLAMA_CPP),
+            }
+            for r in self.runs
+        ]
+        return {
+            "dtype": self.dtype,
+            "threads": self.threads,
+            "runs": runs,
+            "notes": self.notes,
+            "machine": self.machine,
+        }
 
     def text(self) -> str:
-        rows = [[r.variant, r.workload, f"{r.median:.1f}",
-                 " / ".join(f"{v:.1f}" for v in r.tokens_per_s),
-                 _times(self.versus(r, "bf16")), _times(self.versus(r, LLAMA_CPP)),
-                 _mib(r.weight_bytes), "-" if r.kv_blocks is None else str(r.kv_blocks)]
-                for r in self.runs]  # fmt: skip
-        headers = ["variant", "workload", "median tok/s", "runs", "vs bf16", "vs llama.cpp",
-                   "weights MiB", "KV blocks"]  # fmt: skip
-        return "\n".join([f"SmolLM2-135M ({self.dtype}, {self.threads} threads)",
-                          table(headers, rows), *self.notes])  # fmt: skip
+        rows = [
+            [
+                r.variant,
+                r.workload,
+                f"{r.median:.1f}",
+                " / ".join(f"{v:.1f}" for v in r.tokens_per_s),
+                _times(self.versus(r, "bf16")),
+                _times(self.versus(r, LLAMA_CPP)),
+                _mib(r.weight_bytes),
+                "-" if r.kv_blocks is None else str(r.kv_blocks),
+            ]
+            for r in self.runs
+        ]
+        headers = [
+            "variant",
+            "workload",
+            "median tok/s",
+            "runs",
+            "vs bf16",
+            "vs llama.cpp",
+            "weights MiB",
+            "KV blocks",
+        ]
+        return "\n".join(
+            [
+                f"SmolLM2-135M ({self.dtype}, {self.threads} threads)",
+                table(headers, rows),
+                *self.notes,
+            ]
+        )
 
     def draw(self, plt: Any) -> Any:
         figure, axes = plt.subplots(1, len(WORKLOADS), figsize=(11, 4))
@@ -91,8 +124,11 @@ class QuantizedReport:
             if not runs:
                 continue
             bars = axis.bar([r.variant for r in runs], [r.median for r in runs])
-            axis.bar_label(bars, [f"{r.median:.0f}\n{_times(self.versus(r, 'bf16'))} bf16"
-                                  for r in runs], fontsize=8)  # fmt: skip
+            axis.bar_label(
+                bars,
+                [f"{r.median:.0f}\n{_times(self.versus(r, 'bf16'))} bf16" for r in runs],
+                fontsize=8,
+            )
             axis.set_ylim(0, 1.25 * max(r.median for r in runs))
             axis.set_title(f"workload {workload}: median output tok/s")
         return figure
@@ -107,9 +143,11 @@ def _mib(value: int | None) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variants", default=DEFAULT_VARIANTS,
-                        help="comma-separated: bf16,int8,fp8,gguf,llama.cpp "
-                        "(default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--variants",
+        default=DEFAULT_VARIANTS,
+        help="comma-separated: bf16,int8,fp8,gguf,llama.cpp (default: %(default)s)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per variant (default: 2)")
     add_engine_options(
         parser, {"dtype": default_dtype(), "num_threads": None, "kv_cache_memory": 2**30}
@@ -120,8 +158,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
-    register_subcommand(kinds, "quantized", "bf16 vs int8/fp8/GGUF kept quantized vs llama.cpp",
-                        __doc__, "", add_arguments, run)  # fmt: skip
+    register_subcommand(
+        kinds,
+        "quantized",
+        "bf16 vs int8/fp8/GGUF kept quantized vs llama.cpp",
+        __doc__,
+        "",
+        add_arguments,
+        run,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,11 +187,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_octavo(folder: Path, variant: str, args, workloads: dict[str, Workload],
-               threads: int) -> list[VariantRun]:  # fmt: skip
-    with LLM(str(folder), dtype=args.dtype, max_model_len=1024, num_threads=threads,
-             kv_cache_memory=args.kv_cache_memory,
-             quantization=OCTAVO_VARIANTS[variant]) as llm:  # fmt: skip
+def run_octavo(
+    folder: Path, variant: str, args, workloads: dict[str, Workload], threads: int
+) -> list[VariantRun]:
+    with LLM(
+        str(folder),
+        dtype=args.dtype,
+        max_model_len=1024,
+        num_threads=threads,
+        kv_cache_memory=args.kv_cache_memory,
+        quantization=OCTAVO_VARIANTS[variant],
+    ) as llm:
         warm_up(llm, workloads["c"].prompts[0])
         footprint = weight_bytes(llm.engine.executor.worker.model)
         blocks = len(llm.engine.parts.pool.blocks)
@@ -157,8 +208,9 @@ def run_octavo(folder: Path, variant: str, args, workloads: dict[str, Workload],
         return runs
 
 
-def run_llama_cpp(args, workloads: dict[str, Workload], threads: int,
-                  notes: list[str]) -> list[VariantRun]:  # fmt: skip
+def run_llama_cpp(
+    args, workloads: dict[str, Workload], threads: int, notes: list[str]
+) -> list[VariantRun]:
     setup = llama_cpp_baseline.LlamaCppSetup.from_args(args)
     if setup.skipped:
         notes.append(f"llama.cpp skipped: {setup.skip_reason}")

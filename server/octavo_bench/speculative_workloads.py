@@ -25,10 +25,12 @@ SENTENCES = (
     "Streaming responses send one server-sent event for every batch of new tokens.",
     "Preempted sequences give their blocks back and are recomputed later.",
     "The health endpoint answers only once the model has finished loading.",
-)  # fmt: skip
-EDITS = ("Fix any typos and keep everything else exactly the same",
-         "Copy it exactly, but replace the word 'the' with 'this' where it starts a sentence",
-         "Repeat it word for word as a numbered list, one sentence per line")  # fmt: skip
+)
+EDITS = (
+    "Fix any typos and keep everything else exactly the same",
+    "Copy it exactly, but replace the word 'the' with 'this' where it starts a sentence",
+    "Repeat it word for word as a numbered list, one sentence per line",
+)
 
 
 @dataclass
@@ -50,6 +52,8 @@ def grounded_workload(tokenizer, count: int, max_tokens: int, seed: int = 7) -> 
 
 
 def free_workload(tokenizer, count: int, max_tokens: int) -> SpecWorkload:
-    prompts = [chat_prompt(tokenizer, f"Write a short story about {TOPICS[i % len(TOPICS)]}.")
-               for i in range(count)]  # fmt: skip
+    prompts = [
+        chat_prompt(tokenizer, f"Write a short story about {TOPICS[i % len(TOPICS)]}.")
+        for i in range(count)
+    ]
     return SpecWorkload("free", prompts, max_tokens, ignore_eos=True)

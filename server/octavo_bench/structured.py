@@ -57,8 +57,7 @@ def large_schema(properties: int) -> dict[str, Any]:
         "required": ["kind", "value"],
     }
     names = [f"field_{i}" for i in range(properties)]
-    return {"type": "object", "properties": dict.fromkeys(names, field_schema),
-            "required": names}  # fmt: skip
+    return {"type": "object", "properties": dict.fromkeys(names, field_schema), "required": names}
 
 
 @dataclass
@@ -84,20 +83,30 @@ class StructuredReport:
 
     def text(self) -> str:
         rows = [
-            [mode, ", ".join(f"{v:.1f}" for v in values), f"{self.median(mode):.1f}",
-             f"{1000 * self.concurrency / self.median(mode):.2f}"]
+            [
+                mode,
+                ", ".join(f"{v:.1f}" for v in values),
+                f"{self.median(mode):.1f}",
+                f"{1000 * self.concurrency / self.median(mode):.2f}",
+            ]
             for mode, values in self.tokens_per_s.items()
-        ]  # fmt: skip
+        ]
         headers = ["mode", "tok/s runs", "median tok/s", "ms per token per sequence"]
         compile_lines = [f"compile {k}: {v * 1000:.1f} ms" for k, v in self.compile_s.items()]
-        return "\n".join([
-            f"{self.model}: {self.concurrency} sequences × {self.output_tokens} tokens",
-            table(headers, rows),
-            *[f"{mode} overhead per token: {100 * self.overhead(mode):+.1f} %"
-              for mode in self.tokens_per_s if mode != "unconstrained"],
-            "(target: json-schema <= 10 %)",
-            *compile_lines, *self.notes,
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"{self.model}: {self.concurrency} sequences × {self.output_tokens} tokens",
+                table(headers, rows),
+                *[
+                    f"{mode} overhead per token: {100 * self.overhead(mode):+.1f} %"
+                    for mode in self.tokens_per_s
+                    if mode != "unconstrained"
+                ],
+                "(target: json-schema <= 10 %)",
+                *compile_lines,
+                *self.notes,
+            ]
+        )
 
     def draw(self, plt: Any) -> Any:
         figure, axis = plt.subplots(figsize=(6, 4))
@@ -119,15 +128,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
-    register_subcommand(kinds, "structured", "constrained vs unconstrained decoding", __doc__,
-                        "", add_arguments, run)  # fmt: skip
+    register_subcommand(
+        kinds,
+        "structured",
+        "constrained vs unconstrained decoding",
+        __doc__,
+        "",
+        add_arguments,
+        run,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, dtype=args.dtype, max_model_len=1024)
     prompt = chat_prompt(llm.get_tokenizer(), "List a few records as JSON.")
-    report = StructuredReport(args.model or "SmolLM2-135M-Instruct", args.concurrency,
-                              args.output_len)  # fmt: skip
+    report = StructuredReport(
+        args.model or "SmolLM2-135M-Instruct", args.concurrency, args.output_len
+    )
     modes = {
         "unconstrained": None,
         "json-schema": StructuredOutputsParams(json=RECORDS),
@@ -143,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def timed_batch(llm: LLM, prompt: list[int], args, constraint) -> float:
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True,
-                            structured_outputs=constraint)  # fmt: skip
+    params = SamplingParams(
+        temperature=0.0, max_tokens=args.output_len, ignore_eos=True, structured_outputs=constraint
+    )
     llm.generate([prompt], params, use_tqdm=False)  # warm-up (and the grammar's compile)
     start = time.perf_counter()
     outputs = llm.generate([prompt] * args.concurrency, params, use_tqdm=False)
@@ -154,10 +172,13 @@ def timed_batch(llm: LLM, prompt: list[int], args, constraint) -> float:
 
 def compile_times(llm: LLM, properties: int) -> dict[str, float]:
     engine = llm.engine
-    compiler = GrammarCompiler(engine.tokenizer, engine.vocab_size,
-                               engine.scheduler.limits.eos_token_ids)  # fmt: skip
+    compiler = GrammarCompiler(
+        engine.tokenizer, engine.vocab_size, engine.scheduler.limits.eos_token_ids
+    )
     constraint = StructuredOutputsParams(json=large_schema(properties))
     _, first = compiler.compile_timed(constraint)
     _, cached = compiler.compile_timed(constraint)
-    return {f"{properties}-property schema (first)": first,
-            f"{properties}-property schema (cached)": cached or 0.0}  # fmt: skip
+    return {
+        f"{properties}-property schema (first)": first,
+        f"{properties}-property schema (cached)": cached or 0.0,
+    }

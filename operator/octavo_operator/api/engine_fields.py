@@ -60,25 +60,36 @@ def speculative_config_schema() -> Schema:
         "{model, num_speculative_tokens} runs a small draft model of the same tokenizer (a "
         "folder in the container or hf://ORG/NAME)",
         {
-            "method": string("ngram or draft_model (the default with a model)",
-                             enum=list(SPECULATIVE_METHODS)),
+            "method": string(
+                "ngram or draft_model (the default with a model)", enum=list(SPECULATIVE_METHODS)
+            ),
             "model": string("the draft model", maxLength=512),
             "num_speculative_tokens": integer(1, count, description="tokens proposed a step"),
             "prompt_lookup_max": integer(1, 64, description="ngram: longest suffix matched"),
             "prompt_lookup_min": integer(1, 64, description="ngram: shortest suffix matched"),
         },
         required=["num_speculative_tokens"],
-        **{"x-kubernetes-validations": [
-            rule("has(self.method) || has(self.model)", "give a method (ngram) or a draft model"),
-            rule("!has(self.method) || self.method != 'draft_model' || has(self.model)",
-                 "method draft_model needs a model"),
-            rule("!has(self.method) || self.method != 'ngram' || !has(self.model)",
-                 "method ngram takes no model"),
-            rule("!has(self.prompt_lookup_min) || !has(self.prompt_lookup_max) || "
-                 "self.prompt_lookup_min <= self.prompt_lookup_max",
-                 "prompt_lookup_min must not exceed prompt_lookup_max"),
-        ]},
-    )  # fmt: skip
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "has(self.method) || has(self.model)", "give a method (ngram) or a draft model"
+                ),
+                rule(
+                    "!has(self.method) || self.method != 'draft_model' || has(self.model)",
+                    "method draft_model needs a model",
+                ),
+                rule(
+                    "!has(self.method) || self.method != 'ngram' || !has(self.model)",
+                    "method ngram takes no model",
+                ),
+                rule(
+                    "!has(self.prompt_lookup_min) || !has(self.prompt_lookup_max) || "
+                    "self.prompt_lookup_min <= self.prompt_lookup_max",
+                    "prompt_lookup_min must not exceed prompt_lookup_max",
+                ),
+            ]
+        },
+    )
 
 
 ENGINE_FIELDS: tuple[EngineField, ...] = (

@@ -29,10 +29,12 @@ def activator_slice_name(isvc: InferenceService) -> str:
 
 def activator_slice(isvc: InferenceService, activator: ActivatorAddress) -> dict[str, Any]:
     meta = metadata(isvc, activator_slice_name(isvc), component="activator")
-    meta["labels"].update({
-        "kubernetes.io/service-name": isvc.name,
-        "endpointslice.kubernetes.io/managed-by": SLICE_MANAGED_BY,
-    })  # fmt: skip
+    meta["labels"].update(
+        {
+            "kubernetes.io/service-name": isvc.name,
+            "endpointslice.kubernetes.io/managed-by": SLICE_MANAGED_BY,
+        }
+    )
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",

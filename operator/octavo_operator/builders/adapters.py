@@ -75,15 +75,20 @@ def adapter_claim_volume_name(index: int) -> str:
 
 def adapter_volumes(isvc: InferenceService) -> list[dict[str, Any]]:
     return [
-        {"name": adapter_claim_volume_name(i),
-         "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        {
+            "name": adapter_claim_volume_name(i),
+            "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+        }
         for i, claim in enumerate(adapter_claims(isvc))
-    ]  # fmt: skip
+    ]
 
 
 def adapter_mounts(isvc: InferenceService) -> list[dict[str, Any]]:
     return [
-        {"name": adapter_claim_volume_name(i), "mountPath": f"{ADAPTERS_PATH}/{claim}",
-         "readOnly": True}
+        {
+            "name": adapter_claim_volume_name(i),
+            "mountPath": f"{ADAPTERS_PATH}/{claim}",
+            "readOnly": True,
+        }
         for i, claim in enumerate(adapter_claims(isvc))
-    ]  # fmt: skip
+    ]

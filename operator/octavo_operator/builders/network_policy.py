@@ -19,9 +19,13 @@ SAME_NAMESPACE: dict[str, Any] = {"podSelector": {}}
 # whatever namespace it runs.
 OPERATOR_PODS: dict[str, Any] = {
     "namespaceSelector": {},
-    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "octavo",
-                                    "app.kubernetes.io/component": "operator"}},
-}  # fmt: skip
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/name": "octavo",
+            "app.kubernetes.io/component": "operator",
+        }
+    },
+}
 
 
 def wants_network_policy(isvc: InferenceService) -> bool:

@@ -138,9 +138,17 @@ def _store_kv_kernel(
 
 @triton.jit
 def _kv_tile_ptrs(
-    cache_ptr, table_ptr, offs_n, mask_n, offs_d, kv_head, stride_blk, stride_tok, stride_ch,
+    cache_ptr,
+    table_ptr,
+    offs_n,
+    mask_n,
+    offs_d,
+    kv_head,
+    stride_blk,
+    stride_tok,
+    stride_ch,
     BLOCK_SIZE: tl.constexpr,
-):  # fmt: skip
+):
     """Pointers ``[BLOCK_N, DIM_P2]`` to the keys of context positions ``offs_n``."""
     block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
     rows = block_ids * stride_blk + (offs_n % BLOCK_SIZE) * stride_tok + kv_head * stride_ch
@@ -183,15 +191,39 @@ def _soft_cap(scores, cap):
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, cache_ptr, table_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
-    stride_kv, stride_blk, stride_tok, stride_ch,
-    qk_scale, v_factor, head_dim, window, soft_cap, sinks_ptr,
-    GROUP: tl.constexpr, DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
-    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SINKS: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    cache_ptr,
+    table_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_tb,
+    stride_kv,
+    stride_blk,
+    stride_tok,
+    stride_ch,
+    qk_scale,
+    v_factor,
+    head_dim,
+    window,
+    soft_cap,
+    sinks_ptr,
+    GROUP: tl.constexpr,
+    DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    SINKS: tl.constexpr,
+):
     """Program ``(chunk, query tile, head)``: ``BLOCK_M`` queries of one prefill chunk.
 
     The two matmuls take ``DOT_DTYPE`` operands and accumulate in fp32; ``PRECISION`` is
@@ -227,9 +259,17 @@ def _prefill_kernel(
         if WINDOW:
             mask_n = mask_n & (offs_n >= first)
         ptrs = _kv_tile_ptrs(
-            cache_ptr, table_ptr + seq * stride_tb, offs_n, mask_n, offs_d, head // GROUP,
-            stride_blk, stride_tok, stride_ch, BLOCK_SIZE,
-        )  # fmt: skip
+            cache_ptr,
+            table_ptr + seq * stride_tb,
+            offs_n,
+            mask_n,
+            offs_d,
+            head // GROUP,
+            stride_blk,
+            stride_tok,
+            stride_ch,
+            BLOCK_SIZE,
+        )
         mask_kv = mask_n[:, None] & (offs_d[None, :] < head_dim)
         k = _load_kv(ptrs, mask_kv, FP8, DOT_DTYPE)
         v = _load_kv(ptrs + stride_kv, mask_kv, FP8, DOT_DTYPE)
@@ -321,13 +361,27 @@ def store_kv(
     cache = cache_format(kv_cache, scales)
     stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
     _store_kv_kernel[(num_tokens,)](
-        key, value, cache.tensor, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        stride_kv, stride_blk, stride_tok, stride_ch, num_kv_heads, head_dim,
-        1.0 / scales.k, 1.0 / scales.v,
-        BLOCK_SIZE=kv_cache.shape[2], HEADS_P2=triton.next_power_of_2(num_kv_heads),
-        DIM_P2=triton.next_power_of_2(head_dim), FP8=cache.fp8,
-    )  # fmt: skip
+        key,
+        value,
+        cache.tensor,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        stride_kv,
+        stride_blk,
+        stride_tok,
+        stride_ch,
+        num_kv_heads,
+        head_dim,
+        1.0 / scales.k,
+        1.0 / scales.v,
+        BLOCK_SIZE=kv_cache.shape[2],
+        HEADS_P2=triton.next_power_of_2(num_kv_heads),
+        DIM_P2=triton.next_power_of_2(head_dim),
+        FP8=cache.fp8,
+    )
 
 
 def prefill_attention(
@@ -361,13 +415,32 @@ def prefill_attention(
     stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
     grid = (num_chunks, triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
-        query, cache.tensor, block_tables, query_start_loc, seq_lens, out,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E * cache.k_factor,
-        cache.v_factor, head_dim,
-        GROUP=num_heads // kv_cache.shape[3], DIM_P2=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=block_m, BLOCK_N=_prefill_kv_tile(kv_cache.shape[2]),
-        DOT_DTYPE=dot_dtype, PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
-        FP8=cache.fp8, **extra,
-    )  # fmt: skip
+        query,
+        cache.tensor,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        stride_kv,
+        stride_blk,
+        stride_tok,
+        stride_ch,
+        scale * LOG2E * cache.k_factor,
+        cache.v_factor,
+        head_dim,
+        GROUP=num_heads // kv_cache.shape[3],
+        DIM_P2=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_M=block_m,
+        BLOCK_N=_prefill_kv_tile(kv_cache.shape[2]),
+        DOT_DTYPE=dot_dtype,
+        PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        FP8=cache.fp8,
+        **extra,
+    )
     return out

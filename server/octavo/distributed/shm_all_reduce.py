@@ -43,8 +43,7 @@ class SharedMemoryAllReduce:
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         self.calls += 1
-        self.ops.shm_all_reduce(tensor, self.segment, self.rank, self.world, self.calls,
-                                SLOT_BYTES)  # fmt: skip
+        self.ops.shm_all_reduce(tensor, self.segment, self.rank, self.world, self.calls, SLOT_BYTES)
 
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
         """Every rank's ``tensor``, in rank order, on rank 0 (``None`` elsewhere)."""

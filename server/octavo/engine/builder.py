@@ -72,11 +72,25 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     speculative = args.speculative_config
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     spec = WorkerConfig(
-        folder, config, dtype, device, max_model_len + 1, args.block_size, eos, args.seed,
-        threads, quantization, speculative, draft, lora_config(args), args.kv_cache_dtype,
-        args.tokenizer, graph_sizes(args, device, parallel, speculative), args.load_format,
+        folder,
+        config,
+        dtype,
+        device,
+        max_model_len + 1,
+        args.block_size,
+        eos,
+        args.seed,
+        threads,
+        quantization,
+        speculative,
+        draft,
+        lora_config(args),
+        args.kv_cache_dtype,
+        args.tokenizer,
+        graph_sizes(args, device, parallel, speculative),
+        args.load_format,
         compile_layers=compiles_layers(args, device, parallel, quantization),
-    )  # fmt: skip
+    )
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
     executor = create_executor(
         spec, layout, args.node_join_timeout, args.execute_model_timeout_seconds
@@ -103,9 +117,18 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     scheduler.overlapped = overlaps_steps(args, parallel)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
-        config, tokenizer, executor, scheduler, pool, max_model_len, device, dtype, name,
-        folder, runner,
-    )  # fmt: skip
+        config,
+        tokenizer,
+        executor,
+        scheduler,
+        pool,
+        max_model_len,
+        device,
+        dtype,
+        name,
+        folder,
+        runner,
+    )
 
 
 def overlaps_steps(args: EngineArgs, parallel: ParallelConfig) -> bool:

@@ -125,9 +125,12 @@ def admit(engine: Any, command: AddRequests) -> Exception | None:
     try:
         for request in command.requests:
             engine.add_request(
-                request.request_id, request.prompt_token_ids, request.params,
-                command.arrival_time, lora_request=request.lora_request,
-            )  # fmt: skip
+                request.request_id,
+                request.prompt_token_ids,
+                request.params,
+                command.arrival_time,
+                lora_request=request.lora_request,
+            )
             added.append(request.request_id)
     except ValueError as error:
         return _undo(engine, added, error)

@@ -342,9 +342,11 @@ class LLMEngine:
         if params.structured_outputs is None:
             return
         compiler = shared_compiler(
-            self.parts.folder, lambda: self.tokenizer, self.vocab_size,
+            self.parts.folder,
+            lambda: self.tokenizer,
+            self.vocab_size,
             self.scheduler.limits.eos_token_ids,
-        )  # fmt: skip
+        )
         compiler.compile(params.structured_outputs)
 
     # ----- lifecycle -----------------------------------------------------------------------

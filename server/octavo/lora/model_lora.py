@@ -52,7 +52,9 @@ class LoRAModel:
                 f"feed-forward layers are experts); adapt {', '.join(sorted(self.adaptable))}"
             )
         for adapted in self.linears:
-            weights = {module: adapter.weights[(adapted.layer, module)]
-                       for module in adapted.modules
-                       if (adapted.layer, module) in adapter.weights}  # fmt: skip
+            weights = {
+                module: adapter.weights[(adapted.layer, module)]
+                for module in adapted.modules
+                if (adapted.layer, module) in adapter.weights
+            }
             adapted.lora.set_slot(slot, weights, adapter.scaling)

@@ -13,8 +13,14 @@ from octavo.model_executor.model_config import ModelConfig
 
 
 class AdapterSlots:
-    def __init__(self, model: LoRAModel, config: ModelConfig, max_loras: int,
-                 max_cpu_loras: int, max_rank: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: LoRAModel,
+        config: ModelConfig,
+        max_loras: int,
+        max_cpu_loras: int,
+        max_rank: int,
+    ) -> None:
         self.model, self.config, self.max_rank = model, config, max_rank
         self.state = model.state
         self.max_loras, self.max_cpu_loras = max_loras, max(max_cpu_loras, max_loras)

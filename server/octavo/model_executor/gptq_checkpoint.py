@@ -72,8 +72,9 @@ def _pack(values, scales, zeros, group_of, order) -> QuantizedTensor:
     outputs, inputs = values.shape
     block_groups = group_of.reshape(-1, BLOCK)
     if not torch.all(block_groups == block_groups[:, :1]):
-        raise ValueError("a 32-column block spans two quantization groups (group size must be "
-                         "a multiple of 32)")  # fmt: skip
+        raise ValueError(
+            "a 32-column block spans two quantization groups (group size must be a multiple of 32)"
+        )
     groups = block_groups[:, 0]
     d = scales[:, groups].contiguous()  # [out, blocks]
     m = (-scales[:, groups] * zeros[:, groups].float()).contiguous()
@@ -82,8 +83,9 @@ def _pack(values, scales, zeros, group_of, order) -> QuantizedTensor:
     blocks = torch.cat(
         [d.unsqueeze(-1).view(torch.uint8), m.unsqueeze(-1).view(torch.uint8), payload], dim=-1
     )
-    return QuantizedTensor(blocks.reshape(outputs, -1).contiguous(), BlockKind.Q4_F32, inputs,
-                           order)  # fmt: skip
+    return QuantizedTensor(
+        blocks.reshape(outputs, -1).contiguous(), BlockKind.Q4_F32, inputs, order
+    )
 
 
 def _unpack_rows(packed: torch.Tensor) -> torch.Tensor:

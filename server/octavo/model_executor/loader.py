@@ -87,10 +87,15 @@ def load_model(
     logger.info(
         "loaded %s (%s) as %s on %s%s: weights %.1f MiB incl. %.1f MiB of prepacked copies "
         "(a tied LM head's; %.1f MiB prepacked in all)",
-        folder.name, config.architecture, dtype, device,
+        folder.name,
+        config.architecture,
+        dtype,
+        device,
         f", {quantization} linears" if quantization else "",
-        footprint.total / 2**20, footprint.copies / 2**20, footprint.prepacked / 2**20,
-    )  # fmt: skip
+        footprint.total / 2**20,
+        footprint.copies / 2**20,
+        footprint.prepacked / 2**20,
+    )
     return model.eval()
 
 

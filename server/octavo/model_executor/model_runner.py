@@ -231,9 +231,13 @@ class ModelRunner:
             received = None
             if not self.stage.is_first:
                 received = receive_from_previous_stage(
-                    len(inputs.positions), self.model.config.hidden_size,
-                    self.paged.activation_dtype, self.device, self.stage, index,
-                )  # fmt: skip
+                    len(inputs.positions),
+                    self.model.config.hidden_size,
+                    self.paged.activation_dtype,
+                    self.device,
+                    self.stage,
+                    index,
+                )
             result = self._forward(inputs, received)
             if isinstance(result, IntermediateTensors):
                 sends += send_to_next_stage(result, self.stage, index)
@@ -297,9 +301,9 @@ class ModelRunner:
         step = self._sample_plain(logits, plain_rows)
         for verified in verify_proposals(logits, proposals) if proposals else []:
             count = len(verified.token_ids)
-            step.known.extend(ModelRunnerOutput(
-                [verified.seq_id] * count, verified.token_ids, verified.logprobs
-            ))  # fmt: skip
+            step.known.extend(
+                ModelRunnerOutput([verified.seq_id] * count, verified.token_ids, verified.logprobs)
+            )
         return step
 
     def _sample_plain(
@@ -369,8 +373,9 @@ class ModelRunner:
             if request is not None:
                 slot = self.loras.slot_of(request, set(rows))
                 rows.setdefault(slot, []).extend(range(first, first + seq.num_new_tokens))
-        return LoRABatch([(slot, torch.tensor(ids, device=self.device))
-                          for slot, ids in rows.items()])  # fmt: skip
+        return LoRABatch(
+            [(slot, torch.tensor(ids, device=self.device)) for slot, ids in rows.items()]
+        )
 
     def _prompt_scoring(self, scheduled, layout: StepLayout) -> list[PromptScoring]:
         """Rows (appended to the layout's logits rows) of the prompt positions to score."""

@@ -29,8 +29,15 @@ class PagedModel:
     def forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         """Logits of the step's ``logits_indices`` rows (or the activations for the next
         pipeline stage)."""
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                          self.attention, inputs.logits_indices, intermediate)  # fmt: skip
+        return self.model(
+            inputs.input_ids,
+            inputs.positions,
+            self.kv_caches,
+            inputs.meta,
+            self.attention,
+            inputs.logits_indices,
+            intermediate,
+        )
 
     def run(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         """``forward``'s logits with the pooled rows' final hidden states (``StepResult``),

@@ -42,17 +42,23 @@ def resolve_quantization(folder: Path, requested: str | None) -> str | None:
         found = "gguf"
     if found is None:
         if requested in CHECKPOINT_METHODS:
-            raise ValueError(f"--quantization {requested} needs a {requested} checkpoint; "
-                             f"{folder.name}'s config.json has no quantization_config")  # fmt: skip
+            raise ValueError(
+                f"--quantization {requested} needs a {requested} checkpoint; "
+                f"{folder.name}'s config.json has no quantization_config"
+            )
         if requested == "gguf":
             check_gguf_kinds(find_gguf(folder))  # raises when there is none, or a kind is not run
         return requested
     if found not in (*CHECKPOINT_METHODS, "gguf"):
-        raise ValueError(f"{folder.name} is quantized with {found!r}, which Octavo does not "
-                         f"run; supported: {', '.join((*CHECKPOINT_METHODS, 'gguf'))}")  # fmt: skip
+        raise ValueError(
+            f"{folder.name} is quantized with {found!r}, which Octavo does not "
+            f"run; supported: {', '.join((*CHECKPOINT_METHODS, 'gguf'))}"
+        )
     if requested not in (None, found):
-        raise ValueError(f"--quantization {requested} does not match the checkpoint, which "
-                         f"is already quantized with {found}; drop the flag")  # fmt: skip
+        raise ValueError(
+            f"--quantization {requested} does not match the checkpoint, which "
+            f"is already quantized with {found}; drop the flag"
+        )
     if found == "gguf":
         check_gguf_kinds(find_gguf(folder))
     return found

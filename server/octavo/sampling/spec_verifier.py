@@ -32,8 +32,10 @@ class Proposal:
     def position_rows(self) -> list[SamplingRow]:
         """The sampling row of each position, its history extended by the proposals before it."""
         history = self.row.output_token_ids
-        return [dataclasses.replace(self.row, output_token_ids=history + self.tokens[:i])
-                for i in range(len(self.tokens) + 1)]  # fmt: skip
+        return [
+            dataclasses.replace(self.row, output_token_ids=history + self.tokens[:i])
+            for i in range(len(self.tokens) + 1)
+        ]
 
 
 @dataclass
@@ -64,8 +66,10 @@ def _keep(
 ) -> list[list[int]]:
     if all(_plain_greedy(row) for row in position_rows):  # one argmax for every row
         best = row_argmax(rows)
-        return [keep_matching(best[o : o + len(p.tokens) + 1], p.tokens)
-                for p, o in zip(proposals, offsets, strict=True)]  # fmt: skip
+        return [
+            keep_matching(best[o : o + len(p.tokens) + 1], p.tokens)
+            for p, o in zip(proposals, offsets, strict=True)
+        ]
     probs = target_probabilities(rows, position_rows)
     kept = []
     for proposal, offset in zip(proposals, offsets, strict=True):

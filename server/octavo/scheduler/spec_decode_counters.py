@@ -32,13 +32,17 @@ class SpecDecodeCounters:
 
     def since(self, earlier: SpecDecodeCounters) -> SpecDecodeCounters:
         """What happened after ``earlier`` (a copy of these counters, taken then)."""
-        positions = [now - (earlier.accepted_per_position[i]
-                            if i < len(earlier.accepted_per_position) else 0)
-                     for i, now in enumerate(self.accepted_per_position)]  # fmt: skip
-        return SpecDecodeCounters(self.num_drafts - earlier.num_drafts,
-                                  self.num_draft_tokens - earlier.num_draft_tokens,
-                                  self.num_accepted_tokens - earlier.num_accepted_tokens,
-                                  positions)  # fmt: skip
+        positions = [
+            now
+            - (earlier.accepted_per_position[i] if i < len(earlier.accepted_per_position) else 0)
+            for i, now in enumerate(self.accepted_per_position)
+        ]
+        return SpecDecodeCounters(
+            self.num_drafts - earlier.num_drafts,
+            self.num_draft_tokens - earlier.num_draft_tokens,
+            self.num_accepted_tokens - earlier.num_accepted_tokens,
+            positions,
+        )
 
     def position_rates(self) -> list[float]:
         """How often proposal ``i`` was accepted, per verification."""
@@ -75,7 +79,10 @@ class SpecDecodeLog:
         logger.info(
             "speculative decoding: acceptance rate %.1f%% (%d of %d proposed tokens), "
             "mean accepted length %.2f, per position %s",
-            100 * recent.acceptance_rate, recent.num_accepted_tokens, recent.num_draft_tokens,
-            recent.mean_accepted_length, rates,
-        )  # fmt: skip
+            100 * recent.acceptance_rate,
+            recent.num_accepted_tokens,
+            recent.num_draft_tokens,
+            recent.mean_accepted_length,
+            rates,
+        )
         self.last_time, self.last = now, counters.copy()

@@ -15,8 +15,7 @@ from octavo.arg_types import json_object
 
 METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
-KNOWN_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max",
-              "prompt_lookup_min"}  # fmt: skip
+KNOWN_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
 
 
 @dataclass(frozen=True)
@@ -57,9 +56,11 @@ class SpeculativeConfig:
                 f"[1, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}"
             )
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError("speculative_config: prompt_lookup_min "
-                             f"({self.prompt_lookup_min}) > prompt_lookup_max "
-                             f"({self.prompt_lookup_max})")  # fmt: skip
+            raise ValueError(
+                "speculative_config: prompt_lookup_min "
+                f"({self.prompt_lookup_min}) > prompt_lookup_max "
+                f"({self.prompt_lookup_max})"
+            )
         if self.method == "draft_model" and not self.model:
             raise ValueError('speculative_config: a draft model needs "model": "<folder>"')
 

@@ -57,8 +57,9 @@ class DraftModelProposer:
             return {}
         proposing = [job for job in jobs if job.num_proposals > 0]
         choices = self._forward([job.chunk for job in jobs])
-        proposals = {job.chunk.seq_id: [token] for job, token in zip(proposing, choices,
-                                                                      strict=True)}  # fmt: skip
+        proposals = {
+            job.chunk.seq_id: [token] for job, token in zip(proposing, choices, strict=True)
+        }
         for depth in range(1, self.k):
             more = [job for job in proposing if job.num_proposals > depth]
             if not more:
@@ -96,8 +97,9 @@ class DraftModelProposer:
         self.computed[seq_id] = end
         if end <= start:
             return None
-        chunk = ScheduledSequence(seq_id, tokens[start:end], start, scheduled.block_ids,
-                                  sample=num_proposals > 0)  # fmt: skip
+        chunk = ScheduledSequence(
+            seq_id, tokens[start:end], start, scheduled.block_ids, sample=num_proposals > 0
+        )
         return DraftJob(chunk, max(0, num_proposals))
 
     def _feed(self, chunk: ScheduledSequence, proposed: list[int]) -> ScheduledSequence:

@@ -104,8 +104,13 @@ class CacheShape:
 
 
 class Worker:
-    def __init__(self, spec: WorkerConfig, placement: Placement | None = None,
-                 init_method: str = "", session: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: WorkerConfig,
+        placement: Placement | None = None,
+        init_method: str = "",
+        session: str = "",
+    ) -> None:
         self.spec, self.placement = spec, placement
         self.device = spec.device
         if placement is not None:
@@ -115,9 +120,14 @@ class Worker:
         if spec.num_threads is not None:
             torch.set_num_threads(spec.num_threads)
         self.model = load_model(
-            spec.folder, spec.config, spec.max_positions, spec.dtype, self.device,
-            spec.quantization, spec.load_format,
-        )  # fmt: skip
+            spec.folder,
+            spec.config,
+            spec.max_positions,
+            spec.dtype,
+            self.device,
+            spec.quantization,
+            spec.load_format,
+        )
         if spec.compile_layers:
             compile_layers(self.model)
         layers = self.model.layers
@@ -258,11 +268,13 @@ class Worker:
         if speculative is None:
             return None
         if speculative.method == "ngram":
-            return NgramStepProposer(NgramProposer(
-                speculative.num_speculative_tokens,
-                speculative.prompt_lookup_min,
-                speculative.prompt_lookup_max,
-            ))  # fmt: skip
+            return NgramStepProposer(
+                NgramProposer(
+                    speculative.num_speculative_tokens,
+                    speculative.prompt_lookup_min,
+                    speculative.prompt_lookup_max,
+                )
+            )
         shape = self._draft_cache_shape()
         assert self.draft is not None and shape is not None
         caches = allocate_kv_caches(

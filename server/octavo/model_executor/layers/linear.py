@@ -80,9 +80,14 @@ class MergedColumnParallelLinear(LinearBase):
 
 class QKVParallelLinear(LinearBase):
     def __init__(
-        self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False,
+        self,
+        hidden: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool = False,
         method=None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         tp = tensor_parallel_group()
         first_head, last_head = tp.shard(num_heads, "attention heads")
         self.num_heads = last_head - first_head

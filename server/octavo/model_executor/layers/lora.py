@@ -61,8 +61,9 @@ class LoRABatch:
             self.slots = slots
         return self.slots
 
-    def column_mask(self, num_rows: int, layout: tuple[int, int, int], device: torch.device,
-                    dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    def column_mask(
+        self, num_rows: int, layout: tuple[int, int, int], device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
         """[rows, slice * slot * rank]: 1 in the columns of each row's slot, else 0 (all 0
         for the base model); made once a step for each layout (slices, slots, rank)."""
         key = (*layout, dtype)
@@ -101,8 +102,14 @@ class LoRASlice:
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: LinearBase, slices: list[LoRASlice], input_start: int | None,
-                 size: LoRASize, state: LoRAState) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base: LinearBase,
+        slices: list[LoRASlice],
+        input_start: int | None,
+        size: LoRASize,
+        state: LoRAState,
+    ) -> None:
         super().__init__()
         self.base, self.slices, self.state = base, slices, state
         self.input_start = input_start  # row-parallel: A's columns start here
@@ -125,8 +132,9 @@ class LoRALinear(nn.Module):
         self.gemms: LoRAGemms | None = None  # made from flat_a/block_b when first needed
         self.native_weights: tuple[torch.Tensor, torch.Tensor] | None = None  # likewise
 
-    def set_slot(self, slot: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                 scaling: float) -> None:  # fmt: skip
+    def set_slot(
+        self, slot: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]], scaling: float
+    ) -> None:
         """Write one adapter's A and scaled B (whole, by module) into ``slot``."""
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
@@ -229,9 +237,10 @@ def use_triton(x: torch.Tensor) -> bool:
 def lora_slices(layer: LinearBase, modules: tuple[str, ...]) -> list[LoRASlice]:
     """Where each fused module's rows sit in ``layer``'s output on this rank."""
     if isinstance(layer, QKVParallelLinear):
-        return [LoRASlice(name, offset, rows, start)
-                for name, (start, rows, offset) in zip(modules, layer.sources.values(),
-                                                       strict=True)]  # fmt: skip
+        return [
+            LoRASlice(name, offset, rows, start)
+            for name, (start, rows, offset) in zip(modules, layer.sources.values(), strict=True)
+        ]
     if isinstance(layer, MergedColumnParallelLinear):
         slices, offset = [], 0
         for name, (start, end) in zip(modules, layer.shards, strict=True):

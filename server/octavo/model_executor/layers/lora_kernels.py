@@ -37,9 +37,23 @@ def _row_tile(slot_ptr, M, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _shrink_kernel(
-    x_ptr, a_ptr, slot_ptr, out_ptr, M, R, K, stride_xm, stride_al, stride_as, stride_ar,
-    stride_os, stride_om, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    a_ptr,
+    slot_ptr,
+    out_ptr,
+    M,
+    R,
+    K,
+    stride_xm,
+    stride_al,
+    stride_as,
+    stride_ar,
+    stride_os,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     offs_m, mask_m, slot, has = _row_tile(slot_ptr, M, BLOCK_M)
     offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
@@ -50,10 +64,16 @@ def _shrink_kernel(
     for start in range(0, K, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=has[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
-        a = tl.load(a_rows[:, :, None] + offs_k[None, None, :],
-                    mask=mask_a & mask_k[None, None, :], other=0.0)  # fmt: skip
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+            mask=has[:, None] & mask_k[None, :],
+            other=0.0,
+        )
+        a = tl.load(
+            a_rows[:, :, None] + offs_k[None, None, :],
+            mask=mask_a & mask_k[None, None, :],
+            other=0.0,
+        )
         acc += tl.sum(x.to(tl.float32)[:, None, :] * a.to(tl.float32), axis=2)
     out = out_ptr + piece * stride_os + offs_m[:, None] * stride_om + offs_r[None, :]
     tl.store(out, acc, mask=mask_m[:, None] & mask_r[None, :])
@@ -61,10 +81,23 @@ def _shrink_kernel(
 
 @triton.jit
 def _expand_kernel(
-    s_ptr, b_ptr, slot_ptr, table_ptr, out_ptr, M, R, num_slices, stride_ss, stride_sm,
-    stride_bl, stride_bn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-):  # fmt: skip
+    s_ptr,
+    b_ptr,
+    slot_ptr,
+    table_ptr,
+    out_ptr,
+    M,
+    R,
+    num_slices,
+    stride_ss,
+    stride_sm,
+    stride_bl,
+    stride_bn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     offs_m, _, slot, has = _row_tile(slot_ptr, M, BLOCK_M)
     piece = tl.program_id(2)
     offset = tl.load(table_ptr + piece)
@@ -79,10 +112,14 @@ def _expand_kernel(
     for start in range(0, R, BLOCK_R):
         offs_r = start + tl.arange(0, BLOCK_R)
         mask_r = offs_r < R
-        s = tl.load(s_rows[:, None] + offs_r[None, :], mask=has[:, None] & mask_r[None, :],
-                    other=0.0)  # fmt: skip
-        b = tl.load(b_rows[:, :, None] + offs_r[None, None, :],
-                    mask=mask_b & mask_r[None, None, :], other=0.0)  # fmt: skip
+        s = tl.load(
+            s_rows[:, None] + offs_r[None, :], mask=has[:, None] & mask_r[None, :], other=0.0
+        )
+        b = tl.load(
+            b_rows[:, :, None] + offs_r[None, None, :],
+            mask=mask_b & mask_r[None, None, :],
+            other=0.0,
+        )
         acc += tl.sum(s[:, None, :] * b.to(tl.float32), axis=2)
     out = out_ptr + offs_m[:, None] * stride_om + cols[None, :]
     mask = has[:, None] & mask_n[None, :]
@@ -101,16 +138,34 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, row_slots: torch.Tensor) 
     a = lora_a.contiguous()
     grid = (triton.cdiv(rows, BLOCK_M), triton.cdiv(rank, BLOCK_R), slices)
     _shrink_kernel[grid](
-        x, a, row_slots, out, rows, rank, k, x.stride(0), a.stride(0), a.stride(1), a.stride(2),
-        out.stride(0), out.stride(1), BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, BLOCK_K=BLOCK_K,
-    )  # fmt: skip
+        x,
+        a,
+        row_slots,
+        out,
+        rows,
+        rank,
+        k,
+        x.stride(0),
+        a.stride(0),
+        a.stride(1),
+        a.stride(2),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=BLOCK_M,
+        BLOCK_R=BLOCK_R,
+        BLOCK_K=BLOCK_K,
+    )
     return out
 
 
 def lora_expand(
-    out: torch.Tensor, shrunk: torch.Tensor, lora_b: torch.Tensor, row_slots: torch.Tensor,
-    slice_offsets: tuple[int, ...], slice_sizes: tuple[int, ...],
-) -> torch.Tensor:  # fmt: skip
+    out: torch.Tensor,
+    shrunk: torch.Tensor,
+    lora_b: torch.Tensor,
+    row_slots: torch.Tensor,
+    slice_offsets: tuple[int, ...],
+    slice_sizes: tuple[int, ...],
+) -> torch.Tensor:
     """Add each row's ``shrunk @ B.T`` to its slice's columns of ``out`` (in place)."""
     if out.stride(-1) != 1:
         raise ValueError("lora_expand writes in place: out's rows must be contiguous")
@@ -122,9 +177,23 @@ def lora_expand(
     table = _slice_table(tuple(slice_offsets), tuple(slice_sizes), out.device)
     grid = (triton.cdiv(rows, BLOCK_M), triton.cdiv(max(slice_sizes), BLOCK_N), slices)
     _expand_kernel[grid](
-        shrunk, b, row_slots, table, out, rows, rank, slices, shrunk.stride(0), shrunk.stride(1),
-        b.stride(0), b.stride(1), out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=BLOCK_R,
-    )  # fmt: skip
+        shrunk,
+        b,
+        row_slots,
+        table,
+        out,
+        rows,
+        rank,
+        slices,
+        shrunk.stride(0),
+        shrunk.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_R=BLOCK_R,
+    )
     return out
 
 

@@ -37,8 +37,9 @@ class Int4Planes:
         scales, offsets, payload = split_blocks(per_block, weight.kind)
         values = torch.cat([payload & 0x0F, payload >> 4], dim=-1).reshape(rows, -1)
         packed = values[:, 0::2] | (values[:, 1::2] << 4)
-        return cls(packed.contiguous(), scales.contiguous(), offsets.contiguous(),
-                   weight.column_order)  # fmt: skip
+        return cls(
+            packed.contiguous(), scales.contiguous(), offsets.contiguous(), weight.column_order
+        )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         planes = {"packed": self.packed, "scales": self.scales, "offsets": self.offsets}

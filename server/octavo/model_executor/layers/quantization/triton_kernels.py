@@ -34,18 +34,31 @@ def _store_tile(out_ptr, values, offs_m, offs_n, mask_m, mask_n, stride_om):
 
 @triton.jit
 def _int4_matmul_kernel(
-    x_ptr, packed_ptr, scale_ptr, offset_ptr, out_ptr, M, N, K, stride_xm, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    packed_ptr,
+    scale_ptr,
+    offset_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     offs_m, offs_n, mask_m, mask_n = _output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None], other=0.0)  # fmt: skip
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None], other=0.0
+        )
         column = offs_n[None, :]  # a [BLOCK_K, BLOCK_N] tile of w^T
-        byte = tl.load(packed_ptr + column * (K // 2) + offs_k[:, None] // 2,
-                       mask=mask_n[None, :], other=0)  # fmt: skip
+        byte = tl.load(
+            packed_ptr + column * (K // 2) + offs_k[:, None] // 2, mask=mask_n[None, :], other=0
+        )
         q = (byte >> ((offs_k[:, None] % 2) * 4)) & 0xF
         group = column * (K // GROUP) + offs_k[:, None] // GROUP
         scale = tl.load(scale_ptr + group, mask=mask_n[None, :], other=0.0)
@@ -57,18 +70,34 @@ def _int4_matmul_kernel(
 
 @triton.jit
 def _fp8_matmul_kernel(
-    x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     offs_m, offs_n, mask_m, mask_n = _output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
-        w = tl.load(w_ptr + offs_n[None, :] * K + offs_k[:, None],
-                    mask=mask_n[None, :] & mask_k[:, None], other=0.0)  # fmt: skip
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+            mask=mask_m[:, None] & mask_k[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + offs_n[None, :] * K + offs_k[:, None],
+            mask=mask_n[None, :] & mask_k[:, None],
+            other=0.0,
+        )
         acc += tl.dot(x, w.to(x.dtype), input_precision="ieee")  # fp32: no tf32 rounding
     scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
     _store_tile(out_ptr, acc * scale[None, :], offs_m, offs_n, mask_m, mask_n, stride_om)
@@ -90,9 +119,20 @@ def int4_matmul(
     block_m, block_n, block_k = _tiles(rows)
     grid = (triton.cdiv(rows, block_m), triton.cdiv(n, block_n))
     _int4_matmul_kernel[grid](
-        x, packed, scales, offsets, out, rows, n, k, x.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-    )  # fmt: skip
+        x,
+        packed,
+        scales,
+        offsets,
+        out,
+        rows,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+    )
     return out
 
 
@@ -103,7 +143,17 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     block_m, block_n, block_k = _tiles(rows)
     grid = (triton.cdiv(rows, block_m), triton.cdiv(n, block_n))
     _fp8_matmul_kernel[grid](
-        x, weight, scale, out, rows, n, k, x.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-    )  # fmt: skip
+        x,
+        weight,
+        scale,
+        out,
+        rows,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+    )
     return out
