@@ -180,6 +180,46 @@ def test_drain_refuses_new_work_and_aborts_after_timeout(single_seq):
     async_engine.draining = False  # leave the shared server usable
 
 
+def test_drain_still_admits_a_request_that_arrived_before_it(single_seq):
+    """A request already in the server when the drain begins (e.g. compiling its
+    constraint) is served to its end; one that arrives afterwards is refused with 503."""
+    server, _ = single_seq
+    async_engine = context_of(server.app).engine
+    entered, released = threading.Event(), threading.Event()
+    add_requests = async_engine.add_requests
+
+    async def held_add_requests(*args, **kwargs):
+        entered.set()
+        while not released.is_set():
+            await asyncio.sleep(0.01)
+        return await add_requests(*args, **kwargs)
+
+    async_engine.add_requests = held_add_requests
+    answers: list[httpx.Response] = []
+    body = {"prompt": "Go on", "max_tokens": 3, **LONG}
+    client = httpx.Client(base_url=server.url, timeout=30)
+    early = threading.Thread(
+        target=lambda: answers.append(client.post("/v1/completions", json=body))
+    )
+    try:
+        early.start()
+        assert entered.wait(20), "the early request never reached the engine"
+        future = asyncio.run_coroutine_threadsafe(drain(async_engine, 10), async_engine._loop)
+        wait_for(lambda: client.get("/health").status_code == 503, message="health 503")
+        released.set()
+        early.join(30)
+        assert answers[0].status_code == 200, answers[0].text
+        assert answers[0].json()["usage"]["completion_tokens"] == 3
+        late = client.post("/v1/completions", json=body)
+        assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+        future.result(timeout=10)
+    finally:
+        released.set()
+        async_engine.add_requests = add_requests
+        async_engine.draining = False  # leave the shared server usable
+        client.close()
+
+
 # ----- engine death --------------------------------------------------------------------------
 def test_engine_loop_death_turns_health_503(model):
     def break_step(engine) -> None:

@@ -95,6 +95,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.status = "loading"  # loading -> ready -> stopped | dead; or failed
         self.draining = False
+        self._drain_started: float | None = None  # time.monotonic() when draining began
         self.info: EngineInfo | None = None
 
     # ----- lifecycle (event loop) ---------------------------------------------------------
@@ -119,20 +120,32 @@ class AsyncEngine:
         """Requests that callers still follow (the in-flight count used by draining)."""
         return len(self._streams)
 
-    def check_available(self) -> None:
-        """Raise ``EngineUnavailable`` unless new requests can be taken now."""
-        if self.draining:
+    def start_draining(self) -> None:
+        """Refuse requests that arrive from now on (those already in the server still run)."""
+        self.draining, self._drain_started = True, time.monotonic()
+
+    def check_available(self, arrived_at: float | None = None) -> None:
+        """Raise ``EngineUnavailable`` unless new requests can be taken now; while draining,
+        only a request that ``arrived_at`` before the drain began is taken."""
+        if self.draining and not self._arrived_before_drain(arrived_at):
             raise EngineUnavailable("draining", "the server is shutting down")
         if self.status == "loading":
             raise EngineUnavailable("loading", "the model is still loading")
         if not self.is_ready:
             raise EngineUnavailable("engine_dead", f"the engine is not running ({self.status})")
 
+    def _arrived_before_drain(self, arrived_at: float | None) -> bool:
+        started = self._drain_started
+        return arrived_at is not None and started is not None and arrived_at < started
+
     # ----- requests (event loop) ----------------------------------------------------------
-    async def add_requests(self, batch_id: str, requests: list[NewRequest]) -> list[RequestStream]:
+    async def add_requests(
+        self, batch_id: str, requests: list[NewRequest], arrived_at: float | None = None
+    ) -> list[RequestStream]:
         """Queue the requests of one HTTP request together and wait until the engine took
-        them all (``ValueError`` if it refused one: then none of them stays)."""
-        self.check_available()
+        them all (``ValueError`` if it refused one: then none of them stays). ``arrived_at``:
+        when the HTTP request arrived (one that came before a drain began is still taken)."""
+        self.check_available(arrived_at)
         self._reserve_queue_slots(len(requests))
         streams = [RequestStream(request.request_id, self.release) for request in requests]
         self._streams.update((stream.request_id, stream) for stream in streams)

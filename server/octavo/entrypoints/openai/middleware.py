@@ -7,7 +7,9 @@ disconnects pass through untouched.
 
 from __future__ import annotations
 
+import time
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
@@ -18,6 +20,10 @@ from octavo.entrypoints.openai.errors import RETRY_AFTER_SECONDS, APIError
 
 REQUEST_ID_HEADER = b"x-request-id"
 MAX_REQUEST_ID_LENGTH = 200
+
+# When the HTTP request being handled arrived (time.monotonic()): a drain still admits the
+# requests that were already in the server when it began (compiling their constraint).
+request_arrival: ContextVar[float | None] = ContextVar("request_arrival", default=None)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -43,6 +49,7 @@ class RequestIdMiddleware:
             given = uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"], state["client_request_id"] = given, from_client
+        request_arrival.set(time.monotonic())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

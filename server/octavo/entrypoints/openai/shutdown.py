@@ -30,7 +30,7 @@ async def drain(
 ) -> None:
     """Refuse new requests, wait up to ``timeout`` s for open ones (those compiling their
     constraint included), abort the rest."""
-    engine.draining = True
+    engine.start_draining()
     in_flight = _in_flight(engine, grammars)
     logger.info("draining: %d requests in flight, waiting up to %.1fs", in_flight, timeout)
     if not await _wait_until_idle(engine, grammars, timeout):

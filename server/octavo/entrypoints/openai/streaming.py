@@ -15,6 +15,7 @@ from octavo.engine.async_engine import AsyncEngine, EngineDead
 from octavo.engine.core_messages import NewRequest
 from octavo.engine.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.entrypoints.openai.errors import bad_request, error_body
+from octavo.entrypoints.openai.middleware import request_arrival
 from octavo.entrypoints.openai.request_log import log_request
 from octavo.entrypoints.openai.request_params import refused_field
 from octavo.lora_request import LoRARequest
@@ -121,6 +122,6 @@ async def open_streams(
         for request_id, token_ids, sampling in zip(ids, prompts, params, strict=True)
     ]
     try:
-        return await engine.add_requests(base_id, requests)
+        return await engine.add_requests(base_id, requests, request_arrival.get())
     except ValueError as error:  # the engine refused a prompt or a sampling field
         raise bad_request(str(error), param=refused_field(str(error), "prompt")) from None
