@@ -27,6 +27,7 @@ from e2e.cluster import build, control_plane
 from e2e.helpers import wait_for
 from e2e.lws_controller import LwsController
 from e2e.operator_process import OperatorProcess, install_crd, install_rbac
+from e2e.pod_process import PodProcess
 from tests.suite_timing import pytest_terminal_summary  # noqa: F401  (the suite's time budget)
 
 LOG_TAIL_LINES = 25
@@ -36,6 +37,20 @@ _build_error: Exception | None = None
 
 def _uses_cluster(item: pytest.Item) -> bool:
     return "cluster" in getattr(item, "fixturenames", ())
+
+
+def _serves_pods(item: pytest.Item) -> bool:
+    """The test's module runs pods for real (``PodProcess``: ``octavo serve`` processes)."""
+    module = getattr(item, "module", None)
+    return getattr(module, "PodProcess", None) is PodProcess
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``serving`` the tests whose pods run ``octavo serve`` (CPU and memory): `make
+    test` runs the others beside the unit suite and these after it (scripts/run-tests.sh)."""
+    for item in items:
+        if _serves_pods(item):
+            item.add_marker(pytest.mark.serving)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

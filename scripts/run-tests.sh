@@ -1,17 +1,35 @@
 #!/usr/bin/env bash
 # `make test`: the unit suite, the e2e suite on a real control plane, and checkov.
 #
-# The unit tests run one torch thread per process, one process per core; the control
-# plane's binaries (Go, `nice`d, cached in ~/.cache/octavo-e2e) are built, and then checkov
-# run, in the background meanwhile. The e2e suite starts once both are done; their output
-# is printed then.
+# The unit tests run one torch thread per process, one process per core. Meanwhile, in the
+# background: the control plane's binaries are built (Go, `nice`d, cached in
+# ~/.cache/octavo-e2e; nothing to do when cached), then the e2e tests that start no
+# `octavo serve` pod (the API server, the operator and kwok only: mostly waiting on timers,
+# little CPU or memory) run against it, then checkov. The e2e tests that serve pods run
+# once the unit suite is done (they would compete with it for the cores and memory).
+# OCTAVO_E2E_OVERLAP=0 runs the whole e2e suite after the unit suite instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-.venv/bin}"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
+overlap="${OCTAVO_E2E_OVERLAP:-1}"
 background_log=$(mktemp -t octavo-test-background.XXXXXX)
+light_status=$(mktemp -t octavo-test-light.XXXXXX)
 
-setsid bash -c "'$BIN/python' -m e2e.cluster build && ./scripts/checkov.sh" \
-    >"$background_log" 2>&1 &
+background_work() {
+    "$BIN/python" -m e2e.cluster build || return $?
+    if [ "$overlap" != "0" ]; then
+        echo "== e2e tests without serving pods (beside the unit suite)"
+        # The cluster stays up for the serving half, which stops it.
+        local light=0
+        OCTAVO_E2E_KEEP_CLUSTER=1 "$BIN/python" -m pytest -q e2e -m "not serving" || light=$?
+        echo "$light" >"$light_status"
+    fi
+    ./scripts/checkov.sh
+}
+export -f background_work
+export BIN overlap light_status
+setsid bash -c background_work >"$background_log" 2>&1 &
 background=$!
 stop_background() { kill -- "-$background" 2>/dev/null || true; }
 trap stop_background EXIT
@@ -20,10 +38,10 @@ trap stop_background EXIT
 # once), the longest files first (tests/suite_timing.py); OCTAVO_TEST_WORKERS overrides.
 workers="${OCTAVO_TEST_WORKERS:-$(nproc)}"
 if [ "$workers" -gt 4 ]; then workers=4; fi
-HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 \
-    "$BIN/python" -m pytest -q -n "$workers" --dist loadfile
+unit=0
+"$BIN/python" -m pytest -q -n "$workers" --dist loadfile || unit=$?
 
-echo "== waiting for the control-plane build and checkov (started with the unit tests)"
+echo "== waiting for the control-plane build, the e2e tests beside the unit suite, and checkov"
 status=0
 wait "$background" || status=$?
 trap - EXIT
@@ -33,4 +51,15 @@ if [ "$status" -ne 0 ]; then
     echo "the control-plane build or checkov failed (exit $status)" >&2
     exit "$status"
 fi
-"$BIN/python" -m pytest -q e2e
+e2e=0
+if [ "$overlap" != "0" ]; then
+    light=$(cat "$light_status")
+    "$BIN/python" -m pytest -q e2e -m serving || e2e=$?
+    "$BIN/python" -m e2e.cluster down >/dev/null || true
+    if [ "$light" != "0" ]; then e2e=$light; fi
+else
+    "$BIN/python" -m pytest -q e2e || e2e=$?
+fi
+rm -f "$light_status"
+if [ "$unit" -ne 0 ]; then exit "$unit"; fi
+exit "$e2e"
