@@ -37,6 +37,7 @@ from octavo.kv_events.config import KVEventsConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.model_executor.dummy_weights import LOAD_FORMATS
 from octavo.model_executor.hf_overrides import parse_hf_overrides
+from octavo.multimodal.limits import DEFAULT_IMAGE_LIMIT, parse_limit_mm_per_prompt
 from octavo.pooling.runner import RUNNERS, TASKS, parse_pooler_config
 from octavo.spec_decode.config import SpeculativeConfig
 
@@ -146,6 +147,12 @@ class EngineArgs:
         "budget then defaults to at least the context length)",
         parse_bool,
         kind="bool",
+    )
+    limit_mm_per_prompt: dict | None = engine_arg(  # noqa: RUF009
+        None,
+        "most images one prompt may carry, as vLLM spells it: '{\"image\": N}' (default: "
+        f"{DEFAULT_IMAGE_LIMIT}); more is refused with a message",
+        _flag_type(parse_limit_mm_per_prompt),
     )
     max_logprobs: int = engine_arg(
         DEFAULT_MAX_LOGPROBS,
@@ -371,6 +378,7 @@ class EngineArgs:
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._fold_legacy_speculative_flags()
         self.hf_overrides = parse_hf_overrides(self.hf_overrides)  # LLM(hf_overrides={...})
+        self.limit_mm_per_prompt = parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
         # LLM(compilation_config={...}) or 3; None: the default
         self.compilation_config = parse_compilation_config(self.compilation_config)
         if self.pooler_config is not None:  # LLM(pooler_config={...})

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from octavo.config import EngineArgs
 from octavo.engine.adapters import EngineAdapters, StartupAdapters
@@ -25,6 +26,8 @@ from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
 from octavo.kv_events.events import KVEventBatch
 from octavo.kv_events.publisher import start_publisher
 from octavo.lora_request import LoRARequest
+from octavo.model_executor.models.registry import takes_images
+from octavo.multimodal.processor import ProcessedPrompt, image_list, processor_for
 from octavo.outputs import ModelRunnerOutput, RequestOutput
 from octavo.pooling.params import PoolingParams
 from octavo.sampling_params import SamplingParams
@@ -64,32 +67,69 @@ class LLMEngine:
             args.enable_lora, parts.config, args.max_lora_rank, self.scheduler
         )
         self.startup_adapters: StartupAdapters = self.adapters.load_modules(args.lora_modules or [])
+        self.mm_processor = processor_for(
+            parts.folder, takes_images(parts.config.architecture), args.limit_mm_per_prompt
+        )
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | ProcessedPrompt,
         params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request: ``SamplingParams`` generate, ``PoolingParams`` (or sampling
-        params made by ``SamplingParams.for_pooling``) return one vector of the prompt."""
+        params made by ``SamplingParams.for_pooling``) return one vector of the prompt. A
+        prompt with images comes from ``process_multimodal``."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = self.parts.runner.check_params(params)
-        token_ids = self._tokenize(prompt)
+        if isinstance(prompt, ProcessedPrompt):
+            text, token_ids, images = prompt.text, prompt.token_ids, prompt.images
+        else:
+            text = prompt if isinstance(prompt, str) else None
+            token_ids, images = self._tokenize(prompt), []
+            self._check_no_placeholders(token_ids)
         self._validate_prompt(token_ids, params.pooling is not None)
         self._validate_params(params)
         self._check_adapter(lora_request)
-        text = prompt if isinstance(prompt, str) else None
-        request = Request(request_id, text, token_ids, params, lora_request=lora_request)
+        request = Request(
+            request_id, text, token_ids, params, lora_request=lora_request, images=images
+        )
         first = self._new_sequence(request, 0, token_ids)
         if arrival_time is not None:
             first.arrival_time = arrival_time
         self.requests[request_id] = request
         self.scheduler.add(first)
+
+    def process_multimodal(
+        self, prompt: str | list[int], multi_modal_data: Any, add_special_tokens: bool = True
+    ) -> ProcessedPrompt:
+        """A prompt and its ``multi_modal_data`` (``{"image": image | [images]}``) through
+        the model's HF processor: expanded token ids and each image's placeholders.
+        ValueError for a text-only model, a token-id prompt, too many images or an image
+        that does not decode."""
+        if self.mm_processor is None:
+            raise ValueError(
+                f"{self.parts.config.architecture} is a text-only model: it takes no "
+                "multi_modal_data (images)"
+            )
+        if not isinstance(prompt, str):
+            raise ValueError(
+                "a prompt with images must be text (the processor places each image's tokens)"
+            )
+        images = image_list(multi_modal_data)
+        return self.mm_processor.process(prompt, images, add_special_tokens)
+
+    def _check_no_placeholders(self, token_ids: list[int]) -> None:
+        """A prompt without images may not hold the image placeholder token."""
+        if self.mm_processor is not None and self.mm_processor.image_token_id in token_ids:
+            raise ValueError(
+                f"the prompt holds the image placeholder {self.mm_processor.image_token} "
+                "but no image: send the images in multi_modal_data"
+            )
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -149,6 +189,7 @@ class LLMEngine:
             num_prompt_tokens=len(request.prompt_token_ids),
             params=request.params,
             lora_request=request.lora_request,
+            images=request.images,
         )
         self._track(request, seq)
         return seq

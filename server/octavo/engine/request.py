@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.lora_request import LoRARequest
+from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from octavo.sampling.sampler import TokenLogprobs
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -44,6 +45,7 @@ class Request:
     prompt_reported: bool = False
     lora_request: LoRARequest | None = None  # the adapter its completions run with
     pooled: list[float] | None = None  # a pooling request's vector, once computed
+    images: list[ImageInput] = field(default_factory=list)  # its prompt's images
 
     @property
     def finished(self) -> bool:

@@ -10,11 +10,19 @@ from tqdm import tqdm
 
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
-from octavo.inputs.chat import ChatOptions, Message, load_chat_template, render_chat_prompt
-from octavo.inputs.data import PromptType, parse_prompts
+from octavo.inputs.chat import (
+    ChatOptions,
+    ChatPrompt,
+    Message,
+    load_chat_template,
+    render_chat_prompt,
+)
+from octavo.inputs.chat_images import split_images
+from octavo.inputs.data import EnginePrompt, MultiModalPrompt, PromptType, parse_prompts
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.loader import sampling_defaults
 from octavo.model_executor.model_config import generation_defaults
+from octavo.multimodal.processor import ProcessedPrompt
 from octavo.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.pooling.params import PoolingParams
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -61,9 +69,25 @@ class LLM:
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """``prompts``: one prompt or a list (texts, token-id lists, ``TextPrompt`` or
-        ``TokensPrompt`` dicts); ``lora_request``: one adapter for every prompt, or one (or
-        None) per prompt."""
-        prompt_list = parse_prompts(prompts)
+        ``TokensPrompt`` dicts, which may carry ``multi_modal_data``: ``{"image": image |
+        [images]}``, PIL images, bytes or data: URLs); ``lora_request``: one adapter for
+        every prompt, or one (or None) per prompt. Every image is decoded and processed
+        before any prompt runs (a bad one is a ValueError)."""
+        prompt_list = [self._engine_prompt(prompt) for prompt in parse_prompts(prompts)]
+        return self._generate(prompt_list, sampling_params, use_tqdm, lora_request)
+
+    def _engine_prompt(self, prompt: EnginePrompt) -> str | list[int] | ProcessedPrompt:
+        if isinstance(prompt, MultiModalPrompt):
+            return self.engine.process_multimodal(prompt.prompt, prompt.multi_modal_data)
+        return prompt
+
+    def _generate(
+        self,
+        prompt_list: list[str | list[int] | ProcessedPrompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+    ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params_list = _as_params_list(sampling_params, len(prompt_list))
@@ -84,7 +108,7 @@ class LLM:
         """One embedding per prompt (``outputs.embedding``), pooled as ``pooling_params``
         say (default: the model's sentence-transformers settings, else its last token,
         normalised). Prompts are batched and share the prefix cache as in ``generate``."""
-        prompt_list = parse_prompts(prompts)
+        prompt_list = [self._engine_prompt(prompt) for prompt in parse_prompts(prompts)]
         params = [self.engine.parts.runner.check_params(pooling_params or PoolingParams())] * len(
             prompt_list
         )
@@ -133,7 +157,9 @@ class LLM:
         definitions) are shown to the chat template, as vLLM's ``LLM.chat`` does; reading
         calls out of the output is the caller's (or constrain it with
         ``structured_outputs``). ``chat_template`` (a file or the template's text),
-        ``continue_final_message`` and ``chat_template_kwargs`` are vLLM's.
+        ``continue_final_message`` and ``chat_template_kwargs`` are vLLM's. Image parts
+        (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``)
+        become the model's placeholders; the images go through its processor.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
@@ -143,15 +169,26 @@ class LLM:
             chat_template=load_chat_template(chat_template) if chat_template else None,
             template_kwargs=dict(chat_template_kwargs or {}),
         )
-        prompts = [
-            render_chat_prompt(tokenizer, conversation, tools=tools, options=options)
-            for conversation in conversations
-        ]
-        token_ids = [prompt.token_ids for prompt in prompts]
-        outputs = self.generate(token_ids, sampling_params, use_tqdm)
+        prompts, engine_prompts = [], []
+        for conversation in conversations:
+            processor = self.engine.mm_processor
+            placeholder = None if processor is None else processor.image_token
+            template = options.chat_template or getattr(tokenizer, "chat_template", None)
+            messages, images = split_images(conversation, placeholder, template)
+            prompt = render_chat_prompt(tokenizer, messages, tools=tools, options=options)
+            prompts.append(prompt)
+            engine_prompts.append(self._chat_prompt(prompt, images))
+        outputs = self._generate(engine_prompts, sampling_params, use_tqdm, None)
         for output, prompt in zip(outputs, prompts, strict=True):
             output.prompt = prompt.text
         return outputs
+
+    def _chat_prompt(self, prompt: ChatPrompt, images: list[str]) -> list[int] | ProcessedPrompt:
+        """A rendered conversation's token ids, or with images its processed prompt (the
+        template wrote the special tokens: none are added)."""
+        if not images:
+            return prompt.token_ids
+        return self.engine.process_multimodal(prompt.text, {"image": images}, False)
 
     def _run(self, total: int, use_tqdm: bool, what: str) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -1,7 +1,9 @@
 """The prompt shapes the offline ``LLM`` takes, as ``vllm.inputs`` spells them.
 
 A prompt is a text, a list of token ids, a ``TextPrompt`` (``{"prompt": "..."}``) or a
-``TokensPrompt`` (``{"prompt_token_ids": [...]}``). Anything else is refused at the call
+``TokensPrompt`` (``{"prompt_token_ids": [...]}``); either dict may carry
+``multi_modal_data`` (``{"image": image | [images]}``), kept beside the prompt as a
+``MultiModalPrompt`` for the engine's processor. Anything else is refused at the call
 with a ``TypeError`` (wrong type) or ``ValueError`` (right type, bad content) that says
 what was expected.
 """
@@ -9,6 +11,7 @@ what was expected.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 EXPECTED = (
@@ -21,7 +24,7 @@ class TextPrompt(TypedDict):
     """A text prompt, tokenized by the engine."""
 
     prompt: str
-    multi_modal_data: NotRequired[Any]  # refused: the engine is text-only
+    multi_modal_data: NotRequired[Any]  # {"image": image | [images]}
 
 
 class TokensPrompt(TypedDict):
@@ -29,11 +32,19 @@ class TokensPrompt(TypedDict):
 
     prompt_token_ids: list[int]
     prompt: NotRequired[str]  # ignored for generation, as in vLLM
-    multi_modal_data: NotRequired[Any]  # refused: the engine is text-only
+    multi_modal_data: NotRequired[Any]  # {"image": image | [images]}
+
+
+@dataclass
+class MultiModalPrompt:
+    """A prompt with its ``multi_modal_data``, before the engine's processor runs."""
+
+    prompt: str | list[int]
+    multi_modal_data: Any
 
 
 PromptType = str | list[int] | TextPrompt | TokensPrompt
-EnginePrompt = str | list[int]  # what the engine's add_request takes
+EnginePrompt = str | list[int] | MultiModalPrompt  # what LLM hands the engine
 
 
 def parse_prompts(prompts: Any) -> list[EnginePrompt]:
@@ -62,7 +73,8 @@ def parse_prompt(prompt: Any) -> EnginePrompt:
 
 def _from_dict(prompt: dict) -> EnginePrompt:
     if "multi_modal_data" in prompt:
-        raise ValueError("multi_modal_data is not supported: this engine is text-only")
+        rest = {key: value for key, value in prompt.items() if key != "multi_modal_data"}
+        return MultiModalPrompt(_from_dict(rest), prompt["multi_modal_data"])
     unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
     if unknown:
         raise ValueError(f"unknown prompt keys {unknown}; {EXPECTED}")

@@ -3,7 +3,8 @@
 A full block's hash is ``H((parent hash, the block's token ids, extra keys))``: the
 parent is the hash of the block before it (a random seed, vLLM's ``NONE_HASH``, for a
 sequence's first block), the extra keys are what else decides the block's keys/values
-besides its tokens: the LoRA adapter (every block) and the request's ``cache_salt``
+besides its tokens: the LoRA adapter (every block), the images whose placeholders the
+block holds (their content hashes) and the request's ``cache_salt``
 (the first block only: the chain carries it on). ``H`` is SHA-256 of the pickled tuple
 (``sha256``, the default) or of its canonical CBOR encoding (``sha256_cbor``, a
 serialisation other languages can reproduce). A hit therefore needs the whole prefix,
@@ -60,14 +61,23 @@ class BlockKeys:
     lora_name: str | None = None  # the adapter (None: the base model)
     lora_path: str | None = None  # where it was loaded from: a reloaded name is another
     cache_salt: str | None = None  # the request's: only requests with the same salt share
+    # (start, end, content hash) of each image's placeholder positions in the prompt
+    image_spans: tuple[tuple[int, int, str], ...] = ()
 
-    def extra_keys(self, block_index: int) -> tuple[tuple[str, ...], ...] | None:
-        """The extra keys of block ``block_index`` (None when there are none)."""
+    def extra_keys(
+        self, block_index: int, block_size: int = 0
+    ) -> tuple[tuple[str, ...], ...] | None:
+        """The extra keys of block ``block_index`` (None when there are none): the hash of
+        every image whose placeholders overlap the block (vLLM's ``mm_hashes``)."""
         keys: list[tuple[str, ...]] = []
         if self.lora_name is not None:
             keys.append(("lora", self.lora_name, self.lora_path or ""))
         if self.cache_salt is not None and block_index == 0:
             keys.append(("cache_salt", self.cache_salt))
+        first, last = block_index * block_size, (block_index + 1) * block_size
+        for start, end, content_hash in self.image_spans:
+            if start < last and first < end:
+                keys.append(("image", content_hash))
         return tuple(keys) or None
 
 
@@ -122,7 +132,8 @@ class BlockHasher:
         for index in range(len(hashes), min(num_blocks, num_full)):
             chunk = tuple(token_ids[index * block_size : (index + 1) * block_size])
             parent = hashes[-1] if hashes else None
-            hashes.append(self.hash_block(parent, chunk, chain.keys.extra_keys(index)))
+            extra = chain.keys.extra_keys(index, block_size)
+            hashes.append(self.hash_block(parent, chunk, extra))
         return hashes if len(hashes) <= num_blocks else hashes[:num_blocks]
 
 

@@ -47,11 +47,13 @@ class ModelConfig:
     hf: Any = field(default=None, repr=False, compare=False)  # transformers' config object
     # the longest max_model_len the config allows (rope scaling included) and its default
     context: ContextLength | None = None
+    # the whole config.json (a multimodal checkpoint's vision_config and projector settings)
+    checkpoint: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
         architecture = check_architecture((raw.get("architectures") or ["?"])[0])
-        raw = _text_config(raw)
+        checkpoint, raw = raw, _text_config(raw)
         heads = raw["num_attention_heads"]
         hf = transformers_config(raw)
         config = cls(
@@ -74,6 +76,7 @@ class ModelConfig:
         )
         config.layer_types = _layer_types(hf, config)
         config.context = context_length_of(raw, config.rope)
+        config.checkpoint = checkpoint
         return config
 
     @property

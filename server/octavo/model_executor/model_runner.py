@@ -32,6 +32,7 @@ from octavo.distributed.pipeline_comm import (
 from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.decode_graphs import DecodeGraphs
+from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step_image_embeds
 from octavo.model_executor.layers.lora import LoRABatch, LoRAState
 from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.model_executor.models.causal_lm import StepResult
@@ -40,6 +41,7 @@ from octavo.model_executor.pending_step import PendingStep
 from octavo.model_executor.pooling_rows import Partial, PoolingAccumulator, plan_pooling
 from octavo.model_executor.proposer import Proposer
 from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
+from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import ModelRunnerOutput
 from octavo.pooling.params import PoolingParams
 from octavo.sampling.host_lists import device_tensor
@@ -137,6 +139,8 @@ class ModelRunner:
         self._pending_pool: dict[int, Partial] = {}
         self.graphs: DecodeGraphs | None = None  # captured decode steps (the worker's)
         self.in_flight: PendingStep | None = None  # async scheduling: the launched step
+        self.images_of: dict[int, list[ImageInput]] = {}  # every rank: a prompt's images
+        self.encoder_cache = EncoderCache()  # image features by content hash
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -254,10 +258,13 @@ class ModelRunner:
             self.scoring.pop(seq_id, None)
             self.lora_of.pop(seq_id, None)
             self.pooling_of.pop(seq_id, None)
+            self.images_of.pop(seq_id, None)
         self.pooling.forget(step.finished_seq_ids + step.preempted_seq_ids)
         for data in step.new_sequences:
             if data.lora_request is not None:
                 self.lora_of[data.seq_id] = data.lora_request
+            if data.images:
+                self.images_of[data.seq_id] = data.images
         for data in step.new_sequences:
             if data.params.pooling is not None:
                 self.pooling_of[data.seq_id] = data.params.pooling
@@ -358,10 +365,20 @@ class ModelRunner:
         scored = self._prompt_scoring(scheduled, layout)
         inputs = step_inputs(layout, num_prefills, self.device, scored)
         inputs.lora = self._lora_batch(scheduled, layout)
+        if self.images_of and self.stage.is_first:
+            needed = needed_slices(scheduled, layout.seq_starts, self.images_of)
+            inputs.image_embeds = step_image_embeds(
+                needed, self.encoder_cache, self._encode_images, self.device
+            )
         if self.is_driver and self.pooling_of:
             inputs.pooling, rows = plan_pooling(scheduled, layout.seq_starts, self.pooling_of)
             inputs.pooled_indices = torch.tensor(rows, dtype=torch.long, device=self.device)
         return inputs
+
+    def _encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The vision tower and projector on a batch of images (``embed_images``)."""
+        pixels = pixel_values.to(self.device, self.paged.activation_dtype)
+        return self.model.embed_images(pixels)
 
     def _lora_batch(self, scheduled, layout: StepLayout) -> LoRABatch | None:
         """The rows of each adapter in the step (loading adapters into slots as needed)."""

@@ -51,4 +51,5 @@ class PagedModel:
             inputs.logits_indices,
             inputs.pooled_indices,
             intermediate,
+            inputs.image_embeds,
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from octavo.attention.metadata import AttentionMetadata
+from octavo.model_executor.image_embeds import ImageEmbeds
 from octavo.model_executor.layers.lora import LoRABatch
 from octavo.sampling.host_lists import device_tensor
 from octavo.scheduler.output import ScheduledSequence
@@ -31,6 +32,7 @@ class StepInputs:
     lora: LoRABatch | None = None  # the rows of each adapter slot
     pooling: list = field(default_factory=list)  # PoolingChunk of each pooling sequence
     pooled_indices: torch.Tensor | None = None  # the rows whose final hidden states they read
+    image_embeds: ImageEmbeds | None = None  # image features for placeholder rows
 
 
 @dataclass

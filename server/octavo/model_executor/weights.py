@@ -179,7 +179,7 @@ def expected_keys(model: CausalLM) -> set[str]:
         keys.add("lm_head.weight")
     for index, layer in enumerate(model.layers, start=model.first_layer):
         keys.update(f"layers.{index}.{key}" for key in _layer_keys(layer))
-    return keys
+    return keys | model.extra_weight_keys()
 
 
 def _layer_keys(layer: nn.Module) -> set[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from octavo.lora_request import LoRARequest
+from octavo.multimodal.inputs import ImageInput
 from octavo.sampling_params import SamplingParams
 
 # Async scheduling: a decode's input whose token the previous step is still sampling (the
@@ -28,6 +29,7 @@ class NewSequenceData:
     params: SamplingParams
     seed: int | None  # seeds this sequence's own random generator (None: the global RNG)
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
+    images: list[ImageInput] = field(default_factory=list)  # its prompt's images
 
 
 @dataclass

@@ -445,4 +445,5 @@ def _new_sequence_data(seq: Sequence, seq_id: int, index: int) -> NewSequenceDat
         params=seq.params,
         seed=sequence_seed(seq.params.seed, index),
         lora_request=seq.lora_request,
+        images=seq.images,
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from octavo.kv_cache.block_hash import BlockKeys, HashChain
 from octavo.lora_request import LoRARequest
+from octavo.multimodal.inputs import ImageInput
 from octavo.sampling_params import SamplingParams
 
 SEED_STRIDE = 0x9E3779B1  # spreads the seeds of one request's n completions apart
@@ -47,10 +48,12 @@ class Sequence:
     spec_acceptance: float = SPEC_ACCEPTANCE_START  # moving average: proposals accepted
     spec_steps_held: int = 0  # steps its proposals were held back (see SpeculationPolicy)
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
+    images: list[ImageInput] = field(default_factory=list)  # its prompt's images, in order
     hash_chain: HashChain = field(init=False, repr=False)  # its full blocks' prefix hashes
 
     def __post_init__(self) -> None:
-        self.hash_chain = HashChain(block_keys(self.lora_request, self.params.cache_salt))
+        keys = block_keys(self.lora_request, self.params.cache_salt, self.images)
+        self.hash_chain = HashChain(keys)
 
     @property
     def num_tokens(self) -> int:
@@ -94,17 +97,21 @@ class Sequence:
             arrival_time=self.arrival_time,
             first_scheduled_time=self.first_scheduled_time,
             lora_request=self.lora_request,
+            images=self.images,
             announced=True,
             forked=True,
         )
 
 
-def block_keys(lora: LoRARequest | None, cache_salt: str | None) -> BlockKeys:
+def block_keys(
+    lora: LoRARequest | None, cache_salt: str | None, images: list[ImageInput] = ()
+) -> BlockKeys:
     """What its blocks' hashes hold besides tokens: the same prompt under two adapters,
-    or with two cache salts, shares no KV."""
+    with two cache salts, or with two different images, shares no KV."""
+    spans = tuple((image.offset, image.end, image.content_hash) for image in images)
     if lora is None:
-        return BlockKeys(cache_salt=cache_salt)
-    return BlockKeys(lora.lora_name, lora.lora_path, cache_salt)
+        return BlockKeys(cache_salt=cache_salt, image_spans=spans)
+    return BlockKeys(lora.lora_name, lora.lora_path, cache_salt, spans)
 
 
 def sequence_seed(request_seed: int | None, index: int) -> int | None:

@@ -24,6 +24,7 @@ from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.pipeline_comm import IntermediateTensors
+from octavo.model_executor.image_embeds import ImageEmbeds
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.mlp import GatedMLP
 from octavo.model_executor.layers.quantization.registry import (
@@ -124,6 +125,10 @@ class CausalLM(nn.Module):
         """A checkpoint tensor's name in Llama's naming (``None``: not used)."""
         return name
 
+    def extra_weight_keys(self) -> set[str]:
+        """Tensors outside the decoder the checkpoint must fill (a vision tower's)."""
+        return set()
+
     # --- the forward pass ------------------------------------------------------------------
 
     def set_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -169,13 +174,15 @@ class CausalLM(nn.Module):
         logits_indices: torch.Tensor,
         pooled_indices: torch.Tensor | None = None,
         intermediate: IntermediateTensors | None = None,
+        image_embeds: ImageEmbeds | None = None,
     ) -> StepResult | IntermediateTensors:
         """``forward``, and on the last stage also the final (normed) hidden states of the
-        ``pooled_indices`` rows: what pooling requests are made of."""
+        ``pooled_indices`` rows: what pooling requests are made of. ``image_embeds``: image
+        features that replace the embeddings of the placeholder rows they name."""
         assert self.rotary, "set_rotary before running the model"
         ropes = {name: table.for_step(positions) for name, table in self.rotary.items()}
         if intermediate is None:
-            hidden, residual = self.scale_embeddings(self.embed_tokens(input_ids)), None
+            hidden, residual = self.embed(input_ids, image_embeds), None
         else:
             hidden, residual = intermediate.hidden, intermediate.residual
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -184,6 +191,13 @@ class CausalLM(nn.Module):
         if not self.stage.is_last:
             return IntermediateTensors(hidden, residual)
         return self._final(hidden, residual, logits_indices, pooled_indices)
+
+    def embed(self, input_ids: torch.Tensor, image_embeds: ImageEmbeds | None) -> torch.Tensor:
+        """The tokens' (scaled) embeddings, image placeholders replaced by their features."""
+        hidden = self.scale_embeddings(self.embed_tokens(input_ids))
+        if image_embeds is not None:
+            hidden[image_embeds.rows] = image_embeds.features.to(hidden.dtype)
+        return hidden
 
     def _final(self, hidden, residual, logits_indices, pooled_indices) -> StepResult:
         rows = logits_indices

@@ -29,7 +29,11 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
+    "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
 }
+# Architectures that take images (their class has ``embed_images``; prompts go through
+# the folder's HF processor). Gemma3ForConditionalGeneration serves its text tower only.
+IMAGE_ARCHITECTURES = frozenset({"LlavaForConditionalGeneration"})
 # Checkpoints saved from the bare decoder (no LM head): embedding models such as
 # e5-mistral (MistralModel) or gte-Qwen2 (Qwen2Model). Same class; served for pooling.
 POOLING_ARCHITECTURES: dict[str, str] = {
@@ -44,6 +48,10 @@ POOLING_ARCHITECTURES: dict[str, str] = {
 
 def supported_architectures() -> list[str]:
     return sorted([*ARCHITECTURES, *POOLING_ARCHITECTURES])
+
+
+def takes_images(architecture: str) -> bool:
+    return architecture in IMAGE_ARCHITECTURES
 
 
 def is_pooling_architecture(architecture: str) -> bool:

@@ -1,0 +1,1 @@
+"""Vision towers: the image encoders of vision-language models, as blocks."""

@@ -1,0 +1,1 @@
+"""Images in, text out: decoding images, the model's HF processor, placeholder ranges."""

@@ -1,0 +1,247 @@
+"""LLaVA-1.5 (images in, text out) on a tiny random checkpoint, against HF ``generate``.
+
+The folder is written here: a tiny CLIP vision tower + projector + Llama text model, the
+HF processor (CLIP image processor and the tests' tokenizer with an ``<image>`` token).
+Greedy fp32 outputs must be token-identical to transformers on the processor's inputs:
+one image, two images, text only; also with chunked prefill splitting the placeholder
+range, preemption and recompute, and through ``LLM.chat``'s image_url parts. Prefix-cache
+blocks are shared by the same image only.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from octavo import SamplingParams
+from octavo.entrypoints.llm import LLM
+
+IMAGE_SIZE, PATCH = 28, 7  # 16 patches: 16 placeholder tokens per image
+NEW_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
+BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
+
+
+def random_image(seed: int, width: int, height: int) -> Image.Image:
+    generator = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+IMAGES = [random_image(1, 40, 30), random_image(2, 28, 28), random_image(3, 33, 50)]
+CASES = [  # (prompt, images)
+    ("<image>\nWhat is in this picture?", [IMAGES[0]]),
+    ("Compare <image> with <image> please", [IMAGES[0], IMAGES[1]]),
+    ("Hello there, how are you", []),
+]
+
+
+def build_llava(folder: Path, smol_folder: Path) -> Path:
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_folder)
+    tokenizer.add_tokens(["<image>"], special_tokens=True)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH,
+    )
+    text = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    torch.manual_seed(1234)
+    model = LlavaForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
+            parameter.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    crop = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    image_processor = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size=crop)
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # the class token the tower adds (and LLaVA drops)
+        chat_template=tokenizer.chat_template,
+    )
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llava_folder(tmp_path_factory, smol_folder) -> Path:
+    return build_llava(tmp_path_factory.mktemp("llava"), smol_folder)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(llava_folder):
+    """Greedy token ids transformers generates for (prompt, images, special tokens)."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(llava_folder)
+    model = LlavaForConditionalGeneration.from_pretrained(llava_folder, dtype=torch.float32)
+    model.eval()
+    done: dict[tuple, list[int]] = {}
+
+    def generate(prompt: str, images: list, add_special_tokens: bool = True) -> list[int]:
+        inputs = processor(
+            text=[prompt],
+            images=images or None,
+            return_tensors="pt",
+            add_special_tokens=add_special_tokens,
+        )
+        with torch.no_grad():
+            out = model.generate(
+                **inputs,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=model.generation_config.eos_token_id,
+            )
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+    def cached(prompt: str, images: list, add_special_tokens: bool = True) -> list[int]:
+        key = (prompt, tuple(map(id, images)), add_special_tokens)
+        if key not in done:
+            done[key] = generate(prompt, images, add_special_tokens)
+        return done[key]
+
+    return cached
+
+
+@pytest.fixture(scope="module")
+def llava(llava_folder):
+    limit = '{"image": 2}'  # vLLM's JSON form of --limit-mm-per-prompt
+    with LLM(
+        str(llava_folder), dtype="float32", max_model_len=256, limit_mm_per_prompt=limit
+    ) as llm:
+        yield llm
+
+
+def as_prompt(text: str, images: list) -> str | dict:
+    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in outputs]
+
+
+def test_greedy_matches_hf_with_one_two_and_no_images(llava, hf_reference):
+    expected = [hf_reference(text, images) for text, images in CASES]
+    outputs = llava.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    other = llava.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
+    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+
+
+def test_chunked_prefill_inside_placeholders_and_preemption_match_hf(llava_folder, hf_reference):
+    cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
+    expected = [hf_reference(text, images) for text, images in cases]
+    with LLM(
+        str(llava_folder),
+        dtype="float32",
+        max_model_len=128,
+        max_num_batched_tokens=8,  # every image's 16 placeholders span chunks
+        kv_cache_memory=9 * BLOCK_BYTES,
+    ) as llm:
+        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
+        assert token_ids(outputs) == expected
+        assert llm.engine.stats().num_preemptions > 0
+        cache = llm.engine.executor.worker.runner.encoder_cache
+        assert cache.hits > 0  # later chunks (and recomputes) took the features cached
+
+
+def test_prefix_blocks_are_shared_by_the_same_image_only(llava):
+    text = "<image>\nDescribe the colours you see in it"
+    first = llava.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
+    other = llava.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
+    same = llava.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
+    assert len(first.prompt_token_ids) > 16
+    assert other.num_cached_tokens == 0
+    assert same.num_cached_tokens >= 16
+    assert same.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_chat_image_url_parts_match_hf(llava, hf_reference):
+    content = [
+        {"type": "image_url", "image_url": {"url": data_url(IMAGES[0])}},
+        {"type": "text", "text": "What is in this picture?"},
+    ]
+    outputs = llava.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)
+    rendered = llava.get_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "<image>\nWhat is in this picture?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert token_ids(outputs) == [hf_reference(rendered, [IMAGES[0]], False)]
+
+
+def test_bad_image_inputs_are_value_errors(llava):
+    three = as_prompt("<image> <image> <image>", IMAGES)
+    with pytest.raises(ValueError, match="3 images, more than the 2 allowed"):
+        llava.generate(three, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="could not be decoded"):
+        llava.generate(as_prompt(CASES[0][0], [b"not an image"]), GREEDY, use_tqdm=False)
+    bad_url = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    with pytest.raises(ValueError, match="could not be decoded"):
+        llava.chat([{"role": "user", "content": bad_url}], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="2 images"):
+        llava.generate(as_prompt(CASES[0][0], IMAGES[:2]), GREEDY, use_tqdm=False)
+    assert not llava.engine.has_unfinished_requests()
+
+
+def test_decompression_bomb_is_refused_before_decoding():
+    from octavo.multimodal.images import load_image
+
+    buffer = io.BytesIO()
+    Image.new("L", (4000, 4000)).save(buffer, format="PNG")  # small file, 16 M pixels
+    with pytest.raises(ValueError, match="4000x4000 pixels, more than the 1000000 allowed"):
+        load_image(buffer.getvalue(), max_pixels=1_000_000)
+
+
+def test_a_text_only_model_refuses_images(tiny_folder):
+    with LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=128) as llm:
+        with pytest.raises(ValueError, match="text-only"):
+            llm.generate(as_prompt("Hi", [IMAGES[0]]), GREEDY, use_tqdm=False)
+        content = [{"type": "image_url", "image_url": {"url": data_url(IMAGES[0])}}]
+        with pytest.raises(ValueError, match="text-only"):
+            llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)
