@@ -245,3 +245,46 @@ def test_a_text_only_model_refuses_images(tiny_folder):
         content = [{"type": "image_url", "image_url": {"url": data_url(IMAGES[0])}}]
         with pytest.raises(ValueError, match="text-only"):
             llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)
+
+
+def test_block_hashes_name_the_images_their_placeholders_overlap():
+    from octavo.kv_cache.block_hash import BlockKeys
+
+    keys = BlockKeys(image_spans=((3, 19, "a"), (19, 35, "b")))
+    assert keys.extra_keys(0, 16) == (("image", "a"),)
+    assert keys.extra_keys(1, 16) == (("image", "a"), ("image", "b"))
+    assert keys.extra_keys(2, 16) == (("image", "b"),)
+    assert keys.extra_keys(3, 16) is None
+
+
+def test_placeholder_runs_and_limits():
+    from octavo.multimodal.inputs import placeholder_runs
+    from octavo.multimodal.limits import parse_limit_mm_per_prompt
+
+    assert placeholder_runs([1, 9, 9, 2, 9, 3], 9) == [(1, 2), (4, 1)]
+    assert parse_limit_mm_per_prompt('{"image": 3}') == {"image": 3}
+    with pytest.raises(ValueError, match="unknown modality 'video'"):
+        parse_limit_mm_per_prompt('{"video": 1}')
+    with pytest.raises(ValueError, match="count >= 0"):
+        parse_limit_mm_per_prompt({"image": -1})
+
+
+def test_only_base64_data_urls_are_read():
+    from octavo.multimodal.images import load_image
+
+    with pytest.raises(ValueError, match="only data: URLs are accepted here, got https"):
+        load_image("https://example.com/cat.png")
+    with pytest.raises(ValueError, match="must be base64"):
+        load_image("data:image/png,abc")
+    with pytest.raises(ValueError, match="not valid base64"):
+        load_image("data:image/png;base64,@@@")
+    assert load_image(data_url(IMAGES[1])).size == (28, 28)
+
+
+def test_placeholders_past_max_model_len_are_refused(llava):
+    many = "<image> <image> " + "word " * 240
+    with pytest.raises(ValueError, match="max_model_len is 256"):
+        llava.generate(as_prompt(many, IMAGES[:2]), GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="holds the image placeholder <image> but no image"):
+        llava.generate("<image> alone", GREEDY, use_tqdm=False)
+    assert not llava.engine.has_unfinished_requests()
