@@ -184,15 +184,18 @@ def test_chunked_prefill_inside_placeholders_and_preemption_match_hf(llava_folde
         assert cache.hits > 0  # later chunks (and recomputes) took the features cached
 
 
-def test_prefix_blocks_are_shared_by_the_same_image_only(llava):
-    text = "<image>\nDescribe the colours you see in it"
+def test_prefix_blocks_are_shared_by_the_same_image_only(llava, hf_reference):
+    text = "Look at this: <image>\nDescribe the colours you see in it"  # block 0 ends mid-image
     first = llava.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
     other = llava.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
     same = llava.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
-    assert len(first.prompt_token_ids) > 16
+    start = first.prompt_token_ids.index(llava.engine.mm_processor.image_token_id)
+    assert 0 < start < 16 < start + 16  # the first block ends inside the placeholders
     assert other.num_cached_tokens == 0
-    assert same.num_cached_tokens >= 16
-    assert same.outputs[0].token_ids == first.outputs[0].token_ids
+    assert same.num_cached_tokens >= 16  # the rest of the image comes from the encoder cache
+    assert (
+        same.outputs[0].token_ids == first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
+    )
 
 
 def data_url(image: Image.Image) -> str:
