@@ -5,7 +5,9 @@ ids and positions. Between steps it keeps, per sequence, what sampling needs (th
 history for penalties, the sampling settings, the seeded random generator) and forgets
 it when the scheduler reports the sequence finished. Only sequences whose chunk reaches
 their last token are projected through the LM head and sampled; a sequence that forks
-(``n > 1``) lends its logits row to its new siblings.
+(``n > 1``) lends its logits row to its new siblings. A prompt chunk that covers image
+placeholders takes those images' features in place of their embeddings: computed once
+per image by the vision tower and kept in the encoder cache (``image_embeds.py``).
 
 A step is all or nothing for the runner's own state: sampled tokens are added to the
 histories only after the whole batch was sampled, so a failed step can be run again.
