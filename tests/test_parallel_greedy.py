@@ -2,10 +2,14 @@
 
 Each layout runs the eight mixed prompts with a small step budget (chunked prefill) and a
 KV pool squeezed until sequences are preempted and recomputed, then checks every block
-came back and every worker process is gone after ``shutdown``. SmolLM2 has 9 attention
-heads and 3 KV heads, so its tensor-parallel size is 3 (2 is refused, see
-test_parallel_layout.py); the tiny Qwen2 at 4 ranks has fewer KV heads (2) than ranks,
-so each KV head is replicated on two ranks; the tiny Llama-3 has one KV head.
+came back and every worker process is gone after ``shutdown``. The layouts are plumbing
+(which rank holds which heads, layers and vocabulary rows), so every model is a tiny
+random one: "smollm2" has SmolLM2's head layout (9 attention heads, 3 KV heads, a tied
+LM head), so its tensor-parallel size is 3 (2 is refused, see test_parallel_layout.py),
+and 3 layers, so its two pipeline stages are uneven (2 + 1); the tiny Qwen2 at 4 ranks has
+fewer KV heads (2) than ranks, so each KV head is replicated on two ranks; the tiny
+Llama-3 has one KV head. The real SmolLM2's numbers are checked against HF transformers
+in test_greedy_matches_hf.py.
 """
 
 from __future__ import annotations
@@ -20,9 +24,20 @@ from octavo.model_executor.model_config import ModelConfig
 
 from conftest import assert_all_blocks_free
 from greedy_prompts import mixed_prompts, run_batch
+from tiny_models import build_tiny_model
 
 BLOCKS_PER_WORKER = 30  # fewer than the batch needs: sequences are preempted
 STEP_BUDGET = 48  # tokens per step: the longer prompts are prefilled in chunks
+SMOLLM2_HEAD_LAYOUT = {  # SmolLM2-135M's heads (head_dim 16 instead of 64), 3 layers
+    "hidden_size": 144,
+    "intermediate_size": 192,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "rope_theta": 100000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": True,
+}
 
 
 def worker_kv_bytes(config: ModelConfig, tensor: int, pipeline: int, blocks: int) -> int:
@@ -50,11 +65,18 @@ def run_layout(folder, prompts, tensor: int, pipeline: int) -> tuple[list[list[i
 
 
 @pytest.fixture(scope="module")
-def references(smol_folder, tiny_folder, smol_tokenizer):
+def smollm2_shaped_folder(tmp_path_factory, smol_tokenizer):
+    """A tiny random Llama with SmolLM2's head layout (see SMOLLM2_HEAD_LAYOUT)."""
+    folder = tmp_path_factory.mktemp("smollm2-shaped")
+    return build_tiny_model(folder, "llama3", smol_tokenizer, **SMOLLM2_HEAD_LAYOUT)
+
+
+@pytest.fixture(scope="module")
+def references(smollm2_shaped_folder, tiny_folder, smol_tokenizer):
     """One rank's output per model, computed once (the layouts are compared with it)."""
     prompts = mixed_prompts(smol_tokenizer)
     names = ("qwen2", "llama3")
-    folders = {"smollm2": smol_folder, **{name: tiny_folder(name) for name in names}}
+    folders = {"smollm2": smollm2_shaped_folder, **{name: tiny_folder(name) for name in names}}
     made: dict[str, list[list[int]]] = {}
 
     def reference(name: str):
