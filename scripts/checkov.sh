@@ -19,6 +19,11 @@ PYTHON="${PYTHON:-python3}"
 ensure_checkov() {
     if [ ! -x "$VENV/bin/checkov" ]; then
         "$PYTHON" -m venv "$VENV"
+        # uv when `make venv` installed it (scripts/install-python.sh): its wheel cache.
+        if [ -x .venv/bin/uv ] && UV_NATIVE_TLS=1 .venv/bin/uv pip install --quiet \
+            --python "$VENV/bin/python" "checkov==$CHECKOV_VERSION"; then
+            return
+        fi
         "$VENV/bin/pip" install --quiet --upgrade pip
         "$VENV/bin/pip" install --quiet "checkov==$CHECKOV_VERSION"
     fi
