@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -26,21 +27,30 @@ STARTUP_SECONDS = 180
 EXIT_WITHIN_SECONDS = 30
 UNHEALTHY_WITHIN_SECONDS = 1.5  # the workers' exits are watched, not polled between steps
 WORKER_MODULE = "octavo.worker.worker_process"
+TP_SERVER_ARGS = [
+    *("--max-model-len", "256", "--kv-cache-memory", "8MiB"),
+    *("--tensor-parallel-size", "2", "--served-model-name", "tiny"),
+]
+
+
+def tp_server(folder: Path, workdir: Path):
+    """``octavo serve`` with two tensor-parallel workers, healthy (``serve_subprocess``)."""
+    return serve_subprocess(folder, workdir, TP_SERVER_ARGS, STARTUP_SECONDS)
+
+
+@pytest.fixture(scope="module")
+def shared_tp_server(tiny_folder, tmp_path_factory):
+    """One server for the tests that only read from it; the SIGTERM test, which runs after
+    them, ends it."""
+    workdir = tmp_path_factory.mktemp("shared-tp-server")
+    with tp_server(tiny_folder("llama3"), workdir) as served:
+        yield served
 
 
 @pytest.fixture
-def tp_server(tiny_folder, tmp_path):
-    args = [
-        "--max-model-len",
-        "256",
-        "--kv-cache-memory",
-        "8MiB",
-        "--tensor-parallel-size",
-        "2",
-        "--served-model-name",
-        "tiny",
-    ]
-    with serve_subprocess(tiny_folder("llama3"), tmp_path, args, STARTUP_SECONDS) as served:
+def own_tp_server(tiny_folder, tmp_path):
+    """A server of the test's own (the test kills one of its workers)."""
+    with tp_server(tiny_folder("llama3"), tmp_path) as served:
         yield served
 
 
@@ -56,8 +66,8 @@ def gone(worker: psutil.Process) -> bool:
         return True
 
 
-def test_serves_the_openai_client_streams_and_exports_metrics(tp_server):
-    process, url, _ = tp_server
+def test_serves_the_openai_client_streams_and_exports_metrics(shared_tp_server):
+    process, url, _ = shared_tp_server
     assert len(workers_of(process)) == 2
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
     completion = client.completions.create(
@@ -83,8 +93,23 @@ def test_serves_the_openai_client_streams_and_exports_metrics(tp_server):
     assert generated and generated[0] >= 16
 
 
-def test_a_dead_worker_makes_the_server_unhealthy_at_once_and_exit_non_zero(tp_server):
-    process, url, log = tp_server
+def test_sigterm_drains_and_leaves_no_worker(shared_tp_server):
+    """Runs after the tests that read from the shared server: it ends it."""
+    process, url, log = shared_tp_server
+    workers = workers_of(process)
+    assert len(workers) == 2
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    os.kill(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=EXIT_WITHIN_SECONDS) == 0, log.read_text()
+    deadline = time.monotonic() + 10
+    while not all(gone(worker) for worker in workers):
+        assert time.monotonic() < deadline, f"workers left behind:\n{log.read_text()}"
+        time.sleep(0.05)
+
+
+def test_a_dead_worker_makes_the_server_unhealthy_at_once_and_exit_non_zero(own_tp_server):
+    process, url, log = own_tp_server
     victim = workers_of(process)[1]
     victim.kill()
     killed = time.monotonic()
@@ -102,17 +127,3 @@ def test_a_dead_worker_makes_the_server_unhealthy_at_once_and_exit_non_zero(tp_s
     assert all(status == 503 for seconds, status in statuses if seconds >= first_503), statuses
     text = log.read_text()
     assert f"worker 1 (pid {victim.pid}) exited" in text and "the engine core died" in text
-
-
-def test_sigterm_drains_and_leaves_no_worker(tp_server):
-    process, url, log = tp_server
-    workers = workers_of(process)
-    assert len(workers) == 2
-    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
-    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
-    os.kill(process.pid, signal.SIGTERM)
-    assert process.wait(timeout=EXIT_WITHIN_SECONDS) == 0, log.read_text()
-    deadline = time.monotonic() + 10
-    while not all(gone(worker) for worker in workers):
-        assert time.monotonic() < deadline, f"workers left behind:\n{log.read_text()}"
-        time.sleep(0.05)
