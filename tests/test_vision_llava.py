@@ -291,3 +291,60 @@ def test_placeholders_past_max_model_len_are_refused(llava):
     with pytest.raises(ValueError, match="holds the image placeholder <image> but no image"):
         llava.generate("<image> alone", GREEDY, use_tqdm=False)
     assert not llava.engine.has_unfinished_requests()
+
+
+@pytest.fixture(scope="module")
+def llava_url(llava_folder):
+    from octavo.entrypoints.openai.context import ServerConfig
+
+    from server_harness import ThreadedServer, build_local_app, torch_threads
+
+    config = ServerConfig(served_model_names=["llava"], model_root="llava")
+    engine = {"dtype": "float32", "max_model_len": 256, "limit_mm_per_prompt": {"image": 2}}
+    app = build_local_app(str(llava_folder), config, None, **engine)
+    with torch_threads(1), ThreadedServer(app) as server:
+        yield server.wait_ready().url
+
+
+def image_message(*urls: str, text: str = "What is in this picture?") -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def post_chat(url: str, messages: list[dict], model: str = "llava"):
+    import httpx
+
+    body = {"model": model, "messages": messages, "max_tokens": NEW_TOKENS, "temperature": 0}
+    return httpx.post(f"{url}/v1/chat/completions", json={**body, "ignore_eos": True}, timeout=120)
+
+
+def test_server_chat_with_an_image_answers_as_the_offline_api(llava_url, llava):
+    messages = image_message(data_url(IMAGES[0]))
+    response = post_chat(llava_url, messages)
+    assert response.status_code == 200, response.text
+    expected = llava.chat(messages, GREEDY, use_tqdm=False)[0]
+    assert response.json()["choices"][0]["message"]["content"] == expected.outputs[0].text
+    assert response.json()["usage"]["prompt_tokens"] == len(expected.prompt_token_ids)
+
+
+@pytest.mark.parametrize(
+    ("urls", "match"),
+    [
+        (["data:image/png;base64,AAAA"], "could not be decoded"),
+        ([data_url(IMAGES[0])] * 3, "3 images, more than the 2 allowed"),
+        (["https://example.com/cat.png"], "only data: URLs"),
+    ],
+)
+def test_server_bad_images_are_400s(llava_url, urls, match):
+    response = post_chat(llava_url, image_message(*urls))
+    assert response.status_code == 400, response.text
+    assert match in response.json()["error"]["message"]
+
+
+def test_server_text_only_model_refuses_images_with_400(tiny_folder):
+    from conftest import tiny_server
+
+    with tiny_server(tiny_folder, "tiny") as server:
+        response = post_chat(server.url, image_message(data_url(IMAGES[0])), model="tiny")
+    assert response.status_code == 400, response.text
+    assert "text-only" in response.json()["error"]["message"]

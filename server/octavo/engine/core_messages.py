@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from octavo.lora_request import LoRARequest
+from octavo.multimodal.processor import ProcessedPrompt
 from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ class AdmissionFailed(Exception):
 @dataclass
 class NewRequest:
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | ProcessedPrompt  # token ids, or a prompt with images
     params: SamplingParams
     lora_request: LoRARequest | None = None
 

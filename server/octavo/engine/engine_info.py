@@ -48,6 +48,7 @@ class EngineInfo:
     startup_adapters: StartupAdapters = field(default_factory=StartupAdapters)  # --lora-modules
     kv_cache: KVCacheFacts | None = None  # None without an engine (``octavo launch render``)
     runner: Any = None  # RunnerSettings: generate or pooling, pooling defaults (None: render)
+    image_processor: Any = None  # MultiModalProcessor, a private copy (None: text-only)
 
     @property
     def max_prompt_chars(self) -> int:
@@ -80,6 +81,7 @@ def read_engine_info(engine: Any) -> EngineInfo:
         startup_adapters=engine.startup_adapters,
         kv_cache=kv_cache,
         runner=engine.parts.runner,
+        image_processor=copy.deepcopy(engine.mm_processor),
     )
 
 

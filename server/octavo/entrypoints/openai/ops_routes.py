@@ -19,6 +19,7 @@ from octavo.entrypoints.openai.responses import (
     VersionResponse,
 )
 from octavo.inputs.chat import ChatOptions
+from octavo.multimodal.processor import ProcessedPrompt
 
 router = APIRouter()
 Context = Annotated[ServerContext, Depends(get_context)]
@@ -62,6 +63,8 @@ async def tokenize(body: TokenizeRequest, context: Context) -> TokenizeResponse:
     else:
         work = (tokenize_text, body.prompt, info, body.add_special_tokens)
     tokens = await context.tokenizers.run(*work)
+    if isinstance(tokens, ProcessedPrompt):  # messages with images: the expanded prompt
+        tokens = tokens.token_ids
     return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)
 
 

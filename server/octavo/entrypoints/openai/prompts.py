@@ -14,8 +14,10 @@ from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import ChatMessage, PromptInput, ToolCall
 from octavo.inputs.chat import ChatOptions, render_chat_prompt
+from octavo.inputs.chat_images import split_images
 from octavo.inputs.encoding import encode_texts
 from octavo.inputs.token_range import check_prompt_token_ids
+from octavo.multimodal.processor import ProcessedPrompt
 
 PromptItem = str | list[int]
 
@@ -97,27 +99,41 @@ def render_chat(
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
     options: ChatOptions | None = None,
-) -> list[int]:
+) -> list[int] | ProcessedPrompt:
     """The conversation's prompt token ids, rendered exactly as ``LLM.chat`` renders it
-    (``options``, when given, replaces ``add_generation_prompt``)."""
+    (``options``, when given, replaces ``add_generation_prompt``); with image parts, the
+    prompt the model's processor made of the rendered text and the decoded images."""
     conversation = [_message_dict(message) for message in messages]
 
     def check_fits(text: str) -> None:
         check_text_fits(text, info, "messages")
 
     try:
+        conversation, images = split_images(conversation, *_image_placeholder(info, options))
         prompt = render_chat_prompt(
             info.tokenizer, conversation, add_generation_prompt, check_fits, tools, options
         )
-    except ValueError as error:  # the template failed, or rendered nothing
+        if images:  # the template wrote the special tokens: none are added
+            return info.image_processor.process(prompt.text, images, False)
+    except ValueError as error:  # the template failed, rendered nothing, or an image
         param = "tools" if "support tools" in str(error) else "messages"
         raise bad_request(str(error), param=param) from None
     return prompt.token_ids
 
 
+def _image_placeholder(info: EngineInfo, options: ChatOptions | None) -> tuple[str | None, str]:
+    """The model's image placeholder (None: text-only) and the chat template in use."""
+    processor = info.image_processor
+    template = (options.chat_template if options else None) or info.tokenizer.chat_template
+    return (None if processor is None else processor.image_token), template or ""
+
+
 def _message_dict(message: ChatMessage) -> dict[str, Any]:
     role = "system" if message.role == "developer" else message.role
-    entry: dict[str, Any] = {"role": role, "content": message.text()}
+    content: Any = message.text()
+    if message.has_images():  # the parts, for split_images
+        content = [part.model_dump() for part in message.content]
+    entry: dict[str, Any] = {"role": role, "content": content}
     if message.name:
         entry["name"] = message.name
     if message.tool_calls:

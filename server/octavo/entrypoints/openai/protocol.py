@@ -254,8 +254,20 @@ class TextPart(StrictModel):
     @model_validator(mode="after")
     def _text_only(self) -> TextPart:
         if self.type != "text" or self.text is None:
-            raise ValueError(f"only text content parts are supported, got type {self.type!r}")
+            raise ValueError(
+                f"only text and image_url content parts are supported, got type {self.type!r}"
+            )
         return self
+
+
+class ImageURL(StrictModel):
+    url: str  # a data:image/...;base64 URL
+    detail: str | None = None  # OpenAI's; the model's processor decides the resolution
+
+
+class ImageURLPart(StrictModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
 
 
 class FunctionCall(StrictModel):
@@ -273,7 +285,7 @@ class ToolCall(StrictModel):
 
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ImageURLPart | TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant messages
     tool_call_id: str | None = None  # tool messages: the call this is the result of
@@ -288,8 +300,13 @@ class ChatMessage(StrictModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text or "" for part in self.content)
+            return "".join(getattr(part, "text", None) or "" for part in self.content)
         return self.content or ""
+
+    def has_images(self) -> bool:
+        return isinstance(self.content, list) and any(
+            isinstance(part, ImageURLPart) for part in self.content
+        )
 
 
 class JsonSchemaFormat(StrictModel):

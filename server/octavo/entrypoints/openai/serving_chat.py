@@ -55,6 +55,7 @@ from octavo.entrypoints.openai.tool_calls.stream import ToolCallStream
 from octavo.inputs.chat import ChatOptions
 from octavo.inputs.tool_prompt import AUTO, ToolChoice
 from octavo.lora_request import LoRARequest
+from octavo.multimodal.processor import ProcessedPrompt
 from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -132,6 +133,7 @@ class ChatInputs:
     tools: ToolPlan
     token_ids: list[int]
     params: SamplingParams
+    engine_prompt: list[int] | ProcessedPrompt  # the token ids, or with images the prompt
 
 
 async def chat_inputs(
@@ -149,9 +151,10 @@ async def chat_inputs(
     config = context.config
     tools = plan_tools(body, config.enable_auto_tool_choice, config.tool_call_parser)
     options = chat_options(body, config, tools.prompt_choice())
-    token_ids = await context.tokenizers.run(
+    rendered = await context.tokenizers.run(
         render_chat, body.messages, info, True, tools.template_tools(), options
     )
+    token_ids = rendered.token_ids if isinstance(rendered, ProcessedPrompt) else rendered
     defaults = config.sampling_defaults
     max_tokens = resolve_max_tokens(
         body.requested_max_tokens,
@@ -167,7 +170,7 @@ async def chat_inputs(
     params = to_sampling_params(
         body, max_tokens, num_top_logprobs(body), constraint, defaults=defaults
     )
-    return ChatInputs(adapter, info, tools, token_ids, params)
+    return ChatInputs(adapter, info, tools, token_ids, params, rendered)
 
 
 def num_top_logprobs(body: ChatCompletionRequest) -> int | None:
@@ -217,7 +220,7 @@ async def start_chat_job(
     streams = await open_streams(
         context.engine,
         ids.engine,
-        [token_ids],
+        [inputs.engine_prompt],
         [inputs.params],
         inputs.adapter,
         config.enable_log_requests,

@@ -19,6 +19,7 @@ from octavo.entrypoints.openai.middleware import request_arrival
 from octavo.entrypoints.openai.request_log import log_request
 from octavo.entrypoints.openai.request_params import refused_field
 from octavo.lora_request import LoRARequest
+from octavo.multimodal.processor import ProcessedPrompt
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -106,7 +107,7 @@ def engine_request_ids(base_id: str, count: int) -> list[str]:
 async def open_streams(
     engine: AsyncEngine,
     base_id: str,
-    prompts: list[list[int]],
+    prompts: list[list[int] | ProcessedPrompt],
     params: list[SamplingParams],
     lora_request: LoRARequest | None = None,
     log_requests: bool = False,
@@ -115,7 +116,8 @@ async def open_streams(
     ``log_requests``: a log line for each (``--enable-log-requests``)."""
     ids = engine_request_ids(base_id, len(prompts))
     if log_requests:
-        for request_id, token_ids, sampling in zip(ids, prompts, params, strict=True):
+        for request_id, prompt, sampling in zip(ids, prompts, params, strict=True):
+            token_ids = prompt.token_ids if isinstance(prompt, ProcessedPrompt) else prompt
             log_request(request_id, token_ids, sampling, lora_request)
     requests = [
         NewRequest(request_id, token_ids, sampling, lora_request)
