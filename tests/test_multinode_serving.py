@@ -37,6 +37,7 @@ from tiny_models import build_tiny_model
 STARTUP_SECONDS = 240
 UNHEALTHY_WITHIN_SECONDS = 2.0  # the host's link is watched, not polled between steps
 JOIN_EXIT_SLACK_SECONDS = 10.0  # stopping the leader's own worker and the server, busy CPUs
+JOIN_TIMEOUT_SECONDS = 2  # --node-join-timeout of the hosts that never meet: the test waits it out
 MAX_TOKENS = 12
 PROMPTS = 4
 SHARED_FLAGS = [*SMALL_ENGINE_FLAGS, "--return-tokens-as-token-ids"]
@@ -119,7 +120,8 @@ def test_a_killed_worker_host_fails_health_at_once_and_every_host_exits_2(three_
 def test_hosts_that_never_join_fail_within_the_timeout(tiny_folder, tmp_path):
     """A leader whose worker host never comes exits 1 just after --node-join-timeout, naming
     the missing host and ranks; a worker host whose leader never answers gives up too."""
-    sizes = ["--pipeline-parallel-size", "2", "--nnodes", "2", "--node-join-timeout", "5"]
+    sizes = ["--pipeline-parallel-size", "2", "--nnodes", "2"]
+    sizes += ["--node-join-timeout", str(JOIN_TIMEOUT_SECONDS)]
     alone = NodeGroup(tiny_folder("llama3"), tmp_path, [*SHARED_FLAGS, *sizes])
     orphans = NodeGroup(tiny_folder("llama3"), tmp_path / "orphan", [*SHARED_FLAGS, *sizes])
     orphans.workdir.mkdir()
@@ -127,10 +129,10 @@ def test_hosts_that_never_join_fail_within_the_timeout(tiny_folder, tmp_path):
         leader, orphan = alone.start_leader(), orphans.start_worker(1)
         waiting = wait_for_line(leader, "waiting for node 1 (rank 1)")
         assert leader.wait(EXIT_WITHIN_SECONDS) == 1, alone.logs()
-        assert time.monotonic() - waiting < 5 + JOIN_EXIT_SLACK_SECONDS
+        assert time.monotonic() - waiting < JOIN_TIMEOUT_SECONDS + JOIN_EXIT_SLACK_SECONDS
         assert (
             f"worker host(s) node 1 (rank 1) did not join 127.0.0.1:{alone.master_port} "
-            "within 5 s (--node-join-timeout)" in leader.text()
+            f"within {JOIN_TIMEOUT_SECONDS} s (--node-join-timeout)" in leader.text()
         )
         assert orphan.wait(EXIT_WITHIN_SECONDS) == 1, orphans.logs()
         assert f"the leader 127.0.0.1:{orphans.master_port} did not answer within" in orphan.text()
