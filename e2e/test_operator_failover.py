@@ -1,8 +1,14 @@
 """Two operator replicas with leader election: one leads (holds the Lease) and reconciles,
 the other stands by and reconciles nothing; kill the leader (SIGKILL: no hand-over) and
-the standby takes over after the lease time (client-go's 15 s, tried every 2 s),
-reconciling what changed while nobody led. Pause the leader instead (SIGSTOP): the same
-takeover, and the paused one, continued, stops and exits without reconciling again."""
+the standby takes over after the lease time, reconciling what changed while nobody led.
+Pause the leader instead (SIGSTOP): the same takeover, and the paused one, continued, stops
+and exits without reconciling again.
+
+The replicas run with shorter timings than client-go's 15 s lease, 10 s renew deadline and
+2 s retry period (the defaults, unit-tested in tests/), given through the chart's
+--leader-elect-* flags: a takeover is judged against the lease time it was given, and an
+8 s lease, renewed every second, keeps a 6 s renew deadline (6x the retry period, many
+times an apiserver round trip on a loaded machine) while it halves each test's wait."""
 
 from __future__ import annotations
 
@@ -17,9 +23,19 @@ from e2e.helpers import wait_for
 from e2e.operator_process import NAMESPACE, OperatorProcess
 from octavo_operator.leader import LEASE_LOST_EXIT_CODE
 
-LEASE_SECONDS, RETRY_SECONDS = 15.0, 2.0  # the defaults (octavo_operator.leader)
+LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS = 8.0, 6.0, 1.0
 TAKEOVER_DEADLINE_SECONDS = LEASE_SECONDS + RETRY_SECONDS + 5.0  # + kopf's start, catch-up
-ELECT = ("--leader-elect", "--leader-election-namespace", NAMESPACE)
+ELECT = (
+    "--leader-elect",
+    "--leader-election-namespace",
+    NAMESPACE,
+    "--leader-elect-lease-duration",
+    str(LEASE_SECONDS),
+    "--leader-elect-renew-deadline",
+    str(RENEW_DEADLINE_SECONDS),
+    "--leader-elect-retry-period",
+    str(RETRY_SECONDS),
+)
 
 
 def leads(operator: OperatorProcess) -> bool:
