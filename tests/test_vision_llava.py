@@ -26,6 +26,7 @@ NEW_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 # K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
 BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
+SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
 
 
 def random_image(seed: int, width: int, height: int) -> Image.Image:
@@ -146,7 +147,11 @@ def hf_reference(llava_folder):
 def llava(llava_folder):
     limit = '{"image": 2}'  # vLLM's JSON form of --limit-mm-per-prompt
     with LLM(
-        str(llava_folder), dtype="float32", max_model_len=256, limit_mm_per_prompt=limit
+        str(llava_folder),
+        dtype="float32",
+        max_model_len=256,
+        limit_mm_per_prompt=limit,
+        kv_cache_memory=SMALL_KV,
     ) as llm:
         yield llm
 
@@ -242,7 +247,9 @@ def test_decompression_bomb_is_refused_before_decoding():
 
 
 def test_a_text_only_model_refuses_images(tiny_folder):
-    with LLM(str(tiny_folder("llama3")), dtype="float32", max_model_len=128) as llm:
+    with LLM(
+        str(tiny_folder("llama3")), dtype="float32", max_model_len=128, kv_cache_memory=8 << 20
+    ) as llm:
         with pytest.raises(ValueError, match="text-only"):
             llm.generate(as_prompt("Hi", [IMAGES[0]]), GREEDY, use_tqdm=False)
         content = [{"type": "image_url", "image_url": {"url": data_url(IMAGES[0])}}]
@@ -300,7 +307,12 @@ def llava_url(llava_folder):
     from server_harness import ThreadedServer, build_local_app, torch_threads
 
     config = ServerConfig(served_model_names=["llava"], model_root="llava")
-    engine = {"dtype": "float32", "max_model_len": 256, "limit_mm_per_prompt": {"image": 2}}
+    engine = {
+        "dtype": "float32",
+        "max_model_len": 256,
+        "limit_mm_per_prompt": {"image": 2},
+        "kv_cache_memory": SMALL_KV,
+    }
     app = build_local_app(str(llava_folder), config, None, **engine)
     with torch_threads(1), ThreadedServer(app) as server:
         yield server.wait_ready().url
