@@ -36,16 +36,27 @@ def last_folder(tmp_path_factory, smol_tokenizer):
     return build_embedding_model(tmp_path_factory.mktemp("emb-last"), smol_tokenizer, "LAST")
 
 
+@pytest.fixture(scope="module")
+def last_reference(last_folder) -> np.ndarray:
+    """sentence-transformers' vectors of ``TEXTS`` on ``last_folder``, computed once."""
+    return st_reference(last_folder, TEXTS)
+
+
 @pytest.mark.parametrize("pooling", ["LAST", "MEAN", "CLS"])
-def test_llm_embed_equals_sentence_transformers(tmp_path, smol_tokenizer, pooling):
+def test_llm_embed_equals_sentence_transformers(request, tmp_path, smol_tokenizer, pooling):
     """Chunked prefill (16-token steps) and batching change nothing: same vectors as
-    sentence-transformers' padded batch, to 1e-5."""
-    folder = build_embedding_model(tmp_path / "m", smol_tokenizer, pooling)
+    sentence-transformers' padded batch, to 1e-5. (LAST: the module's LAST model.)"""
+    if pooling == "LAST":
+        folder = request.getfixturevalue("last_folder")
+        reference = request.getfixturevalue("last_reference")
+    else:
+        folder = build_embedding_model(tmp_path / "m", smol_tokenizer, pooling)
+        reference = st_reference(folder, TEXTS)
     with LLM(str(folder), **ENGINE) as llm:
         assert llm.engine.parts.runner.kind == "pooling"  # auto: a sentence-transformers folder
         outputs = llm.embed(TEXTS, use_tqdm=False)
     got = np.array([output.outputs.embedding for output in outputs])
-    np.testing.assert_allclose(got, st_reference(folder, TEXTS), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got, reference, atol=1e-5, rtol=0)
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
@@ -104,9 +115,9 @@ def server(last_folder):
         yield running.wait_ready()  # a test run alone must not meet the 503 of loading
 
 
-def test_openai_client_float_and_base64(server, last_folder):
+def test_openai_client_float_and_base64(server, last_folder, last_reference):
     client = openai_client(server)
-    reference = st_reference(last_folder, TEXTS)
+    reference = last_reference
     as_floats = client.embeddings.create(
         model=str(last_folder), input=TEXTS, encoding_format="float"
     )
@@ -203,11 +214,11 @@ def test_generation_routes_refuse_a_pooling_model(server):
 
 
 @pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
-def test_embeddings_under_tensor_and_pipeline_parallelism(last_folder, layout):
+def test_embeddings_under_tensor_and_pipeline_parallelism(last_folder, last_reference, layout):
     """Worker processes: the driver pools, the other ranks only compute their shards."""
     with LLM(str(last_folder), **ENGINE, **layout) as llm:
         got = np.array([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
-    np.testing.assert_allclose(got, st_reference(last_folder, TEXTS), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got, last_reference, atol=1e-5, rtol=0)
 
 
 def test_runner_flags_parse_as_vllm_spells_them(last_folder):
