@@ -16,11 +16,13 @@ def wait_for(
     check: Callable[[], T],
     *,
     timeout: float = 60.0,
-    interval: float = 0.5,
+    interval: float = 0.2,
     what: str = "condition",
     describe: Callable[[], Any] | None = None,
 ) -> T:
     """Call CHECK until it returns something truthy and return that; fail after TIMEOUT s.
+    Every INTERVAL s: most checks are one GET, and a wait ends on average INTERVAL/2 after
+    what it waits for happened (the suite waits a few hundred times).
 
     The failure message carries CHECK's last value and, if given, DESCRIBE()'s output.
     """

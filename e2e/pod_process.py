@@ -46,6 +46,8 @@ def dockerfile_env(target: str, dockerfile: Path = REPO_ROOT / "Dockerfile") -> 
     return env
 
 
+# A probe's wait ends on average half of this after the server is up (a GET is cheap).
+PROBE_POLL_SECONDS = 0.25
 WILDCARD_ENDPOINT = re.compile(r"tcp://\*:(\d+)")
 VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -185,7 +187,7 @@ class PodProcess:
 
     def wait_probe(self, name: str, limit: float | None = None) -> float:
         """Poll like the kubelet (every periodSeconds, at most failureThreshold times, but
-        at least every second here); seconds until it passed."""
+        at least every PROBE_POLL_SECONDS here); seconds until it passed."""
         spec = self.container[name]
         budget = limit or spec.get("periodSeconds", 10) * spec.get("failureThreshold", 3)
         started = time.monotonic()
@@ -194,7 +196,7 @@ class PodProcess:
                 raise AssertionError(f"the pod's process exited:\n{self.log_tail()}")
             if self.probe(name):
                 return time.monotonic() - started
-            time.sleep(min(1.0, spec.get("periodSeconds", 10)))
+            time.sleep(min(PROBE_POLL_SECONDS, spec.get("periodSeconds", 10)))
         raise AssertionError(f"{name} did not pass in {budget:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:

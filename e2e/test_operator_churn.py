@@ -38,7 +38,8 @@ def churn_once(
     def deployments() -> int:
         return len(apps.list_namespaced_deployment(namespace, label_selector=SELECTOR).items)
 
-    wait_for(lambda: deployments() == COUNT, timeout=120, what=f"{COUNT} Deployments")
+    # Each check lists 100 Deployments: every 0.5 s, not wait_for's default.
+    wait_for(lambda: deployments() == COUNT, timeout=120, interval=0.5, what=f"{COUNT} Deployments")
 
     def delete(name: str) -> None:
         custom.delete_namespaced_custom_object(
@@ -47,7 +48,9 @@ def churn_once(
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(delete, names))
-    wait_for(lambda: deployments() == 0, timeout=120, what="every Deployment collected")
+    wait_for(
+        lambda: deployments() == 0, timeout=120, interval=0.5, what="every Deployment collected"
+    )
     wait_for(
         lambda: gauge(operator, "octavo_operator_tracked_services") == 0,
         timeout=30,
