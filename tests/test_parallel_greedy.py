@@ -15,6 +15,8 @@ in test_greedy_matches_hf.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -47,9 +49,10 @@ def worker_kv_bytes(config: ModelConfig, tensor: int, pipeline: int, blocks: int
     return blocks * 2 * 16 * kv_heads * config.head_dim * 4 * layers
 
 
-def run_layout(folder, prompts, tensor: int, pipeline: int) -> tuple[list[list[int]], LLM]:
+def start_layout(folder: Path, tensor: int, pipeline: int) -> LLM:
+    """An engine of ``tensor × pipeline`` ranks with the small step budget and squeezed pool."""
     config = ModelConfig.from_folder(folder)
-    llm = LLM(
+    return LLM(
         str(folder),
         dtype="float32",
         max_model_len=384,
@@ -58,33 +61,82 @@ def run_layout(folder, prompts, tensor: int, pipeline: int) -> tuple[list[list[i
         tensor_parallel_size=tensor,
         pipeline_parallel_size=pipeline,
     )
-    try:
-        return run_batch(llm, prompts), llm
-    finally:
-        llm.shutdown()
 
 
 @pytest.fixture(scope="module")
-def smollm2_shaped_folder(tmp_path_factory, smol_tokenizer):
+def smollm2_shaped_folder(tmp_path_factory, smol_tokenizer) -> Path:
     """A tiny random Llama with SmolLM2's head layout (see SMOLLM2_HEAD_LAYOUT)."""
     folder = tmp_path_factory.mktemp("smollm2-shaped")
     return build_tiny_model(folder, "llama3", smol_tokenizer, **SMOLLM2_HEAD_LAYOUT)
 
 
 @pytest.fixture(scope="module")
-def references(smollm2_shaped_folder, tiny_folder, smol_tokenizer):
-    """One rank's output per model, computed once (the layouts are compared with it)."""
-    prompts = mixed_prompts(smol_tokenizer)
-    names = ("qwen2", "llama3")
-    folders = {"smollm2": smollm2_shaped_folder, **{name: tiny_folder(name) for name in names}}
+def folders(smollm2_shaped_folder, tiny_folder) -> dict[str, Path]:
+    return {
+        "smollm2": smollm2_shaped_folder,
+        "qwen2": tiny_folder("qwen2"),
+        "llama3": tiny_folder("llama3"),
+    }
+
+
+@pytest.fixture(scope="module")
+def engines(folders) -> Iterator[Callable[[str, int, int], LLM]]:
+    """Factory: the module's one engine per (model, tensor, pipeline), started on first use
+    (the tests before a layout's own test only read from it); shut down at the end."""
+    started: dict[tuple[str, int, int], LLM] = {}
+
+    def engine(name: str, tensor: int, pipeline: int) -> LLM:
+        key = (name, tensor, pipeline)
+        if key not in started:
+            started[key] = start_layout(folders[name], tensor, pipeline)
+        return started[key]
+
+    yield engine
+    for llm in started.values():
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompts(smol_tokenizer) -> list[list[int]]:
+    return mixed_prompts(smol_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def references(engines, prompts) -> Callable[[str], list[list[int]]]:
+    """One rank's greedy output per model, computed once (the layouts are compared with it)."""
     made: dict[str, list[list[int]]] = {}
 
-    def reference(name: str):
+    def reference(name: str) -> list[list[int]]:
         if name not in made:
-            made[name] = run_layout(folders[name], prompts, 1, 1)[0]
-        return folders[name], prompts, made[name]
+            made[name] = run_batch(engines(name, 1, 1), prompts)
+        return made[name]
 
     return reference
+
+
+def test_each_rank_holds_only_its_shard(engines):
+    """Two ranks of the tiny Llama-3 hold half the MLP and attention weights each (and the
+    KV cache is sized per rank): their summed parameter bytes are below twice the model's."""
+    sizes = engines("llama3", 2, 1).engine.executor.call("parameter_bytes")
+    whole = engines("llama3", 1, 1).engine.executor.worker.parameter_bytes()
+    assert len(sizes) == 2
+    assert all(size < 0.6 * whole for size in sizes), (sizes, whole)
+
+
+def test_seeded_sampling_with_forks_matches_one_rank(engines, prompts):
+    """``n = 3`` sampled completions with a seed (forks share the prompt's blocks, copied on
+    write on every rank): the driver samples exactly what one rank would."""
+    params = SamplingParams(n=3, temperature=0.8, top_p=0.95, seed=11, max_tokens=16)
+
+    def sample(tensor: int, pipeline: int) -> list[list[int]]:
+        llm = engines("llama3", tensor, pipeline)
+        (output,) = llm.generate([prompts[1]], params, use_tqdm=False)
+        assert_all_blocks_free(llm.engine)
+        return [completion.token_ids for completion in output.outputs]
+
+    expected = sample(1, 1)
+    assert len({tuple(tokens) for tokens in expected}) > 1  # really sampled
+    assert sample(2, 2) == expected
 
 
 @pytest.mark.parametrize(
@@ -99,47 +151,20 @@ def references(smollm2_shaped_folder, tiny_folder, smol_tokenizer):
         ("qwen2", 2, 2),
     ],
 )
-def test_layout_is_token_identical_to_one_rank(references, name, tensor, pipeline):
-    folder, prompts, expected = references(name)
-    outputs, llm = run_layout(folder, prompts, tensor, pipeline)
+def test_layout_is_token_identical_to_one_rank(
+    engines, references, prompts, name, tensor, pipeline
+):
+    expected = references(name)
+    llm = engines(name, tensor, pipeline)
+    preemptions_before = llm.engine.stats().num_preemptions
+    try:
+        outputs = run_batch(llm, prompts)
+    finally:
+        llm.shutdown()
     assert outputs == expected
-    assert llm.engine.stats().num_preemptions > 0
+    assert llm.engine.stats().num_preemptions > preemptions_before
     assert_all_blocks_free(llm.engine)
     executor = llm.engine.executor
     assert isinstance(executor, MultiprocExecutor)
     assert len(executor.workers) == tensor * pipeline
     assert all(worker.process.poll() is not None for worker in executor.workers)
-
-
-def test_each_rank_holds_only_its_shard(tiny_folder):
-    """Two ranks of the tiny Llama-3 hold half the MLP and attention weights each (and the
-    KV cache is sized per rank): their summed parameter bytes are below twice the model's."""
-    folder = tiny_folder("llama3")
-    with LLM(str(folder), dtype="float32", max_model_len=128, tensor_parallel_size=2) as llm:
-        sizes = llm.engine.executor.call("parameter_bytes")
-    with LLM(str(folder), dtype="float32", max_model_len=128) as single:
-        whole = single.engine.executor.worker.parameter_bytes()
-    assert all(size < 0.6 * whole for size in sizes), (sizes, whole)
-
-
-def test_seeded_sampling_with_forks_matches_one_rank(tiny_folder, smol_tokenizer):
-    """``n = 3`` sampled completions with a seed (forks share the prompt's blocks, copied on
-    write on every rank): the driver samples exactly what one rank would."""
-    folder = tiny_folder("llama3")
-    prompt = mixed_prompts(smol_tokenizer)[1]
-    params = SamplingParams(n=3, temperature=0.8, top_p=0.95, seed=11, max_tokens=16)
-
-    def sample(tensor: int, pipeline: int) -> list[list[int]]:
-        with LLM(
-            str(folder),
-            dtype="float32",
-            max_model_len=256,
-            tensor_parallel_size=tensor,
-            pipeline_parallel_size=pipeline,
-        ) as llm:
-            (output,) = llm.generate([prompt], params, use_tqdm=False)
-        return [completion.token_ids for completion in output.outputs]
-
-    expected = sample(1, 1)
-    assert len({tuple(tokens) for tokens in expected}) > 1  # really sampled
-    assert sample(2, 2) == expected
