@@ -21,8 +21,11 @@ STARTUP_SECONDS = 120
 EXIT_WITHIN_SECONDS = 30
 
 
-@pytest.fixture
-def server(tiny_folder, tmp_path):
+@pytest.fixture(scope="module")
+def server(tiny_folder, tmp_path_factory):
+    """One server for the file: the first test only reads from it; the last kills its
+    engine core (and so the server)."""
+    tmp_path = tmp_path_factory.mktemp("engine-core-serve")
     args = ["--max-model-len", "256", "--kv-cache-memory", "8MiB", "--log-level", "warning"]
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     with serve_subprocess(tiny_folder("llama3"), tmp_path, args, STARTUP_SECONDS, env) as served:
