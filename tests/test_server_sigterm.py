@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 from unittest.mock import Mock
 
@@ -38,7 +39,7 @@ STREAM_SECONDS = 2.0  # how long each stream should run: still running when SIGT
 SLOW_CONSTRAINT_EXIT_SECONDS = 30
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def serve_process(tiny_folder):
     port = free_port()
     command = [
@@ -142,27 +143,6 @@ def assert_completed(lines: list[str], max_tokens: int) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
 
 
-def test_sigterm_drains_five_streams_then_exits_zero(serve_process):
-    process, url = serve_process
-    wait_healthy(process, url, STARTUP_SECONDS)
-    max_tokens = tokens_for(url, STREAM_SECONDS)
-    readers = start_streams(url, NUM_STREAMS, max_tokens)
-    process.send_signal(signal.SIGTERM)
-    signalled = time.monotonic()
-    wait_health_503(url)
-    refused = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, timeout=5)
-    assert refused.status_code == 503
-    assert refused.json()["error"]["code"] == "draining"
-    for thread, _ in readers:
-        thread.join(SHUTDOWN_TIMEOUT)
-        assert not thread.is_alive(), "a stream did not finish"
-    for _, lines in readers:
-        assert_completed(lines, max_tokens)
-    remaining = SHUTDOWN_TIMEOUT - (time.monotonic() - signalled)
-    assert process.wait(timeout=max(remaining, 1)) == 0, process.stdout.read().decode()
-    assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT
-
-
 COMPILING = "octavo:grammar_requests_compiling"
 SLOW_ENTRIES = 25_000  # a constraint under the size limit that compiles for a minute
 
@@ -183,8 +163,78 @@ def post_slow_constraint(url: str, extra: dict, answers: list) -> None:
         answers.append(error)
 
 
-def test_first_constraint_is_fast_and_sigterm_waits_for_compiling_ones(serve_process):
-    """One server start for two fixes (the suite's time is budgeted):
+def start_slow_constraints(url: str) -> tuple[list[threading.Thread], list]:
+    """The slow constraints posted in threads, returned once the server compiles them all."""
+    answers: list = []
+    threads = [
+        threading.Thread(target=post_slow_constraint, args=(url, extra, answers), daemon=True)
+        for extra in slow_constraints()
+    ]
+    for thread in threads:
+        thread.start()
+    wait_compiling(url, len(threads))  # all are in the server, being compiled
+    return threads, answers
+
+
+@dataclass
+class Drained:
+    """What one server start saw, from its first constrained request to its exit."""
+
+    first_constraint_seconds: float
+    max_tokens: int
+    streams: list[list[str]]
+    answers: list
+    refused: httpx.Response
+    exit_code: int
+    exit_seconds: float
+    log: str
+
+
+@pytest.fixture(scope="module")
+def drained(serve_process) -> Drained:
+    """One server start for three fixes (the suite's time is budgeted): the first
+    constrained request right after /health said 200; then, in flight together when
+    SIGTERM comes, five streams and two constraints being compiled; then the drain."""
+    process, url = serve_process
+    wait_healthy(process, url, STARTUP_SECONDS)
+    first = {"prompt": "Pick", "max_tokens": 2, "guided_choice": ["left", "right"]}
+    started = time.monotonic()
+    response = httpx.post(f"{url}/v1/completions", json=first, timeout=60)
+    first_seconds = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    max_tokens = tokens_for(url, STREAM_SECONDS)
+    compiles, answers = start_slow_constraints(url)
+    readers = start_streams(url, NUM_STREAMS, max_tokens)
+    process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    wait_health_503(url)
+    refused = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, timeout=5)
+    for thread, _ in readers:
+        thread.join(SHUTDOWN_TIMEOUT)
+        assert not thread.is_alive(), "a stream did not finish"
+    for thread in compiles:
+        thread.join(SLOW_CONSTRAINT_EXIT_SECONDS)
+    exit_code = process.wait(timeout=SHUTDOWN_TIMEOUT)
+    exit_seconds = time.monotonic() - signalled
+    log = process.stdout.read().decode()
+    streams = [lines for _, lines in readers]
+    return Drained(
+        first_seconds, max_tokens, streams, answers, refused, exit_code, exit_seconds, log
+    )
+
+
+def test_sigterm_drains_five_streams_then_exits_zero(drained):
+    assert drained.refused.status_code == 503
+    assert drained.refused.json()["error"]["code"] == "draining"
+    assert len(drained.streams) == NUM_STREAMS
+    for lines in drained.streams:
+        assert_completed(lines, drained.max_tokens)
+    assert drained.exit_code == 0, drained.log
+    assert drained.exit_seconds < SHUTDOWN_TIMEOUT
+
+
+def test_first_constraint_is_fast_and_sigterm_waits_for_compiling_ones(drained):
+    """Two fixes, checked on the module's one server start:
 
     - ready means ready: the first constrained request after /health said 200 took 11.6 s
       (the compile processes started after it); now it answers within 2 s.
@@ -193,30 +243,11 @@ def test_first_constraint_is_fast_and_sigterm_waits_for_compiling_ones(serve_pro
       plain-text 500s (tracebacks in the log). Now they count: /health is 503 "draining"
       meanwhile, each gets a JSON answer, and then the server exits 0.
     """
-    process, url = serve_process
-    wait_healthy(process, url, STARTUP_SECONDS)
-    first = {"prompt": "Pick", "max_tokens": 2, "guided_choice": ["left", "right"]}
-    started = time.monotonic()
-    response = httpx.post(f"{url}/v1/completions", json=first, timeout=60)
-    assert response.status_code == 200, response.text
-    assert time.monotonic() - started < 2
-    answers: list = []
-    threads = [
-        threading.Thread(target=post_slow_constraint, args=(url, extra, answers), daemon=True)
-        for extra in slow_constraints()
-    ]
-    for thread in threads:
-        thread.start()
-    wait_compiling(url, len(threads))  # both are in the server, being compiled
-    process.send_signal(signal.SIGTERM)
-    signalled = time.monotonic()
-    wait_health_503(url)
-    for thread in threads:
-        thread.join(SLOW_CONSTRAINT_EXIT_SECONDS)
-    assert process.wait(timeout=SLOW_CONSTRAINT_EXIT_SECONDS) == 0
-    assert time.monotonic() - signalled < SLOW_CONSTRAINT_EXIT_SECONDS
-    log = process.stdout.read().decode()
-    assert "Traceback" not in log, log[-3000:]
+    assert drained.first_constraint_seconds < 2
+    assert drained.exit_code == 0, drained.log
+    assert drained.exit_seconds < SLOW_CONSTRAINT_EXIT_SECONDS
+    assert "Traceback" not in drained.log, drained.log[-3000:]
+    answers = drained.answers
     assert len(answers) == 2 and all(isinstance(a, httpx.Response) for a in answers), answers
     deadline_message = f"did not compile within {COMPILE_TIMEOUT_SECONDS:g} s"
     # Both were in the server when SIGTERM came and each got a JSON answer, not a closed
@@ -239,6 +270,7 @@ def test_a_drain_past_its_timeout_ends_the_compiles_with_json_503s(smol_tokenize
     )
     checker = GrammarChecker(timeout=60)
     engine = SimpleNamespace(draining=False, num_open=0, abort_all=lambda: None)
+    engine.start_draining = lambda: setattr(engine, "draining", True)
     slow = StructuredOutputsParams(choice=tuple(f"c{i}" for i in range(SLOW_ENTRIES)))
 
     async def scenario() -> tuple[float, BaseException | None]:
