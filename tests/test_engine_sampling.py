@@ -11,7 +11,9 @@ from conftest import assert_all_blocks_free
 
 @pytest.fixture(scope="module")
 def llm(smol_folder) -> LLM:
-    return LLM(str(smol_folder), dtype="float32", max_model_len=512)
+    # 64 MiB of KV (~1400 tokens) holds every request here; the CPU default (2 GiB) would
+    # only cost the time and memory of zeroing it
+    return LLM(str(smol_folder), dtype="float32", max_model_len=512, kv_cache_memory=64 << 20)
 
 
 @pytest.fixture(scope="module")
