@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -112,21 +113,10 @@ def test_a_checkpoint_slice_reads_only_the_part_asked_for(tmp_path):
         assert torch.equal(materialize(lazy), weight)
 
 
-def test_an_error_on_every_rank_fails_the_call_and_the_workers_go_on(tiny_folder):
-    with LLM(
-        str(tiny_folder("llama3")),
-        dtype="float32",
-        max_model_len=64,
-        kv_cache_memory=2**20,
-        tensor_parallel_size=2,
-    ) as llm:
-        executor = llm.engine.executor
-        with pytest.raises(WorkerCallFailed, match="TypeError: zeros"):
-            executor.call("initialize_cache", "not a number")
-        assert executor.call("parameter_bytes")[0] > 0  # still serving calls
-
-
-def test_a_dead_worker_is_noticed_and_the_rest_are_stopped(tiny_folder):
+@pytest.fixture(scope="module")
+def two_ranks(tiny_folder) -> Iterator[LLM]:
+    """The tiny Llama-3 on two tensor-parallel ranks, shared by the module's last two tests:
+    the error test leaves it serving, the dead-worker test (last) kills one of its workers."""
     llm = LLM(
         str(tiny_folder("llama3")),
         dtype="float32",
@@ -134,11 +124,24 @@ def test_a_dead_worker_is_noticed_and_the_rest_are_stopped(tiny_folder):
         kv_cache_memory=2**20,
         tensor_parallel_size=2,
     )
-    executor = llm.engine.executor
+    yield llm
+    llm.shutdown()
+
+
+def test_an_error_on_every_rank_fails_the_call_and_the_workers_go_on(two_ranks):
+    executor = two_ranks.engine.executor
+    with pytest.raises(WorkerCallFailed, match="TypeError: zeros"):
+        executor.call("initialize_cache", "not a number")
+    assert executor.call("parameter_bytes")[0] > 0  # still serving calls
+
+
+def test_a_dead_worker_is_noticed_and_the_rest_are_stopped(two_ranks):
+    executor = two_ranks.engine.executor
+    assert all(worker.process.poll() is None for worker in executor.workers)
     os.kill(executor.workers[1].process.pid, signal.SIGKILL)
     executor.workers[1].process.wait()
     with pytest.raises(WorkerDied, match=r"worker 1 \(pid \d+\) exited with code -9"):
         executor.check_health()
     assert all(worker.process.poll() is not None for worker in executor.workers)
     with pytest.raises(WorkerDied):
-        llm.generate("Hello", use_tqdm=False)
+        two_ranks.generate("Hello", use_tqdm=False)
