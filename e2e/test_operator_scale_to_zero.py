@@ -1,10 +1,12 @@
 """Scale to zero on the real control plane, served by the pod's own command: an
-InferenceService with autoscaling.minReplicas 0 starts with one replica; short requests
-(far shorter than the operator's 1 s check period, so never seen running) keep it up for
-several idle periods; idle for
+InferenceService with autoscaling.minReplicas 0 starts with one replica (and the default
+idle period, 300 s); once its pod answers, scaleToZeroAfterSeconds is edited down to
+IDLE_SECONDS; short requests (far shorter than the operator's 1 s check period, so never
+seen running) keep it up for several idle periods; idle for
 scaleToZeroAfterSeconds, the operator sets it to 0 through /scale (the Deployment follows,
 Ready stays True with reason ScaledToZero, an Event says so) and points its Service at the
-activator with an EndpointSlice. A request sent to the activator with the service's
+activator with an EndpointSlice. With the default period back (the new pod's load is
+not idle time), a request sent to the activator with the service's
 DNS name as Host then sets it back to 1, waits until the new pod answers and gets the
 model's answer; the EndpointSlice goes once the pod is ready.
 
@@ -35,10 +37,13 @@ NAME = "idle"
 ACTIVATOR_IP = "10.244.7.7"
 # kwok marks a pod Ready at once, so the operator's idle clock runs while the pod's process
 # still loads (a kubelet would keep it NotReady until its probe passes); on a loaded 2-core
-# machine that load took more than 10 s (CI, 2026-11-26), which set the service to 0 before
-# its first request. 30 s leaves the load room.
-IDLE_SECONDS = 30
-REQUEST_EVERY, BUSY_SECONDS = 4.0, 2.5 * IDLE_SECONDS
+# machine that load took more than 10 s (CI, 2026-11-26), which set a service created with a
+# 10 s period to 0 before its first request. So the service starts with the default period
+# (300 s) and gets IDLE_SECONDS once its pod has answered a request. With a request every
+# 2 s and a check every 1 s, the longest stretch the checks see no request is under 3 s: a
+# quarter of the idle period.
+IDLE_SECONDS, DEFAULT_IDLE_SECONDS = 12, 300
+REQUEST_EVERY, BUSY_SECONDS = 2.0, 2.5 * IDLE_SECONDS
 
 
 @pytest.fixture
@@ -52,11 +57,7 @@ def spec_of(model: Path) -> dict:
         "model": {"uri": f"file://{model}", "servedName": "tiny"},
         "resources": {"gpu": 0},
         "engine": {"maxModelLen": 128, "extraArgs": ["--kv-cache-memory", "64MiB"]},
-        "autoscaling": {
-            "minReplicas": 0,
-            "maxReplicas": 1,
-            "scaleToZeroAfterSeconds": IDLE_SECONDS,
-        },
+        "autoscaling": {"minReplicas": 0, "maxReplicas": 1},
     }
 
 
@@ -82,6 +83,21 @@ def complete(base_url: str, out: dict) -> None:
     started = time.monotonic()
     with urllib.request.urlopen(request, timeout=300) as reply:
         out.update(status=reply.status, body=json.load(reply), seconds=time.monotonic() - started)
+
+
+def shorten_idle_period(pod: PodProcess, custom: client.CustomObjectsApi, namespace: str) -> None:
+    """One request (the idle clock restarts when a check sees it), then IDLE_SECONDS."""
+    out = {"host": f"{NAME}.{namespace}.svc.cluster.local:8000"}
+    complete(pod.base_url("http"), out)
+    assert out["status"] == 200, out
+    autoscaling = isvc.get(custom, namespace, NAME)["spec"]["autoscaling"]
+    assert autoscaling["scaleToZeroAfterSeconds"] == DEFAULT_IDLE_SECONDS
+    set_idle_period(custom, namespace, IDLE_SECONDS)
+
+
+def set_idle_period(custom: client.CustomObjectsApi, namespace: str, seconds: int) -> None:
+    patch = {"spec": {"autoscaling": {"scaleToZeroAfterSeconds": seconds}}}
+    isvc.patch(custom, namespace, NAME, patch)
 
 
 def keep_busy(pod: PodProcess, custom: client.CustomObjectsApi, namespace: str) -> None:
@@ -142,6 +158,7 @@ def test_idle_service_scales_to_zero_and_a_request_brings_it_back(
         assert replicas(custom, namespace) == 1, "a new service starts with one replica"
         pods.append(start_pod(core, api_client, namespace, tmp_path / "pod-1"))
         first = pods[0].pod["metadata"]["name"]
+        shorten_idle_period(pods[0], custom, namespace)
         keep_busy(pods[0], custom, namespace)
 
         wait_for(
@@ -168,6 +185,9 @@ def test_idle_service_scales_to_zero_and_a_request_brings_it_back(
         reasons = {e.reason for e in core.list_namespaced_event(namespace).items}
         assert "ScaledToZero" in reasons, reasons
         pods.pop().stop()
+        # The new pod is Ready (kwok) while its model loads: back to the default period, so
+        # that load does not count as idle time and set the service to 0 again.
+        set_idle_period(custom, namespace, DEFAULT_IDLE_SECONDS)
 
         answer = {"host": f"{NAME}.{namespace}.svc.cluster.local:8000"}
         caller = threading.Thread(target=complete, args=(f"http://127.0.0.1:{port}", answer))
