@@ -26,6 +26,7 @@ def test_layouts_are_parsed_and_bad_ones_refused():
 def test_a_tiny_run_reports_ratios_and_communication(tiny_folder, tmp_path):
     folder = str(tiny_folder("llama3"))
     flags = ["--layouts", "1x1,2x1@2", "--scale", "0.05", "--dtype", "float32"]
+    flags += ["--kv-cache-memory", "8MiB"]  # per worker: a few workload sequences fit
     code = main(["parallel", "--model", folder, *flags, "--output-dir", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "parallel.json").read_text())

@@ -43,6 +43,7 @@ from octavo_bench.workloads import Workload, build_workloads
 
 WORKLOADS = ("a", "c")
 COMM_KINDS = ("all_reduce", "gather", "pipeline_receive")
+DEFAULT_KV_BYTES = 2**30  # per worker
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated TPxPP layouts, TPxPP@N over N local 'hosts' (leader + "
         "N-1 --headless processes), e.g. 1x1,1x2,1x2@2 (default: %(default)s)",
     )
-    add_engine_options(parser, {"dtype": default_dtype()})
+    add_engine_options(parser, {"dtype": default_dtype(), "kv_cache_memory": DEFAULT_KV_BYTES})
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the workloads")
     add_output_dir(parser, "parallel")
 
@@ -176,7 +177,9 @@ def run(args: argparse.Namespace) -> int:
     workloads = build_workloads(load_tokenizer(folder), list(WORKLOADS), args.scale)
     report = ParallelReport(str(folder), args.dtype)
     for layout in layouts:
-        report.runs += run_layout(folder, layout, args.dtype, workloads, args.output_dir)
+        report.runs += run_layout(
+            folder, layout, args.dtype, workloads, args.output_dir, args.kv_cache_memory
+        )
     save(report, args.output_dir, "parallel")
     return 0
 
@@ -188,12 +191,17 @@ def default_model() -> Path:
 
 
 def run_layout(
-    folder: Path, layout: Layout, dtype: str, workloads: dict[str, Workload], output_dir: Path
+    folder: Path,
+    layout: Layout,
+    dtype: str,
+    workloads: dict[str, Workload],
+    output_dir: Path,
+    kv_cache_memory: int = DEFAULT_KV_BYTES,
 ) -> list[LayoutRun]:
     settings = {
         "dtype": dtype,
         "max_model_len": 1024,
-        "kv_cache_memory": 2**30,
+        "kv_cache_memory": kv_cache_memory,
         "tensor_parallel_size": layout.tensor,
         "pipeline_parallel_size": layout.pipeline,
         # this machine's CPUs shared out among every rank, whichever "host" runs it
