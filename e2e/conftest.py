@@ -213,12 +213,43 @@ def lws_controller(
 
 
 @pytest.fixture
-def no_other_operator() -> Iterator[None]:
+def no_other_operator() -> None:
     """Pause the session's operator (if one runs) while a test runs its own: two operators
-    would both reconcile every InferenceService."""
-    paused = [p for p in SESSION_OPERATORS if p.proc is not None]
-    for proc in paused:
-        proc.stop()
-    yield
-    for proc in paused:
-        proc.start()
+    would both reconcile every InferenceService. It stays paused until a test that asks for
+    it (`operator`) starts (`resume_session_operator`): tests that run their own operators
+    one after the other (lifecycle, adapters, churn, failover) do not restart it between
+    them."""
+    for proc in SESSION_OPERATORS:
+        if proc.proc is not None:
+            proc.stop()
+
+
+def _needs_session_operator(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    return "operator" in names and "no_other_operator" not in names
+
+
+def _resume_session_operators() -> None:
+    for proc in SESSION_OPERATORS:
+        if proc.proc is None:
+            proc.start()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def resume_session_operator_for_module(request: pytest.FixtureRequest) -> None:
+    """Start the session's operator again, if a `no_other_operator` test paused it, before
+    a module whose tests use it: its module-scoped fixtures (test_router's) come before any
+    function-scoped one. (The first user starts it with `operator`.)"""
+    if any(
+        _needs_session_operator(i)
+        for i in request.session.items
+        if getattr(i, "module", None) is request.module
+    ):
+        _resume_session_operators()
+
+
+@pytest.fixture(autouse=True)
+def resume_session_operator(request: pytest.FixtureRequest) -> None:
+    """The same before each test that uses it (a module may mix both kinds of test)."""
+    if _needs_session_operator(request.node):
+        _resume_session_operators()
