@@ -148,7 +148,7 @@ class MultiprocExecutor:
         )
         try:
             if layout.is_multi_node:
-                self._join(layout, join_timeout)
+                self._join_or_kill_local(layout, join_timeout)
             for worker in self.workers:
                 bound_sends(worker.conn, execute_model_timeout)
                 worker.conn.send((spec, self.placements[worker.rank], init_method, session))
@@ -156,6 +156,16 @@ class MultiprocExecutor:
         except BaseException as error:
             self._abort_links(f"the engine failed to load: {error}")
             self.shutdown()
+            raise
+
+    def _join_or_kill_local(self, layout: NodeLayout, timeout: float) -> None:
+        """``_join``; when the hosts never meet, the local workers (still importing, given
+        no rank, holding nothing) are killed at once rather than waited for."""
+        try:
+            self._join(layout, timeout)
+        except BaseException:
+            for worker in self.local_workers:
+                worker.kill()
             raise
 
     def _join(self, layout: NodeLayout, timeout: float) -> None:
