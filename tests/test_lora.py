@@ -16,6 +16,9 @@ from conftest import assert_all_blocks_free, hf_greedy
 from lora_adapters import hf_with_adapter, make_adapter
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+# Enough KV for every request here (SmolLM2: ~350 tokens); the CPU default (2 GiB) would
+# only cost the time and memory of zeroing it.
+KV_CACHE_MEMORY = 16 << 20
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -50,7 +53,7 @@ def expected(tiny_folder, adapters):
 
 
 def lora_llm(folder, **engine) -> LLM:
-    engine = {"max_lora_rank": 16, **engine}
+    engine = {"max_lora_rank": 16, "kv_cache_memory": KV_CACHE_MEMORY, **engine}
     return LLM(str(folder), dtype="float32", max_model_len=128, enable_lora=True, **engine)
 
 
@@ -147,6 +150,11 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
             )
     (out,) = llm.generate([prompt(12, 0)], GREEDY, use_tqdm=False, lora_request=adapters[0])
     assert out.outputs[0].token_ids == expected[0][1]
-    plain = LLM(str(tiny_folder("qwen2")), dtype="float32", max_model_len=128)
+    plain = LLM(
+        str(tiny_folder("qwen2")),
+        dtype="float32",
+        max_model_len=128,
+        kv_cache_memory=KV_CACHE_MEMORY,
+    )
     with pytest.raises(ValueError, match="need an engine started with enable_lora"):
         plain.generate([prompt(12, 0)], GREEDY, use_tqdm=False, lora_request=adapters[0])
