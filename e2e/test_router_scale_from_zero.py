@@ -32,6 +32,7 @@ from octavo_bench.gateway.picker_client import Pick, PickerError, PickerStream
 NAME = "coldpool"
 PICKER = f"{NAME}-epp"
 IDLE_SECONDS = 10
+DEFAULT_IDLE = {"scaleToZeroAfterSeconds": 300}
 
 
 @pytest.fixture
@@ -60,7 +61,9 @@ def kwok_pods(core, namespace: str, component: str) -> list:
     return [p for p in pods if not p.metadata.deletion_timestamp and is_ready(p)]
 
 
-def start_server(core, api_client, namespace: str, workdir: Path, skip=()) -> PodProcess:
+def launch_server(core, api_client, namespace: str, workdir: Path, skip=()) -> PodProcess:
+    """The server pod's command started on its loopback IP (its model still loading)."""
+
     def fresh() -> list:
         return [
             p for p in kwok_pods(core, namespace, "octavo-server") if p.metadata.name not in skip
@@ -69,6 +72,11 @@ def start_server(core, api_client, namespace: str, workdir: Path, skip=()) -> Po
     (pod,) = wait_for(fresh, timeout=90, what="a server pod, Ready by kwok")
     process = move_to_loopback(core, api_client, namespace, pod, workdir)
     process.start(dockerfile_env("server"))
+    return process
+
+
+def start_server(core, api_client, namespace: str, workdir: Path, skip=()) -> PodProcess:
+    process = launch_server(core, api_client, namespace, workdir, skip)
     process.wait_probe("startupProbe", limit=300)
     return process
 
@@ -141,7 +149,8 @@ def test_a_request_to_the_pool_at_zero_is_held_and_wakes_the_service(
     picker = None
     try:
         isvc.create(custom, namespace, isvc.manifest(NAME, spec_of(tiny_model)))
-        processes.append(start_server(core, api_client, namespace, tmp_path / "pod-1"))
+        # The first pod's model loads while the picker pod starts.
+        processes.append(launch_server(core, api_client, namespace, tmp_path / "pod-1"))
         first = processes[0].pod["metadata"]["name"]
         (picker_kwok,) = wait_for(
             lambda: kwok_pods(core, namespace, "octavo-router"),
@@ -154,6 +163,7 @@ def test_a_request_to_the_pool_at_zero_is_held_and_wakes_the_service(
         picker = start_picker(
             cluster, apps, core, namespace, PICKER, tmp_path / "picker", pod_ip=moved.pod_ip
         )
+        processes[0].wait_probe("startupProbe", limit=300)
 
         wait_for(
             lambda: isvc.get(custom, namespace, NAME)["spec"].get("replicas") == 0,
@@ -166,6 +176,9 @@ def test_a_request_to_the_pool_at_zero_is_held_and_wakes_the_service(
             timeout=60,
             what="the server pod gone",
         )
+        # The new pod is Ready (kwok) while its model loads: with the default idle period
+        # that load does not count as idle time and set the service to 0 again.
+        isvc.patch(custom, namespace, NAME, {"spec": {"autoscaling": DEFAULT_IDLE}})
 
         answer: dict = {}
         caller = threading.Thread(
