@@ -97,10 +97,14 @@ def octavo_greedy(folder: Path, prompts: list[list[int]], **engine_args) -> tupl
     return [out.outputs[0].token_ids for out in outputs], stats
 
 
-def assert_matches_hf(folder: Path, tokenizer, **engine_args) -> None:
-    """Greedy token identity with HF, with preemption and a prefix-cache hit seen."""
+def assert_matches_hf(
+    folder: Path, tokenizer, expected: list[list[int]] | None = None, **engine_args
+) -> None:
+    """Greedy token identity with HF, with preemption and a prefix-cache hit seen;
+    ``expected``: ``hf_reference`` of ``check_prompts``, where a test computed it already."""
     prompts = check_prompts(tokenizer)
-    expected = hf_reference(folder, prompts)
+    if expected is None:
+        expected = hf_reference(folder, prompts)
     got, stats = octavo_greedy(folder, prompts, **engine_args)
     for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
         assert mine == theirs, f"prompt {index}: octavo {mine} != transformers {theirs}"

@@ -16,7 +16,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from architecture_check import TINY_SIZES, assert_matches_hf, check_prompts, write_tiny_checkpoint
+from architecture_check import (
+    TINY_SIZES,
+    assert_matches_hf,
+    check_prompts,
+    hf_reference,
+    write_tiny_checkpoint,
+)
 from octavo import LLM, SamplingParams
 from octavo.kernels import cpu_build
 from octavo.kv_cache.cache_tensors import bytes_per_block
@@ -69,6 +75,17 @@ def gemma3_folder(tmp_path_factory, smol_tokenizer):
     return write_tiny_checkpoint(folder, "gemma3_text", smol_tokenizer, **GEMMA3)
 
 
+@pytest.fixture(scope="module")
+def gemma2_reference(gemma2_folder, smol_tokenizer) -> list[list[int]]:
+    """HF's greedy tokens for the check prompts (every Gemma 2 check compares with them)."""
+    return hf_reference(gemma2_folder, check_prompts(smol_tokenizer))
+
+
+@pytest.fixture(scope="module")
+def gemma3_reference(gemma3_folder, smol_tokenizer) -> list[list[int]]:
+    return hf_reference(gemma3_folder, check_prompts(smol_tokenizer))
+
+
 def write_image_text_checkpoint(folder, tokenizer):
     """transformers' own Gemma3ForConditionalGeneration (tiny vision tower), seeded and
     widened as ``write_tiny_checkpoint``'s models are."""
@@ -92,8 +109,8 @@ def write_image_text_checkpoint(folder, tokenizer):
     return folder
 
 
-def test_gemma2_matches_hf(gemma2_folder, smol_tokenizer):
-    assert_matches_hf(gemma2_folder, smol_tokenizer)
+def test_gemma2_matches_hf(gemma2_folder, gemma2_reference, smol_tokenizer):
+    assert_matches_hf(gemma2_folder, smol_tokenizer, gemma2_reference)
 
 
 def test_gemma2_prompt_logprobs_follow_the_final_soft_cap(gemma2_folder, smol_tokenizer):
@@ -119,17 +136,17 @@ def test_gemma2_prompt_logprobs_follow_the_final_soft_cap(gemma2_folder, smol_to
     assert (torch.log_softmax(uncapped, -1)[rows, targets] - expected).abs().max() > 0.1
 
 
-def test_gemma2_on_the_torch_path_matches_hf(gemma2_folder, smol_tokenizer):
+def test_gemma2_on_the_torch_path_matches_hf(gemma2_folder, gemma2_reference, smol_tokenizer):
     """The soft-capped, windowed attention of the torch reference (no native kernel)."""
     cpu_build.use_torch_path()
     try:
-        assert_matches_hf(gemma2_folder, smol_tokenizer)
+        assert_matches_hf(gemma2_folder, smol_tokenizer, gemma2_reference)
     finally:
         cpu_build.use_torch_path(False)
 
 
-def test_gemma3_matches_hf(gemma3_folder, smol_tokenizer):
-    assert_matches_hf(gemma3_folder, smol_tokenizer)
+def test_gemma3_matches_hf(gemma3_folder, gemma3_reference, smol_tokenizer):
+    assert_matches_hf(gemma3_folder, smol_tokenizer, gemma3_reference)
 
 
 @pytest.mark.parametrize("fixture", ["gemma2_folder", "gemma3_folder"])
@@ -137,10 +154,15 @@ def test_gemma_tensor_parallel_matches_hf(request, fixture, smol_tokenizer):
     """Two ranks, each with 2 of the 4 query heads and 1 of the 2 KV heads (so a worker's
     KV block takes half the bytes: the pool is halved to keep preemption forced)."""
     folder = request.getfixturevalue(fixture)
+    expected = request.getfixturevalue(fixture.replace("_folder", "_reference"))
     block_bytes = bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32)
     kv_cache_memory = POOL_BLOCKS * block_bytes // 2
     assert_matches_hf(
-        folder, smol_tokenizer, tensor_parallel_size=2, kv_cache_memory=kv_cache_memory
+        folder,
+        smol_tokenizer,
+        expected,
+        tensor_parallel_size=2,
+        kv_cache_memory=kv_cache_memory,
     )
 
 
