@@ -32,12 +32,17 @@ SQUEEZED = {
     "kv_cache_memory": 24 * 4096,
 }
 DRAFT_KV = 48 * 4096  # the same 24 blocks: the tiny drafts' blocks are as large as the target's
+# SmolLM2 engines: room for every request here (~90 blocks of 16 tokens per model); the CPU
+# default (2 GiB per engine) would only cost the time and memory of zeroing it.
+SMOL = {"dtype": "float32", "max_model_len": 256, "kv_cache_memory": 64 << 20}
+SMALL_VOCAB = 1024  # the distribution test's tiny model: ids 0..1023 of the tokenizer
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
 
-def looping_prompt(length: int, seed: int) -> list[int]:
-    """A prompt that repeats a 7-token pattern (so n-gram lookups find matches)."""
-    pattern = [(seed * 131 + i * 17) % 40000 + 10 for i in range(7)]
+def looping_prompt(length: int, seed: int, vocab_size: int = 40010) -> list[int]:
+    """A prompt that repeats a 7-token pattern (so n-gram lookups find matches) of token ids
+    from 10 to ``vocab_size`` - 1."""
+    pattern = [(seed * 131 + i * 17) % (vocab_size - 10) + 10 for i in range(7)]
     return (pattern * (length // 7 + 1))[:length]
 
 
@@ -50,6 +55,12 @@ def draft_folder(tmp_path_factory, smol_tokenizer):
     """A different tiny random model of the same vocabulary: a poor but valid draft."""
     folder = tmp_path_factory.mktemp("draft")
     return build_tiny_model(folder, "qwen2", smol_tokenizer, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def smol_plain(smol_folder) -> LLM:
+    """SmolLM2 without speculation: the reference of the SmolLM2 tests."""
+    return LLM(str(smol_folder), **SMOL)
 
 
 @pytest.fixture(scope="module")
@@ -101,31 +112,28 @@ def test_target_drafting_for_itself_accepts_nearly_everything(tiny_folder, refer
     assert_all_blocks_free(llm.engine)
 
 
-def test_smollm2_drafting_for_itself_is_token_identical(smol_folder):
+def test_smollm2_drafting_for_itself_is_token_identical(smol_folder, smol_plain):
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     params = SamplingParams(max_tokens=24, temperature=0)
-    plain = LLM(str(smol_folder), dtype="float32", max_model_len=256)
-    expected = [out.outputs[0].token_ids for out in plain.generate(prompts, params, use_tqdm=False)]
-    del plain
+    outputs = smol_plain.generate(prompts, params, use_tqdm=False)
+    expected = [out.outputs[0].token_ids for out in outputs]
     config = {"model": str(smol_folder), "num_speculative_tokens": 3}
-    llm = LLM(str(smol_folder), dtype="float32", max_model_len=256, speculative_config=config)
+    llm = LLM(str(smol_folder), speculative_config=config, **SMOL)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [out.outputs[0].token_ids for out in outputs] == expected
     assert llm.engine.scheduler.spec_counters.acceptance_rate > 0.9
     assert_all_blocks_free(llm.engine)
 
 
-def test_stop_strings_n_and_logprobs_match_no_speculation(smol_folder):
+def test_stop_strings_n_and_logprobs_match_no_speculation(smol_folder, smol_plain):
     """The stop string ends a verified stretch: the tokens kept after it are dropped."""
     prompt = (
         "Copy this list exactly: apple, banana, cherry, date, elderberry, fig, grape, "
         "honeydew, kiwi, lemon.\nCopy: apple, banana,"
     )
     params = SamplingParams(max_tokens=30, temperature=0, stop=[" grape"], logprobs=2, n=2)
-    plain = LLM(str(smol_folder), dtype="float32", max_model_len=256)
-    expected = plain.generate([prompt], params, use_tqdm=False)[0]
-    del plain
-    llm = LLM(str(smol_folder), dtype="float32", max_model_len=256, speculative_config=NGRAM)
+    expected = smol_plain.generate([prompt], params, use_tqdm=False)[0]
+    llm = LLM(str(smol_folder), speculative_config=NGRAM, **SMOL)
     got = llm.generate([prompt], params, use_tqdm=False)[0]
     counters = llm.engine.scheduler.spec_counters
     assert counters.num_accepted_tokens >= 2 * len(got.outputs), counters
@@ -138,10 +146,18 @@ def test_stop_strings_n_and_logprobs_match_no_speculation(smol_folder):
     assert_all_blocks_free(llm.engine)
 
 
-def test_sampled_tokens_are_distributed_as_without_speculation(tiny_folder):
+@pytest.fixture(scope="module")
+def small_vocab_folder(tmp_path_factory, smol_tokenizer):
+    """The tiny Llama-3 with 1024 of the tokenizer's ids: each draw's top-k and softmax run
+    over 1024 logits, not 49152 (the sampled tokens' distribution is what is tested)."""
+    folder = tmp_path_factory.mktemp("small_vocab")
+    return build_tiny_model(folder, "llama3", smol_tokenizer, vocab_size=SMALL_VOCAB)
+
+
+def test_sampled_tokens_are_distributed_as_without_speculation(small_vocab_folder):
     """Two-sample chi-square over the token after a speculated step, 1200 draws each."""
-    folder = tiny_folder("llama3")
-    prompt = looping_prompt(28, 5)
+    folder = small_vocab_folder
+    prompt = looping_prompt(28, 5, vocab_size=SMALL_VOCAB)
     params = SamplingParams(max_tokens=4, temperature=1.0, top_k=6, ignore_eos=True)
 
     def third_tokens(speculative_config) -> list[int]:
@@ -150,6 +166,7 @@ def test_sampled_tokens_are_distributed_as_without_speculation(tiny_folder):
             str(folder),
             dtype="float32",
             max_model_len=128,
+            kv_cache_memory=16 << 20,  # 4096 blocks: 256 running sequences fit, none preempted
             seed=7,
             speculative_config=speculative_config,
         )
