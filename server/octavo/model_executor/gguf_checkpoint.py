@@ -60,10 +60,23 @@ def hf_name(gguf_name: str, arch: str = "llama", num_blocks: int = 0) -> str | N
     return _names(arch, num_blocks).hf_name(gguf_name)
 
 
-def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, object]]:
+def open_gguf(path: Path):
+    """The file's ``GGUFReader``: parsing its metadata (a 49k-token vocabulary, in Python)
+    takes seconds, so the kinds check and the load of one process share a parse of the
+    same unchanged file (the reader only memory-maps the tensors)."""
+    stat = path.stat()
+    return _open_gguf(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _open_gguf(path: str, mtime_ns: int, size: int):
     from gguf import GGUFReader
 
-    reader = GGUFReader(path)
+    return GGUFReader(path)
+
+
+def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, object]]:
+    reader = open_gguf(path)
     arch, blocks = file_architecture(reader)
     experts = ExpertReader(arch)
     for tensor in reader.tensors:
@@ -89,9 +102,7 @@ def file_architecture(reader) -> tuple[str, int]:
 
 def check_gguf_kinds(path: Path) -> None:
     """Refuse, naming it, a block kind Octavo does not keep (before anything loads)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     arch, blocks = file_architecture(reader)
     for tensor in reader.tensors:
         if tensor.name.endswith("_exps.weight") and arch not in MOE_ARCHS:
