@@ -81,11 +81,21 @@ SCHEMAS = {
 QUESTION = [{"role": "user", "content": "Give me an example record as JSON."}]
 
 
+# The module's server runs this dtype (not the one ``auto`` picks here); it is also the
+# bfloat16 server of ``dtype_client``.
+SERVER_DTYPE = "bfloat16"
+
+
 @pytest.fixture(scope="module")
 def server(smol_folder) -> Iterator[ThreadedServer]:
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
     with served_model(
-        str(smol_folder), config, 2, max_model_len=1024, kv_cache_memory=64 << 20
+        str(smol_folder),
+        config,
+        2,
+        max_model_len=1024,
+        kv_cache_memory=64 << 20,
+        dtype=SERVER_DTYPE,
     ) as running:
         yield running
 
@@ -117,7 +127,11 @@ def test_guided_json_and_structured_outputs_spellings(client):
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def dtype_client(request, smol_folder) -> Iterator[openai.OpenAI]:
-    """A client of SmolLM2 served in the given dtype (not the one ``auto`` picks here)."""
+    """A client of SmolLM2 served in the given dtype (not the one ``auto`` picks here):
+    the module's server for its dtype, one more server for the other."""
+    if request.param == SERVER_DTYPE:
+        yield openai_client(request.getfixturevalue("server"))
+        return
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
     with served_model(
         str(smol_folder),
