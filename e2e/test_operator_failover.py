@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from kubernetes import client
 
@@ -36,6 +38,14 @@ ELECT = (
     "--leader-elect-retry-period",
     str(RETRY_SECONDS),
 )
+
+
+def start_replicas(cluster, tmp_path: Path) -> list[OperatorProcess]:
+    """Two replicas, started side by side (each start waits for its /healthz)."""
+    replicas = [OperatorProcess(cluster, tmp_path / f"replica-{i}", args=ELECT) for i in (0, 1)]
+    with ThreadPoolExecutor(len(replicas)) as pool:
+        list(pool.map(OperatorProcess.start, replicas))
+    return replicas
 
 
 def leads(operator: OperatorProcess) -> bool:
@@ -64,9 +74,7 @@ def deployment_args(apps: client.AppsV1Api, namespace: str, name: str) -> list[s
 def test_the_standby_takes_over_when_the_leader_dies(
     cluster, operator, no_other_operator, namespace, custom, apps, tmp_path
 ):
-    replicas = [OperatorProcess(cluster, tmp_path / f"replica-{i}", args=ELECT) for i in (0, 1)]
-    for replica in replicas:
-        replica.start()
+    replicas = start_replicas(cluster, tmp_path)
     try:
         wait_for(lambda: sum(leads(r) for r in replicas) == 1, timeout=30, what="one leader")
         leader = next(r for r in replicas if leads(r))
@@ -115,9 +123,7 @@ def test_a_paused_leader_yields_and_exits_when_it_wakes(
     """SIGSTOP the leader (a frozen node, a long pause): the standby takes over after the
     lease time and reconciles; SIGCONT, the old leader knows at once that its renew
     deadline has passed, stops without reconciling and exits as having lost the Lease (3)."""
-    replicas = [OperatorProcess(cluster, tmp_path / f"replica-{i}", args=ELECT) for i in (0, 1)]
-    for replica in replicas:
-        replica.start()
+    replicas = start_replicas(cluster, tmp_path)
     try:
         wait_for(lambda: sum(leads(r) for r in replicas) == 1, timeout=30, what="one leader")
         paused = next(r for r in replicas if leads(r))
