@@ -4,6 +4,7 @@ standby takes over, the standby's /healthz, and coalesced status writes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import os
@@ -249,3 +250,44 @@ def test_status_requests_are_coalesced():
         time.sleep(0.01)
     time.sleep(0.05)
     assert written == [("ns", "first"), ("ns", "second"), ("ns", "third")]
+
+
+def test_an_elected_operator_stops_on_a_signal_though_the_lease_was_never_lost(monkeypatch):
+    """kopf waits for its stop flag in a task; given the Lease's ``threading.Event`` it
+    waited in the loop's default executor, so after a SIGTERM (kopf's tasks cancelled, the
+    flag never set) ``asyncio.run`` waited forever for that thread at exit: the leader never
+    exited and never gave the Lease up. The flag kopf gets now is the loop's own."""
+    from argparse import Namespace
+
+    from kopf._cogs.aiokits.aioadapters import wait_flag
+
+    from octavo_operator import runner
+
+    async def operator_stopped_by_a_signal(*, stop_flag, **_) -> None:
+        waiter = asyncio.create_task(wait_flag(stop_flag))  # as kopf's stop-flag checker
+        await asyncio.sleep(0.05)
+        waiter.cancel()  # SIGTERM: kopf cancels its tasks and returns
+
+    monkeypatch.setattr(runner.kopf, "operator", operator_stopped_by_a_signal)
+    lost = threading.Event()
+    args = Namespace(liveness_port=None, namespace=[])
+    done = threading.Thread(target=runner._operate, args=(args, lost, lambda: True), daemon=True)
+    done.start()
+    done.join(10)
+    assert not done.is_alive(), "the operator's loop did not end after the signal"
+    assert not lost.is_set()
+
+
+def test_the_lease_lost_flag_stops_the_operator():
+    from octavo_operator.runner import asyncio_flag
+
+    lost = threading.Event()
+
+    async def until_stopped() -> float:
+        stop = asyncio_flag(lost)
+        threading.Timer(0.05, lost.set).start()
+        started = time.monotonic()
+        await asyncio.wait_for(stop.wait(), 5)
+        return time.monotonic() - started
+
+    assert asyncio.run(until_stopped()) < 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -73,16 +74,36 @@ def _operate(
     handlers' writes are refused as soon as ``may_write`` says no (handlers.configure)."""
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     memo = kopf.Memo(may_write=may_write) if may_write else None
-    operator = kopf.operator(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=liveness,
-        stop_flag=stop_flag,
-        memo=memo,
-    )
-    asyncio.run(operator)
+
+    async def operate() -> None:
+        await kopf.operator(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=liveness,
+            stop_flag=None if stop_flag is None else asyncio_flag(stop_flag),
+            memo=memo,
+        )
+
+    asyncio.run(operate())
     return 0
+
+
+def asyncio_flag(flag: threading.Event) -> asyncio.Event:
+    """An ``asyncio.Event`` of the running loop, set once ``flag`` is, by a daemon thread.
+
+    Given the ``threading.Event`` itself, kopf waits for it in the loop's default executor;
+    after a SIGTERM (which never sets it) ``asyncio.run`` then waits forever for that
+    executor thread at exit: the elected leader never exited, nor gave the Lease up."""
+    loop, event = asyncio.get_running_loop(), asyncio.Event()
+
+    def wait_and_set() -> None:
+        flag.wait()
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to stop
+            loop.call_soon_threadsafe(event.set)
+
+    threading.Thread(target=wait_and_set, name="lease-lost-flag", daemon=True).start()
+    return event
 
 
 def _run_as_replica(args: argparse.Namespace) -> int:
