@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from architecture_check import assert_matches_hf, check_prompts, write_tiny_checkpoint
+from architecture_check import (
+    assert_matches_hf,
+    check_prompts,
+    hf_reference,
+    write_tiny_checkpoint,
+)
 from octavo import LLM, SamplingParams
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.layers.moe import FusedMoE
@@ -38,6 +43,9 @@ QWEN3_MOE = {
     "mlp_only_layers": [],
 }
 MIXTRAL = {**MOE, "num_local_experts": 4, "sliding_window": WINDOW}
+# The engines outside the architecture check: room for their few prompts (the CPU default,
+# 2 GiB, would only cost the time and memory of zeroing it).
+KV_CACHE_MEMORY = 8 << 20
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +62,22 @@ def folders(tmp_path_factory, smol_tokenizer) -> dict[str, Path]:
     return folder
 
 
+@pytest.fixture(scope="module")
+def references(folders, smol_tokenizer):
+    """HF's greedy tokens for the check prompts, computed once per model type."""
+    made: dict[str, list[list[int]]] = {}
+
+    def reference(model_type: str) -> list[list[int]]:
+        if model_type not in made:
+            made[model_type] = hf_reference(folders(model_type), check_prompts(smol_tokenizer))
+        return made[model_type]
+
+    return reference
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe", "mixtral"])
-def test_greedy_matches_hf(folders, smol_tokenizer, model_type):
-    assert_matches_hf(folders(model_type), smol_tokenizer)
+def test_greedy_matches_hf(folders, references, smol_tokenizer, model_type):
+    assert_matches_hf(folders(model_type), smol_tokenizer, references(model_type))
 
 
 @pytest.mark.parametrize(
@@ -68,9 +89,12 @@ def test_greedy_matches_hf(folders, smol_tokenizer, model_type):
     ],
     ids=["qwen3", "qwen3_moe-experts-split", "qwen3_moe-expert-parallel"],
 )
-def test_tensor_parallel_2_matches_hf(folders, smol_tokenizer, model_type, expert_parallel):
+def test_tensor_parallel_2_matches_hf(
+    folders, references, smol_tokenizer, model_type, expert_parallel
+):
     moe = {"enable_expert_parallel": True} if expert_parallel else {}
-    assert_matches_hf(folders(model_type), smol_tokenizer, tensor_parallel_size=2, **moe)
+    folder, expected = folders(model_type), references(model_type)
+    assert_matches_hf(folder, smol_tokenizer, expected, tensor_parallel_size=2, **moe)
 
 
 def engine_model(llm: LLM):
@@ -89,7 +113,9 @@ def test_router_choices_equal_hf(folders, smol_tokenizer, model_type):
     theirs = record_experts(hf_gates, lambda output: output[2])
     with torch.no_grad():
         hf(torch.tensor([prompt]))
-    with LLM(str(folder), dtype="float32", max_model_len=160) as llm:
+    with LLM(
+        str(folder), dtype="float32", max_model_len=160, kv_cache_memory=KV_CACHE_MEMORY
+    ) as llm:
         routers = [layer.mlp.router for layer in engine_model(llm).layers]
         mine = record_experts(routers, lambda output: output[1])
         params = SamplingParams(temperature=0.0, max_tokens=1)
@@ -136,7 +162,13 @@ def test_int8_quantizes_the_experts(folders, smol_tokenizer):
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     expected = [hf_greedy(hf, prompt, 1) for prompt in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=1)
-    with LLM(str(folder), dtype="float32", max_model_len=160, quantization="int8") as llm:
+    with LLM(
+        str(folder),
+        dtype="float32",
+        max_model_len=160,
+        quantization="int8",
+        kv_cache_memory=KV_CACHE_MEMORY,
+    ) as llm:
         experts = [layer.mlp for layer in engine_model(llm).layers]
         outputs = llm.generate(prompts, params, use_tqdm=False)
     assert all(moe.w13 is None and moe.quantized is not None for moe in experts)
@@ -153,7 +185,13 @@ def test_lora_on_attention_of_a_moe_model_matches_hf_peft(folders, smol_tokenize
     expected = hf_greedy(hf_with_adapter(folder, adapter), prompt, 8, ignore_eos=True)
     with_mlp = variant(adapter, tmp_path / "mlp", tensors=add_mlp_lora(folder, rank=8))
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    with LLM(str(folder), dtype="float32", max_model_len=160, enable_lora=True) as llm:
+    with LLM(
+        str(folder),
+        dtype="float32",
+        max_model_len=160,
+        enable_lora=True,
+        kv_cache_memory=KV_CACHE_MEMORY,
+    ) as llm:
         (refused,) = llm.generate(
             [prompt], params, use_tqdm=False, lora_request=LoRARequest("mlp", 2, str(with_mlp))
         )
