@@ -69,6 +69,32 @@ def timing_lines(totals: dict[str, float], wall_s: float) -> list[str]:
     return lines
 
 
+def worker_of(report) -> str:
+    """The xdist worker that ran the report's test ("main" without xdist)."""
+    node = getattr(report, "node", None)
+    gateway = getattr(node, "gateway", None)
+    return str(getattr(report, "worker_id", None) or getattr(gateway, "id", None) or "main")
+
+
+def worker_lines(reports: list) -> list[str]:
+    """Per worker: the seconds spent in tests against the span from its first test's start
+    to its last one's end; a worker busy far less than its span stood idle between tests."""
+    spans: dict[str, list[float]] = {}
+    for report in reports:
+        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+        if start is None or stop is None:
+            continue
+        first, last, busy = spans.get(worker_of(report), [start, stop, 0.0])
+        spans[worker_of(report)] = [min(first, start), max(last, stop), busy + report.duration]
+    if not spans:
+        return []
+    began = min(first for first, _, _ in spans.values())
+    return [
+        f"{name}: busy {busy:.0f} s of {last - first:.0f} s (first test at +{first - began:.0f} s)"
+        for name, (first, last, busy) in sorted(spans.items())
+    ]
+
+
 def write_durations(totals: dict[str, float]) -> None:
     """Merge this run's unit-test files into ``durations.json`` (the e2e suite keeps its order)."""
     measured = {name: round(s, 1) for name, s in totals.items() if name.startswith("tests/")}
@@ -89,7 +115,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         return
     totals = file_totals(reports)
     terminalreporter.section("suite time")
-    for line in timing_lines(totals, time.monotonic() - _started):
+    for line in [*timing_lines(totals, time.monotonic() - _started), *worker_lines(reports)]:
         terminalreporter.write_line(line)
     if os.environ.get(WRITE_ENV) == "1":
         write_durations(totals)

@@ -19,6 +19,9 @@ class FakeItem:
 class FakeReport:
     nodeid: str
     duration: float
+    start: float | None = None
+    stop: float | None = None
+    worker_id: str | None = None
 
 
 def test_files_are_ordered_longest_first_keeping_their_own_order(monkeypatch):
@@ -58,3 +61,19 @@ def test_recorded_durations_name_existing_unit_test_files():
     assert all(name.startswith("tests/") for name in recorded)
     stale = [name for name in recorded if not (root / name).is_file()]
     assert not stale, f"durations.json names files that are gone: {stale}"
+
+
+def test_each_worker_s_busy_time_is_set_against_its_span():
+    """A worker that stood idle between its tests shows busy time well under its span."""
+    reports = [
+        FakeReport("tests/test_a.py::x", 10.0, start=100.0, stop=110.0, worker_id="gw0"),
+        FakeReport("tests/test_a.py::y", 5.0, start=110.0, stop=115.0, worker_id="gw0"),
+        FakeReport("tests/test_b.py::z", 4.0, start=102.0, stop=106.0, worker_id="gw1"),
+        FakeReport("tests/test_b.py::w", 4.0, start=146.0, stop=150.0, worker_id="gw1"),
+        FakeReport("tests/test_c.py::v", 1.0),  # no timestamps: left out
+    ]
+    assert suite_timing.worker_lines(reports) == [
+        "gw0: busy 15 s of 15 s (first test at +0 s)",
+        "gw1: busy 8 s of 48 s (first test at +2 s)",
+    ]
+    assert suite_timing.worker_lines([FakeReport("tests/test_c.py::v", 1.0)]) == []
