@@ -67,8 +67,9 @@ class LLMEngine:
             args.enable_lora, parts.config, args.max_lora_rank, self.scheduler
         )
         self.startup_adapters: StartupAdapters = self.adapters.load_modules(args.lora_modules or [])
+        architecture = parts.config.architecture
         self.mm_processor = processor_for(
-            parts.folder, takes_images(parts.config.architecture), args.limit_mm_per_prompt
+            parts.folder, architecture, takes_images(architecture), args.limit_mm_per_prompt
         )
 
     # ----- requests in -------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """A step's image features: which flat token rows they replace, and the encoder cache.
 
 During prefill, a chunk ``[start, end)`` of a sequence takes the features of the part of
-each image's placeholder range it covers. An image's features are computed once (all of
-them, by the vision tower) and kept in the ``EncoderCache`` under its content hash, so a
-prompt split inside a placeholder range, a recomputed (preempted) sequence and another
-request sending the same image take them from there; an evicted entry is recomputed.
+each image's placeholder range it covers (only the positions of that range that take
+features: some models put text tokens between an image's placeholder runs). An image's
+features are computed once (all of them, by the vision tower) and kept in the
+``EncoderCache`` under its content hash, so a prompt split inside a placeholder range, a
+recomputed (preempted) sequence and another request sending the same image take them
+from there; an evicted entry is recomputed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from octavo.scheduler.output import ScheduledSequence
 
 DEFAULT_ENCODER_CACHE_ROWS = 16384  # image feature rows kept (e.g. 28 LLaVA-1.5 images)
 
-Encoder = Callable[[torch.Tensor], torch.Tensor]  # pixels [n, C, H, W] -> [n, rows, hidden]
+# Images (their processor tensors) -> each image's features [rows, hidden], in order.
+Encoder = Callable[[list[ImageInput]], list[torch.Tensor]]
 
 
 @dataclass
@@ -31,10 +34,13 @@ class ImageEmbeds:
 
 @dataclass
 class NeededSlice:
-    row: int  # the step's flat row of the slice's first placeholder
+    rows: torch.Tensor  # the step's flat rows that take the slice's features, in order
     image: ImageInput
-    first: int  # the slice of the image's features: [first, last)
-    last: int
+    first: int  # the slice of the image's features: [first, first + len(rows))
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.rows)
 
 
 class EncoderCache:
@@ -74,19 +80,20 @@ def needed_slices(
         end = start + seq.num_new_tokens
         for image in images_of.get(seq.seq_id, ()):
             part = image.overlap(start, end)
-            if part is not None:
-                row = first_row + part[0] - start
-                needed.append(
-                    NeededSlice(row, image, part[0] - image.offset, part[1] - image.offset)
-                )
+            if part is None:
+                continue
+            taken, first_feature = image.features_in(*part)
+            if len(taken):
+                rows = first_row + part[0] - start + taken
+                needed.append(NeededSlice(rows, image, first_feature))
     return needed
 
 
 def image_features(
     images: list[ImageInput], cache: EncoderCache, encode: Encoder
 ) -> dict[str, torch.Tensor]:
-    """Every image's features: from the cache, the others through ``encode`` (batched by
-    pixel shape) and then cached."""
+    """Every image's features: from the cache, the others through ``encode`` (in one call)
+    and then cached."""
     found: dict[str, torch.Tensor] = {}
     missing: dict[str, ImageInput] = {}
     for image in images:
@@ -97,18 +104,16 @@ def image_features(
             missing[image.content_hash] = image
     cache.hits += len(found)
     cache.misses += len(missing)
-    by_shape: dict[tuple[int, ...], list[ImageInput]] = {}
-    for image in missing.values():
-        by_shape.setdefault(tuple(image.pixel_values.shape), []).append(image)
-    for group in by_shape.values():
-        features = encode(torch.stack([image.pixel_values for image in group]))
-        for image, rows in zip(group, features, strict=True):
-            if rows.shape[0] != image.length:
-                raise ValueError(
-                    f"an image has {rows.shape[0]} features but {image.length} placeholders"
-                )
-            found[image.content_hash] = rows
-            cache.put(image.content_hash, rows)
+    if not missing:
+        return found
+    computed = encode(list(missing.values()))
+    for image, rows in zip(missing.values(), computed, strict=True):
+        if rows.shape[0] != image.num_features:
+            raise ValueError(
+                f"an image has {rows.shape[0]} features but {image.num_features} placeholders"
+            )
+        found[image.content_hash] = rows
+        cache.put(image.content_hash, rows)
     return found
 
 
@@ -119,6 +124,6 @@ def step_image_embeds(
     if not needed:
         return None
     features = image_features([part.image for part in needed], cache, encode)
-    rows = [torch.arange(p.row, p.row + p.last - p.first) for p in needed]
+    rows = [part.rows for part in needed]
     slices = [features[p.image.content_hash][p.first : p.last] for p in needed]
     return ImageEmbeds(torch.cat(rows).to(device), torch.cat(slices))

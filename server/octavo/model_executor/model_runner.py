@@ -43,6 +43,7 @@ from octavo.model_executor.pending_step import PendingStep
 from octavo.model_executor.pooling_rows import Partial, PoolingAccumulator, plan_pooling
 from octavo.model_executor.proposer import Proposer
 from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
+from octavo.model_executor.vision.batching import on_device
 from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import ModelRunnerOutput
 from octavo.pooling.params import PoolingParams
@@ -377,10 +378,10 @@ class ModelRunner:
             inputs.pooled_indices = torch.tensor(rows, dtype=torch.long, device=self.device)
         return inputs
 
-    def _encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The vision tower and projector on a batch of images (``embed_images``)."""
-        pixels = pixel_values.to(self.device, self.paged.activation_dtype)
-        return self.model.embed_images(pixels)
+    def _encode_images(self, images: list[ImageInput]) -> list[torch.Tensor]:
+        """The vision tower and projector on images (``embed_images``): their features."""
+        dtype = self.paged.activation_dtype
+        return self.model.embed_images([on_device(i.data, self.device, dtype) for i in images])
 
     def _lora_batch(self, scheduled, layout: StepLayout) -> LoRABatch | None:
         """The rows of each adapter in the step (loading adapters into slots as needed)."""

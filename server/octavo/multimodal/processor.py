@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from octavo.multimodal.images import image_hash, load_image
-from octavo.multimodal.inputs import ImageInput, placeholder_runs
+from octavo.multimodal.inputs import ImageInput, placeholder_runs, placeholder_spans
+from octavo.multimodal.layouts import ImageLayout, layout_of
 from octavo.multimodal.limits import DEFAULT_IMAGE_LIMIT, MODALITIES
 
 
@@ -39,11 +40,14 @@ def image_list(multi_modal_data: Any) -> list:
 class MultiModalProcessor:
     """The model's HF processor, with the engine's image limit."""
 
-    def __init__(self, folder: Path, limits: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, folder: Path, layout: ImageLayout, limits: dict[str, int] | None = None
+    ) -> None:
         from transformers import AutoProcessor
 
         self.hf = AutoProcessor.from_pretrained(folder, trust_remote_code=False)
-        self.image_token: str = self.hf.image_token
+        self.layout = layout
+        self.image_token: str = str(self.hf.image_token)
         self.image_token_id: int = self.hf.tokenizer.convert_tokens_to_ids(self.image_token)
         self.max_images = (limits or {}).get("image", DEFAULT_IMAGE_LIMIT)
 
@@ -65,22 +69,34 @@ class MultiModalProcessor:
             add_special_tokens=add_special_tokens,
         )
         token_ids = outputs["input_ids"][0].tolist()
-        runs = placeholder_runs(token_ids, self.image_token_id)
-        if len(runs) != len(images):
-            raise ValueError(
-                f"the prompt has {len(runs)} image placeholders ({self.image_token}) for "
-                f"{len(images)} images: put one {self.image_token} where each image goes"
-            )
-        pixels = outputs["pixel_values"] if images else []
+        per_image = self.layout.split(outputs, len(images)) if images else []
+        spans = self.placeholder_spans(token_ids, per_image)
         inputs = [
-            ImageInput(image_hash(image), offset, length, pixels[index])
-            for index, (image, (offset, length)) in enumerate(zip(images, runs, strict=True))
+            ImageInput(image_hash(image), offset, length, data, mask)
+            for image, data, (offset, length, mask) in zip(images, per_image, spans, strict=True)
         ]
         return ProcessedPrompt(text, token_ids, inputs)
 
+    def placeholder_spans(
+        self, token_ids: list[int], per_image: list[dict]
+    ) -> list[tuple[int, int, object]]:
+        """(offset, length, embed_mask) of each image's placeholders in the prompt."""
+        if self.layout.feature_count is not None:
+            counts = [self.layout.feature_count(data) for data in per_image]
+            return placeholder_spans(token_ids, self.image_token_id, counts)
+        runs = placeholder_runs(token_ids, self.image_token_id)
+        if len(runs) != len(per_image):
+            raise ValueError(
+                f"the prompt has {len(runs)} image placeholders ({self.image_token}) for "
+                f"{len(per_image)} images: put one {self.image_token} where each image goes"
+            )
+        return [(offset, length, None) for offset, length in runs]
+
 
 def processor_for(
-    folder: Path, takes_images: bool, limits: dict[str, int] | None
+    folder: Path, architecture: str, takes_images: bool, limits: dict[str, int] | None
 ) -> MultiModalProcessor | None:
     """The processor of a model that takes images; None for a text-only model."""
-    return MultiModalProcessor(folder, limits) if takes_images else None
+    if not takes_images:
+        return None
+    return MultiModalProcessor(folder, layout_of(architecture), limits)

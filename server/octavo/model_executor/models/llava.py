@@ -16,6 +16,7 @@ from torch import nn
 from octavo.model_executor.model_config import ModelConfig, transformers_config
 from octavo.model_executor.models.llama import LlamaForCausalLM
 from octavo.model_executor.vision.activations import activation
+from octavo.model_executor.vision.batching import ImageData, by_shape
 from octavo.model_executor.vision.clip import CLIPVisionTower, feature_layers
 
 # Checkpoint prefixes (transformers 4 files, transformers 5 module names) -> ours.
@@ -79,9 +80,13 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
             for name, _ in module.named_parameters()
         }
 
-    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """``[images, channels, H, W]`` → ``[images, features, hidden]``: what replaces
-        each image's placeholder embeddings."""
+    def embed_images(self, images: list[ImageData]) -> list[torch.Tensor]:
+        """Each image's features ``[placeholders, hidden]``: what replaces its placeholder
+        embeddings (images of one size go through the tower together)."""
+        return by_shape(images, self.embed_pixels, "pixel_values")
+
+    def embed_pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``[images, channels, H, W]`` → ``[images, features, hidden]``."""
         states = self.vision_tower.hidden_states(pixel_values)
         selected = [states[index] for index in self.feature_layers]
         if self.drop_class_token:
