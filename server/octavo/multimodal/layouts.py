@@ -38,6 +38,8 @@ class ImageLayout:
 
 LAYOUTS: dict[str, ImageLayout] = {
     "LlavaForConditionalGeneration": ImageLayout(stacked("pixel_values")),
+    # pixel_values [images, tiles, C, H, W], padded to the most tiles; image_sizes (H, W)
+    "LlavaNextForConditionalGeneration": ImageLayout(stacked("pixel_values", "image_sizes")),
 }
 
 

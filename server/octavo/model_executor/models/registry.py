@@ -30,10 +30,16 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "LlavaNextForConditionalGeneration": ("llava_next", "LlavaNextForConditionalGeneration"),
 }
 # Architectures that take images (their class has ``embed_images``; prompts go through
 # the folder's HF processor). Gemma3ForConditionalGeneration serves its text tower only.
-IMAGE_ARCHITECTURES = frozenset({"LlavaForConditionalGeneration"})
+IMAGE_ARCHITECTURES = frozenset(
+    {
+        "LlavaForConditionalGeneration",
+        "LlavaNextForConditionalGeneration",
+    }
+)
 # Checkpoints saved from the bare decoder (no LM head): embedding models such as
 # e5-mistral (MistralModel) or gte-Qwen2 (Qwen2Model). Same class; served for pooling.
 POOLING_ARCHITECTURES: dict[str, str] = {
