@@ -36,7 +36,8 @@ trap stop_background EXIT
 
 # Both cores (xdist): a file's tests stay on one worker (its module-scoped servers start
 # once), the longest files first (tests/suite_timing.py); OCTAVO_TEST_WORKERS overrides.
-workers="${OCTAVO_TEST_WORKERS:-$(nproc)}"
+# (GNU nproc answers OMP_NUM_THREADS when it is set: 1 here, so it is asked without it.)
+workers="${OCTAVO_TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 if [ "$workers" -gt 4 ]; then workers=4; fi
 unit=0
 "$BIN/python" -m pytest -q -n "$workers" --dist loadfile || unit=$?

@@ -38,6 +38,7 @@ from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step
 from octavo.model_executor.layers.lora import LoRABatch, LoRAState
 from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.model_executor.models.causal_lm import StepResult
+from octavo.model_executor.mrope_positions import MRopePositions, supports_mrope
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.pending_step import PendingStep
 from octavo.model_executor.pooling_rows import Partial, PoolingAccumulator, plan_pooling
@@ -144,6 +145,8 @@ class ModelRunner:
         self.in_flight: PendingStep | None = None  # async scheduling: the launched step
         self.images_of: dict[int, list[ImageInput]] = {}  # every rank: a prompt's images
         self.encoder_cache = EncoderCache()  # image features by content hash
+        # M-RoPE models (Qwen-VL): each prompt's 3-D positions; None for every other model
+        self.mrope = MRopePositions(self.model) if supports_mrope(self.model) else None
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -213,7 +216,7 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         if self.loras is not None:
             self.loras.state.batch = inputs.lora
-        if self.graphs is not None and intermediate is None:
+        if self.graphs is not None and intermediate is None and inputs.positions.dim() == 1:
             size = self.graphs.size_for(inputs)
             if size is not None:  # a decode step: replay the graph of its padded size
                 return self.graphs.run(inputs, size)
@@ -238,7 +241,7 @@ class ModelRunner:
             received = None
             if not self.stage.is_first:
                 received = receive_from_previous_stage(
-                    len(inputs.positions),
+                    inputs.input_ids.shape[0],
                     self.model.config.hidden_size,
                     self.paged.activation_dtype,
                     self.device,
@@ -262,12 +265,16 @@ class ModelRunner:
             self.lora_of.pop(seq_id, None)
             self.pooling_of.pop(seq_id, None)
             self.images_of.pop(seq_id, None)
+        if self.mrope is not None:
+            self.mrope.forget(step.finished_seq_ids)
         self.pooling.forget(step.finished_seq_ids + step.preempted_seq_ids)
         for data in step.new_sequences:
             if data.lora_request is not None:
                 self.lora_of[data.seq_id] = data.lora_request
             if data.images:
                 self.images_of[data.seq_id] = data.images
+            if self.mrope is not None:
+                self.mrope.add(data)
         for data in step.new_sequences:
             if data.params.pooling is not None:
                 self.pooling_of[data.seq_id] = data.params.pooling
@@ -368,6 +375,9 @@ class ModelRunner:
         scored = self._prompt_scoring(scheduled, layout)
         inputs = step_inputs(layout, num_prefills, self.device, scored)
         inputs.lora = self._lora_batch(scheduled, layout)
+        if self.mrope is not None:
+            flat = self.mrope.step_positions(scheduled, layout.seq_starts, layout.positions)
+            inputs.positions = flat.to(self.device)
         if self.images_of and self.stage.is_first:
             needed = needed_slices(scheduled, layout.seq_starts, self.images_of)
             inputs.image_embeds = step_image_embeds(

@@ -289,24 +289,35 @@ class RotaryEmbedding:
 
     def for_step(self, positions: torch.Tensor) -> RotaryStep:
         """What every layer of one step needs to rotate its queries and keys."""
-        ops = ops_for(self.cos)
-        rows = self.tables(positions) if ops is None else None
-        return RotaryStep(self, positions, ops, rows)
+        return RotaryStep.over(self.rotary_dim, positions, self.cos, self.sin)
 
 
 @dataclass
 class RotaryStep:
-    rotary: RotaryEmbedding
-    positions: torch.Tensor  # [tokens] int64
+    rotary_dim: int
+    positions: torch.Tensor  # [tokens] int64: each token's row of ``cos`` and ``sin``
+    cos: torch.Tensor  # [rows, rotary_dim] tables (attention factor folded in)
+    sin: torch.Tensor
     ops: object | None  # the native kernels, or None for the torch path
     rows: tuple[torch.Tensor, torch.Tensor] | None  # the torch path's cos/sin rows, once a step
 
+    @classmethod
+    def over(
+        cls, rotary_dim: int, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> RotaryStep:
+        """The step's rotation by the ``positions`` rows of the ``cos``/``sin`` tables."""
+        ops = ops_for(cos)
+        rows = None
+        if ops is None:
+            rows = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        return cls(rotary_dim, positions, cos, sin, ops, rows)
+
     def apply_(self, qk: torch.Tensor) -> None:
         """Rotate ``qk [tokens, heads, head_dim]`` in place (its first ``rotary_dim`` dims)."""
-        if self.rotary.rotary_dim < qk.shape[-1]:
-            qk = qk[..., : self.rotary.rotary_dim]
+        if self.rotary_dim < qk.shape[-1]:
+            qk = qk[..., : self.rotary_dim]
         if self.ops is not None:
-            self.ops.rotary_embedding(self.positions, qk, self.rotary.cos, self.rotary.sin)
+            self.ops.rotary_embedding(self.positions, qk, self.cos, self.sin)
             return
         cos, sin = self.rows
         qk.copy_(apply_rotary(qk, cos, sin))

@@ -24,7 +24,7 @@ from octavo.scheduler.output import ScheduledSequence
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
-    positions: torch.Tensor
+    positions: torch.Tensor  # [tokens]; [3, tokens] for M-RoPE models (mrope_positions.py)
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # the sampled rows, then the prompt-scoring rows
     sampled: list[ScheduledSequence]  # each samples 1 + num_spec_tokens logits rows

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from octavo.multimodal.sized_images import feature_grids, sized_features, split_sized
+from octavo.multimodal.tiles import split_tiles, tile_counts, tile_features
+
 Split = Callable[[Mapping[str, torch.Tensor], int], list[dict[str, torch.Tensor]]]
+# (the HF processor, its outputs) -> more tensors for the split
+Extra = Callable[[Any, Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 def stacked(*keys: str) -> Split:
@@ -34,12 +40,25 @@ class ImageLayout:
     # Placeholder tokens of one image from its tensors; None: each image's placeholders
     # are one unbroken run, found in the expanded prompt.
     feature_count: Callable[[dict[str, torch.Tensor]], int] | None = None
+    # Tensors the split needs beyond the processor's outputs, read with the processor at
+    # hand (Idefics3's tiles per image, from the expanded prompt); None: none.
+    extra_outputs: Extra | None = None
+
+
+# Idefics3 / SmolVLM: every image's tiles in one [1, tiles, C, H, W], counted per image
+# from the prompt; an image's placeholders are image_seq_len per tile, with text between.
+_TILES = ImageLayout(split_tiles, tile_features, tile_counts)
 
 
 LAYOUTS: dict[str, ImageLayout] = {
     "LlavaForConditionalGeneration": ImageLayout(stacked("pixel_values")),
+    "Idefics3ForConditionalGeneration": _TILES,
+    "SmolVLMForConditionalGeneration": _TILES,
     # pixel_values [images, tiles, C, H, W], padded to the most tiles; image_sizes (H, W)
     "LlavaNextForConditionalGeneration": ImageLayout(stacked("pixel_values", "image_sizes")),
+    # Pixtral's processor: pixel_values padded to the largest image, image_sizes (H, W);
+    # [IMG] per merged patch, row by row, [IMG_BREAK]/[IMG_END] between the rows
+    "Mistral3ForConditionalGeneration": ImageLayout(split_sized, sized_features, feature_grids),
 }
 
 

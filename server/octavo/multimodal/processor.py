@@ -69,6 +69,8 @@ class MultiModalProcessor:
             add_special_tokens=add_special_tokens,
         )
         token_ids = outputs["input_ids"][0].tolist()
+        if images and self.layout.extra_outputs is not None:
+            outputs = {**outputs, **self.layout.extra_outputs(self.hf, outputs)}
         per_image = self.layout.split(outputs, len(images)) if images else []
         spans = self.placeholder_spans(token_ids, per_image)
         inputs = [

@@ -30,7 +30,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
+    "SmolVLMForConditionalGeneration": ("idefics3", "SmolVLMForConditionalGeneration"),
     "LlavaNextForConditionalGeneration": ("llava_next", "LlavaNextForConditionalGeneration"),
+    "Mistral3ForConditionalGeneration": ("mistral3", "Mistral3ForConditionalGeneration"),
 }
 # Architectures that take images (their class has ``embed_images``; prompts go through
 # the folder's HF processor). Gemma3ForConditionalGeneration serves its text tower only.
@@ -38,6 +41,9 @@ IMAGE_ARCHITECTURES = frozenset(
     {
         "LlavaForConditionalGeneration",
         "LlavaNextForConditionalGeneration",
+        "Idefics3ForConditionalGeneration",
+        "SmolVLMForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
     }
 )
 # Checkpoints saved from the bare decoder (no LM head): embedding models such as

@@ -11,11 +11,18 @@ The tower is small next to the language model: every tensor-parallel rank holds 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.model_executor.rotary import apply_rotary
 from octavo.model_executor.vision.activations import activation
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [tokens, head_dim]: rotary patch positions
 
 
 class CLIPVisionEmbeddings(nn.Module):
@@ -42,23 +49,33 @@ class CLIPVisionEmbeddings(nn.Module):
 
 
 class CLIPAttention(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, bias: bool = True) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
-        self.q_proj = nn.Linear(hidden, hidden)
-        self.k_proj = nn.Linear(hidden, hidden)
-        self.v_proj = nn.Linear(hidden, hidden)
-        self.out_proj = nn.Linear(hidden, hidden)
+        self.q_proj = nn.Linear(hidden, hidden, bias=bias)
+        self.k_proj = nn.Linear(hidden, hidden, bias=bias)
+        self.v_proj = nn.Linear(hidden, hidden, bias=bias)
+        self.out_proj = nn.Linear(hidden, hidden, bias=bias)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        rope: Rope | None = None,
+    ) -> torch.Tensor:
+        """``attention_mask``: bool, True where a patch may be attended (broadcast to
+        ``[images, heads, tokens, tokens]``); None: every patch sees every patch.
+        ``rope``: rotates queries and keys by each patch's position (Pixtral)."""
         images, tokens, width = hidden.shape
 
         def heads(x: torch.Tensor) -> torch.Tensor:
             return x.view(images, tokens, self.num_heads, -1).transpose(1, 2)
 
         q, k, v = heads(self.q_proj(hidden)), heads(self.k_proj(hidden)), heads(self.v_proj(hidden))
-        attended = F.scaled_dot_product_attention(q, k, v)  # every patch sees every patch
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
         return self.out_proj(attended.transpose(1, 2).reshape(images, tokens, width))
 
 
@@ -73,23 +90,58 @@ class CLIPMLP(nn.Module):
         return self.fc2(self.act(self.fc1(hidden)))
 
 
-class CLIPEncoderLayer(nn.Module):
+class GatedVisionMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` without biases (Pixtral's feed-forward)."""
+
     def __init__(self, config) -> None:
         super().__init__()
-        self.layer_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.self_attn = CLIPAttention(config)
-        self.layer_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = CLIPMLP(config)
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.act = activation(config.hidden_act)
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.layer_norm1(hidden))
+        return self.down_proj(self.act(self.gate_proj(hidden)) * self.up_proj(hidden))
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """Where a tower's encoder layer differs from CLIP's: its norm (made from the hidden
+    size; None: LayerNorm with the config's ``layer_norm_eps``), its feed-forward block
+    (made from the config) and whether its attention projections have biases."""
+
+    norm: Callable[[int], nn.Module] | None = None
+    mlp: Callable[[object], nn.Module] = CLIPMLP
+    bias: bool = True
+
+
+CLIP_LAYER = LayerOptions()
+
+
+class CLIPEncoderLayer(nn.Module):
+    def __init__(self, config, options: LayerOptions = CLIP_LAYER) -> None:
+        super().__init__()
+        norm = options.norm or functools.partial(nn.LayerNorm, eps=config.layer_norm_eps)
+        self.layer_norm1 = norm(config.hidden_size)
+        self.self_attn = CLIPAttention(config, options.bias)
+        self.layer_norm2 = norm(config.hidden_size)
+        self.mlp = options.mlp(config)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        rope: Rope | None = None,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.layer_norm1(hidden), attention_mask, rope)
         return hidden + self.mlp(self.layer_norm2(hidden))
 
 
 class CLIPEncoder(nn.Module):
-    def __init__(self, config, num_layers: int) -> None:
+    def __init__(self, config, num_layers: int, options: LayerOptions = CLIP_LAYER) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(CLIPEncoderLayer(config) for _ in range(num_layers))
+        self.layers = nn.ModuleList(CLIPEncoderLayer(config, options) for _ in range(num_layers))
 
 
 class CLIPVisionTower(nn.Module):
