@@ -46,8 +46,8 @@ def _serves_pods(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``serving`` the tests whose pods run ``octavo serve`` (CPU and memory): `make
-    test` runs the others beside the unit suite and these after it (scripts/run-tests.sh)."""
+    """Mark ``serving`` the tests whose pods run ``octavo serve`` (CPU and memory), so a
+    person can select them (``-m serving``) or leave them out (``-m "not serving"``)."""
     for item in items:
         if _serves_pods(item):
             item.add_marker(pytest.mark.serving)

@@ -3,32 +3,30 @@
 #
 # The unit tests run one torch thread per process, one process per core. Meanwhile, in the
 # background: the control plane's binaries are built (Go, `nice`d, cached in
-# ~/.cache/octavo-e2e; nothing to do when cached), then the e2e tests that start no
-# `octavo serve` pod (the API server, the operator and kwok only: mostly waiting on timers,
-# little CPU or memory) run against it, then checkov. The e2e tests that serve pods run
-# once the unit suite is done (they would compete with it for the cores and memory).
-# OCTAVO_E2E_OVERLAP=0 runs the whole e2e suite after the unit suite instead.
+# ~/.cache/octavo-e2e; nothing to do when cached), then the e2e suite runs against it (the
+# API server, the operator, kwok and a few `octavo serve` pods: mostly waiting on timers
+# and pods, little CPU), then checkov. OCTAVO_E2E_OVERLAP=0 runs the e2e suite after the
+# unit suite instead (on a machine too small to hold both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-.venv/bin}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 overlap="${OCTAVO_E2E_OVERLAP:-1}"
 background_log=$(mktemp -t octavo-test-background.XXXXXX)
-light_status=$(mktemp -t octavo-test-light.XXXXXX)
+e2e_status=$(mktemp -t octavo-test-e2e.XXXXXX)
 
 background_work() {
     "$BIN/python" -m e2e.cluster build || return $?
     if [ "$overlap" != "0" ]; then
-        echo "== e2e tests without serving pods (beside the unit suite)"
-        # The cluster stays up for the serving half, which stops it.
-        local light=0
-        OCTAVO_E2E_KEEP_CLUSTER=1 "$BIN/python" -m pytest -q e2e -m "not serving" || light=$?
-        echo "$light" >"$light_status"
+        echo "== the e2e suite (beside the unit suite)"
+        local e2e=0
+        "$BIN/python" -m pytest -q e2e || e2e=$?
+        echo "$e2e" >"$e2e_status"
     fi
     ./scripts/checkov.sh
 }
 export -f background_work
-export BIN overlap light_status
+export BIN overlap e2e_status
 setsid bash -c background_work >"$background_log" 2>&1 &
 background=$!
 stop_background() { kill -- "-$background" 2>/dev/null || true; }
@@ -42,7 +40,7 @@ if [ "$workers" -gt 4 ]; then workers=4; fi
 unit=0
 "$BIN/python" -m pytest -q -n "$workers" --dist loadfile || unit=$?
 
-echo "== waiting for the control-plane build, the e2e tests beside the unit suite, and checkov"
+echo "== waiting for the control-plane build, the e2e suite beside the unit suite, and checkov"
 status=0
 wait "$background" || status=$?
 trap - EXIT
@@ -54,13 +52,10 @@ if [ "$status" -ne 0 ]; then
 fi
 e2e=0
 if [ "$overlap" != "0" ]; then
-    light=$(cat "$light_status")
-    "$BIN/python" -m pytest -q e2e -m serving || e2e=$?
-    "$BIN/python" -m e2e.cluster down >/dev/null || true
-    if [ "$light" != "0" ]; then e2e=$light; fi
+    e2e=$(cat "$e2e_status")
 else
     "$BIN/python" -m pytest -q e2e || e2e=$?
 fi
-rm -f "$light_status"
+rm -f "$e2e_status"
 if [ "$unit" -ne 0 ]; then exit "$unit"; fi
 exit "$e2e"

@@ -3,7 +3,10 @@ tests keep their order, and the summary adds up per file."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +80,16 @@ def test_each_worker_s_busy_time_is_set_against_its_span():
         "gw1: busy 8 s of 48 s (first test at +2 s)",
     ]
     assert suite_timing.worker_lines([FakeReport("tests/test_c.py::v", 1.0)]) == []
+
+
+def test_make_test_counts_every_core_with_one_torch_thread_exported():
+    """`make test` exports OMP_NUM_THREADS=1, which GNU nproc answers: the xdist worker count
+    must still be the cores this process may use (it once ran the unit suite on one)."""
+    script = Path(__file__).parents[1] / "scripts" / "run-tests.sh"
+    line = next(x for x in script.read_text().splitlines() if x.startswith("workers="))
+    env = {key: value for key, value in os.environ.items() if key != "OCTAVO_TEST_WORKERS"}
+    env["OMP_NUM_THREADS"] = "1"
+    shown = subprocess.run(
+        ["bash", "-c", f'{line}; echo "$workers"'], env=env, capture_output=True, text=True
+    )
+    assert shown.stdout.strip() == str(len(os.sched_getaffinity(0)))
