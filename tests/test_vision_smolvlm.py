@@ -1,0 +1,264 @@
+"""SmolVLM / Idefics3 (tiles + a global image) on a tiny random checkpoint, against HF.
+
+The folder is written here: a tiny Idefics3 vision tower (16-pixel tiles of 4x4 patches),
+the pixel-shuffle connector (scale 2: 4 features a tile) and a Llama text model, saved as
+``SmolVLMForConditionalGeneration`` with the ``Idefics3Processor`` (SmolVLM's own
+processor is the same for images but needs ``num2words``). Images are resized to a
+32-pixel longest edge and cut into 16-pixel tiles: a 4:3 image is 2x2 tiles + the global
+one (20 placeholders), a 3:1 image 1x2 + global (12). Between an image's tile runs the
+prompt has text (``<fake_token_around_image><row_1_col_2>``, newlines). Greedy fp32
+outputs must be token-identical to transformers: one image, two images, text only; with
+chunked prefill cutting the images' spans (inside runs and in the text between them) and
+preemption; prefix blocks shared by the same image only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from octavo import SamplingParams
+from octavo.entrypoints.llm import LLM
+
+TILE, PATCH, SCALE = 16, 4, 2  # 16 patches a tile, 4 features after the pixel shuffle
+IMAGE_SEQ_LEN = (TILE // PATCH) ** 2 // SCALE**2
+NEW_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
+BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
+SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
+
+
+def random_image(seed: int, width: int, height: int) -> Image.Image:
+    generator = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+# 2x2 tiles + global (5 tiles), 1x2 + global (3), 2x2 + global (5)
+IMAGES = [random_image(1, 40, 30), random_image(2, 60, 20), random_image(3, 33, 50)]
+CASES = [  # (prompt, images)
+    ("<image>\nWhat is in this picture?", [IMAGES[0]]),
+    ("Compare <image> with <image> please", [IMAGES[0], IMAGES[1]]),
+    ("Hello there, how are you", []),
+]
+
+
+def build_smolvlm(folder: Path, smol_folder: Path) -> Path:
+    from transformers import (
+        AutoTokenizer,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_folder)
+    image_processor = Idefics3ImageProcessor(
+        size={"longest_edge": 2 * TILE}, max_image_size={"longest_edge": TILE}
+    )
+    processor = Idefics3Processor(  # adds <fake_token_around_image>, <image> to the tokenizer
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN
+    )
+    vision = Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=TILE,
+        patch_size=PATCH,
+    )
+    text = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = SmolVLMConfig(
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        scale_factor=SCALE,
+        image_token_id=processor.image_token_id,
+    )
+    torch.manual_seed(1234)
+    model = SmolVLMForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
+            parameter.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def smolvlm_folder(tmp_path_factory, smol_folder) -> Path:
+    return build_smolvlm(tmp_path_factory.mktemp("smolvlm"), smol_folder)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(smolvlm_folder):
+    """Greedy token ids transformers generates for (prompt, images)."""
+    from transformers import AutoProcessor, SmolVLMForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(smolvlm_folder)
+    model = SmolVLMForConditionalGeneration.from_pretrained(smolvlm_folder, dtype=torch.float32)
+    model.eval()
+    done: dict[tuple, list[int]] = {}
+
+    def generate(prompt: str, images: list) -> list[int]:
+        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(
+                **inputs,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=model.generation_config.eos_token_id,
+            )
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+    def cached(prompt: str, images: list) -> list[int]:
+        key = (prompt, tuple(map(id, images)))
+        if key not in done:
+            done[key] = generate(prompt, images)
+        return done[key]
+
+    return cached
+
+
+@pytest.fixture(scope="module")
+def smolvlm(smolvlm_folder):
+    with LLM(
+        str(smolvlm_folder), dtype="float32", max_model_len=256, kv_cache_memory=SMALL_KV
+    ) as llm:
+        yield llm
+
+
+def as_prompt(text: str, images: list) -> str | dict:
+    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in outputs]
+
+
+def test_greedy_matches_hf_with_one_two_and_no_images(smolvlm, hf_reference):
+    expected = [hf_reference(text, images) for text, images in CASES]
+    outputs = smolvlm.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    other = smolvlm.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
+    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+
+
+def test_each_image_gets_its_own_tiles_and_masked_span(smolvlm):
+    processor = smolvlm.engine.mm_processor
+    prompt = processor.process(CASES[1][0], CASES[1][1])
+    first, second = prompt.images
+    assert [len(image.pixel_values) for image in prompt.images] == [5, 3]
+    assert [image.num_features for image in prompt.images] == [5 * 4, 3 * 4]
+    assert first.embed_mask is not None and second.embed_mask is not None
+    assert first.length > first.num_features  # markers and newlines between the tile runs
+    assert first.end < second.offset
+
+
+def test_chunked_prefill_inside_spans_and_preemption_match_hf(smolvlm_folder, hf_reference):
+    cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[1]])]
+    expected = [hf_reference(text, images) for text, images in cases]
+    with LLM(
+        str(smolvlm_folder),
+        dtype="float32",
+        max_model_len=160,
+        max_num_batched_tokens=8,  # chunks end inside tile runs and in the text between
+        kv_cache_memory=11 * BLOCK_BYTES,
+    ) as llm:
+        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
+        assert token_ids(outputs) == expected
+        assert llm.engine.stats().num_preemptions > 0
+        cache = llm.engine.executor.worker.runner.encoder_cache
+        assert cache.hits > 0  # later chunks (and recomputes) took the features cached
+
+
+def test_prefix_blocks_are_shared_by_the_same_image_only(smolvlm, hf_reference):
+    text = "Look: <image>\nDescribe the colours you see in it"  # block 0 ends mid-image
+    first = smolvlm.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
+    other = smolvlm.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
+    same = smolvlm.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
+    placeholders = [
+        position
+        for position, token in enumerate(first.prompt_token_ids)
+        if token == smolvlm.engine.mm_processor.image_token_id
+    ]
+    assert 0 < placeholders[0] < 16 < placeholders[-1]  # the first block ends in the image
+    assert other.num_cached_tokens == 0
+    assert same.num_cached_tokens >= 16
+    assert (
+        same.outputs[0].token_ids == first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
+    )
+
+
+def test_split_drops_padding_tiles_and_gives_each_image_its_own():
+    from octavo.multimodal.tiles import split_tiles, tile_features
+
+    pixels = torch.randn(1, 6, 3, TILE, TILE)
+    pixels[0, 5] = 0.0  # a padding tile (a batch's shorter prompt): transformers drops it
+    mask = torch.ones(1, 6, TILE, TILE, dtype=torch.long)
+    mask[0, 1, :, 8:] = 0  # image 0's second tile is half padding
+    outputs = {
+        "pixel_values": pixels,
+        "pixel_attention_mask": mask,
+        "tiles_per_image": torch.tensor([3, 2]),
+        "image_seq_len": torch.tensor(IMAGE_SEQ_LEN),
+    }
+    first, second = split_tiles(outputs, 2)
+    assert torch.equal(first["pixel_values"], pixels[0, :3])
+    assert torch.equal(second["pixel_values"], pixels[0, 3:5])
+    assert torch.equal(first["pixel_attention_mask"], mask[0, :3].bool())
+    assert "pixel_attention_mask" not in second  # no padding: the tower needs no mask
+    assert [tile_features(first), tile_features(second)] == [3 * 4, 2 * 4]
+    with pytest.raises(ValueError, match=r"tiles \[3, 3\] for 2 images, the processor made 5"):
+        split_tiles({**outputs, "tiles_per_image": torch.tensor([3, 3])}, 2)
+
+
+def test_tower_and_connector_match_hf_on_padded_and_small_tiles():
+    from transformers import Idefics3Config, Idefics3VisionConfig
+    from transformers.models.idefics3.modeling_idefics3 import (
+        Idefics3Connector as HFConnector,
+    )
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer as HF
+
+    from octavo.model_executor.models.idefics3 import pixel_shuffle
+    from octavo.model_executor.vision.idefics3 import Idefics3VisionTransformer
+
+    vision = Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=28,  # 7x7 position grid; tiles of 6x6 patches bucket onto it
+        patch_size=PATCH,
+    )
+    torch.manual_seed(0)
+    hf = HF(vision).eval()
+    ours = Idefics3VisionTransformer(vision)
+    ours.load_state_dict(hf.state_dict())
+    pixels = torch.randn(2, 3, 24, 24)
+    mask = torch.ones(2, 24, 24, dtype=torch.bool)
+    mask[1, 13:, :] = False  # padding rows (partial patches count as real, as in HF)
+    patch_mask = mask.unfold(1, PATCH, PATCH).unfold(2, PATCH, PATCH).sum(dim=(-1, -2)) > 0
+    with torch.no_grad():
+        expected = hf(pixels, patch_attention_mask=patch_mask).last_hidden_state
+        got = ours(pixels, mask)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    connector = HFConnector(Idefics3Config(vision_config=vision.to_dict(), scale_factor=3))
+    patches = torch.randn(2, 36, 32)
+    assert torch.equal(pixel_shuffle(patches, 3), connector.pixel_shuffle(patches, 3))
