@@ -34,6 +34,16 @@ def stacked(*keys: str) -> Split:
     return split
 
 
+def by_patch_grid(
+    outputs: Mapping[str, torch.Tensor], count: int
+) -> list[dict[str, torch.Tensor]]:
+    """Patches flattened over all images (Qwen-VL): image ``i`` takes its ``t * h * w``
+    rows of ``pixel_values`` and its row of ``image_grid_thw``."""
+    grids = outputs["image_grid_thw"]
+    pixels = outputs["pixel_values"].split(grids.prod(dim=-1).tolist())
+    return [{"pixel_values": pixels[i], "image_grid_thw": grids[i]} for i in range(count)]
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     split: Split
@@ -59,6 +69,9 @@ LAYOUTS: dict[str, ImageLayout] = {
     # Pixtral's processor: pixel_values padded to the largest image, image_sizes (H, W);
     # [IMG] per merged patch, row by row, [IMG_BREAK]/[IMG_END] between the rows
     "Mistral3ForConditionalGeneration": ImageLayout(split_sized, sized_features, feature_grids),
+    # Qwen2.5-VL: every image's patches in one [patches, C*T*P*P] beside image_grid_thw
+    # [images, 3]; one <|image_pad|> per merged patch, one run per image
+    "Qwen2_5_VLForConditionalGeneration": ImageLayout(by_patch_grid),
 }
 
 

@@ -34,6 +34,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "SmolVLMForConditionalGeneration": ("idefics3", "SmolVLMForConditionalGeneration"),
     "LlavaNextForConditionalGeneration": ("llava_next", "LlavaNextForConditionalGeneration"),
     "Mistral3ForConditionalGeneration": ("mistral3", "Mistral3ForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
 }
 # Architectures that take images (their class has ``embed_images``; prompts go through
 # the folder's HF processor). Gemma3ForConditionalGeneration serves its text tower only.
@@ -44,6 +45,7 @@ IMAGE_ARCHITECTURES = frozenset(
         "Idefics3ForConditionalGeneration",
         "SmolVLMForConditionalGeneration",
         "Mistral3ForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
     }
 )
 # Checkpoints saved from the bare decoder (no LM head): embedding models such as

@@ -49,13 +49,16 @@ class CLIPVisionEmbeddings(nn.Module):
 
 
 class CLIPAttention(nn.Module):
-    def __init__(self, config, bias: bool = True) -> None:
+    def __init__(self, config, bias: bool = True, fused_qkv: bool = False) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
-        self.q_proj = nn.Linear(hidden, hidden, bias=bias)
-        self.k_proj = nn.Linear(hidden, hidden, bias=bias)
-        self.v_proj = nn.Linear(hidden, hidden, bias=bias)
+        if fused_qkv:  # one [3 * hidden, hidden] projection, q then k then v (Qwen2.5-VL)
+            self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
+        else:
+            self.q_proj = nn.Linear(hidden, hidden, bias=bias)
+            self.k_proj = nn.Linear(hidden, hidden, bias=bias)
+            self.v_proj = nn.Linear(hidden, hidden, bias=bias)
         self.out_proj = nn.Linear(hidden, hidden, bias=bias)
 
     def forward(
@@ -72,11 +75,16 @@ class CLIPAttention(nn.Module):
         def heads(x: torch.Tensor) -> torch.Tensor:
             return x.view(images, tokens, self.num_heads, -1).transpose(1, 2)
 
-        q, k, v = heads(self.q_proj(hidden)), heads(self.k_proj(hidden)), heads(self.v_proj(hidden))
+        q, k, v = (heads(x) for x in self.project(hidden))
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
         return self.out_proj(attended.transpose(1, 2).reshape(images, tokens, width))
+
+    def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if hasattr(self, "qkv"):
+            return self.qkv(hidden).chunk(3, dim=-1)
+        return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
 
 
 class CLIPMLP(nn.Module):
@@ -91,15 +99,16 @@ class CLIPMLP(nn.Module):
 
 
 class GatedVisionMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))`` without biases (Pixtral's feed-forward)."""
+    """``down(act(gate(x)) * up(x))``, without biases (Pixtral's feed-forward) or with
+    (Qwen2.5-VL's)."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, bias: bool = False) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
         self.act = activation(config.hidden_act)
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(hidden)) * self.up_proj(hidden))
@@ -109,11 +118,13 @@ class GatedVisionMLP(nn.Module):
 class LayerOptions:
     """Where a tower's encoder layer differs from CLIP's: its norm (made from the hidden
     size; None: LayerNorm with the config's ``layer_norm_eps``), its feed-forward block
-    (made from the config) and whether its attention projections have biases."""
+    (made from the config), whether its attention projections have biases and whether
+    Q, K and V are one ``qkv`` projection."""
 
     norm: Callable[[int], nn.Module] | None = None
     mlp: Callable[[object], nn.Module] = CLIPMLP
     bias: bool = True
+    fused_qkv: bool = False
 
 
 CLIP_LAYER = LayerOptions()
@@ -124,7 +135,7 @@ class CLIPEncoderLayer(nn.Module):
         super().__init__()
         norm = options.norm or functools.partial(nn.LayerNorm, eps=config.layer_norm_eps)
         self.layer_norm1 = norm(config.hidden_size)
-        self.self_attn = CLIPAttention(config, options.bias)
+        self.self_attn = CLIPAttention(config, options.bias, options.fused_qkv)
         self.layer_norm2 = norm(config.hidden_size)
         self.mlp = options.mlp(config)
 
