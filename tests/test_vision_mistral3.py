@@ -1,0 +1,217 @@
+"""Mistral 3 (Pixtral vision tower, patch-merging projector, Mistral decoder) on a tiny random
+checkpoint, against HF ``generate``.
+
+The folder is written here: a tiny Pixtral tower + Mistral 3 projector + Mistral text model,
+and the ``PixtralProcessor`` (tiny ``patch_size`` and ``longest_edge``; the tests'
+tokenizer with ``[IMG]``, ``[IMG_BREAK]`` and ``[IMG_END]``). Images keep their own sizes,
+so one image's placeholders are one ``[IMG]`` run per feature row with ``[IMG_BREAK]``
+between (text tokens inside the image's span). Greedy fp32 outputs must be token-identical
+to transformers on the processor's inputs: one image, two images of different sizes, text
+only; also with chunked prefill cutting an image's span, preemption and recompute.
+Prefix-cache blocks are shared by the same image only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from octavo import SamplingParams
+from octavo.entrypoints.llm import LLM
+
+PATCH, MERGE, LONGEST_EDGE = 4, 2, 32  # at most 8x8 patches, 4x4 features per image
+NEW_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
+BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
+SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
+
+
+def random_image(seed: int, width: int, height: int) -> Image.Image:
+    generator = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+# width x height 40x30 -> 32x24 pixels: 3 rows of 4 features; 20x28 and 33x50 -> 24x32:
+# 4 rows of 3 features
+IMAGES = [random_image(1, 40, 30), random_image(2, 20, 28), random_image(3, 33, 50)]
+CASES = [  # (prompt, images)
+    ("[IMG]\nWhat is in this picture?", [IMAGES[0]]),
+    ("Compare [IMG] with [IMG] please", [IMAGES[0], IMAGES[1]]),
+    ("Hello there, how are you", []),
+]
+IMAGE_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+
+
+def tiny_configs(tokenizer):
+    from transformers import Mistral3Config, MistralConfig, PixtralVisionConfig
+
+    vision = PixtralVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=LONGEST_EDGE,
+        patch_size=PATCH,
+        hidden_act="silu",
+    )
+    text = MistralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        sliding_window=None,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return Mistral3Config(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=MERGE,
+        vision_feature_layer=-1,
+        tie_word_embeddings=False,
+    )
+
+
+def build_mistral3(folder: Path, smol_folder: Path) -> Path:
+    from transformers import (
+        AutoTokenizer,
+        Mistral3ForConditionalGeneration,
+        PixtralImageProcessor,
+        PixtralProcessor,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_folder)
+    tokenizer.add_tokens(IMAGE_TOKENS, special_tokens=True)
+    torch.manual_seed(1234)
+    model = Mistral3ForConditionalGeneration(tiny_configs(tokenizer)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
+            parameter.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    image_processor = PixtralImageProcessor(
+        size={"longest_edge": LONGEST_EDGE}, patch_size={"height": PATCH, "width": PATCH}
+    )
+    processor = PixtralProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        chat_template=tokenizer.chat_template,
+    )
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mistral3_folder(tmp_path_factory, smol_folder) -> Path:
+    return build_mistral3(tmp_path_factory.mktemp("mistral3"), smol_folder)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(mistral3_folder):
+    """Greedy token ids transformers generates for (prompt, images), each computed once."""
+    from transformers import AutoProcessor, Mistral3ForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(mistral3_folder)
+    model = Mistral3ForConditionalGeneration.from_pretrained(mistral3_folder, dtype=torch.float32)
+    model.eval()
+    done: dict[tuple, list[int]] = {}
+
+    def generate(prompt: str, images: list) -> list[int]:
+        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(
+                **inputs,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=model.generation_config.eos_token_id,
+            )
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+    def cached(prompt: str, images: list) -> list[int]:
+        key = (prompt, tuple(map(id, images)))
+        if key not in done:
+            done[key] = generate(prompt, images)
+        return done[key]
+
+    return cached
+
+
+@pytest.fixture(scope="module")
+def mistral3(mistral3_folder):
+    with LLM(
+        str(mistral3_folder),
+        dtype="float32",
+        max_model_len=256,
+        limit_mm_per_prompt={"image": 2},
+        kv_cache_memory=SMALL_KV,
+    ) as llm:
+        yield llm
+
+
+def as_prompt(text: str, images: list) -> str | dict:
+    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in outputs]
+
+
+def test_greedy_matches_hf_with_one_two_and_no_images(mistral3, hf_reference):
+    expected = [hf_reference(text, images) for text, images in CASES]
+    outputs = mistral3.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    other = mistral3.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
+    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+
+
+def test_an_images_span_has_its_row_breaks_as_text(mistral3):
+    processed = mistral3.engine.mm_processor.process(CASES[1][0], CASES[1][1])
+    first, second = processed.images
+    assert (first.num_features, first.length) == (12, 14)  # 3 rows of 4, 2 breaks between
+    assert (second.num_features, second.length) == (12, 15)  # 4 rows of 3, 3 breaks between
+    assert first.embed_mask.tolist()[:6] == [True] * 4 + [False, True]
+    assert first.pixel_values.shape == (3, 24, 32)  # its own pixels, not the batch's padding
+    assert second.pixel_values.shape == (3, 32, 24)
+
+
+def test_chunked_prefill_inside_an_image_and_preemption_match_hf(mistral3_folder, hf_reference):
+    cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
+    expected = [hf_reference(text, images) for text, images in cases]
+    with LLM(
+        str(mistral3_folder),
+        dtype="float32",
+        max_model_len=128,
+        max_num_batched_tokens=8,  # every image's span (14 or 15 tokens) is cut by chunks
+        kv_cache_memory=9 * BLOCK_BYTES,
+    ) as llm:
+        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
+        assert token_ids(outputs) == expected
+        assert llm.engine.stats().num_preemptions > 0
+        cache = llm.engine.executor.worker.runner.encoder_cache
+        assert cache.hits > 0  # later chunks (and recomputes) took the features cached
+
+
+def test_prefix_blocks_are_shared_by_the_same_image_only(mistral3, hf_reference):
+    text = "Look at this picture: [IMG]\nDescribe the colours you see in it"
+    first = mistral3.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
+    other = mistral3.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
+    same = mistral3.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
+    start = first.prompt_token_ids.index(mistral3.engine.mm_processor.image_token_id)
+    assert 0 < start < 16 < start + 14  # the first block ends inside the image's span
+    assert other.num_cached_tokens == 0
+    assert same.num_cached_tokens >= 16  # the rest of the image comes from the encoder cache
+    assert (
+        same.outputs[0].token_ids == first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
+    )
