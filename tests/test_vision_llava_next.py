@@ -11,6 +11,7 @@ ranges, preemption and recompute. Prefix-cache blocks are shared by the same ima
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,7 @@ def llava_next_folder(tmp_path_factory, smol_folder) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_reference(llava_next_folder):
-    """Greedy token ids transformers generates for (prompt, images)."""
+    """Greedy token ids transformers generates for (prompt, images, processor kwargs)."""
     from transformers import AutoProcessor, LlavaNextForConditionalGeneration
 
     processor = AutoProcessor.from_pretrained(llava_next_folder)
@@ -126,8 +127,8 @@ def hf_reference(llava_next_folder):
     ).eval()
     done: dict[tuple, list[int]] = {}
 
-    def generate(prompt: str, images: list) -> list[int]:
-        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
+    def generate(prompt: str, images: list, **kwargs) -> list[int]:
+        inputs = processor(text=[prompt], images=images or None, return_tensors="pt", **kwargs)
         with torch.no_grad():
             out = model.generate(
                 **inputs,
@@ -138,10 +139,10 @@ def hf_reference(llava_next_folder):
             )
         return out[0, inputs["input_ids"].shape[1] :].tolist()
 
-    def cached(prompt: str, images: list) -> list[int]:
-        key = (prompt, tuple(map(id, images)))
+    def cached(prompt: str, images: list, **kwargs) -> list[int]:
+        key = (prompt, tuple(map(id, images)), tuple(sorted(kwargs.items())))
         if key not in done:
-            done[key] = generate(prompt, images)
+            done[key] = generate(prompt, images, **kwargs)
         return done[key]
 
     return cached
@@ -222,3 +223,21 @@ def test_unpad_matches_transformers(size):
     picture = torch.arange(8 * 8 * 3, dtype=torch.float32).view(8, 8, 3)
     expected = unpad_image(picture.permute(2, 0, 1), torch.tensor(size)).permute(1, 2, 0)
     assert torch.equal(unpad(picture, list(size)), expected)
+
+
+def test_mm_processor_kwargs_reach_every_processor_call(
+    llava_next_folder, llava_next, hf_reference
+):
+    kwargs = {"do_normalize": False}  # vLLM's --mm-processor-kwargs, as JSON
+    with LLM(
+        str(llava_next_folder),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory=8 * BLOCK_BYTES,
+        mm_processor_kwargs=json.dumps(kwargs),
+    ) as llm:
+        outputs = llm.generate(as_prompt(*CASES[0]), GREEDY, use_tqdm=False)
+        pixels = llm.engine.mm_processor.process(*CASES[0]).images[0].pixel_values
+    assert token_ids(outputs) == [hf_reference(*CASES[0], **kwargs)]
+    normalized = llava_next.engine.mm_processor.process(*CASES[0]).images[0].pixel_values
+    assert pixels.min() >= 0 and normalized.min() < 0  # rescaled to [0, 1] only

@@ -38,6 +38,7 @@ from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.model_executor.dummy_weights import LOAD_FORMATS
 from octavo.model_executor.hf_overrides import parse_hf_overrides
 from octavo.multimodal.limits import DEFAULT_IMAGE_LIMIT, parse_limit_mm_per_prompt
+from octavo.multimodal.processor_kwargs import parse_mm_processor_kwargs
 from octavo.pooling.runner import RUNNERS, TASKS, parse_pooler_config
 from octavo.spec_decode.config import SpeculativeConfig
 
@@ -153,6 +154,12 @@ class EngineArgs:
         "most images one prompt may carry, as vLLM spells it: '{\"image\": N}' (default: "
         f"{DEFAULT_IMAGE_LIMIT}); more is refused with a message",
         _flag_type(parse_limit_mm_per_prompt),
+    )
+    mm_processor_kwargs: dict | None = engine_arg(  # noqa: RUF009
+        None,
+        "JSON object passed to every call of the model's HF processor (vLLM's flag), e.g. "
+        "'{\"max_pixels\": 200704}' (Qwen2-VL) or '{\"do_image_splitting\": false}' (SmolVLM)",
+        _flag_type(parse_mm_processor_kwargs),
     )
     max_logprobs: int = engine_arg(
         DEFAULT_MAX_LOGPROBS,
@@ -379,6 +386,7 @@ class EngineArgs:
         self._fold_legacy_speculative_flags()
         self.hf_overrides = parse_hf_overrides(self.hf_overrides)  # LLM(hf_overrides={...})
         self.limit_mm_per_prompt = parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
+        self.mm_processor_kwargs = parse_mm_processor_kwargs(self.mm_processor_kwargs)
         # LLM(compilation_config={...}) or 3; None: the default
         self.compilation_config = parse_compilation_config(self.compilation_config)
         if self.pooler_config is not None:  # LLM(pooler_config={...})

@@ -69,7 +69,11 @@ class LLMEngine:
         self.startup_adapters: StartupAdapters = self.adapters.load_modules(args.lora_modules or [])
         architecture = parts.config.architecture
         self.mm_processor = processor_for(
-            parts.folder, architecture, takes_images(architecture), args.limit_mm_per_prompt
+            parts.folder,
+            architecture,
+            takes_images(architecture),
+            args.limit_mm_per_prompt,
+            args.mm_processor_kwargs,
         )
 
     # ----- requests in -------------------------------------------------------------------

@@ -41,7 +41,11 @@ class MultiModalProcessor:
     """The model's HF processor, with the engine's image limit."""
 
     def __init__(
-        self, folder: Path, layout: ImageLayout, limits: dict[str, int] | None = None
+        self,
+        folder: Path,
+        layout: ImageLayout,
+        limits: dict[str, int] | None = None,
+        call_kwargs: dict[str, Any] | None = None,
     ) -> None:
         from transformers import AutoProcessor
 
@@ -50,6 +54,7 @@ class MultiModalProcessor:
         self.image_token: str = str(self.hf.image_token)
         self.image_token_id: int = self.hf.tokenizer.convert_tokens_to_ids(self.image_token)
         self.max_images = (limits or {}).get("image", DEFAULT_IMAGE_LIMIT)
+        self.call_kwargs = dict(call_kwargs or {})  # --mm-processor-kwargs
 
     def check_count(self, count: int) -> None:
         if count > self.max_images:
@@ -67,6 +72,7 @@ class MultiModalProcessor:
             images=images or None,
             return_tensors="pt",
             add_special_tokens=add_special_tokens,
+            **self.call_kwargs,
         )
         token_ids = outputs["input_ids"][0].tolist()
         if images and self.layout.extra_outputs is not None:
@@ -96,9 +102,14 @@ class MultiModalProcessor:
 
 
 def processor_for(
-    folder: Path, architecture: str, takes_images: bool, limits: dict[str, int] | None
+    folder: Path,
+    architecture: str,
+    takes_images: bool,
+    limits: dict[str, int] | None,
+    call_kwargs: dict[str, Any] | None = None,
 ) -> MultiModalProcessor | None:
-    """The processor of a model that takes images; None for a text-only model."""
+    """The processor of a model that takes images (``call_kwargs``: what
+    ``--mm-processor-kwargs`` adds to each call); None for a text-only model."""
     if not takes_images:
         return None
-    return MultiModalProcessor(folder, layout_of(architecture), limits)
+    return MultiModalProcessor(folder, layout_of(architecture), limits, call_kwargs)
