@@ -143,8 +143,9 @@ def test_namespaced_and_cluster_scoped_rules_make_up_the_cluster_role():
     from octavo_operator.rbac import cluster_scoped_rules, namespaced_rules
 
     assert policy_rules() == [*namespaced_rules(), *cluster_scoped_rules()]
-    cluster_groups = {r["apiGroups"][0] for r in cluster_scoped_rules()}
-    assert cluster_groups == {"apiextensions.k8s.io"}, "only what no Role can grant"
+    cluster_resources = {r["resources"][0] for r in cluster_scoped_rules()}
+    assert cluster_resources == {"customresourcedefinitions", "namespaces"}, "no Role grants"
+    assert all(r["verbs"] == ["get", "list", "watch"] for r in cluster_scoped_rules())
     resources = {r["resources"][0] for r in namespaced_rules()}
     assert {"inferenceservices", "deployments", "networkpolicies", "events"} <= resources
     assert "customresourcedefinitions" not in resources

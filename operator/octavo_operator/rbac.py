@@ -71,11 +71,14 @@ def cluster_scoped_rules() -> list[dict[str, Any]]:
     return [
         # kopf checks which CRDs exist when it starts (and whether ServiceMonitors do).
         _rule("apiextensions.k8s.io", "customresourcedefinitions", WATCH),
+        # kopf lists and watches namespaces to find the ones it was told to watch (their
+        # names only); refused, it retries the list for about 54 s before acting at all.
+        _rule("", "namespaces", WATCH),
     ]
 
 
 def _rule(group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
-    return {"apiGroups": [group], "resources": [resource], "verbs": verbs}
+    return {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
 
 
 def leader_election_rules() -> list[dict[str, Any]]:
