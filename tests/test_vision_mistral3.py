@@ -1,14 +1,14 @@
 """Mistral 3 (Pixtral vision tower, patch-merging projector, Mistral decoder) on a tiny random
 checkpoint, against HF ``generate``.
 
-The folder is written here: a tiny Pixtral tower + Mistral 3 projector + Mistral text model,
-and the ``PixtralProcessor`` (tiny ``patch_size`` and ``longest_edge``; the tests'
-tokenizer with ``[IMG]``, ``[IMG_BREAK]`` and ``[IMG_END]``). Images keep their own sizes,
-so one image's placeholders are one ``[IMG]`` run per feature row with ``[IMG_BREAK]``
-between (text tokens inside the image's span). Greedy fp32 outputs must be token-identical
-to transformers on the processor's inputs: one image, two images of different sizes, text
-only; also with chunked prefill cutting an image's span, preemption and recompute.
-Prefix-cache blocks are shared by the same image only.
+The folder is written here (``pixtral_checkpoints``): a tiny Pixtral tower + Mistral 3
+projector + Mistral text model, and the ``PixtralProcessor`` (tiny ``patch_size`` and
+``longest_edge``; the tests' tokenizer with ``[IMG]``, ``[IMG_BREAK]`` and ``[IMG_END]``).
+Images keep their own sizes, so one image's placeholders are one ``[IMG]`` run per feature
+row with ``[IMG_BREAK]`` between (text tokens inside the image's span). Greedy fp32 outputs
+must be token-identical to transformers on the processor's inputs: one image, two images
+of different sizes, text only; also with chunked prefill cutting an image's span,
+preemption and recompute. Prefix-cache blocks are shared by the same image only.
 """
 
 from __future__ import annotations
@@ -16,25 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from PIL import Image
 
 from octavo import SamplingParams
 from octavo.entrypoints.llm import LLM
+from pixtral_checkpoints import NEW_TOKENS, build_folder, hf_greedy, random_image
 
-PATCH, MERGE, LONGEST_EDGE = 4, 2, 32  # at most 8x8 patches, 4x4 features per image
-NEW_TOKENS = 12
+MERGE = 2  # 2x2 patches per feature: at most 4x4 features per image
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 # K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
 BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
 SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
-
-
-def random_image(seed: int, width: int, height: int) -> Image.Image:
-    generator = torch.Generator().manual_seed(seed)
-    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
-    return Image.fromarray(pixels.numpy())
-
 
 # width x height 40x30 -> 32x24 pixels: 3 rows of 4 features; 20x28 and 33x50 -> 24x32:
 # 4 rows of 3 features
@@ -44,108 +35,16 @@ CASES = [  # (prompt, images)
     ("Compare [IMG] with [IMG] please", [IMAGES[0], IMAGES[1]]),
     ("Hello there, how are you", []),
 ]
-IMAGE_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
-
-
-def tiny_configs(tokenizer):
-    from transformers import Mistral3Config, MistralConfig, PixtralVisionConfig
-
-    vision = PixtralVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=LONGEST_EDGE,
-        patch_size=PATCH,
-        hidden_act="silu",
-    )
-    text = MistralConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-        sliding_window=None,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return Mistral3Config(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
-        spatial_merge_size=MERGE,
-        vision_feature_layer=-1,
-        tie_word_embeddings=False,
-    )
-
-
-def build_mistral3(folder: Path, smol_folder: Path) -> Path:
-    from transformers import (
-        AutoTokenizer,
-        Mistral3ForConditionalGeneration,
-        PixtralImageProcessor,
-        PixtralProcessor,
-    )
-
-    tokenizer = AutoTokenizer.from_pretrained(smol_folder)
-    tokenizer.add_tokens(IMAGE_TOKENS, special_tokens=True)
-    torch.manual_seed(1234)
-    model = Mistral3ForConditionalGeneration(tiny_configs(tokenizer)).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
-            parameter.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
-    image_processor = PixtralImageProcessor(
-        size={"longest_edge": LONGEST_EDGE}, patch_size={"height": PATCH, "width": PATCH}
-    )
-    processor = PixtralProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        chat_template=tokenizer.chat_template,
-    )
-    processor.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
 def mistral3_folder(tmp_path_factory, smol_folder) -> Path:
-    return build_mistral3(tmp_path_factory.mktemp("mistral3"), smol_folder)
+    return build_folder(tmp_path_factory.mktemp("mistral3"), smol_folder, "mistral3", MERGE)
 
 
 @pytest.fixture(scope="module")
 def hf_reference(mistral3_folder):
-    """Greedy token ids transformers generates for (prompt, images), each computed once."""
-    from transformers import AutoProcessor, Mistral3ForConditionalGeneration
-
-    processor = AutoProcessor.from_pretrained(mistral3_folder)
-    model = Mistral3ForConditionalGeneration.from_pretrained(mistral3_folder, dtype=torch.float32)
-    model.eval()
-    done: dict[tuple, list[int]] = {}
-
-    def generate(prompt: str, images: list) -> list[int]:
-        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(
-                **inputs,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=model.generation_config.eos_token_id,
-            )
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
-
-    def cached(prompt: str, images: list) -> list[int]:
-        key = (prompt, tuple(map(id, images)))
-        if key not in done:
-            done[key] = generate(prompt, images)
-        return done[key]
-
-    return cached
+    return hf_greedy(mistral3_folder, "mistral3")
 
 
 @pytest.fixture(scope="module")

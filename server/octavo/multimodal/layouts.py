@@ -11,7 +11,7 @@ image has when they are not one unbroken run per image (``feature_count``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,7 +53,18 @@ class ImageLayout:
     # Tensors the split needs beyond the processor's outputs, read with the processor at
     # hand (Idefics3's tiles per image, from the expanded prompt); None: none.
     extra_outputs: Extra | None = None
+    # Another layout for a folder whose HF processor is of another class (by class name):
+    # Pixtral-12B is a LlavaForConditionalGeneration with Pixtral's processor.
+    by_processor: dict[str, ImageLayout] = field(default_factory=dict)
 
+    def for_processor(self, hf_processor: Any) -> ImageLayout:
+        """The layout of ``hf_processor``'s outputs."""
+        return self.by_processor.get(type(hf_processor).__name__, self)
+
+
+# Pixtral's processor: pixel_values padded to the largest image, image_sizes (H, W);
+# [IMG] per (merged) patch, row by row, [IMG_BREAK]/[IMG_END] between the rows
+_SIZED = ImageLayout(split_sized, sized_features, feature_grids)
 
 # Idefics3 / SmolVLM: every image's tiles in one [1, tiles, C, H, W], counted per image
 # from the prompt; an image's placeholders are image_seq_len per tile, with text between.
@@ -61,14 +72,14 @@ _TILES = ImageLayout(split_tiles, tile_features, tile_counts)
 
 
 LAYOUTS: dict[str, ImageLayout] = {
-    "LlavaForConditionalGeneration": ImageLayout(stacked("pixel_values")),
+    "LlavaForConditionalGeneration": ImageLayout(
+        stacked("pixel_values"), by_processor={"PixtralProcessor": _SIZED}
+    ),
     "Idefics3ForConditionalGeneration": _TILES,
     "SmolVLMForConditionalGeneration": _TILES,
     # pixel_values [images, tiles, C, H, W], padded to the most tiles; image_sizes (H, W)
     "LlavaNextForConditionalGeneration": ImageLayout(stacked("pixel_values", "image_sizes")),
-    # Pixtral's processor: pixel_values padded to the largest image, image_sizes (H, W);
-    # [IMG] per merged patch, row by row, [IMG_BREAK]/[IMG_END] between the rows
-    "Mistral3ForConditionalGeneration": ImageLayout(split_sized, sized_features, feature_grids),
+    "Mistral3ForConditionalGeneration": _SIZED,
     # Qwen2.5-VL: every image's patches in one [patches, C*T*P*P] beside image_grid_thw
     # [images, 3]; one <|image_pad|> per merged patch, one run per image
     "Qwen2_5_VLForConditionalGeneration": ImageLayout(by_patch_grid),

@@ -50,7 +50,7 @@ class MultiModalProcessor:
         from transformers import AutoProcessor
 
         self.hf = AutoProcessor.from_pretrained(folder, trust_remote_code=False)
-        self.layout = layout
+        self.layout = layout.for_processor(self.hf)
         self.image_token: str = str(self.hf.image_token)
         self.image_token_id: int = self.hf.tokenizer.convert_tokens_to_ids(self.image_token)
         self.max_images = (limits or {}).get("image", DEFAULT_IMAGE_LIMIT)

@@ -17,7 +17,8 @@ from octavo.model_executor.model_config import ModelConfig, transformers_config
 from octavo.model_executor.models.llama import LlamaForCausalLM
 from octavo.model_executor.vision.activations import activation
 from octavo.model_executor.vision.batching import ImageData, by_shape
-from octavo.model_executor.vision.clip import CLIPVisionTower, feature_layers
+from octavo.model_executor.vision.clip import feature_layers
+from octavo.model_executor.vision.towers import tower_checkpoint_name, vision_tower_for
 
 # Checkpoint prefixes (transformers 4 files, transformers 5 module names) -> ours.
 _PREFIXES = {
@@ -52,7 +53,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         vision = outer.vision_config
         self.feature_layers = feature_layers(outer.vision_feature_layer, vision.num_hidden_layers)
         self.drop_class_token = outer.vision_feature_select_strategy == "default"
-        self.vision_tower = CLIPVisionTower(vision, max(self.feature_layers))
+        self.vision_tower = vision_tower_for(vision, max(self.feature_layers))  # CLIP, Pixtral
         self.multi_modal_projector = LlavaMultiModalProjector(
             vision.hidden_size * len(self.feature_layers),
             config.hidden_size,
@@ -65,7 +66,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def checkpoint_name(cls, name: str) -> str | None:
         for prefix, renamed in _PREFIXES.items():
             if name.startswith(prefix):
-                return renamed + name.removeprefix(prefix)
+                return tower_checkpoint_name(renamed + name.removeprefix(prefix))
         return None
 
     def extra_weight_keys(self) -> set[str]:

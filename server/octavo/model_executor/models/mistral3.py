@@ -21,7 +21,7 @@ from octavo.model_executor.models.llava import LlavaForConditionalGeneration
 from octavo.model_executor.vision.activations import activation
 from octavo.model_executor.vision.batching import ImageData, by_shape
 from octavo.model_executor.vision.clip import feature_layers
-from octavo.model_executor.vision.pixtral import PixtralVisionTower, pixtral_checkpoint_name
+from octavo.model_executor.vision.pixtral import PixtralVisionTower
 
 
 class Mistral3PatchMerger(nn.Module):
@@ -68,11 +68,8 @@ class Mistral3ForConditionalGeneration(MistralForCausalLM):
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
-        """LLaVA's prefixes (the same in Mistral 3 checkpoints), Pixtral's layer names."""
-        renamed = LlavaForConditionalGeneration.checkpoint_name(name)
-        if renamed is None or not renamed.startswith("vision_tower."):
-            return renamed
-        return pixtral_checkpoint_name(renamed)
+        """As LLaVA's (the same prefixes, and Pixtral's layer names in CLIP's terms)."""
+        return LlavaForConditionalGeneration.checkpoint_name(name)
 
     def extra_weight_keys(self) -> set[str]:
         """Every tensor of the vision tower and projector must come from the checkpoint."""
@@ -93,5 +90,6 @@ class Mistral3ForConditionalGeneration(MistralForCausalLM):
 
     def embed_pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """``[images, channels, H, W]`` of one size → ``[images, features, hidden]``."""
-        states, rows, cols = self.vision_tower.hidden_states(pixel_values)
+        states = self.vision_tower.hidden_states(pixel_values)
+        rows, cols = self.vision_tower.grid(pixel_values)
         return self.multi_modal_projector(states[self.feature_layer], rows, cols)

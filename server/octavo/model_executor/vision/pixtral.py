@@ -85,19 +85,23 @@ class PixtralVisionTower(nn.Module):
         self.transformer = CLIPEncoder(config, num_layers, options)
         self.rotary = PatchRotary(hidden // config.num_attention_heads, rope_theta_of(config))
 
-    def hidden_states(self, pixel_values: torch.Tensor) -> tuple[list[torch.Tensor], int, int]:
-        """For ``[images, channels, H, W]`` of one size: transformers' ``hidden_states``
-        (``[images, patches, hidden]`` after ``ln_pre``, then after each built layer) and
-        the patch grid's rows and columns."""
+    def grid(self, pixel_values: torch.Tensor) -> tuple[int, int]:
+        """The patch grid (rows, columns) of images ``[images, channels, H, W]``."""
+        height, width = pixel_values.shape[-2:]
+        return height // self.patch_size, width // self.patch_size
+
+    def hidden_states(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
+        """For ``[images, channels, H, W]`` of one size, transformers' ``hidden_states``:
+        ``[images, patches, hidden]`` (row-major) after ``ln_pre``, then after each built
+        layer."""
         patches = self.patch_conv(pixel_values.to(self.patch_conv.weight.dtype))
-        rows, cols = patches.shape[-2:]
         hidden = self.ln_pre(patches.flatten(2).transpose(1, 2))
-        rope = self.rotary(rows, cols, hidden)
+        rope = self.rotary(*patches.shape[-2:], hidden)
         states = [hidden]
         for layer in self.transformer.layers:
             hidden = layer(hidden, rope=rope)
             states.append(hidden)
-        return states, rows, cols
+        return states
 
 
 def pixtral_checkpoint_name(name: str) -> str:
