@@ -17,26 +17,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
-from octavo import SamplingParams
 from octavo.entrypoints.llm import LLM
+from qwen_vl_common import (
+    BLOCK_BYTES,
+    GREEDY,
+    IMAGE,
+    SMALL_KV,
+    as_prompt,
+    greedy_reference,
+    random_image,
+    randomize,
+    token_ids,
+    vision_token_ids,
+    vision_tokenizer,
+)
 
-NEW_TOKENS = 12
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
-BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
-SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
-VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 MROPE_SECTION = [2, 3, 3]  # of head_dim 16's 8 rotary frequencies
-
-
-def random_image(seed: int, width: int, height: int) -> Image.Image:
-    generator = torch.Generator().manual_seed(seed)
-    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
-    return Image.fromarray(pixels.numpy())
-
 
 # 6x8 patches (12 features, 4 windows), 6x4 (6 features), 4x6 (6 features)
 IMAGES = [random_image(1, 112, 84), random_image(2, 56, 84), random_image(3, 84, 56)]
@@ -49,7 +46,6 @@ CASES = [  # (prompt, images)
 
 def build_qwen2_5_vl(folder: Path, smol_folder: Path) -> Path:
     from transformers import (
-        AutoTokenizer,
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen2_5_VLProcessor,
@@ -59,9 +55,7 @@ def build_qwen2_5_vl(folder: Path, smol_folder: Path) -> Path:
     )
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
-    tokenizer = AutoTokenizer.from_pretrained(smol_folder)
-    tokenizer.add_tokens(VISION_TOKENS, special_tokens=True)
-    ids = tokenizer.convert_tokens_to_ids
+    tokenizer = vision_tokenizer(smol_folder)
     text = {
         "hidden_size": 64,
         "intermediate_size": 128,
@@ -85,19 +79,10 @@ def build_qwen2_5_vl(folder: Path, smol_folder: Path) -> Path:
         "window_size": 56,  # 2x2 merge units per window
         "fullatt_block_indexes": [1],
     }
-    config = Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-    )
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **vision_token_ids(tokenizer))
     torch.manual_seed(1234)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
-            parameter.normal_(0.0, 0.2)
+    randomize(model)
     model.save_pretrained(folder)
     processor = Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112),
@@ -125,43 +110,13 @@ def hf_model(qwen_folder):
 
 @pytest.fixture(scope="module")
 def hf_reference(hf_model):
-    """Greedy token ids transformers generates for (prompt, images)."""
-    processor, model = hf_model
-    done: dict[tuple, list[int]] = {}
-
-    def generate(prompt: str, images: list) -> list[int]:
-        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(
-                **inputs,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=model.generation_config.eos_token_id,
-            )
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
-
-    def cached(prompt: str, images: list) -> list[int]:
-        key = (prompt, tuple(map(id, images)))
-        if key not in done:
-            done[key] = generate(prompt, images)
-        return done[key]
-
-    return cached
+    return greedy_reference(*hf_model)
 
 
 @pytest.fixture(scope="module")
 def qwen(qwen_folder):
     with LLM(str(qwen_folder), dtype="float32", max_model_len=256, kv_cache_memory=SMALL_KV) as llm:
         yield llm
-
-
-def as_prompt(text: str, images: list) -> str | dict:
-    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
-
-
-def token_ids(outputs) -> list[list[int]]:
-    return [output.outputs[0].token_ids for output in outputs]
 
 
 def test_greedy_matches_hf_with_one_two_and_no_images(qwen, hf_reference):

@@ -83,6 +83,7 @@ LAYOUTS: dict[str, ImageLayout] = {
     # Qwen2.5-VL: every image's patches in one [patches, C*T*P*P] beside image_grid_thw
     # [images, 3]; one <|image_pad|> per merged patch, one run per image
     "Qwen2_5_VLForConditionalGeneration": ImageLayout(by_patch_grid),
+    "Qwen3VLForConditionalGeneration": ImageLayout(by_patch_grid),
 }
 
 

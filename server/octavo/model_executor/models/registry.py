@@ -35,6 +35,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlavaNextForConditionalGeneration": ("llava_next", "LlavaNextForConditionalGeneration"),
     "Mistral3ForConditionalGeneration": ("mistral3", "Mistral3ForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
 }
 # Architectures that take images (their class has ``embed_images``; prompts go through
 # the folder's HF processor). Gemma3ForConditionalGeneration serves its text tower only.
@@ -46,6 +47,7 @@ IMAGE_ARCHITECTURES = frozenset(
         "SmolVLMForConditionalGeneration",
         "Mistral3ForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
     }
 )
 # Checkpoints saved from the bare decoder (no LM head): embedding models such as

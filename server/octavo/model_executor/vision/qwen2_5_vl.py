@@ -42,7 +42,9 @@ QWEN_BLOCK_NAMES = {
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, config) -> None:
+    """A 3-D convolution over one patch (bias-free in Qwen2.5-VL, biased in Qwen3-VL)."""
+
+    def __init__(self, config, bias: bool = False) -> None:
         super().__init__()
         self.patch_shape = (
             config.in_channels,
@@ -52,7 +54,7 @@ class PatchEmbed(nn.Module):
         )
         self.hidden = config.hidden_size
         kernel = self.patch_shape[1:]
-        self.proj = nn.Conv3d(config.in_channels, self.hidden, kernel, kernel, bias=False)
+        self.proj = nn.Conv3d(config.in_channels, self.hidden, kernel, kernel, bias=bias)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """``[patches, C * T * P * P]`` -> ``[patches, hidden]``."""
