@@ -18,22 +18,10 @@ import functools
 import torch
 
 from octavo.model_executor.image_embeds import ImageEmbeds
-from octavo.model_executor.model_config import FULL_ATTENTION, ModelConfig, transformers_config
+from octavo.model_executor.model_config import ModelConfig, transformers_config
 from octavo.model_executor.models.qwen3 import Qwen3ForCausalLM
-from octavo.model_executor.mrope_positions import FeatureGrid
-from octavo.model_executor.mrope_rotary import MRotaryEmbedding
-from octavo.model_executor.vision.batching import ImageData
+from octavo.model_executor.models.qwen_vl import QwenVLImages
 from octavo.model_executor.vision.qwen3_vl import QWEN3_BLOCK_NAMES, Qwen3_VisionTower
-from octavo.multimodal.inputs import ImageInput
-
-# Checkpoint prefixes (transformers 5 module names, transformers 4 files) -> ours.
-_PREFIXES = {
-    "model.language_model.": "model.",
-    "model.visual.": "visual.",
-    "visual.": "visual.",
-    "lm_head.": "lm_head.",
-    "model.": "model.",
-}
 
 
 @dataclasses.dataclass
@@ -42,7 +30,10 @@ class DeepstackRows:
     levels: torch.Tensor  # [levels, rows, hidden]: added after decoder layer 0, 1, ...
 
 
-class Qwen3VLForConditionalGeneration(Qwen3ForCausalLM):
+class Qwen3VLForConditionalGeneration(QwenVLImages, Qwen3ForCausalLM):
+    block_names = QWEN3_BLOCK_NAMES
+    mrope_interleaved = True
+
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__(config, quantization)
         vision = transformers_config(config.checkpoint).vision_config
@@ -55,46 +46,6 @@ class Qwen3VLForConditionalGeneration(Qwen3ForCausalLM):
             if level < levels:
                 layer.register_forward_hook(functools.partial(self._add_deepstack, level))
         self.requires_grad_(False)
-
-    def set_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
-        config = self.config
-        table = MRotaryEmbedding(
-            config.head_dim, max_positions, config.rope, dtype, device, interleaved=True
-        )
-        self.rotary = {FULL_ATTENTION: table}
-
-    @classmethod
-    def checkpoint_name(cls, name: str) -> str | None:
-        for prefix, renamed in _PREFIXES.items():
-            if name.startswith(prefix):
-                name = renamed + name.removeprefix(prefix)
-                break
-        else:
-            return None
-        if name.startswith("visual.blocks."):
-            for theirs, ours in QWEN3_BLOCK_NAMES.items():
-                name = name.replace(theirs, ours)
-        return name
-
-    def extra_weight_keys(self) -> set[str]:
-        """Every tensor of the vision tower must come from the checkpoint."""
-        return {f"visual.{name}" for name, _ in self.visual.named_parameters()}
-
-    def embed_images(self, images: list[ImageData]) -> list[torch.Tensor]:
-        """Each image's ``[placeholders, hidden * (1 + DeepStack levels)]`` (all images
-        through the tower at once: attention stays within each image)."""
-        grids = [tuple(int(size) for size in image["image_grid_thw"]) for image in images]
-        pixels = torch.cat([image["pixel_values"] for image in images])
-        features = self.visual(pixels, grids)
-        return list(features.split([t * h * w // self.merge**2 for t, h, w in grids]))
-
-    def feature_grids(self, images: list[ImageInput]) -> list[FeatureGrid]:
-        """Each image's placeholder run as its grid of features (for M-RoPE positions)."""
-        grids = []
-        for image in images:
-            t, h, w = (int(size) for size in image.data["image_grid_thw"])
-            grids.append(FeatureGrid(image.offset, t, h // self.merge, w // self.merge))
-        return grids
 
     def embed(self, input_ids: torch.Tensor, image_embeds: ImageEmbeds | None) -> torch.Tensor:
         """The embeddings with the images' features; their DeepStack levels kept for the
