@@ -23,6 +23,7 @@ from qwen_vl_common import (
     BLOCK_BYTES,
     GREEDY,
     IMAGE,
+    NEW_TOKENS,
     SMALL_KV,
     as_prompt,
     greedy_reference,
@@ -213,3 +214,36 @@ def test_window_order_and_patch_coordinates_match_hf():
     assert [0, *torch.tensor(plan.window_lengths).cumsum(0).tolist()] == cu_windows.tolist()
     assert plan.frame_lengths == [48, 32, 16, 16]
     assert torch.equal(patch_coordinates(grids, 2), get_vision_position_ids(thw, 2))
+
+
+class RerunRecorder:
+    """A CPU stand-in for CUDA graph capture (as test_decode_graphs'): a replay re-runs
+    the recorded forward, which reads only the persistent buffers."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def record(self, forward):
+        def replay() -> torch.Tensor:
+            self.replays += 1
+            return forward()
+
+        return replay
+
+
+def test_decode_graphs_take_the_3d_positions(qwen, hf_reference):
+    from octavo.model_executor.decode_graphs import DecodeGraphs
+
+    runner = qwen.engine.executor.worker.runner
+    recorder = RerunRecorder()
+    graphs = DecodeGraphs(runner.paged, [1, 4], 256, recorder)
+    graphs.capture()
+    assert graphs.buffers.positions.shape == (3, 4)
+    runner.graphs = graphs
+    try:
+        cases = [(CASES[1][0], [IMAGES[1], IMAGES[2]]), CASES[2]]  # not in the prefix cache
+        outputs = qwen.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
+    finally:
+        runner.graphs = None
+    assert recorder.replays >= NEW_TOKENS - 1  # every decode step replayed
+    assert token_ids(outputs) == [hf_reference(*case) for case in cases]

@@ -33,6 +33,7 @@ import torch
 
 from octavo.attention.metadata import AttentionMetadata
 from octavo.model_executor.models.causal_lm import StepResult
+from octavo.model_executor.mrope_positions import supports_mrope
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.step_inputs import StepInputs
 
@@ -70,7 +71,7 @@ class DecodeBuffers:
     """The inputs of every captured graph: row ``i`` of each is decode row ``i``."""
 
     input_ids: torch.Tensor  # [rows] int64
-    positions: torch.Tensor  # [rows] int64
+    positions: torch.Tensor  # [rows] int64; [3, rows] for an M-RoPE model
     slot_mapping: torch.Tensor  # [rows] int64, -1 on padding rows
     block_tables: torch.Tensor  # [rows, max_blocks] int32
     seq_lens: torch.Tensor  # [rows] int32, 1 on padding rows (the null block's slot 0)
@@ -78,14 +79,16 @@ class DecodeBuffers:
     logits_indices: torch.Tensor  # [rows] int64: 0, 1, 2, ...
 
     @classmethod
-    def allocate(cls, rows: int, max_blocks: int, device: torch.device) -> DecodeBuffers:
+    def allocate(
+        cls, rows: int, max_blocks: int, device: torch.device, mrope: bool = False
+    ) -> DecodeBuffers:
         def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         steps = torch.arange(rows + 1, device=device)
         return cls(
             input_ids=zeros(rows),
-            positions=zeros(rows),
+            positions=zeros(3, rows) if mrope else zeros(rows),
             slot_mapping=torch.full((rows,), -1, dtype=torch.long, device=device),
             block_tables=zeros(rows, max_blocks, dtype=torch.int32),
             seq_lens=torch.ones(rows, dtype=torch.int32, device=device),
@@ -101,7 +104,7 @@ class DecodeBuffers:
         """Copy the step's rows in and pad rows ``[rows, size)``."""
         rows, meta = inputs.input_ids.shape[0], inputs.meta
         self.input_ids[:rows].copy_(inputs.input_ids, non_blocking=True)
-        self.positions[:rows].copy_(inputs.positions, non_blocking=True)
+        self.positions[..., :rows].copy_(inputs.positions, non_blocking=True)
         self.slot_mapping[:rows].copy_(meta.slot_mapping, non_blocking=True)
         width = meta.block_tables.shape[1]
         self.block_tables[:rows, :width].copy_(meta.block_tables, non_blocking=True)
@@ -144,7 +147,8 @@ class DecodeGraphs:
         self.paged, self.sizes, self.max_model_len = paged, sorted(sizes), max_model_len
         self.recorder = recorder
         max_blocks = math.ceil(max_model_len / paged.block_size)
-        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, paged.device)
+        mrope = supports_mrope(paged.model)
+        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, paged.device, mrope)
         self.replays: dict[int, Replay] = {}
         self.capture_seconds, self.capture_bytes = 0.0, 0
         self.logits: torch.Tensor | None = None  # [largest size, vocab]: every graph's output
@@ -176,7 +180,7 @@ class DecodeGraphs:
             meta = buffers.metadata(size, self.max_model_len)
             result = self.paged.model.run(
                 buffers.input_ids[:size],
-                buffers.positions[:size],
+                buffers.positions[..., :size],
                 self.paged.kv_caches,
                 meta,
                 self.paged.attention,

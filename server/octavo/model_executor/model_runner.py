@@ -216,7 +216,7 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         if self.loras is not None:
             self.loras.state.batch = inputs.lora
-        if self.graphs is not None and intermediate is None and inputs.positions.dim() == 1:
+        if self.graphs is not None and intermediate is None:
             size = self.graphs.size_for(inputs)
             if size is not None:  # a decode step: replay the graph of its padded size
                 return self.graphs.run(inputs, size)
