@@ -60,6 +60,8 @@ LEFT_TO_EXTRA_ARGS = {
     "--enable-auto-tool-choice": "tool calling is new; a spec field follows with the parsers",
     "--limit-mm-per-prompt": "vision models are new (LLaVA-1.5 only): via extraArgs for now",
     "--mm-processor-kwargs": "a JSON object for the model's HF processor, per model",
+    "--allowed-media-domains": "image hosts a deployment trusts: per deployment, extraArgs",
+    "--allowed-local-media-path": "a folder mounted into the pod by hand: extraArgs with it",
     "--tool-call-parser": "tool calling is new; a spec field follows with the parsers",
     # vLLM's spellings users paste (issue 26, item 12): passed as they are in extraArgs.
     "--chat-template": "a file in the image or inline text: per deployment, rarely changed",

@@ -38,6 +38,7 @@ from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.model_executor.dummy_weights import LOAD_FORMATS
 from octavo.model_executor.hf_overrides import parse_hf_overrides
 from octavo.multimodal.limits import DEFAULT_IMAGE_LIMIT, parse_limit_mm_per_prompt
+from octavo.multimodal.local_media import media_root
 from octavo.multimodal.processor_kwargs import parse_mm_processor_kwargs
 from octavo.pooling.runner import RUNNERS, TASKS, parse_pooler_config
 from octavo.spec_decode.config import SpeculativeConfig
@@ -160,6 +161,19 @@ class EngineArgs:
         "JSON object passed to every call of the model's HF processor (vLLM's flag), e.g. "
         "'{\"max_pixels\": 200704}' (Qwen2-VL) or '{\"do_image_splitting\": false}' (SmolVLM)",
         _flag_type(parse_mm_processor_kwargs),
+    )
+    allowed_media_domains: list[str] | None = engine_arg(  # noqa: RUF009
+        None,
+        "hosts that http(s):// image URLs may be fetched from (vLLM's flag), exact names "
+        "such as upload.wikimedia.org; a redirect must stay among them (default: none, "
+        "every http(s) image URL is refused)",
+        str,
+        kind="list",
+    )
+    allowed_local_media_path: str | None = engine_arg(
+        None,
+        "a folder file:// image URLs may read from (vLLM's flag); the real path, symlinks "
+        "and .. resolved, must lie inside it (default: none, file:// URLs are refused)",
     )
     max_logprobs: int = engine_arg(
         DEFAULT_MAX_LOGPROBS,
@@ -387,6 +401,7 @@ class EngineArgs:
         self.hf_overrides = parse_hf_overrides(self.hf_overrides)  # LLM(hf_overrides={...})
         self.limit_mm_per_prompt = parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
         self.mm_processor_kwargs = parse_mm_processor_kwargs(self.mm_processor_kwargs)
+        media_root(self.allowed_local_media_path)  # a folder, or a ValueError now
         # LLM(compilation_config={...}) or 3; None: the default
         self.compilation_config = parse_compilation_config(self.compilation_config)
         if self.pooler_config is not None:  # LLM(pooler_config={...})

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octavo.engine.adapters import StartupAdapters
+from octavo.multimodal.media_fetch import MediaConnector
 
 # A normalizer (NFC, say) may shrink text before it is split into tokens; twice the
 # longest token's length keeps the "cannot fit" bound safely above any real prompt.
@@ -49,6 +50,7 @@ class EngineInfo:
     kv_cache: KVCacheFacts | None = None  # None without an engine (``octavo launch render``)
     runner: Any = None  # RunnerSettings: generate or pooling, pooling defaults (None: render)
     image_processor: Any = None  # MultiModalProcessor, a private copy (None: text-only)
+    media: MediaConnector = field(default_factory=MediaConnector)  # image URLs: data: only
 
     @property
     def max_prompt_chars(self) -> int:
@@ -82,6 +84,7 @@ def read_engine_info(engine: Any) -> EngineInfo:
         kv_cache=kv_cache,
         runner=engine.parts.runner,
         image_processor=copy.deepcopy(engine.mm_processor),
+        media=engine.media,
     )
 
 

@@ -27,6 +27,7 @@ from octavo.kv_events.events import KVEventBatch
 from octavo.kv_events.publisher import start_publisher
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.models.registry import takes_images
+from octavo.multimodal.media_fetch import media_connector
 from octavo.multimodal.processor import ProcessedPrompt, image_list, processor_for
 from octavo.outputs import ModelRunnerOutput, RequestOutput
 from octavo.pooling.params import PoolingParams
@@ -75,6 +76,7 @@ class LLMEngine:
             args.limit_mm_per_prompt,
             args.mm_processor_kwargs,
         )
+        self.media = media_connector(args)  # where image URLs may lead (http(s), file)
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(

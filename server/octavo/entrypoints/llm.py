@@ -159,7 +159,9 @@ class LLM:
         ``structured_outputs``). ``chat_template`` (a file or the template's text),
         ``continue_final_message`` and ``chat_template_kwargs`` are vLLM's. Image parts
         (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``)
-        become the model's placeholders; the images go through its processor.
+        become the model's placeholders; the images go through its processor. As the
+        server, ``http(s)://`` URLs are fetched only from ``allowed_media_domains`` and
+        ``file://`` URLs read only under ``allowed_local_media_path`` (engine args).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
@@ -188,7 +190,9 @@ class LLM:
         template wrote the special tokens: none are added)."""
         if not images:
             return prompt.token_ids
-        return self.engine.process_multimodal(prompt.text, {"image": images}, False)
+        self.engine.mm_processor.check_count(len(images))  # before anything is fetched
+        sources = self.engine.media.load_all(images)  # http(s) and file URLs: their bytes
+        return self.engine.process_multimodal(prompt.text, {"image": sources}, False)
 
     def _run(self, total: int, use_tqdm: bool, what: str) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -114,7 +114,9 @@ def render_chat(
             info.tokenizer, conversation, add_generation_prompt, check_fits, tools, options
         )
         if images:  # the template wrote the special tokens: none are added
-            return info.image_processor.process(prompt.text, images, False)
+            info.image_processor.check_count(len(images))  # before anything is fetched
+            sources = info.media.load_all(images)  # http(s) and file URLs: their bytes
+            return info.image_processor.process(prompt.text, sources, False)
     except ValueError as error:  # the template failed, rendered nothing, or an image
         param = "tools" if "support tools" in str(error) else "messages"
         raise bad_request(str(error), param=param) from None

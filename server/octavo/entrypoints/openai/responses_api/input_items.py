@@ -2,7 +2,8 @@
 
 - a string: one user message;
 - message items (``{"role", "content"}``, ``type`` "message" or left out): ``content``
-  a string or a list of ``input_text`` / ``output_text`` / ``refusal`` parts;
+  a string or a list of ``input_text`` / ``output_text`` / ``refusal`` parts, and
+  ``input_image`` parts (``content_parts.py``: they take the chat path's images);
 - ``function_call`` items: the assistant's calls (consecutive ones, and the assistant
   message right before them, make one assistant turn);
 - ``function_call_output`` items: tool messages answering ``call_id``;
@@ -17,9 +18,13 @@ from typing import Any
 
 from octavo.entrypoints.openai.errors import bad_request
 from octavo.entrypoints.openai.protocol import ChatMessage, FunctionCall, ToolCall
+from octavo.entrypoints.openai.responses_api.content_parts import (
+    TEXT_PARTS,
+    chat_parts,
+    has_image_parts,
+)
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
-TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
@@ -51,7 +56,10 @@ def _message(item: dict[str, Any], path: str) -> ChatMessage:
             f"message role {role!r} is not one of {', '.join(MESSAGE_ROLES)}",
             param=f"{path}.role",
         )
-    return ChatMessage(role=role, content=content_text(item.get("content"), f"{path}.content"))
+    content = item.get("content")
+    if has_image_parts(content):  # input_image parts: the chat path's image_url parts
+        return ChatMessage(role=role, content=chat_parts(content, f"{path}.content"))
+    return ChatMessage(role=role, content=content_text(content, f"{path}.content"))
 
 
 def content_text(content: Any, path: str) -> str:
@@ -67,7 +75,7 @@ def content_text(content: Any, path: str) -> str:
         if field is None or not isinstance(part.get(field), str):
             raise bad_request(
                 f"content part type {kind!r} is not supported (this server takes text: "
-                "input_text, output_text, refusal)",
+                "input_text, output_text, refusal; and input_image in messages)",
                 param=f"{path}[{index}].type",
             )
         texts.append(part[field])
