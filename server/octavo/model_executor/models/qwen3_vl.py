@@ -40,12 +40,21 @@ class Qwen3VLForConditionalGeneration(QwenVLImages, Qwen3ForCausalLM):
         self.merge = vision.spatial_merge_size
         self.visual = Qwen3_VisionTower(vision)
         self.deepstack: DeepstackRows | None = None  # this step's, set by ``embed``
-        levels = len(vision.deepstack_visual_indexes)
+        self._hook_deepstack(len(vision.deepstack_visual_indexes))
+        self.requires_grad_(False)
+
+    def _hook_deepstack(self, levels: int) -> None:
+        """A hook adding DeepStack level ``i`` after decoder layer ``i`` (this stage's)."""
         for local, layer in enumerate(self.layers):
             level = self.first_layer + local
-            if level < levels:
-                layer.register_forward_hook(functools.partial(self._add_deepstack, level))
-        self.requires_grad_(False)
+            if level >= levels:
+                continue
+            if not self.stage.is_first:  # the images are embedded in the first stage
+                raise ValueError(
+                    f"Qwen3-VL adds DeepStack features after its first {levels} layers: "
+                    "they must all be in the first pipeline stage"
+                )
+            layer.register_forward_hook(functools.partial(self._add_deepstack, level))
 
     def embed(self, input_ids: torch.Tensor, image_embeds: ImageEmbeds | None) -> torch.Tensor:
         """The embeddings with the images' features; their DeepStack levels kept for the
