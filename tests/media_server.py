@@ -14,7 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-SLOW_SECONDS = 3.0
+SLOW_SECONDS = 6.0
 HUGE_BYTES = 1 << 20
 CHUNK = 16 * 1024
 

@@ -21,7 +21,7 @@ from octavo.entrypoints.llm import LLM
 from octavo.multimodal.media_limits import MAX_BYTES_ENV, TIMEOUT_ENV
 from test_vision_llava import GREEDY, IMAGES, NEW_TOKENS, SMALL_KV, build_llava, data_url
 
-FETCH_TIMEOUT = 1.0  # seconds (the slow endpoint answers after 3)
+FETCH_TIMEOUT = 2.0  # seconds: room for a loaded CI machine (the slow endpoint takes 6)
 MAX_BYTES = 64 * 1024  # the test image is a few KiB; the huge bodies are 1 MiB
 QUESTION = "What is in this picture?"
 
