@@ -24,11 +24,11 @@ from octavo.arg_types import (
 from octavo.config import flag_fields
 from octavo.entrypoints.openai.reasoning.parsers import REASONING_PARSER_NAMES
 from octavo.entrypoints.openai.template_kwargs import template_kwargs_arg
+from octavo.entrypoints.openai.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 
 ENV_PREFIX = "OCTAVO_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 UVICORN_LOG_LEVELS = (*LOG_LEVELS, "trace")
-TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json")
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,10 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--tool-call-parser",
-        "how tool calls are read from the model's text with tool_choice 'auto': hermes "
-        "(Hermes/Qwen <tool_call> blocks) or llama3_json (Llama 3.1+ JSON)",
+        "how tool calls are read from the model's text with tool_choice 'auto', vLLM's "
+        "names: hermes (Hermes/Qwen <tool_call> blocks), llama3_json (Llama 3.1+ JSON), "
+        "mistral ([TOOL_CALLS]), pythonic (Llama 3.2/4 [f(a=1)]), deepseek_v3, "
+        "qwen3_coder (Qwen3-Coder/Qwen3-Next XML), glm45 (GLM-4.5/4.6), kimi_k2",
         one_of(TOOL_CALL_PARSER_NAMES),
         None,
         TOOL_CALL_PARSER_NAMES,
@@ -145,8 +147,9 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(
         "--reasoning-parser",
         "put a reasoning model's thinking (its <think> block) in the chat replies' "
-        "reasoning_content, streamed or not: deepseek_r1 (DeepSeek-R1, QwQ) or qwen3 "
-        "(Qwen3; honours chat_template_kwargs enable_thinking)",
+        "reasoning_content, streamed or not: deepseek_r1 (DeepSeek-R1, QwQ), qwen3 "
+        "(Qwen3; honours chat_template_kwargs enable_thinking), glm45 (GLM-4.5/4.6), "
+        "granite (Granite 3.2+ 'Here is my thought process:') or minimax_m2 (MiniMax-M2)",
         one_of(REASONING_PARSER_NAMES),
         None,
         REASONING_PARSER_NAMES,

@@ -49,23 +49,24 @@ class ReasoningStream:
     def _opening(self, buffer: str) -> ReasoningPiece:
         """Before the reply's first words: does it open with ``<think>``?"""
         head = buffer.lstrip()
-        start = self.parser.start
-        if len(head) < len(start) and start.startswith(head):
+        starts = self.parser.starts
+        if any(len(head) < len(start) and start.startswith(head) for start in starts):
             self.pending = buffer  # maybe ``<think>``, maybe not: wait
             return ReasoningPiece()
-        if head.startswith(start):
+        start = next((start for start in starts if head.startswith(start)), None)
+        if start is not None:
             self.mode = "reasoning"
             return self._reasoning(head[len(start) :])
         self.mode = self.default_mode
         return self.feed(buffer)
 
     def _reasoning(self, buffer: str) -> ReasoningPiece:
-        end = self.parser.end
-        at = buffer.find(end)
-        if at >= 0:
+        found = [(at, end) for end in self.parser.ends if (at := buffer.find(end)) >= 0]
+        if found:
+            at, end = min(found)
             self.mode = "content"
             return ReasoningPiece.of(buffer[:at], buffer[at + len(end) :])
-        keep = _marker_prefix_length(buffer, end)
+        keep = max(_marker_prefix_length(buffer, end) for end in self.parser.ends)
         self.pending = buffer[len(buffer) - keep :]
         return ReasoningPiece.of(buffer[: len(buffer) - keep], "")
 

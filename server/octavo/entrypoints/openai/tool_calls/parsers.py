@@ -6,7 +6,9 @@
   blocks, any number, text around them is the message's content;
 - ``llama3_json`` (Llama 3.1+): the whole output is one JSON object ``{"name": ...,
   "parameters": {...}}`` (or several separated by ``;``), optionally after
-  ``<|python_tag|>``.
+  ``<|python_tag|>``;
+- the 2025 families, each in its own module: ``mistral``, ``pythonic`` (Llama 3.2/4),
+  ``deepseek_v3``, ``qwen3_coder``, ``glm45`` (GLM-4.5/4.6), ``kimi_k2``.
 
 A block that is not valid JSON, or lacks a name, is left in the content: the client
 sees what the model wrote rather than a call that was never made.
@@ -16,21 +18,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from octavo.entrypoints.openai.tool_calls.calls import (
+    ParsedToolCall,
+    ToolCallParse,
+    ToolCallParser,
+)
+from octavo.entrypoints.openai.tool_calls.deepseek_v3 import DEEPSEEK_V3
+from octavo.entrypoints.openai.tool_calls.glm45 import GLM45
+from octavo.entrypoints.openai.tool_calls.kimi_k2 import KIMI_K2
+from octavo.entrypoints.openai.tool_calls.mistral import MISTRAL
+from octavo.entrypoints.openai.tool_calls.pythonic import PYTHONIC
+from octavo.entrypoints.openai.tool_calls.qwen3_coder import QWEN3_CODER
 
-@dataclass(frozen=True)
-class ParsedToolCall:
-    name: str
-    arguments: str  # a JSON object, as text (OpenAI's ``function.arguments``)
-
-
-@dataclass
-class ToolCallParse:
-    content: str | None
-    calls: list[ParsedToolCall] = field(default_factory=list)
-
+__all__ = ["TOOL_CALL_PARSERS", "ParsedToolCall", "ToolCallParse", "ToolCallParser"]
 
 HERMES_OPEN = "<tool_call>"
 HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -109,13 +110,6 @@ def llama3_json_safe_prefix(text: str) -> int:
     return 0 if maybe_call else len(text)
 
 
-@dataclass(frozen=True)
-class ToolCallParser:
-    parse: Callable[[str], ToolCallParse]
-    safe_prefix: Callable[[str], int]  # streaming: characters that can go out as content
-    call_format: str  # how a call is written, for the fallback tool prompt (tool_prompt.py)
-
-
 TOOL_CALL_PARSERS: dict[str, ToolCallParser] = {
     "hermes": ToolCallParser(
         parse_hermes,
@@ -127,4 +121,11 @@ TOOL_CALL_PARSERS: dict[str, ToolCallParser] = {
         llama3_json_safe_prefix,
         '{"name": <function name>, "parameters": <arguments object>}',
     ),
+    "mistral": MISTRAL,
+    "pythonic": PYTHONIC,
+    "deepseek_v3": DEEPSEEK_V3,
+    "qwen3_coder": QWEN3_CODER,
+    "glm45": GLM45,
+    "kimi_k2": KIMI_K2,
 }
+TOOL_CALL_PARSER_NAMES = tuple(TOOL_CALL_PARSERS)

@@ -50,6 +50,11 @@ class ToolPlan:
     def functions(self) -> list[dict[str, Any]]:
         return [tool["function"] for tool in self.tools]
 
+    @property
+    def schemas(self) -> dict[str, dict[str, Any]]:
+        """Each function's ``parameters`` schema (parsers that type bare-text values)."""
+        return {f["name"]: f.get("parameters") or {} for f in self.functions}
+
     def constraint(self) -> StructuredOutputsParams | None:
         if self.mode == "named":
             function = next(f for f in self.functions if f["name"] == self.name)
@@ -77,7 +82,7 @@ class ToolPlan:
             except (ValueError, KeyError, TypeError):  # cut short by max_tokens
                 return ToolCallParse(text)
         if self.mode == "auto":
-            return self._at_most_one(self.parser.parse(text))
+            return self._at_most_one(self.parser.read(text, self.schemas))
         return ToolCallParse(text)
 
     def _at_most_one(self, parsed: ToolCallParse) -> ToolCallParse:
