@@ -27,7 +27,7 @@ from torch import nn
 from octavo.model_executor.vision.clip import CLIPEncoderLayer, GatedVisionMLP, LayerOptions
 from octavo.model_executor.vision.qwen_windows import (
     patch_coordinates,
-    segment_mask,
+    run_in_segments,
     window_plan,
 )
 
@@ -137,14 +137,11 @@ class Qwen2_5_VisionTower(nn.Module):
         cos, sin = self.rotary(patch_coordinates(grids, self.merge), hidden.device)
         cos, sin = cos.to(hidden.dtype), sin.to(hidden.dtype)
         rotation = (self.by_window(cos, order), self.by_window(sin, order))
-        masks = {
-            False: segment_mask(plan.window_lengths, hidden.device),
-            True: segment_mask(plan.frame_lengths, hidden.device),
-        }
-        hidden = hidden.unsqueeze(0)
         for index, block in enumerate(self.blocks):
-            hidden = block(hidden, masks[index in self.full_attention], rotation)
-        merged = self.merger(hidden.squeeze(0))
+            full = index in self.full_attention
+            lengths = plan.frame_lengths if full else plan.window_lengths
+            hidden = run_in_segments(block, hidden, rotation, lengths)
+        merged = self.merger(hidden)
         return merged[torch.argsort(order)]
 
     def by_window(self, rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from octavo.model_executor.vision.qwen2_5_vl import (
     PatchRotary,
     layer_config,
 )
-from octavo.model_executor.vision.qwen_windows import patch_coordinates, segment_mask
+from octavo.model_executor.vision.qwen_windows import patch_coordinates, run_in_segments
 
 QWEN3_BLOCK_NAMES = {
     **QWEN_BLOCK_NAMES,
@@ -100,14 +100,14 @@ class Qwen3_VisionTower(nn.Module):
         hidden = self.patch_embed(pixel_values)
         hidden = hidden + self.positions(coordinates, grids).to(hidden.dtype)
         rotation = tuple(t.to(hidden.dtype) for t in self.rotary(coordinates, hidden.device))
-        mask = segment_mask([h * w for t, h, w in grids for _ in range(t)], hidden.device)
-        hidden, levels = hidden.unsqueeze(0), []
+        frames = [h * w for t, h, w in grids for _ in range(t)]
+        levels = []
         for index, block in enumerate(self.blocks):
-            hidden = block(hidden, mask, rotation)
+            hidden = run_in_segments(block, hidden, rotation, frames)
             if index in self.deepstack_layers:
                 merger = self.deepstack_merger_list[self.deepstack_layers.index(index)]
-                levels.append(merger(hidden.squeeze(0)))
-        return torch.cat([self.merger(hidden.squeeze(0)), *levels], dim=-1)
+                levels.append(merger(hidden))
+        return torch.cat([self.merger(hidden), *levels], dim=-1)
 
     def positions(
         self, coordinates: torch.Tensor, grids: list[tuple[int, int, int]]

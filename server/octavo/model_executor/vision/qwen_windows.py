@@ -5,14 +5,19 @@ merger later folds into one feature). Window layers attend within square windows
 ``window`` merge units per side (the last row and column of windows may be smaller);
 the tower reorders the merge units window by window so each window is one contiguous
 segment, and restores the order after the merger. Full-attention layers attend within
-each image frame (``h * w`` patches). All images of a call go through the tower together.
+each image frame (``h * w`` patches). All images of a call go through the tower together;
+a layer runs each segment as a row of a batch (``run_in_segments``), never a mask.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [tokens, head_dim]
 
 
 @dataclass
@@ -40,13 +45,25 @@ def window_plan(grids: list[tuple[int, int, int]], merge: int, window: int) -> W
     return WindowPlan(torch.cat(order), window_lengths, frame_lengths)
 
 
-def segment_mask(lengths: list[int], device: torch.device) -> torch.Tensor | None:
-    """Bool ``[tokens, tokens]``: True within each segment (None: one segment, no mask)."""
-    if len(lengths) == 1:
-        return None
-    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    ids = ids.to(device)
-    return ids[:, None] == ids[None, :]
+def run_in_segments(
+    layer: nn.Module, hidden: torch.Tensor, rotation: Rope, lengths: list[int]
+) -> torch.Tensor:
+    """An encoder ``layer`` over ``hidden [tokens, width]`` with attention within each
+    segment of ``lengths`` only: each segment runs as its own row of a batch (segments of
+    one length together), so no ``[tokens, tokens]`` mask is built. ``rotation``: each
+    token's cos/sin, carried with it."""
+    starts = [0, *itertools.accumulate(lengths)]
+    groups: dict[int, list[int]] = {}
+    for index, length in enumerate(lengths):
+        groups.setdefault(length, []).append(index)
+    out = torch.empty_like(hidden)
+    for length, members in groups.items():
+        rows = torch.cat([torch.arange(starts[i], starts[i] + length) for i in members])
+        rows = rows.to(hidden.device)
+        shape = (len(members), length, -1)
+        rope = tuple(table[rows].view(len(members), 1, length, -1) for table in rotation)
+        out[rows] = layer(hidden[rows].view(shape), None, rope).flatten(0, 1)
+    return out
 
 
 def patch_coordinates(grids: list[tuple[int, int, int]], merge: int) -> torch.Tensor:
