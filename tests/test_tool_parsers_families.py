@@ -88,6 +88,13 @@ CASES = [
         [WEATHER, TIME],
     ),
     (
+        "qwen3_coder",
+        "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3"
+        "\n</parameter>\n</function>",
+        None,
+        [WEATHER],
+    ),
+    (
         "glm45",
         "Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
         "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n"
@@ -274,7 +281,7 @@ def test_kimi_k2_names_keep_their_dots_and_drop_the_functions_prefix():
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    _, text, _, _ = CASES[-4]  # qwen3_coder, two calls
+    text = next(case[1] for case in CASES if case[0] == "qwen3_coder" and len(case[3]) == 2)
     plan = ToolPlan("auto", TOOLS, None, False, TOOL_CALL_PARSERS["qwen3_coder"])
     assert [call.name for call in plan.read(text).calls] == ["get_weather"]
 

@@ -60,8 +60,8 @@ def _named_calls(pieces: list[str]) -> tuple[list[ParsedToolCall], str]:
     calls, after = [], ""
     for piece in pieces:
         brace = piece.find("{")
-        name = piece[: max(brace, 0)].replace(ARGS, "").strip()
-        if brace < 0 or not name:
+        name = piece[:brace].replace(ARGS, "").strip() if brace >= 0 else ""
+        if not name:
             continue
         arguments, rest = _leading_object(piece[brace:])
         calls.append(ParsedToolCall(name, arguments))

@@ -10,7 +10,8 @@ bare text, typed by the tool's ``parameters`` schema (``schema_values.py``)::
     </tool_call>
 
 One newline after ``<parameter=...>`` and one before ``</parameter>`` are layout, not
-value. The text around the blocks is the content.
+value. The text around the blocks is the content. A reply with no ``<tool_call>`` block
+but bare ``<function=...>`` ... ``</function>`` blocks is read from those (as vLLM).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from octavo.entrypoints.openai.tool_calls.schema_values import (
 )
 
 BLOCK = Tags("<tool_call>", "</tool_call>")
+BARE = Tags("<function=", "</function>")
 FUNCTION = re.compile(r"\s*<function=(?P<name>[^\s<>{}\"']+)>(?P<body>.*)</function>\s*", re.DOTALL)
 PARAMETER = re.compile(r"<parameter=(?P<name>[^>\n]+)>(?P<value>.*?)</parameter>", re.DOTALL)
 
@@ -55,11 +57,18 @@ def _unwrapped(value: str) -> str:
 
 
 def parse_qwen3_coder(text: str, schemas: FunctionSchemas = NO_SCHEMAS) -> ToolCallParse:
-    return read_blocks(text, BLOCK, lambda body: read_qwen3_coder_call(body, schemas))
+    parsed = read_blocks(text, BLOCK, lambda body: read_qwen3_coder_call(body, schemas))
+    if parsed.calls or BLOCK.open in text:
+        return parsed
+    return read_blocks(text, BARE, lambda body: read_qwen3_coder_call(_bare(body), schemas))
+
+
+def _bare(body: str) -> str:
+    return BARE.open + body + BARE.close
 
 
 def qwen3_coder_safe_prefix(text: str) -> int:
-    return marker_safe_prefix(text, (BLOCK.open,))
+    return marker_safe_prefix(text, (BLOCK.open, BARE.open))
 
 
 QWEN3_CODER = ToolCallParser(
