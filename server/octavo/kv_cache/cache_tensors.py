@@ -2,11 +2,17 @@
 
 The model's shape comes in as any object with the attributes below (the model
 executor's ``ModelConfig`` has them all), so this package needs nothing from it.
+
+One layer's cache is ``[planes, num_blocks, block_size, heads, dim]`` (``KVLayout``): a key
+and a value plane of the KV heads, or, for multi-head latent attention (DeepSeek-V2/V3,
+a shape whose ``kv_latent_dim`` is set), one plane of one "head": each token's compressed
+latent and its roped key part, ``kv_lora_rank + qk_rope_head_dim`` values.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -15,11 +21,38 @@ logger = logging.getLogger(__name__)
 
 
 class KVShape(Protocol):
-    """What the KV cache's size depends on: layers, and keys/values per token and layer."""
+    """What the KV cache's size depends on: layers, and keys/values per token and layer.
+    A shape may also have ``kv_latent_dim`` (MLA's latent per token and layer; None or
+    absent: keys and values)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """One layer's cache after ``(planes, blocks, block_size)``: ``heads`` x ``dim``."""
+
+    planes: int  # 2: keys and values; 1: MLA's latent
+    heads: int
+    dim: int
+
+    @classmethod
+    def of(cls, config: KVShape) -> KVLayout:
+        latent = getattr(config, "kv_latent_dim", None)
+        if latent:
+            return cls(1, 1, latent)
+        return cls(2, config.num_kv_heads, config.head_dim)
+
+    @property
+    def values_per_token(self) -> int:
+        return self.planes * self.heads * self.dim
+
+
+def bytes_per_token(config: KVShape, dtype: torch.dtype) -> int:
+    """Bytes one token takes in the cache over every layer (README's model table)."""
+    return bytes_per_block(config, 1, dtype)
 
 
 class ModelShape(KVShape, Protocol):
@@ -35,14 +68,15 @@ def bytes_per_block(config: KVShape, block_size: int, dtype: torch.dtype) -> int
     """Bytes of one block in every layer, keys and values, in the cache's ``dtype`` (an fp8
     cache: one byte an element, half of bf16's)."""
     element = torch.empty((), dtype=dtype).element_size()
-    per_layer = 2 * block_size * config.num_kv_heads * config.head_dim * element
+    per_layer = block_size * KVLayout.of(config).values_per_token * element
     return per_layer * config.num_layers
 
 
 def allocate_kv_caches(
     config: KVShape, num_blocks: int, block_size: int, dtype: torch.dtype, device
 ) -> list[torch.Tensor]:
-    shape = (2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    layout = KVLayout.of(config)
+    shape = (layout.planes, num_blocks, block_size, layout.heads, layout.dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
 
 

@@ -86,6 +86,15 @@ class ModelConfig:
             return self.sliding_window
         return None
 
+    @property
+    def kv_latent_dim(self) -> int | None:
+        """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the values one token caches
+        per layer, its compressed latent and roped key (``kv_lora_rank + qk_rope_head_dim``);
+        None for keys and values."""
+        rank = getattr(self.hf, "kv_lora_rank", None)
+        rope_dim = getattr(self.hf, "qk_rope_head_dim", None)
+        return None if rank is None or rope_dim is None else rank + rope_dim
+
     def window_of(self, layer: int) -> int | None:
         """The sliding window of ``layer`` (``None``: full attention)."""
         return self.sliding_window if self.layer_types[layer] == SLIDING_ATTENTION else None

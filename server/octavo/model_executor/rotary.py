@@ -175,6 +175,18 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+def mla_softmax_scale(head_dim: int, rope: dict) -> float:
+    """DeepSeek's softmax scale (transformers' ``yarn_apply_mscale``): ``head_dim ** -0.5``,
+    times ``mscale(factor, mscale_all_dim) ** 2`` when the rope is scaled and names
+    ``mscale_all_dim`` (the queries' and keys' share of YaRN's temperature)."""
+    scale = head_dim**-0.5
+    mscale_all_dim = rope.get("mscale_all_dim")
+    if rope.get("rope_type", "default") != "default" and mscale_all_dim:
+        mscale = _yarn_mscale(float(rope["factor"]), float(mscale_all_dim))
+        scale = scale * mscale * mscale
+    return scale
+
+
 def _yarn_attention_factor(rope: dict, factor: float) -> float:
     if rope.get("attention_factor") is not None:
         return float(rope["attention_factor"])

@@ -101,6 +101,7 @@ class CacheShape:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    kv_latent_dim: int | None = None  # MLA: one latent per token and layer, every rank whole
 
 
 class Worker:
@@ -132,7 +133,9 @@ class Worker:
             compile_layers(self.model)
         layers = self.model.layers
         kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
-        self.cache_shape = CacheShape(len(layers), kv_heads, spec.config.head_dim)
+        self.cache_shape = CacheShape(
+            len(layers), kv_heads, spec.config.head_dim, spec.config.kv_latent_dim
+        )
         self.draft = self._load_draft()
         self.adapters = self._lora_slots()
         self.runner: ModelRunner | None = None
@@ -160,7 +163,9 @@ class Worker:
         if self.draft is None or self.spec.draft is None:
             return None
         config = self.spec.draft[1]
-        return CacheShape(config.num_layers, config.num_kv_heads, config.head_dim)
+        return CacheShape(
+            config.num_layers, config.num_kv_heads, config.head_dim, config.kv_latent_dim
+        )
 
     @property
     def is_driver(self) -> bool:

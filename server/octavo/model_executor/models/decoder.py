@@ -26,9 +26,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, hidden_size: int, spec: LayerSpec, method) -> None:
         super().__init__()
         self.spec = spec
-        self.self_attn = Attention(
-            hidden_size, spec.attention, spec.norm_kind, spec.norm_eps, method
-        )
+        if spec.attention_block is not None:
+            self.self_attn = spec.attention_block()
+        else:
+            self.self_attn = Attention(
+                hidden_size, spec.attention, spec.norm_kind, spec.norm_eps, method
+            )
         self.mlp = spec.mlp()
         norm = functools.partial(make_norm, spec.norm_kind, hidden_size, spec.norm_eps)
         layout = spec.norm_layout

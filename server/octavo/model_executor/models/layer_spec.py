@@ -42,6 +42,9 @@ class LayerSpec:
     norm_kind: str = "rms"  # "rms" or "gemma" (weight applied as 1 + w)
     norm_layout: str = PRE_NORM
     residual_multiplier: float = 1.0  # Granite scales each block's output
+    # Builds an attention block of the layer's own (multi-head latent attention); None: the
+    # shared ``Attention`` made from ``attention``. Same call as ``Attention.forward``.
+    attention_block: Callable[[], nn.Module] | None = None
     extras: dict = field(default_factory=dict)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from octavo.model_executor.layers.activation import activation_for
 from octavo.model_executor.layers.moe import ExpertNames, FusedMoE
+from octavo.model_executor.layers.moe.group_limited import PLAIN_SELECTION, Selection
 from octavo.model_executor.models.causal_lm import CausalLM
 
 
@@ -18,6 +19,8 @@ class MoEShape:
     intermediate_size: int  # of one expert
     renormalize: bool  # top-k weights rescaled to sum to 1
     weights_in_model_dtype: bool  # routing weights cast to the model's dtype (Qwen)
+    router: str = "softmax"  # the router's kind (``TopKRouter``): "sigmoid" for DeepSeek-V3
+    selection: Selection = PLAIN_SELECTION  # DeepSeek's groups, correction bias, scaling
 
 
 def expert_mlp(model: CausalLM, names: ExpertNames, shape: MoEShape) -> FusedMoE:
@@ -33,4 +36,6 @@ def expert_mlp(model: CausalLM, names: ExpertNames, shape: MoEShape) -> FusedMoE
         quantization=model.quantization,
         enable_expert_parallel=config.enable_expert_parallel,
         router_weights_in_model_dtype=shape.weights_in_model_dtype,
+        router=shape.router,
+        selection=shape.selection,
     )

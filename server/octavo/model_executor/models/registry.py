@@ -29,6 +29,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
     "SmolVLMForConditionalGeneration": ("idefics3", "SmolVLMForConditionalGeneration"),

@@ -64,6 +64,10 @@ class ExpertCheckpoint:
         if name == names.router_bias and moe.router.bias is not None:
             copy_checked(moe.router.bias, tensor, name)
             return [name]
+        score_bias = moe.router.e_score_correction_bias
+        if name == names.router_score_bias and score_bias is not None:
+            copy_checked(score_bias, tensor, name)
+            return [name]
         if name in self.per_expert:
             return self.load_one_expert(moe, name, tensor)
         if names.fused:

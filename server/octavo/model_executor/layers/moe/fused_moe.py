@@ -16,6 +16,7 @@ from torch import nn
 from octavo.distributed.parallel_state import tensor_parallel_group
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.moe.checkpoint import ExpertCheckpoint
+from octavo.model_executor.layers.moe.group_limited import PLAIN_SELECTION, Selection
 from octavo.model_executor.layers.moe.grouped import grouped_experts
 from octavo.model_executor.layers.moe.names import ExpertNames
 from octavo.model_executor.layers.moe.placement import ExpertPlacement
@@ -44,12 +45,15 @@ class FusedMoE(nn.Module):
         quantization: str | None = None,
         enable_expert_parallel: bool = False,
         router_weights_in_model_dtype: bool = False,
+        selection: Selection = PLAIN_SELECTION,
     ) -> None:
         super().__init__()
         quantization = expert_quantization(quantization)
         check_expert_quantization(quantization)
         if router_bias and names.router_bias is None:
             raise ValueError("router_bias=True needs ExpertNames.router_bias")
+        if selection.correction_bias and names.router_score_bias is None:
+            raise ValueError("a correction bias needs ExpertNames.router_score_bias")
         self.tp = tensor_parallel_group()
         self.placement = ExpertPlacement.for_rank(
             self.tp, num_experts, intermediate_size, enable_expert_parallel
@@ -64,6 +68,7 @@ class FusedMoE(nn.Module):
             renormalize=renormalize,
             bias=router_bias,
             weights_in_model_dtype=router_weights_in_model_dtype,
+            selection=selection,
         )
         self.create_weights(bias)
         self.register_buffer("expert_map", self.placement.expert_map(), persistent=False)
@@ -88,7 +93,10 @@ class FusedMoE(nn.Module):
         return self.checkpoint.load(self, name, tensor)
 
     def expected_keys(self) -> set[str]:
-        return self.checkpoint.expected_keys(self.has_bias, self.router.bias is not None)
+        keys = self.checkpoint.expected_keys(self.has_bias, self.router.bias is not None)
+        if self.router.e_score_correction_bias is not None:
+            keys.add(self.checkpoint.names.router_score_bias)
+        return keys
 
     def process_weights_after_loading(self) -> None:
         # Built on the meta device, the map's buffer holds no values after ``to_empty``.

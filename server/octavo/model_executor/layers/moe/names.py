@@ -15,6 +15,7 @@ from dataclasses import dataclass
 class ExpertNames:
     router_weight: str
     router_bias: str | None = None
+    router_score_bias: str | None = None  # DeepSeek-V3's e_score_correction_bias [E]
     # one tensor per expert: format strings with ``{e}`` for the expert's index
     gate: str | None = None  # [I, H]
     up: str | None = None  # [I, H]
@@ -46,6 +47,13 @@ MIXTRAL = ExpertNames(
     gate="experts.{e}.w1.weight",
     up="experts.{e}.w3.weight",
     down="experts.{e}.w2.weight",
+)
+DEEPSEEK = ExpertNames(
+    router_weight="gate.weight",
+    router_score_bias="gate.e_score_correction_bias",
+    gate="experts.{e}.gate_proj.weight",
+    up="experts.{e}.up_proj.weight",
+    down="experts.{e}.down_proj.weight",
 )
 GPT_OSS = ExpertNames(
     router_weight="router.weight",

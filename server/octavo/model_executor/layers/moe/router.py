@@ -9,6 +9,12 @@ keeps it). Two kinds, each computed exactly as transformers does:
   them to the model's dtype (``weights_in_model_dtype``).
 - ``"softmax_after_topk"`` (gpt-oss): top-k of the logits (router bias included), then a
   softmax over the k selected, in the logits' dtype.
+- ``"sigmoid"`` (DeepSeek-V3): sigmoid scores in float32, renormalised (``norm_topk_prob``)
+  with transformers' ``+ 1e-20``.
+
+A ``Selection`` adds DeepSeek's options to ``"softmax"`` and ``"sigmoid"``: group-limited
+top-k, the ``e_score_correction_bias`` (``group_limited.py``), ``routed_scaling_factor``
+and float32 logits.
 """
 
 from __future__ import annotations
@@ -17,7 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROUTER_KINDS = ("softmax", "softmax_after_topk")
+from octavo.model_executor.layers.moe.group_limited import (
+    PLAIN_SELECTION,
+    Selection,
+    select_experts,
+)
+
+ROUTER_KINDS = ("softmax", "softmax_after_topk", "sigmoid")
 
 
 class TopKRouter(nn.Module):
@@ -31,6 +43,7 @@ class TopKRouter(nn.Module):
         renormalize: bool,
         bias: bool = False,
         weights_in_model_dtype: bool = False,
+        selection: Selection = PLAIN_SELECTION,
     ) -> None:
         super().__init__()
         if kind not in ROUTER_KINDS:
@@ -41,9 +54,17 @@ class TopKRouter(nn.Module):
         self.weights_in_model_dtype = weights_in_model_dtype
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(num_experts), requires_grad=False) if bias else None
+        self.selection = selection
+        self.e_score_correction_bias = None
+        if selection.correction_bias:
+            self.e_score_correction_bias = nn.Parameter(
+                torch.empty(num_experts), requires_grad=False
+            )
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden [T, H]`` → ``(weights [T, k], expert ids [T, k])``."""
+        if self.kind == "sigmoid" or self.selection != PLAIN_SELECTION:
+            return self._selected(hidden)
         logits = F.linear(hidden, self.weight, self.bias)
         if self.kind == "softmax_after_topk":
             values, ids = torch.topk(logits, self.top_k, dim=-1)
@@ -55,3 +76,20 @@ class TopKRouter(nn.Module):
         if self.weights_in_model_dtype:
             values = values.to(logits.dtype)
         return values, ids
+
+    def _selected(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek's routing (``Selection``): weights in float32, as transformers keeps them."""
+        if self.selection.float32_logits:
+            logits = F.linear(hidden.float(), self.weight.float())
+        else:
+            logits = F.linear(hidden, self.weight, self.bias).float()
+        if self.kind == "sigmoid":
+            scores = logits.sigmoid()
+        else:
+            scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        bias = self.e_score_correction_bias
+        values, ids = select_experts(scores, self.top_k, self.selection, bias)
+        if self.renormalize:
+            epsilon = 1e-20 if self.kind == "sigmoid" else 0.0
+            values = values / (values.sum(dim=-1, keepdim=True) + epsilon)
+        return values * self.selection.scaling_factor, ids
