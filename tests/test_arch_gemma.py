@@ -189,13 +189,24 @@ def test_gemma3_image_text_checkpoint_serves_its_text_tower(tmp_path, smol_token
         ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight"),
         ("language_model.lm_head.weight", "lm_head.weight"),
         ("lm_head.weight", "lm_head.weight"),
-        ("vision_tower.encoder.layers.0.mlp.fc1.weight", None),
-        ("model.vision_tower.encoder.layers.0.mlp.fc1.weight", None),
-        ("multi_modal_projector.mm_input_projection_weight", None),
+        (
+            "vision_tower.encoder.layers.0.mlp.fc1.weight",
+            "vision_tower.encoder.layers.0.mlp.fc1.weight",
+        ),
+        (
+            "model.vision_tower.vision_model.post_layernorm.weight",
+            "vision_tower.post_layernorm.weight",
+        ),
+        ("vision_tower.head.probe", None),  # SigLIP's pooling head: not Gemma 3's
+        (
+            "multi_modal_projector.mm_input_projection_weight",
+            "multi_modal_projector.mm_input_projection_weight",
+        ),
     ],
 )
 def test_image_text_checkpoint_names(name, expected):
-    """Both spellings of the text tower (files and transformers' modules); no vision."""
+    """Both spellings of the text tower (files and transformers' modules); the vision
+    tower and projector (test_vision_gemma3.py) without SigLIP's pooling head."""
     assert model_class("Gemma3ForConditionalGeneration").checkpoint_name(name) == expected
 
 

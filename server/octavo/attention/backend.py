@@ -61,14 +61,16 @@ class TorchAttention:
         start = meta.query_start_loc_list[index]
         end = start + meta.query_lens_list[index]
         seq_len = meta.seq_lens_list[index]
+        spans = meta.bidirectional_spans[index] if meta.bidirectional_spans else ()
         if end - start == seq_len:  # no cached prefix: the fresh keys, as the cache holds them
             key = stored(key[start:end], kv_scales.k, kv_cache.dtype)
             value = stored(value[start:end], kv_scales.v, kv_cache.dtype)
             return torch_ops.causal_attention(
-                query[start:end], key, value, scale, kv_scales, options
+                query[start:end], key, value, scale, kv_scales, options, spans
             )
+        table = meta.block_tables[index]
         return torch_ops.prefill_attention(
-            query[start:end], kv_cache, meta.block_tables[index], seq_len, scale, kv_scales, options
+            query[start:end], kv_cache, table, seq_len, scale, kv_scales, options, spans
         )
 
     def decode(

@@ -24,6 +24,10 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     max_seq_len: int
     backend_cache: dict = field(default_factory=dict)  # per-step values a backend derives once
+    # Gemma 3's images: per prefill chunk, the position ranges [first, end) whose queries
+    # also see the later keys of the same range (an image's placeholders attend both ways);
+    # None for a step without any (every other model): plain causal attention.
+    bidirectional_spans: list[list[tuple[int, int]]] | None = None
 
     @property
     def num_seqs(self) -> int:

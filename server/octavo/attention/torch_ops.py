@@ -12,6 +12,8 @@ mask); soft-capping and sinks, which SDPA lacks, take an explicit fp32 softmax.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -70,10 +72,21 @@ def needs_explicit_softmax(options: AttentionOptions) -> bool:
 
 
 def visible_keys(
-    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None
+    query_pos: torch.Tensor,
+    key_pos: torch.Tensor,
+    window: int | None,
+    spans: Sequence[tuple[int, int]] = (),
 ) -> torch.Tensor:
-    """``[Q, K]`` bool: key ``j`` is visible to query ``i`` iff ``i - window < j <= i``."""
+    """``[Q, K]`` bool: key ``j`` is visible to query ``i`` iff ``i - window < j <= i``.
+
+    ``spans``: position ranges ``[first, end)`` whose queries also see the range's later
+    keys (Gemma 3's images); the window still applies (transformers' AND(window, OR(causal,
+    block)))."""
     visible = key_pos[None, :] <= query_pos[:, None]
+    for first, end in spans:
+        in_query = (query_pos >= first) & (query_pos < end)
+        in_key = (key_pos >= first) & (key_pos < end)
+        visible |= in_query[:, None] & in_key[None, :]
     if window is not None:
         visible &= key_pos[None, :] > query_pos[:, None] - window
     return visible
@@ -200,15 +213,17 @@ def causal_attention(
     scale: float,
     scales: KVScales = UNIT_SCALES,
     options: AttentionOptions = FULL_ATTENTION,
+    spans: Sequence[tuple[int, int]] = (),
 ) -> torch.Tensor:
     """Causal attention of a prompt chunk with no cached prefix (``[Q, heads, dim]``);
-    ``key``/``value`` as the cache stores them (``kv_quant.stored``)."""
+    ``key``/``value`` as the cache stores them (``kv_quant.stored``). ``spans``: position
+    ranges attended both ways (``visible_keys``)."""
     q, k, v = (x.transpose(0, 1)[None] for x in (query, key, value))
-    if options.is_plain:
+    if options.is_plain and not spans:
         out = _attend(q, k, v, scale, scales, is_causal=True, enable_gqa=True)
     else:
         positions = torch.arange(query.shape[0], device=query.device)
-        visible = visible_keys(positions, positions, options.sliding_window)
+        visible = visible_keys(positions, positions, options.sliding_window, spans)
         out = _attend_visible(q, k, v, scale, scales, options, visible)
     return out[0].transpose(0, 1)
 
@@ -221,17 +236,18 @@ def prefill_attention(
     scale: float,
     scales: KVScales = UNIT_SCALES,
     options: AttentionOptions = FULL_ATTENTION,
+    spans: Sequence[tuple[int, int]] = (),
 ) -> torch.Tensor:
     """Causal attention of one prefill chunk over its cached prefix and itself.
 
     ``query [Q, heads, head_dim]`` holds the last ``Q`` tokens of a context of ``seq_len``
     tokens whose keys/values are already in the cache. A window reads only the keys some
-    query of the chunk can see.
+    query of the chunk can see. ``spans``: position ranges attended both ways.
     """
     num_queries = query.shape[0]
     keys, values = gather_kv(kv_cache, block_table[None], seq_len)
     q = query.transpose(0, 1)[None]
-    if options.is_plain and num_queries == seq_len:
+    if options.is_plain and num_queries == seq_len and not spans:
         out = _attend(q, keys, values, scale, scales, is_causal=True, enable_gqa=True)
         return out[0].transpose(0, 1)
     first_key = 0
@@ -240,7 +256,7 @@ def prefill_attention(
         keys, values = keys[:, :, first_key:], values[:, :, first_key:]
     query_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
     key_pos = torch.arange(first_key, seq_len, device=query.device)
-    visible = visible_keys(query_pos, key_pos, options.sliding_window)
+    visible = visible_keys(query_pos, key_pos, options.sliding_window, spans)
     out = _attend_visible(q, keys, values, scale, scales, options, visible)
     return out[0].transpose(0, 1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from octavo.attention import triton_decode, triton_kernels
+from octavo.attention.backend import TorchAttention
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
@@ -30,7 +31,13 @@ class TritonAttention:
         triton_kernels.store_kv(key, value, kv_cache, meta.slot_mapping, kv_scales)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         split = meta.num_prefill_tokens
-        if meta.num_prefills:
+        if meta.bidirectional_spans:  # the kernel is causal only: such chunks take torch's
+            for index in range(meta.num_prefills):
+                start = meta.query_start_loc_list[index]
+                out[start : start + meta.query_lens_list[index]] = TorchAttention._prefill(
+                    index, query, key, value, kv_cache, meta, scale, kv_scales, options
+                )
+        elif meta.num_prefills:
             self._prefill(query[:split], kv_cache, meta, scale, out[:split], kv_scales, options)
         if meta.num_decodes:
             first = meta.num_prefills

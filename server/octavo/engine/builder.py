@@ -25,7 +25,7 @@ from octavo.model_executor.context_length import context_length_of
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.models.registry import is_pooling_architecture
+from octavo.model_executor.models.registry import is_pooling_architecture, keeps_images_whole
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from octavo.pooling.model_defaults import read_pooler_config
 from octavo.pooling.runner import RunnerSettings, resolve_runner
@@ -114,6 +114,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         kv, args.max_num_seqs, budget, limits, ahead, chunked_prefill=args.enable_chunked_prefill
     )
     scheduler.max_loras = args.max_loras
+    scheduler.whole_images = keeps_images_whole(config.architecture)
     scheduler.overlapped = overlaps_steps(args, parallel)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(

@@ -100,6 +100,7 @@ class LLMEngine:
             token_ids, images = self._tokenize(prompt), []
             self._check_no_placeholders(token_ids)
         self._validate_prompt(token_ids, params.pooling is not None)
+        self.scheduler.check_images(images)
         self._validate_params(params)
         self._check_adapter(lora_request)
         request = Request(

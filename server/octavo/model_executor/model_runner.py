@@ -35,6 +35,7 @@ from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.decode_graphs import DecodeGraphs
 from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step_image_embeds
+from octavo.model_executor.image_spans import bidirectional_spans
 from octavo.model_executor.layers.lora import LoRABatch, LoRAState
 from octavo.model_executor.micro_batches import split_micro_batches
 from octavo.model_executor.models.causal_lm import StepResult
@@ -145,6 +146,8 @@ class ModelRunner:
         self.in_flight: PendingStep | None = None  # async scheduling: the launched step
         self.images_of: dict[int, list[ImageInput]] = {}  # every rank: a prompt's images
         self.encoder_cache = EncoderCache()  # image features by content hash
+        # Gemma 3: an image's placeholders attend to each other both ways
+        self.bidirectional_images = getattr(self.model, "bidirectional_images", False)
         # M-RoPE models (Qwen-VL): each prompt's 3-D positions; None for every other model
         self.mrope = MRopePositions(self.model) if supports_mrope(self.model) else None
 
@@ -378,6 +381,9 @@ class ModelRunner:
         if self.mrope is not None:
             flat = self.mrope.step_positions(scheduled, layout.seq_starts, layout.positions)
             inputs.positions = flat.to(self.device)
+        if self.bidirectional_images and self.images_of:  # every stage's attention
+            spans = bidirectional_spans(scheduled, num_prefills, self.images_of)
+            inputs.meta.bidirectional_spans = spans
         if self.images_of and self.stage.is_first:
             needed = needed_slices(scheduled, layout.seq_starts, self.images_of)
             inputs.image_embeds = step_image_embeds(

@@ -44,6 +44,11 @@ def by_patch_grid(
     return [{"pixel_values": pixels[i], "image_grid_thw": grids[i]} for i in range(count)]
 
 
+def tokenizer_image_token(hf_processor: Any) -> str:
+    """The tokenizer's ``image_token``: the placeholder where the processor's is another."""
+    return str(hf_processor.tokenizer.image_token)
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     split: Split
@@ -56,6 +61,9 @@ class ImageLayout:
     # Another layout for a folder whose HF processor is of another class (by class name):
     # Pixtral-12B is a LlavaForConditionalGeneration with Pixtral's processor.
     by_processor: dict[str, ImageLayout] = field(default_factory=dict)
+    # The token the expanded prompt holds per feature, read from the HF processor; None:
+    # its ``image_token`` (Gemma 3's names <start_of_image>, the tokenizer's the soft token).
+    placeholder: Callable[[Any], str] | None = None
 
     def for_processor(self, hf_processor: Any) -> ImageLayout:
         """The layout of ``hf_processor``'s outputs."""
@@ -84,6 +92,11 @@ LAYOUTS: dict[str, ImageLayout] = {
     # [images, 3]; one <|image_pad|> per merged patch, one run per image
     "Qwen2_5_VLForConditionalGeneration": ImageLayout(by_patch_grid),
     "Qwen3VLForConditionalGeneration": ImageLayout(by_patch_grid),
+    # Gemma 3: pixel_values [images, C, H, W]; <start_of_image>, mm_tokens_per_image x
+    # <image_soft_token> (the tokenizer's image_token), <end_of_image>
+    "Gemma3ForConditionalGeneration": ImageLayout(
+        stacked("pixel_values"), placeholder=tokenizer_image_token
+    ),
 }
 
 

@@ -9,6 +9,7 @@ may carry.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ from octavo.multimodal.images import image_hash, load_image
 from octavo.multimodal.inputs import ImageInput, placeholder_runs, placeholder_spans
 from octavo.multimodal.layouts import ImageLayout, layout_of
 from octavo.multimodal.limits import DEFAULT_IMAGE_LIMIT, MODALITIES
+
+logger = logging.getLogger(__name__)
+# A folder's HF processor settings (transformers 4 and 5 write one or both)
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 @dataclass
@@ -51,7 +56,8 @@ class MultiModalProcessor:
 
         self.hf = AutoProcessor.from_pretrained(folder, trust_remote_code=False)
         self.layout = layout.for_processor(self.hf)
-        self.image_token: str = str(self.hf.image_token)
+        placeholder = self.layout.placeholder
+        self.image_token: str = str(placeholder(self.hf) if placeholder else self.hf.image_token)
         self.image_token_id: int = self.hf.tokenizer.convert_tokens_to_ids(self.image_token)
         self.max_images = (limits or {}).get("image", DEFAULT_IMAGE_LIMIT)
         self.call_kwargs = dict(call_kwargs or {})  # --mm-processor-kwargs
@@ -109,7 +115,11 @@ def processor_for(
     call_kwargs: dict[str, Any] | None = None,
 ) -> MultiModalProcessor | None:
     """The processor of a model that takes images (``call_kwargs``: what
-    ``--mm-processor-kwargs`` adds to each call); None for a text-only model."""
+    ``--mm-processor-kwargs`` adds to each call); None for a text-only model, and for a
+    folder without an HF processor (Gemma 3's text tower saved alone: text prompts only)."""
     if not takes_images:
+        return None
+    if not any((folder / name).is_file() for name in PROCESSOR_FILES):
+        logger.warning("%s has no HF processor (%s): text prompts only", folder, PROCESSOR_FILES)
         return None
     return MultiModalProcessor(folder, layout_of(architecture), limits, call_kwargs)

@@ -43,6 +43,7 @@ from octavo.scheduler.sequence import Sequence, SequenceStatus, sequence_seed
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 from octavo.scheduler.speculation_policy import SpeculationPolicy
 from octavo.scheduler.stop_checker import StopLimits, check_stop
+from octavo.scheduler.whole_images import check_images_fit, whole_image_chunk
 
 # Prompt positions scored (``prompt_logprobs``) in one step at most: each is a full
 # [vocab] logits row plus its log-softmax, so an 8k-token echo+logprobs prompt is scored
@@ -97,6 +98,7 @@ class Scheduler:
         self.spec_counters = SpecDecodeCounters()
         self.speculation = SpeculationPolicy()
         self.max_loras = 1  # distinct LoRA adapters in one step
+        self.whole_images = False  # never split an image over two chunks (Gemma 3)
         self.lora_unloads: set[int] = set()  # removed adapters the workers may drop once unused
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -121,6 +123,11 @@ class Scheduler:
                 f"{self.max_num_seqs} sequences (--max-num-seqs {self.max_num_seqs}); "
                 f"ask for n <= {self.max_num_seqs}"
             )
+
+    def check_images(self, images: list) -> None:
+        """``ValueError`` for an image a step could never hold (when images stay whole)."""
+        if self.whole_images:
+            check_images_fit(images, self.max_num_batched_tokens)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -185,11 +192,17 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
         """Tokens of ``seq`` to compute this step: within the budget, and a prompt whose
-        logprobs are asked for within the step's ``PROMPT_SCORING_ROWS_PER_STEP``."""
-        num_new = min(seq.num_tokens + seq.num_in_flight - num_computed, budget)
-        if seq.params.prompt_logprobs is not None and num_computed < seq.num_prompt_tokens:
+        logprobs are asked for within the step's ``PROMPT_SCORING_ROWS_PER_STEP``; with
+        ``whole_images``, ending outside every image (``whole_images.py``)."""
+        most = min(seq.num_tokens + seq.num_in_flight - num_computed, budget)
+        num_new = most
+        scored = seq.params.prompt_logprobs is not None and num_computed < seq.num_prompt_tokens
+        if scored:
             num_new = min(num_new, self._scoring_rows_left)
-            self._scoring_rows_left -= num_new
+        if self.whole_images and seq.images:
+            num_new = whole_image_chunk(seq.images, num_computed, num_new, most)
+        if scored:
+            self._scoring_rows_left = max(0, self._scoring_rows_left - num_new)
         return num_new
 
     def _adapter_fits(self, seq: Sequence, adapters: set[int]) -> bool:

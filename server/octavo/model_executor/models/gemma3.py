@@ -8,17 +8,13 @@ As transformers' ``modeling_gemma3``, it differs from Gemma 2 in that
 * attention scores are not soft-capped (transformers' Gemma 3 attention ignores
   ``attn_logit_softcapping``); the final logits are when ``final_logit_softcapping`` is set.
 
-``Gemma3ForConditionalGeneration`` checkpoints (the image-text models, e.g.
-google/gemma-3-4b-it) serve as text models: their text tower (``text_config``) is this
-model; transformers writes its tensors as ``language_model.model.*`` (and reads
-``model.language_model.*`` too); the vision tower and the projector are not loaded.
+``Gemma3ForConditionalGeneration`` (the image-text models, e.g. google/gemma-3-4b-it) is
+this decoder with a vision tower: ``gemma3_mm.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import torch
 
 from octavo.model_executor.models.gemma2 import Gemma2ForCausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
@@ -40,26 +36,3 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         raw = self.config.hf.to_dict()
         types = dict.fromkeys(self.config.layer_types)
         return {layer_type: rope_parameters_for(raw, layer_type) for layer_type in types}
-
-
-# The text tower's tensors in a Gemma3ForConditionalGeneration checkpoint -> Llama naming.
-_TEXT_TOWER_PREFIXES = {
-    "language_model.model.": "model.",  # as transformers writes them (and Google's files)
-    "model.language_model.": "model.",  # transformers' module names
-    "language_model.lm_head.": "lm_head.",
-    "lm_head.": "lm_head.",
-}
-
-
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
-    """The text tower of an image-text Gemma 3 checkpoint (the vision tower is skipped)."""
-
-    @classmethod
-    def checkpoint_name(cls, name: str) -> str | None:
-        for prefix, renamed in _TEXT_TOWER_PREFIXES.items():
-            if name.startswith(prefix):
-                return renamed + name.removeprefix(prefix)
-        return None  # vision_tower.*, multi_modal_projector.*
-
-    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits  # transformers' Gemma3ForConditionalGeneration never soft-caps logits

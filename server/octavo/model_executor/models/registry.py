@@ -23,7 +23,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
-    "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    "Gemma3ForConditionalGeneration": ("gemma3_mm", "Gemma3ForConditionalGeneration"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
@@ -40,7 +40,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
 }
 # Architectures that take images (their class has ``embed_images``; prompts go through
-# the folder's HF processor). Gemma3ForConditionalGeneration serves its text tower only.
+# the folder's HF processor).
 IMAGE_ARCHITECTURES = frozenset(
     {
         "LlavaForConditionalGeneration",
@@ -49,6 +49,7 @@ IMAGE_ARCHITECTURES = frozenset(
         "SmolVLMForConditionalGeneration",
         "Mistral3ForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",
+        "Gemma3ForConditionalGeneration",
         "Qwen3VLForConditionalGeneration",
     }
 )
@@ -70,6 +71,14 @@ def supported_architectures() -> list[str]:
 
 def takes_images(architecture: str) -> bool:
     return architecture in IMAGE_ARCHITECTURES
+
+
+def keeps_images_whole(architecture: str) -> bool:
+    """Does the model attend both ways within an image (Gemma 3)? Then the scheduler never
+    splits an image's placeholders over two prefill chunks."""
+    return takes_images(architecture) and getattr(
+        model_class(architecture), "bidirectional_images", False
+    )
 
 
 def is_pooling_architecture(architecture: str) -> bool:

@@ -1,0 +1,315 @@
+"""Gemma 3 with images (``Gemma3ForConditionalGeneration``) on a tiny random checkpoint,
+against HF ``generate``.
+
+The folder is written here: a tiny SigLIP tower (16 patches pooled to 4 image tokens),
+the projector and a two-layer Gemma 3 decoder (a sliding layer, window 8, and a full one),
+with ``Gemma3Processor`` (a tiny ``Gemma3ImageProcessor`` and the tests' tokenizer with
+Gemma's image tokens). An image's placeholders attend to each other both ways: greedy fp32
+outputs must be token-identical to transformers with one image, two images and none; with
+a token budget that would split an image (the scheduler keeps it whole), preemption and
+recompute; with a cached prefix that ends inside an image. The mask itself is checked
+against transformers' for a step with two images.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from octavo import SamplingParams
+from octavo.attention.torch_ops import visible_keys
+from octavo.entrypoints.llm import LLM
+from octavo.model_executor.image_spans import bidirectional_spans
+from octavo.multimodal.inputs import ImageInput
+from octavo.scheduler.output import ScheduledSequence
+from octavo.scheduler.whole_images import check_images_fit, whole_image_chunk
+
+IMAGE_SIZE, PATCH, IMAGE_TOKENS = 28, 7, 4  # 16 patches, average-pooled 2x2 to 4 tokens
+WINDOW = 8  # the sliding layer's window: shorter than the prompts
+NEW_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+SPECIAL = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
+BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
+SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
+
+
+def random_image(seed: int, width: int, height: int) -> Image.Image:
+    generator = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+IMAGES = [random_image(1, 40, 30), random_image(2, 28, 28), random_image(3, 33, 50)]
+CASES = [  # (prompt, images)
+    ("<start_of_image>What is in this picture?", [IMAGES[0]]),
+    ("Compare <start_of_image> with <start_of_image> please", [IMAGES[0], IMAGES[1]]),
+    ("Hello there, how are you", []),
+]
+
+
+def build_gemma3(folder: Path, smol_folder: Path) -> Path:
+    from transformers import (
+        AutoTokenizer,
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_folder, extra_special_tokens=SPECIAL)
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH,
+    }
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    text = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": len(tokenizer),
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 24,
+        "max_position_embeddings": 512,
+        **ids,
+    }
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=IMAGE_TOKENS,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.convert_tokens_to_ids(SPECIAL["eoi_token"]),
+        image_token_index=tokenizer.image_token_id,
+        **ids,
+    )
+    torch.manual_seed(1234)
+    model = Gemma3ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
+            parameter.normal_(0.0, 0.2)
+        # The tied embedding, times sqrt(hidden), would drown the layers' output
+        model.get_input_embeddings().weight.normal_(0.0, 0.02)
+    model.save_pretrained(folder)
+    image_processor = Gemma3ImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor = Gemma3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_length=IMAGE_TOKENS
+    )
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gemma3_folder(tmp_path_factory, smol_folder) -> Path:
+    return build_gemma3(tmp_path_factory.mktemp("gemma3_vision"), smol_folder)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(gemma3_folder):
+    """Greedy token ids transformers generates for (prompt, images), computed once each."""
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(gemma3_folder)
+    model = Gemma3ForConditionalGeneration.from_pretrained(gemma3_folder, dtype=torch.float32)
+    model.eval()
+    done: dict[tuple, list[int]] = {}
+
+    def generate(prompt: str, images: list) -> list[int]:
+        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(
+                **inputs,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=model.generation_config.eos_token_id,
+            )
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+    def cached(prompt: str, images: list) -> list[int]:
+        key = (prompt, tuple(map(id, images)))
+        if key not in done:
+            done[key] = generate(prompt, images)
+        return done[key]
+
+    return cached
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_folder):
+    with LLM(
+        str(gemma3_folder),
+        dtype="float32",
+        max_model_len=256,
+        limit_mm_per_prompt='{"image": 2}',
+        kv_cache_memory=SMALL_KV,
+    ) as llm:
+        yield llm
+
+
+def as_prompt(text: str, images: list) -> str | dict:
+    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in outputs]
+
+
+def test_greedy_matches_hf_with_one_two_and_no_images(gemma3, hf_reference):
+    expected = [hf_reference(text, images) for text, images in CASES]
+    outputs = gemma3.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    first = outputs[0].prompt_token_ids
+    soft = gemma3.engine.mm_processor.image_token_id  # <image_soft_token>, not <start_of_image>
+    assert first.count(soft) == IMAGE_TOKENS
+    other = gemma3.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
+    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+
+
+def record_chunks(llm: LLM) -> list[tuple[int, int, list[ImageInput]]]:
+    """Every chunk the scheduler plans from now on: (start, end, the sequence's images)."""
+    scheduler, chunks = llm.engine.scheduler, []
+    schedule = scheduler.schedule
+
+    def recording():
+        out = schedule()
+        for seq in out.scheduled:
+            start = seq.num_computed_tokens
+            images = scheduler.seqs[seq.seq_id].images
+            chunks.append((start, start + seq.num_new_tokens, images))
+        return out
+
+    scheduler.schedule = recording
+    return chunks
+
+
+def splits_an_image(start: int, end: int, images: list[ImageInput]) -> bool:
+    return any(image.offset < end < image.end for image in images)
+
+
+def test_a_budget_that_would_split_images_keeps_them_whole_with_preemption(
+    gemma3_folder, hf_reference
+):
+    budget = 6
+    cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
+    expected = [hf_reference(text, images) for text, images in cases]
+    with LLM(
+        str(gemma3_folder),
+        dtype="float32",
+        max_model_len=64,
+        max_num_batched_tokens=budget,
+        kv_cache_memory=5 * BLOCK_BYTES,  # 4 blocks (and the null block): prompts preempted
+    ) as llm:
+        chunks = record_chunks(llm)
+        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
+        assert token_ids(outputs) == expected
+        assert llm.engine.stats().num_preemptions > 0
+        with pytest.raises(ValueError, match="more than the 6 tokens of a step"):
+            llm.engine.scheduler.check_images([image_of(offset=3, length=budget + 1)])
+    images = [image for _, _, seq_images in chunks for image in seq_images]
+    plain = [(start, start + budget) for start in range(0, 64, budget)]  # budget-sized chunks
+    assert any(splits_an_image(start, end, images) for start, end in plain)
+    assert not any(splits_an_image(start, end, seq_images) for start, end, seq_images in chunks)
+
+
+def test_prefix_blocks_are_shared_by_the_same_image_only(gemma3, hf_reference):
+    text = "Look at this picture that I took in the garden: <start_of_image> What is it?"
+    first = gemma3.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
+    other = gemma3.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
+    same = gemma3.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
+    start = first.prompt_token_ids.index(gemma3.engine.mm_processor.image_token_id)
+    assert start < 16 < start + IMAGE_TOKENS  # the first block ends inside the image
+    assert other.num_cached_tokens == 0
+    assert same.num_cached_tokens >= 16  # then the image's rest, whole, in the next chunk
+    assert same.outputs[0].token_ids == first.outputs[0].token_ids
+    assert first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
+
+
+def image_of(offset: int, length: int = IMAGE_TOKENS) -> ImageInput:
+    return ImageInput(f"image-{offset}", offset, length, {})
+
+
+def hf_masks(num_tokens: int, images: list[ImageInput]) -> dict[str, torch.Tensor]:
+    """transformers' Gemma 3 masks ``[Q, K]`` (full and sliding layers) for a prompt."""
+    from transformers import Gemma3TextConfig
+    from transformers.models.gemma3.modeling_gemma3 import (
+        create_masks_for_vision_model,
+        get_block_sequence_ids_for_mask,
+    )
+
+    token_types = torch.zeros(1, num_tokens, dtype=torch.long)
+    for image in images:
+        token_types[0, image.offset : image.end] = 1
+    config = Gemma3TextConfig(
+        num_hidden_layers=2,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    config._attn_implementation = "sdpa"
+    masks = create_masks_for_vision_model(
+        config,
+        torch.zeros(1, num_tokens, 8),
+        None,
+        None,
+        torch.arange(num_tokens)[None],
+        get_block_sequence_ids_for_mask(token_types),
+    )
+    return {name: mask[0, 0] for name, mask in masks.items()}
+
+
+@pytest.mark.parametrize("computed", [0, 5, 13])  # whole prompt; prefix inside image 1, between
+def test_bidirectional_mask_matches_hf_for_a_step_with_two_images(computed):
+    num_tokens, images = 24, [image_of(3), image_of(10, 6)]
+    chunk = ScheduledSequence(7, [0] * (num_tokens - computed), computed, [], True)
+    (spans,) = bidirectional_spans([chunk], 1, {7: images})
+    query_pos, key_pos = torch.arange(computed, num_tokens), torch.arange(num_tokens)
+    expected = hf_masks(num_tokens, images)
+    for window, name in [(None, "full_attention"), (WINDOW, "sliding_attention")]:
+        got = visible_keys(query_pos, key_pos, window, spans)
+        assert torch.equal(got, expected[name][computed:]), name
+    plain = visible_keys(query_pos, key_pos, None)
+    assert not torch.equal(plain, expected["full_attention"][computed:])
+
+
+def test_spans_only_where_a_chunk_holds_an_image():
+    images = {1: [image_of(3)], 2: [image_of(0, 1)]}
+    text = ScheduledSequence(1, [0] * 3, 0, [], False)  # before the image
+    single = ScheduledSequence(2, [0] * 4, 0, [], False)  # a one-token image: nothing to widen
+    assert bidirectional_spans([text, single], 2, images) is None
+    whole = ScheduledSequence(1, [0] * 5, 3, [], False)
+    assert bidirectional_spans([whole, single], 2, images) == [[(3, 7)], []]
+
+
+@pytest.mark.parametrize(
+    ("start", "num_new", "most", "expected"),
+    [
+        (0, 6, 6, 3),  # would end inside [3, 7): stops before the image
+        (0, 7, 9, 7),  # ends at the image's end
+        (3, 2, 6, 4),  # starts at the image, fewer tokens asked (scoring rows): the image
+        (3, 2, 3, 0),  # ... which the step cannot hold: nothing this step
+        (5, 1, 6, 2),  # a cached prefix ends inside the image: its rest
+        (7, 3, 3, 3),  # after the image
+    ],
+)
+def test_whole_image_chunks(start, num_new, most, expected):
+    assert whole_image_chunk([image_of(3), image_of(12)], start, num_new, most) == expected
+
+
+def test_an_image_larger_than_a_step_is_refused():
+    check_images_fit([image_of(0, 8)], 8)
+    with pytest.raises(ValueError, match="9 placeholder tokens, more than the 8 tokens"):
+        check_images_fit([image_of(0, 8), image_of(20, 9)], 8)
