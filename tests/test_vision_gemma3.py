@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from octavo import SamplingParams
+from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.torch_ops import visible_keys
 from octavo.entrypoints.llm import LLM
 from octavo.model_executor.image_spans import bidirectional_spans
@@ -292,6 +293,45 @@ def test_spans_only_where_a_chunk_holds_an_image():
     assert bidirectional_spans([text, single], 2, images) is None
     whole = ScheduledSequence(1, [0] * 5, 3, [], False)
     assert bidirectional_spans([whole, single], 2, images) == [[(3, 7)], []]
+
+
+def prefill_metadata(num_tokens: int, spans: list | None) -> AttentionMetadata:
+    """One prefill chunk of ``num_tokens`` (no cached prefix) in block 0."""
+    return AttentionMetadata(
+        slot_mapping=torch.arange(num_tokens),
+        block_tables=torch.zeros(1, 1, dtype=torch.int32),
+        seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32),
+        num_prefills=1,
+        num_prefill_tokens=num_tokens,
+        query_lens_list=[num_tokens],
+        query_start_loc_list=[0],
+        seq_lens_list=[num_tokens],
+        max_seq_len=num_tokens,
+        bidirectional_spans=spans,
+    )
+
+
+def test_the_triton_backend_attends_to_spans_on_the_torch_path():
+    """Its prefill kernel is causal only: a step with spans takes the torch path (no
+    kernel launch but the cache store, which runs here under Triton's interpreter)."""
+    pytest.importorskip("triton")
+    from octavo.attention.backend import TorchAttention
+    from octavo.attention.triton_backend import TritonAttention
+
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(10, h, 16, generator=generator) for h in (4, 2, 2))
+    spans = [[(2, 6)]]
+    outputs = []
+    for backend in (TritonAttention(), TorchAttention()):
+        cache = torch.zeros(2, 1, 16, 2, 16)
+        meta = prefill_metadata(10, spans)
+        outputs.append(backend.forward(query, key, value, cache, meta, 0.25))
+    assert torch.equal(outputs[0], outputs[1])
+    causal = TorchAttention().forward(
+        query, key, value, torch.zeros(2, 1, 16, 2, 16), prefill_metadata(10, None), 0.25
+    )
+    assert not torch.equal(outputs[0], causal)
 
 
 @pytest.mark.parametrize(
