@@ -25,6 +25,7 @@ from octavo.attention.torch_ops import visible_keys
 from octavo.entrypoints.llm import LLM
 from octavo.model_executor.image_spans import bidirectional_spans
 from octavo.multimodal.inputs import ImageInput
+from octavo.multimodal.layouts import layout_of
 from octavo.scheduler.output import ScheduledSequence
 from octavo.scheduler.whole_images import check_images_fit, whole_image_chunk
 
@@ -353,3 +354,14 @@ def test_an_image_larger_than_a_step_is_refused():
     check_images_fit([image_of(0, 8)], 8)
     with pytest.raises(ValueError, match="9 placeholder tokens, more than the 8 tokens"):
         check_images_fit([image_of(0, 8), image_of(20, 9)], 8)
+
+
+def test_pan_and_scan_crops_are_refused_by_name():
+    """Crops add pixel rows and placeholder runs of their own: one clear error, not a
+    miscount of placeholders."""
+    layout = layout_of("Gemma3ForConditionalGeneration")
+    pixels = torch.zeros(3, 3, IMAGE_SIZE, IMAGE_SIZE)
+    split = layout.split({"pixel_values": pixels}, 3)
+    assert [data["pixel_values"].shape for data in split] == [pixels.shape[1:]] * 3
+    with pytest.raises(ValueError, match="do_pan_and_scan"):
+        layout.split({"pixel_values": pixels}, 2)

@@ -44,6 +44,17 @@ def by_patch_grid(
     return [{"pixel_values": pixels[i], "image_grid_thw": grids[i]} for i in range(count)]
 
 
+def uncropped(outputs: Mapping[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
+    """Gemma 3: one ``pixel_values`` row per image (``stacked``); pan-and-scan crops (more
+    rows, each with its own placeholder run) are refused."""
+    if outputs["pixel_values"].shape[0] != count:
+        raise ValueError(
+            "Gemma 3's pan-and-scan crops (do_pan_and_scan) are not supported: "
+            "leave do_pan_and_scan off in --mm-processor-kwargs"
+        )
+    return stacked("pixel_values")(outputs, count)
+
+
 def tokenizer_image_token(hf_processor: Any) -> str:
     """The tokenizer's ``image_token``: the placeholder where the processor's is another."""
     return str(hf_processor.tokenizer.image_token)
@@ -94,9 +105,7 @@ LAYOUTS: dict[str, ImageLayout] = {
     "Qwen3VLForConditionalGeneration": ImageLayout(by_patch_grid),
     # Gemma 3: pixel_values [images, C, H, W]; <start_of_image>, mm_tokens_per_image x
     # <image_soft_token> (the tokenizer's image_token), <end_of_image>
-    "Gemma3ForConditionalGeneration": ImageLayout(
-        stacked("pixel_values"), placeholder=tokenizer_image_token
-    ),
+    "Gemma3ForConditionalGeneration": ImageLayout(uncropped, placeholder=tokenizer_image_token),
 }
 
 
