@@ -184,6 +184,23 @@ def test_text_that_is_not_a_call_stays_content_as_written(name, text):
         assert streamed(name, pieces) == (text, [])
 
 
+@pytest.mark.parametrize("name", sorted({case[0] for case in CASES}))
+def test_spliced_replies_stream_as_they_read_whole(name):
+    """Two of the family's texts cut and joined at random (markers and blocks broken, calls
+    after broken ones, stray closing tags): streamed a character at a time, the same."""
+    pool = [case[1] for case in CASES + NO_CALLS if case[0] == name]
+    rng = random.Random(name)
+    for _ in range(40):
+        first, second = rng.choice(pool), rng.choice(pool)
+        text = first[: rng.randrange(len(first) + 1)] + second[rng.randrange(len(second) + 1) :]
+        whole = auto_plan(name).read(text)
+        try:
+            expected = (whole.content, call_pairs(whole))
+        except json.JSONDecodeError:  # a cut argument object: a call, but not JSON
+            continue
+        assert streamed(name, list(text)) == expected, text
+
+
 def test_no_markup_of_a_call_is_ever_streamed_as_content():
     """Content goes out only up to where a call may begin (a marker cut across deltas too)."""
     for name, text, content, _ in CASES:
@@ -194,6 +211,28 @@ def test_no_markup_of_a_call_is_ever_streamed_as_content():
 
 class _Empty:
     content = None
+
+
+@pytest.mark.parametrize(
+    ("name", "closing"),
+    [
+        ("mistral", "}[TOOL_CALLS]"),  # v11: the next call's marker ends the first
+        ("deepseek_v3", "<｜tool▁call▁end｜>"),
+        ("qwen3_coder", "</tool_call>"),
+        ("glm45", "</tool_call>"),
+        ("kimi_k2", "<|tool_call_end|>"),
+    ],
+)
+def test_a_call_is_sent_as_soon_as_it_is_closed(name, closing):
+    """Streamed, the first call goes out on the character that closes it, not at the end."""
+    text = next(case[1] for case in CASES if case[0] == name and closing in case[1])
+    closed_at = text.index(closing) + len(closing)
+    stream = ToolCallStream(auto_plan(name))
+    deltas = [stream.delta(char) for char in text]
+    first = next(i for i, delta in enumerate(deltas, start=1) if delta and delta.tool_calls)
+    (call,) = deltas[first - 1].tool_calls
+    assert first == closed_at < len(text) and call.function.name == "get_weather"
+    assert call.index == 0 and call.id.startswith("call_")
 
 
 def test_qwen3_coder_values_are_typed_by_the_schema_as_vllm_does():

@@ -28,12 +28,15 @@ class ToolCallParse:
 class ToolCallParser:
     """``parse`` reads a whole reply; ``safe_prefix`` says how much of a streamed reply is
     surely content (the rest is parsed once the reply ends). ``typed_parse``: parsers whose
-    call format writes values as bare text read their types off the tools' schemas."""
+    call format writes values as bare text read their types off the tools' schemas.
+    ``settled``: where a call ends with a closing tag, the text up to the last one holds
+    the same calls whatever follows, so they can be sent before the reply ends."""
 
     parse: Callable[[str], ToolCallParse]
     safe_prefix: Callable[[str], int]  # streaming: characters that can go out as content
     call_format: str  # how a call is written, for the fallback tool prompt (tool_prompt.py)
     typed_parse: Callable[[str, FunctionSchemas], ToolCallParse] | None = None
+    settled: Callable[[str], int] | None = None  # streaming: the end of the last closed call
 
     def read(self, text: str, schemas: FunctionSchemas = NO_SCHEMAS) -> ToolCallParse:
         if self.typed_parse is not None:
@@ -55,6 +58,16 @@ def _marker_prefix_length(text: str, marker: str) -> int:
         if text.endswith(marker[:length]):
             return length
     return 0
+
+
+def closed_through(close: str) -> Callable[[str], int]:
+    """``settled`` for calls that end with ``close``: just after the last one."""
+
+    def settled(text: str) -> int:
+        at = text.rfind(close)
+        return at + len(close) if at >= 0 else 0
+
+    return settled
 
 
 def joined_content(pieces: list[str]) -> str | None:

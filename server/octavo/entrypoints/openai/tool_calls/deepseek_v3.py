@@ -17,6 +17,7 @@ from octavo.entrypoints.openai.tool_calls.calls import (
     ParsedToolCall,
     ToolCallParse,
     ToolCallParser,
+    closed_through,
     marker_safe_prefix,
     normalized_arguments,
 )
@@ -51,4 +52,5 @@ DEEPSEEK_V3 = ToolCallParser(
     deepseek_v3_safe_prefix,
     f"{SECTION.open}{CALL.open}function{SEPARATOR}<function name>\n```json\n"
     f"<arguments object>\n```{CALL.close}{SECTION.close}",
+    settled=closed_through(CALL.close),
 )

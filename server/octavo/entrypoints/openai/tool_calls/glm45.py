@@ -22,6 +22,7 @@ from octavo.entrypoints.openai.tool_calls.calls import (
     ToolCallParse,
     ToolCallParser,
     arguments_text,
+    closed_through,
     marker_safe_prefix,
 )
 from octavo.entrypoints.openai.tool_calls.schema_values import declared_type, literal_value
@@ -59,4 +60,5 @@ GLM45 = ToolCallParser(
     "<tool_call><function name>\n<arg_key><argument name></arg_key>\n"
     "<arg_value><value></arg_value>\n</tool_call>",
     typed_parse=parse_glm45,
+    settled=closed_through(BLOCK.close),
 )

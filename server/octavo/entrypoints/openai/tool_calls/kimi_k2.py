@@ -16,6 +16,7 @@ from octavo.entrypoints.openai.tool_calls.calls import (
     ParsedToolCall,
     ToolCallParse,
     ToolCallParser,
+    closed_through,
     marker_safe_prefix,
     normalized_arguments,
 )
@@ -52,4 +53,5 @@ KIMI_K2 = ToolCallParser(
     kimi_k2_safe_prefix,
     f"{SECTION.open}{CALL.open}functions.<function name>:<call number>{ARGUMENTS}"
     f"<arguments object>{CALL.close}{SECTION.close}",
+    settled=closed_through(CALL.close),
 )

@@ -79,6 +79,12 @@ def _leading_object(text: str) -> tuple[str, str]:
     return arguments_text(value), text[end:]
 
 
+def mistral_settled(text: str) -> int:
+    """v11 calls have no closing tag: those before the last ``[TOOL_CALLS]`` are done."""
+    first, last = text.find(TOOL_CALLS), text.rfind(TOOL_CALLS)
+    return last if last > first else 0
+
+
 def mistral_safe_prefix(text: str) -> int:
     return marker_safe_prefix(text, (TOOL_CALLS,))
 
@@ -87,4 +93,5 @@ MISTRAL = ToolCallParser(
     parse_mistral,
     mistral_safe_prefix,
     '[TOOL_CALLS][{"name": <function name>, "arguments": <arguments object>}]',
+    settled=mistral_settled,
 )

@@ -26,6 +26,7 @@ from octavo.entrypoints.openai.tool_calls.calls import (
     ToolCallParse,
     ToolCallParser,
     arguments_text,
+    closed_through,
     marker_safe_prefix,
 )
 from octavo.entrypoints.openai.tool_calls.schema_values import (
@@ -67,6 +68,13 @@ def _bare(body: str) -> str:
     return BARE.open + body + BARE.close
 
 
+def qwen3_coder_settled(text: str) -> int:
+    """After the last ``</tool_call>``, once a ``<tool_call>`` settles the reply's form
+    (bare ``<function=...>`` calls are only known to be calls at the end)."""
+    end = closed_through(BLOCK.close)(text)
+    return end if BLOCK.open in text[:end] else 0
+
+
 def qwen3_coder_safe_prefix(text: str) -> int:
     return marker_safe_prefix(text, (BLOCK.open, BARE.open))
 
@@ -77,4 +85,5 @@ QWEN3_CODER = ToolCallParser(
     "<tool_call>\n<function=<function name>>\n<parameter=<argument name>>\n<value>\n"
     "</parameter>\n</function>\n</tool_call>",
     typed_parse=parse_qwen3_coder,
+    settled=qwen3_coder_settled,
 )

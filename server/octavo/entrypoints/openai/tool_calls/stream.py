@@ -5,7 +5,9 @@
 - ``required``: the calls are complete only at the end (a JSON array), so they go out
   then, one delta per call;
 - ``auto``: content streams while it surely is content (``safe_prefix`` of the parser:
-  up to a ``<tool_call>`` tag, say); the rest is parsed at the end into content and calls.
+  up to a ``<tool_call>`` tag, say); a call goes out whole as soon as its block is closed
+  (parsers with ``settled``: the text up to the last closed block reads the same whatever
+  follows it); the rest is parsed at the end into content and the calls not yet sent.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class ToolCallStream:
         self.sent = 0  # characters of ``text`` already sent as content
         self.named_id: str | None = None  # set once the named call's first piece is out
         self.num_calls = 0
+        self.settled = 0  # auto: the text up to here has had its calls sent
 
     def delta(self, new_text: str) -> DeltaMessage | None:
         """What to send for ``new_text`` now (``None``: nothing yet)."""
@@ -31,11 +34,30 @@ class ToolCallStream:
             return self._named_piece(new_text) if new_text else None
         if mode == "required":
             return None
-        safe = self.plan.parser.safe_prefix(self.text) if mode == "auto" else len(self.text)
-        if safe <= self.sent:
-            return None
-        piece, self.sent = self.text[self.sent : safe], safe
-        return DeltaMessage(content=piece)
+        if mode == "auto":
+            return self._auto_piece()
+        piece, self.sent = self.text[self.sent :], len(self.text)
+        return DeltaMessage(content=piece) if piece else None
+
+    def _auto_piece(self) -> DeltaMessage | None:
+        """The content that is surely content, and the calls whose blocks have closed."""
+        piece: dict = {}
+        safe = self.plan.parser.safe_prefix(self.text)
+        if safe > self.sent:
+            piece["content"], self.sent = self.text[self.sent : safe], safe
+        calls = self._settled_calls()
+        if calls:
+            piece["tool_calls"] = calls
+        return DeltaMessage(**piece) if piece else None
+
+    def _settled_calls(self) -> list[DeltaToolCall]:
+        settled = self.plan.parser.settled
+        end = settled(self.text) if settled is not None else 0
+        if end <= self.settled:
+            return []
+        self.settled = end
+        calls = self.plan.read(self.text[:end]).calls[self.num_calls :]
+        return [self._call_piece(call) for call in calls]
 
     def finish(self) -> list[DeltaMessage]:
         """What is left to send once the choice has finished."""
@@ -45,7 +67,8 @@ class ToolCallStream:
             return []
         parsed = self.plan.read(self.text[self.sent :])
         deltas = [DeltaMessage(content=parsed.content)] if parsed.content else []
-        return deltas + [self._whole_call(call) for call in parsed.calls]
+        calls = parsed.calls[self.num_calls :]  # those sent as their blocks closed: not again
+        return deltas + [self._whole_call(call) for call in calls]
 
     def _named_piece(self, arguments: str) -> DeltaMessage:
         first = self.named_id is None
@@ -61,7 +84,9 @@ class ToolCallStream:
         return DeltaMessage(tool_calls=[call])
 
     def _whole_call(self, call: ParsedToolCall) -> DeltaMessage:
+        return DeltaMessage(tool_calls=[self._call_piece(call)])
+
+    def _call_piece(self, call: ParsedToolCall) -> DeltaToolCall:
         index, self.num_calls = self.num_calls, self.num_calls + 1
         function = DeltaFunction(name=call.name, arguments=call.arguments)
-        piece = DeltaToolCall(index=index, id=new_call_id(), type="function", function=function)
-        return DeltaMessage(tool_calls=[piece])
+        return DeltaToolCall(index=index, id=new_call_id(), type="function", function=function)
