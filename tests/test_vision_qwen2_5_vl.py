@@ -158,7 +158,7 @@ def test_prompt_positions_match_hf_get_rope_index(qwen, hf_model):
         inputs["input_ids"], inputs["mm_token_type_ids"], inputs["image_grid_thw"]
     )
     prompt = qwen.engine.process_multimodal(text, {"image": IMAGES})
-    grids = qwen.engine.executor.worker.runner.model.feature_grids(prompt.images)
+    grids = qwen.engine.executor.worker.runner.model.mrope_grids(prompt.images)
     ours = prompt_positions(len(prompt.token_ids), grids)
     assert prompt.token_ids == inputs["input_ids"][0].tolist()
     assert torch.equal(ours.positions, expected[:, 0])
@@ -170,7 +170,7 @@ def test_step_positions_take_the_prompt_slice_then_position_plus_delta():
     from octavo.scheduler.output import ScheduledSequence
 
     grid = FeatureGrid(offset=2, t=1, h=2, w=3)
-    model = type("Model", (), {"feature_grids": lambda self, images: [grid]})()
+    model = type("Model", (), {"mrope_grids": lambda self, images: [grid]})()
     state = MRopePositions(model)
     data = type("Data", (), {"seq_id": 7, "images": [object()], "prompt_token_ids": [0] * 10})
     state.add(data)

@@ -49,11 +49,11 @@ class PromptPositions:
 class SupportsMRoPE(Protocol):
     """A model whose rope takes 3-D positions (``mrope_rotary.MRotaryEmbedding``)."""
 
-    def feature_grids(self, images: list[ImageInput]) -> list[FeatureGrid]: ...
+    def mrope_grids(self, images: list[ImageInput]) -> list[FeatureGrid]: ...
 
 
 def supports_mrope(model: object) -> bool:
-    return callable(getattr(model, "feature_grids", None))
+    return callable(getattr(model, "mrope_grids", None))
 
 
 def grid_positions(grid: FeatureGrid, start: int) -> torch.Tensor:
@@ -89,7 +89,7 @@ class MRopePositions:
 
     def add(self, data: NewSequenceData) -> None:
         if data.images:
-            grids = self.model.feature_grids(data.images)
+            grids = self.model.mrope_grids(data.images)
             self.prompts[data.seq_id] = prompt_positions(len(data.prompt_token_ids), grids)
 
     def forget(self, seq_ids: list[int]) -> None:

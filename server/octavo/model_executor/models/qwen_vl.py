@@ -70,7 +70,7 @@ class QwenVLImages:
         features = self.visual(pixels, grids)
         return list(features.split([t * h * w // self.merge**2 for t, h, w in grids]))
 
-    def feature_grids(self, images: list[ImageInput]) -> list[FeatureGrid]:
+    def mrope_grids(self, images: list[ImageInput]) -> list[FeatureGrid]:
         """Each image's placeholder run as its grid of features (for M-RoPE positions)."""
         grids = []
         for image in images:
