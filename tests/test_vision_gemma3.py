@@ -13,6 +13,8 @@ against transformers' for a step with two images.
 
 from __future__ import annotations
 
+import base64
+import io
 from pathlib import Path
 
 import pytest
@@ -130,8 +132,13 @@ def hf_reference(gemma3_folder):
     model.eval()
     done: dict[tuple, list[int]] = {}
 
-    def generate(prompt: str, images: list) -> list[int]:
-        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
+    def generate(prompt: str, images: list, add_special_tokens: bool) -> list[int]:
+        inputs = processor(
+            text=[prompt],
+            images=images or None,
+            return_tensors="pt",
+            add_special_tokens=add_special_tokens,
+        )
         with torch.no_grad():
             out = model.generate(
                 **inputs,
@@ -142,10 +149,10 @@ def hf_reference(gemma3_folder):
             )
         return out[0, inputs["input_ids"].shape[1] :].tolist()
 
-    def cached(prompt: str, images: list) -> list[int]:
-        key = (prompt, tuple(map(id, images)))
+    def cached(prompt: str, images: list, add_special_tokens: bool = True) -> list[int]:
+        key = (prompt, tuple(map(id, images)), add_special_tokens)
         if key not in done:
-            done[key] = generate(prompt, images)
+            done[key] = generate(prompt, images, add_special_tokens)
         return done[key]
 
     return cached
@@ -180,6 +187,28 @@ def test_greedy_matches_hf_with_one_two_and_no_images(gemma3, hf_reference):
     assert first.count(soft) == IMAGE_TOKENS
     other = gemma3.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
     assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+
+
+def data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_chat_image_parts_become_start_of_image_and_match_hf(gemma3, hf_reference):
+    """A template that does not loop over content parts gets the token a prompt writes
+    per image (<start_of_image>), which the processor expands: not the soft token."""
+    content = [
+        {"type": "image_url", "image_url": {"url": data_url(IMAGES[0])}},
+        {"type": "text", "text": "What is in this picture?"},
+    ]
+    outputs = gemma3.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)
+    rendered = gemma3.get_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "<start_of_image>\nWhat is in this picture?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert token_ids(outputs) == [hf_reference(rendered, [IMAGES[0]], False)]
 
 
 def record_chunks(llm: LLM) -> list[tuple[int, int, list[ImageInput]]]:

@@ -174,7 +174,7 @@ class LLM:
         prompts, engine_prompts = [], []
         for conversation in conversations:
             processor = self.engine.mm_processor
-            placeholder = None if processor is None else processor.image_token
+            placeholder = None if processor is None else processor.prompt_image_token
             template = options.chat_template or getattr(tokenizer, "chat_template", None)
             messages, images = split_images(conversation, placeholder, template)
             prompt = render_chat_prompt(tokenizer, messages, tools=tools, options=options)

@@ -59,6 +59,9 @@ class MultiModalProcessor:
         placeholder = self.layout.placeholder
         self.image_token: str = str(placeholder(self.hf) if placeholder else self.hf.image_token)
         self.image_token_id: int = self.hf.tokenizer.convert_tokens_to_ids(self.image_token)
+        # What a prompt writes per image, which the processor expands (Gemma 3: its
+        # <start_of_image>; the expanded placeholders are <image_soft_token>s)
+        self.prompt_image_token: str = str(self.hf.image_token)
         self.max_images = (limits or {}).get("image", DEFAULT_IMAGE_LIMIT)
         self.call_kwargs = dict(call_kwargs or {})  # --mm-processor-kwargs
 
@@ -102,7 +105,7 @@ class MultiModalProcessor:
         if len(runs) != len(per_image):
             raise ValueError(
                 f"the prompt has {len(runs)} image placeholders ({self.image_token}) for "
-                f"{len(per_image)} images: put one {self.image_token} where each image goes"
+                f"{len(per_image)} images: put one {self.prompt_image_token} where each image goes"
             )
         return [(offset, length, None) for offset, length in runs]
 

@@ -127,7 +127,7 @@ def _image_placeholder(info: EngineInfo, options: ChatOptions | None) -> tuple[s
     """The model's image placeholder (None: text-only) and the chat template in use."""
     processor = info.image_processor
     template = (options.chat_template if options else None) or info.tokenizer.chat_template
-    return (None if processor is None else processor.image_token), template or ""
+    return (None if processor is None else processor.prompt_image_token), template or ""
 
 
 def _message_dict(message: ChatMessage) -> dict[str, Any]:
