@@ -51,6 +51,7 @@ class EngineInfo:
     runner: Any = None  # RunnerSettings: generate or pooling, pooling defaults (None: render)
     image_processor: Any = None  # MultiModalProcessor, a private copy (None: text-only)
     media: MediaConnector = field(default_factory=MediaConnector)  # image URLs: data: only
+    architecture: str = ""  # config.json's, e.g. GptOssForCausalLM (Harmony chat)
 
     @property
     def max_prompt_chars(self) -> int:
@@ -85,6 +86,7 @@ def read_engine_info(engine: Any) -> EngineInfo:
         runner=engine.parts.runner,
         image_processor=copy.deepcopy(engine.mm_processor),
         media=engine.media,
+        architecture=engine.parts.config.architecture,
     )
 
 

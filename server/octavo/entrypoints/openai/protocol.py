@@ -371,6 +371,7 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True  # --reasoning-parser: false drops the reasoning
+    reasoning_effort: Literal["low", "medium", "high"] | None = None  # template kwarg
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

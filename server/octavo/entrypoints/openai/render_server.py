@@ -91,6 +91,7 @@ def load_render_info(args: EngineArgs) -> EngineInfo:
         kv_cache_tokens=0,  # no KV cache: nothing here is sized by it
         max_token_chars=longest_token_chars(tokenizer),
         vocab_size=config.vocab_size,
+        architecture=config.architecture,
     )
 
 

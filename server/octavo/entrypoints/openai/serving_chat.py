@@ -13,6 +13,9 @@ from octavo.engine.engine_info import EngineInfo
 from octavo.engine.request_stream import RequestStream
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
+from octavo.entrypoints.openai.harmony.choices import HarmonyChoices
+from octavo.entrypoints.openai.harmony.mode import harmony_choices, harmony_params, speaks_harmony
+from octavo.entrypoints.openai.harmony.render import render_harmony
 from octavo.entrypoints.openai.logprobs_format import (
     TokenDecoder,
     all_logprobs,
@@ -75,6 +78,7 @@ class ChatJob:
     tokens_by_choice: dict[int, int] = field(default_factory=dict)
     finished_choices: set[int] = field(default_factory=set)
     tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)
+    harmony: HarmonyChoices | None = None  # a Harmony model's replies (harmony/choices.py)
 
     def tool_stream(self, index: int) -> ToolCallStream:
         if index not in self.tool_streams:
@@ -113,8 +117,10 @@ def chat_options(
 
 def template_kwargs(body: ChatCompletionRequest, config: ServerConfig) -> dict[str, Any]:
     """``--default-chat-template-kwargs``, then the request's ``chat_template_kwargs`` over
-    them (as vLLM merges them)."""
-    return {**(config.default_chat_template_kwargs or {}), **(body.chat_template_kwargs or {})}
+    them (as vLLM merges them); the request's ``reasoning_effort`` is one of them."""
+    effort = {"reasoning_effort": body.reasoning_effort} if body.reasoning_effort else {}
+    defaults = config.default_chat_template_kwargs or {}
+    return {**defaults, **effort, **(body.chat_template_kwargs or {})}
 
 
 def response_role(body: ChatCompletionRequest, config: ServerConfig) -> str:
@@ -134,6 +140,7 @@ class ChatInputs:
     token_ids: list[int]
     params: SamplingParams
     engine_prompt: list[int] | ProcessedPrompt  # the token ids, or with images the prompt
+    harmony: bool = False  # rendered by openai-harmony, its replies read as Harmony
 
 
 async def chat_inputs(
@@ -151,8 +158,14 @@ async def chat_inputs(
     config = context.config
     tools = plan_tools(body, config.enable_auto_tool_choice, config.tool_call_parser)
     options = chat_options(body, config, tools.prompt_choice())
+    harmony = speaks_harmony(info.architecture, config.reasoning_parser, config.tool_call_parser)
     rendered = await context.tokenizers.run(
-        render_chat, body.messages, info, True, tools.template_tools(), options
+        render_harmony if harmony else render_chat,
+        body.messages,
+        info,
+        True,
+        tools.template_tools(),
+        options,
     )
     token_ids = rendered.token_ids if isinstance(rendered, ProcessedPrompt) else rendered
     defaults = config.sampling_defaults
@@ -170,7 +183,9 @@ async def chat_inputs(
     params = to_sampling_params(
         body, max_tokens, num_top_logprobs(body), constraint, defaults=defaults
     )
-    return ChatInputs(adapter, info, tools, token_ids, params, rendered)
+    if harmony:
+        params = harmony_params(params, info.tokenizer)
+    return ChatInputs(adapter, info, tools, token_ids, params, rendered, harmony)
 
 
 def num_top_logprobs(body: ChatCompletionRequest) -> int | None:
@@ -217,6 +232,8 @@ async def start_chat_job(
         constrained=inputs.params.structured_outputs is not None,
         include=body.include_reasoning,
     )
+    if inputs.harmony:
+        job.harmony = harmony_choices(inputs.tools, body.include_reasoning)
     streams = await open_streams(
         context.engine,
         ids.engine,
@@ -239,6 +256,8 @@ def _full_response(job: ChatJob, final: RequestOutput) -> ChatCompletionResponse
 
 
 def full_choice(job: ChatJob, output: CompletionOutput) -> ChatChoice:
+    if job.harmony is not None:
+        return job.harmony.full_choice(job, output)
     split = job.reasoning.whole(output.text)  # tool calls are read from the content only
     parsed = ToolCallParse(None) if split.content is None else job.tools.read(split.content)
     calls = [
@@ -278,6 +297,8 @@ def delta_choices(job: ChatJob, output: CompletionOutput) -> list[ChatChunkChoic
     """The chunks this output update makes: its delta (reasoning, content, or a tool call's
     piece), and, once it finished, what the reasoning and tool-call streams kept back, then
     the finish reason."""
+    if job.harmony is not None:
+        return job.harmony.delta_choices(job, output)
     if output.index in job.finished_choices:
         return []
     job.tokens_by_choice[output.index] = len(output.token_ids)

@@ -70,6 +70,10 @@ REASONING_PARSERS: dict[str, ReasoningParser] = {
     "glm45": ReasoningParser("glm45", thinking_switch="enable_thinking", opens_in_prompt=False),
     "granite": GRANITE,
     "minimax_m2": ReasoningParser("minimax_m2"),
+    # gpt-oss: Harmony replies are read by channel (harmony/choices.py), not by markers
+    "openai_gptoss": ReasoningParser(
+        "openai_gptoss", "<|channel|>analysis<|message|>", "<|end|>", opens_in_prompt=False
+    ),
 }
 REASONING_PARSER_NAMES = tuple(REASONING_PARSERS)
 

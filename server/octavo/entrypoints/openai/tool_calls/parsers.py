@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 
+from octavo.entrypoints.openai.harmony.reply import OPENAI
 from octavo.entrypoints.openai.tool_calls.calls import (
     ParsedToolCall,
     ToolCallParse,
@@ -127,5 +128,6 @@ TOOL_CALL_PARSERS: dict[str, ToolCallParser] = {
     "qwen3_coder": QWEN3_CODER,
     "glm45": GLM45,
     "kimi_k2": KIMI_K2,
+    "openai": OPENAI,  # gpt-oss Harmony (harmony/): commentary to=functions.NAME
 }
 TOOL_CALL_PARSER_NAMES = tuple(TOOL_CALL_PARSERS)
