@@ -4,11 +4,13 @@ chunked prefill (chunks cut the prompts), forced preemption and a prefix-cache h
 (``architecture_check``); the MLA cache's bytes per token from its formula.
 
 Both have one dense layer, then MoE layers with a shared expert and 8 routed experts in 4
-groups (2 kept per token). V2-Lite-shaped: a full-rank ``q_proj``, ``group_limited_greedy``
-routing, ``routed_scaling_factor``, YaRN rope with DeepSeek's ``mscale`` /
+groups, 2 experts per token. V2-Lite-shaped: a full-rank ``q_proj``, ``group_limited_greedy``
+routing (1 group kept), ``routed_scaling_factor``, YaRN rope with DeepSeek's ``mscale`` /
 ``mscale_all_dim`` (the softmax scale too). V3-shaped: low-rank queries
-(``q_a_proj``/``q_b_proj``), sigmoid routing with a nonzero ``e_score_correction_bias``,
-``norm_topk_prob``, interleaved rope.
+(``q_a_proj``/``q_b_proj``), sigmoid routing over 2 kept groups with a nonzero
+``e_score_correction_bias``, ``norm_topk_prob``, interleaved rope; also run on two
+tensor-parallel ranks. The routers equal transformers' on 256 tokens, the group limit and
+the bias changing some tokens' experts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from architecture_check import (
 )
 from octavo.kv_cache.cache_tensors import bytes_per_token
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.models.registry import model_class
 
 MLA = {
     "num_hidden_layers": 3,
@@ -61,6 +64,7 @@ CONFIGS = {
         **MLA,
         "q_lora_rank": None,
         "topk_method": "group_limited_greedy",
+        "topk_group": 1,  # with 2 of 4 groups, V2's best-expert group score never binds
         "rope_parameters": YARN,
     },
     "deepseek_v3": {**MLA, "q_lora_rank": 24, "norm_topk_prob": True, "rope_interleave": True},
@@ -89,11 +93,22 @@ def folders(tmp_path_factory, smol_tokenizer) -> dict[str, Path]:
     return made
 
 
+@pytest.fixture(scope="module")
+def references(folders, smol_tokenizer) -> dict[str, list[list[int]]]:
+    """HF's greedy tokens for the check prompts, once per model type."""
+    prompts = check_prompts(smol_tokenizer)
+    return {model_type: hf_reference(folder, prompts) for model_type, folder in folders.items()}
+
+
 @pytest.mark.parametrize("model_type", list(CONFIGS))
-def test_greedy_matches_hf(folders, smol_tokenizer, model_type):
-    folder = folders[model_type]
-    expected = hf_reference(folder, check_prompts(smol_tokenizer))
-    assert_matches_hf(folder, smol_tokenizer, expected)
+def test_greedy_matches_hf(folders, references, smol_tokenizer, model_type):
+    assert_matches_hf(folders[model_type], smol_tokenizer, references[model_type])
+
+
+def test_tensor_parallel_2_matches_hf(folders, references, smol_tokenizer):
+    """Heads split over two ranks, the latent cache whole on each; experts split."""
+    folder, expected = folders["deepseek_v3"], references["deepseek_v3"]
+    assert_matches_hf(folder, smol_tokenizer, expected, tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize("model_type", list(CONFIGS))
@@ -106,3 +121,45 @@ def test_kv_bytes_per_token_is_the_latent(folders, model_type):
     assert config.kv_latent_dim == latent
     assert bytes_per_token(config, torch.float32) == MLA["num_hidden_layers"] * latent * 4
     assert bytes_per_token(config, torch.bfloat16) == MLA["num_hidden_layers"] * latent * 2
+
+
+def routers(model_type: str):
+    """HF's router of a MoE layer and Octavo's (same weights, a nonzero correction bias)."""
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    raw = {**TINY_ROUTER, **CONFIGS[model_type], "num_hidden_layers": 2}
+    hf_class = {"deepseek_v2": DeepseekV2TopkRouter, "deepseek_v3": DeepseekV3TopkRouter}
+    torch.manual_seed(3)
+    theirs = hf_class[model_type](AutoConfig.for_model(model_type, **raw)).eval()
+    theirs.weight.data.normal_(0.0, 1.0)
+    architecture = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+    raw["architectures"] = [architecture[model_type]]
+    config = ModelConfig.from_dict({**raw, "model_type": model_type})
+    ours = model_class(config.architecture)(config).layers[1].mlp.router
+    ours.weight.copy_(theirs.weight)
+    if model_type == "deepseek_v3":
+        theirs.e_score_correction_bias.normal_(0.0, 0.5)
+        ours.e_score_correction_bias.copy_(theirs.e_score_correction_bias)
+    return theirs, ours
+
+
+TINY_ROUTER = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4}
+TINY_ROUTER.update(vocab_size=32, max_position_embeddings=512)
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_router_equals_hf(model_type):
+    """Experts and weights of 256 tokens equal to transformers' router; the group limit (and
+    V3's correction bias) changed the choice of some tokens, so both are exercised."""
+    theirs, ours = routers(model_type)
+    hidden = torch.randn(256, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        _, hf_weights, hf_ids = theirs(hidden)
+        weights, ids = ours(hidden)
+    assert torch.equal(ids, hf_ids)
+    torch.testing.assert_close(weights, hf_weights, rtol=0, atol=0)
+    plain = torch.topk(ours.weight.float() @ hidden.T.float(), 2, dim=0).indices.T
+    changed = (ids.sort(-1).values != plain.sort(-1).values).any(-1)
+    assert 0 < int(changed.sum()) < 256
