@@ -28,6 +28,7 @@ from octavo.entrypoints.llm import LLM
 from octavo.model_executor.image_spans import bidirectional_spans
 from octavo.multimodal.inputs import ImageInput
 from octavo.multimodal.layouts import layout_of
+from octavo.multimodal.processor import ProcessedPrompt
 from octavo.scheduler.output import ScheduledSequence
 from octavo.scheduler.whole_images import check_images_fit, whole_image_chunk
 
@@ -249,8 +250,10 @@ def test_a_budget_that_would_split_images_keeps_them_whole_with_preemption(
         outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
         assert token_ids(outputs) == expected
         assert llm.engine.stats().num_preemptions > 0
+        too_big = ProcessedPrompt("", list(range(12)), [image_of(2, budget + 1)])
         with pytest.raises(ValueError, match="more than the 6 tokens of a step"):
-            llm.engine.scheduler.check_images([image_of(offset=3, length=budget + 1)])
+            llm.engine.add_request("too-big", too_big, GREEDY)  # refused, not queued
+        assert "too-big" not in llm.engine.requests
     images = [image for _, _, seq_images in chunks for image in seq_images]
     plain = [(start, start + budget) for start in range(0, 64, budget)]  # budget-sized chunks
     assert any(splits_an_image(start, end, images) for start, end in plain)
