@@ -128,7 +128,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "how tool calls are read from the model's text with tool_choice 'auto', vLLM's "
         "names: hermes (Hermes/Qwen <tool_call> blocks), llama3_json (Llama 3.1+ JSON), "
         "mistral ([TOOL_CALLS]), pythonic (Llama 3.2/4 [f(a=1)]), deepseek_v3, "
-        "qwen3_coder (Qwen3-Coder/Qwen3-Next XML), glm45 (GLM-4.5/4.6), kimi_k2",
+        "qwen3_coder (Qwen3-Coder/Qwen3-Next XML), glm45 (GLM-4.5/4.6), kimi_k2, "
+        "openai (gpt-oss Harmony: commentary messages to=functions.NAME)",
         one_of(TOOL_CALL_PARSER_NAMES),
         None,
         TOOL_CALL_PARSER_NAMES,
@@ -149,7 +150,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         "put a reasoning model's thinking (its <think> block) in the chat replies' "
         "reasoning_content, streamed or not: deepseek_r1 (DeepSeek-R1, QwQ), qwen3 "
         "(Qwen3; honours chat_template_kwargs enable_thinking), glm45 (GLM-4.5/4.6), "
-        "granite (Granite 3.2+ 'Here is my thought process:') or minimax_m2 (MiniMax-M2)",
+        "granite (Granite 3.2+ 'Here is my thought process:'), minimax_m2 (MiniMax-M2) "
+        "or openai_gptoss (gpt-oss Harmony: the analysis channel)",
         one_of(REASONING_PARSER_NAMES),
         None,
         REASONING_PARSER_NAMES,

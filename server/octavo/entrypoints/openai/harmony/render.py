@@ -106,7 +106,8 @@ def _tool_description(tool: dict[str, Any]) -> ToolDescription:
 
 
 def turn_messages(turns: list[ChatMessage]) -> list[Message]:
-    """The conversation's turns; a tool result is named by the call it answers."""
+    """The conversation's turns; a tool result is named by its ``name``, else by the call
+    it answers."""
     call_names: dict[str, str] = {}
     rendered: list[Message] = []
     for message in turns:
@@ -115,7 +116,7 @@ def turn_messages(turns: list[ChatMessage]) -> list[Message]:
                 call_names[call.id] = call.function.name
             rendered += _assistant_messages(message)
         elif message.role == "tool":
-            name = call_names.get(message.tool_call_id or "", "unknown")
+            name = message.name or call_names.get(message.tool_call_id or "", "unknown")
             author = Author.new(Role.TOOL, f"functions.{name}")
             result = Message.from_author_and_content(author, message.text())
             rendered.append(result.with_channel("commentary").with_recipient("assistant"))
