@@ -276,6 +276,20 @@ def test_the_responses_api_gets_reasoning_and_function_call_items(tokenizer, rep
     assert any("response.function_call_arguments.delta" in frame for frame in frames)
 
 
+def test_without_the_vocabulary_the_prompt_is_the_chat_templates(tmp_path, monkeypatch):
+    """No o200k file where the encoding looks: the template renders (logged), no 500."""
+    from octavo.entrypoints.openai.harmony import render
+    from octavo.entrypoints.openai.harmony.encoding import harmony_encoding
+    from octavo.entrypoints.openai.protocol import ChatMessage
+
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
+    assert harmony_encoding() is None
+    monkeypatch.setattr(render, "render_chat", lambda *args: ["the template's"])
+    info = type("Info", (), {"max_prompt_chars": 1000, "max_model_len": 64})()
+    messages = [ChatMessage(role="user", content="hi")]
+    assert render.render_harmony(messages, info) == ["the template's"]
+
+
 # ----- a server on a tiny gpt-oss checkpoint ------------------------------------------------
 @pytest.fixture(scope="module")
 def gpt_oss_folder(tmp_path_factory, tokenizer) -> Path:

@@ -30,7 +30,7 @@ from openai_harmony import (
 
 from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.harmony.encoding import harmony_encoding
-from octavo.entrypoints.openai.prompts import render_chat
+from octavo.entrypoints.openai.prompts import check_text_fits, render_chat
 from octavo.entrypoints.openai.protocol import ChatMessage
 from octavo.inputs.chat import ChatOptions
 from octavo.multimodal.processor import ProcessedPrompt
@@ -51,7 +51,9 @@ def render_harmony(
     options: ChatOptions | None = None,
 ) -> list[int] | ProcessedPrompt:
     """``render_chat``'s signature: the prompt's token ids (the chat template's where the
-    encoding cannot be loaded)."""
+    encoding cannot be loaded). A conversation too long for any prompt is a 400 before
+    it is rendered, as on the template path."""
+    check_text_fits("".join(message.text() for message in messages), info, "messages")
     encoding = harmony_encoding()
     if encoding is None:
         return render_chat(messages, info, add_generation_prompt, tools, options)
