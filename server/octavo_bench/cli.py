@@ -1,5 +1,5 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
-random-model|sharegpt-synth|gpu|routed|embeddings|step-profile``: the command line."""
+random-model|sharegpt-synth|gpu|routed|embeddings|step-profile|vision``: the command line."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from octavo_bench import (
     speculative,
     step_profile,
     structured,
+    vision,
 )
 from octavo_bench.parsers import PROG
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.register(kinds)
     embeddings.register(kinds)
     step_profile.register(kinds)
+    vision.register(kinds)
     return parser
 
 

@@ -11,9 +11,12 @@ REQUEST.json::
      "warmup": {"prompts": [[1, 2, 3], ...], "max_tokens": [8, ...]},
      "workloads": [{"name": "a", "prompts": [[...], ...], "max_tokens": [128, ...]}, ...]}
 
-Prompts are token ids. vLLM's offline ``LLM.generate`` runs greedy with ``ignore_eos``
-and ``min_tokens = max_tokens``, so every request yields exactly its tokens; after one
-untimed warm-up, each workload is submitted whole and timed.
+Prompts are token ids; or (the vision benchmark) texts, when the warm-up and each
+workload also carry ``"images": [["/path/a.png", ...], ...]`` (each prompt's images, sent
+as PIL images in ``multi_modal_data``). ``"llm_kwargs"`` (optional) go to ``LLM(...)`` as
+they are (e.g. ``limit_mm_per_prompt``). vLLM's offline ``LLM.generate`` runs greedy with
+``ignore_eos`` and ``min_tokens = max_tokens``, so every request yields exactly its
+tokens; after one untimed warm-up, each workload is submitted whole and timed.
 
 RESULT.json::
 
@@ -39,9 +42,24 @@ _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [entry for entry in sys.path if str(Path(entry or ".").resolve()) != _HERE]
 
 
-def generate(llm, sampling_params, prompts: list[list[int]], max_tokens: list[int]) -> int:
+def inputs_of(entry: dict) -> list[dict]:
+    """vLLM's prompts for a workload (or the warm-up): token ids, or, with ``images`` (each
+    prompt's PNG paths), texts with their PIL images, decoded here (before any timing)."""
+    if "images" not in entry:
+        return [{"prompt_token_ids": prompt} for prompt in entry["prompts"]]
+    from PIL import Image
+
+    return [
+        {
+            "prompt": text,
+            "multi_modal_data": {"image": [Image.open(p).convert("RGB") for p in paths]},
+        }
+        for text, paths in zip(entry["prompts"], entry["images"], strict=True)
+    ]
+
+
+def generate(llm, sampling_params, inputs: list[dict], max_tokens: list[int]) -> int:
     """Exactly ``max_tokens[i]`` greedy tokens for each prompt; returns the tokens made."""
-    inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
     params = [
         sampling_params(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
         for n in max_tokens
@@ -62,15 +80,17 @@ def run(request: dict) -> dict:
         dtype=request["dtype"],
         max_model_len=request["max_model_len"],
         seed=request.get("seed", 0),
+        **request.get("llm_kwargs", {}),
     )
     load_s = time.perf_counter() - start
     warmup = request["warmup"]
-    generate(llm, SamplingParams, warmup["prompts"], warmup["max_tokens"])
+    generate(llm, SamplingParams, inputs_of(warmup), warmup["max_tokens"])
     results = []
     for workload in request["workloads"]:
         print(f"vllm_runner: workload {workload['name']}", flush=True)
+        inputs = inputs_of(workload)
         start = time.perf_counter()
-        made = generate(llm, SamplingParams, workload["prompts"], workload["max_tokens"])
+        made = generate(llm, SamplingParams, inputs, workload["max_tokens"])
         wall = time.perf_counter() - start
         results.append(
             {
