@@ -323,11 +323,14 @@ def http(gpt_oss_folder, encoding) -> Iterator[httpx.Client]:
             yield client
 
 
-CONVERSATION = [
+CONVERSATION = [  # an answered turn (its reasoning spent), then a call and its result
     {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!", "reasoning_content": "A greeting."},
     {"role": "user", "content": "Weather in Paris?"},
     {
         "role": "assistant",
+        "reasoning": "I need the weather tool.",
         "tool_calls": [
             {
                 "id": "call_1",
@@ -354,7 +357,10 @@ def harmony_prompt(encoding, start_date: str) -> list[int]:
     messages = [
         Message.from_role_and_content(Role.SYSTEM, system),
         Message.from_role_and_content(Role.DEVELOPER, developer.with_function_tools([tool])),
+        Message.from_role_and_content(Role.USER, "Hi"),
+        assistant("Hello!", "final"),
         Message.from_role_and_content(Role.USER, "Weather in Paris?"),
+        assistant("I need the weather tool.", "analysis"),
         call.with_channel("commentary")
         .with_recipient("functions.get_weather")
         .with_content_type("json"),
@@ -365,6 +371,8 @@ def harmony_prompt(encoding, start_date: str) -> list[int]:
 
 
 def test_the_chat_prompt_is_rendered_by_harmony_with_tools_results_and_effort(http, encoding):
+    """As vLLM renders it; the reasoning sent back before the call is kept, the one spent
+    on an answer dropped."""
     body = {
         "model": MODEL,
         "messages": CONVERSATION,

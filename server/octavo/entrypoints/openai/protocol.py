@@ -289,6 +289,9 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant messages
     tool_call_id: str | None = None  # tool messages: the call this is the result of
+    # assistant messages: their reasoning, sent back (vLLM's fields; Harmony shows it)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _tool_fields_fit_the_role(self) -> ChatMessage:

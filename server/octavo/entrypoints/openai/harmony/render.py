@@ -5,9 +5,12 @@
   ``commentary`` channel only when there are tools);
 - one developer message when there are instructions or tools: the request's system and
   developer messages as its instructions, the tools as the ``functions`` namespace;
-- user messages; assistant messages as their ``final`` content and one ``commentary``
-  message per tool call (``to=functions.NAME``, JSON arguments); tool results as messages
-  from ``functions.NAME`` (named by the call they answer) to the assistant;
+- user messages; assistant messages as their reasoning sent back (``reasoning`` or
+  ``reasoning_content``: an ``analysis`` message), their ``final`` content and one
+  ``commentary`` message per tool call (``to=functions.NAME``, JSON arguments); tool
+  results as messages from ``functions.NAME`` (named by the call they answer) to the
+  assistant; reasoning before the last ``final`` message is dropped (it was spent on that
+  answer, as vLLM and Harmony's own renderer drop it);
 - ending in ``<|start|>assistant``: the reply begins with its first header.
 """
 
@@ -75,7 +78,7 @@ def harmony_conversation(
     if developer is not None:
         header.append(developer)
     turns = [m for m in messages if m.role not in INSTRUCTION_ROLES]
-    return Conversation.from_messages([*header, *turn_messages(turns)])
+    return Conversation.from_messages([*header, *without_spent_analysis(turn_messages(turns))])
 
 
 def system_message(effort: str | None, start_date: str, with_tools: bool) -> Message:
@@ -129,6 +132,10 @@ def turn_messages(turns: list[ChatMessage]) -> list[Message]:
 
 def _assistant_messages(message: ChatMessage) -> list[Message]:
     rendered = []
+    reasoning = message.reasoning or message.reasoning_content
+    if reasoning:
+        thought = Message.from_role_and_content(Role.ASSISTANT, reasoning)
+        rendered.append(thought.with_channel("analysis"))
     if message.text():
         final = Message.from_role_and_content(Role.ASSISTANT, message.text())
         rendered.append(final.with_channel("final"))
@@ -139,3 +146,11 @@ def _assistant_messages(message: ChatMessage) -> list[Message]:
         )
         rendered.append(request.with_content_type("json"))
     return rendered
+
+
+def without_spent_analysis(messages: list[Message]) -> list[Message]:
+    """The ``analysis`` messages before the last ``final`` one left out."""
+    finals = [i for i, message in enumerate(messages) if message.channel == "final"]
+    if not finals:
+        return messages
+    return [m for i, m in enumerate(messages) if i > finals[-1] or m.channel != "analysis"]
