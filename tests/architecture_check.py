@@ -10,6 +10,7 @@ sliding window of a checkpoint is smaller than the long prompts, so windows are 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -69,9 +70,15 @@ def hf_reference(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
     return [hf_greedy(model, prompt, NEW_TOKENS, ignore_eos=True) for prompt in prompts]
 
 
-def octavo_greedy(folder: Path, prompts: list[list[int]], **engine_args) -> tuple[list, object]:
+def octavo_greedy(
+    folder: Path,
+    prompts: list[list[int]],
+    then: Callable[[LLM], None] | None = None,
+    **engine_args,
+) -> tuple[list, object]:
     """Octavo's greedy tokens: the first three prompts as one batch, the fourth after them
-    (so its shared prefix is a cache hit); the engine's stats after both runs."""
+    (so its shared prefix is a cache hit); the engine's stats after both runs. ``then``:
+    a further check on the same engine, run last (saves a test an engine start)."""
     config = ModelConfig.from_folder(folder)
     ranks = engine_args.get("tensor_parallel_size", 1)  # each rank holds its KV heads' share
     rank_config = dataclasses.replace(config, num_kv_heads=max(1, config.num_kv_heads // ranks))
@@ -94,18 +101,24 @@ def octavo_greedy(folder: Path, prompts: list[list[int]], **engine_args) -> tupl
         stats = llm.engine.stats()
         if engine_args.get("tensor_parallel_size", 1) == 1:
             assert_all_blocks_free(llm.engine)
+        if then is not None:
+            then(llm)
     return [out.outputs[0].token_ids for out in outputs], stats
 
 
 def assert_matches_hf(
-    folder: Path, tokenizer, expected: list[list[int]] | None = None, **engine_args
+    folder: Path,
+    tokenizer,
+    expected: list[list[int]] | None = None,
+    then: Callable[[LLM], None] | None = None,
+    **engine_args,
 ) -> None:
     """Greedy token identity with HF, with preemption and a prefix-cache hit seen;
     ``expected``: ``hf_reference`` of ``check_prompts``, where a test computed it already."""
     prompts = check_prompts(tokenizer)
     if expected is None:
         expected = hf_reference(folder, prompts)
-    got, stats = octavo_greedy(folder, prompts, **engine_args)
+    got, stats = octavo_greedy(folder, prompts, then, **engine_args)
     for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
         assert mine == theirs, f"prompt {index}: octavo {mine} != transformers {theirs}"
     assert stats.num_preemptions > 0, "the KV pool was meant to force preemption"

@@ -27,15 +27,37 @@ from octavo.attention.torch_ops import visible_keys
 
 
 def store_latents(latents: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor):
-    """Write each token's ``[T, latent_dim]`` entry into its cache slot (-1: skipped)."""
-    valid = slot_mapping >= 0
-    if not bool(valid.all()):
-        latents, slot_mapping = latents[valid], slot_mapping[valid]
+    """Write each token's ``[T, latent_dim]`` entry into its cache slot. A slot of -1 (a
+    decode graph's padding row) writes slot 0 of the null block back unchanged: no device
+    sync, so the step can be captured as a CUDA graph."""
     flat = kv_cache.view(-1, kv_cache.shape[-1])
     if is_fp8(kv_cache.dtype):
         latents = quantize(latents, 1.0, kv_cache.dtype).view(torch.uint8)
         flat = flat.view(torch.uint8)
-    flat.index_copy_(0, slot_mapping, latents.to(flat.dtype))
+    slots = slot_mapping.clamp(min=0)
+    kept = flat.index_select(0, slots)
+    written = torch.where((slot_mapping >= 0)[:, None], latents.to(flat.dtype), kept)
+    flat.index_copy_(0, slots, written)
+
+
+def decode_plan(
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    width: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache slots of the first ``width`` positions of each decoding sequence and an
+    additive mask hiding those at or past its length (``slots [B * width]``, ``mask [B, 1,
+    1, width]``): ``torch_ops.decode_gather_plan`` with the width given by the host (the
+    step's longest context, or a decode graph's ``max_model_len``), so no device sync."""
+    positions = torch.arange(width, device=block_tables.device)[None, :]
+    valid = positions < seq_lens.long()[:, None]
+    positions = torch.where(valid, positions, 0)
+    blocks = block_tables.long().gather(1, positions // block_size)
+    slots = torch.where(valid, blocks * block_size + positions % block_size, 0).reshape(-1)
+    mask = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
+    return slots, mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
 
 
 def as_stored(latents: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:

@@ -28,7 +28,6 @@ from torch import nn
 from octavo.attention import mla_ops
 from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
-from octavo.attention.torch_ops import decode_gather_plan
 from octavo.distributed.parallel_state import tensor_parallel_group
 from octavo.model_executor.layers.layernorm import RMSNorm
 from octavo.model_executor.layers.linear import (
@@ -181,8 +180,13 @@ class MLAAttention(nn.Module):
         plan = meta.backend_cache.get("mla_decode_plan")
         if plan is None:  # the same for every MLA layer: derive once per step
             first = meta.num_prefills
-            plan = decode_gather_plan(
-                meta.block_tables[first:], meta.seq_lens[first:], kv_cache.shape[2], q_nope.dtype
+            width = max(meta.seq_lens_list[first:])
+            plan = mla_ops.decode_plan(
+                meta.block_tables[first:],
+                meta.seq_lens[first:],
+                kv_cache.shape[2],
+                width,
+                q_nope.dtype,
             )
             meta.backend_cache["mla_decode_plan"] = plan
         w_uk, w_uv = self.kv_b_proj.absorbed()
