@@ -176,7 +176,8 @@ def routers(model_type: str):
     architecture = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
     raw["architectures"] = [architecture[model_type]]
     config = ModelConfig.from_dict({**raw, "model_type": model_type})
-    ours = model_class(config.architecture)(config).layers[1].mlp.router
+    model = model_class(config.architecture)(config).to(torch.bfloat16)
+    ours = model.layers[1].mlp.router  # float32 in a bf16 model, as transformers keeps it
     ours.weight.copy_(theirs.weight)
     if model_type == "deepseek_v3":
         theirs.e_score_correction_bias.normal_(0.0, 0.5)
@@ -193,12 +194,13 @@ def test_router_equals_hf(model_type):
     """Experts and weights of 256 tokens equal to transformers' router; the group limit (and
     V3's correction bias) changed the choice of some tokens, so both are exercised."""
     theirs, ours = routers(model_type)
-    hidden = torch.randn(256, 64, generator=torch.Generator().manual_seed(5))
+    hidden = torch.randn(256, 64, generator=torch.Generator().manual_seed(5)).bfloat16()
     with torch.no_grad():
         _, hf_weights, hf_ids = theirs(hidden)
         weights, ids = ours(hidden)
     assert torch.equal(ids, hf_ids)
     torch.testing.assert_close(weights, hf_weights, rtol=0, atol=0)
-    plain = torch.topk(ours.weight.float() @ hidden.T.float(), 2, dim=0).indices.T
+    assert ours.weight.dtype == torch.float32
+    plain = torch.topk(ours.weight @ hidden.T.float(), 2, dim=0).indices.T
     changed = (ids.sort(-1).values != plain.sort(-1).values).any(-1)
     assert 0 < int(changed.sum()) < 256

@@ -61,6 +61,16 @@ class TopKRouter(nn.Module):
                 torch.empty(num_experts), requires_grad=False
             )
 
+    def _apply(self, fn, recurse: bool = True):
+        """With ``float32_logits`` the router stays float32 whatever the model's dtype, as
+        transformers keeps DeepSeek's ``gate.weight`` / ``e_score_correction_bias``."""
+        super()._apply(fn, recurse)
+        if self.selection.float32_logits:
+            for parameter in (self.weight, self.e_score_correction_bias):
+                if parameter is not None and parameter.is_floating_point():
+                    parameter.data = parameter.data.float()
+        return self
+
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden [T, H]`` → ``(weights [T, k], expert ids [T, k])``."""
         if self.kind == "sigmoid" or self.selection != PLAIN_SELECTION:
