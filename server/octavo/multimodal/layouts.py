@@ -34,9 +34,7 @@ def stacked(*keys: str) -> Split:
     return split
 
 
-def by_patch_grid(
-    outputs: Mapping[str, torch.Tensor], count: int
-) -> list[dict[str, torch.Tensor]]:
+def by_patch_grid(outputs: Mapping[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
     """Patches flattened over all images (Qwen-VL): image ``i`` takes its ``t * h * w``
     rows of ``pixel_values`` and its row of ``image_grid_thw``."""
     grids = outputs["image_grid_thw"]
