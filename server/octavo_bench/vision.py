@@ -4,17 +4,18 @@ One model folder, three engines, one run: Octavo's offline ``LLM.generate`` with
 ``multi_modal_data``, HF ``generate`` and vLLM's CPU build (its own venv). Workloads
 (defaults; ``--quick`` shrinks them), all greedy with ``ignore_eos``, after an untimed
 warm-up on every engine:
-  1 image            8 requests of one distinct image, 16 new tokens: requests/s
-  4 images           4 requests of four distinct images, 16 new tokens: requests/s
+  1 image            16 requests of one distinct image, 16 new tokens: requests/s
+  4 images           8 requests of four distinct images, 16 new tokens: requests/s
   1 image, repeated  as "1 image" with one image in every request (the encoder cache)
-  TTFT 1 / 4 images  3 requests each, one at a time, max_tokens 1: median wall time
+  TTFT 1 / 4 images  5 requests each, one at a time, max_tokens 1: median wall time
 Default model: a random-weight Qwen2.5-VL folder written by the benchmark (6-layer
-decoder of hidden 512, 4-block vision tower; 224x224 images = 64 placeholder tokens).
+decoder of hidden 512, 4-block vision tower; 336x336 images = 144 placeholder tokens).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from octavo_bench.vllm_baseline import VllmRunError, VllmSetup, add_vllm_argumen
 
 QUICK = WorkloadSizes(one_image_requests=2, four_image_requests=1, ttft_repeats=1, max_tokens=4)
 DEFAULT_KV_CACHE_MEMORY = 512 * 1024**2
+BIND = "VLLM_CPU_OMP_THREADS_BIND"
 RANDOM_MODEL = "vision-qwen2_5_vl-random"  # the default folder, under --output-dir
 METHOD = (
     "throughput: a workload's requests in one generate call (Octavo, vLLM), one at a time "
@@ -54,8 +56,11 @@ left padding the Qwen2.5-VL processor does not do). TTFT: each request alone, ma
 1, the wall time of the call, HF processor included on every engine. Octavo and vLLM
 run with prefix caching off and every prompt starts with its own request number, so the
 repeated workload measures the encoder cache (vLLM's also its processor cache). HF has
-no encoder cache and skips it. vLLM: --vllm-python or .venv-vllm (`make vllm-venv`),
-its log in OUTPUT_DIR/vision-vllm.log; with no vLLM the report notes why.
+no encoder cache and skips it. --num-threads N gives every engine N threads (vLLM: the
+first N CPUs, unless VLLM_CPU_OMP_THREADS_BIND is set); on a busy machine one thread each
+is far steadier than OpenMP threads that wait for each other. vLLM: --vllm-python or
+.venv-vllm (`make vllm-venv`), its log in OUTPUT_DIR/vision-vllm.log; with no vLLM the
+report notes why.
 """
 
 
@@ -135,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     vllm = VllmSetup.from_args(args) if VLLM in args.engines else None
     if vllm is not None and vllm.python is None and args.vllm_python:
         raise ValueError(vllm.skip_reason)  # a wrong path: say so before the long runs
+    if vllm is not None and args.num_threads and BIND not in os.environ:
+        vllm.env[BIND] = first_cpus(args.num_threads)  # as many threads as the others
     torch.set_num_threads(threads_used(args.num_threads))
     folder = model_folder(args)
     sizes = workload_sizes(args)
@@ -152,6 +159,11 @@ def run(args: argparse.Namespace) -> int:
         run_vllm_side(args, folder, workloads, warmup, report, vllm)
     save(report, args.output_dir, "vision")
     return 0
+
+
+def first_cpus(count: int) -> str:
+    """The first ``count`` CPUs this process may use, as vLLM's ``0,1`` lists."""
+    return ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0))[:count])
 
 
 def model_folder(args: argparse.Namespace) -> Path:
@@ -175,7 +187,8 @@ def bench_machine(dtype: str) -> dict:
 
 def run_config(args: argparse.Namespace, folder: Path, sizes: WorkloadSizes) -> dict:
     return {
-        "model": args.model or f"random Qwen2.5-VL ({folder})",
+        "model": args.model or "random Qwen2.5-VL",
+        "model_folder": str(folder),
         "engines": args.engines,
         "sizes": vars(sizes),
         "max_model_len": args.max_model_len,

@@ -6,7 +6,7 @@ vLLM run the same folder on two CPU cores in minutes: a Qwen 2 decoder of 6 laye
 512, 8 heads of 64, 2 KV heads, M-RoPE split 8/12/12) and a 4-block vision tower (hidden
 256, 4 heads, window attention with the last block full, 2x2 patch merger), the embedded
 SmolLM2 tokenizer with Qwen's vision tokens, and the Qwen2-VL image processor (patch 14:
-a 224x224 image is 256 patches, 64 placeholder tokens). Its processors need
+a 336x336 image is 576 patches, 144 placeholder tokens). Its processors need
 torchvision, in vLLM's venv too (``make vllm-venv`` installs it).
 """
 

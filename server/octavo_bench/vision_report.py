@@ -93,7 +93,7 @@ class VisionReport:
                     f"{engine}: one image repeated vs distinct images: {effect:.2f}x req/s"
                 )
         if self.encoder_cache:
-            lines.append(f"octavo encoder cache: {self.encoder_cache}")
+            lines.append(f"octavo encoder cache (images encoded = misses): {self.encoder_cache}")
         return "\n".join([*lines, *self.notes])
 
     def row(self, name: str, kind: str) -> list[str]:

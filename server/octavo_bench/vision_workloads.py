@@ -41,11 +41,11 @@ class VisionWorkload:
 
 @dataclass
 class WorkloadSizes:
-    one_image_requests: int = 8
-    four_image_requests: int = 4
-    ttft_repeats: int = 3
+    one_image_requests: int = 16
+    four_image_requests: int = 8
+    ttft_repeats: int = 5
     max_tokens: int = 16
-    image_size: int = 224
+    image_size: int = 336
     placeholder: str = IMAGE_PLACEHOLDER  # one image's text in the prompt
 
 
