@@ -6,10 +6,10 @@ random chunkings, the pieces always joining into the whole reply's reasoning and
 from __future__ import annotations
 
 import argparse
-import random
 
 import pytest
 
+from chunkings import chunkings
 from octavo.entrypoints.openai.reasoning.parsers import REASONING_PARSERS, reasoning_start
 from octavo.entrypoints.openai.reasoning.stream import ReasoningStream, split_reasoning
 
@@ -82,17 +82,6 @@ CASES = [
     ),
     ("minimax_m2", MINIMAX_PROMPT, {}, "still thinking", "still thinking", None),
 ]
-
-
-def chunkings(text: str) -> list[list[str]]:
-    """One character at a time, cut once at every boundary, and random chunkings."""
-    splits = [list(text)]
-    splits += [[text[:cut], text[cut:]] for cut in range(1, len(text))]
-    rng = random.Random(len(text))
-    for _ in range(8):
-        cuts = sorted(rng.sample(range(1, len(text)), min(6, len(text) - 1)))
-        splits.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)])
-    return splits
 
 
 def streamed(stream: ReasoningStream, pieces: list[str]) -> tuple[str | None, str | None]:

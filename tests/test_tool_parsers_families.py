@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from chunkings import chunkings
 from octavo.entrypoints.openai.tool_calls.parsers import TOOL_CALL_PARSERS, ToolCallParse
 from octavo.entrypoints.openai.tool_calls.plan import ToolPlan
 from octavo.entrypoints.openai.tool_calls.stream import ToolCallStream
@@ -155,17 +156,6 @@ def streamed(name: str, pieces: list[str]) -> tuple[str | None, list[tuple[str, 
         for call in delta.tool_calls or []
     ]
     return content, calls
-
-
-def chunkings(text: str) -> list[list[str]]:
-    """One character at a time, cut once at every boundary, and random chunkings."""
-    splits = [list(text)]
-    splits += [[text[:cut], text[cut:]] for cut in range(1, len(text))]
-    rng = random.Random(len(text))
-    for _ in range(8):
-        cuts = sorted(rng.sample(range(1, len(text)), min(6, len(text) - 1)))
-        splits.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)])
-    return splits
 
 
 @pytest.mark.parametrize(("name", "text", "content", "calls"), CASES)
