@@ -34,6 +34,7 @@ from octavo.kv_cache.cache_tensors import bytes_per_token
 from octavo.model_executor.decode_graphs import DecodeGraphs
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.models.registry import model_class
+from octavo.model_executor.rotary import mla_softmax_scale
 
 MLA = {
     "num_hidden_layers": 3,
@@ -125,6 +126,9 @@ def through_decode_graphs(prompts: list[list[int]], expected: list[list[int]]):
 
     def check(llm: LLM) -> None:
         runner = llm.engine.executor.worker.runner
+        latent = MLA["kv_lora_rank"] + MLA["qk_rope_head_dim"]
+        # the pool was sized for 11 blocks of latents (architecture_check): all 11 are here
+        assert runner.kv_caches[0].shape == (1, 11, 16, 1, latent)
         recorder = RerunRecorder()
         runner.graphs = DecodeGraphs(runner.paged, [1, 4], 160, recorder)
         runner.graphs.capture()
@@ -148,6 +152,15 @@ def test_tensor_parallel_2_matches_hf(folders, references, smol_tokenizer):
     """Heads split over two ranks, the latent cache whole on each; experts split."""
     folder, expected = folders["deepseek_v3"], references["deepseek_v3"]
     assert_matches_hf(folder, smol_tokenizer, expected, tensor_parallel_size=2)
+
+
+def test_softmax_scale_is_transformers_yarn_mscale():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    default = {"rope_type": "default", "rope_theta": 10000.0}
+    for rope in (YARN, {**YARN, "mscale_all_dim": 0}, {**YARN, "factor": 40.0}, default):
+        assert mla_softmax_scale(24, rope) == yarn_apply_mscale(rope, 24**-0.5)
+    assert mla_softmax_scale(24, YARN) != 24**-0.5
 
 
 @pytest.mark.parametrize("model_type", list(CONFIGS))
