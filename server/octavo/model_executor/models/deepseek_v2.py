@@ -108,7 +108,11 @@ class DeepseekV2ForCausalLM(CausalLM):
         groups = None
         if hf.topk_method == "group_limited_greedy":
             groups = GroupLimit(hf.n_group, hf.topk_group, "max")
-        return Selection(groups, False, float(hf.routed_scaling_factor), float32_logits=True)
+        return Selection(
+            group_limit=groups,
+            scaling_factor=float(hf.routed_scaling_factor),
+            float32_logits=True,
+        )
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
@@ -127,5 +131,9 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
 
     def selection(self) -> Selection:
         hf = self.config.hf
-        groups = GroupLimit(hf.n_group or 1, hf.topk_group or 1, "top2_sum")
-        return Selection(groups, True, float(hf.routed_scaling_factor), float32_logits=True)
+        return Selection(
+            group_limit=GroupLimit(hf.n_group or 1, hf.topk_group or 1, "top2_sum"),
+            correction_bias=True,
+            scaling_factor=float(hf.routed_scaling_factor),
+            float32_logits=True,
+        )
