@@ -10,7 +10,6 @@ blocks are shared by the same image only.
 
 from __future__ import annotations
 
-import base64
 import io
 from pathlib import Path
 
@@ -18,22 +17,28 @@ import pytest
 import torch
 from PIL import Image
 
-from octavo import SamplingParams
 from octavo.entrypoints.llm import LLM
+from vision_testing import (
+    BLOCK_BYTES,
+    GREEDY,
+    NEW_TOKENS,
+    SMALL_KV,
+    as_prompt,
+    check_chunked_prefill_and_preemption,
+    check_greedy_matches_hf,
+    check_prefix_sharing,
+    data_url,
+    hf_greedy,
+    image_start,
+    random_image,
+    randomize,
+    tiny_llm,
+    tiny_text,
+    tiny_vision,
+    token_ids,
+)
 
 IMAGE_SIZE, PATCH = 28, 7  # 16 patches: 16 placeholder tokens per image
-NEW_TOKENS = 12
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
-BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
-SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
-
-
-def random_image(seed: int, width: int, height: int) -> Image.Image:
-    generator = torch.Generator().manual_seed(seed)
-    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
-    return Image.fromarray(pixels.numpy())
-
 
 IMAGES = [random_image(1, 40, 30), random_image(2, 28, 28), random_image(3, 33, 50)]
 CASES = [  # (prompt, images)
@@ -56,25 +61,8 @@ def build_llava(folder: Path, smol_folder: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(smol_folder)
     tokenizer.add_tokens(["<image>"], special_tokens=True)
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH,
-    )
-    text = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    vision = CLIPVisionConfig(**tiny_vision(image_size=IMAGE_SIZE, patch_size=PATCH))
+    text = LlamaConfig(**tiny_text(tokenizer))
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,
@@ -84,9 +72,7 @@ def build_llava(folder: Path, smol_folder: Path) -> Path:
     )
     torch.manual_seed(1234)
     model = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
-            parameter.normal_(0.0, 0.2)
+    randomize(model)
     model.save_pretrained(folder)
     crop = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     image_processor = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size=crop)
@@ -109,104 +95,39 @@ def llava_folder(tmp_path_factory, smol_folder) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_reference(llava_folder):
-    """Greedy token ids transformers generates for (prompt, images, special tokens)."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from transformers import LlavaForConditionalGeneration
 
-    processor = AutoProcessor.from_pretrained(llava_folder)
-    model = LlavaForConditionalGeneration.from_pretrained(llava_folder, dtype=torch.float32)
-    model.eval()
-    done: dict[tuple, list[int]] = {}
-
-    def generate(prompt: str, images: list, add_special_tokens: bool = True) -> list[int]:
-        inputs = processor(
-            text=[prompt],
-            images=images or None,
-            return_tensors="pt",
-            add_special_tokens=add_special_tokens,
-        )
-        with torch.no_grad():
-            out = model.generate(
-                **inputs,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=model.generation_config.eos_token_id,
-            )
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
-
-    def cached(prompt: str, images: list, add_special_tokens: bool = True) -> list[int]:
-        key = (prompt, tuple(map(id, images)), add_special_tokens)
-        if key not in done:
-            done[key] = generate(prompt, images, add_special_tokens)
-        return done[key]
-
-    return cached
+    return hf_greedy(llava_folder, LlavaForConditionalGeneration)
 
 
 @pytest.fixture(scope="module")
 def llava(llava_folder):
-    limit = '{"image": 2}'  # vLLM's JSON form of --limit-mm-per-prompt
-    with LLM(
-        str(llava_folder),
-        dtype="float32",
-        max_model_len=256,
-        limit_mm_per_prompt=limit,
-        kv_cache_memory=SMALL_KV,
-    ) as llm:
+    with tiny_llm(llava_folder, limit_mm_per_prompt='{"image": 2}') as llm:  # vLLM's JSON form
         yield llm
 
 
-def as_prompt(text: str, images: list) -> str | dict:
-    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
-
-
-def token_ids(outputs) -> list[list[int]]:
-    return [output.outputs[0].token_ids for output in outputs]
-
-
 def test_greedy_matches_hf_with_one_two_and_no_images(llava, hf_reference):
-    expected = [hf_reference(text, images) for text, images in CASES]
-    outputs = llava.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
-    assert token_ids(outputs) == expected
-    other = llava.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
-    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+    check_greedy_matches_hf(llava, hf_reference, CASES, IMAGES[2])
 
 
 def test_chunked_prefill_inside_placeholders_and_preemption_match_hf(llava_folder, hf_reference):
     cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
-    expected = [hf_reference(text, images) for text, images in cases]
-    with LLM(
-        str(llava_folder),
-        dtype="float32",
+    check_chunked_prefill_and_preemption(
+        llava_folder,
+        hf_reference,
+        cases,
         max_model_len=128,
         max_num_batched_tokens=8,  # every image's 16 placeholders span chunks
         kv_cache_memory=9 * BLOCK_BYTES,
-    ) as llm:
-        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
-        assert token_ids(outputs) == expected
-        assert llm.engine.stats().num_preemptions > 0
-        cache = llm.engine.executor.worker.runner.encoder_cache
-        assert cache.hits > 0  # later chunks (and recomputes) took the features cached
+    )
 
 
 def test_prefix_blocks_are_shared_by_the_same_image_only(llava, hf_reference):
     text = "Look at this: <image>\nDescribe the colours you see in it"  # block 0 ends mid-image
-    first = llava.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
-    other = llava.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
-    same = llava.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
-    start = first.prompt_token_ids.index(llava.engine.mm_processor.image_token_id)
+    # the rest of the image comes from the encoder cache
+    first = check_prefix_sharing(llava, hf_reference, text, IMAGES[:2], min_cached=16)
+    start = image_start(llava, first)
     assert 0 < start < 16 < start + 16  # the first block ends inside the placeholders
-    assert other.num_cached_tokens == 0
-    assert same.num_cached_tokens >= 16  # the rest of the image comes from the encoder cache
-    assert (
-        same.outputs[0].token_ids == first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
-    )
-
-
-def data_url(image: Image.Image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def test_chat_image_url_parts_match_hf(llava, hf_reference):
@@ -220,7 +141,7 @@ def test_chat_image_url_parts_match_hf(llava, hf_reference):
         tokenize=False,
         add_generation_prompt=True,
     )
-    assert token_ids(outputs) == [hf_reference(rendered, [IMAGES[0]], False)]
+    assert token_ids(outputs) == [hf_reference(rendered, [IMAGES[0]], add_special_tokens=False)]
 
 
 def test_bad_image_inputs_are_value_errors(llava):

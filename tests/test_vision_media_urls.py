@@ -19,7 +19,8 @@ import pytest
 from media_server import MediaServer
 from octavo.entrypoints.llm import LLM
 from octavo.multimodal.media_limits import MAX_BYTES_ENV, TIMEOUT_ENV
-from test_vision_llava import GREEDY, IMAGES, NEW_TOKENS, SMALL_KV, build_llava, data_url
+from test_vision_llava import IMAGES, build_llava
+from vision_testing import GREEDY, NEW_TOKENS, SMALL_KV, data_url
 
 FETCH_TIMEOUT = 2.0  # seconds: room for a loaded CI machine (the slow endpoint takes 6)
 MAX_BYTES = 64 * 1024  # the test image is a few KiB; the huge bodies are 1 MiB
