@@ -33,6 +33,7 @@ from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs
 from octavo.sampling_params import SamplingParams
+from octavo.scheduler.encoder_budget import EncoderBudget, encoder_budget_from_env
 from octavo.scheduler.output import (
     IN_FLIGHT_TOKEN,
     NewSequenceData,
@@ -99,6 +100,7 @@ class Scheduler:
         self.speculation = SpeculationPolicy()
         self.max_loras = 1  # distinct LoRA adapters in one step
         self.whole_images = False  # never split an image over two chunks (Gemma 3)
+        self.encoder = EncoderBudget(encoder_budget_from_env(max_num_batched_tokens))
         self.lora_unloads: set[int] = set()  # removed adapters the workers may drop once unused
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -139,6 +141,7 @@ class Scheduler:
         out = SchedulerOutput()
         plan: list[PlannedSequence] = []
         self._scoring_rows_left = PROMPT_SCORING_ROWS_PER_STEP
+        self.encoder.start_step()
         budget = self._schedule_running(out, plan, self.max_num_batched_tokens)
         if not out.preempted_seq_ids:
             self._admit_waiting(plan, budget)
@@ -176,7 +179,7 @@ class Scheduler:
             planned = PlannedSequence(seq, num_new, spec)
             if not self._allocate_or_preempt(planned, out):
                 break
-            plan.append(planned)
+            self._plan(plan, planned)
             budget -= planned.num_slots
         return budget
 
@@ -193,7 +196,8 @@ class Scheduler:
     def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
         """Tokens of ``seq`` to compute this step: within the budget, and a prompt whose
         logprobs are asked for within the step's ``PROMPT_SCORING_ROWS_PER_STEP``; with
-        ``whole_images``, ending outside every image (``whole_images.py``)."""
+        ``whole_images``, ending outside every image (``whole_images.py``); stopping
+        before an image the step's encoder budget cannot pay for (``encoder_budget.py``)."""
         most = min(seq.num_tokens + seq.num_in_flight - num_computed, budget)
         num_new = most
         scored = seq.params.prompt_logprobs is not None and num_computed < seq.num_prompt_tokens
@@ -201,9 +205,21 @@ class Scheduler:
             num_new = min(num_new, self._scoring_rows_left)
         if self.whole_images and seq.images:
             num_new = whole_image_chunk(seq.images, num_computed, num_new, most)
+        if seq.images and num_computed < seq.images[-1].end:
+            end = self.encoder.chunk_end(seq.images, num_computed, num_computed + num_new)
+            num_new = end - num_computed
         if scored:
             self._scoring_rows_left = max(0, self._scoring_rows_left - num_new)
         return num_new
+
+    def _plan(self, plan: list[PlannedSequence], planned: PlannedSequence) -> None:
+        """Take ``planned`` into the step (its slots are allocated) and charge the images
+        its chunk encodes to the step's encoder budget."""
+        plan.append(planned)
+        seq = planned.seq
+        if seq.images:
+            start = seq.num_computed_tokens
+            self.encoder.charge(seq.seq_id, seq.images, start, start + planned.num_new)
 
     def _adapter_fits(self, seq: Sequence, adapters: set[int]) -> bool:
         """Room for ``seq``'s LoRA adapter in a step that already uses ``adapters``?"""
@@ -253,6 +269,7 @@ class Scheduler:
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         seq.spec_token_ids = []
+        self.encoder.release_all(seq.seq_id, seq.images)  # recomputed: charged again
         self.waiting.appendleft(seq)
         self.counters.preemptions += 1
 
@@ -283,7 +300,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self._start(seq, num_cached)
-            plan.append(planned)
+            self._plan(plan, planned)
             budget -= planned.num_new
             seats_taken += seats(seq)
 
@@ -343,6 +360,8 @@ class Scheduler:
                 seq.num_in_flight -= scheduled.sample
             else:
                 seq.num_computed_tokens += len(scheduled.token_ids) - scheduled.num_spec_tokens
+            if seq.images:
+                self.encoder.release_passed(seq.seq_id, seq.images, seq.num_computed_tokens)
             if seq.spec_token_ids:
                 seq.spec_token_ids = []
             if not scheduled.num_spec_tokens:  # else once the kept proposals are known
@@ -432,6 +451,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv.free(seq.seq_id)
+        self.encoder.release_all(seq.seq_id, seq.images)
         seq.status = SequenceStatus.FINISHED
         if self.seqs.pop(seq.seq_id, None) is not None:
             self._finished_ids += [seq.seq_id, *seq.fork_seq_ids]
