@@ -4,7 +4,8 @@
 sees the pixels the other engines see, and one repeated image is the same content each
 time), and runs every workload as one timed ``generate``; a TTFT workload becomes one
 single-request runner workload per request, each timed alone with ``max_tokens`` 1.
-vLLM runs with prefix caching off, as Octavo does here, and at most 4 images a prompt.
+vLLM runs with prefix caching off, as Octavo does here, at most 4 images a prompt and no
+videos.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def vision_request(
         "max_model_len": max_model_len,
         "seed": 0,
         "llm_kwargs": {
-            "limit_mm_per_prompt": {"image": MAX_IMAGES_PER_PROMPT},
+            # no videos: vLLM then sizes its encoder budget for images, not 3 long videos
+            "limit_mm_per_prompt": {"image": MAX_IMAGES_PER_PROMPT, "video": 0},
             "enable_prefix_caching": False,
         },
         "warmup": warm,
