@@ -151,14 +151,25 @@ def run(args: argparse.Namespace) -> int:
     report = VisionReport(bench_machine(args.dtype), run_config(args, folder, sizes))
     report.notes.append(METHOD)
     if OCTAVO in args.engines:
+        note_load(report, OCTAVO)
         run_octavo_side(args, folder, workloads, warmup, report)
     if HF in args.engines:
+        note_load(report, HF)
         chosen = [w for w in workloads if w.name != REPEATED]
         report.results += run_hf(folder, args.dtype, chosen, warmup)
     if vllm is not None:
+        note_load(report, VLLM)
         run_vllm_side(args, folder, workloads, warmup, report, vllm)
+    note_load(report, "end")
     save(report, args.output_dir, "vision")
     return 0
+
+
+def note_load(report: VisionReport, when: str) -> None:
+    """The 1-minute load average as each engine starts (a shared machine's noise)."""
+    load = round(os.getloadavg()[0], 2)
+    report.config.setdefault("load_average_1min", {})[when] = load
+    print(f"load average before {when}: {load}", flush=True)
 
 
 def first_cpus(count: int) -> str:

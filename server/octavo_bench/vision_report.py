@@ -92,6 +92,10 @@ class VisionReport:
                 lines.append(
                     f"{engine}: one image repeated vs distinct images: {effect:.2f}x req/s"
                 )
+        if "load_average_1min" in self.config:
+            lines.append(
+                f"1-minute load average as each engine began: {self.config['load_average_1min']}"
+            )
         if self.encoder_cache:
             lines.append(f"octavo encoder cache (images encoded = misses): {self.encoder_cache}")
         return "\n".join([*lines, *self.notes])
