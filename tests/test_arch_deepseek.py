@@ -154,6 +154,18 @@ def test_tensor_parallel_2_matches_hf(folders, references, smol_tokenizer):
     assert_matches_hf(folder, smol_tokenizer, expected, tensor_parallel_size=2)
 
 
+def test_dense_and_moe_layers_follow_first_k_dense_replace_and_moe_layer_freq():
+    """Layers below ``first_k_dense_replace`` are dense, then every ``moe_layer_freq``-th is
+    MoE (vLLM's rule; transformers ignores the key, 1 in every released config)."""
+    raw = {**TINY_ROUTER, **CONFIGS["deepseek_v3"], "num_hidden_layers": 6}
+    raw.update(moe_layer_freq=2, architectures=["DeepseekV3ForCausalLM"])
+    config = ModelConfig.from_dict({**raw, "model_type": "deepseek_v3"})
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config)
+    sparse = [hasattr(layer.mlp, "routed") for layer in model.layers]
+    assert sparse == [False, False, True, False, True, False]
+
+
 def test_softmax_scale_is_transformers_yarn_mscale():
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
 
