@@ -13,15 +13,11 @@ against transformers' for a step with two images.
 
 from __future__ import annotations
 
-import base64
-import io
 from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
-from octavo import SamplingParams
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.torch_ops import visible_keys
 from octavo.entrypoints.llm import LLM
@@ -31,26 +27,30 @@ from octavo.multimodal.layouts import layout_of
 from octavo.multimodal.processor import ProcessedPrompt
 from octavo.scheduler.output import ScheduledSequence
 from octavo.scheduler.whole_images import check_images_fit, whole_image_chunk
+from vision_testing import (
+    BLOCK_BYTES,
+    GREEDY,
+    as_prompt,
+    check_greedy_matches_hf,
+    check_prefix_sharing,
+    data_url,
+    hf_greedy,
+    image_start,
+    random_image,
+    randomize,
+    tiny_llm,
+    tiny_text,
+    tiny_vision,
+    token_ids,
+)
 
 IMAGE_SIZE, PATCH, IMAGE_TOKENS = 28, 7, 4  # 16 patches, average-pooled 2x2 to 4 tokens
 WINDOW = 8  # the sliding layer's window: shorter than the prompts
-NEW_TOKENS = 12
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 SPECIAL = {
     "boi_token": "<start_of_image>",
     "eoi_token": "<end_of_image>",
     "image_token": "<image_soft_token>",
 }
-# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
-BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
-SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
-
-
-def random_image(seed: int, width: int, height: int) -> Image.Image:
-    generator = torch.Generator().manual_seed(seed)
-    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
-    return Image.fromarray(pixels.numpy())
-
 
 IMAGES = [random_image(1, 40, 30), random_image(2, 28, 28), random_image(3, 33, 50)]
 CASES = [  # (prompt, images)
@@ -70,29 +70,15 @@ def build_gemma3(folder: Path, smol_folder: Path) -> Path:
     )
 
     tokenizer = AutoTokenizer.from_pretrained(smol_folder, extra_special_tokens=SPECIAL)
-    vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": IMAGE_SIZE,
-        "patch_size": PATCH,
-    }
+    vision = tiny_vision(image_size=IMAGE_SIZE, patch_size=PATCH)
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    text = {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "vocab_size": len(tokenizer),
-        "sliding_window": WINDOW,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "query_pre_attn_scalar": 24,
-        "max_position_embeddings": 512,
-        **ids,
-    }
+    text = tiny_text(
+        tokenizer,
+        head_dim=16,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=24,
+    )
     config = Gemma3Config(
         text_config=text,
         vision_config=vision,
@@ -104,10 +90,8 @@ def build_gemma3(folder: Path, smol_folder: Path) -> Path:
     )
     torch.manual_seed(1234)
     model = Gemma3ForConditionalGeneration(config).float().eval()
-    with torch.no_grad():
-        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
-            parameter.normal_(0.0, 0.2)
-        # The tied embedding, times sqrt(hidden), would drown the layers' output
+    randomize(model)
+    with torch.no_grad():  # the tied embedding, times sqrt(hidden), would drown the layers' output
         model.get_input_embeddings().weight.normal_(0.0, 0.02)
     model.save_pretrained(folder)
     image_processor = Gemma3ImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
@@ -125,75 +109,22 @@ def gemma3_folder(tmp_path_factory, smol_folder) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_reference(gemma3_folder):
-    """Greedy token ids transformers generates for (prompt, images), computed once each."""
-    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+    from transformers import Gemma3ForConditionalGeneration
 
-    processor = AutoProcessor.from_pretrained(gemma3_folder)
-    model = Gemma3ForConditionalGeneration.from_pretrained(gemma3_folder, dtype=torch.float32)
-    model.eval()
-    done: dict[tuple, list[int]] = {}
-
-    def generate(prompt: str, images: list, add_special_tokens: bool) -> list[int]:
-        inputs = processor(
-            text=[prompt],
-            images=images or None,
-            return_tensors="pt",
-            add_special_tokens=add_special_tokens,
-        )
-        with torch.no_grad():
-            out = model.generate(
-                **inputs,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=model.generation_config.eos_token_id,
-            )
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
-
-    def cached(prompt: str, images: list, add_special_tokens: bool = True) -> list[int]:
-        key = (prompt, tuple(map(id, images)), add_special_tokens)
-        if key not in done:
-            done[key] = generate(prompt, images, add_special_tokens)
-        return done[key]
-
-    return cached
+    return hf_greedy(gemma3_folder, Gemma3ForConditionalGeneration)
 
 
 @pytest.fixture(scope="module")
 def gemma3(gemma3_folder):
-    with LLM(
-        str(gemma3_folder),
-        dtype="float32",
-        max_model_len=256,
-        limit_mm_per_prompt='{"image": 2}',
-        kv_cache_memory=SMALL_KV,
-    ) as llm:
+    with tiny_llm(gemma3_folder, limit_mm_per_prompt='{"image": 2}') as llm:
         yield llm
 
 
-def as_prompt(text: str, images: list) -> str | dict:
-    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
-
-
-def token_ids(outputs) -> list[list[int]]:
-    return [output.outputs[0].token_ids for output in outputs]
-
-
 def test_greedy_matches_hf_with_one_two_and_no_images(gemma3, hf_reference):
-    expected = [hf_reference(text, images) for text, images in CASES]
-    outputs = gemma3.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
-    assert token_ids(outputs) == expected
+    outputs = check_greedy_matches_hf(gemma3, hf_reference, CASES, IMAGES[2])
     first = outputs[0].prompt_token_ids
     soft = gemma3.engine.mm_processor.image_token_id  # <image_soft_token>, not <start_of_image>
     assert first.count(soft) == IMAGE_TOKENS
-    other = gemma3.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
-    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
-
-
-def data_url(image: Image.Image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def test_chat_image_parts_become_start_of_image_and_match_hf(gemma3, hf_reference):
@@ -209,7 +140,7 @@ def test_chat_image_parts_become_start_of_image_and_match_hf(gemma3, hf_referenc
         tokenize=False,
         add_generation_prompt=True,
     )
-    assert token_ids(outputs) == [hf_reference(rendered, [IMAGES[0]], False)]
+    assert token_ids(outputs) == [hf_reference(rendered, [IMAGES[0]], add_special_tokens=False)]
 
 
 def record_chunks(llm: LLM) -> list[tuple[int, int, list[ImageInput]]]:
@@ -239,9 +170,8 @@ def test_a_budget_that_would_split_images_keeps_them_whole_with_preemption(
     budget = 6
     cases = [*CASES[:2], (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
     expected = [hf_reference(text, images) for text, images in cases]
-    with LLM(
-        str(gemma3_folder),
-        dtype="float32",
+    with tiny_llm(
+        gemma3_folder,
         max_model_len=64,
         max_num_batched_tokens=budget,
         kv_cache_memory=5 * BLOCK_BYTES,  # 4 blocks (and the null block): prompts preempted
@@ -262,15 +192,10 @@ def test_a_budget_that_would_split_images_keeps_them_whole_with_preemption(
 
 def test_prefix_blocks_are_shared_by_the_same_image_only(gemma3, hf_reference):
     text = "Look at this picture that I took in the garden: <start_of_image> What is it?"
-    first = gemma3.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
-    other = gemma3.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
-    same = gemma3.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
-    start = first.prompt_token_ids.index(gemma3.engine.mm_processor.image_token_id)
+    # then the image's rest, whole, in the next chunk
+    first = check_prefix_sharing(gemma3, hf_reference, text, IMAGES[:2], min_cached=16)
+    start = image_start(gemma3, first)
     assert start < 16 < start + IMAGE_TOKENS  # the first block ends inside the image
-    assert other.num_cached_tokens == 0
-    assert same.num_cached_tokens >= 16  # then the image's rest, whole, in the next chunk
-    assert same.outputs[0].token_ids == first.outputs[0].token_ids
-    assert first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
 
 
 def image_of(offset: int, length: int = IMAGE_TOKENS) -> ImageInput:

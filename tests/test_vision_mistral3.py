@@ -17,15 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from octavo import SamplingParams
-from octavo.entrypoints.llm import LLM
-from pixtral_checkpoints import NEW_TOKENS, build_folder, hf_greedy, random_image
+from pixtral_checkpoints import build_folder, pixtral_reference
+from vision_testing import (
+    BLOCK_BYTES,
+    check_chunked_prefill_and_preemption,
+    check_greedy_matches_hf,
+    check_prefix_sharing,
+    image_start,
+    random_image,
+    tiny_llm,
+)
 
 MERGE = 2  # 2x2 patches per feature: at most 4x4 features per image
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
-BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
-SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
 
 # width x height 40x30 -> 32x24 pixels: 3 rows of 4 features; 20x28 and 33x50 -> 24x32:
 # 4 rows of 3 features
@@ -44,35 +47,17 @@ def mistral3_folder(tmp_path_factory, smol_folder) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_reference(mistral3_folder):
-    return hf_greedy(mistral3_folder, "mistral3")
+    return pixtral_reference(mistral3_folder, "mistral3")
 
 
 @pytest.fixture(scope="module")
 def mistral3(mistral3_folder):
-    with LLM(
-        str(mistral3_folder),
-        dtype="float32",
-        max_model_len=256,
-        limit_mm_per_prompt={"image": 2},
-        kv_cache_memory=SMALL_KV,
-    ) as llm:
+    with tiny_llm(mistral3_folder, limit_mm_per_prompt={"image": 2}) as llm:
         yield llm
 
 
-def as_prompt(text: str, images: list) -> str | dict:
-    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
-
-
-def token_ids(outputs) -> list[list[int]]:
-    return [output.outputs[0].token_ids for output in outputs]
-
-
 def test_greedy_matches_hf_with_one_two_and_no_images(mistral3, hf_reference):
-    expected = [hf_reference(text, images) for text, images in CASES]
-    outputs = mistral3.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
-    assert token_ids(outputs) == expected
-    other = mistral3.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
-    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+    check_greedy_matches_hf(mistral3, hf_reference, CASES, IMAGES[2])
 
 
 def test_an_images_span_has_its_row_breaks_as_text(mistral3):
@@ -87,30 +72,19 @@ def test_an_images_span_has_its_row_breaks_as_text(mistral3):
 
 def test_chunked_prefill_inside_an_image_and_preemption_match_hf(mistral3_folder, hf_reference):
     cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
-    expected = [hf_reference(text, images) for text, images in cases]
-    with LLM(
-        str(mistral3_folder),
-        dtype="float32",
+    check_chunked_prefill_and_preemption(
+        mistral3_folder,
+        hf_reference,
+        cases,
         max_model_len=128,
         max_num_batched_tokens=8,  # every image's span (14 or 15 tokens) is cut by chunks
         kv_cache_memory=9 * BLOCK_BYTES,
-    ) as llm:
-        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
-        assert token_ids(outputs) == expected
-        assert llm.engine.stats().num_preemptions > 0
-        cache = llm.engine.executor.worker.runner.encoder_cache
-        assert cache.hits > 0  # later chunks (and recomputes) took the features cached
+    )
 
 
 def test_prefix_blocks_are_shared_by_the_same_image_only(mistral3, hf_reference):
     text = "Look at this picture: [IMG]\nDescribe the colours you see in it"
-    first = mistral3.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
-    other = mistral3.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
-    same = mistral3.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
-    start = first.prompt_token_ids.index(mistral3.engine.mm_processor.image_token_id)
+    # the rest of the image comes from the encoder cache
+    first = check_prefix_sharing(mistral3, hf_reference, text, IMAGES[:2], min_cached=16)
+    start = image_start(mistral3, first)
     assert 0 < start < 16 < start + 14  # the first block ends inside the image's span
-    assert other.num_cached_tokens == 0
-    assert same.num_cached_tokens >= 16  # the rest of the image comes from the encoder cache
-    assert (
-        same.outputs[0].token_ids == first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
-    )

@@ -8,12 +8,9 @@ breaks): one image, two images of different sizes, text only, token-identical in
 
 from __future__ import annotations
 
-from octavo import SamplingParams
-from octavo.entrypoints.llm import LLM
-from pixtral_checkpoints import NEW_TOKENS, build_folder, hf_greedy, random_image
+from pixtral_checkpoints import build_folder, pixtral_reference
+from vision_testing import BLOCK_BYTES, GREEDY, as_prompt, random_image, tiny_llm, token_ids
 
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-KV_BYTES = 32 * (2 * 16 * 2 * 16 * 4 * 2)  # 32 blocks of 16 tokens (K+V, 2 heads of 16, fp32)
 # width x height 24x16 -> 6 rows of 4 patches; 13x30 -> 16x32: 8 rows of 4 patches
 IMAGES = [random_image(4, 16, 24), random_image(5, 13, 30)]
 CASES = [
@@ -25,22 +22,10 @@ CASES = [
 
 def test_pixtral_llava_greedy_matches_hf_with_chunks_inside_images(tmp_path, smol_folder):
     folder = build_folder(tmp_path, smol_folder, "llava")
-    expected = [hf_greedy(folder, "llava")(text, images) for text, images in CASES]
-    with LLM(
-        str(folder),
-        dtype="float32",
-        max_model_len=256,
-        max_num_batched_tokens=8,
-        kv_cache_memory=KV_BYTES,
-    ) as llm:
+    reference = pixtral_reference(folder, "llava")
+    expected = [reference(text, images) for text, images in CASES]
+    with tiny_llm(folder, max_num_batched_tokens=8, kv_cache_memory=32 * BLOCK_BYTES) as llm:
         first = llm.engine.mm_processor.process(*CASES[0]).images[0]
         assert (first.num_features, first.length) == (24, 29)  # 6 rows of 4, 5 breaks
-        outputs = llm.generate(
-            [
-                {"prompt": text, "multi_modal_data": {"image": images}} if images else text
-                for text, images in CASES
-            ],
-            GREEDY,
-            use_tqdm=False,
-        )
-    assert [output.outputs[0].token_ids for output in outputs] == expected
+        outputs = llm.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected

@@ -18,25 +18,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
-from octavo import SamplingParams
-from octavo.entrypoints.llm import LLM
+from vision_testing import (
+    BLOCK_BYTES,
+    GREEDY,
+    NEW_TOKENS,
+    as_prompt,
+    check_chunked_prefill_and_preemption,
+    check_greedy_matches_hf,
+    check_prefix_sharing,
+    hf_greedy,
+    random_image,
+    randomize,
+    tiny_llm,
+    tiny_text,
+    tiny_vision,
+    token_ids,
+)
 
 TILE, PATCH, SCALE = 16, 4, 2  # 16 patches a tile, 4 features after the pixel shuffle
 IMAGE_SEQ_LEN = (TILE // PATCH) ** 2 // SCALE**2
-NEW_TOKENS = 12
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-# K+V, 16-token blocks, 2 KV heads of 16, fp32, 2 layers
-BLOCK_BYTES = 2 * 16 * 2 * 16 * 4 * 2
-SMALL_KV = 64 * BLOCK_BYTES  # 1024 tokens (not the CPU default of 2 GiB per engine)
-
-
-def random_image(seed: int, width: int, height: int) -> Image.Image:
-    generator = torch.Generator().manual_seed(seed)
-    pixels = (torch.rand(height, width, 3, generator=generator) * 255).to(torch.uint8)
-    return Image.fromarray(pixels.numpy())
-
 
 # 2x2 tiles + global (5 tiles), 1x2 + global (3), 2x2 + global (5)
 IMAGES = [random_image(1, 40, 30), random_image(2, 60, 20), random_image(3, 33, 50)]
@@ -65,25 +66,8 @@ def build_smolvlm(folder: Path, smol_folder: Path) -> Path:
     processor = Idefics3Processor(  # adds <fake_token_around_image>, <image> to the tokenizer
         image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN
     )
-    vision = Idefics3VisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=TILE,
-        patch_size=PATCH,
-    )
-    text = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    vision = Idefics3VisionConfig(**tiny_vision(image_size=TILE, patch_size=PATCH))
+    text = LlamaConfig(**tiny_text(tokenizer))
     config = SmolVLMConfig(
         vision_config=vision.to_dict(),
         text_config=text.to_dict(),
@@ -92,9 +76,7 @@ def build_smolvlm(folder: Path, smol_folder: Path) -> Path:
     )
     torch.manual_seed(1234)
     model = SmolVLMForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():  # larger weights: sharper, tie-free argmaxes
-            parameter.normal_(0.0, 0.2)
+    randomize(model)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
@@ -107,57 +89,19 @@ def smolvlm_folder(tmp_path_factory, smol_folder) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_reference(smolvlm_folder):
-    """Greedy token ids transformers generates for (prompt, images)."""
-    from transformers import AutoProcessor, SmolVLMForConditionalGeneration
+    from transformers import SmolVLMForConditionalGeneration
 
-    processor = AutoProcessor.from_pretrained(smolvlm_folder)
-    model = SmolVLMForConditionalGeneration.from_pretrained(smolvlm_folder, dtype=torch.float32)
-    model.eval()
-    done: dict[tuple, list[int]] = {}
-
-    def generate(prompt: str, images: list) -> list[int]:
-        inputs = processor(text=[prompt], images=images or None, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(
-                **inputs,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=model.generation_config.eos_token_id,
-            )
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
-
-    def cached(prompt: str, images: list) -> list[int]:
-        key = (prompt, tuple(map(id, images)))
-        if key not in done:
-            done[key] = generate(prompt, images)
-        return done[key]
-
-    return cached
+    return hf_greedy(smolvlm_folder, SmolVLMForConditionalGeneration)
 
 
 @pytest.fixture(scope="module")
 def smolvlm(smolvlm_folder):
-    with LLM(
-        str(smolvlm_folder), dtype="float32", max_model_len=256, kv_cache_memory=SMALL_KV
-    ) as llm:
+    with tiny_llm(smolvlm_folder) as llm:
         yield llm
 
 
-def as_prompt(text: str, images: list) -> str | dict:
-    return {"prompt": text, "multi_modal_data": {"image": images}} if images else text
-
-
-def token_ids(outputs) -> list[list[int]]:
-    return [output.outputs[0].token_ids for output in outputs]
-
-
 def test_greedy_matches_hf_with_one_two_and_no_images(smolvlm, hf_reference):
-    expected = [hf_reference(text, images) for text, images in CASES]
-    outputs = smolvlm.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
-    assert token_ids(outputs) == expected
-    other = smolvlm.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
-    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+    check_greedy_matches_hf(smolvlm, hf_reference, CASES, IMAGES[2])
 
 
 def test_each_image_gets_its_own_tiles_and_masked_span(smolvlm):
@@ -173,37 +117,25 @@ def test_each_image_gets_its_own_tiles_and_masked_span(smolvlm):
 
 def test_chunked_prefill_inside_spans_and_preemption_match_hf(smolvlm_folder, hf_reference):
     cases = [CASES[1], CASES[0], (CASES[0][0], [IMAGES[2]])]  # 8 + 6 + 6 blocks of 10
-    expected = [hf_reference(text, images) for text, images in cases]
-    with LLM(
-        str(smolvlm_folder),
-        dtype="float32",
+    check_chunked_prefill_and_preemption(
+        smolvlm_folder,
+        hf_reference,
+        cases,
         max_model_len=160,
         max_num_batched_tokens=8,  # chunks end inside tile runs and in the text between
         kv_cache_memory=11 * BLOCK_BYTES,
-    ) as llm:
-        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
-        assert token_ids(outputs) == expected
-        assert llm.engine.stats().num_preemptions > 0
-        cache = llm.engine.executor.worker.runner.encoder_cache
-        assert cache.hits > 0  # later chunks (and recomputes) took the features cached
+    )
 
 
 def test_prefix_blocks_are_shared_by_the_same_image_only(smolvlm, hf_reference):
     text = "Look: <image>\nDescribe the colours you see in it"  # block 0 ends mid-image
-    first = smolvlm.generate(as_prompt(text, [IMAGES[0]]), GREEDY, use_tqdm=False)[0]
-    other = smolvlm.generate(as_prompt(text, [IMAGES[1]]), GREEDY, use_tqdm=False)[0]
-    same = smolvlm.generate(as_prompt(text, [IMAGES[0].copy()]), GREEDY, use_tqdm=False)[0]
+    first = check_prefix_sharing(smolvlm, hf_reference, text, IMAGES[:2], min_cached=16)
     placeholders = [
         position
         for position, token in enumerate(first.prompt_token_ids)
         if token == smolvlm.engine.mm_processor.image_token_id
     ]
     assert 0 < placeholders[0] < 16 < placeholders[-1]  # the first block ends in the image
-    assert other.num_cached_tokens == 0
-    assert same.num_cached_tokens >= 16
-    assert (
-        same.outputs[0].token_ids == first.outputs[0].token_ids == hf_reference(text, [IMAGES[0]])
-    )
 
 
 def test_split_drops_padding_tiles_and_gives_each_image_its_own():
@@ -239,14 +171,8 @@ def test_tower_and_connector_match_hf_on_padded_and_small_tiles():
     from octavo.model_executor.models.idefics3 import pixel_shuffle
     from octavo.model_executor.vision.idefics3 import Idefics3VisionTransformer
 
-    vision = Idefics3VisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=28,  # 7x7 position grid; tiles of 6x6 patches bucket onto it
-        patch_size=PATCH,
-    )
+    # 7x7 position grid; tiles of 6x6 patches bucket onto it
+    vision = Idefics3VisionConfig(**tiny_vision(image_size=28, patch_size=PATCH))
     torch.manual_seed(0)
     hf = HF(vision).eval()
     ours = Idefics3VisionTransformer(vision)
@@ -290,6 +216,6 @@ def test_an_idefics3_checkpoint_matches_hf(smolvlm_folder, tmp_path):
             **inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
         )
     expected = out[0, inputs["input_ids"].shape[1] :].tolist()
-    with LLM(str(folder), dtype="float32", max_model_len=256, kv_cache_memory=SMALL_KV) as llm:
+    with tiny_llm(folder) as llm:
         outputs = llm.generate(as_prompt(text, images), GREEDY, use_tqdm=False)
     assert token_ids(outputs) == [expected]
