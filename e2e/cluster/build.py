@@ -106,8 +106,10 @@ def go_env() -> dict[str, str]:
         GOCACHE=str(cache / "go" / "build"),
         GOPATH=str(cache / "go" / "path"),
         CGO_ENABLED="0",
-        # -modcacherw: the module cache can be removed with plain `rm -rf`.
-        GOFLAGS="-modcacherw -buildvcs=false -trimpath",
+        # -modcacherw: the module cache can be removed with plain `rm -rf`. No DWARF from
+        # the compiler: the link strips it anyway (-s -w); measured on etcd, 14 % less CPU
+        # (102 -> 88 s). (-N -l saved 28 % but slows the control plane every run.)
+        GOFLAGS="-modcacherw -buildvcs=false -trimpath -gcflags=all=-dwarf=false",
     )
     env.pop("GOBIN", None)
     return env
