@@ -18,20 +18,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from octavo.entrypoints.llm import LLM
-from qwen_vl_common import (
+from qwen_vl_common import IMAGE, vision_token_ids, vision_tokenizer
+from vision_testing import (
     BLOCK_BYTES,
     GREEDY,
-    IMAGE,
     NEW_TOKENS,
-    SMALL_KV,
     as_prompt,
+    check_chunked_prefill_and_preemption,
+    check_greedy_matches_hf,
     greedy_reference,
     random_image,
     randomize,
+    tiny_llm,
+    tiny_text,
     token_ids,
-    vision_token_ids,
-    vision_tokenizer,
 )
 
 MROPE_SECTION = [2, 3, 3]  # of head_dim 16's 8 rotary frequencies
@@ -57,18 +57,8 @@ def build_qwen2_5_vl(folder: Path, smol_folder: Path) -> Path:
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     tokenizer = vision_tokenizer(smol_folder)
-    text = {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": len(tokenizer),
-        "max_position_embeddings": 512,
-        "rope_parameters": {"rope_type": "default", "mrope_section": MROPE_SECTION},
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
+    rope = {"rope_type": "default", "mrope_section": MROPE_SECTION}
+    text = tiny_text(tokenizer, rope_parameters=rope)
     vision = {
         "depth": 2,
         "hidden_size": 32,
@@ -116,36 +106,27 @@ def hf_reference(hf_model):
 
 @pytest.fixture(scope="module")
 def qwen(qwen_folder):
-    with LLM(str(qwen_folder), dtype="float32", max_model_len=256, kv_cache_memory=SMALL_KV) as llm:
+    with tiny_llm(qwen_folder) as llm:
         yield llm
 
 
 def test_greedy_matches_hf_with_one_two_and_no_images(qwen, hf_reference):
-    expected = [hf_reference(text, images) for text, images in CASES]
-    outputs = qwen.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
-    assert token_ids(outputs) == expected
-    other = qwen.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
-    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+    check_greedy_matches_hf(qwen, hf_reference, CASES, IMAGES[2])
     again = qwen.generate(as_prompt(*CASES[0]), GREEDY, use_tqdm=False)[0]
     assert again.num_cached_tokens >= 16  # prefix blocks of the same image, same positions
-    assert again.outputs[0].token_ids == expected[0]
+    assert again.outputs[0].token_ids == hf_reference(*CASES[0])
 
 
 def test_chunked_prefill_inside_placeholders_and_preemption_match_hf(qwen_folder, hf_reference):
     cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
-    expected = [hf_reference(text, images) for text, images in cases]
-    with LLM(
-        str(qwen_folder),
-        dtype="float32",
+    check_chunked_prefill_and_preemption(
+        qwen_folder,
+        hf_reference,
+        cases,
         max_model_len=64,
         max_num_batched_tokens=8,  # a 12-feature image's placeholders span chunks
         kv_cache_memory=7 * BLOCK_BYTES,
-    ) as llm:
-        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
-        assert token_ids(outputs) == expected
-        assert llm.engine.stats().num_preemptions > 0
-        cache = llm.engine.executor.worker.runner.encoder_cache
-        assert cache.hits > 0  # later chunks (and recomputes) took the features cached
+    )
 
 
 def test_prompt_positions_match_hf_get_rope_index(qwen, hf_model):

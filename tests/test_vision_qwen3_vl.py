@@ -18,19 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from octavo.entrypoints.llm import LLM
-from qwen_vl_common import (
+from qwen_vl_common import IMAGE, vision_token_ids, vision_tokenizer
+from vision_testing import (
     BLOCK_BYTES,
-    GREEDY,
-    IMAGE,
-    SMALL_KV,
-    as_prompt,
-    greedy_reference,
+    check_chunked_prefill_and_preemption,
+    check_greedy_matches_hf,
+    hf_greedy,
     random_image,
     randomize,
-    token_ids,
-    vision_token_ids,
-    vision_tokenizer,
+    tiny_llm,
+    tiny_text,
 )
 
 MROPE_SECTION = [4, 2, 2]  # of head_dim 16's 8 frequencies: t h w t h w t t
@@ -52,19 +49,8 @@ def build_qwen3_vl(folder: Path, smol_folder: Path) -> Path:
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     tokenizer = vision_tokenizer(smol_folder)
-    text = {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "vocab_size": len(tokenizer),
-        "max_position_embeddings": 512,
-        "rope_parameters": {"rope_type": "default", "mrope_section": MROPE_SECTION},
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
+    rope = {"rope_type": "default", "mrope_section": MROPE_SECTION}
+    text = tiny_text(tokenizer, head_dim=16, rope_parameters=rope)
     vision = {
         "depth": 3,
         "hidden_size": 32,
@@ -101,42 +87,32 @@ def qwen3_folder(tmp_path_factory, smol_folder) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_reference(qwen3_folder):
-    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
-    processor = AutoProcessor.from_pretrained(qwen3_folder)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(qwen3_folder, dtype=torch.float32)
-    return greedy_reference(processor, model.eval())
+    return hf_greedy(qwen3_folder, Qwen3VLForConditionalGeneration)
 
 
 @pytest.fixture(scope="module")
 def qwen3(qwen3_folder):
-    with LLM(
-        str(qwen3_folder), dtype="float32", max_model_len=256, kv_cache_memory=SMALL_KV
-    ) as llm:
+    with tiny_llm(qwen3_folder) as llm:
         yield llm
 
 
 def test_greedy_matches_hf_with_one_two_and_no_images(qwen3, hf_reference):
-    expected = [hf_reference(text, images) for text, images in CASES]
-    outputs = qwen3.generate([as_prompt(*case) for case in CASES], GREEDY, use_tqdm=False)
-    assert token_ids(outputs) == expected
-    other = qwen3.generate(as_prompt(CASES[0][0], [IMAGES[2]]), GREEDY, use_tqdm=False)
-    assert token_ids(other) != expected[:1]  # the image, not only the text, decides
+    check_greedy_matches_hf(qwen3, hf_reference, CASES, IMAGES[2])
 
 
 def test_chunked_prefill_inside_placeholders_and_preemption_match_hf(qwen3_folder, hf_reference):
     cases = [*CASES, (CASES[0][0], [IMAGES[2]]), (CASES[1][0], [IMAGES[2], IMAGES[0]])]
-    expected = [hf_reference(text, images) for text, images in cases]
-    with LLM(
-        str(qwen3_folder),
-        dtype="float32",
+    check_chunked_prefill_and_preemption(
+        qwen3_folder,
+        hf_reference,
+        cases,
+        cache_hits=False,  # as before: this test asserts no encoder-cache hits
         max_model_len=64,
         max_num_batched_tokens=8,  # a 12-feature image's placeholders span chunks
         kv_cache_memory=7 * BLOCK_BYTES,
-    ) as llm:
-        outputs = llm.generate([as_prompt(*case) for case in cases], GREEDY, use_tqdm=False)
-        assert token_ids(outputs) == expected
-        assert llm.engine.stats().num_preemptions > 0
+    )
 
 
 def test_interleaved_mrope_tables_match_hf_rotary():
