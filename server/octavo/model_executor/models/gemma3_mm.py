@@ -20,23 +20,10 @@ from torch import nn
 from octavo.model_executor.layers.layernorm import GemmaRMSNorm
 from octavo.model_executor.model_config import ModelConfig, transformers_config
 from octavo.model_executor.models.gemma3 import Gemma3ForCausalLM
+from octavo.model_executor.models.vision_checkpoint import VisionCheckpoint
 from octavo.model_executor.vision.batching import ImageData, by_shape
 from octavo.model_executor.vision.siglip import SiglipVisionTransformer
 
-# Checkpoint prefixes (Google's and transformers' files, transformers' modules) -> ours;
-# longer prefixes first.
-_PREFIXES = {
-    "language_model.model.": "model.",
-    "model.language_model.": "model.",
-    "language_model.lm_head.": "lm_head.",
-    "lm_head.": "lm_head.",
-    "vision_tower.vision_model.": "vision_tower.",
-    "model.vision_tower.vision_model.": "vision_tower.",
-    "model.vision_tower.": "vision_tower.",
-    "vision_tower.": "vision_tower.",
-    "model.multi_modal_projector.": "multi_modal_projector.",
-    "multi_modal_projector.": "multi_modal_projector.",
-}
 _UNUSED = ("vision_tower.head.",)  # SigLIP's pooling head: Gemma 3 reads the patches
 
 
@@ -58,7 +45,7 @@ class Gemma3MultiModalProjector(nn.Module):
         return projected.type_as(patches)
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+class Gemma3ForConditionalGeneration(VisionCheckpoint, Gemma3ForCausalLM):
     bidirectional_images = True  # an image's placeholders attend to each other both ways
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
@@ -71,27 +58,11 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         self.requires_grad_(False)
 
     @classmethod
-    def checkpoint_name(cls, name: str) -> str | None:
-        for prefix, renamed in _PREFIXES.items():
-            if name.startswith(prefix):
-                name = renamed + name.removeprefix(prefix)
-                return None if name.startswith(_UNUSED) else name
-        return None
+    def vision_name(cls, name: str) -> str | None:
+        return None if name.startswith(_UNUSED) else name
 
     def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits  # transformers' Gemma3ForConditionalGeneration never soft-caps logits
-
-    def extra_weight_keys(self) -> set[str]:
-        """Every tensor of the vision tower and projector must come from the checkpoint."""
-        modules = {
-            "vision_tower": self.vision_tower,
-            "multi_modal_projector": self.multi_modal_projector,
-        }
-        return {
-            f"{prefix}.{name}"
-            for prefix, module in modules.items()
-            for name, _ in module.named_parameters()
-        }
 
     def embed_images(self, images: list[ImageData]) -> list[torch.Tensor]:
         """Each image's ``[mm_tokens_per_image, hidden]`` features (images of one size go

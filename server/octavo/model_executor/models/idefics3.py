@@ -17,6 +17,7 @@ from torch import nn
 
 from octavo.model_executor.model_config import ModelConfig, transformers_config
 from octavo.model_executor.models.llama import LlamaForCausalLM
+from octavo.model_executor.models.vision_checkpoint import VisionCheckpoint
 from octavo.model_executor.vision.batching import ImageData
 from octavo.model_executor.vision.idefics3 import Idefics3VisionTransformer
 
@@ -59,7 +60,10 @@ def pixel_shuffle(patches: torch.Tensor, scale: int) -> torch.Tensor:
     return squares.reshape(tiles, count // scale**2, width * scale**2)
 
 
-class Idefics3ForConditionalGeneration(LlamaForCausalLM):
+class Idefics3ForConditionalGeneration(VisionCheckpoint, LlamaForCausalLM):
+    checkpoint_prefixes = _PREFIXES
+    vision_modules = ("vision_model", "connector")
+
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__(config, quantization)
         outer = transformers_config(config.checkpoint)
@@ -69,22 +73,6 @@ class Idefics3ForConditionalGeneration(LlamaForCausalLM):
             vision.hidden_size, config.hidden_size, outer.scale_factor
         )
         self.requires_grad_(False)
-
-    @classmethod
-    def checkpoint_name(cls, name: str) -> str | None:
-        for prefix, renamed in _PREFIXES.items():
-            if name.startswith(prefix):
-                return renamed + name.removeprefix(prefix)
-        return None
-
-    def extra_weight_keys(self) -> set[str]:
-        """Every tensor of the vision tower and connector must come from the checkpoint."""
-        modules = {"vision_model": self.vision_model, "connector": self.connector}
-        return {
-            f"{prefix}.{name}"
-            for prefix, module in modules.items()
-            for name, _ in module.named_parameters()
-        }
 
     def embed_images(self, images: list[ImageData]) -> list[torch.Tensor]:
         """Each image's features ``[tiles * image_seq_len, hidden]``, its tiles in order

@@ -17,11 +17,12 @@ from torch import nn
 
 from octavo.model_executor.model_config import ModelConfig, transformers_config
 from octavo.model_executor.models.llama import MistralForCausalLM
-from octavo.model_executor.models.llava import LlavaForConditionalGeneration
-from octavo.model_executor.vision.activations import activation
+from octavo.model_executor.models.vision_checkpoint import VisionCheckpoint
 from octavo.model_executor.vision.batching import ImageData, by_shape
 from octavo.model_executor.vision.clip import feature_layers
 from octavo.model_executor.vision.pixtral import PixtralVisionTower
+from octavo.model_executor.vision.projector import MultiModalProjector
+from octavo.model_executor.vision.towers import tower_checkpoint_name
 
 
 class Mistral3PatchMerger(nn.Module):
@@ -37,22 +38,18 @@ class Mistral3PatchMerger(nn.Module):
         return self.merging_layer(squares.transpose(1, 2))
 
 
-class Mistral3MultiModalProjector(nn.Module):
+class Mistral3MultiModalProjector(MultiModalProjector):
     def __init__(self, outer, vision_hidden: int, text_hidden: int) -> None:
-        super().__init__()
-        bias = outer.multimodal_projector_bias
+        act, bias = outer.projector_hidden_act, outer.multimodal_projector_bias
+        super().__init__(vision_hidden, text_hidden, act, bias)
         self.norm = nn.RMSNorm(vision_hidden, eps=outer.text_config.rms_norm_eps)
         self.patch_merger = Mistral3PatchMerger(vision_hidden, outer.spatial_merge_size)
-        self.linear_1 = nn.Linear(vision_hidden, text_hidden, bias=bias)
-        self.act = activation(outer.projector_hidden_act)
-        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=bias)
 
     def forward(self, features: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-        merged = self.patch_merger(self.norm(features), rows, cols)
-        return self.linear_2(self.act(self.linear_1(merged)))
+        return super().forward(self.patch_merger(self.norm(features), rows, cols))
 
 
-class Mistral3ForConditionalGeneration(MistralForCausalLM):
+class Mistral3ForConditionalGeneration(VisionCheckpoint, MistralForCausalLM):
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__(config, quantization)
         outer = transformers_config(config.checkpoint)
@@ -67,21 +64,9 @@ class Mistral3ForConditionalGeneration(MistralForCausalLM):
         self.requires_grad_(False)
 
     @classmethod
-    def checkpoint_name(cls, name: str) -> str | None:
-        """As LLaVA's (the same prefixes, and Pixtral's layer names in CLIP's terms)."""
-        return LlavaForConditionalGeneration.checkpoint_name(name)
-
-    def extra_weight_keys(self) -> set[str]:
-        """Every tensor of the vision tower and projector must come from the checkpoint."""
-        modules = {
-            "vision_tower": self.vision_tower,
-            "multi_modal_projector": self.multi_modal_projector,
-        }
-        return {
-            f"{prefix}.{name}"
-            for prefix, module in modules.items()
-            for name, _ in module.named_parameters()
-        }
+    def vision_name(cls, name: str) -> str | None:
+        """LLaVA's prefixes, and Pixtral's layer names in CLIP's terms."""
+        return tower_checkpoint_name(name)
 
     def embed_images(self, images: list[ImageData]) -> list[torch.Tensor]:
         """Each image's features ``[placeholders, hidden]`` (its ``[IMG]`` tokens, row by

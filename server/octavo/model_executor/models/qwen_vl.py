@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from octavo.model_executor.model_config import FULL_ATTENTION
+from octavo.model_executor.models.vision_checkpoint import VisionCheckpoint
 from octavo.model_executor.mrope_positions import FeatureGrid
 from octavo.model_executor.mrope_rotary import MRotaryEmbedding
 from octavo.model_executor.vision.batching import ImageData
@@ -32,7 +33,9 @@ _PREFIXES = {
 Grid = tuple[int, int, int]  # an image's (t, h, w) in patches
 
 
-class QwenVLImages:
+class QwenVLImages(VisionCheckpoint):
+    checkpoint_prefixes = _PREFIXES
+    vision_modules = ("visual",)
     block_names: ClassVar[dict[str, str]] = {}
     mrope_interleaved: ClassVar[bool] = False  # Qwen3-VL's t h w t h w ... frequencies
     visual: nn.Module
@@ -46,21 +49,12 @@ class QwenVLImages:
         self.rotary = {FULL_ATTENTION: table}
 
     @classmethod
-    def checkpoint_name(cls, name: str) -> str | None:
-        for prefix, renamed in _PREFIXES.items():
-            if name.startswith(prefix):
-                name = renamed + name.removeprefix(prefix)
-                break
-        else:
-            return None
+    def vision_name(cls, name: str) -> str | None:
+        """The tower's blocks under the CLIP layer's names."""
         if name.startswith("visual.blocks."):
             for theirs, ours in cls.block_names.items():
                 name = name.replace(theirs, ours)
         return name
-
-    def extra_weight_keys(self) -> set[str]:
-        """Every tensor of the vision tower must come from the checkpoint."""
-        return {f"visual.{name}" for name, _ in self.visual.named_parameters()}
 
     def embed_images(self, images: list[ImageData]) -> list[torch.Tensor]:
         """Each image's rows, one per placeholder (all images through the tower at once:
