@@ -197,23 +197,9 @@ def test_window_order_and_patch_coordinates_match_hf():
     assert torch.equal(patch_coordinates(grids, 2), get_vision_position_ids(thw, 2))
 
 
-class RerunRecorder:
-    """A CPU stand-in for CUDA graph capture (as test_decode_graphs'): a replay re-runs
-    the recorded forward, which reads only the persistent buffers."""
-
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def record(self, forward):
-        def replay() -> torch.Tensor:
-            self.replays += 1
-            return forward()
-
-        return replay
-
-
 def test_decode_graphs_take_the_3d_positions(qwen, hf_reference):
     from octavo.model_executor.decode_graphs import DecodeGraphs
+    from test_decode_graphs import RerunRecorder  # a CPU stand-in for CUDA graph capture
 
     runner = qwen.engine.executor.worker.runner
     recorder = RerunRecorder()
