@@ -105,24 +105,12 @@ def references(folders, smol_tokenizer) -> dict[str, list[list[int]]]:
     return {model_type: hf_reference(folder, prompts) for model_type, folder in folders.items()}
 
 
-class RerunRecorder:
-    """CUDA graph capture's CPU stand-in: a replay re-runs the forward on the buffers."""
-
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def record(self, forward):
-        def replay() -> torch.Tensor:
-            self.replays += 1
-            return forward()
-
-        return replay
-
-
 def through_decode_graphs(prompts: list[list[int]], expected: list[list[int]]):
     """A last check on the engine: two prompts again, their decode steps through a graph's
     persistent buffers (padding rows with slot -1, the context width of
     ``max_model_len``): the path a GPU captures, recorded on CPU by re-running it."""
+
+    from test_decode_graphs import RerunRecorder  # a CPU stand-in for CUDA graph capture
 
     def check(llm: LLM) -> None:
         runner = llm.engine.executor.worker.runner
