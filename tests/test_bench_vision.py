@@ -36,6 +36,10 @@ def test_vision_subcommand_is_registered_with_its_help(capsys):
     args = cli.build_parser().parse_args(["vision", "--quick", "--engines", "octavo,hf"])
     assert args.engines == [OCTAVO, HF]
     assert workload_sizes(args).one_image_requests == 2
+    defaults = workload_sizes(cli.build_parser().parse_args(["vision"]))
+    assert (defaults.one_image_requests, defaults.four_image_requests) == (16, 8)
+    with pytest.raises(ValueError, match="max-tokens"):
+        workload_sizes(cli.build_parser().parse_args(["vision", "--max-tokens", "0"]))
 
 
 SIZES = WorkloadSizes(one_image_requests=3, four_image_requests=2, ttft_repeats=2, image_size=28)

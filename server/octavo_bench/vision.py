@@ -131,7 +131,8 @@ def workload_sizes(args: argparse.Namespace) -> WorkloadSizes:
         args.max_tokens,
         args.image_size,
     )
-    if min(vars(sizes).values()) < 1:
+    counts = [value for value in vars(sizes).values() if isinstance(value, int)]
+    if min(counts) < 1:
         raise ValueError("request counts, --max-tokens and --image-size must be >= 1")
     return sizes
 
