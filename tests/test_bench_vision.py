@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,69 @@ def test_report_ratios_favour_the_faster_engine():
     assert report.cache_effect(VLLM) is None
     text = report.text()
     assert "0.50x" in text and "2.00x" in text
+
+
+FAKE_VLLM = '''
+"""A stand-in for vLLM's offline API that records each prompt's text and image sizes."""
+import json, os
+
+__version__ = "0.0.fake"
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+class _Output:
+    def __init__(self, count):
+        self.outputs = [type("Completion", (), {"token_ids": list(range(count))})()]
+
+
+class LLM:
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls = kwargs, []
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.calls.append([
+            [p["prompt"], [image.size for image in p["multi_modal_data"]["image"]]]
+            for p in prompts
+        ])
+        with open(os.environ["FAKE_VLLM_RECORD"], "w") as out:
+            json.dump({"llm": self.kwargs, "calls": self.calls}, out)
+        return [_Output(p.kwargs["max_tokens"]) for p in params]
+'''
+
+
+def test_vllm_side_sends_texts_and_images_through_the_runner(tmp_path, monkeypatch):
+    """The runner in a child process (a fake ``vllm``): PIL images from the PNGs, one call
+    per throughput workload and per TTFT request, results gathered back per workload."""
+    from octavo_bench.vision_vllm import run_vllm
+    from octavo_bench.vision_workloads import warmup_workload
+    from octavo_bench.vllm_baseline import VllmSetup, vllm_env
+
+    package = tmp_path / "fake" / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(FAKE_VLLM)
+    monkeypatch.setenv("PYTHONPATH", str(package.parent))
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
+    draw = ImageDraw(SIZES.image_size)
+    workloads = vision_workloads(SIZES, draw)
+    setup = VllmSetup(sys.executable, "float32", vllm_env())
+    results = run_vllm(
+        setup, tmp_path, 64, workloads, warmup_workload(draw, "<i>"), tmp_path / "log"
+    )
+    seen = json.loads(record.read_text())
+    assert seen["llm"]["limit_mm_per_prompt"] == {"image": 4, "video": 0}
+    assert seen["llm"]["enable_prefix_caching"] is False
+    calls = seen["calls"]
+    assert len(calls) == 1 + 3 + 2 + 2  # warm-up, 3 throughput, 2 + 2 TTFT requests
+    assert calls[0][1] == [
+        "Request 1: <i><i><i><i>Describe the pictures in detail.",
+        [[28, 28]] * 4,
+    ]
+    assert [len(call) for call in calls[1:4]] == [3, 2, 3]
+    by_name = {result.workload: result for result in results}
+    assert by_name[TTFT_ONE].output_tokens == 2 and len(by_name[TTFT_ONE].seconds) == 2
+    assert by_name[FOUR_IMAGES].output_tokens == 2 * SIZES.max_tokens
