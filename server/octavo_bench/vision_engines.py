@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from octavo import LLM, SamplingParams
+from octavo.model_executor.image_embeds import EncoderCache
 from octavo_bench.report import HF, OCTAVO
 from octavo_bench.vision_report import VisionResult
 from octavo_bench.vision_workloads import THROUGHPUT, VisionWorkload
@@ -86,7 +87,7 @@ def run_octavo(
     cache = encoder_cache(llm)
     results, cache_use = [], {}
     for workload in workloads:
-        before = (cache.hits, cache.misses) if cache else (0, 0)
+        before = (cache.hits, cache.misses) if cache is not None else (0, 0)
         results.append(measure(OCTAVO, workload, generate))
         if cache is not None:
             cache_use[workload.name] = {
@@ -96,7 +97,7 @@ def run_octavo(
     return results, cache_use
 
 
-def encoder_cache(llm: LLM):
+def encoder_cache(llm: LLM) -> EncoderCache | None:
     """The in-process model runner's encoder cache, or None."""
     worker = getattr(llm.engine.executor, "worker", None)
     runner = getattr(worker, "runner", None)
@@ -131,7 +132,9 @@ def hf_generate(folder: Path, dtype: str) -> Generate:
     return generate
 
 
-def run_hf(folder: Path, dtype: str, workloads: list[VisionWorkload], warmup: VisionWorkload):
+def run_hf(
+    folder: Path, dtype: str, workloads: list[VisionWorkload], warmup: VisionWorkload
+) -> list[VisionResult]:
     generate = hf_generate(folder, dtype)
     generate(warmup, list(range(warmup.num_requests)))
     return [measure(HF, workload, generate) for workload in workloads]
