@@ -281,3 +281,19 @@ def test_server_text_only_model_refuses_images_with_400(tiny_folder):
         response = post_chat(server.url, image_message(data_url(IMAGES[0])), model="tiny")
     assert response.status_code == 400, response.text
     assert "text-only" in response.json()["error"]["message"]
+
+
+def test_the_openai_client_sends_base64_images_whole_and_streamed(llava_url, llava):
+    """The `openai` package as a user runs it: an image_url part holding a base64 PNG."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{llava_url}/v1", api_key="unused", max_retries=0)
+    messages = image_message(data_url(IMAGES[1]), text="Describe it")
+    expected = llava.chat(messages, GREEDY, use_tqdm=False)[0].outputs[0].text
+    settings = {"model": "llava", "messages": messages, "max_tokens": NEW_TOKENS}
+    settings |= {"temperature": 0, "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**settings)
+    assert whole.choices[0].message.content == expected
+    stream = client.chat.completions.create(**settings, stream=True)
+    parts = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert "".join(parts) == expected and len(parts) > 1
