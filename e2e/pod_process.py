@@ -46,6 +46,12 @@ def dockerfile_env(target: str, dockerfile: Path = REPO_ROOT / "Dockerfile") -> 
     return env
 
 
+# The pods share one 2-core, 24 GiB test machine with each other and with the unit suite
+# (a kubelet would give each its own node): each `octavo serve` gets 256 MiB of KV cache
+# instead of the CPU default of 2 GiB, which it zero-fills at start (three router pods held
+# 6 GiB, and the machine ran out of memory beside the unit suite). The image's and the
+# container's env still override it.
+POD_MACHINE_ENV = {"OCTAVO_KV_CACHE_MEMORY": "256MiB"}
 # A probe's wait ends on average half of this after the server is up (a GET is cheap).
 PROBE_POLL_SECONDS = 0.25
 WILDCARD_ENDPOINT = re.compile(r"tcp://\*:(\d+)")
@@ -92,7 +98,7 @@ class PodProcess:
         return value
 
     def environment(self, image_env: dict[str, str]) -> dict[str, str]:
-        env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
+        env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **POD_MACHINE_ENV}
         env.update({k: self.rewrite(v) for k, v in image_env.items()})
         for var in self.container.get("env") or []:
             if "value" in var:

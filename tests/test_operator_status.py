@@ -149,3 +149,11 @@ def test_first_observation_is_an_event_only_when_degraded():
     assert transitions([], starting) == []
     broken = [Condition("Degraded", True, "ClaimNotFound", "no claim")]
     assert transitions([], broken) == broken
+
+
+def test_a_first_status_that_cannot_be_scheduled_is_an_event():
+    """Seen first (the pod was unschedulable before the first status write, as on a busy
+    operator), InsufficientGPU still gets its Warning: no later transition would post it."""
+    for reason in ("InsufficientGPU", "Unschedulable"):
+        stuck = [Condition("Progressing", False, reason, "no node can take the pod")]
+        assert transitions([], stuck) == stuck

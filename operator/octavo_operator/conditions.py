@@ -10,7 +10,9 @@ READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 ROUTER_READY = "RouterReady"  # with spec.router: the InferencePool and its endpoint picker
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
 # Reasons that are bad news on a first observation too (an Event the moment they are seen).
-ALARMING_REASONS = frozenset({"InferencePoolAPIMissing"})
+# Bad news even when it is the first thing seen of a service: a service whose pods the
+# scheduler can never place may show it in its very first status (no transition follows).
+ALARMING_REASONS = frozenset({"InferencePoolAPIMissing", "InsufficientGPU", "Unschedulable"})
 
 
 @dataclass(frozen=True)
