@@ -37,8 +37,11 @@ trap stop_background EXIT
 # (GNU nproc answers OMP_NUM_THREADS when it is set: 1 here, so it is asked without it.)
 workers="${OCTAVO_TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 if [ "$workers" -gt 4 ]; then workers=4; fi
+# A crashed worker (killed for memory, say) ends the run at once, reported: xdist's
+# replacement worker with --dist loadfile left the run waiting forever (seen once, idle
+# for 30 minutes after an out-of-memory kill).
 unit=0
-"$BIN/python" -m pytest -q -n "$workers" --dist loadfile || unit=$?
+"$BIN/python" -m pytest -q -n "$workers" --dist loadfile --max-worker-restart 0 || unit=$?
 
 echo "== waiting for the control-plane build, the e2e suite beside the unit suite, and checkov"
 status=0
