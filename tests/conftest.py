@@ -26,6 +26,10 @@ from tiny_models import build_tiny_model
 # The native kernels compile once per test session: a test (or a server process it starts)
 # that points OCTAVO_CACHE at a fresh folder still loads them from the session's folder.
 os.environ.setdefault(KERNELS_DIR_ENV, str(kernels_dir()))
+# A CPU engine's KV cache defaults to 2 GiB per worker, zero-filled at start: two xdist
+# workers each running a tensor-parallel pair, beside the e2e pods, ran CI's 24 GiB machine
+# out of memory. Tests (and the servers they start) that set no size get 512 MiB.
+os.environ.setdefault("OCTAVO_KV_CACHE_MEMORY", "512MiB")
 # Without a GPU, Triton kernels run only under its interpreter: set it before anything
 # (transformers' MoE models too) imports triton, so test order cannot matter.
 if not torch.cuda.is_available():

@@ -114,12 +114,24 @@ def test_kv_cache_memory_is_given_when_it_fits_and_refused_when_not():
         requested_budget(MEMORY, 61 * GiB, 2 * GiB, "cuda:0")
 
 
-def test_the_builder_passes_kv_cache_memory_to_gpu_workers():
+def test_the_builder_passes_kv_cache_memory_to_gpu_workers(monkeypatch):
+    monkeypatch.delenv("OCTAVO_KV_CACHE_MEMORY", raising=False)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     args = EngineArgs(kv_cache_memory=3 * GiB, max_num_seqs=32)
     assert kv_budget(args, cuda, 2, 1024) == KVBudget(3 * GiB, 0.9, 2048, 32, 2)
     assert kv_budget(EngineArgs(), cuda, 0, 1024).kv_cache_bytes is None  # the utilization sizes it
     assert kv_budget(EngineArgs(), cpu, 0, 1024).kv_cache_bytes == DEFAULT_CPU_KV_CACHE_MEMORY
+
+
+def test_the_offline_engine_reads_the_servers_kv_cache_variable_on_cpu(monkeypatch):
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setenv("OCTAVO_KV_CACHE_MEMORY", "96MiB")
+    assert kv_budget(EngineArgs(), cpu, 0, 1024).kv_cache_bytes == 96 * 2**20
+    assert kv_budget(EngineArgs(kv_cache_memory=GiB), cpu, 0, 1024).kv_cache_bytes == GiB
+    assert kv_budget(EngineArgs(), cuda, 0, 1024).kv_cache_bytes is None
+    monkeypatch.setenv("OCTAVO_KV_CACHE_MEMORY", "lots")
+    with pytest.raises(ValueError, match="OCTAVO_KV_CACHE_MEMORY: not a size in bytes: 'lots'"):
+        kv_budget(EngineArgs(), cpu, 0, 1024)
 
 
 def gpu_worker(monkeypatch, kv_cache_dtype: str = "auto") -> Worker:

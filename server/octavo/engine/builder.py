@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from octavo.arg_types import parse_size
 from octavo.compilation.compiled_model import CompileSettings, compile_decision
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.distributed.node_layout import NodeLayout
@@ -36,6 +39,8 @@ from octavo.spec_decode.draft_checks import resolve_draft
 from octavo.worker.worker import KVBudget, WorkerConfig
 
 logger = logging.getLogger(__name__)
+
+KV_CACHE_MEMORY_ENV = "OCTAVO_KV_CACHE_MEMORY"
 
 
 @dataclass
@@ -220,11 +225,12 @@ def lora_config(args: EngineArgs) -> LoRAConfig | None:
 def kv_budget(
     args: EngineArgs, device: torch.device, num_speculative_tokens: int, max_model_len: int
 ) -> KVBudget:
-    """The workers' KV budget: ``--kv-cache-memory`` bytes wherever it is given (CPU
-    default 2 GiB), else on a GPU the ``--gpu-memory-utilization`` share."""
+    """The workers' KV budget: ``--kv-cache-memory`` bytes wherever it is given (on CPU
+    else ``$OCTAVO_KV_CACHE_MEMORY``, the server's variable, for the offline ``LLM`` too;
+    else 2 GiB), else on a GPU the ``--gpu-memory-utilization`` share."""
     kv_bytes = args.kv_cache_memory
     if kv_bytes is None and device.type != "cuda":
-        kv_bytes = DEFAULT_CPU_KV_CACHE_MEMORY
+        kv_bytes = cpu_kv_cache_default()
     return KVBudget(
         kv_bytes,
         args.gpu_memory_utilization,
@@ -232,6 +238,17 @@ def kv_budget(
         args.max_num_seqs,
         num_speculative_tokens,
     )
+
+
+def cpu_kv_cache_default() -> int:
+    """``$OCTAVO_KV_CACHE_MEMORY`` when set (a bad value is refused, naming it), else 2 GiB."""
+    text = os.environ.get(KV_CACHE_MEMORY_ENV)
+    if not text:
+        return DEFAULT_CPU_KV_CACHE_MEMORY
+    try:
+        return parse_size(text)
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(f"{KV_CACHE_MEMORY_ENV}: {error}") from None
 
 
 def _initialize_cache(
