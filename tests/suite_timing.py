@@ -82,7 +82,7 @@ def worker_lines(reports: list) -> list[str]:
     spans: dict[str, list[float]] = {}
     for report in reports:
         start, stop = getattr(report, "start", None), getattr(report, "stop", None)
-        if start is None or stop is None:
+        if not start or not stop:  # none, or 0 on the report xdist makes for a crashed worker
             continue
         first, last, busy = spans.get(worker_of(report), [start, stop, 0.0])
         spans[worker_of(report)] = [min(first, start), max(last, stop), busy + report.duration]

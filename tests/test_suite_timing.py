@@ -74,6 +74,7 @@ def test_each_worker_s_busy_time_is_set_against_its_span():
         FakeReport("tests/test_b.py::z", 4.0, start=102.0, stop=106.0, worker_id="gw1"),
         FakeReport("tests/test_b.py::w", 4.0, start=146.0, stop=150.0, worker_id="gw1"),
         FakeReport("tests/test_c.py::v", 1.0),  # no timestamps: left out
+        FakeReport("tests/test_d.py::u", 0.0, start=0.0, stop=0.0, worker_id="gw1"),  # crashed
     ]
     assert suite_timing.worker_lines(reports) == [
         "gw0: busy 15 s of 15 s (first test at +0 s)",
