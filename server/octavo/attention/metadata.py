@@ -28,6 +28,11 @@ class AttentionMetadata:
     # also see the later keys of the same range (an image's placeholders attend both ways);
     # None for a step without any (every other model): plain causal attention.
     bidirectional_spans: list[list[tuple[int, int]]] | None = None
+    # State layers (kv_cache/state_slots.py): each sequence's state slot, in this step's
+    # sequence order, and whether it computed tokens before this step (its slot holds
+    # their state; False: start from zeros). None for models without state layers.
+    state_slots: torch.Tensor | None = None  # [num_seqs] int64
+    state_has_initial: torch.Tensor | None = None  # [num_seqs] bool
 
     @property
     def num_seqs(self) -> int:
