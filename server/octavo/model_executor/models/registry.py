@@ -31,6 +31,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
+    "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
     "SmolVLMForConditionalGeneration": ("idefics3", "SmolVLMForConditionalGeneration"),
