@@ -1,0 +1,127 @@
+"""The Mamba2 mixer (``layers/state/mamba2_mixer``) against transformers' Granite 4.0
+hybrid Mamba layer with the same weights: sequences fed in pieces (prefill chunks that
+cross the SSD block size, then batched decodes, stale slots of fresh sequences ignored)
+equal HF's no-cache forward of each whole sequence, and each slot ends holding the
+sequence's final states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo.attention.metadata import AttentionMetadata
+from octavo.model_executor.layers.state.mamba2_mixer import Mamba2Mixer, Mamba2Spec
+
+SHAPES = {  # 4 heads of 16 in 2 groups, blocks of 8 tokens
+    "hidden_size": 32,
+    "mamba_n_heads": 4,
+    "mamba_n_groups": 2,
+    "mamba_d_state": 8,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 8,
+    "num_hidden_layers": 1,
+    "layer_types": ["mamba"],
+    "vocab_size": 64,
+}
+LENGTHS = (21, 6, 13)
+SLOTS = (3, 1, 4)
+STEPS = [  # per step: (sequence, first token, tokens), prefill chunks before decodes
+    [(0, 0, 11), (1, 0, 4)],
+    [(0, 11, 9), (2, 0, 12), (1, 4, 1)],
+    [(0, 20, 1), (1, 5, 1), (2, 12, 1)],
+]
+
+
+def step_meta(pieces: list[tuple[int, int, int]]) -> AttentionMetadata:
+    """A step's metadata as far as a state layer reads it."""
+    lengths = [count for _, _, count in pieces]
+    starts = [0]
+    for count in lengths:
+        starts.append(starts[-1] + count)
+    num_prefills = sum(1 for count in lengths if count > 1)
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
+        block_tables=torch.zeros(len(pieces), 1, dtype=torch.int32),
+        seq_lens=torch.tensor([first + n for _, first, n in pieces], dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        num_prefills=num_prefills,
+        num_prefill_tokens=starts[num_prefills],
+        query_lens_list=lengths,
+        query_start_loc_list=starts[:-1],
+        seq_lens_list=[first + n for _, first, n in pieces],
+        max_seq_len=max(first + n for _, first, n in pieces),
+        state_slots=torch.tensor([SLOTS[seq] for seq, _, _ in pieces]),
+        state_has_initial=torch.tensor([first > 0 for _, first, _ in pieces]),
+    )
+
+
+def hf_layer(**overrides):
+    from transformers import GraniteMoeHybridConfig
+    from transformers.models.granitemoehybrid.modeling_granitemoehybrid import (
+        GraniteMoeHybridMambaLayer,
+    )
+
+    config = GraniteMoeHybridConfig(**{**SHAPES, **overrides})
+    torch.manual_seed(0)
+    layer = GraniteMoeHybridMambaLayer(config, 0).eval()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.normal_(0.0, 0.2)
+    return config, layer
+
+
+def octavo_mixer(config, layer) -> Mamba2Mixer:
+    spec = Mamba2Spec(
+        hidden_size=config.hidden_size,
+        num_heads=config.mamba_n_heads,
+        head_dim=config.mamba_d_head,
+        state_size=config.mamba_d_state,
+        n_groups=config.mamba_n_groups,
+        conv_kernel=config.mamba_d_conv,
+        chunk_size=config.mamba_chunk_size,
+        norm_eps=config.rms_norm_eps,
+        conv_bias=config.mamba_conv_bias,
+        proj_bias=config.mamba_proj_bias,
+    )
+    mixer = Mamba2Mixer(spec, lambda: None)
+    filled = set()
+    for name, tensor in layer.state_dict().items():
+        filled.update(mixer.load_checkpoint_tensor(name, tensor))
+    assert filled == mixer.expected_keys()
+    return mixer
+
+
+@pytest.mark.parametrize("proj_bias", [False, True])
+def test_pieces_match_whole_sequences(proj_bias):
+    config, layer = hf_layer(mamba_proj_bias=proj_bias)
+    mixer = octavo_mixer(config, layer)
+    generator = torch.Generator().manual_seed(1)
+    seqs = [torch.randn(n, config.hidden_size, generator=generator) for n in LENGTHS]
+    with torch.no_grad():
+        expected = [layer(seq[None])[0] for seq in seqs]
+    conv_shape, ssm_shape = mixer.state_spec().shapes
+    state = (torch.randn(6, *conv_shape), torch.randn(6, *ssm_shape))  # stale slots
+    for step in STEPS:
+        meta = step_meta(step)
+        hidden = torch.cat([seqs[seq][first : first + n] for seq, first, n in step])
+        with torch.no_grad():
+            out = mixer(hidden, state, meta)
+        want = torch.cat([expected[seq][first : first + n] for seq, first, n in step])
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    assert_final_states(config, layer, seqs, state)
+
+
+def assert_final_states(config, layer, seqs, state) -> None:
+    """Each slot holds what HF's cache holds after its whole sequence."""
+    from transformers import DynamicCache
+
+    conv_state, ssm_state = state
+    for seq, slot in zip(seqs, SLOTS, strict=True):
+        cache = DynamicCache(config=config)
+        with torch.no_grad():
+            layer(seq[None], cache=cache)
+        hf_conv = cache.get_conv_state(0, state_idx=0)[0]
+        hf_ssm = cache.get_recurrent_state(0, state_idx=0)[0]
+        torch.testing.assert_close(conv_state[slot], hf_conv[:, 1:])
+        torch.testing.assert_close(ssm_state[slot], hf_ssm, rtol=1e-4, atol=1e-4)
