@@ -83,8 +83,9 @@ class TorchAttention:
         options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:
         """The decoding sequences' single queries ``[num_decodes, heads, head_dim]``."""
-        window = options.sliding_window
-        plan = meta.backend_cache.get(("decode_plan", window))
+        window, chunk = options.sliding_window, options.chunk_size
+        key = ("decode_plan", window) if chunk is None else ("decode_plan", window, chunk)
+        plan = meta.backend_cache.get(key)
         if plan is None:  # same for every layer with this window: derive once per step
             first = meta.num_prefills
             plan = torch_ops.decode_gather_plan(
@@ -93,8 +94,9 @@ class TorchAttention:
                 kv_cache.shape[2],
                 query.dtype,
                 window,
+                chunk,
             )
-            meta.backend_cache[("decode_plan", window)] = plan
+            meta.backend_cache[key] = plan
         slots, mask = plan
         return torch_ops.grouped_decode_attention(
             query, kv_cache, slots, mask, scale, kv_scales, options

@@ -1,6 +1,8 @@
 """CPU attention with the native kernels: keys/values stored and decode attention read
-straight from the cache blocks (no gather). Prefill chunks take the torch path. An fp8
-cache is written and read by the kernels too (``kv_quant``'s conversions, bit for bit)."""
+straight from the cache blocks (no gather). Prefill chunks take the torch path, and so do
+the decodes of chunked local attention (the kernel's window is one length for the whole
+batch; a chunk's visible span differs per sequence). An fp8 cache is written and read by
+the kernels too (``kv_quant``'s conversions, bit for bit)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ class NativeCpuAttention(TorchAttention):
         kv_scales: KVScales = UNIT_SCALES,
         options: AttentionOptions = FULL_ATTENTION,
     ) -> torch.Tensor:
+        if options.chunk_size is not None:
+            return super().decode(query, kv_cache, meta, scale, kv_scales, options)
         first = meta.num_prefills
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         self.ops.paged_decode_attention(

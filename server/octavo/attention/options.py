@@ -1,8 +1,9 @@
 """What one layer's attention does beyond plain causal softmax attention.
 
 Architectures differ per layer: a sliding window (Mistral, Gemma 2/3, gpt-oss, Phi-3),
-logit soft-capping (Gemma 2), attention sinks (gpt-oss). Every backend (torch, native
-CPU, Triton) takes the same ``AttentionOptions``; the torch path is the reference.
+logit soft-capping (Gemma 2), attention sinks (gpt-oss), chunked local attention (Llama 4).
+Every backend (torch, native CPU, Triton) takes the same ``AttentionOptions``; the torch
+path is the reference.
 """
 
 from __future__ import annotations
@@ -23,10 +24,20 @@ class AttentionOptions:
     # ``[num_heads]`` float32, this rank's query heads: one extra logit per head that joins
     # the softmax's denominator and attends to nothing (gpt-oss's learned sinks).
     sinks: torch.Tensor | None = None
+    # Chunked local attention (Llama 4's ``attention_chunk_size`` on its rope layers): the
+    # query at position ``p`` sees only keys in ``[floor(p / chunk) * chunk, p]``. The KV
+    # blocks before a sequence's current chunk are not freed yet (they stay allocated until
+    # the sequence ends; a hybrid cache manager's chunked group will free them).
+    chunk_size: int | None = None
 
     @property
     def is_plain(self) -> bool:
-        return self.sliding_window is None and self.soft_cap is None and self.sinks is None
+        return (
+            self.sliding_window is None
+            and self.soft_cap is None
+            and self.sinks is None
+            and self.chunk_size is None
+        )
 
 
 FULL_ATTENTION = AttentionOptions()

@@ -7,7 +7,8 @@ by ``k_scale`` and the output by ``v_scale`` instead of rescaling every stored v
 
 Every attention function takes the layer's ``AttentionOptions``. Plain layers and
 window-only layers go through ``scaled_dot_product_attention`` (a window is a boolean
-mask); soft-capping and sinks, which SDPA lacks, take an explicit fp32 softmax.
+mask, and so is a chunk of chunked local attention); soft-capping and sinks, which SDPA
+lacks, take an explicit fp32 softmax.
 """
 
 from __future__ import annotations
@@ -76,12 +77,13 @@ def visible_keys(
     key_pos: torch.Tensor,
     window: int | None,
     spans: Sequence[tuple[int, int]] = (),
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """``[Q, K]`` bool: key ``j`` is visible to query ``i`` iff ``i - window < j <= i``.
 
     ``spans``: position ranges ``[first, end)`` whose queries also see the range's later
     keys (Gemma 3's images); the window still applies (transformers' AND(window, OR(causal,
-    block)))."""
+    block))). ``chunk``: also ``j >= floor(i / chunk) * chunk`` (chunked local attention)."""
     visible = key_pos[None, :] <= query_pos[:, None]
     for first, end in spans:
         in_query = (query_pos >= first) & (query_pos < end)
@@ -89,6 +91,8 @@ def visible_keys(
         visible |= in_query[:, None] & in_key[None, :]
     if window is not None:
         visible &= key_pos[None, :] > query_pos[:, None] - window
+    if chunk is not None:
+        visible &= key_pos[None, :] >= (query_pos[:, None] // chunk) * chunk
     return visible
 
 
@@ -200,7 +204,7 @@ def paged_decode_attention(
     keys, values = gather_kv(kv_cache, block_tables, max_seq_len)
     positions = torch.arange(max_seq_len, device=query.device)
     last = seq_lens[:, None].to(positions.dtype) - 1
-    mask = visible_keys(last.view(-1), positions, options.sliding_window)
+    mask = visible_keys(last.view(-1), positions, options.sliding_window, (), options.chunk_size)
     mask = mask.view(-1, 1, 1, max_seq_len)
     out = _attend_visible(query.unsqueeze(2), keys, values, scale, scales, options, mask)
     return out.squeeze(2)
@@ -223,7 +227,9 @@ def causal_attention(
         out = _attend(q, k, v, scale, scales, is_causal=True, enable_gqa=True)
     else:
         positions = torch.arange(query.shape[0], device=query.device)
-        visible = visible_keys(positions, positions, options.sliding_window, spans)
+        visible = visible_keys(
+            positions, positions, options.sliding_window, spans, options.chunk_size
+        )
         out = _attend_visible(q, k, v, scale, scales, options, visible)
     return out[0].transpose(0, 1)
 
@@ -241,8 +247,9 @@ def prefill_attention(
     """Causal attention of one prefill chunk over its cached prefix and itself.
 
     ``query [Q, heads, head_dim]`` holds the last ``Q`` tokens of a context of ``seq_len``
-    tokens whose keys/values are already in the cache. A window reads only the keys some
-    query of the chunk can see. ``spans``: position ranges attended both ways.
+    tokens whose keys/values are already in the cache. A window (or an attention chunk)
+    reads only the keys some query of the chunk can see. ``spans``: position ranges
+    attended both ways.
     """
     num_queries = query.shape[0]
     keys, values = gather_kv(kv_cache, block_table[None], seq_len)
@@ -253,10 +260,14 @@ def prefill_attention(
     first_key = 0
     if options.sliding_window is not None:
         first_key = max(0, seq_len - num_queries - options.sliding_window + 1)
-        keys, values = keys[:, :, first_key:], values[:, :, first_key:]
+    if options.chunk_size is not None:
+        first_key = max(
+            first_key, (seq_len - num_queries) // options.chunk_size * options.chunk_size
+        )
+    keys, values = keys[:, :, first_key:], values[:, :, first_key:]
     query_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
     key_pos = torch.arange(first_key, seq_len, device=query.device)
-    visible = visible_keys(query_pos, key_pos, options.sliding_window, spans)
+    visible = visible_keys(query_pos, key_pos, options.sliding_window, spans, options.chunk_size)
     out = _attend_visible(q, keys, values, scale, scales, options, visible)
     return out[0].transpose(0, 1)
 
@@ -267,17 +278,17 @@ def decode_gather_plan(
     block_size: int,
     dtype: torch.dtype,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cache slots of every visible context position of each decoding sequence.
 
-    Without a window that is the whole context; with one, the last ``window`` positions.
+    Without a window that is the whole context; with one, the last ``window`` positions;
+    with an attention chunk, the positions of the last token's chunk.
     Returns ``slots [B * L]`` (padding points at slot 0 of the null block) and an additive
     mask ``[B, 1, 1, L]`` that hides the padding. Every layer with this window reuses both.
     """
-    max_len = int(seq_lens.max())
-    width = max_len if window is None else min(window, max_len)
     lens = seq_lens.long()
-    starts = (lens - width).clamp(min=0) if window is not None else torch.zeros_like(lens)
+    width, starts = _visible_span(lens, int(seq_lens.max()), window, chunk)
     positions = starts[:, None] + torch.arange(width, device=block_tables.device)[None, :]
     valid = positions < lens[:, None]
     positions = torch.where(valid, positions, 0)
@@ -286,6 +297,18 @@ def decode_gather_plan(
     mask = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
     mask = mask.masked_fill(~valid, float("-inf"))[:, None, None, :]
     return slots, mask
+
+
+def _visible_span(
+    lens: torch.Tensor, max_len: int, window: int | None, chunk: int | None
+) -> tuple[int, torch.Tensor]:
+    """The gathered width and each decoding sequence's first visible position."""
+    width, starts = max_len, torch.zeros_like(lens)
+    if window is not None:
+        width, starts = min(width, window), (lens - window).clamp(min=0)
+    if chunk is not None:
+        width, starts = min(width, chunk), torch.maximum(starts, (lens - 1) // chunk * chunk)
+    return width, starts
 
 
 def grouped_decode_attention(

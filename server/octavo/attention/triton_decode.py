@@ -28,6 +28,7 @@ from octavo.attention.triton_kernels import (
     LOG2E,
     _cache_strides,
     _dot_dtype,
+    _first_visible,
     _kv_tile_ptrs,
     _last_dim_contiguous,
     _load_kv,
@@ -72,6 +73,7 @@ def _decode_kernel(
     window,
     soft_cap,
     sinks_ptr,
+    chunk,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
     DIM_P2: tl.constexpr,
@@ -81,13 +83,15 @@ def _decode_kernel(
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
     SINKS: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Single pass, program ``(seq, kv_head)``: the ``GROUP`` query heads sharing one kv head.
 
     ``WINDOW``: only the last ``window`` positions are visible and the loop starts at the
-    tile holding the first of them. ``SOFT_CAP``: scores become ``soft_cap * tanh(s /
-    soft_cap)`` (``soft_cap`` in the log2 domain). ``SINKS``: each head's sink logit starts
-    the softmax's running max and denominator.
+    tile holding the first of them; ``CHUNK``: likewise from the start of the new token's
+    attention chunk (``floor(pos / chunk) * chunk``). ``SOFT_CAP``: scores become
+    ``soft_cap * tanh(s / soft_cap)`` (``soft_cap`` in the log2 domain). ``SINKS``: each
+    head's sink logit starts the softmax's running max and denominator.
     """
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -100,13 +104,11 @@ def _decode_kernel(
     q = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32) * qk_scale
     m_i, l_i = _softmax_init(sinks_ptr, heads, offs_g < GROUP, GROUP_P2, SINKS)
     acc = tl.zeros([GROUP_P2, DIM_P2], tl.float32)
-    first = 0
-    if WINDOW:
-        first = tl.maximum(seq_len - window, 0)
+    first = _first_visible(seq_len - 1, window, chunk, WINDOW, CHUNK)
     for start in range(first // BLOCK_N * BLOCK_N, seq_len, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < seq_len
-        if WINDOW:
+        if WINDOW or CHUNK:
             mask_n = mask_n & (offs_n >= first)
         ptrs = _kv_tile_ptrs(
             cache_ptr,
@@ -169,12 +171,19 @@ def _tile_rows(
 
 
 @triton.jit
-def _split_bounds(seq_len, window, split, num_splits, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+def _split_bounds(
+    seq_len,
+    window,
+    chunk,
+    split,
+    num_splits,
+    BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """``(first visible position, chunk start, chunk end)`` of split ``split``: the tiles
     holding visible positions, shared out evenly (a split may get none: start >= end)."""
-    first = 0
-    if WINDOW:
-        first = tl.maximum(seq_len - window, 0)
+    first = _first_visible(seq_len - 1, window, chunk, WINDOW, CHUNK)
     first_tile = first // BLOCK_N
     tiles = tl.cdiv(seq_len, BLOCK_N) - first_tile
     per_split = tl.cdiv(tiles, num_splits)
@@ -202,6 +211,7 @@ def _split_kernel(
     head_dim,
     window,
     soft_cap,
+    chunk,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     DIM_P2: tl.constexpr,
@@ -212,6 +222,7 @@ def _split_kernel(
     PRECISION: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Program ``(seq, kv_head, split)``: the ``GROUP`` query heads of one kv head over one
     chunk of the context (``_split_bounds``), as ``BLOCK_H`` (>= 16) rows of two ``tl.dot``s.
@@ -225,7 +236,7 @@ def _split_kernel(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    first, lo, hi = _split_bounds(seq_len, window, split, num_splits, BLOCK_N, WINDOW)
+    first, lo, hi = _split_bounds(seq_len, window, chunk, split, num_splits, BLOCK_N, WINDOW, CHUNK)
     offs_g = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, DIM_P2)
     heads = kv_head * GROUP + offs_g

@@ -190,6 +190,18 @@ def _soft_cap(scores, cap):
 
 
 @triton.jit
+def _first_visible(pos, window, chunk, WINDOW: tl.constexpr, CHUNK: tl.constexpr):
+    """The first key position the query at ``pos`` sees: 0, its window's first or its
+    attention chunk's first (``floor(pos / chunk) * chunk``), whichever is latest."""
+    first = pos * 0
+    if WINDOW:
+        first = tl.maximum(pos - window + 1, 0)
+    if CHUNK:
+        first = tl.maximum(first, pos // chunk * chunk)
+    return first
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,
     cache_ptr,
@@ -212,6 +224,7 @@ def _prefill_kernel(
     window,
     soft_cap,
     sinks_ptr,
+    chunk,
     GROUP: tl.constexpr,
     DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -223,13 +236,15 @@ def _prefill_kernel(
     WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr,
     SINKS: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Program ``(chunk, query tile, head)``: ``BLOCK_M`` queries of one prefill chunk.
 
     The two matmuls take ``DOT_DTYPE`` operands and accumulate in fp32; ``PRECISION`` is
     "ieee" for fp32 operands so they are not rounded to TF32. The options are those of
-    ``triton_decode._decode_kernel``; with a window the loop starts at the tile holding the
-    first key the tile's earliest query sees.
+    ``triton_decode._decode_kernel``; with a window or an attention chunk (``CHUNK``: each
+    query sees keys from ``floor(pos / chunk) * chunk`` on) the loop starts at the tile
+    holding the first key the tile's earliest query sees.
     """
     seq = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -250,13 +265,11 @@ def _prefill_kernel(
     m_i, l_i = _softmax_init(sinks_ptr, heads, offs_m >= 0, BLOCK_M, SINKS)
     acc = tl.zeros([BLOCK_M, DIM_P2], tl.float32)
     kv_end = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)  # causal horizon
-    first = 0
-    if WINDOW:
-        first = tl.maximum(seq_len - q_len + tile * BLOCK_M - window + 1, 0)
+    first = _first_visible(seq_len - q_len + tile * BLOCK_M, window, chunk, WINDOW, CHUNK)
     for start in range(first // BLOCK_N * BLOCK_N, kv_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
-        if WINDOW:
+        if WINDOW or CHUNK:
             mask_n = mask_n & (offs_n >= first)
         ptrs = _kv_tile_ptrs(
             cache_ptr,
@@ -279,6 +292,8 @@ def _prefill_kernel(
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        if CHUNK:
+            visible = visible & (offs_n[None, :] >= (q_pos // chunk * chunk)[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         p, alpha, m_i, l_i = _online_softmax(scores, m_i, l_i)
         pv = tl.dot(p.to(DOT_DTYPE), v, input_precision=PRECISION)
@@ -312,8 +327,11 @@ def kernel_options(options: AttentionOptions, query: torch.Tensor) -> dict[str, 
     ``query [T, heads, head_dim]`` gives the head count the sinks must match and their device.
     """
     window, soft_cap, sinks = options.sliding_window, options.soft_cap, options.sinks
+    chunk = options.chunk_size
     if window is not None and window < 1:
         raise ValueError(f"sliding_window must be at least 1, got {window}")
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk}")
     if soft_cap is not None and not soft_cap > 0:
         raise ValueError(f"soft_cap must be positive, got {soft_cap}")
     if sinks is not None:
@@ -324,9 +342,11 @@ def kernel_options(options: AttentionOptions, query: torch.Tensor) -> dict[str, 
         "window": window or 0,
         "soft_cap": (soft_cap or 1.0) * LOG2E,  # the kernels' scores are in the log2 domain
         "sinks_ptr": sinks,
+        "chunk": chunk or 1,
         "WINDOW": window is not None,
         "SOFT_CAP": soft_cap is not None,
         "SINKS": sinks is not None,
+        "CHUNK": chunk is not None,
     }
 
 

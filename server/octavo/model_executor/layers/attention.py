@@ -63,7 +63,8 @@ class Attention(nn.Module):
 
     def options(self) -> AttentionOptions:
         sinks = None if self.sinks is None else self.sinks.float()
-        return AttentionOptions(self.spec.sliding_window, self.spec.soft_cap, sinks)
+        spec = self.spec
+        return AttentionOptions(spec.sliding_window, spec.soft_cap, sinks, spec.chunk_size)
 
     def forward(
         self,

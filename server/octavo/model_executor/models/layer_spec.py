@@ -31,6 +31,7 @@ class AttentionSpec:
     sliding_window: int | None = None
     soft_cap: float | None = None
     sinks: bool = False  # gpt-oss: a learned per-head logit in every softmax
+    chunk_size: int | None = None  # Llama 4: chunked local attention (``AttentionOptions``)
 
 
 @dataclass(frozen=True)
