@@ -23,12 +23,17 @@ from octavo.kv_cache.block_hash import BlockHasher
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.kv_cache.sliding_window import max_blocks_per_sequence
+from octavo.kv_cache.state_slots import StateSlots
 from octavo.lora.config import LoRAConfig
 from octavo.model_executor.context_length import context_length_of
 from octavo.model_executor.hub import served_name
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.models.registry import is_pooling_architecture, keeps_images_whole
+from octavo.model_executor.models.registry import (
+    has_state_layers,
+    is_pooling_architecture,
+    keeps_images_whole,
+)
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from octavo.pooling.model_defaults import read_pooler_config
 from octavo.pooling.runner import RunnerSettings, resolve_runner
@@ -76,6 +81,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     threads = args.num_threads or max(1, usable_cpus() // parallel.local_world_size)
     speculative = args.speculative_config
     draft = resolve_draft(speculative, config, max_model_len, parallel)
+    states = state_layer_settings(args, config, device)
     spec = WorkerConfig(
         folder,
         config,
@@ -92,7 +98,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         lora_config(args),
         args.kv_cache_dtype,
         args.tokenizer,
-        graph_sizes(args, device, parallel, speculative),
+        () if states else graph_sizes(args, device, parallel, speculative),
         args.load_format,
         compile_layers=compiles_layers(args, device, parallel, quantization),
     )
@@ -109,9 +115,13 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         raise
     events = args.kv_events_config
     pool = BlockPool(
-        num_blocks, args.enable_prefix_caching, events is not None and events.publishes
+        num_blocks,
+        args.enable_prefix_caching and not states,
+        events is not None and events.publishes,
     )
     kv = KVCacheManager(pool, args.block_size, window, hasher)
+    if states:  # one per sequence max_num_seqs runs, and the null slot 0
+        kv.state_slots = StateSlots(args.max_num_seqs + 1)
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
     budget = args.token_budget(device.type, max_model_len)
@@ -135,6 +145,26 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         folder,
         runner,
     )
+
+
+def state_layer_settings(args: EngineArgs, config: ModelConfig, device: torch.device) -> bool:
+    """Does the model have state layers (LFM2, Granite 4.0 hybrid, Qwen3-Next)? Then
+    speculative decoding is refused (a state cannot take back rejected proposals), and
+    prefix caching and decode CUDA graphs are off, one line each (states are not
+    checkpointed at block boundaries; the mixers run eagerly)."""
+    if not has_state_layers(config):
+        return False
+    name = config.architecture
+    if args.speculative_config is not None:
+        raise ValueError(
+            f"speculative decoding is not supported for {name}: its state layers keep one "
+            "state per sequence, which cannot take back rejected proposals"
+        )
+    if args.enable_prefix_caching:
+        logger.info("prefix caching off: %s's state layers are not checkpointed per block", name)
+    if device.type == "cuda" and not args.enforce_eager:
+        logger.info("decode CUDA graphs off: %s's state layers run eagerly", name)
+    return True
 
 
 def overlaps_steps(args: EngineArgs, parallel: ParallelConfig) -> bool:

@@ -85,6 +85,7 @@ def copy_blocks(kv_caches: list[torch.Tensor], copies: list[tuple[int, int]]) ->
     copied as bytes, so an fp8 cache's stored values (and their scales' meaning) stay."""
     if not copies:
         return
+    kv_caches = [cache for cache in kv_caches if isinstance(cache, torch.Tensor)]  # no states
     device = kv_caches[0].device
     sources = torch.tensor([src for src, _ in copies], device=device)
     targets = torch.tensor([dst for _, dst in copies], device=device)

@@ -15,6 +15,10 @@ request with the same prefix can still revive it until it is reused.
 
 When the pool records KV events, each call that registers blocks adds their
 ``BlockStored`` events (see ``stored_events``).
+
+A model with state layers (``state_slots``) also gives each sequence one state slot: taken
+with its first blocks (a sequence that cannot get one waits, as one short of blocks),
+freed with its blocks, copied when it forks.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from octavo.kv_cache.block_hash import BlockHash, BlockHasher, HashChain
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.free_block_queue import KVBlock
 from octavo.kv_cache.sliding_window import num_skipped_blocks
+from octavo.kv_cache.state_slots import StateSlots
 from octavo.kv_cache.stored_events import StoredRuns
 
 if TYPE_CHECKING:
@@ -65,6 +70,7 @@ class KVCacheManager:
         self.sliding_window = sliding_window  # every layer's window: blocks behind it are freed
         self.tables: dict[int, SequenceBlocks] = {}
         self.pending_copies: list[tuple[int, int]] = []  # (source block, destination block)
+        self.state_slots: StateSlots | None = None  # models with state layers (hybrid)
 
     def block_ids(self, seq_id: int) -> list[int]:
         """The sequence's block table as ids. The list is shared until its blocks change
@@ -121,7 +127,30 @@ class KVCacheManager:
         """
         if not cached and self._blocks_suffice(seq_id, num_computed, num_new):
             return True  # most decode steps: the slots are in blocks the sequence owns
+        if self.state_slots is not None and not self.state_slots.holds(seq_id):
+            return self._admit_with_state(seq_id, num_computed, num_new, cached)
         return self._allocate_slots(seq_id, num_computed, num_new, cached)
+
+    def _admit_with_state(
+        self, seq_id: int, num_computed: int, num_new: int, cached: list[KVBlock]
+    ) -> bool:
+        """A sequence new to a model with state layers: a state slot, then its blocks."""
+        assert self.state_slots is not None
+        if not self.state_slots.take(seq_id):
+            return False
+        if self._allocate_slots(seq_id, num_computed, num_new, cached):
+            return True
+        self.state_slots.free(seq_id)
+        return False
+
+    def state_slot(self, seq_id: int) -> int:
+        """The sequence's state slot (0, the null slot, for a model without state layers)."""
+        if self.state_slots is None:
+            return 0
+        return self.state_slots.slot_of[seq_id]
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        return [] if self.state_slots is None else self.state_slots.take_pending_copies()
 
     def _blocks_suffice(self, seq_id: int, num_computed: int, num_new: int) -> bool:
         """Do the blocks held already cover the new slots, with nothing to free (no
@@ -211,6 +240,8 @@ class KVCacheManager:
         shared = parent.blocks[: -(-num_computed // self.block_size)]
         self.pool.touch(self._real(shared))
         self.tables[child_id] = SequenceBlocks(list(shared), list(parent.hashes))
+        if self.state_slots is not None:
+            self.state_slots.fork(parent_id, child_id)
 
     def cache_full_blocks(
         self,
@@ -245,6 +276,8 @@ class KVCacheManager:
             stored.flush()
 
     def free(self, seq_id: int) -> None:
+        if self.state_slots is not None:
+            self.state_slots.free(seq_id)
         table = self.tables.pop(seq_id, None)
         if table is not None:
             self.pool.free(self._real(list(reversed(table.blocks))))

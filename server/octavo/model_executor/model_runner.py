@@ -32,6 +32,7 @@ from octavo.distributed.pipeline_comm import (
     send_to_next_stage,
 )
 from octavo.kv_cache.cache_tensors import copy_blocks
+from octavo.kv_cache.state_slots import copy_states, has_state_caches
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.decode_graphs import DecodeGraphs
 from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step_image_embeds
@@ -44,7 +45,13 @@ from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.pending_step import PendingStep
 from octavo.model_executor.pooling_rows import Partial, PoolingAccumulator, plan_pooling
 from octavo.model_executor.proposer import Proposer
-from octavo.model_executor.step_inputs import StepInputs, StepLayout, lay_out, step_inputs
+from octavo.model_executor.step_inputs import (
+    StepInputs,
+    StepLayout,
+    add_state_slots,
+    lay_out,
+    step_inputs,
+)
 from octavo.model_executor.vision.batching import on_device
 from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import ModelRunnerOutput
@@ -150,12 +157,14 @@ class ModelRunner:
         self.bidirectional_images = getattr(self.model, "bidirectional_images", False)
         # M-RoPE models (Qwen-VL): each prompt's 3-D positions; None for every other model
         self.mrope = MRopePositions(self.model) if supports_mrope(self.model) else None
+        self.has_state = has_state_caches(self.kv_caches)  # state layers: slots in the meta
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; returns the next token of every sequence that samples."""
         self._update_states(step)
         copy_blocks(self.kv_caches, step.block_copies)
+        copy_states(self.kv_caches, step.state_copies)
         if step.is_empty:
             return ModelRunnerOutput()
         self._pending_pool = {}
@@ -178,6 +187,7 @@ class ModelRunner:
         penalties, ``min_tokens`` and grammars see them as in a sequential run."""
         self._update_states(step)
         copy_blocks(self.kv_caches, step.block_copies)
+        copy_states(self.kv_caches, step.state_copies)
         launched = None
         if not step.is_empty:
             inputs = self.prepare(step.scheduled, len(step.prefills))
@@ -378,6 +388,8 @@ class ModelRunner:
         scored = self._prompt_scoring(scheduled, layout)
         inputs = step_inputs(layout, num_prefills, self.device, scored)
         inputs.lora = self._lora_batch(scheduled, layout)
+        if self.has_state:
+            add_state_slots(inputs.meta, scheduled, self.device)
         if self.mrope is not None:
             flat = self.mrope.step_positions(scheduled, layout.seq_starts, layout.positions)
             inputs.positions = flat.to(self.device)

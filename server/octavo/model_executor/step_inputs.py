@@ -135,6 +135,18 @@ def step_inputs(
     )
 
 
+def add_state_slots(
+    meta: AttentionMetadata, scheduled: list[ScheduledSequence], device: torch.device
+) -> None:
+    """State layers' fields of ``meta`` (models with state layers only): each sequence's
+    slot, and whether it computed tokens before this step (else its state starts at zero)."""
+    slots = [seq.state_slot for seq in scheduled]
+    started = [int(seq.num_computed_tokens > 0) for seq in scheduled]
+    packed = device_tensor(slots + started, torch.long, device)
+    meta.state_slots = packed[: len(slots)]
+    meta.state_has_initial = packed[len(slots) :].bool()
+
+
 def _on_device(lists: list[list[int]], dtype: torch.dtype, device: torch.device):
     """Each list as a tensor on ``device``: views of one packed tensor, copied once."""
     packed = device_tensor(list(itertools.chain.from_iterable(lists)), dtype, device)

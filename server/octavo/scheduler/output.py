@@ -43,6 +43,7 @@ class ScheduledSequence:
     sample: bool  # the chunk reaches the last known token, so a next token is sampled
     fork_seq_ids: list[int] = field(default_factory=list)  # children sampling from this row
     num_spec_tokens: int = 0  # the last ones of ``token_ids`` are proposals to verify
+    state_slot: int = 0  # models with state layers: the sequence's slot (0: the null slot)
 
     @property
     def is_speculative(self) -> bool:
@@ -59,6 +60,7 @@ class SchedulerOutput:
     decodes: list[ScheduledSequence] = field(default_factory=list)  # one token (+ proposals)
     new_sequences: list[NewSequenceData] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # forks' state slots
     finished_seq_ids: list[int] = field(default_factory=list)  # the runner may forget these
     preempted_seq_ids: list[int] = field(default_factory=list)
     unloaded_lora_ids: list[int] = field(default_factory=list)  # adapters the workers drop

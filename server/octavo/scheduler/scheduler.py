@@ -148,6 +148,7 @@ class Scheduler:
         for planned in plan:
             self._place(out, planned)
         out.block_copies = self.kv.take_pending_copies()
+        out.state_copies = self.kv.take_state_copies()
         out.finished_seq_ids, self._finished_ids = self._finished_ids, []
         out.unloaded_lora_ids = self._unloads_ready()
         out.computed_at_schedule = self.overlapped
@@ -325,6 +326,7 @@ class Scheduler:
             block_ids=self.kv.block_ids(seq.seq_id),
             sample=start + num_new == len(seq.token_ids) + seq.num_in_flight,
             num_spec_tokens=len(planned.spec),
+            state_slot=self.kv.state_slot(seq.seq_id),
         )
         if self.overlapped:  # counted now: the next step is planned before this one ends
             seq.num_computed_tokens += num_new

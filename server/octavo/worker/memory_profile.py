@@ -21,8 +21,9 @@ import torch
 
 from octavo.kv_cache.cache_tensors import KVShape, allocate_kv_caches
 from octavo.kv_cache.gpu_budget import StepRows
+from octavo.kv_cache.state_slots import has_state_caches
 from octavo.model_executor.paged_model import PagedModel
-from octavo.model_executor.step_inputs import lay_out, step_inputs
+from octavo.model_executor.step_inputs import add_state_slots, lay_out, step_inputs
 from octavo.scheduler.output import ScheduledSequence
 
 
@@ -62,10 +63,13 @@ def dummy_logits(
     model: PagedModel, step: DummyStep, block_size: int, device: torch.device
 ) -> torch.Tensor:
     """One forward of ``step`` through ``model``; logits of its last ``logits_rows`` tokens."""
-    layout = lay_out(scheduled(step, block_size), block_size)
+    sequences = scheduled(step, block_size)
+    layout = lay_out(sequences, block_size)
     first = max(0, step.tokens - step.logits_rows)
     layout.logits_rows = list(range(first, step.tokens))
     inputs = step_inputs(layout, len(step.lengths), device)
+    if has_state_caches(model.kv_caches):  # state layers: every sequence on the null slot
+        add_state_slots(inputs.meta, sequences, device)
     with torch.inference_mode():
         return model.forward(inputs)
 

@@ -7,6 +7,7 @@ pipeline parallelism there is one per rank, each in its own process
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from octavo.kv_cache.gpu_budget import (
     unprofiled_bytes,
     utilization_budget,
 )
+from octavo.kv_cache.state_slots import StateSpec, layer_caches, state_bytes
 from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
@@ -50,6 +52,8 @@ from octavo.spec_decode.ngram_proposer import NgramProposer, NgramStepProposer
 from octavo.structured_output.compiler import GrammarCompiler
 from octavo.structured_output.manager import StructuredOutputManager, shared_compiler
 from octavo.worker.memory_profile import CacheSpec, DummyStep, largest_step, measure_step_peak
+
+logger = logging.getLogger(__name__)
 
 STOP_WORKER = "stop"  # the message that ends a worker process (``worker_process``)
 
@@ -105,6 +109,11 @@ class CacheShape:
 
 
 class Worker:
+    # State layers (hybrid models): each one's spec, None for attention layers; and the
+    # slots their tensors hold (``max_num_seqs`` + the null slot), set with the budget.
+    state_specs: tuple[StateSpec | None, ...] = ()
+    num_state_slots: int = 0
+
     def __init__(
         self,
         spec: WorkerConfig,
@@ -131,7 +140,8 @@ class Worker:
         )
         if spec.compile_layers:
             compile_layers(self.model)
-        layers = self.model.layers
+        self.state_specs = tuple(self.model.state_specs())
+        layers = [layer for layer in self.model.layers if not layer.is_state_layer]  # attention
         kv_heads = layers[0].num_kv_heads if len(layers) else spec.config.num_kv_heads
         self.cache_shape = CacheShape(
             len(layers), kv_heads, spec.config.head_dim, spec.config.kv_latent_dim
@@ -188,8 +198,34 @@ class Worker:
             per_block += bytes_per_block(draft_shape, block_size, cache_dtype)
         if self.device.type != "cuda":
             assert budget.kv_cache_bytes is not None, "the CPU budget is always in bytes"
-            return self._cpu_kv_bytes(budget.kv_cache_bytes) // per_block
-        return max(0, self._gpu_kv_bytes(budget)) // per_block
+            kv_bytes = self._cpu_kv_bytes(budget.kv_cache_bytes)
+        else:
+            kv_bytes = max(0, self._gpu_kv_bytes(budget))
+        return max(0, kv_bytes - self._state_slot_bytes(budget, kv_bytes)) // per_block
+
+    def _state_slot_bytes(self, budget: KVBudget, kv_bytes: int) -> int:
+        """State layers' slots (one per sequence ``max_num_seqs`` can run, and the null
+        slot): paid first out of the KV budget, the blocks get the rest."""
+        if not any(self.state_specs):
+            return 0
+        self.num_state_slots = budget.max_num_seqs + 1
+        states = state_bytes(list(self.state_specs), self.num_state_slots, self.spec.dtype)
+        if states > kv_bytes:
+            raise ValueError(
+                f"the state layers' {self.num_state_slots} slots take {states / 2**20:.1f} "
+                f"MiB, more than the KV budget's {kv_bytes / 2**20:.1f} MiB; raise "
+                "kv_cache_memory / gpu_memory_utilization or lower max_num_seqs"
+            )
+        logger.info(
+            "KV budget %.1f MiB: %.1f MiB for %d state slots of %d state layers, "
+            "%.1f MiB for KV blocks",
+            kv_bytes / 2**20,
+            states / 2**20,
+            self.num_state_slots,
+            sum(spec is not None for spec in self.state_specs),
+            (kv_bytes - states) / 2**20,
+        )
+        return states
 
     def _cpu_kv_bytes(self, kv_bytes: int) -> int:
         """``--kv-cache-memory``, checked against the host's memory next to the weights
@@ -240,9 +276,14 @@ class Worker:
         peak = measure_step_peak(self.paged_model_on, self.cache_shape, step, cache)
         return peak or 0
 
-    def paged_model_on(self, caches: list[torch.Tensor]) -> PagedModel:
+    def paged_model_on(self, caches: list[torch.Tensor], num_state_slots: int = 1) -> PagedModel:
         """The model with ``caches`` and this device's attention backend (the runner's, and
-        the memory profile's scratch one)."""
+        the memory profile's scratch one). ``caches`` are the attention layers'; state
+        layers get ``num_state_slots`` slots of their own (a scratch cache: the null one)."""
+        if any(self.state_specs):
+            caches = layer_caches(
+                caches, list(self.state_specs), num_state_slots, self.spec.dtype, self.device
+            )
         attention = select_backend(self.device, self.spec.dtype)
         return PagedModel(self.model, caches, self.spec.block_size, attention, self.device)
 
@@ -253,7 +294,7 @@ class Worker:
             self.cache_shape, num_blocks, spec.block_size, spec.cache_dtype, self.device
         )
         self.runner = ModelRunner(
-            self.paged_model_on(caches),
+            self.paged_model_on(caches, self.num_state_slots),
             spec.eos_token_ids,
             pipeline_stage(),
             self.is_driver,

@@ -24,6 +24,7 @@ from octavo.attention.backend import AttentionBackend
 from octavo.attention.metadata import AttentionMetadata
 from octavo.distributed.parallel_state import pipeline_stage
 from octavo.distributed.pipeline_comm import IntermediateTensors
+from octavo.kv_cache.state_slots import StateSpec
 from octavo.model_executor.image_embeds import ImageEmbeds
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.mlp import GatedMLP
@@ -52,6 +53,9 @@ class CausalLM(nn.Module):
         "mlp.down_proj": ("down_proj",),
     }
     norm_kind = "rms"
+    # ``layer_types`` whose layers are state layers (LFM2's "conv"): ``make_state_mixer``
+    # builds their mixers, which keep a state slot per sequence instead of KV blocks.
+    state_layer_types: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__()
@@ -81,12 +85,33 @@ class CausalLM(nn.Module):
     # --- hooks an architecture overrides -------------------------------------------------
 
     def layer_spec(self, index: int) -> LayerSpec:
+        state_block = None
+        if self.is_state_layer(index):
+            state_block = functools.partial(self.make_state_mixer, index)
         return LayerSpec(
             attention=self.attention_spec(index),
             mlp=functools.partial(self.make_mlp, index),
             norm_eps=self.config.rms_norm_eps,
             norm_kind=self.norm_kind,
+            state_block=state_block,
         )
+
+    def make_state_mixer(self, index: int) -> nn.Module:
+        """A state layer's mixer (``state_spec()``, ``forward(hidden, state, meta)``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no state layers")
+
+    @classmethod
+    def has_state_layers(cls, config: ModelConfig) -> bool:
+        return any(kind in cls.state_layer_types for kind in config.layer_types)
+
+    def is_state_layer(self, index: int) -> bool:
+        return self.config.layer_types[index] in self.state_layer_types
+
+    def state_specs(self) -> list[StateSpec | None]:
+        """Per layer of this stage: its state tensors' spec, None for an attention layer."""
+        return [
+            layer.self_attn.state_spec() if layer.is_state_layer else None for layer in self.layers
+        ]
 
     def attention_spec(self, index: int) -> AttentionSpec:
         config = self.config

@@ -26,7 +26,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, hidden_size: int, spec: LayerSpec, method) -> None:
         super().__init__()
         self.spec = spec
-        if spec.attention_block is not None:
+        self.is_state_layer = spec.state_block is not None
+        if spec.state_block is not None:
+            self.self_attn = spec.state_block()
+        elif spec.attention_block is not None:
             self.self_attn = spec.attention_block()
         else:
             self.self_attn = Attention(
@@ -53,7 +56,7 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self._scaled(self.self_attn(hidden, rope, kv_cache, meta, attention))
+        hidden = self._scaled(self._mix(hidden, rope, kv_cache, meta, attention))
         if layout == SANDWICH_NORM:
             hidden = self.post_attention_layernorm(hidden)
             hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
@@ -65,9 +68,16 @@ class DecoderLayer(nn.Module):
         """OLMo 2: each block's output is normed, then added to the stream."""
         if residual is not None:
             hidden = hidden + residual
-        attended = self.self_attn(hidden, rope, kv_cache, meta, attention)
+        attended = self._mix(hidden, rope, kv_cache, meta, attention)
         hidden = hidden + self.post_attention_layernorm(attended)
         return self.post_feedforward_layernorm(self.mlp(hidden)), hidden
+
+    def _mix(self, hidden, rope, kv_cache, meta, attention):
+        """Attention over the paged KV cache, or a state layer's mixer over its state
+        tensors (``kv_cache`` is then the layer's tuple of them)."""
+        if self.is_state_layer:
+            return self.self_attn(hidden, kv_cache, meta)
+        return self.self_attn(hidden, rope, kv_cache, meta, attention)
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         multiplier = self.spec.residual_multiplier

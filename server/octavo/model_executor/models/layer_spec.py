@@ -46,6 +46,10 @@ class LayerSpec:
     # Builds an attention block of the layer's own (multi-head latent attention); None: the
     # shared ``Attention`` made from ``attention``. Same call as ``Attention.forward``.
     attention_block: Callable[[], nn.Module] | None = None
+    # Builds the state mixer of a state layer (LFM2's short convolution, Mamba2, gated
+    # DeltaNet), used in attention's place: ``forward(hidden, state, meta)`` with the
+    # layer's state tensors (``kv_cache.state_slots``); None: an attention layer.
+    state_block: Callable[[], nn.Module] | None = None
     extras: dict = field(default_factory=dict)
 
 

@@ -33,6 +33,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
+    "Lfm2ForCausalLM": ("lfm2", "Lfm2ForCausalLM"),
     "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
     "MiniMaxM2ForCausalLM": ("minimax_m2", "MiniMaxM2ForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
@@ -83,6 +84,11 @@ def keeps_images_whole(architecture: str) -> bool:
     return takes_images(architecture) and getattr(
         model_class(architecture), "bidirectional_images", False
     )
+
+
+def has_state_layers(config) -> bool:
+    """Does the model keep a state slot per sequence in some layers (hybrid models)?"""
+    return model_class(config.architecture).has_state_layers(config)
 
 
 def is_pooling_architecture(architecture: str) -> bool:
