@@ -139,6 +139,9 @@ def transformers_config(raw: dict):
     from transformers import AutoConfig, PretrainedConfig
 
     fields = {key: value for key, value in raw.items() if key != "model_type"}
+    # transformers 5 writes inf/nan as {"__float__": "Infinity"} (Granite 4.0's
+    # time_step_limit): decoded as its from_pretrained decodes them
+    fields = PretrainedConfig._decode_special_floats(fields)
     try:
         return AutoConfig.for_model(raw.get("model_type", ""), **fields)
     except ValueError:

@@ -28,6 +28,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma3ForConditionalGeneration": ("gemma3_mm", "Gemma3ForConditionalGeneration"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
+    "GraniteMoeHybridForCausalLM": ("granitemoehybrid", "GraniteMoeHybridForCausalLM"),
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("olmo3", "Olmo3ForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
