@@ -12,6 +12,8 @@ decode) against the torch path.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,6 +24,7 @@ from octavo.attention.options import AttentionOptions
 from octavo.attention.triton_backend import TritonAttention
 from test_attention_options import Step, build_step
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SHAPE = (4, 2, 16, 8)  # heads, kv_heads, head_dim, block_size
 CHUNK = 8
 SCALE = 16**-0.5
@@ -35,6 +38,8 @@ OPTIONS = {
     "chunk_soft_cap_sinks": AttentionOptions(
         soft_cap=2.0, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]), chunk_size=CHUNK
     ),
+    # chunks that start inside cache blocks and span two of the split kernel's tiles
+    "chunk12_sinks": AttentionOptions(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]), chunk_size=12),
 }
 
 
@@ -47,7 +52,8 @@ def dense_reference(step: Step, options: AttentionOptions) -> torch.Tensor:
     ):
         query_pos = torch.arange(context - query_len, context)[:, None]
         key_pos = torch.arange(context)[None, :]
-        visible = (key_pos <= query_pos) & (key_pos >= query_pos // CHUNK * CHUNK)
+        chunk = options.chunk_size
+        visible = (key_pos <= query_pos) & (key_pos >= query_pos // chunk * chunk)
         if options.sliding_window is not None:
             visible &= key_pos > query_pos - options.sliding_window
         query = step.query[first : first + query_len]
@@ -83,6 +89,21 @@ def step() -> Step:
     return build_step(SHAPE, SEQUENCES, torch.float32)
 
 
+@pytest.fixture(scope="module")
+def device_step(step) -> Step:
+    """The step on the Triton kernels' device (the CPU under the interpreter)."""
+    meta = dataclasses.replace(
+        step.meta,
+        slot_mapping=step.meta.slot_mapping.to(DEVICE),
+        block_tables=step.meta.block_tables.to(DEVICE),
+        seq_lens=step.meta.seq_lens.to(DEVICE),
+        query_start_loc=step.meta.query_start_loc.to(DEVICE),
+        backend_cache={},
+    )
+    moved = (step.query, step.key, step.value, step.cache)
+    return Step(*(tensor.to(DEVICE) for tensor in moved), meta, step.history)
+
+
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_torch_path_matches_the_dense_reference(step, name):
     out = run(TorchAttention(), step, OPTIONS[name])
@@ -116,25 +137,27 @@ def test_native_backend_routes_chunked_decodes_to_the_torch_path(ops, step, name
 
 
 @pytest.mark.parametrize("name", ["chunk", "chunk_and_window"])
-def test_triton_backend_matches_the_torch_path(step, name):
+def test_triton_backend_matches_the_torch_path(step, device_step, name):
     """One prefill launch (both chunks) and one single-pass decode launch."""
-    out = run(TritonAttention(), step, OPTIONS[name])
+    out = run(TritonAttention(), device_step, OPTIONS[name])
     expected = run(TorchAttention(), step, OPTIONS[name])
-    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_triton_split_decode_matches_the_torch_path(step):
-    """The split-KV decode kernel (two splits of 8-token tiles) with a chunk and sinks."""
-    options = OPTIONS["chunk_soft_cap_sinks"]
-    meta, first = step.meta, step.meta.num_prefills
-    cache = step.cache.clone()
-    triton_kernels.store_kv(step.key, step.value, cache, meta.slot_mapping)
-    queries = step.query[meta.num_prefill_tokens :]
+def test_triton_split_decode_matches_the_torch_path(step, device_step):
+    """The split-KV decode kernel (two splits) with sinks and chunks of 12: the decodes at
+    positions 16 and 23 see keys from 12 on, over two tiles (8 tokens; 16 on a GPU)."""
+    options = OPTIONS["chunk12_sinks"]
+    meta, first = device_step.meta, device_step.meta.num_prefills
+    cache = device_step.cache.clone()
+    triton_kernels.store_kv(device_step.key, device_step.value, cache, meta.slot_mapping)
+    queries = device_step.query[meta.num_prefill_tokens :]
     lens = meta.seq_lens[first:]
     args = (queries, cache, meta.block_tables[first:], lens, int(lens.max()), SCALE)
-    split = triton_decode.paged_decode_attention(*args, options=options, num_splits=2, kv_tile=8)
+    tile = 16 if DEVICE.type == "cuda" else 8
+    split = triton_decode.paged_decode_attention(*args, options=options, num_splits=2, kv_tile=tile)
     expected = run(TorchAttention(), step, options)[meta.num_prefill_tokens :]
-    torch.testing.assert_close(split, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(split.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_invalid_chunk_is_refused(step):
