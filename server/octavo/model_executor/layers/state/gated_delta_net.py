@@ -109,7 +109,9 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(out.view(-1, spec.head_v_dim), gate.reshape(-1, spec.head_v_dim))
         return self.out_proj(out.view(num_tokens, -1))
 
-    def _project(self, hidden: torch.Tensor):
+    def _project(
+        self, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(``[q | k | v]`` channels ``[T, conv channels]``, the gate ``z [T, v_heads,
         head_v_dim]``, ``b`` and ``a [T, v_heads]``) from the per-key-head layouts."""
         spec, num_tokens = self.spec, hidden.shape[0]
