@@ -6,8 +6,9 @@ KV pool smaller than the batch needs: preempted sequences recompute their state 
 zero).
 
 Two shapes: MoE (4 experts, top 2, beside the shared MLP) with NoPE attention, as the
-released models; and dense (``num_local_experts`` 0) with rope. Both: Mamba2 layers of 4
-heads in 2 groups around one attention layer, Granite's four multipliers.
+released models, and Mamba2 heads in 2 groups; dense (``num_local_experts`` 0) with rope,
+and one group as the released models. Both: two Mamba2 layers of 4 heads around one
+attention layer, Granite's four multipliers.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ HYBRID = {
 }
 CONFIGS = {
     "moe_nope": {**HYBRID, "num_local_experts": 4, "num_experts_per_tok": 2},
-    "dense_rope": {**HYBRID, "num_local_experts": 0, "position_embedding_type": "rope"},
+    "dense_rope": {
+        **HYBRID,
+        "num_local_experts": 0,
+        "position_embedding_type": "rope",
+        "mamba_n_groups": 1,  # as the released models
+    },
 }
 MAX_NUM_SEQS = 4
 

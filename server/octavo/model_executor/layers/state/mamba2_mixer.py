@@ -9,7 +9,7 @@ state tensors in its slot: the convolution's last ``kernel - 1`` inputs and the 
 state ``[heads, head_dim, state_size]``.
 
 Tensor parallelism splits heads (with their ``x``, ``z``, ``dt``) and groups (with their
-``B``, ``C`` and norm groups) over the ranks: ``n_groups`` must divide by the ranks.
+``B``, ``C``) over the ranks, or replicates a single group (``mamba2_weights``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from octavo.attention.metadata import AttentionMetadata
 from octavo.distributed.parallel_state import tensor_parallel_group
 from octavo.kv_cache.state_slots import StateSpec
-from octavo.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from octavo.model_executor.layers.linear import LinearBase, RowParallelLinear
 from octavo.model_executor.layers.state.causal_conv1d import causal_conv1d
 from octavo.model_executor.layers.state.mamba2_norm import Mamba2GatedNorm
 from octavo.model_executor.layers.state.mamba2_ssd import (
@@ -31,7 +31,11 @@ from octavo.model_executor.layers.state.mamba2_ssd import (
     ssd_decode,
     ssd_prefill,
 )
-from octavo.model_executor.layers.state.mamba2_weights import Mamba2Weights
+from octavo.model_executor.layers.state.mamba2_weights import (
+    Mamba2Shard,
+    expected_keys,
+    load_mamba2_tensor,
+)
 
 
 @dataclass(frozen=True)
@@ -62,18 +66,15 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, spec: Mamba2Spec, method) -> None:
         super().__init__()
         tp = tensor_parallel_group()
-        if spec.n_groups % tp.size:
-            raise ValueError(f"Mamba2: n_groups {spec.n_groups} is not divisible by {tp.size}")
-        self.spec, self.tp_size = spec, tp.size
-        self.heads, self.groups = spec.num_heads // tp.size, spec.n_groups // tp.size
-        self.inner = self.heads * spec.head_dim
-        group_width = self.groups * spec.state_size
+        self.spec, self.shard = spec, Mamba2Shard.of(spec, tp.rank, tp.size)
+        self.heads, self.groups = self.shard.heads, self.shard.groups
+        self.inner, group_width = self.shard.inner, self.shard.group_width
         channels = self.inner + 2 * group_width
         self.proj_splits = [self.inner, channels, self.heads]  # z, x B C, dt
         self.conv_splits = [self.inner, group_width, group_width]  # x, B, C
-        sizes = [spec.intermediate_size] * 2 + [spec.n_groups * spec.state_size] * 2
-        self.in_proj = MergedColumnParallelLinear(
-            spec.hidden_size, [*sizes, spec.num_heads], bias=spec.proj_bias, method=method()
+        # this rank's rows of every part (mamba2_weights picks them from the checkpoint)
+        self.in_proj = LinearBase(
+            spec.hidden_size, self.inner + channels + self.heads, spec.proj_bias, method()
         )
 
         def parameter(*shape: int) -> nn.Parameter:
@@ -83,11 +84,11 @@ class Mamba2Mixer(nn.Module):
         self.conv_bias = parameter(channels) if spec.conv_bias else None
         self.A_log, self.D, self.dt_bias = (parameter(self.heads) for _ in range(3))
         group_size = spec.intermediate_size // spec.n_groups
-        self.norm = Mamba2GatedNorm(self.inner, group_size, spec.norm_eps)
+        spans = tp if self.shard.norm_spans_ranks else None
+        self.norm = Mamba2GatedNorm(self.inner, group_size, spec.norm_eps, spans)
         self.out_proj = RowParallelLinear(
             spec.intermediate_size, spec.hidden_size, bias=spec.proj_bias, method=method()
         )
-        self.weights = Mamba2Weights(spec, tp.rank, tp.size)
 
     def state_spec(self) -> StateSpec:
         conv = (self.conv_weight.shape[0], self.spec.conv_kernel - 1)
@@ -137,10 +138,10 @@ class Mamba2Mixer(nn.Module):
 
     def load_checkpoint_tensor(self, name: str, tensor) -> list[str]:
         """Copy this rank's part of a checkpoint tensor (name relative to the mixer)."""
-        return self.weights.load(self, name, tensor)
+        return load_mamba2_tensor(self, name, tensor)
 
     def expected_keys(self) -> set[str]:
-        return self.weights.expected_keys()
+        return expected_keys(self.spec)
 
 
 def _rows(inputs: ScanInputs, rows: slice) -> ScanInputs:
