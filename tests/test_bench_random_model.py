@@ -17,6 +17,8 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 TINY_SHAPE = {
     "hidden_size": 64,

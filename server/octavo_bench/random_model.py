@@ -61,6 +61,64 @@ QWEN3_06B_SHAPE = {  # Qwen3-0.6B's (q/k RMSNorm from the qwen3 architecture; ti
     "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,
 }
+# The 2025 layouts at the MoE presets' scale (hidden 576, 16 layers: a run takes minutes on
+# 2 CPU cores). Kept as the real models have them: every per-head dimension, so the KV cache
+# and state bytes per layer, the layer pattern, the routing and the shared experts.
+# Scaled: hidden 2048 -> 576, so the head counts / 4 (the KV heads of Qwen3-Next kept);
+# layers 27 / 48 -> 16; routed experts 64 / 512 -> 32, each sized so that a token's active
+# experts (shared included) do about the dense preset's MLP work (1,536 wide).
+DEEPSEEK_V2_LITE_SHAPE = {  # MLA (no q LoRA) + DeepSeekMoE; the 1st layer dense
+    **MOE_SHAPE,
+    "num_attention_heads": 4,  # 16 in V2-Lite
+    "num_key_value_heads": 4,
+    "head_dim": 64,  # transformers' rope tables are qk_rope_head_dim wide
+    "kv_lora_rank": 512,  # a 576-value latent per token and layer, as in V2-Lite
+    "q_lora_rank": None,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 32,  # 64 in V2-Lite
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 2,
+    "moe_intermediate_size": 192,  # (6 + 2) x 192 = 1,536 (1,408 in V2-Lite)
+    "topk_method": "greedy",  # group routing off, as in V2-Lite
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0,
+    "max_position_embeddings": 163840,
+    "rope_parameters": {  # V2-Lite's YaRN (its softmax scale carries the mscale)
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    },
+}
+QWEN3_NEXT_SHAPE = {  # 3 gated DeltaNet : 1 gated attention; MoE + a gated shared expert
+    **MOE_SHAPE,
+    "num_attention_heads": 4,  # 16 in Qwen3-Next-80B-A3B
+    "num_key_value_heads": 2,  # kept: 2,048 B of bf16 KV per token and attention layer
+    "head_dim": 256,
+    "partial_rotary_factor": 0.25,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0},
+    "linear_num_key_heads": 4,  # 16 in Qwen3-Next
+    "linear_num_value_heads": 8,  # 32 in Qwen3-Next
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "num_experts": 32,  # 512 in Qwen3-Next
+    "num_experts_per_tok": 10,
+    "moe_intermediate_size": 144,  # 10 x 144 + 144 = 1,584 (512 in Qwen3-Next)
+    "shared_expert_intermediate_size": 144,
+    "norm_topk_prob": True,
+    "rms_norm_eps": 1e-6,
+}
 PRESETS: dict[str, tuple[str, dict]] = {  # name -> (transformers model_type, config)
     "llama": ("llama", SMOL_SHAPE),
     "llama-1b": ("llama", LLAMA_1B_SHAPE),
@@ -75,6 +133,8 @@ PRESETS: dict[str, tuple[str, dict]] = {  # name -> (transformers model_type, co
         "mixtral",
         {**MOE_SHAPE, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 768},
     ),
+    "deepseek-v2-lite": ("deepseek_v2", DEEPSEEK_V2_LITE_SHAPE),
+    "qwen3-next": ("qwen3_next", QWEN3_NEXT_SHAPE),
 }
 
 
