@@ -8,6 +8,9 @@
   that are already quantized.
 - gpt-oss's ``mxfp4`` checkpoints run as a float model: the loader dequantizes their
   experts (``layers/moe/mxfp4.py``), the only tensors stored in that form.
+- FP8 block checkpoints (``quant_method`` fp8 with ``weight_block_size``: DeepSeek-V3/R1,
+  Kimi K2, MiniMax-M2, Qwen3 FP8) run as ``fp8_block``, their tiles kept in FP8
+  (``layers/quantization/fp8_blocks.py``); ``--quantization fp8`` names them too.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ from pathlib import Path
 
 from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME, gguf_path
 from octavo.model_executor.gguf_checkpoint import check_gguf_kinds
+from octavo.model_executor.layers.quantization.fp8_block_checkpoint import (
+    block_size,
+    is_fp8_block_checkpoint,
+    iterate_fp8_block_checkpoint,
+)
 from octavo.model_executor.model_config import ModelConfig
 
 CHECKPOINT_METHODS = ("gptq", "awq")  # detected from config.json's quantization_config
 LOAD_TIME_METHODS = ("int8", "fp8")  # quantize a float checkpoint while loading it
+KEPT_METHODS = ("fp8_block",)  # the checkpoint's own FP8 tiles
 DEQUANTIZED_AT_LOAD = ("mxfp4",)  # read as float weights; the model runs unquantized
 GGUF_LINK = "model.gguf"  # a GGUF model's prepared folder points at its file with this
 
@@ -38,6 +47,11 @@ def resolve_quantization(folder: Path, requested: str | None) -> str | None:
     found = (stored or {}).get("quant_method")
     if found in DEQUANTIZED_AT_LOAD:
         found = None
+    if is_fp8_block_checkpoint(stored):
+        block_size(stored)  # raises for FP8 layouts Octavo does not read
+        found = "fp8_block"
+        if requested == "fp8":  # vLLM's name for an FP8 checkpoint too
+            requested = found
     if (folder / GGUF_LINK).exists():
         found = "gguf"
     if found is None:
@@ -49,10 +63,10 @@ def resolve_quantization(folder: Path, requested: str | None) -> str | None:
         if requested == "gguf":
             check_gguf_kinds(find_gguf(folder))  # raises when there is none, or a kind is not run
         return requested
-    if found not in (*CHECKPOINT_METHODS, "gguf"):
+    if found not in (*CHECKPOINT_METHODS, *KEPT_METHODS, "gguf"):
         raise ValueError(
             f"{folder.name} is quantized with {found!r}, which Octavo does not "
-            f"run; supported: {', '.join((*CHECKPOINT_METHODS, 'gguf'))}"
+            f"run; supported: {', '.join((*CHECKPOINT_METHODS, 'fp8', 'mxfp4', 'gguf'))}"
         )
     if requested not in (None, found):
         raise ValueError(
@@ -88,4 +102,6 @@ def checkpoint_tensors(
         from octavo.model_executor.gptq_checkpoint import iterate_int4_checkpoint
 
         return iterate_int4_checkpoint(folder, quantization, checkpoint_quantization(folder))
+    if quantization == "fp8_block":
+        return iterate_fp8_block_checkpoint(folder, checkpoint_quantization(folder))
     return None

@@ -14,6 +14,10 @@
 * V3's router: sigmoid, the ``e_score_correction_bias`` added for the choice only, groups
   scored by their two best experts, renormalised when ``norm_topk_prob``, scaled;
   its rope pairs adjacent dims when ``rope_interleave`` (V2's always does).
+
+FP8 block checkpoints (V3/R1, Kimi K2; ``layers/quantization/fp8_blocks.py``) keep every
+projection and expert in FP8 except ``kv_b_proj``: dequantized at load (its layer has no
+quantized method), since the absorbed decode reads its per-head blocks as floats.
 """
 
 from __future__ import annotations

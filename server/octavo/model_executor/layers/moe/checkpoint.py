@@ -16,8 +16,10 @@ from torch import nn
 from octavo.model_executor.checkpoint_slice import materialize
 from octavo.model_executor.layers.linear import copy_checked
 from octavo.model_executor.layers.moe.mxfp4 import BLOCK_VALUES, dequantize_mxfp4
+from octavo.model_executor.layers.moe.mxfp4_experts import load_kept_mxfp4
 from octavo.model_executor.layers.moe.names import ExpertNames
 from octavo.model_executor.layers.moe.placement import ExpertPlacement
+from octavo.model_executor.layers.quantization.stored_matrix import StoredMatrix
 
 MXFP4_PARTS = ("_blocks", "_scales")
 
@@ -25,7 +27,7 @@ MXFP4_PARTS = ("_blocks", "_scales")
 def read_part(tensor, dim: int, start: int, length: int) -> torch.Tensor:
     """``length`` items of ``dim`` from ``start``, reading no more than that from disk."""
     if start == 0 and length == tensor.shape[dim]:
-        return materialize(tensor)
+        return tensor if isinstance(tensor, StoredMatrix) else materialize(tensor)
     return tensor.narrow(dim, start, length)
 
 
@@ -157,6 +159,8 @@ class ExpertCheckpoint:
             return []
         del self.pending[base]
         blocks, scales = pending["_blocks"], pending["_scales"]
+        if moe.quantization == "mxfp4":  # kept 4-bit, per expert (mxfp4_experts.py)
+            return load_kept_mxfp4(self, moe, base, blocks, scales)
         if base == self.names.fused_down:
             values = dequantize_mxfp4(blocks, scales, moe.w2.dtype)
             copy_checked(moe.w2, self.down_columns(values), base + "_blocks")

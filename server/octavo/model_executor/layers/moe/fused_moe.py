@@ -21,6 +21,8 @@ from octavo.model_executor.layers.moe.grouped import grouped_experts
 from octavo.model_executor.layers.moe.names import ExpertNames
 from octavo.model_executor.layers.moe.placement import ExpertPlacement
 from octavo.model_executor.layers.moe.quantized_experts import (
+    CHECKPOINT_EXPERT_METHODS,
+    CheckpointExperts,
     QuantizedExperts,
     check_expert_quantization,
     expert_quantization,
@@ -73,7 +75,7 @@ class FusedMoE(nn.Module):
         self.create_weights(bias)
         self.register_buffer("expert_map", self.placement.expert_map(), persistent=False)
         self.checkpoint = ExpertCheckpoint(names, self.placement, hidden_size)
-        self.has_bias, self.quantized = bias, None
+        self.has_bias = bias
 
     def create_weights(self, bias: bool) -> None:
         experts = self.placement.num_local_experts
@@ -82,8 +84,13 @@ class FusedMoE(nn.Module):
         def parameter(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
-        self.w13 = parameter(experts, 2 * inter, hidden)
-        self.w2 = parameter(experts, hidden, inter)
+        self.quantized = None  # int8 / fp8: made from the float stacks once loaded
+        if self.quantization in CHECKPOINT_EXPERT_METHODS:  # kept as stored, no float stacks
+            self.quantized = CheckpointExperts(experts, inter, hidden)
+            self.w13, self.w2 = self.quantized.weight_slots()
+        else:
+            self.w13 = parameter(experts, 2 * inter, hidden)
+            self.w2 = parameter(experts, hidden, inter)
         self.w13_bias = parameter(experts, 2 * inter) if bias else None
         self.w2_bias = parameter(experts, hidden) if bias else None
 
@@ -103,6 +110,10 @@ class FusedMoE(nn.Module):
         expert_map = self.placement.expert_map()
         device = self.router.weight.device
         self.expert_map = None if expert_map is None else expert_map.to(device)
+        if isinstance(self.quantized, CheckpointExperts):
+            self.quantized.process_weights_after_loading()
+            self.w13 = self.w2 = None  # the slots' segments hold the weights now
+            return
         if self.quantization is None or self.quantized is not None:
             return
         self.quantized = QuantizedExperts(self.w13, self.w2, self.quantization)

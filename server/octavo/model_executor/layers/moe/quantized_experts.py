@@ -4,6 +4,11 @@ Each expert's two projections become small linear layers that the method owns, e
 as a dense layer's: the float weights loaded into ``FusedMoE``'s stacks are handed to
 the method's ``process_weights_after_loading`` (per-row int8 or fp8 with fp32 scales,
 per expert), and the step's grouped rows go through the method's ``apply``.
+
+Checkpoints that store their experts quantized (``fp8_block``: FP8 tiles per expert;
+``mxfp4``: gpt-oss's 4-bit groups) keep them so: ``CheckpointExperts`` gives each expert's
+projections an empty ``PrequantizedLinearMethod`` slot that the checkpoint loader fills,
+and no float stacks are ever made.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import torch
 from torch import nn
 
 from octavo.model_executor.layers.linear_method import LinearMethod
+from octavo.model_executor.layers.quantization.prequantized import PrequantizedLinearMethod
 from octavo.model_executor.layers.quantization.registry import linear_method_for
 
-EXPERT_QUANTIZATIONS = ("int8", "fp8")  # methods that quantize a float checkpoint at load
+CHECKPOINT_EXPERT_METHODS = ("fp8_block", "mxfp4")  # experts kept as the checkpoint has them
+EXPERT_QUANTIZATIONS = ("int8", "fp8", *CHECKPOINT_EXPERT_METHODS)  # int8/fp8: at load
 FLOAT_EXPERT_METHODS = ("gguf",)  # the checkpoint's experts are expanded to float at load
 
 
@@ -56,3 +63,37 @@ class QuantizedExperts(nn.Module):
         self.down = nn.ModuleList(
             ExpertLinear(weight, linear_method_for(quantization)) for weight in w2
         )
+
+
+class ExpertSlot(nn.Module):
+    """One expert's projection as the checkpoint stores it: a weight slot the loader fills
+    (``moe/checkpoint.py`` copies into it as into a float stack's rows)."""
+
+    def __init__(self, rows: int, cols: int) -> None:
+        super().__init__()
+        self.method = PrequantizedLinearMethod()
+        self.method.create_weights(self, cols, rows, False)
+
+    def process_weights_after_loading(self) -> None:
+        if self.weight is not None:  # (once)
+            self.method.process_weights_after_loading(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x)
+
+
+class CheckpointExperts(nn.Module):
+    """Every local expert's gate/up ``[2 I_shard, H]`` and down ``[H, I_shard]`` slots."""
+
+    def __init__(self, experts: int, inter: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_up = nn.ModuleList(ExpertSlot(2 * inter, hidden) for _ in range(experts))
+        self.down = nn.ModuleList(ExpertSlot(hidden, inter) for _ in range(experts))
+
+    def weight_slots(self) -> tuple[list, list]:
+        """The slots ``FusedMoE.w13`` / ``w2`` stand for while the checkpoint loads."""
+        return [slot.weight for slot in self.gate_up], [slot.weight for slot in self.down]
+
+    def process_weights_after_loading(self) -> None:
+        for slot in (*self.gate_up, *self.down):
+            slot.process_weights_after_loading()

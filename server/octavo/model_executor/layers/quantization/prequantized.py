@@ -54,8 +54,8 @@ def segment_tensors(segment: Segment) -> dict[str, torch.Tensor]:
 def _for_device(segment: Segment) -> Segment:
     """GPU: 4-bit blocks → the Triton kernel's planes; CPU keeps the blocks."""
     weight = segment.weight
-    if isinstance(weight, torch.Tensor) or weight.blocks.device.type != "cuda":
-        return segment
+    if not isinstance(weight, QuantizedTensor) or weight.blocks.device.type != "cuda":
+        return segment  # (a float matrix, or a StoredMatrix: FP8 tiles, MXFP4 groups)
     from octavo.model_executor.layers.quantization.triton_int4 import Int4Planes
 
     planes = Int4Planes.from_quantized(weight)

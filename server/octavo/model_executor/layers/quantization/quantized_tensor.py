@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from octavo.model_executor.checkpoint_slice import materialize
 from octavo.model_executor.layers.quantization.blocks import (
     BLOCK_BYTES,
     BlockKind,
@@ -27,6 +28,7 @@ from octavo.model_executor.layers.quantization.blocks import (
     blocks_linear,
     dequantize,
 )
+from octavo.model_executor.layers.quantization.stored_matrix import StoredMatrix
 
 
 @dataclass
@@ -126,8 +128,8 @@ class _WeightRows:
         return torch.Size((self.rows, self.parent.shape[1]))
 
     def copy_(self, source) -> None:
-        if not isinstance(source, QuantizedTensor):
-            source = torch.as_tensor(source).float()
+        if not isinstance(source, QuantizedTensor | StoredMatrix):  # (FP8 tiles, MXFP4 kept)
+            source = torch.as_tensor(materialize(source)).float()
         self.parent.segments.append(Segment(self.start, source))
 
 
@@ -154,7 +156,7 @@ def _join(ordered: list[Segment]) -> list[Segment]:
 
 def _to_device(segment: Segment, device: torch.device) -> Segment:
     weight = segment.weight
-    if isinstance(weight, torch.Tensor):
+    if isinstance(weight, torch.Tensor | StoredMatrix):
         return Segment(segment.start, weight.to(device))
     order = None if weight.column_order is None else weight.column_order.to(device)
     moved = QuantizedTensor(weight.blocks.to(device).contiguous(), weight.kind, weight.cols, order)

@@ -23,14 +23,16 @@ QUANTIZATION_METHODS: dict[str, Callable[[], LinearMethod]] = {
     "gptq": PrequantizedLinearMethod,
     "awq": PrequantizedLinearMethod,
     "gguf": PrequantizedLinearMethod,
+    "fp8_block": PrequantizedLinearMethod,  # an FP8 block checkpoint's tiles (fp8_blocks.py)
 }
+EXPERTS_ONLY = ("mxfp4",)  # only the MoE experts are stored quantized (moe/mxfp4_experts.py)
 QUANTIZED_LM_HEAD = ("gguf",)  # a GGUF file quantizes its output matrix too (llama.cpp's)
 QUANTIZED_EMBEDDING = ("gguf",)  # ... and its token embedding (rows dequantized on lookup)
 
 
 def linear_method_for(quantization: str | None) -> LinearMethod | None:
     """A fresh method for one layer (``None``: the unquantized default)."""
-    if quantization is None:
+    if quantization is None or quantization in EXPERTS_ONLY:
         return None
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(
