@@ -2,14 +2,20 @@
 hybrid Mamba layer with the same weights: sequences fed in pieces (prefill chunks that
 cross the SSD block size, then batched decodes, stale slots of fresh sequences ignored)
 equal HF's no-cache forward of each whole sequence, and each slot ends holding the
-sequence's final states."""
+sequence's final states. Two tensor-parallel ranks (threads of this process) compose to
+the one-rank mixer, with B/C groups split and with the one group replicated."""
 
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import pytest
 import torch
 
 from octavo.attention.metadata import AttentionMetadata
+from octavo.distributed import parallel_state
+from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.layers.state.mamba2_mixer import Mamba2Mixer, Mamba2Spec
 
 SHAPES = {  # 4 heads of 16 in 2 groups, blocks of 8 tokens
@@ -125,3 +131,79 @@ def assert_final_states(config, layer, seqs, state) -> None:
         hf_ssm = cache.get_recurrent_state(0, state_idx=0)[0]
         torch.testing.assert_close(conv_state[slot], hf_conv[:, 1:])
         torch.testing.assert_close(ssm_state[slot], hf_ssm, rtol=1e-4, atol=1e-4)
+
+
+class ThreadRanks:
+    """A tensor-parallel group whose ranks are threads of this process: ``all_reduce``
+    waits for every rank's tensor and gives each the sum (in rank order)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.barrier = size, threading.Barrier(size)
+        self.parts: list[torch.Tensor | None] = [None] * size
+        self.local = threading.local()
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.parts[self.local.rank] = tensor.clone()
+        self.barrier.wait()
+        total = sum(self.parts[1:], self.parts[0])
+        self.barrier.wait()
+        return tensor.copy_(total)
+
+    def run(self, work) -> list:
+        """``work(rank)`` on every rank at once; the results in rank order."""
+        results = [None] * self.size
+
+        def one(rank: int) -> None:
+            self.local.rank = rank
+            results[rank] = work(rank)
+
+        threads = [threading.Thread(target=one, args=(rank,)) for rank in range(self.size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
+
+
+@contextlib.contextmanager
+def rank_of(rank: int, size: int):
+    parallel_state.set_tensor_parallel_group(TensorParallelGroup(rank, size))
+    try:
+        yield
+    finally:
+        parallel_state.set_tensor_parallel_group(TensorParallelGroup())
+
+
+def run_steps(mixer: Mamba2Mixer, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    conv_shape, ssm_shape = mixer.state_spec().shapes
+    state = (torch.zeros(6, *conv_shape), torch.zeros(6, *ssm_shape))
+    outputs = []
+    for step in STEPS[:2]:
+        hidden = torch.cat([seqs[seq][first : first + n] for seq, first, n in step])
+        with torch.no_grad():
+            outputs.append(mixer(hidden, state, step_meta(step)))
+    return outputs
+
+
+@pytest.mark.parametrize("groups", [2, 1])
+def test_two_ranks_compose_to_one(groups):
+    """Heads split over two ranks; two groups split, or one replicated (its gated norm
+    then sums squares over the ranks); the row-parallel out_proj sums the ranks."""
+    config, layer = hf_layer(mamba_n_groups=groups, mamba_proj_bias=True)
+    generator = torch.Generator().manual_seed(2)
+    seqs = [torch.randn(n, config.hidden_size, generator=generator) for n in LENGTHS]
+    expected = run_steps(octavo_mixer(config, layer), seqs)
+    ranks = ThreadRanks(2)
+    mixers = []
+    for rank in range(2):
+        with rank_of(rank, 2):
+            mixers.append(octavo_mixer(config, layer))
+        mixers[-1].out_proj.tp = ranks
+        assert (mixers[-1].norm.spans is not None) == (groups == 1)
+        if mixers[-1].norm.spans is not None:
+            mixers[-1].norm.spans = ranks
+    outputs = ranks.run(lambda rank: run_steps(mixers[rank], seqs))
+    for got, want in zip(outputs[0], expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for got, want in zip(outputs[1], expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
