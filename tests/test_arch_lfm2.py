@@ -100,3 +100,10 @@ def test_tensor_parallel_2_matches_hf(folder, expected, smol_tokenizer):
     with LLM(str(folder), **args) as llm:
         outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [out.outputs[0].token_ids for out in outputs] == expected[:2]
+
+
+def test_speculative_decoding_is_refused_in_one_line(folder):
+    """A state cannot take back rejected proposals: refused before any worker starts."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    with pytest.raises(ValueError, match="speculative decoding is not supported for Lfm2"):
+        LLM(str(folder), dtype="float32", speculative_config=ngram)

@@ -99,8 +99,8 @@ class KVCacheManager:
         it keeps). Without a window every block of the hit must be cached; with one, only
         those the next token's window reaches (the others come back as the null block, as
         vLLM's sliding-window hit)."""
-        if not self.pool.enable_prefix_caching:
-            return []
+        if not self.pool.enable_prefix_caching or self.state_slots is not None:
+            return []  # (a state layer's state cannot start from a cached block)
         size = self.block_size
         num_blocks = (len(token_ids) - 1) // size
         hashes = self.hasher.extend(chain or HashChain(), token_ids, size, num_blocks)

@@ -76,6 +76,8 @@ class StateSlots:
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child gets a slot of its own holding a copy of the parent's state."""
+        if child_id in self.slot_of:
+            raise RuntimeError(f"fork {child_id} of {parent_id} already holds a state slot")
         if not self.take(child_id):
             raise RuntimeError(f"no state slot left for fork {child_id} of {parent_id}")
         self.pending_copies.append((self.slot_of[parent_id], self.slot_of[child_id]))
