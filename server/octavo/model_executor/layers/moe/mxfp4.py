@@ -1,5 +1,6 @@
-"""gpt-oss's MXFP4 expert weights, dequantized at load as transformers'
-``integrations/mxfp4.py`` (``convert_moe_packed_tensors``) does.
+"""gpt-oss's MXFP4 expert weights, dequantized as transformers'
+``integrations/mxfp4.py`` (``convert_moe_packed_tensors``) does: per expert and call where
+the experts are kept 4-bit (``mxfp4_experts.py``), else once at load.
 
 Each group of 32 values along a row is 16 bytes of e2m1 codes (two per byte, the low
 nibble first) and one e8m0 scale byte (a power of two, biased by 127).
