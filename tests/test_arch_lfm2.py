@@ -75,6 +75,7 @@ def forks_follow_the_parent_state(prompt: list[int], greedy: list[int]):
         got = sorted(tuple(c.token_ids) for c in forked[0].outputs)
         assert got == sorted(tuple(out.outputs[0].token_ids) for out in singles)
         assert len(set(got)) > 1, "the seeds were meant to sample different completions"
+        assert llm.engine.kv.state_slots.num_free == MAX_NUM_SEQS  # every slot back
 
     return check
 
