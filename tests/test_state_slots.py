@@ -11,13 +11,8 @@ from octavo.attention.metadata import AttentionMetadata
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
-from octavo.kv_cache.state_slots import (
-    StateSlots,
-    StateSpec,
-    copy_states,
-    layer_caches,
-    state_bytes,
-)
+from octavo.kv_cache.state_slots import StateSlots, StateSpec
+from octavo.kv_cache.state_tensors import copy_states, layer_caches, state_bytes
 from octavo.model_executor.layers.state.causal_conv1d import causal_conv1d
 from octavo.model_executor.step_inputs import add_state_slots
 from octavo.scheduler.output import ScheduledSequence

@@ -4,11 +4,12 @@ A state layer (LFM2's short convolution, Mamba2, gated DeltaNet) keeps, instead 
 keys and values per token, a few tensors per running sequence. Each running sequence
 owns one slot (an int >= 1; slot 0 is a null slot never handed out): taken at
 admission, freed at finish and at preemption (the sequence recomputes from scratch),
-copied when a sequence forks for n > 1.
+copied when a sequence forks for n > 1. The worker's tensors: ``state_tensors``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,14 +26,7 @@ class StateSpec:
 
     def bytes_per_slot(self, model_dtype: torch.dtype) -> int:
         itemsize = (self.dtype or model_dtype).itemsize
-        return sum(itemsize * _numel(shape) for shape in self.shapes)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
+        return sum(itemsize * math.prod(shape) for shape in self.shapes)
 
 
 class StateSlots:
@@ -85,58 +79,3 @@ class StateSlots:
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
-
-
-LayerCache = torch.Tensor | tuple[torch.Tensor, ...]  # attention: KV tensor; state: its tensors
-
-
-def allocate_state(
-    spec: StateSpec, num_slots: int, model_dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, ...]:
-    """One state layer's tensors, ``(num_slots, *shape)`` each, zeroed."""
-    dtype = spec.dtype or model_dtype
-    return tuple(
-        torch.zeros((num_slots, *shape), dtype=dtype, device=device) for shape in spec.shapes
-    )
-
-
-def layer_caches(
-    kv_caches: list[torch.Tensor],
-    specs: list[StateSpec | None],
-    num_slots: int,
-    model_dtype: torch.dtype,
-    device: torch.device,
-) -> list[LayerCache]:
-    """Every layer's cache in layer order: the next KV tensor for an attention layer
-    (``None`` spec), freshly allocated state tensors for a state layer."""
-    kv = iter(kv_caches)
-    caches: list[LayerCache] = []
-    for spec in specs:
-        caches.append(
-            next(kv) if spec is None else allocate_state(spec, num_slots, model_dtype, device)
-        )
-    return caches
-
-
-def state_bytes(specs: list[StateSpec | None], num_slots: int, model_dtype: torch.dtype) -> int:
-    """What the state layers' tensors take (the KV budget pays for them first)."""
-    return num_slots * sum(spec.bytes_per_slot(model_dtype) for spec in specs if spec is not None)
-
-
-def has_state_caches(caches: list[LayerCache]) -> bool:
-    return any(isinstance(cache, tuple) for cache in caches)
-
-
-def copy_states(caches: list[LayerCache], copies: list[tuple[int, int]]) -> None:
-    """Forks: each destination slot takes its source slot's state, in every state layer."""
-    if not copies:
-        return
-    states = [cache for cache in caches if isinstance(cache, tuple)]
-    if not states:
-        return
-    device = states[0][0].device
-    sources = torch.tensor([src for src, _ in copies], device=device)
-    targets = torch.tensor([dst for _, dst in copies], device=device)
-    for state in states:
-        for tensor in state:
-            tensor[targets] = tensor[sources]

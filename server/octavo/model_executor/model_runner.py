@@ -32,7 +32,7 @@ from octavo.distributed.pipeline_comm import (
     send_to_next_stage,
 )
 from octavo.kv_cache.cache_tensors import copy_blocks
-from octavo.kv_cache.state_slots import copy_states, has_state_caches
+from octavo.kv_cache.state_tensors import copy_states, has_state_caches
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.decode_graphs import DecodeGraphs
 from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step_image_embeds

@@ -21,7 +21,7 @@ import torch
 
 from octavo.kv_cache.cache_tensors import KVShape, allocate_kv_caches
 from octavo.kv_cache.gpu_budget import StepRows
-from octavo.kv_cache.state_slots import has_state_caches
+from octavo.kv_cache.state_tensors import has_state_caches
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.step_inputs import add_state_slots, lay_out, step_inputs
 from octavo.scheduler.output import ScheduledSequence

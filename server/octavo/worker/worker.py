@@ -30,7 +30,8 @@ from octavo.kv_cache.gpu_budget import (
     unprofiled_bytes,
     utilization_budget,
 )
-from octavo.kv_cache.state_slots import StateSpec, layer_caches, state_bytes
+from octavo.kv_cache.state_slots import StateSpec
+from octavo.kv_cache.state_tensors import layer_caches, state_bytes
 from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
