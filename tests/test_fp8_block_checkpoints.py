@@ -23,7 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
-from octavo.model_executor.layers.quantization.fp8_blocks import Fp8BlockTensor
+from octavo.model_executor.layers.quantization.fp8_blocks import (
+    NATIVE_MIN_VALUES,
+    Fp8BlockTensor,
+)
 from octavo.model_executor.loader import weight_bytes
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from test_arch_deepseek import CONFIGS, add_correction_bias
@@ -130,14 +133,17 @@ def test_fp8_block_checkpoint_matches_hf_on_its_dequantized_weights(folders, smo
 
 def test_a_slice_at_any_row_or_column_equals_the_dequantized_matrix():
     """Tensor-parallel and fused-shard slices start inside tiles: 128 x 128 tiles over a
-    200 x 300 matrix (partial tiles both ways), cut at rows 37.. and columns 150.."""
-    values = torch.randn(200, 300, generator=torch.Generator().manual_seed(0))
+    300 x 300 matrix (partial tiles both ways), cut at rows 37.. and columns 150.."""
+    values = torch.randn(300, 300, generator=torch.Generator().manual_seed(0))
     codes, scale = quantize_blocks(values, (128, 128))
     matrix = Fp8BlockTensor(codes, scale, (128, 128))
     reference = dequantize_blocks(codes, scale, (128, 128))
     assert torch.equal(matrix.dequantize(), reference)
     part = matrix.narrow(0, 37, 120).narrow(1, 150, 100).narrow(0, 100, 20)
     assert torch.equal(part.dequantize(), reference[137:157, 150:250])
+    large = matrix.narrow(1, 0, 256)  # whole 32-column blocks, 76,800 values: widened natively
+    assert large.shape[0] * large.shape[1] >= NATIVE_MIN_VALUES
+    assert torch.equal(large.dequantize(), reference[:, :256])
     x = torch.randn(3, 100)
     assert torch.equal(part.apply(x), torch.nn.functional.linear(x, reference[137:157, 150:250]))
 
