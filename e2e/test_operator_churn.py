@@ -5,6 +5,7 @@ rounds (rounds 2-3 add less than half of what round 1 took), and no reconcile fa
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -64,8 +65,18 @@ def handler_failures(log: str, namespace: str) -> list[str]:
     failures = []
     for line in log.splitlines():
         if re.search(r"Handler .{0,80} failed", line) and f'"namespace": "{namespace}"' in line:
-            failures.append(line[:300])
+            failures.append(failure_summary(line))
     return failures
+
+
+def failure_summary(line: str) -> str:
+    """The log record's message and its exception's last line (what failed, and why)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line[:600]
+    reason = (record.get("exc_info") or "").strip().splitlines()[-1:] or [""]
+    return f"{record.get('message', '')[:200]} | {reason[0][:400]}"
 
 
 def test_create_and_delete_100_services_three_times(
