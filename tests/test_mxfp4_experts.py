@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
 from octavo.model_executor.layers.moe import FusedMoE
 from octavo.model_executor.layers.moe.mxfp4_experts import Mxfp4Tensor
+from octavo.model_executor.layers.moe.quantized_experts import experts_sync_with_host
 from octavo.model_executor.loader import weight_bytes
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from test_arch_gpt_oss import EXPERT_MATRICES, GPT_OSS, copy_checkpoint, quantize_mxfp4
@@ -79,6 +80,7 @@ def test_mxfp4_experts_kept_4_bit_match_hf_on_their_dequantized_form(folders, sm
         assert sum(expert_bytes(moe) for moe in moes) == packed
         linear = moes[0].quantized.gate_up[0]
         assert [type(segment.weight) for segment in linear.segments] == [Mxfp4Tensor]
+        assert experts_sync_with_host(model)  # no decode CUDA graphs over the grouped path
 
     assert_matches_hf(mxfp4, smol_tokenizer, expected, check_bytes)
 

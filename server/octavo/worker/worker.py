@@ -8,7 +8,7 @@ pipeline parallelism there is one per rank, each in its own process
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,6 +38,7 @@ from octavo.lora.slots import AdapterSlots
 from octavo.model_executor.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from octavo.model_executor.footprint import weight_bytes, weight_footprint
 from octavo.model_executor.layers.lora import LoRASize
+from octavo.model_executor.layers.moe.quantized_experts import experts_sync_with_host
 from octavo.model_executor.loader import load_model, load_tokenizer
 from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
@@ -139,6 +140,9 @@ class Worker:
             spec.quantization,
             spec.load_format,
         )
+        if spec.graph_sizes and experts_sync_with_host(self.model):
+            logger.info("decode CUDA graphs off: quantized MoE experts run the grouped path")
+            self.spec = spec = replace(spec, graph_sizes=())
         if spec.compile_layers:
             compile_layers(self.model)
         self.state_specs = tuple(self.model.state_specs())

@@ -97,3 +97,13 @@ class CheckpointExperts(nn.Module):
     def process_weights_after_loading(self) -> None:
         for slot in (*self.gate_up, *self.down):
             slot.process_weights_after_loading()
+
+
+def experts_sync_with_host(model: nn.Module) -> bool:
+    """Whether a MoE layer of ``model`` runs quantized experts through the grouped path
+    (``grouped.py``) on every device: it reads each expert's row count on the host every
+    step, which a CUDA graph cannot capture (so decode graphs stay off)."""
+    return any(
+        isinstance(getattr(module, "quantized", None), QuantizedExperts | CheckpointExperts)
+        for module in model.modules()
+    )
