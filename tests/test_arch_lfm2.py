@@ -5,7 +5,9 @@ long prompts) and forced preemption (a pool of 11 KV blocks); on the same engine
 decode from a copy of their parent's convolution state: ``n = 3`` greedy completions are
 all HF's (without the copy the forks drift from the fifth token on), ``n = 3`` seeded
 ones equal three single requests carrying the forks' seeds; and on two tensor-parallel
-ranks (channels split). Prefix caching is off for it: its states are not kept per block.
+ranks (channels split). The GPU's memory-profile step runs through its state layers (on
+the null slot). Prefix caching is off for it: its states are not kept per block, and
+speculative decoding is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from architecture_check import (
 from octavo import LLM, SamplingParams
 from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.scheduler.sequence import sequence_seed
+from octavo.worker.memory_profile import CacheSpec, DummyStep, measure_step_peak
 
 CONFIG = {
     "num_hidden_layers": 3,
@@ -80,9 +83,24 @@ def forks_follow_the_parent_state(prompt: list[int], greedy: list[int]):
     return check
 
 
+def the_memory_profile_step_runs(llm: LLM) -> None:
+    """The GPU's sizing step (run on CPU here): a dummy prefill through a scratch cache
+    whose state layers have only the null slot, every dummy sequence writing it."""
+    worker = llm.engine.executor.worker
+    cache = CacheSpec(16, torch.float32, torch.device("cpu"))
+    step = DummyStep([20, 5], logits_rows=2)
+    peak = measure_step_peak(worker.paged_model_on, worker.cache_shape, step, cache)
+    assert peak is None  # a CPU keeps no allocator statistics: the step ran, that is all
+
+
 def test_greedy_matches_hf_with_chunks_preemption_and_forks(folder, expected, smol_tokenizer):
     prompts = check_prompts(smol_tokenizer)
-    then = forks_follow_the_parent_state(prompts[0], expected[0])
+    forks = forks_follow_the_parent_state(prompts[0], expected[0])
+
+    def then(llm: LLM) -> None:
+        forks(llm)
+        the_memory_profile_step_runs(llm)
+
     got, stats = octavo_greedy(
         folder, prompts, then, kv_cache_memory=kv_cache_memory(), max_num_seqs=MAX_NUM_SEQS
     )
