@@ -99,3 +99,18 @@ def test_a_column_slice_inside_a_group_equals_the_dequantized_columns():
     part = matrix.narrow(1, 40, 70).narrow(0, 3, 5).narrow(1, 10, 30)
     assert part.shape == (5, 30) and part.scales.shape == (5, 2)  # two groups touched
     assert torch.equal(part.dequantize(torch.bfloat16), reference[3:8, 50:80].bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantization_equals_transformers_over_every_scale_byte(dtype):
+    """Every e8m0 byte (2^-127 .. 2^128, subnormal and overflowing results included) gives
+    transformers' ``ldexp`` values bit for bit (NaN where it gives NaN)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    generator = torch.Generator().manual_seed(1)
+    blocks = torch.randint(0, 256, (2, 256, 2, 16), dtype=torch.uint8, generator=generator)
+    scales = torch.arange(256, dtype=torch.uint8).repeat(2, 2, 1).transpose(1, 2).contiguous()
+    expected = convert_moe_packed_tensors(blocks, scales, dtype=dtype)
+    got = Mxfp4Tensor(blocks[1], scales[1]).dequantize(dtype)
+    assert torch.equal(got.nan_to_num(), expected[1].T.nan_to_num())
+    assert torch.equal(got.isnan(), expected[1].T.isnan())
