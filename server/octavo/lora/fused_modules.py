@@ -18,8 +18,8 @@ FusedModules = Mapping[str, tuple[str, ...]]
 
 def fused_modules(config: ModelConfig) -> FusedModules:
     """The fused PEFT modules of ``config``'s architecture (none for most)."""
-    from octavo.model_executor.models.registry import ARCHITECTURES, model_class
+    from octavo.model_executor.models.registry import is_pooling_architecture, model_class
 
-    if config.architecture not in ARCHITECTURES:
+    if is_pooling_architecture(config.architecture):
         return {}
     return getattr(model_class(config.architecture), "lora_fused_modules", {})

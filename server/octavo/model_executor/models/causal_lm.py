@@ -45,6 +45,14 @@ from octavo.model_executor.rotary import RotaryEmbedding
 
 
 class CausalLM(nn.Module):
+    # The config.json ``architectures`` names this class serves, declared by the class
+    # itself (not inherited; ``registry.MANIFEST`` lists them per module, checked by a test).
+    architectures: ClassVar[tuple[str, ...]] = ()
+    # Checkpoints of the same decoder saved without the LM head (e5-mistral's MistralModel,
+    # gte-Qwen2's Qwen2Model): served by this class for pooling.
+    pooling_architectures: ClassVar[tuple[str, ...]] = ()
+    # Takes images (has ``embed_images``; prompts go through the folder's HF processor).
+    takes_images: ClassVar[bool] = False
     # The decoder's linears LoRA can wrap -> the PEFT module names each fuses, in order.
     lora_modules: ClassVar[dict[str, tuple[str, ...]]] = {
         "self_attn.qkv": ("q_proj", "k_proj", "v_proj"),

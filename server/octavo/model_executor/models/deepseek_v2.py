@@ -41,6 +41,7 @@ from octavo.model_executor.rotary import RotaryEmbedding, mla_softmax_scale
 
 
 class DeepseekV2ForCausalLM(CausalLM):
+    architectures = ("DeepseekV2ForCausalLM",)
     router_kind = "softmax"
 
     def layer_spec(self, index: int) -> LayerSpec:
@@ -125,6 +126,7 @@ class DeepseekV2ForCausalLM(CausalLM):
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    architectures = ("DeepseekV3ForCausalLM",)
     router_kind = "sigmoid"
 
     def rope_interleaved(self) -> bool:

@@ -28,6 +28,8 @@ from octavo.model_executor.models.layer_spec import SANDWICH_NORM, AttentionSpec
 
 
 class Gemma2ForCausalLM(CausalLM):
+    architectures = ("Gemma2ForCausalLM",)
+    pooling_architectures = ("Gemma2Model",)
     norm_kind = "gemma"
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:

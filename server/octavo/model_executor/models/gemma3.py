@@ -22,6 +22,9 @@ from octavo.model_executor.rotary import rope_parameters_for
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    architectures = ("Gemma3ForCausalLM",)
+    pooling_architectures = ("Gemma3TextModel",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(
             super().attention_spec(index), qk_norm="head", rope=self.config.layer_types[index]

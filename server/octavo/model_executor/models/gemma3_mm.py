@@ -46,6 +46,7 @@ class Gemma3MultiModalProjector(nn.Module):
 
 
 class Gemma3ForConditionalGeneration(VisionCheckpoint, Gemma3ForCausalLM):
+    architectures = ("Gemma3ForConditionalGeneration",)
     bidirectional_images = True  # an image's placeholders attend to each other both ways
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:

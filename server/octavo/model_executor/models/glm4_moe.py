@@ -30,6 +30,8 @@ from octavo.model_executor.rotary import rope_parameters_for
 class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
     """DeepSeek-V3's MoE hooks; the attention hooks go back to ``CausalLM``'s (no MLA)."""
 
+    architectures = ("Glm4MoeForCausalLM",)
+
     def layer_spec(self, index: int) -> LayerSpec:
         return CausalLM.layer_spec(self, index)
 

@@ -27,6 +27,8 @@ from octavo.model_executor.models.layer_spec import AttentionSpec
 
 
 class GptOssForCausalLM(CausalLM):
+    architectures = ("GptOssForCausalLM",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), sinks=True)
 

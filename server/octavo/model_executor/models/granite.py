@@ -18,6 +18,8 @@ from octavo.model_executor.models.layer_spec import AttentionSpec, LayerSpec
 
 
 class GraniteForCausalLM(CausalLM):
+    architectures = ("GraniteForCausalLM",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         scale = float(self.config.hf.attention_multiplier)
         return dataclasses.replace(super().attention_spec(index), scale=scale)

@@ -33,6 +33,7 @@ NO_TIME_STEP_LIMIT = (0.0, float("inf"))
 
 
 class GraniteMoeHybridForCausalLM(GraniteForCausalLM):
+    architectures = ("GraniteMoeHybridForCausalLM",)
     state_layer_types = frozenset({"linear_attention", "mamba"})
 
     def attention_spec(self, index: int) -> AttentionSpec:

@@ -61,6 +61,7 @@ def pixel_shuffle(patches: torch.Tensor, scale: int) -> torch.Tensor:
 
 
 class Idefics3ForConditionalGeneration(VisionCheckpoint, LlamaForCausalLM):
+    architectures = ("Idefics3ForConditionalGeneration",)
     checkpoint_prefixes = _PREFIXES
     vision_modules = ("vision_model", "connector")
 
@@ -93,4 +94,4 @@ def pixel_mask(image: ImageData) -> torch.Tensor:
 
 
 class SmolVLMForConditionalGeneration(Idefics3ForConditionalGeneration):
-    pass
+    architectures = ("SmolVLMForConditionalGeneration",)

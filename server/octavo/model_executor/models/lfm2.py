@@ -44,6 +44,7 @@ _RENAMES = (  # transformers' names -> Llama's, which the shared blocks carry
 
 
 class Lfm2ForCausalLM(CausalLM):
+    architectures = ("Lfm2ForCausalLM",)
     state_layer_types = frozenset({"conv"})
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:

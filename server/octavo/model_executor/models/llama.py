@@ -6,13 +6,18 @@ from octavo.model_executor.models.causal_lm import CausalLM
 
 
 class LlamaForCausalLM(CausalLM):
-    pass
+    architectures = ("LlamaForCausalLM",)
+    pooling_architectures = ("LlamaModel",)
 
 
 class Qwen2ForCausalLM(CausalLM):
+    architectures = ("Qwen2ForCausalLM",)
+    pooling_architectures = ("Qwen2Model",)
+
     def o_proj_bias(self) -> bool:
         return False  # Q/K/V have biases, the output projection none
 
 
 class MistralForCausalLM(CausalLM):
-    pass
+    architectures = ("MistralForCausalLM",)
+    pooling_architectures = ("MistralModel",)

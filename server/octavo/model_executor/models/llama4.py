@@ -38,6 +38,8 @@ CHUNKED_ATTENTION = "chunked_attention"
 
 
 class Llama4ForCausalLM(CausalLM):
+    architectures = ("Llama4ForCausalLM",)
+
     def layer_spec(self, index: int) -> LayerSpec:
         block = functools.partial(self.make_attention, index)
         return dataclasses.replace(super().layer_spec(index), attention_block=block)

@@ -22,6 +22,8 @@ from octavo.model_executor.vision.towers import tower_checkpoint_name, vision_to
 
 
 class LlavaForConditionalGeneration(VisionCheckpoint, LlamaForCausalLM):
+    architectures = ("LlavaForConditionalGeneration",)
+
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__(config, quantization)
         outer = transformers_config(config.checkpoint)

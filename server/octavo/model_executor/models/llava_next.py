@@ -24,6 +24,8 @@ _NEWLINE_NAMES = ("model.image_newline", "image_newline")
 
 
 class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
+    architectures = ("LlavaNextForConditionalGeneration",)
+
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__(config, quantization)
         outer = transformers_config(config.checkpoint)

@@ -29,6 +29,8 @@ MINIMAX_M2 = dataclasses.replace(MIXTRAL, router_score_bias="e_score_correction_
 
 
 class MiniMaxM2ForCausalLM(MixtralForCausalLM):
+    architectures = ("MiniMaxM2ForCausalLM",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), qk_norm="full")
 

@@ -50,6 +50,8 @@ class Mistral3MultiModalProjector(MultiModalProjector):
 
 
 class Mistral3ForConditionalGeneration(VisionCheckpoint, MistralForCausalLM):
+    architectures = ("Mistral3ForConditionalGeneration",)
+
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__(config, quantization)
         outer = transformers_config(config.checkpoint)

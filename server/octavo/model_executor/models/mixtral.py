@@ -13,6 +13,8 @@ from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
 
 
 class MixtralForCausalLM(CausalLM):
+    architectures = ("MixtralForCausalLM",)
+
     def make_mlp(self, index: int) -> nn.Module:
         hf = self.config.hf
         shape = MoEShape(

@@ -13,6 +13,8 @@ from octavo.model_executor.models.layer_spec import POST_NORM, AttentionSpec, La
 
 
 class Olmo2ForCausalLM(CausalLM):
+    architectures = ("Olmo2ForCausalLM",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), qk_norm="full")
 

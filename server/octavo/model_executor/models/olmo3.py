@@ -16,6 +16,8 @@ from octavo.model_executor.rotary import rope_parameters_for
 
 
 class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    architectures = ("Olmo3ForCausalLM",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         layer_type = self.config.layer_types[index]
         return dataclasses.replace(super().attention_spec(index), rope=layer_type)

@@ -16,6 +16,7 @@ from octavo.model_executor.models.causal_lm import CausalLM
 
 
 class Phi3ForCausalLM(CausalLM):
+    architectures = ("Phi3ForCausalLM",)
     # PEFT's name of a fused module -> the modules whose rows it stacks, in order.
     lora_fused_modules: ClassVar[dict[str, tuple[str, ...]]] = {
         "qkv_proj": ("q_proj", "k_proj", "v_proj"),

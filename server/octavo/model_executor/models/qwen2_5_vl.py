@@ -21,6 +21,7 @@ from octavo.model_executor.vision.qwen2_5_vl import QWEN_BLOCK_NAMES, Qwen2_5_Vi
 
 
 class Qwen2_5_VLForConditionalGeneration(QwenVLImages, Qwen2ForCausalLM):
+    architectures = ("Qwen2_5_VLForConditionalGeneration",)
     block_names = QWEN_BLOCK_NAMES
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:

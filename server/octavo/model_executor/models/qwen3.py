@@ -12,5 +12,8 @@ from octavo.model_executor.models.layer_spec import AttentionSpec
 
 
 class Qwen3ForCausalLM(CausalLM):
+    architectures = ("Qwen3ForCausalLM",)
+    pooling_architectures = ("Qwen3Model",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), qk_norm="head")

@@ -13,6 +13,8 @@ from octavo.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    architectures = ("Qwen3MoeForCausalLM",)
+
     def is_sparse(self, index: int) -> bool:
         hf = self.config.hf
         step = getattr(hf, "decoder_sparse_step", 1) or 1

@@ -39,6 +39,7 @@ SHARED_EXPERT_GATE = "shared_expert_gate.weight"
 
 
 class Qwen3NextForCausalLM(Qwen3MoeForCausalLM):
+    architectures = ("Qwen3NextForCausalLM",)
     norm_kind = "gemma"  # (1 + w), as Qwen3NextRMSNorm
     state_layer_types: ClassVar[frozenset[str]] = frozenset({"linear_attention"})
 

@@ -31,6 +31,7 @@ class DeepstackRows:
 
 
 class Qwen3VLForConditionalGeneration(QwenVLImages, Qwen3ForCausalLM):
+    architectures = ("Qwen3VLForConditionalGeneration",)
     block_names = QWEN3_BLOCK_NAMES
     mrope_interleaved = True
 

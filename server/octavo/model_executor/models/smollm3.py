@@ -16,6 +16,8 @@ from octavo.model_executor.models.layer_spec import AttentionSpec
 
 
 class SmolLM3ForCausalLM(CausalLM):
+    architectures = ("SmolLM3ForCausalLM",)
+
     def attention_spec(self, index: int) -> AttentionSpec:
         hf = self.config.hf
         uses_rope = bool(hf.no_rope_layers[index])

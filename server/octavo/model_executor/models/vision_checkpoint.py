@@ -32,6 +32,7 @@ LLAVA_MODULES = ("vision_tower", "multi_modal_projector")
 
 
 class VisionCheckpoint:
+    takes_images: ClassVar[bool] = True
     checkpoint_prefixes: ClassVar[dict[str, str]] = LLAVA_PREFIXES
     vision_modules: ClassVar[tuple[str, ...]] = LLAVA_MODULES
 
