@@ -14,6 +14,7 @@ dequantized at load (the absorbed decode reads its per-head blocks as floats).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
+from octavo.distributed.parallel_state import TensorParallelGroup
+from octavo.model_executor.layers.moe import QWEN_MOE, FusedMoE
 from octavo.model_executor.layers.quantization.fp8_blocks import (
     NATIVE_MIN_VALUES,
     Fp8BlockTensor,
@@ -30,6 +33,7 @@ from octavo.model_executor.layers.quantization.fp8_blocks import (
 from octavo.model_executor.loader import weight_bytes
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from test_arch_deepseek import CONFIGS, add_correction_bias
+from test_parallel_layers import on_ranks
 
 BLOCK = (16, 32)  # rows (output features) x columns (input features) of one tile
 FP8 = torch.float8_e4m3fn
@@ -160,3 +164,45 @@ def test_fp8_checkpoints_it_cannot_read_are_refused(folders, tmp_path):
     (per_tensor / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="without weight_block_size"):
         resolve_quantization(per_tensor, None)
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_fp8_experts_on_two_ranks_equal_the_float_experts(monkeypatch, expert_parallel):
+    """A DeepSeek MoE block over two ranks (the all-reduce a sum here), 16 x 16 tiles and 24
+    intermediate rows per expert: a tensor-parallel rank's 12 gate/up rows and down columns
+    start inside a tile. FP8 experts give the float experts' output on the same weights."""
+    generator = torch.Generator().manual_seed(3)
+    fp8 = {"gate.weight": torch.randn(4, 32, generator=generator)}
+    dense = dict(fp8)
+    for expert in range(4):
+        for part, shape in (("gate", (24, 32)), ("up", (24, 32)), ("down", (32, 24))):
+            name = f"experts.{expert}.{part}_proj.weight"
+            codes, scale = quantize_blocks(torch.randn(shape, generator=generator), (16, 16))
+            fp8[name] = Fp8BlockTensor(codes, scale, (16, 16))
+            dense[name] = dequantize_blocks(codes, scale, (16, 16))
+    monkeypatch.setattr(TensorParallelGroup, "all_reduce", lambda self, tensor: tensor)
+    hidden = torch.randn(9, 32, generator=generator)
+    outputs = []
+    for checkpoint, quantization in ((dense, None), (fp8, "fp8_block")):
+        build = functools.partial(moe_block, checkpoint, quantization, expert_parallel)
+        with torch.no_grad():
+            outputs.append(sum(rank(hidden) for rank in on_ranks(2, build)))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-6, atol=1e-6)
+
+
+def moe_block(checkpoint: dict, quantization, expert_parallel: bool) -> FusedMoE:
+    moe = FusedMoE(
+        4,
+        2,
+        32,
+        24,
+        names=QWEN_MOE,
+        quantization=quantization,
+        enable_expert_parallel=expert_parallel,
+    )
+    loaded = set()
+    for name, tensor in checkpoint.items():
+        loaded.update(moe.load_checkpoint_tensor(name, tensor))
+    assert loaded == moe.expected_keys()
+    moe.process_weights_after_loading()
+    return moe

@@ -9,6 +9,7 @@ one e8m0 scale) and nothing of them is widened to float. (Two tensor-parallel ra
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,16 @@ import torch
 from safetensors.torch import load_file
 
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
-from octavo.model_executor.layers.moe import FusedMoE
+from octavo.distributed.parallel_state import TensorParallelGroup
+from octavo.model_executor.layers.activation import ClampedSwigluAndMul
+from octavo.model_executor.layers.moe import GPT_OSS, FusedMoE
 from octavo.model_executor.layers.moe.mxfp4_experts import Mxfp4Tensor
 from octavo.model_executor.layers.moe.quantized_experts import experts_sync_with_host
 from octavo.model_executor.loader import weight_bytes
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
-from test_arch_gpt_oss import EXPERT_MATRICES, GPT_OSS, copy_checkpoint, quantize_mxfp4
+from test_arch_gpt_oss import EXPERT_MATRICES, copy_checkpoint, quantize_mxfp4
+from test_arch_gpt_oss import GPT_OSS as GPT_OSS_CONFIG
+from test_parallel_layers import on_ranks
 
 MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
 
@@ -32,7 +37,7 @@ def folders(tmp_path_factory, smol_tokenizer) -> tuple[Path, Path]:
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     source = tmp_path_factory.mktemp("gpt_oss")
-    write_tiny_checkpoint(source, "gpt_oss", smol_tokenizer, **GPT_OSS)
+    write_tiny_checkpoint(source, "gpt_oss", smol_tokenizer, **GPT_OSS_CONFIG)
     packed, dequantized = {}, {}
     for name, tensor in load_file(str(source / "model.safetensors")).items():
         if not name.endswith(EXPERT_MATRICES):
@@ -114,3 +119,57 @@ def test_dequantization_equals_transformers_over_every_scale_byte(dtype):
     got = Mxfp4Tensor(blocks[1], scales[1]).dequantize(dtype)
     assert torch.equal(got.nan_to_num(), expected[1].T.nan_to_num())
     assert torch.equal(got.isnan(), expected[1].T.isnan())
+
+
+@pytest.mark.parametrize("inter", [64, 96])  # a rank's 48 down columns: ends inside a group
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_kept_experts_on_two_ranks_equal_the_float_experts(monkeypatch, inter, expert_parallel):
+    """A gpt-oss MoE block over two ranks (tensor or expert parallel; the all-reduce a sum
+    here): the experts kept 4-bit give the float experts' output from the same checkpoint
+    dequantized."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    generator = torch.Generator().manual_seed(2)
+    packed = {"router.weight": torch.randn(4, 32, generator=generator)}
+    packed["router.bias"] = torch.randn(4, generator=generator)
+    packed["experts.gate_up_proj_bias"] = torch.randn(4, 2 * inter, generator=generator)
+    packed["experts.down_proj_bias"] = torch.randn(4, 32, generator=generator)
+    dense = dict(packed)
+    shapes = {"gate_up_proj": (2 * inter, 32), "down_proj": (32, inter)}  # [rows, inputs]
+    for name, (rows, columns) in shapes.items():
+        shape = (4, rows, columns // 32)
+        blocks = torch.randint(0, 256, (*shape, 16), dtype=torch.uint8, generator=generator)
+        scales = torch.randint(122, 128, shape, dtype=torch.uint8, generator=generator)
+        packed[f"experts.{name}_blocks"], packed[f"experts.{name}_scales"] = blocks, scales
+        dense[f"experts.{name}"] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    monkeypatch.setattr(TensorParallelGroup, "all_reduce", lambda self, tensor: tensor)
+    hidden = torch.randn(9, 32, generator=generator)
+    outputs = []
+    for checkpoint, quantization in ((dense, None), (packed, "mxfp4")):
+        build = functools.partial(gpt_oss_moe, checkpoint, inter, quantization, expert_parallel)
+        with torch.no_grad():
+            outputs.append(sum(rank(hidden) for rank in on_ranks(2, build)))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-6, atol=1e-6)
+
+
+def gpt_oss_moe(checkpoint: dict, inter: int, quantization, expert_parallel: bool) -> FusedMoE:
+    moe = FusedMoE(
+        4,
+        2,
+        32,
+        inter,
+        names=GPT_OSS,
+        router="softmax_after_topk",
+        renormalize=False,
+        activation=ClampedSwigluAndMul(),
+        bias=True,
+        router_bias=True,
+        quantization=quantization,
+        enable_expert_parallel=expert_parallel,
+    )
+    loaded = set()
+    for name, tensor in checkpoint.items():
+        loaded.update(moe.load_checkpoint_tensor(name, tensor))
+    assert loaded == moe.expected_keys()
+    moe.process_weights_after_loading()
+    return moe
