@@ -4,9 +4,10 @@ releases store them: ``weight`` in e4m3 and ``weight_scale_inv`` in fp32, one sc
 ``w[o, i] = fp8[o, i] * scale_inv[o // block_out, i // block_in]``. The last tile of a
 dimension that is not a multiple of the block is partial.
 
-Kept as they are (one byte per weight plus the scales). The torch path widens a layer's
-weights tile by tile into the activations' dtype and runs one float GEMM; CPUs have no
-FP8 arithmetic, and the weights' bytes are what decode reads.
+Kept as they are (one byte per weight plus the scales). On GPU a Triton GEMM reads the
+tiles as stored (``triton_fp8_blocks.py``); elsewhere the torch path widens a layer's
+weights tile by tile into the activations' dtype and runs one float GEMM (CPUs have no
+FP8 arithmetic).
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ class Fp8BlockTensor(StoredMatrix):
         else:
             values.mul_(expand_tiles(per_row, self.block[1], 1, self.phase[1], cols))
         return values.to(dtype)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """GPU: the Triton kernel reads the FP8 tiles as stored; elsewhere, dequantize
+        and one float GEMM."""
+        if x.is_cuda:
+            from octavo.model_executor.layers.quantization.triton_fp8_blocks import (
+                fp8_block_linear,
+            )
+
+            return fp8_block_linear(x, self)
+        return super().apply(x)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"fp8": self.weight, "scale_inv": self.scale}
