@@ -13,6 +13,11 @@ entries become the null block, which the attention backends never read (they sta
 window). A freed block keeps its prefix-cache hash in the pool's free list, so another
 request with the same prefix can still revive it until it is reused.
 
+One manager may also serve one group of a hybrid model's layers (``kv_cache_groups``,
+``group_coordinator``): its window or ``chunk_size`` (chunked local attention) frees the
+blocks behind it, and its ``group_tag`` keys its blocks in the shared pool's prefix cache
+apart from the other groups' (the same tokens hold other layers' keys there).
+
 When the pool records KV events, each call that registers blocks adds their
 ``BlockStored`` events (see ``stored_events``).
 
@@ -61,6 +66,8 @@ class KVCacheManager:
         block_size: int,
         sliding_window: int | None = None,
         hasher: BlockHasher | None = None,
+        chunk_size: int | None = None,
+        group_tag: bytes = b"",
     ) -> None:
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
@@ -71,6 +78,13 @@ class KVCacheManager:
         self.tables: dict[int, SequenceBlocks] = {}
         self.pending_copies: list[tuple[int, int]] = []  # (source block, destination block)
         self.state_slots: StateSlots | None = None  # models with state layers (hybrid)
+        self.chunk_size = chunk_size  # chunked local attention: blocks of past chunks freed
+        self.group_tag = group_tag  # appended to its hashes in the pool (b"": group 0)
+
+    @property
+    def frees_blocks(self) -> bool:
+        """Does it free blocks behind a window or chunk as sequences advance?"""
+        return self.sliding_window is not None or self.chunk_size is not None
 
     def block_ids(self, seq_id: int) -> list[int]:
         """The sequence's block table as ids. The list is shared until its blocks change
@@ -86,7 +100,7 @@ class KVCacheManager:
         table = self.tables.get(seq_id)
         if table is None:
             return 0
-        if self.sliding_window is None:
+        if not self.frees_blocks:
             return num_computed  # nothing is ever freed early
         freed = sum(1 for block in table.blocks if self._is_null(block))
         return max(0, num_computed - freed * self.block_size)
@@ -101,21 +115,31 @@ class KVCacheManager:
         vLLM's sliding-window hit)."""
         if not self.pool.enable_prefix_caching or self.state_slots is not None:
             return []  # (a state layer's state cannot start from a cached block)
+        lookup = self.lookup_prefix(token_ids, chain)
+        for end in range(len(lookup.found), 0, -1):
+            hits = lookup.hits_at(end, self._num_skipped(end * self.block_size))
+            if hits is not None:
+                return hits
+        return []
+
+    def lookup_prefix(self, token_ids: list[int], chain: HashChain | None = None) -> PrefixLookup:
+        """The cached block (or None) of each full block of ``token_ids`` but the last
+        token's."""
         size = self.block_size
         num_blocks = (len(token_ids) - 1) // size
         hashes = self.hasher.extend(chain or HashChain(), token_ids, size, num_blocks)
         found = [
-            self.pool.lookup(block_hash, tuple(token_ids[index * size : (index + 1) * size]))
-            for index, block_hash in enumerate(hashes)
+            self.pool.lookup(self._key(block_hash), tuple(token_ids[i * size : (i + 1) * size]))
+            for i, block_hash in enumerate(hashes)
         ]
-        misses = (index if block is None else -1 for index, block in enumerate(found))
-        last_miss = list(itertools.accumulate(misses, max))
-        for end in range(len(found), 0, -1):
-            skipped = self._num_skipped(end * size)
-            if last_miss[end - 1] < skipped:
-                blocks = [self.pool.null_block] * skipped + found[skipped:end]
-                return CacheHits(blocks, hashes[:end])  # type: ignore[arg-type]
-        return []
+        return PrefixLookup(found, list(hashes), self.pool.null_block)
+
+    def hits_at(self, lookup: PrefixLookup, end: int) -> CacheHits | None:
+        """The hits of the first ``end`` blocks if those its window needs are cached."""
+        return lookup.hits_at(end, self._num_skipped(end * self.block_size))
+
+    def _key(self, block_hash: BlockHash) -> BlockHash:
+        return block_hash + self.group_tag if self.group_tag else block_hash
 
     def allocate_slots(
         self, seq_id: int, num_computed: int, num_new: int, cached: list[KVBlock] = ()
@@ -157,7 +181,7 @@ class KVCacheManager:
         window) and nothing to copy (the first written block is this sequence's alone)?
         Then ``_allocate_slots`` would change nothing."""
         table = self.tables.get(seq_id)
-        if table is None or self.sliding_window is not None:
+        if table is None or self.frees_blocks:
             return False
         blocks, size = table.blocks, self.block_size
         if num_computed + num_new > len(blocks) * size:
@@ -170,25 +194,50 @@ class KVCacheManager:
     ) -> bool:
         """``allocate_slots``' general path: frees skipped blocks, takes cache hits,
         copies a shared block and allocates the missing ones."""
-        table = self.tables.setdefault(seq_id, SequenceBlocks())
-        table.ids = None  # the blocks may change below
-        self._free_skipped_blocks(table, num_computed)
-        hits = self._hits_in_window(list(cached), num_computed)
-        needs_copy = self._written_block_is_shared(table, num_computed, num_new)
-        have = len(table.blocks) + len(hits)
-        new_blocks = max(0, -(-(num_computed + num_new) // self.block_size) - have)
-        revived = sum(1 for block in hits if block.ref_count == 0 and not self._is_null(block))
-        if new_blocks + needs_copy + revived > self.pool.num_free_blocks:
-            if not table.blocks:
-                del self.tables[seq_id]
+        if self.blocks_needed(seq_id, num_computed, num_new, cached) > self.pool.num_free_blocks:
             return False
+        self.take_hits(seq_id, num_computed, cached)
+        self.allocate_new(seq_id, num_computed, num_new)
+        return True
+
+    def blocks_needed(
+        self, seq_id: int, num_computed: int, num_new: int, cached: list[KVBlock] = ()
+    ) -> int:
+        """Free blocks the allocation takes (new ones, a copy, revived cache hits), after
+        freeing those behind the window of a sequence that holds blocks."""
+        table = self.tables.get(seq_id)
+        held = 0
+        needs_copy = False
+        if table is not None:
+            table.ids = None  # the blocks may change
+            self._free_skipped_blocks(table, num_computed)
+            held = len(table.blocks)
+            needs_copy = self._written_block_is_shared(table, num_computed, num_new)
+        hits = self._hits_in_window(list(cached), num_computed)
+        new_blocks = max(0, -(-(num_computed + num_new) // self.block_size) - held - len(hits))
+        revived = sum(1 for block in hits if block.ref_count == 0 and not self._is_null(block))
+        return new_blocks + needs_copy + revived
+
+    def take_hits(self, seq_id: int, num_computed: int, cached: list[KVBlock] = ()) -> None:
+        """Start the sequence's table with its cache hits (references taken); every
+        group of a hybrid model takes its hits before any allocates (which could reuse
+        another group's free cached block)."""
+        table = self.tables.setdefault(seq_id, SequenceBlocks())
+        table.ids = None
+        hits = self._hits_in_window(list(cached), num_computed)
         self.pool.touch(self._real(hits))
         table.blocks.extend(hits)
         table.hashes.extend(cached.hashes if isinstance(cached, CacheHits) else _chain_of(cached))
-        if needs_copy:
+
+    def allocate_new(self, seq_id: int, num_computed: int, num_new: int) -> None:
+        """Copy a shared written block and allocate the missing ones (``blocks_needed``
+        said the pool has them)."""
+        table = self.tables[seq_id]
+        if self._written_block_is_shared(table, num_computed, num_new):
             self._copy_block(table, num_computed // self.block_size)
+        have = len(table.blocks)
+        new_blocks = max(0, -(-(num_computed + num_new) // self.block_size) - have)
         table.blocks.extend(self.pool.allocate(new_blocks) or [])
-        return True
 
     def _free_skipped_blocks(self, table: SequenceBlocks, num_computed: int) -> None:
         """Free the blocks behind the window of the next token (newest first, down to the
@@ -209,7 +258,8 @@ class KVCacheManager:
         return [self.pool.null_block] * skipped + cached[skipped:]
 
     def _num_skipped(self, num_computed: int) -> int:
-        return num_skipped_blocks(num_computed, self.sliding_window, self.block_size)
+        window, chunk = self.sliding_window, self.chunk_size
+        return num_skipped_blocks(num_computed, window, self.block_size, chunk)
 
     def _is_null(self, block: KVBlock) -> bool:
         return block is self.pool.null_block
@@ -267,9 +317,10 @@ class KVCacheManager:
             block_hash = hashes[index]
             table.hashes.append(block_hash)
             block = table.blocks[index]
-            registered = not self._is_null(block) and self.pool.register(block, block_hash, chunk)
+            key = self._key(block_hash)
+            registered = not self._is_null(block) and self.pool.register(block, key, chunk)
             if stored is not None and registered:
-                stored.add(parent, block_hash, chunk)
+                stored.add(None if parent is None else self._key(parent), key, chunk)
             elif stored is not None:
                 stored.flush()
         if stored is not None:
@@ -285,6 +336,30 @@ class KVCacheManager:
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
+
+
+@dataclass
+class PrefixLookup:
+    """One group's prefix-cache lookup: each full block's cached block (None: a miss)
+    and chain hash; ``hits_at`` cuts it at any length (the coordinator finds the
+    longest one every group holds)."""
+
+    found: list[KVBlock | None]
+    hashes: list[BlockHash]
+    null_block: KVBlock
+    last_miss: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        misses = (index if block is None else -1 for index, block in enumerate(self.found))
+        self.last_miss = list(itertools.accumulate(misses, max))
+
+    def hits_at(self, end: int, skipped: int) -> CacheHits | None:
+        """The first ``end`` blocks as hits (the ``skipped`` ones behind the window as
+        null blocks) if every other one is cached; None if not."""
+        if end == 0 or self.last_miss[end - 1] >= skipped:
+            return None
+        blocks = [self.null_block] * skipped + self.found[skipped:end]
+        return CacheHits(blocks, self.hashes[:end])  # type: ignore[arg-type]
 
 
 def _chain_of(blocks: list[KVBlock]) -> list[BlockHash]:

@@ -11,8 +11,14 @@ whole blocks of them, are skipped.
 from __future__ import annotations
 
 
-def num_skipped_blocks(num_computed: int, window: int | None, block_size: int) -> int:
-    """Leading blocks of a sequence that hold only keys no future query sees."""
+def num_skipped_blocks(
+    num_computed: int, window: int | None, block_size: int, chunk: int | None = None
+) -> int:
+    """Leading blocks of a sequence that hold only keys no future query sees. A chunked
+    local layer (``chunk``, Llama 4's) sees only its own chunk: keys before the start of
+    the chunk of position ``num_computed`` are dead."""
+    if chunk is not None:
+        return num_computed // chunk * chunk // block_size
     if window is None:
         return 0
     return max(0, num_computed - window + 1) // block_size
