@@ -52,31 +52,32 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
+        """Every field from transformers' config object of the (text) config; what it does
+        not carry comes from ``_from_config_json``."""
         architecture = check_architecture((raw.get("architectures") or ["?"])[0])
-        checkpoint, raw = raw, _text_config(raw)
-        heads = raw["num_attention_heads"]
-        hf = transformers_config(raw)
+        text = _text_config(raw)
+        hf = transformers_config(text)
+        heads = hf.num_attention_heads
         config = cls(
             architecture=architecture,
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_layers=raw["num_hidden_layers"],
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers,
             num_heads=heads,
-            num_kv_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            vocab_size=raw["vocab_size"],
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            tie_word_embeddings=_tie_word_embeddings(raw, hf),
-            attention_bias=_attention_bias(architecture, raw),
-            rope=rope_parameters_for(raw),
-            sliding_window=_sliding_window(raw),
-            eos_token_ids=_as_tuple(raw.get("eos_token_id")),
+            num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            vocab_size=hf.vocab_size,
+            rms_norm_eps=getattr(hf, "rms_norm_eps", None) or 1e-6,
+            max_position_embeddings=getattr(hf, "max_position_embeddings", None) or 2048,
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            attention_bias=_attention_bias(architecture, hf),
+            sliding_window=_sliding_window(hf),
             hf=hf,
+            checkpoint=raw,
         )
+        config.rope = rope_parameters_for(hf.to_dict())
+        config.context, config.eos_token_ids = _from_config_json(text, config.rope)
         config.layer_types = _layer_types(hf, config)
-        config.context = context_length_of(raw, config.rope)
-        config.checkpoint = checkpoint
         return config
 
     @property
@@ -162,14 +163,6 @@ def _text_config(raw: dict) -> dict:
     return {**full, **inherited, "architectures": raw["architectures"]}
 
 
-def _tie_word_embeddings(raw: dict, hf) -> bool:
-    """The config's own value, else transformers' default for its model type (Gemma's
-    config files leave it out and tie; Llama's leave it out and do not)."""
-    if "tie_word_embeddings" in raw:
-        return bool(raw["tie_word_embeddings"])
-    return bool(getattr(hf, "tie_word_embeddings", False))
-
-
 def _layer_types(hf, config: ModelConfig) -> tuple[str, ...]:
     """transformers' ``layer_types`` where the config has them, else every layer slides
     when the config names a window (Mistral, Phi-3) and attends fully when not."""
@@ -180,15 +173,23 @@ def _layer_types(hf, config: ModelConfig) -> tuple[str, ...]:
     return (default,) * config.num_layers
 
 
-def _attention_bias(architecture: str, raw: dict) -> bool:
+def _from_config_json(text: dict, rope: dict) -> tuple[ContextLength, tuple[int, ...]]:
+    """The fallbacks read from the config.json fields themselves, not transformers' object:
+    the context length (only the lengths the file names, where transformers' defaults
+    would invent one) and the end-of-sequence ids (none unless the file names them)."""
+    return context_length_of(text, rope), _as_tuple(text.get("eos_token_id"))
+
+
+def _attention_bias(architecture: str, hf) -> bool:
     qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2Model")  # biased Q/K/V, no flag
-    return qwen2 or bool(raw.get("attention_bias", False))
+    return qwen2 or bool(getattr(hf, "attention_bias", False))
 
 
-def _sliding_window(raw: dict) -> int | None:
-    if raw.get("use_sliding_window") is False:
+def _sliding_window(hf) -> int | None:
+    """The window, unless ``use_sliding_window`` (Qwen 2/3, SmolLM3) turns it off."""
+    if getattr(hf, "use_sliding_window", True) is False:
         return None
-    return raw.get("sliding_window") or None
+    return getattr(hf, "sliding_window", None) or None
 
 
 def _as_tuple(value: int | list[int] | None) -> tuple[int, ...]:
