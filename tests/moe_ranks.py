@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from expert_names import GPT_OSS
 from octavo.distributed import parallel_state
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul
-from octavo.model_executor.layers.moe import GPT_OSS, FusedMoE
+from octavo.model_executor.layers.moe import FusedMoE
 
 
 def gpt_oss_moe(sizes: tuple[int, int, int, int], checkpoint: dict, expert_parallel: bool):

@@ -24,8 +24,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
+from expert_names import QWEN_MOE
 from octavo.distributed.parallel_state import TensorParallelGroup
-from octavo.model_executor.layers.moe import QWEN_MOE, FusedMoE
+from octavo.model_executor.layers.moe import FusedMoE
 from octavo.model_executor.layers.quantization.fp8_blocks import (
     NATIVE_MIN_VALUES,
     Fp8BlockTensor,

@@ -22,10 +22,11 @@ from torch import nn
 from transformers import GptOssConfig, MixtralConfig, Qwen3MoeConfig
 
 import moe_ranks
+from expert_names import GPT_OSS, MIXTRAL, QWEN_MOE
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.checkpoint_slice import CheckpointSlice
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul, SiluAndMul
-from octavo.model_executor.layers.moe import GPT_OSS, MIXTRAL, QWEN_MOE, FusedMoE
+from octavo.model_executor.layers.moe import FusedMoE
 from octavo.model_executor.layers.moe.mxfp4 import dequantize_mxfp4
 from test_parallel_layers import on_ranks
 

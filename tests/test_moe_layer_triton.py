@@ -18,8 +18,9 @@ if not torch.cuda.is_available():  # must be set before triton is first imported
 
 import pytest
 
+from expert_names import GPT_OSS, QWEN_MOE
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul, SiluAndMul
-from octavo.model_executor.layers.moe import GPT_OSS, QWEN_MOE, FusedMoE
+from octavo.model_executor.layers.moe import FusedMoE
 from octavo.model_executor.layers.moe.grouped import grouped_experts
 from test_parallel_layers import rank_of
 

@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import load_file
 
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
+from expert_names import GPT_OSS
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul
-from octavo.model_executor.layers.moe import GPT_OSS, FusedMoE
+from octavo.model_executor.layers.moe import FusedMoE
 from octavo.model_executor.layers.moe.mxfp4_experts import Mxfp4Tensor
 from octavo.model_executor.layers.moe.quantized_experts import experts_sync_with_host
 from octavo.model_executor.loader import weight_bytes

@@ -31,7 +31,7 @@ from torch import nn
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.mla_attention import MLAAttention, MLASpec
 from octavo.model_executor.layers.mlp import GatedMLP
-from octavo.model_executor.layers.moe import DEEPSEEK, GroupLimit, Selection
+from octavo.model_executor.layers.moe import ExpertNames, GroupLimit, Selection
 from octavo.model_executor.layers.quantization.registry import linear_method_for
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec, LayerSpec
@@ -43,6 +43,13 @@ from octavo.model_executor.rotary import RotaryEmbedding, mla_softmax_scale
 class DeepseekV2ForCausalLM(CausalLM):
     architectures = ("DeepseekV2ForCausalLM",)
     router_kind = "softmax"
+    expert_names = ExpertNames(  # V3's router also has its e_score_correction_bias [E]
+        router_weight="gate.weight",
+        router_score_bias="gate.e_score_correction_bias",
+        gate="experts.{e}.gate_proj.weight",
+        up="experts.{e}.up_proj.weight",
+        down="experts.{e}.down_proj.weight",
+    )
 
     def layer_spec(self, index: int) -> LayerSpec:
         block = functools.partial(self.make_attention, index)
@@ -103,7 +110,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         method = functools.partial(linear_method_for, self.quantization)
         shared_size = hf.moe_intermediate_size * hf.n_shared_experts
         shared = GatedMLP(self.config.hidden_size, shared_size, SiluAndMul(), method)
-        return MoEWithSharedExperts(expert_mlp(self, DEEPSEEK, shape), shared)
+        return MoEWithSharedExperts(expert_mlp(self, self.expert_names, shape), shared)
 
     def renormalize(self) -> bool:
         return False

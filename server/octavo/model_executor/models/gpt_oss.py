@@ -21,13 +21,21 @@ import dataclasses
 from torch import nn
 
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul
-from octavo.model_executor.layers.moe import GPT_OSS, FusedMoE
+from octavo.model_executor.layers.moe import ExpertNames, FusedMoE
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
 
 
 class GptOssForCausalLM(CausalLM):
     architectures = ("GptOssForCausalLM",)
+    expert_names = ExpertNames(  # every expert stacked in one tensor per projection
+        router_weight="router.weight",
+        router_bias="router.bias",
+        fused_gate_up="experts.gate_up_proj",
+        fused_gate_up_bias="experts.gate_up_proj_bias",
+        fused_down="experts.down_proj",
+        fused_down_bias="experts.down_proj_bias",
+    )
 
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), sinks=True)
@@ -39,7 +47,7 @@ class GptOssForCausalLM(CausalLM):
             hf.num_experts_per_tok,
             config.hidden_size,
             config.intermediate_size,
-            names=GPT_OSS,
+            names=self.expert_names,
             router="softmax_after_topk",
             renormalize=False,
             activation=ClampedSwigluAndMul(hf.swiglu_alpha, hf.swiglu_limit),

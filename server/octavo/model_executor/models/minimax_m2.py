@@ -17,19 +17,20 @@ import dataclasses
 
 from torch import nn
 
-from octavo.model_executor.layers.moe import MIXTRAL, Selection
+from octavo.model_executor.layers.moe import Selection
 from octavo.model_executor.model_config import FULL_ATTENTION
 from octavo.model_executor.models.layer_spec import AttentionSpec
 from octavo.model_executor.models.mixtral import MixtralForCausalLM
 from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
 from octavo.model_executor.rotary import rope_parameters_for
 
-# Mixtral's expert names, and the correction bias on the block itself (not on the router)
-MINIMAX_M2 = dataclasses.replace(MIXTRAL, router_score_bias="e_score_correction_bias")
-
 
 class MiniMaxM2ForCausalLM(MixtralForCausalLM):
     architectures = ("MiniMaxM2ForCausalLM",)
+    # Mixtral's expert names, and the correction bias on the block itself (not the router)
+    expert_names = dataclasses.replace(
+        MixtralForCausalLM.expert_names, router_score_bias="e_score_correction_bias"
+    )
 
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), qk_norm="full")
@@ -49,4 +50,4 @@ class MiniMaxM2ForCausalLM(MixtralForCausalLM):
             router="sigmoid",
             selection=Selection(correction_bias=True),
         )
-        return expert_mlp(self, MINIMAX_M2, shape)
+        return expert_mlp(self, self.expert_names, shape)

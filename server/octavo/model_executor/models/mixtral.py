@@ -7,13 +7,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from octavo.model_executor.layers.moe import MIXTRAL
+from octavo.model_executor.layers.moe import ExpertNames
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
 
 
 class MixtralForCausalLM(CausalLM):
     architectures = ("MixtralForCausalLM",)
+    # the MoE block's checkpoint names (under ``mlp.`` once ``checkpoint_name`` renamed it)
+    expert_names = ExpertNames(
+        router_weight="gate.weight",
+        gate="experts.{e}.w1.weight",
+        up="experts.{e}.w3.weight",
+        down="experts.{e}.w2.weight",
+    )
 
     def make_mlp(self, index: int) -> nn.Module:
         hf = self.config.hf
@@ -24,7 +31,7 @@ class MixtralForCausalLM(CausalLM):
             renormalize=True,
             weights_in_model_dtype=False,
         )
-        return expert_mlp(self, MIXTRAL, shape)
+        return expert_mlp(self, self.expert_names, shape)
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:

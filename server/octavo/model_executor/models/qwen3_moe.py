@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from torch import nn
 
-from octavo.model_executor.layers.moe import QWEN_MOE
+from octavo.model_executor.layers.moe import ExpertNames
 from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
 from octavo.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     architectures = ("Qwen3MoeForCausalLM",)
+    expert_names = ExpertNames(  # one tensor per expert and projection, under ``mlp.``
+        router_weight="gate.weight",
+        gate="experts.{e}.gate_proj.weight",
+        up="experts.{e}.up_proj.weight",
+        down="experts.{e}.down_proj.weight",
+    )
 
     def is_sparse(self, index: int) -> bool:
         hf = self.config.hf
@@ -35,4 +41,4 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             renormalize=bool(hf.norm_topk_prob),
             weights_in_model_dtype=True,
         )
-        return expert_mlp(self, QWEN_MOE, shape)
+        return expert_mlp(self, self.expert_names, shape)

@@ -1,5 +1,7 @@
 """How a checkpoint names one MoE block's router and experts (names relative to the block).
 
+Each MoE model class declares its own (``expert_names``); this is the shape of the answer.
+
 Two layouts exist: one tensor per expert and projection (Qwen-MoE, Mixtral: what
 ``save_pretrained`` writes and what the Hub holds), or every expert stacked in one tensor
 per projection (gpt-oss: ``gate_up_proj [E, H, 2I]`` with gate and up interleaved on the
@@ -34,32 +36,3 @@ class ExpertNames:
     @property
     def fused(self) -> bool:
         return self.fused_gate_up is not None
-
-
-QWEN_MOE = ExpertNames(
-    router_weight="gate.weight",
-    gate="experts.{e}.gate_proj.weight",
-    up="experts.{e}.up_proj.weight",
-    down="experts.{e}.down_proj.weight",
-)
-MIXTRAL = ExpertNames(
-    router_weight="gate.weight",
-    gate="experts.{e}.w1.weight",
-    up="experts.{e}.w3.weight",
-    down="experts.{e}.w2.weight",
-)
-DEEPSEEK = ExpertNames(
-    router_weight="gate.weight",
-    router_score_bias="gate.e_score_correction_bias",
-    gate="experts.{e}.gate_proj.weight",
-    up="experts.{e}.up_proj.weight",
-    down="experts.{e}.down_proj.weight",
-)
-GPT_OSS = ExpertNames(
-    router_weight="router.weight",
-    router_bias="router.bias",
-    fused_gate_up="experts.gate_up_proj",
-    fused_gate_up_bias="experts.gate_up_proj_bias",
-    fused_down="experts.down_proj",
-    fused_down_bias="experts.down_proj_bias",
-)
