@@ -65,3 +65,20 @@ def test_resolving_one_architecture_imports_only_its_module() -> None:
     ).stdout
     loaded = set(eval(out)) - {"registry", "causal_lm", "decoder", "layer_spec"}
     assert loaded == {"qwen3"}
+
+
+def test_gguf_manifest_lists_the_classes_that_declare_each_gguf_architecture() -> None:
+    declared = {}
+    for module in registry.MANIFEST:
+        for cls in registry.module_classes(module):
+            layout = vars(cls).get("gguf_layout")
+            if layout is not None:
+                declared.setdefault(layout.arch, set()).update(cls.architectures)
+    assert declared == {arch: set(names) for arch, names in registry.GGUF_MANIFEST.items()}
+
+
+def test_a_gguf_llama_with_experts_is_read_by_mixtral() -> None:
+    assert registry.gguf_class("llama").__name__ == "LlamaForCausalLM"
+    assert registry.gguf_class("llama", with_experts=True).__name__ == "MixtralForCausalLM"
+    assert registry.gguf_class("qwen3", with_experts=True) is None
+    assert registry.gguf_class("qwen2moe") is None

@@ -5,11 +5,12 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and K-quant (Q4_K, Q5_K, Q6_K) matrices are handed 
 ``QuantizedTensor`` (the bytes as stored), F32/F16/BF16 ones as float tensors. Each tensor
 has its own kind (a ``Q4_K_M`` file mixes Q4_K, Q6_K and others); a layer keeps each of
 its checkpoint matrices in its kind. Names come from the gguf package's tables for the
-file's architecture (``gguf_names.py``). llama.cpp's converter permutes the rows of the Q
-and K projections of the architectures it runs with Llama's rotary (adjacent dimensions
-paired: Llama, Mistral, Granite, SmolLM3); whole rows are moved back here, so the blocks
-stay untouched. A MoE's stacked experts go through ``gguf_experts.py`` (expanded to
-float, in the checkpoint's layout). It stores Gemma's norm weights plus one
+file's architecture (``gguf_names.py``), and what differs per architecture from the
+model class that reads it (``gguf_layout``). llama.cpp's converter permutes the rows of
+the Q and K projections of the architectures it runs with Llama's rotary (adjacent
+dimensions paired: Llama, Mistral, Granite, SmolLM3); whole rows are moved back here, so
+the blocks stay untouched. A MoE's stacked experts go through ``gguf_experts.py``
+(expanded to float, in the checkpoint's layout). It stores Gemma's norm weights plus one
 (llama.cpp multiplies by the weight, Gemma by one plus it); one is taken off again. Any
 other block kind is refused by name.
 """
@@ -23,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from octavo.model_executor.gguf_experts import MOE_ARCHS, ExpertReader
+from octavo.model_executor.gguf_experts import ExpertReader
+from octavo.model_executor.gguf_layout import file_layout
 from octavo.model_executor.gguf_names import GgufNames, gguf_names
 from octavo.model_executor.layers.quantization.blocks import BlockKind
 from octavo.model_executor.layers.quantization.quantized_tensor import QuantizedTensor
@@ -43,13 +45,18 @@ KEPT_KINDS = {
 }
 FLOAT_KINDS = ("F32", "F16", "BF16")
 SUPPORTED = ", ".join([*KEPT_KINDS, *FLOAT_KINDS])
-PERMUTED_ARCHS = ("llama", "granite", "smollm3")  # converted as llama.cpp's LlamaModel
-NORM_PLUS_ONE_ARCHS = ("gemma2", "gemma3")
 
 
 @lru_cache(maxsize=16)
 def _names(arch: str, num_blocks: int) -> GgufNames:
-    return gguf_names(arch, num_blocks)
+    return gguf_names(arch, num_blocks, file_layout(arch)[1].tensor_choices)
+
+
+def expert_archs() -> list[str]:
+    """The GGUF architectures whose stacked experts a model class reads."""
+    from octavo.model_executor.models.registry import GGUF_MANIFEST, gguf_class
+
+    return [arch for arch in GGUF_MANIFEST if gguf_class(arch, with_experts=True)]
 
 
 def hf_name(gguf_name: str, arch: str = "llama", num_blocks: int = 0) -> str | None:
@@ -78,19 +85,24 @@ def _open_gguf(path: str, mtime_ns: int, size: int):
 def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, object]]:
     reader = open_gguf(path)
     arch, blocks = file_architecture(reader)
-    experts = ExpertReader(arch)
+    cls, layout = file_layout(arch, with_experts=_has_experts(reader))
+    experts = ExpertReader(layout.moe_block, getattr(cls, "expert_names", None))
     for tensor in reader.tensors:
         name = hf_name(tensor.name, arch, blocks)
         if name is None:
             yield from experts.read(tensor)
             continue
         value = _tensor_value(tensor, path)
-        if arch in PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if layout.permuted_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = num_heads if "q_proj" in name else num_kv_heads
             value = _unpermute_rows(value, heads)
-        if arch in NORM_PLUS_ONE_ARCHS and name.endswith("norm.weight"):
+        if layout.norm_plus_one and name.endswith("norm.weight"):
             value = value - 1.0
         yield name, value
+
+
+def _has_experts(reader) -> bool:
+    return any(tensor.name.endswith("_exps.weight") for tensor in reader.tensors)
 
 
 def file_architecture(reader) -> tuple[str, int]:
@@ -105,10 +117,10 @@ def check_gguf_kinds(path: Path) -> None:
     reader = open_gguf(path)
     arch, blocks = file_architecture(reader)
     for tensor in reader.tensors:
-        if tensor.name.endswith("_exps.weight") and arch not in MOE_ARCHS:
+        if tensor.name.endswith("_exps.weight") and file_layout(arch, True)[0] is None:
             raise ValueError(
                 f"{path.name}: the MoE experts of GGUF architecture {arch!r} are not "
-                f"supported yet (GGUF MoE files: {', '.join(MOE_ARCHS)})"
+                f"supported yet (GGUF MoE files: {', '.join(expert_archs())})"
             )
         kind = tensor.tensor_type.name
         known = kind in KEPT_KINDS or kind in FLOAT_KINDS

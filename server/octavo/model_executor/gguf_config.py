@@ -2,11 +2,14 @@
 not describe (OLMo2, Granite, SmolLM3, Mixtral, which llama.cpp writes as a ``llama``
 with experts, and gpt-oss, whose rope-scaling values transformers' reader leaves as numpy
 views a config cannot save): the hyperparameters llama.cpp's converter writes
-(``{arch}.block_count``, ...) under transformers' config names."""
+(``{arch}.block_count``, ...) under transformers' config names. The model class's
+``gguf_layout`` names the model type and its keys beyond ``COMMON_KEYS``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from octavo.model_executor.gguf_layout import GgufLayout, file_layout
 
 COMMON_KEYS = {  # "{arch}.key" -> config attribute, as every converter writes them
     "context_length": "max_position_embeddings",
@@ -19,26 +22,6 @@ COMMON_KEYS = {  # "{arch}.key" -> config attribute, as every converter writes t
     "attention.key_length": "head_dim",
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
-}
-ARCH_KEYS = {
-    "gpt_oss": {
-        "expert_count": "num_local_experts",
-        "expert_used_count": "num_experts_per_tok",
-        "attention.sliding_window": "sliding_window",
-    },
-    "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
-    "granite": {
-        "embedding_scale": "embedding_multiplier",
-        "residual_scale": "residual_multiplier",
-        "attention.scale": "attention_multiplier",
-        "logit_scale": "logits_scaling",
-    },
-}
-MODEL_TYPES = {  # GGUF arch -> HF model type
-    "olmo2": "olmo2",
-    "granite": "granite",
-    "smollm3": "smollm3",
-    "gpt-oss": "gpt_oss",
 }
 YARN_KEYS = {
     "rope.scaling.factor": "factor",
@@ -56,10 +39,13 @@ def read_metadata(path: Path) -> tuple[dict, tuple[str, ...]]:
 
 def model_type(metadata: dict) -> str | None:
     """The HF model type Octavo describes the file as (None: transformers does)."""
+    return _layout(metadata).model_type
+
+
+def _layout(metadata: dict) -> GgufLayout:
+    """The layout the file's model class declares (Mixtral: a ``llama`` with experts)."""
     arch = metadata.get("general.architecture")
-    if arch == "llama" and metadata.get("llama.expert_count"):
-        return "mixtral"
-    return MODEL_TYPES.get(arch)
+    return file_layout(arch, with_experts=bool(metadata.get(f"{arch}.expert_count")))[1]
 
 
 def plain(value):
@@ -72,11 +58,11 @@ def described_by_octavo(metadata: dict) -> bool:
 
 
 def config_from_metadata(metadata: dict, tensor_names: tuple[str, ...]):
-    """The transformers config of a file whose architecture is in ``MODEL_TYPES``."""
+    """The transformers config of a file whose model class names its model type."""
     from transformers import AutoConfig
 
-    arch, kind = metadata["general.architecture"], model_type(metadata)
-    keys = {**COMMON_KEYS, **ARCH_KEYS.get(kind, {})}
+    arch, layout = metadata["general.architecture"], _layout(metadata)
+    kind, keys = layout.model_type, {**COMMON_KEYS, **layout.config_keys}
     values = {
         attr: plain(metadata[f"{arch}.{key}"])
         for key, attr in keys.items()

@@ -6,12 +6,14 @@ HF spelling it knows of a tensor to its GGUF name, per architecture (``blk.0.ffn
 Reversed, a GGUF name has several HF candidates (``model.layers.0.self_attn.q_proj``,
 ``model.layers.0.attention.wq``, ...); the one kept is the first of ``PREFERRED`` (the
 spellings of the transformers checkpoints Octavo's models read), or the architecture's
-own choice where two of those fit (Phi-3 stores gate and up fused in ``ffn_up``).
+own choice where two of those fit (its model class's ``gguf_layout.tensor_choices``:
+Phi-3 stores gate and up fused in ``ffn_up``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 PREFERRED = (  # layer-relative HF module names Octavo's models read, best first
@@ -33,10 +35,6 @@ PREFERRED = (  # layer-relative HF module names Octavo's models read, best first
     "mlp.gate",  # a MoE block's router (Qwen-MoE)
 )
 GLOBAL_NAMES = ("model.embed_tokens", "model.norm", "lm_head")
-ARCH_CHOICES = {  # where llama.cpp's converter stores a tensor under another HF spelling
-    "phi3": {"ffn_up": "mlp.gate_up_proj"},  # gate and up, fused
-    "gpt-oss": {"ffn_gate_inp": "mlp.router"},
-}
 BARE_PARAMETERS = ("self_attn.sinks",)  # HF parameters without .weight (the file adds it)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -61,8 +59,9 @@ class GgufNames:
         return f"{hf}.{suffix}" if suffix and not hf.endswith(BARE_PARAMETERS) else hf
 
 
-def gguf_names(arch: str, num_blocks: int) -> GgufNames:
-    """The name table of GGUF architecture ``arch`` (``general.architecture``)."""
+def gguf_names(arch: str, num_blocks: int, choices: Mapping[str, str]) -> GgufNames:
+    """The name table of GGUF architecture ``arch`` (``general.architecture``);
+    ``choices``: the architecture's own spelling of some layer parts."""
     import gguf
 
     known = {name: enum for enum, name in gguf.MODEL_ARCH_NAMES.items()}
@@ -71,13 +70,13 @@ def gguf_names(arch: str, num_blocks: int) -> GgufNames:
     mapping = gguf.get_tensor_name_map(known[arch], num_blocks).mapping
     ranked: dict[str, tuple[int, str]] = {}
     for hf, (_, gguf_base) in mapping.items():
-        rank = _rank(arch, hf, gguf_base)
+        rank = _rank(choices, hf, gguf_base)
         if rank is not None and (gguf_base not in ranked or rank < ranked[gguf_base][0]):
             ranked[gguf_base] = (rank, hf)
     return GgufNames(arch, {base: hf for base, (_, hf) in ranked.items()})
 
 
-def _rank(arch: str, hf: str, gguf_base: str) -> int | None:
+def _rank(choices: Mapping[str, str], hf: str, gguf_base: str) -> int | None:
     """How preferred HF spelling ``hf`` is for ``gguf_base`` (lower first; None: never)."""
     if hf in GLOBAL_NAMES:
         return 0
@@ -85,7 +84,7 @@ def _rank(arch: str, hf: str, gguf_base: str) -> int | None:
     if layer is None or gguf_layer is None or layer.group(1) != gguf_layer.group(1):
         return None
     part, gguf_part = layer.group(2), gguf_layer.group(2)
-    chosen = ARCH_CHOICES.get(arch, {}).get(gguf_part)
+    chosen = choices.get(gguf_part)
     if chosen is not None:
         return 0 if part == chosen else None
     return PREFERRED.index(part) if part in PREFERRED else None

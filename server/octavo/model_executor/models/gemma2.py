@@ -19,6 +19,7 @@ import functools
 import torch
 from torch import nn
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.layers.activation import activation_for
 from octavo.model_executor.layers.mlp import GatedMLP
 from octavo.model_executor.layers.quantization.registry import linear_method_for
@@ -30,6 +31,7 @@ from octavo.model_executor.models.layer_spec import SANDWICH_NORM, AttentionSpec
 class Gemma2ForCausalLM(CausalLM):
     architectures = ("Gemma2ForCausalLM",)
     pooling_architectures = ("Gemma2Model",)
+    gguf_layout = GgufLayout("gemma2", norm_plus_one=True)
     norm_kind = "gemma"
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:

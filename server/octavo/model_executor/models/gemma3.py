@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.gemma2 import Gemma2ForCausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
 from octavo.model_executor.rotary import rope_parameters_for
@@ -24,6 +25,7 @@ from octavo.model_executor.rotary import rope_parameters_for
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     architectures = ("Gemma3ForCausalLM",)
     pooling_architectures = ("Gemma3TextModel",)
+    gguf_layout = GgufLayout("gemma3", norm_plus_one=True)
 
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(

@@ -20,6 +20,7 @@ import dataclasses
 
 from torch import nn
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul
 from octavo.model_executor.layers.moe import ExpertNames, FusedMoE
 from octavo.model_executor.models.causal_lm import CausalLM
@@ -28,6 +29,17 @@ from octavo.model_executor.models.layer_spec import AttentionSpec
 
 class GptOssForCausalLM(CausalLM):
     architectures = ("GptOssForCausalLM",)
+    gguf_layout = GgufLayout(
+        "gpt-oss",
+        tensor_choices={"ffn_gate_inp": "mlp.router"},
+        moe_block="mlp",
+        model_type="gpt_oss",
+        config_keys={
+            "expert_count": "num_local_experts",
+            "expert_used_count": "num_experts_per_tok",
+            "attention.sliding_window": "sliding_window",
+        },
+    )
     expert_names = ExpertNames(  # every expert stacked in one tensor per projection
         router_weight="router.weight",
         router_bias="router.bias",

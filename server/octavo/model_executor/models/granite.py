@@ -13,12 +13,24 @@ import dataclasses
 
 import torch
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec, LayerSpec
 
 
 class GraniteForCausalLM(CausalLM):
     architectures = ("GraniteForCausalLM",)
+    gguf_layout = GgufLayout(
+        "granite",
+        permuted_qk=True,
+        model_type="granite",
+        config_keys={
+            "embedding_scale": "embedding_multiplier",
+            "residual_scale": "residual_multiplier",
+            "attention.scale": "attention_multiplier",
+            "logit_scale": "logits_scaling",
+        },
+    )
 
     def attention_spec(self, index: int) -> AttentionSpec:
         scale = float(self.config.hf.attention_multiplier)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.layers.moe import ExpertNames
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
@@ -14,6 +15,16 @@ from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
 
 class MixtralForCausalLM(CausalLM):
     architectures = ("MixtralForCausalLM",)
+    gguf_layout = GgufLayout(  # llama.cpp writes it as a Llama with experts
+        "llama",
+        permuted_qk=True,
+        moe_block="block_sparse_moe",
+        model_type="mixtral",
+        config_keys={
+            "expert_count": "num_local_experts",
+            "expert_used_count": "num_experts_per_tok",
+        },
+    )
     # the MoE block's checkpoint names (under ``mlp.`` once ``checkpoint_name`` renamed it)
     expert_names = ExpertNames(
         router_weight="gate.weight",

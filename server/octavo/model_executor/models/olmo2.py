@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import POST_NORM, AttentionSpec, LayerSpec
 
 
 class Olmo2ForCausalLM(CausalLM):
     architectures = ("Olmo2ForCausalLM",)
+    gguf_layout = GgufLayout("olmo2", model_type="olmo2")
 
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), qk_norm="full")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
 
@@ -14,6 +15,7 @@ from octavo.model_executor.models.layer_spec import AttentionSpec
 class Qwen3ForCausalLM(CausalLM):
     architectures = ("Qwen3ForCausalLM",)
     pooling_architectures = ("Qwen3Model",)
+    gguf_layout = GgufLayout("qwen3")
 
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), qk_norm="head")

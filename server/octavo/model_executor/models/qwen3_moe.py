@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.layers.moe import ExpertNames
 from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
 from octavo.model_executor.models.qwen3 import Qwen3ForCausalLM
@@ -14,6 +15,7 @@ from octavo.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     architectures = ("Qwen3MoeForCausalLM",)
+    gguf_layout = GgufLayout("qwen3moe", moe_block="mlp")
     expert_names = ExpertNames(  # one tensor per expert and projection, under ``mlp.``
         router_weight="gate.weight",
         gate="experts.{e}.gate_proj.weight",

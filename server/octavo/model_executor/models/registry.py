@@ -54,6 +54,21 @@ MANIFEST: dict[str, tuple[str, ...]] = {
     "qwen3_vl": ("Qwen3VLForConditionalGeneration",),
 }
 _MODULE_OF = {name: module for module, names in MANIFEST.items() for name in names}
+# GGUF ``general.architecture`` -> the architectures whose classes declare its layout
+# (``gguf_layout``); llama.cpp writes Mixtral as a Llama with experts.
+GGUF_MANIFEST: dict[str, tuple[str, ...]] = {
+    "llama": ("LlamaForCausalLM", "MixtralForCausalLM"),
+    "qwen2": ("Qwen2ForCausalLM",),
+    "qwen3": ("Qwen3ForCausalLM",),
+    "qwen3moe": ("Qwen3MoeForCausalLM",),
+    "phi3": ("Phi3ForCausalLM",),
+    "gemma2": ("Gemma2ForCausalLM",),
+    "gemma3": ("Gemma3ForCausalLM",),
+    "olmo2": ("Olmo2ForCausalLM",),
+    "granite": ("GraniteForCausalLM",),
+    "smollm3": ("SmolLM3ForCausalLM",),
+    "gpt-oss": ("GptOssForCausalLM",),
+}
 
 
 def supported_architectures() -> list[str]:
@@ -114,3 +129,13 @@ def has_state_layers(config) -> bool:
 def is_pooling_architecture(architecture: str) -> bool:
     """A checkpoint of the bare decoder (no LM head), served for pooling."""
     return architecture in model_class(architecture).pooling_architectures
+
+
+def gguf_class(arch: str, with_experts: bool = False) -> type[CausalLM] | None:
+    """The class that reads GGUF files of ``arch``: the one with a MoE block when the file
+    stacks experts (None: no class reads such a file)."""
+    classes = [model_class(name) for name in GGUF_MANIFEST.get(arch, ())]
+    for cls in classes:
+        if (vars(cls)["gguf_layout"].moe_block is not None) == with_experts:
+            return cls
+    return classes[0] if classes and not with_experts else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.model_config import FULL_ATTENTION
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
@@ -18,6 +19,7 @@ from octavo.model_executor.models.layer_spec import AttentionSpec
 
 class SmolLM3ForCausalLM(CausalLM):
     architectures = ("SmolLM3ForCausalLM",)
+    gguf_layout = GgufLayout("smollm3", permuted_qk=True, model_type="smollm3")
 
     def attention_spec(self, index: int) -> AttentionSpec:
         uses_rope = bool(self.config.hf.no_rope_layers[index])
