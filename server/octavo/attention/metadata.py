@@ -33,6 +33,10 @@ class AttentionMetadata:
     # their state; False: start from zeros). None for models without state layers.
     state_slots: torch.Tensor | None = None  # [num_seqs] int64
     state_has_initial: torch.Tensor | None = None  # [num_seqs] bool
+    # KV cache groups (kv_cache/kv_cache_groups.py, a hybrid model's sliding and full
+    # layers with a block table each): per layer, the metadata with its group's block
+    # tables and slot mapping; None (one group): every layer reads this one.
+    layer_metas: list[AttentionMetadata] | None = None
 
     @property
     def num_seqs(self) -> int:

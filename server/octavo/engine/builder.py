@@ -16,11 +16,14 @@ from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.distributed.node_layout import NodeLayout
 from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.device import select_device, select_dtype
+from octavo.engine.kv_groups import kv_cache_groups_for
 from octavo.executor.executor import Executor, create_executor
 from octavo.executor.node_channel import require_node_key
 from octavo.kernels.cpu_count import usable_cpus
 from octavo.kv_cache.block_hash import BlockHasher
 from octavo.kv_cache.block_pool import BlockPool
+from octavo.kv_cache.group_coordinator import KVCacheCoordinator
+from octavo.kv_cache.kv_cache_groups import KVCacheGroups, blocks_per_sequence
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.kv_cache.sliding_window import max_blocks_per_sequence
 from octavo.kv_cache.state_slots import StateSlots
@@ -82,6 +85,11 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     speculative = args.speculative_config
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     states = state_layer_settings(args, config, device)
+    groups = kv_cache_groups_for(config, parallel.pipeline_parallel_size, draft is not None, states)
+    graphs = () if states else graph_sizes(args, device, parallel, speculative)
+    if groups is not None and graphs:
+        logger.info("decode CUDA graphs off: their buffers hold one block table per sequence")
+        graphs = ()
     spec = WorkerConfig(
         folder,
         config,
@@ -98,9 +106,10 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         lora_config(args),
         args.kv_cache_dtype,
         args.tokenizer,
-        () if states else graph_sizes(args, device, parallel, speculative),
+        graphs,
         args.load_format,
         compile_layers=compiles_layers(args, device, parallel, quantization),
+        kv_groups=groups,
     )
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
     executor = create_executor(
@@ -109,7 +118,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     lookahead = speculative.num_speculative_tokens if speculative is not None else 0
     window = config.uniform_sliding_window if draft is None else None  # a draft reads it all
     try:
-        num_blocks = _initialize_cache(executor, args, device, max_model_len, lookahead, window)
+        num_blocks = _initialize_cache(
+            executor, args, device, max_model_len, lookahead, window, groups
+        )
     except BaseException:
         executor.shutdown()
         raise
@@ -119,7 +130,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         args.enable_prefix_caching and not states,
         events is not None and events.publishes,
     )
-    kv = KVCacheManager(pool, args.block_size, window, hasher)
+    kv: KVCacheManager | KVCacheCoordinator = KVCacheManager(pool, args.block_size, window, hasher)
+    if groups is not None:  # a block table per group over the one pool
+        kv = KVCacheCoordinator(pool, args.block_size, groups, hasher)
     if states:  # one per sequence max_num_seqs runs, and the null slot 0
         kv.state_slots = StateSlots(args.max_num_seqs + 1)
     limits = StopLimits(eos, max_model_len)
@@ -288,6 +301,7 @@ def _initialize_cache(
     max_model_len: int,
     num_speculative_tokens: int,
     window: int | None = None,
+    groups: KVCacheGroups | None = None,
 ) -> int:
     """Size the KV cache (the fewest blocks any worker can hold) and allocate it; it must
     hold one sequence of ``max_model_len`` tokens (behind a uniform ``window``: the window
@@ -302,6 +316,8 @@ def _initialize_cache(
     _log_cache(num_blocks, args, budget)
     step_tokens = budget.max_num_batched_tokens + num_speculative_tokens
     needed = max_blocks_per_sequence(max_model_len, args.block_size, window, step_tokens)
+    if groups is not None:  # the blocks of every group (each behind its own window)
+        needed = blocks_per_sequence(groups, max_model_len, args.block_size, step_tokens)
     _check_capacity(num_blocks, args.block_size, max_model_len, needed)
     executor.initialize_cache(num_blocks)
     return num_blocks

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octavo.kv_cache.sliding_window import max_blocks_per_sequence
+
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
 PAD_RATIO = 1.25  # pad the groups to the commonest kind's count below this ratio
 
@@ -59,6 +61,11 @@ class KVCacheGroups:
     def tensor_of(self, layer: int) -> int:
         return self.groups[self.group_of(layer)].layers.index(layer)
 
+    def layer_tensors(self, tensors: list, num_layers: int) -> list:
+        """Each layer's cache: tensor ``j`` of the ``group_size`` for layer ``j`` of its
+        group (the groups share the tensors, a block belongs to one group)."""
+        return [tensors[self.tensor_of(layer)] for layer in range(num_layers)]
+
     def layer_groups(self, num_layers: int) -> list[int | None]:
         """Each layer's group (None: a layer without KV blocks, a state layer)."""
         owner: list[int | None] = [None] * num_layers
@@ -84,3 +91,14 @@ def group_layers(kinds: list[KVLayerKind | None]) -> KVCacheGroups:
         for start in range(0, len(layers), size)
     )
     return KVCacheGroups(groups, size)
+
+
+def blocks_per_sequence(
+    groups: KVCacheGroups, max_model_len: int, block_size: int, max_step_tokens: int
+) -> int:
+    """The most blocks one sequence holds at once over every group (a chunked group:
+    at most one chunk's keys and one step's)."""
+    return sum(
+        max_blocks_per_sequence(max_model_len, block_size, group.kind.span, max_step_tokens)
+        for group in groups.groups
+    )

@@ -35,6 +35,7 @@ from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.kv_cache.state_tensors import copy_states, has_state_caches
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.decode_graphs import DecodeGraphs
+from octavo.model_executor.group_tables import add_group_tables
 from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step_image_embeds
 from octavo.model_executor.image_spans import bidirectional_spans
 from octavo.model_executor.layers.lora import LoRABatch, LoRAState
@@ -404,6 +405,9 @@ class ModelRunner:
         if self.is_driver and self.pooling_of:
             inputs.pooling, rows = plan_pooling(scheduled, layout.seq_starts, self.pooling_of)
             inputs.pooled_indices = torch.tensor(rows, dtype=torch.long, device=self.device)
+        if self.paged.layer_groups is not None:  # KV cache groups: a table each
+            groups = self.paged.layer_groups
+            add_group_tables(inputs.meta, scheduled, groups, self.block_size, self.device)
         return inputs
 
     def _encode_images(self, images: list[ImageInput]) -> list[torch.Tensor]:

@@ -19,6 +19,8 @@ class PagedModel:
     block_size: int
     attention: AttentionBackend
     device: torch.device
+    # KV cache groups: each layer's group (its block table); None for one group
+    layer_groups: list[int] | None = None
 
     @property
     def activation_dtype(self) -> torch.dtype:

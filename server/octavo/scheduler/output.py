@@ -44,6 +44,9 @@ class ScheduledSequence:
     fork_seq_ids: list[int] = field(default_factory=list)  # children sampling from this row
     num_spec_tokens: int = 0  # the last ones of ``token_ids`` are proposals to verify
     state_slot: int = 0  # models with state layers: the sequence's slot (0: the null slot)
+    # KV cache groups (a hybrid model's sliding and full layers): each group's block table;
+    # None for one group (``block_ids`` serves every layer)
+    group_block_ids: tuple[list[int], ...] | None = None
 
     @property
     def is_speculative(self) -> bool:

@@ -29,6 +29,7 @@ import itertools
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from octavo.kv_cache.group_coordinator import KVCacheCoordinator
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
 from octavo.sampling.logprobs import TokenLogprobs
@@ -83,7 +84,7 @@ class PlannedSequence:
 class Scheduler:
     def __init__(
         self,
-        kv: KVCacheManager,
+        kv: KVCacheManager | KVCacheCoordinator,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         limits: StopLimits | None = None,
@@ -112,6 +113,7 @@ class Scheduler:
         # Async scheduling: each step is planned while the previous one still runs, so a
         # decode's input may be the token that step is sampling (IN_FLIGHT_TOKEN).
         self.overlapped = False
+        self.kv_groups = isinstance(kv, KVCacheCoordinator)  # a block table per KV group
 
     def next_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -328,6 +330,8 @@ class Scheduler:
             num_spec_tokens=len(planned.spec),
             state_slot=self.kv.state_slot(seq.seq_id),
         )
+        if self.kv_groups:
+            scheduled.group_block_ids = self.kv.group_block_ids(seq.seq_id)
         if self.overlapped:  # counted now: the next step is planned before this one ends
             seq.num_computed_tokens += num_new
             seq.num_in_flight += scheduled.sample

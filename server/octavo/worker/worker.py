@@ -30,6 +30,7 @@ from octavo.kv_cache.gpu_budget import (
     unprofiled_bytes,
     utilization_budget,
 )
+from octavo.kv_cache.kv_cache_groups import KVCacheGroups
 from octavo.kv_cache.state_slots import StateSpec
 from octavo.kv_cache.state_tensors import layer_caches, state_bytes
 from octavo.lora.config import LoRAConfig
@@ -82,6 +83,9 @@ class WorkerConfig:
     graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured as CUDA graphs (none: eager)
     load_format: str = "auto"  # ``--load-format``: auto (the checkpoint) or dummy (random)
     compile_layers: bool = False  # torch.compile the decoder layers (``compiled_model``)
+    # KV cache groups (a hybrid model's sliding and full layers, one rank): the cache is
+    # ``group_size`` tensors shared by the groups; None: one tensor per layer
+    kv_groups: KVCacheGroups | None = None
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -151,6 +155,8 @@ class Worker:
         self.cache_shape = CacheShape(
             len(layers), kv_heads, spec.config.head_dim, spec.config.kv_latent_dim
         )
+        if spec.kv_groups is not None:  # tensor j serves layer j of every group
+            self.cache_shape = replace(self.cache_shape, num_layers=spec.kv_groups.group_size)
         self.draft = self._load_draft()
         self.adapters = self._lora_slots()
         self.runner: ModelRunner | None = None
@@ -290,7 +296,12 @@ class Worker:
                 caches, list(self.state_specs), num_state_slots, self.spec.dtype, self.device
             )
         attention = select_backend(self.device, self.spec.dtype)
-        return PagedModel(self.model, caches, self.spec.block_size, attention, self.device)
+        paged = PagedModel(self.model, caches, self.spec.block_size, attention, self.device)
+        groups = self.spec.kv_groups
+        if groups is not None:
+            paged.kv_caches = groups.layer_tensors(caches, len(self.model.layers))
+            paged.layer_groups = groups.layer_groups(len(self.model.layers))  # type: ignore[assignment]
+        return paged
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the paged KV cache and get the runner ready to take steps."""

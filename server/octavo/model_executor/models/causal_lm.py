@@ -218,9 +218,10 @@ class CausalLM(nn.Module):
             hidden, residual = self.embed(input_ids, image_embeds), None
         else:
             hidden, residual = intermediate.hidden, intermediate.residual
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        metas = meta.layer_metas or [meta] * len(self.layers)  # KV cache groups: their own
+        for layer, kv_cache, layer_meta in zip(self.layers, kv_caches, metas, strict=True):
             rope = ropes.get(layer.spec.attention.rope)
-            hidden, residual = layer(hidden, residual, rope, kv_cache, meta, attention)
+            hidden, residual = layer(hidden, residual, rope, kv_cache, layer_meta, attention)
         if not self.stage.is_last:
             return IntermediateTensors(hidden, residual)
         return self._final(hidden, residual, logits_indices, pooled_indices)
