@@ -70,7 +70,7 @@ class ModelConfig:
             rms_norm_eps=getattr(hf, "rms_norm_eps", None) or 1e-6,
             max_position_embeddings=getattr(hf, "max_position_embeddings", None) or 2048,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            attention_bias=_attention_bias(architecture, hf),
+            attention_bias=bool(getattr(hf, "attention_bias", False)),
             sliding_window=_sliding_window(hf),
             hf=hf,
             checkpoint=raw,
@@ -178,11 +178,6 @@ def _from_config_json(text: dict, rope: dict) -> tuple[ContextLength, tuple[int,
     the context length (only the lengths the file names, where transformers' defaults
     would invent one) and the end-of-sequence ids (none unless the file names them)."""
     return context_length_of(text, rope), _as_tuple(text.get("eos_token_id"))
-
-
-def _attention_bias(architecture: str, hf) -> bool:
-    qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2Model")  # biased Q/K/V, no flag
-    return qwen2 or bool(getattr(hf, "attention_bias", False))
 
 
 def _sliding_window(hf) -> int | None:

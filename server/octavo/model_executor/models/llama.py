@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.causal_lm import CausalLM
+from octavo.model_executor.models.layer_spec import AttentionSpec
 
 
 class LlamaForCausalLM(CausalLM):
@@ -16,6 +19,10 @@ class Qwen2ForCausalLM(CausalLM):
     architectures = ("Qwen2ForCausalLM",)
     pooling_architectures = ("Qwen2Model",)
     gguf_layout = GgufLayout("qwen2")
+
+    def attention_spec(self, index: int) -> AttentionSpec:
+        """Q/K/V have biases (the config has no flag for them)."""
+        return dataclasses.replace(super().attention_spec(index), qkv_bias=True)
 
     def o_proj_bias(self) -> bool:
         return False  # Q/K/V have biases, the output projection none

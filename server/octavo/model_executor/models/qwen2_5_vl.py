@@ -11,10 +11,7 @@ where each image's grid lies).
 
 from __future__ import annotations
 
-import dataclasses
-
 from octavo.model_executor.model_config import ModelConfig, transformers_config
-from octavo.model_executor.models.layer_spec import AttentionSpec
 from octavo.model_executor.models.llama import Qwen2ForCausalLM
 from octavo.model_executor.models.qwen_vl import QwenVLImages
 from octavo.model_executor.vision.qwen2_5_vl import QWEN_BLOCK_NAMES, Qwen2_5_VisionTower
@@ -30,6 +27,3 @@ class Qwen2_5_VLForConditionalGeneration(QwenVLImages, Qwen2ForCausalLM):
         self.merge = vision.spatial_merge_size
         self.visual = Qwen2_5_VisionTower(vision)
         self.requires_grad_(False)
-
-    def attention_spec(self, index: int) -> AttentionSpec:
-        return dataclasses.replace(super().attention_spec(index), qkv_bias=True)
