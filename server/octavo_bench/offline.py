@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     vllm = VllmSetup.from_args(args) if VLLM in args.baselines else None
     if vllm is not None and vllm.python is None and args.vllm_python:
         raise ValueError(vllm.skip_reason)  # a wrong path: say so before the long Octavo runs
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(threads_used(args.num_threads))  # HF's too, as Octavo's
     setup = prepare(args)
     report = BenchReport(torch_machine_info(args.dtype), run_config(args), setup.workloads)
     run_octavo(args, setup, report)
