@@ -8,6 +8,7 @@ from __future__ import annotations
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.group_coordinator import GroupHits, KVCacheCoordinator
 from octavo.kv_cache.kv_cache_groups import CHUNKED, FULL, SLIDING, KVLayerKind, group_layers
+from octavo.kv_events.events import BlockStored
 from octavo.model_executor.kv_layer_kinds import kv_layer_kinds
 from octavo.model_executor.model_config import ModelConfig
 
@@ -150,3 +151,32 @@ def test_no_prefix_caching_no_hits() -> None:
     kv = coordinator(caching=False)
     run(kv, 1, list(range(9)))
     assert kv.find_cached_prefix(list(range(9))) == []
+
+
+def test_every_group_announces_its_blocks_under_its_own_hashes() -> None:
+    groups = group_layers([SLIDE, FULL_KIND])
+    kv = KVCacheCoordinator(BlockPool(40, record_events=True), BLOCK, groups)
+    run(kv, 1, list(range(9)))
+    stored = [event for event in kv.pool.take_events() if isinstance(event, BlockStored)]
+    assert len(stored) == 2  # one run of two full blocks per group
+    first, second = (set(event.block_hashes) for event in stored)
+    assert len(first) == len(second) == 2 and not first & second
+
+
+def test_every_group_takes_its_hits_before_any_allocates() -> None:
+    """A hit that sits free in the pool is revived before another group's new blocks
+    are taken from the free list (which would reuse it)."""
+    kv = coordinator(num_blocks=11)  # 10 usable
+    prompt = list(range(9))
+    run(kv, 1, prompt)  # 3 + 3 blocks, two full in each group cached
+    kv.free(1)
+    hits = kv.find_cached_prefix(prompt)
+    assert len(hits) == 2
+    queue = kv.pool.free_queue
+    for block in hits.per_group[1]:  # the full group's hits first in line for reuse
+        queue.remove(block)
+        queue.appendleft(block)
+    assert kv.allocate_slots(2, 8, 9, hits)  # 17 tokens: 3 new blocks a group, 6 of 10 free
+    held = [block for m in kv.managers for block in m.tables[2].blocks]
+    assert len({block.block_id for block in held}) == len(held) == 10
+    assert kv.group_block_ids(2)[1][:2] == [block.block_id for block in hits.per_group[1]]

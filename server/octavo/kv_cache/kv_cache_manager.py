@@ -196,7 +196,8 @@ class KVCacheManager:
         copies a shared block and allocates the missing ones."""
         if self.blocks_needed(seq_id, num_computed, num_new, cached) > self.pool.num_free_blocks:
             return False
-        self.take_hits(seq_id, num_computed, cached)
+        if cached or seq_id not in self.tables:  # (most steps: a running sequence, no hits)
+            self.take_hits(seq_id, num_computed, cached)
         self.allocate_new(seq_id, num_computed, num_new)
         return True
 
