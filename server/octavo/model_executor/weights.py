@@ -3,10 +3,11 @@
 Checkpoint names are first put in Llama's naming by the architecture
 (``CausalLM.checkpoint_name``); the modules then carry HF's names, except the fused
 linears: ``q/k/v_proj`` fill ``self_attn.qkv`` and ``gate/up_proj`` fill ``mlp.gate_up``
-(checkpoints that store them fused, as Phi-3's, are split first). A block that loads its
-own tensors (a ``FusedMoE``) is handed the rest of the name. Each tensor is handed over
-as a ``CheckpointSlice``: the weight loaders read only this rank's part of it. Under
-pipeline parallelism a stage skips the layers it lacks.
+(what the model class's ``stored_fused_modules`` says its checkpoint stores fused, as
+Phi-3's, is split first). A block that loads its own tensors (a ``FusedMoE``) is handed
+the rest of the name. Each tensor is handed over as a ``CheckpointSlice``: the weight
+loaders read only this rank's part of it. Under pipeline parallelism a stage skips the
+layers it lacks.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ _FUSED = {  # HF module inside a layer -> (our fused linear, its shard id)
     "mlp.gate_proj": ("mlp.gate_up", 0),
     "mlp.up_proj": ("mlp.gate_up", 1),
 }
-_STORED_FUSED = {"self_attn.qkv_proj": "self_attn.qkv", "mlp.gate_up_proj": "mlp.gate_up"}
 
 
 def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, CheckpointSlice]]:
@@ -81,7 +81,8 @@ def _copy_into(model: CausalLM, name: str, tensor) -> list[str]:
     if not 0 <= index < len(model.layers):
         return []  # another pipeline stage's layer
     prefix = f"layers.{match.group(1)}."
-    keys = _copy_into_layer(model.layers[index], match.group(2), tensor)
+    stored_fused = model.stored_fused_modules
+    keys = _copy_into_layer(model.layers[index], match.group(2), tensor, stored_fused)
     return [prefix + key for key in keys]
 
 
@@ -105,15 +106,17 @@ def _lm_head_separate(model: CausalLM) -> bool:
     return model.embed_tokens is None or model.lm_head.weight is not model.embed_tokens.weight
 
 
-def _copy_into_layer(layer: nn.Module, name: str, tensor) -> list[str]:
+def _copy_into_layer(
+    layer: nn.Module, name: str, tensor, stored_fused: dict[str, str]
+) -> list[str]:
     module_name, _, kind = name.rpartition(".")
     if module_name in _FUSED:
         fused, shard_id = _FUSED[module_name]
         module = layer.get_submodule(fused)
         module.weight_loader(getattr(module, kind), tensor, name, shard_id)
         return [f"{fused}.{kind}.{shard_id}"]
-    if module_name in _STORED_FUSED:
-        target = _STORED_FUSED[module_name]
+    if module_name in stored_fused:
+        target = stored_fused[module_name]
         return _copy_stored_fused(layer.get_submodule(target), target, kind, tensor)
     owner_name, _, rest = name.partition(".")
     owner = getattr(layer, owner_name, None)

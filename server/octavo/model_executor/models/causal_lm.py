@@ -60,6 +60,9 @@ class CausalLM(nn.Module):
         "mlp.gate_up": ("gate_proj", "up_proj"),
         "mlp.down_proj": ("down_proj",),
     }
+    # HF modules the checkpoint stores fused (Phi-3's ``qkv_proj``) -> the fused linear the
+    # loader splits them into; none by default (Q/K/V and gate/up come one by one).
+    stored_fused_modules: ClassVar[dict[str, str]] = {}
     norm_kind = "rms"
     # ``layer_types`` whose layers are state layers (LFM2's "conv"): ``make_state_mixer``
     # builds their mixers, which keep a state slot per sequence instead of KV blocks.

@@ -19,6 +19,10 @@ from octavo.model_executor.models.causal_lm import CausalLM
 class Phi3ForCausalLM(CausalLM):
     architectures = ("Phi3ForCausalLM",)
     gguf_layout = GgufLayout("phi3", tensor_choices={"ffn_up": "mlp.gate_up_proj"})
+    stored_fused_modules: ClassVar[dict[str, str]] = {
+        "self_attn.qkv_proj": "self_attn.qkv",
+        "mlp.gate_up_proj": "mlp.gate_up",
+    }
     # PEFT's name of a fused module -> the modules whose rows it stacks, in order.
     lora_fused_modules: ClassVar[dict[str, tuple[str, ...]]] = {
         "qkv_proj": ("q_proj", "k_proj", "v_proj"),
