@@ -5,12 +5,17 @@ groups."""
 
 from __future__ import annotations
 
+import torch
+
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.group_coordinator import GroupHits, KVCacheCoordinator
 from octavo.kv_cache.kv_cache_groups import CHUNKED, FULL, SLIDING, KVLayerKind, group_layers
 from octavo.kv_events.events import BlockStored
+from octavo.model_executor.group_tables import add_group_tables
 from octavo.model_executor.kv_layer_kinds import kv_layer_kinds
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.step_inputs import lay_out, step_inputs
+from octavo.scheduler.output import ScheduledSequence
 
 BLOCK, WINDOW = 4, 6
 FULL_KIND, SLIDE = KVLayerKind(FULL), KVLayerKind(SLIDING, WINDOW)
@@ -180,3 +185,22 @@ def test_every_group_takes_its_hits_before_any_allocates() -> None:
     held = [block for m in kv.managers for block in m.tables[2].blocks]
     assert len({block.block_id for block in held}) == len(held) == 10
     assert kv.group_block_ids(2)[1][:2] == [block.block_id for block in hits.per_group[1]]
+
+
+def test_each_layer_reads_its_groups_block_table_and_slots() -> None:
+    decode = ScheduledSequence(
+        seq_id=1,
+        token_ids=[7],
+        num_computed_tokens=9,
+        block_ids=[1, 2, 3],
+        sample=True,
+        group_block_ids=([0, 2, 3], [4, 5, 6]),  # the sliding group freed its first block
+    )
+    meta = step_inputs(lay_out([decode], BLOCK), 0, torch.device("cpu")).meta
+    add_group_tables(meta, [decode], [0, 1, 0], BLOCK, torch.device("cpu"))
+    sliding, full, again = meta.layer_metas
+    assert sliding is again and sliding is not full
+    assert sliding.block_tables.tolist() == [[0, 2, 3]]
+    assert full.block_tables.tolist() == [[4, 5, 6]]
+    assert sliding.slot_mapping.tolist() == [3 * BLOCK + 1] and full.slot_mapping.tolist() == [25]
+    assert sliding.seq_lens is meta.seq_lens and sliding.backend_cache is not meta.backend_cache
