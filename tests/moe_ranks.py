@@ -44,5 +44,7 @@ def rank_main(rank: int, world: int, port: int, sizes, checkpoint, hidden, resul
     with torch.no_grad():
         for expert_parallel in (False, True):
             outputs[expert_parallel] = gpt_oss_moe(sizes, checkpoint, expert_parallel)(hidden)
-    results.put((rank, outputs))
+    # as numpy arrays: pickled by value (a tensor travels as a shared-memory handle whose
+    # file this process's exit can remove before the parent opens it)
+    results.put((rank, {key: value.numpy() for key, value in outputs.items()}))
     dist.destroy_process_group()

@@ -376,4 +376,5 @@ def test_two_processes_over_gloo_all_reduce_to_the_single_process_output():
         assert proc.exitcode == 0
     for outputs in reports.values():  # every rank holds the summed output
         for expert_parallel in (False, True):
-            torch.testing.assert_close(outputs[expert_parallel], expected, rtol=1e-5, atol=1e-5)
+            output = torch.from_numpy(outputs[expert_parallel])
+            torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
