@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 
 from octavo import LLM, SamplingParams
+from octavo.engine.kv_groups import kv_cache_groups_for
 from octavo.kv_cache.cache_tensors import bytes_per_block
+from octavo.kv_cache.kv_cache_groups import blocks_per_sequence
 from octavo.model_executor.model_config import ModelConfig
 
 from conftest import assert_all_blocks_free, hf_greedy
@@ -82,10 +84,7 @@ def octavo_greedy(
     config = ModelConfig.from_folder(folder)
     ranks = engine_args.get("tensor_parallel_size", 1)  # each rank holds its KV heads' share
     rank_config = dataclasses.replace(config, num_kv_heads=max(1, config.num_kv_heads // ranks))
-    block_bytes = bytes_per_block(rank_config, 16, torch.float32)
-    # 160 tokens while the first batch needs ~210; fewer where blocks behind a window that
-    # every layer shares are freed as sequences advance
-    blocks = 9 if config.uniform_sliding_window else 11
+    block_bytes, blocks = preempting_pool(config, rank_config)
     args = {
         "dtype": "float32",
         "max_model_len": 160,
@@ -104,6 +103,20 @@ def octavo_greedy(
         if then is not None:
             then(llm)
     return [out.outputs[0].token_ids for out in outputs], stats
+
+
+def preempting_pool(config: ModelConfig, rank_config: ModelConfig) -> tuple[int, int]:
+    """(bytes a block takes, blocks) of a pool the first batch (~210 tokens) overflows:
+    160 tokens, fewer where blocks behind a window every layer shares are freed; with KV
+    cache groups (each block one group's layers), one 160-token sequence's blocks over
+    every group and the null block."""
+    groups = kv_cache_groups_for(config, 1, has_draft=False, has_states=False)
+    if groups is None:
+        blocks = 9 if config.uniform_sliding_window else 11
+        return bytes_per_block(rank_config, 16, torch.float32), blocks
+    group_config = dataclasses.replace(rank_config, num_layers=groups.group_size)
+    blocks = blocks_per_sequence(groups, 160, 16, max_step_tokens=48) + 1
+    return bytes_per_block(group_config, 16, torch.float32), blocks
 
 
 def assert_matches_hf(
