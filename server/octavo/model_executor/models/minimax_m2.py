@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from torch import nn
-
 from octavo.model_executor.layers.moe import Selection
 from octavo.model_executor.model_config import FULL_ATTENTION
 from octavo.model_executor.models.layer_spec import AttentionSpec
 from octavo.model_executor.models.mixtral import MixtralForCausalLM
-from octavo.model_executor.models.moe_mlp import MoEShape, expert_mlp
+from octavo.model_executor.models.moe_mlp import MoEShape
 from octavo.model_executor.rotary import rope_parameters_for
 
 
@@ -39,15 +37,8 @@ class MiniMaxM2ForCausalLM(MixtralForCausalLM):
         """transformers' rope settings (``rotary_dim`` read as ``partial_rotary_factor``)."""
         return {FULL_ATTENTION: rope_parameters_for(self.config.hf.to_dict())}
 
-    def make_mlp(self, index: int) -> nn.Module:
-        hf = self.config.hf
-        shape = MoEShape(
-            num_experts=hf.num_local_experts,
-            top_k=hf.num_experts_per_tok,
-            intermediate_size=self.config.intermediate_size,
-            renormalize=True,
-            weights_in_model_dtype=False,
-            router="sigmoid",
-            selection=Selection(correction_bias=True),
+    def moe_shape(self) -> MoEShape:
+        """Mixtral's, with the sigmoid router and the correction bias."""
+        return dataclasses.replace(
+            super().moe_shape(), router="sigmoid", selection=Selection(correction_bias=True)
         )
-        return expert_mlp(self, self.expert_names, shape)

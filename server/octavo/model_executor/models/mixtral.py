@@ -34,15 +34,17 @@ class MixtralForCausalLM(CausalLM):
     )
 
     def make_mlp(self, index: int) -> nn.Module:
+        return expert_mlp(self, self.expert_names, self.moe_shape())
+
+    def moe_shape(self) -> MoEShape:
         hf = self.config.hf
-        shape = MoEShape(
+        return MoEShape(
             num_experts=hf.num_local_experts,
             top_k=hf.num_experts_per_tok,
             intermediate_size=self.config.intermediate_size,
             renormalize=True,
             weights_in_model_dtype=False,
         )
-        return expert_mlp(self, self.expert_names, shape)
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
