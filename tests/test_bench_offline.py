@@ -65,6 +65,22 @@ def test_sequences_that_fit_contiguous_vs_paged():
     # 2 layers x K and V x 1 head x 16 dims x 4 bytes = 256 bytes per token
     fit = sequences_that_fit(config, torch.float32, 256 * 4096, 2048, 16, 100.0, 3)
     assert fit.bytes_per_token == 256
+    hybrid = ModelConfig.from_dict(  # LFM2's layout: only its attention layer keeps K and V
+        {
+            "architectures": ["Lfm2ForCausalLM"],
+            "model_type": "lfm2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "vocab_size": 100,
+            "max_position_embeddings": 2048,
+            "layer_types": ["conv", "full_attention", "conv", "conv"],
+        }
+    )
+    hybrid_fit = sequences_that_fit(hybrid, torch.float32, 2**20, 2048, 16, 100.0, 3)
+    assert hybrid_fit.bytes_per_token == 128  # 1 layer x K and V x 1 head x 16 dims x 4 bytes
     assert fit.contiguous == 2  # 4096 tokens / 2048 per preallocated sequence
     assert fit.paged == (4096 // 16 - 1) // 7  # 255 usable blocks, 7 blocks per sequence
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
 import torch
 
 from octavo.kv_cache.cache_tensors import bytes_per_block
+from octavo.model_executor.kv_layer_kinds import kv_layer_kinds
 from octavo.model_executor.model_config import ModelConfig
 
 
@@ -29,8 +31,10 @@ class SequencesThatFit:
 
 
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token occupies across all layers."""
-    return bytes_per_block(config, 1, dtype)
+    """Bytes of keys and values one token occupies across the layers that keep them (a
+    hybrid model's state layers keep a fixed state per sequence instead)."""
+    attention_layers = sum(kind is not None for kind in kv_layer_kinds(config))
+    return bytes_per_block(dataclasses.replace(config, num_layers=attention_layers), 1, dtype)
 
 
 def sequences_that_fit(
