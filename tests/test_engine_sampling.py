@@ -31,16 +31,21 @@ def test_same_seed_same_tokens_whatever_the_batch(llm, question):
     seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=7, max_tokens=16)
     alone = tokens(llm.generate(question, seeded, use_tqdm=False))
     other = SamplingParams(temperature=1.0, max_tokens=16)
-    batched = llm.generate([question + " Hi.", question], [other, seeded], use_tqdm=False)
-    assert tokens(batched[1:]) == alone
     different = SamplingParams(temperature=1.0, top_p=0.95, seed=8, max_tokens=16)
-    assert tokens(llm.generate(question, different, use_tqdm=False)) != alone
+    # one batched run: the seeded request beside others, and another seed on the same prompt
+    batched = llm.generate(
+        [question + " Hi.", question, question], [other, seeded, different], use_tqdm=False
+    )
+    assert tokens(batched[1:2]) == alone
+    assert tokens(batched[2:]) != alone
 
 
 def test_top_k_one_equals_greedy(llm, question):
-    greedy = llm.generate(question, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
     top1 = SamplingParams(temperature=1.3, top_k=1, seed=3, max_tokens=16)
-    assert tokens(llm.generate(question, top1, use_tqdm=False)) == tokens(greedy)
+    # both in one batched run: the same prompt, greedy and sampled with top_k=1
+    greedy_out, top1_out = llm.generate([question, question], [greedy, top1], use_tqdm=False)
+    assert tokens([top1_out]) == tokens([greedy_out])
 
 
 def test_stop_string_is_trimmed(llm, question):
