@@ -78,7 +78,13 @@ def test_smollm2_int8_picks_the_same_next_tokens_with_a_quarter_of_the_linear_by
     params = SamplingParams(temperature=0.0, max_tokens=1)
     runs = {}
     for quantization in (None, "int8"):
-        llm = LLM(str(smol_folder), dtype="float32", max_model_len=512, quantization=quantization)
+        llm = LLM(
+            str(smol_folder),
+            dtype="float32",
+            max_model_len=512,
+            quantization=quantization,
+            kv_cache_memory=64 << 20,  # room for the eight prompts, not the 2 GiB default
+        )
         runs[quantization] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[f"{quantization}-bytes"] = weight_bytes(llm.engine.executor.worker.model)
     same = [a.token_ids == b.token_ids for a, b in zip(runs[None], runs["int8"], strict=True)]
@@ -93,6 +99,7 @@ def test_int8_under_tensor_parallelism(tiny_folder):
         max_model_len=128,
         quantization="int8",
         tensor_parallel_size=2,
+        kv_cache_memory=16 << 20,
     ) as llm:
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
         (output,) = llm.generate(["Hello there"], params, use_tqdm=False)
