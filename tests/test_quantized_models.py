@@ -38,11 +38,11 @@ PROMPTS = ["Hello there", "The cat sat on", "def add(a, b):"]
 TOKENS = 12
 INT4_BOUND = 0.05  # nats, native int4 kernel vs the dequantized reference; measured < 0.01 (AVX2)
 CASES = [("gptq", False), ("gptq", True), ("awq", False)]  # (method, act order)
+KV_POOL = 64 << 20  # bytes: room for every sequence here (the tests default to 512 MiB)
 
 
-def reference_tokens(folder, runs, max_tokens: int = TOKENS) -> list[list[int]]:
-    """HF fp32 greedy continuations of the runs' prompts, in ``folder``'s weights."""
-    model = hf_float32(folder)
+def reference_tokens(model, runs, max_tokens: int = TOKENS) -> list[list[int]]:
+    """HF fp32 greedy continuations of the runs' prompts, by ``model``."""
     return [reference_greedy(model, run.prompt_ids, max_tokens) for run in runs]
 
 
@@ -58,6 +58,12 @@ def int4_folders(tmp_path_factory, tiny_folder):
     }
 
 
+@pytest.fixture(scope="module")
+def int4_references(int4_folders):
+    """(method, act order) → HF fp32 model of the dequantized reference, loaded once."""
+    return {case: hf_float32(reference) for case, (_, reference) in int4_folders.items()}
+
+
 @pytest.fixture
 def torch_path():
     with forced_torch_path():
@@ -65,29 +71,33 @@ def torch_path():
 
 
 @pytest.mark.parametrize(("method", "act_order"), CASES)
-def test_int4_checkpoint_matches_its_dequantized_reference(int4_folders, method, act_order):
+def test_int4_checkpoint_matches_its_dequantized_reference(
+    int4_folders, int4_references, method, act_order
+):
     """The native integer kernel scores every token of its own greedy sequences within
     ``INT4_BOUND`` of the dequantized reference."""
-    quantized, reference = int4_folders[method, act_order]
+    quantized, _ = int4_folders[method, act_order]
     runs = greedy_runs(quantized, PROMPTS, TOKENS)
-    assert largest_logprob_gap(hf_float32(reference), runs) < INT4_BOUND
+    assert largest_logprob_gap(int4_references[method, act_order], runs) < INT4_BOUND
 
 
 @pytest.mark.parametrize(("method", "act_order"), CASES)
 def test_int4_checkpoint_is_token_identical_on_the_torch_path(
-    int4_folders, method, act_order, torch_path
+    int4_folders, int4_references, method, act_order, torch_path
 ):
     """Weights dequantized exactly: greedy output equals HF's on the reference weights."""
-    quantized, reference = int4_folders[method, act_order]
+    quantized, _ = int4_folders[method, act_order]
     runs = greedy_runs(quantized, PROMPTS, TOKENS)
-    assert [run.tokens for run in runs] == reference_tokens(reference, runs)
+    assert [run.tokens for run in runs] == reference_tokens(
+        int4_references[method, act_order], runs
+    )
 
 
 def test_gptq_under_tensor_parallelism(tmp_path, tiny_folder, torch_path):
     """Two ranks each keep their rows (column layers) or 32-column blocks (row layers)."""
     quantized, reference = write_int4_checkpoint(tiny_folder("qwen2"), tmp_path, "gptq")
     runs = greedy_runs(quantized, PROMPTS, TOKENS, tensor_parallel_size=2)
-    assert [run.tokens for run in runs] == reference_tokens(reference, runs)
+    assert [run.tokens for run in runs] == reference_tokens(hf_float32(reference), runs)
 
 
 def test_a_load_time_method_refuses_a_quantized_checkpoint(int4_folders):
@@ -130,7 +140,7 @@ def test_embedded_model_runs_from_its_q4_1_gguf_kept_quantized(smol_folder, hf_s
         "gguf": {"model": str(smol_folder), "quantization": "gguf"},
         "file": {"model": str(gguf_path())},
     }.items():
-        with LLM(dtype="float32", max_model_len=256, **engine) as llm:
+        with LLM(dtype="float32", max_model_len=256, kv_cache_memory=KV_POOL, **engine) as llm:
             sizes[name] = weight_bytes(llm.engine.executor.worker.model)
             if name != "expanded":
                 runs[name] = greedy_runs_of(llm, NATURAL, GGUF_TOKENS)
@@ -181,7 +191,12 @@ def test_perplexity_through_completions_echo_logprobs(smol_folder):
     config = ServerConfig(served_model_names=["smol"], model_root="smol")
     figures = {}
     for name, quantization in (("bf16", None), ("int8", "int8"), ("q4_1", "gguf")):
-        engine = {"max_model_len": 512, "dtype": "bfloat16", "quantization": quantization}
+        engine = {
+            "max_model_len": 512,
+            "dtype": "bfloat16",
+            "quantization": quantization,
+            "kv_cache_memory": KV_POOL,
+        }
         with served_model(str(smol_folder), config, 2, **engine) as server:
             figures[name] = perplexity(server)
     print("perplexity", figures)  # for the issue note (pytest -s)
