@@ -57,10 +57,23 @@ def draft_folder(tmp_path_factory, smol_tokenizer):
     return build_tiny_model(folder, "qwen2", smol_tokenizer, num_hidden_layers=1)
 
 
+SMOL_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+SMOL_GREEDY = SamplingParams(max_tokens=24, temperature=0)
+LIST_PROMPT = (
+    "Copy this list exactly: apple, banana, cherry, date, elderberry, fig, grape, "
+    "honeydew, kiwi, lemon.\nCopy: apple, banana,"
+)
+LIST_PARAMS = SamplingParams(max_tokens=30, temperature=0, stop=[" grape"], logprobs=2, n=2)
+
+
 @pytest.fixture(scope="module")
-def smol_plain(smol_folder) -> LLM:
-    """SmolLM2 without speculation: the reference of the SmolLM2 tests."""
-    return LLM(str(smol_folder), **SMOL)
+def smol_plain(smol_folder) -> list:
+    """SmolLM2 without speculation: the references of the SmolLM2 tests, in one batched run
+    (the three greedy prompts' outputs, then the list prompt's)."""
+    llm = LLM(str(smol_folder), **SMOL)
+    prompts = [*SMOL_PROMPTS, LIST_PROMPT]
+    params = [SMOL_GREEDY] * len(SMOL_PROMPTS) + [LIST_PARAMS]
+    return llm.generate(prompts, params, use_tqdm=False)
 
 
 @pytest.fixture(scope="module")
@@ -113,13 +126,10 @@ def test_target_drafting_for_itself_accepts_nearly_everything(tiny_folder, refer
 
 
 def test_smollm2_drafting_for_itself_is_token_identical(smol_folder, smol_plain):
-    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
-    params = SamplingParams(max_tokens=24, temperature=0)
-    outputs = smol_plain.generate(prompts, params, use_tqdm=False)
-    expected = [out.outputs[0].token_ids for out in outputs]
+    expected = [out.outputs[0].token_ids for out in smol_plain[: len(SMOL_PROMPTS)]]
     config = {"model": str(smol_folder), "num_speculative_tokens": 3}
     llm = LLM(str(smol_folder), speculative_config=config, **SMOL)
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(SMOL_PROMPTS, SMOL_GREEDY, use_tqdm=False)
     assert [out.outputs[0].token_ids for out in outputs] == expected
     assert llm.engine.scheduler.spec_counters.acceptance_rate > 0.9
     assert_all_blocks_free(llm.engine)
@@ -127,14 +137,9 @@ def test_smollm2_drafting_for_itself_is_token_identical(smol_folder, smol_plain)
 
 def test_stop_strings_n_and_logprobs_match_no_speculation(smol_folder, smol_plain):
     """The stop string ends a verified stretch: the tokens kept after it are dropped."""
-    prompt = (
-        "Copy this list exactly: apple, banana, cherry, date, elderberry, fig, grape, "
-        "honeydew, kiwi, lemon.\nCopy: apple, banana,"
-    )
-    params = SamplingParams(max_tokens=30, temperature=0, stop=[" grape"], logprobs=2, n=2)
-    expected = smol_plain.generate([prompt], params, use_tqdm=False)[0]
+    expected = smol_plain[len(SMOL_PROMPTS)]
     llm = LLM(str(smol_folder), speculative_config=NGRAM, **SMOL)
-    got = llm.generate([prompt], params, use_tqdm=False)[0]
+    got = llm.generate([LIST_PROMPT], LIST_PARAMS, use_tqdm=False)[0]
     counters = llm.engine.scheduler.spec_counters
     assert counters.num_accepted_tokens >= 2 * len(got.outputs), counters
     for want, have in zip(expected.outputs, got.outputs, strict=True):
