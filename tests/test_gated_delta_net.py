@@ -17,6 +17,7 @@ from octavo.model_executor.layers.state.gated_delta_rule import (
     chunked_delta_rule,
     recurrent_delta_step,
 )
+from state_steps import state_step_metadata
 
 HIDDEN, NUM_SLOTS = 32, 6
 MIXER = {
@@ -39,25 +40,11 @@ STEPS = [  # per step: (sequence, first token, tokens); prefill chunks first, th
 
 def step_meta(pieces: list[tuple[int, int, int]]) -> AttentionMetadata:
     """The metadata a state layer reads for one step of ``pieces``."""
-    lengths = [n for _, _, n in pieces]
-    starts = [0]
-    for length in lengths:
-        starts.append(starts[-1] + length)
-    num_prefills = sum(1 for length in lengths if length > 1)
-    seq_lens = [first + n for _, first, n in pieces]
-    return AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
-        block_tables=torch.zeros(len(pieces), 1, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        num_prefills=num_prefills,
-        num_prefill_tokens=starts[num_prefills],
-        query_lens_list=lengths,
-        query_start_loc_list=starts[:-1],
-        seq_lens_list=seq_lens,
-        max_seq_len=max(seq_lens),
-        state_slots=torch.tensor([SLOTS[i] for i, _, _ in pieces]),
-        state_has_initial=torch.tensor([first > 0 for _, first, _ in pieces]),
+    return state_step_metadata(
+        [count for _, _, count in pieces],
+        [first + count for _, first, count in pieces],
+        [SLOTS[seq] for seq, _, _ in pieces],
+        [first > 0 for _, first, _ in pieces],
     )
 
 

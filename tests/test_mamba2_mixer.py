@@ -17,6 +17,7 @@ from octavo.attention.metadata import AttentionMetadata
 from octavo.distributed import parallel_state
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.layers.state.mamba2_mixer import Mamba2Mixer, Mamba2Spec
+from state_steps import state_step_metadata
 
 SHAPES = {  # 4 heads of 16 in 2 groups, blocks of 8 tokens
     "hidden_size": 32,
@@ -40,25 +41,12 @@ STEPS = [  # per step: (sequence, first token, tokens), prefill chunks before de
 
 
 def step_meta(pieces: list[tuple[int, int, int]]) -> AttentionMetadata:
-    """A step's metadata as far as a state layer reads it."""
-    lengths = [count for _, _, count in pieces]
-    starts = [0]
-    for count in lengths:
-        starts.append(starts[-1] + count)
-    num_prefills = sum(1 for count in lengths if count > 1)
-    return AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
-        block_tables=torch.zeros(len(pieces), 1, dtype=torch.int32),
-        seq_lens=torch.tensor([first + n for _, first, n in pieces], dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        num_prefills=num_prefills,
-        num_prefill_tokens=starts[num_prefills],
-        query_lens_list=lengths,
-        query_start_loc_list=starts[:-1],
-        seq_lens_list=[first + n for _, first, n in pieces],
-        max_seq_len=max(first + n for _, first, n in pieces),
-        state_slots=torch.tensor([SLOTS[seq] for seq, _, _ in pieces]),
-        state_has_initial=torch.tensor([first > 0 for _, first, _ in pieces]),
+    """The metadata a state layer reads for one step of ``pieces``."""
+    return state_step_metadata(
+        [count for _, _, count in pieces],
+        [first + count for _, first, count in pieces],
+        [SLOTS[seq] for seq, _, _ in pieces],
+        [first > 0 for _, first, _ in pieces],
     )
 
 

@@ -18,6 +18,7 @@ from octavo.model_executor.step_inputs import add_state_slots
 from octavo.scheduler.output import ScheduledSequence
 from octavo.scheduler.scheduler import Scheduler
 from octavo.scheduler.stop_checker import StopLimits
+from state_steps import state_step_metadata
 from test_scheduler import BLOCK, finish_step, make_seq
 
 CHANNELS, KERNEL, NUM_SLOTS = 6, 4, 8
@@ -26,26 +27,8 @@ CHANNELS, KERNEL, NUM_SLOTS = 6, 4, 8
 def state_meta(
     query_lens: list[int], slots: list[int], has_initial: list[bool]
 ) -> AttentionMetadata:
-    """A step's metadata as far as a state layer reads it: sequences with more than one
-    token first (prefill chunks), then single-token decodes."""
-    num_prefills = sum(1 for length in query_lens if length > 1)
-    starts = [0]
-    for length in query_lens:
-        starts.append(starts[-1] + length)
-    return AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
-        block_tables=torch.zeros(len(query_lens), 1, dtype=torch.int32),
-        seq_lens=torch.tensor(query_lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        num_prefills=num_prefills,
-        num_prefill_tokens=starts[num_prefills],
-        query_lens_list=query_lens,
-        query_start_loc_list=starts[:-1],
-        seq_lens_list=query_lens,
-        max_seq_len=max(query_lens),
-        state_slots=torch.tensor(slots, dtype=torch.long),
-        state_has_initial=torch.tensor(has_initial),
-    )
+    """A step whose sequences are as long as their new tokens (``state_step_metadata``)."""
+    return state_step_metadata(query_lens, query_lens, slots, has_initial)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
