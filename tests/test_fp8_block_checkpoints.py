@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
 from expert_names import QWEN_MOE
+from moe_checkpoints import load_whole_checkpoint
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.layers.moe import FusedMoE
 from octavo.model_executor.layers.quantization.fp8_blocks import (
@@ -201,9 +202,6 @@ def moe_block(checkpoint: dict, quantization, expert_parallel: bool) -> FusedMoE
         quantization=quantization,
         enable_expert_parallel=expert_parallel,
     )
-    loaded = set()
-    for name, tensor in checkpoint.items():
-        loaded.update(moe.load_checkpoint_tensor(name, tensor))
-    assert loaded == moe.expected_keys()
+    load_whole_checkpoint(moe, checkpoint)
     moe.process_weights_after_loading()
     return moe

@@ -23,6 +23,7 @@ from transformers import GptOssConfig, MixtralConfig, Qwen3MoeConfig
 
 import moe_ranks
 from expert_names import GPT_OSS, MIXTRAL, QWEN_MOE
+from moe_checkpoints import load_whole_checkpoint
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.checkpoint_slice import CheckpointSlice
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul, SiluAndMul
@@ -138,10 +139,7 @@ def hub_checkpoint(kind: str, block: nn.Module) -> dict[str, torch.Tensor]:
 def build_moe(kind: str, norm: bool, checkpoint: dict, **overrides) -> FusedMoE:
     options = {**KINDS[kind].options(norm), **overrides}
     moe = FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, **options)
-    loaded: set[str] = set()
-    for name, tensor in checkpoint.items():
-        loaded.update(moe.load_checkpoint_tensor(name, tensor))
-    assert loaded == moe.expected_keys()
+    load_whole_checkpoint(moe, checkpoint)
     moe.process_weights_after_loading()
     return moe
 
@@ -288,10 +286,7 @@ def test_mxfp4_experts_load_like_their_dequantized_form(monkeypatch, inter, expe
 def mxfp4_moe(checkpoint: dict, inter: int, expert_parallel: bool) -> FusedMoE:
     options = {**KINDS["gpt_oss"].options(False), "enable_expert_parallel": expert_parallel}
     moe = FusedMoE(EXPERTS, TOP_K, HIDDEN, inter, **options)
-    loaded = set()
-    for name, tensor in checkpoint.items():
-        loaded.update(moe.load_checkpoint_tensor(name, tensor))
-    assert loaded == moe.expected_keys()
+    load_whole_checkpoint(moe, checkpoint)
     return moe
 
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from architecture_check import assert_matches_hf, check_prompts, hf_reference, write_tiny_checkpoint
 from expert_names import GPT_OSS
+from moe_checkpoints import load_whole_checkpoint
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.model_executor.layers.activation import ClampedSwigluAndMul
 from octavo.model_executor.layers.moe import FusedMoE
@@ -168,9 +169,6 @@ def gpt_oss_moe(checkpoint: dict, inter: int, quantization, expert_parallel: boo
         quantization=quantization,
         enable_expert_parallel=expert_parallel,
     )
-    loaded = set()
-    for name, tensor in checkpoint.items():
-        loaded.update(moe.load_checkpoint_tensor(name, tensor))
-    assert loaded == moe.expected_keys()
+    load_whole_checkpoint(moe, checkpoint)
     moe.process_weights_after_loading()
     return moe
