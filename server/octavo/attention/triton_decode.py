@@ -49,9 +49,15 @@ PROGRAMS_PER_SM = 8  # programs per SM the split count aims for (see choose_num_
 # loads' addresses come from the block table: Triton does not pipeline them).
 SPLIT_NUM_STAGES = 2
 SPLIT_NUM_WARPS: int | None = None  # None: ``_split_warps``; the bench sets it to compare
+# Pointers whose alignment changes with the batch (slices of the step's packed inputs and
+# of the workspace): not specialised, so a new batch compiles nothing (``triton_kernels``)
+PER_STEP_SPLIT_POINTERS = ["q_ptr", "table_ptr", "seq_lens_ptr", "acc_ptr", "max_ptr", "sum_ptr"]
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["stride_tb"],
+    do_not_specialize_on_alignment=["q_ptr", "table_ptr", "seq_lens_ptr", "out_ptr"],
+)
 def _decode_kernel(
     q_ptr,
     cache_ptr,
@@ -191,7 +197,10 @@ def _split_bounds(
     return first, start, tl.minimum(start + per_split * BLOCK_N, seq_len)
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["stride_tb"],
+    do_not_specialize_on_alignment=PER_STEP_SPLIT_POINTERS,
+)
 def _split_kernel(
     q_ptr,
     cache_ptr,
@@ -272,7 +281,10 @@ def _split_kernel(
     tl.store(acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=mask_q)
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["num_splits"],
+    do_not_specialize_on_alignment=["acc_ptr", "max_ptr", "sum_ptr", "out_ptr"],
+)
 def _merge_kernel(
     acc_ptr,
     max_ptr,

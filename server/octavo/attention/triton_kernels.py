@@ -12,6 +12,14 @@ operations: the same rounding as torch on every GPU and under the interpreter (w
 fp8 casts round wrongly), and no fp8 instructions needed (pre-Hopper GPUs lack them).
 Stored E4M3 bytes widen to fp16 as ``value / 256`` (E5M2 to ``value``, exactly): that
 factor and ``k_scale`` go into the softmax scale, ``v_scale`` into the output.
+
+Triton compiles a kernel again for each new specialisation of its arguments: an integer
+equal to 1 or divisible by 16, a pointer aligned to 16 bytes. A step's batch changes the
+block table's width and the offsets of the slices the kernels get (``seq_lens``, the
+slot mapping, the decode rows' tables): those arguments are declared not specialised
+(``do_not_specialize``, ``do_not_specialize_on_alignment``), so a new batch never compiles
+a kernel mid-serving (on an H200 each compile stalled the engine for a fraction of a
+second). What stays specialised is fixed for a model (its strides, head size, options).
 """
 
 from __future__ import annotations
@@ -201,7 +209,10 @@ def _first_visible(pos, window, chunk, WINDOW: tl.constexpr, CHUNK: tl.constexpr
     return first
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["stride_tb"],
+    do_not_specialize_on_alignment=["q_ptr", "table_ptr", "qsl_ptr", "seq_lens_ptr", "out_ptr"],
+)
 def _prefill_kernel(
     q_ptr,
     cache_ptr,

@@ -35,7 +35,7 @@ def _row_tile(slot_ptr, M, BLOCK_M: tl.constexpr):
     return offs_m.to(tl.int64), mask_m, slot, mask_m & (slot >= 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # the step's token count: one compile for all
 def _shrink_kernel(
     x_ptr,
     a_ptr,
@@ -79,7 +79,7 @@ def _shrink_kernel(
     tl.store(out, acc, mask=mask_m[:, None] & mask_r[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _expand_kernel(
     s_ptr,
     b_ptr,

@@ -112,7 +112,7 @@ def _activate(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
     return (up + 1.0) * gate * tl.sigmoid(gate * alpha)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # the step's (token, expert) pairs
 def _gate_up_kernel(
     x_ptr,
     w_ptr,
@@ -167,7 +167,7 @@ def _gate_up_kernel(
     tl.store(out, values, mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _down_kernel(
     x_ptr,
     w_ptr,

@@ -21,7 +21,7 @@ from octavo.model_executor.layers.quantization.triton_kernels import (
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # the step's token count: one compile for all
 def _fp8_block_matmul_kernel(
     x_ptr,
     w_ptr,

@@ -32,7 +32,7 @@ def _store_tile(out_ptr, values, offs_m, offs_n, mask_m, mask_n, stride_om):
     tl.store(out, values.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # the step's token count: one compile for all
 def _int4_matmul_kernel(
     x_ptr,
     packed_ptr,
@@ -68,7 +68,7 @@ def _int4_matmul_kernel(
     _store_tile(out_ptr, acc, offs_m, offs_n, mask_m, mask_n, stride_om)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _fp8_matmul_kernel(
     x_ptr,
     w_ptr,
