@@ -132,3 +132,16 @@ def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
         assert row.max_rel_diff < 1e-5 and row.bytes_read == 2 * 2 * 48 * 2 * 16 * 4
     assert split.sweep_ms == {3: 1.0} and split.launch_ms == {"w1t16": 1.0}
     assert triton_decode.SPLIT_NUM_WARPS is None  # the sweep puts the default back
+
+
+def test_the_top_kernel_table_is_per_marginal_step(capsys):
+    from octavo_bench.gpu_measures import print_top_kernels
+
+    short = {"gemv": (100.0, 4), "argmax": (10.0, 1)}
+    long = {"gemv": (900.0, 36), "argmax": (90.0, 9), "rmsnorm": (40.0, 16)}
+    print_top_kernels(long, short, steps=8)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["0.1000", "ms", "4.0x", "gemv"]
+    assert lines[2].split() == ["0.0100", "ms", "1.0x", "argmax"]
+    assert lines[3].split() == ["0.0050", "ms", "2.0x", "rmsnorm"]
+    assert lines[-1].split() == ["launches", "per", "step:", "7.0"]

@@ -64,15 +64,21 @@ def ask(url: str) -> int | None:
 
 
 def fails_after_the_bound(group: NodeGroup, leader: Host, pool: ThreadPoolExecutor) -> None:
-    """A request starts a step that never finishes: the leader turns unhealthy once the
-    bound has passed (not before), answers the request and exits 2."""
+    """A request starts a step that never finishes: the leader stays healthy until the
+    bound has passed, then turns unhealthy (503 from then on, where a poll lands in the
+    moment before it closes: on a loaded machine none may), answers the request and
+    exits 2."""
     asked_at = time.monotonic()  # the step and its bound start later
     asked: Future = pool.submit(ask, group.url)
     statuses = health_until_exit(group, leader, since=asked_at)
+    assert time.monotonic() - asked_at >= TIMEOUT_SECONDS, statuses
     assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE, group.logs()
-    first_503 = next(seconds for seconds, status in statuses if status == 503)
-    assert first_503 >= TIMEOUT_SECONDS, statuses
-    assert all(status == 503 for seconds, status in statuses if seconds >= first_503), statuses
+    assert all(seconds >= TIMEOUT_SECONDS for seconds, status in statuses if status != 200), (
+        statuses
+    )
+    first_503 = next((seconds for seconds, status in statuses if status == 503), None)
+    if first_503 is not None:
+        assert all(status == 503 for seconds, status in statuses if seconds >= first_503), statuses
     assert asked.result(timeout=30) != 200
     assert OVERDUE in leader.text() and "the engine core died" in leader.text()
 
