@@ -11,6 +11,8 @@
 # checkpoint is written), then `octavo_bench step-profile` of the 1B shape with steps in turn
 # and with --async-scheduling (host ms per phase vs GPU forward ms, batch 1/32/256).
 # With test files as arguments: those tests only, no benchmark.
+# GPU_TESTS_TIMEOUT / GPU_BENCH_TIMEOUT (seconds, 150 / 300) bound the two parts;
+# GPU_STEP_PROFILE=0 leaves the step profile out (a lease with one short run).
 # Logs, gpu.json and gpu.png go to $OUT (the device tool's) or /tmp.
 # `make gpu-check` runs it; `make gpu-prepare` (on the CPU machine) fills .whl/.gpu-baked.
 set -uo pipefail
@@ -32,13 +34,15 @@ if [ "$#" -eq 0 ]; then
     benchmark=1
 fi
 out="${OUT:-/tmp}"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="--durations=15" -rs "$@" 2>&1 |
+timeout "${GPU_TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="--durations=15" -rs "$@" 2>&1 |
     tee "$out/gpu-tests.log"
 tests_status=${PIPESTATUS[0]}
 bench_status=0
 if [ "$benchmark" -eq 1 ]; then
-    timeout 300 python3 -m octavo_bench gpu --output-dir "$out" 2>&1 | tee "$out/gpu-bench.log"
+    timeout "${GPU_BENCH_TIMEOUT:-300}" python3 -m octavo_bench gpu --output-dir "$out" 2>&1 | tee "$out/gpu-bench.log"
     bench_status=${PIPESTATUS[0]}
+fi
+if [ "$benchmark" -eq 1 ] && [ "${GPU_STEP_PROFILE:-1}" = 1 ]; then
     # where a step's time goes (host phases vs the forward's GPU time), steps in turn and
     # with --async-scheduling, on the 1B shape with dummy weights
     python3 -m octavo_bench random-model llama-1b /tmp/octavo-1b-config --config-only

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from octavo_bench import step_profile
 
 
 def test_a_cpu_run_times_every_phase_per_batch(tiny_folder, tmp_path):
     argv = ["--model", str(tiny_folder("llama3")), "--device", "cpu", "--dtype", "float32"]
     argv += ["--batches", "1,3", "--steps", "4", "--prompt-len", "5"]
+    argv += ["--offline", "3", "--offline-max-len", "6"]
     assert step_profile.main([*argv, "--output-dir", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "step_profile.json").read_text())["rows"]
-    assert [row["batch"] for row in rows] == [1, 3]
+    assert [row["batch"] for row in rows] == [1, 3, "offline"]
+    offline = rows[-1]
+    assert offline["prefill_steps"] >= 1 and offline["steps"] >= 6  # prefill, then decodes
+    assert offline["tok_s"] == pytest.approx(3 * 6 / offline["wall_s"])
     for row in rows:
         assert row["steps"] >= 4  # the prefill step and the decode steps
         assert row["tok_s"] > 0

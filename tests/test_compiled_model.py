@@ -51,7 +51,9 @@ def test_compile_env_overrides_the_backend_not_the_hard_limits(monkeypatch):
     monkeypatch.setenv(COMPILE_ENV, "1")
     assert compile_decision(CompileSettings("cpu", backend="eager")).enabled
     assert not compile_decision(CompileSettings("cpu", enforce_eager=True)).enabled
-    assert not compile_decision(CompileSettings("cuda")).enabled
+    trial = compile_decision(CompileSettings("cuda"))  # inside the decode graphs: a trial
+    assert trial.enabled and trial.reason == "OCTAVO_COMPILE=1 (a trial on cuda)"
+    assert not compile_decision(CompileSettings("cuda", world_size=2)).enabled
 
 
 def test_backend_key_of_compilation_config():

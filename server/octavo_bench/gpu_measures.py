@@ -87,22 +87,46 @@ def _greedy(tokens: int):
 
 def gpu_ms_per_step(llm, prompt_len: int, steps: int = 32) -> float | None:
     """Kernel time of one batch-1 decode step on the GPU (torch.profiler's CUDA activity:
-    kernels and copies, not the host's gaps between them); None off CUDA."""
+    kernels and copies, not the host's gaps between them); None off CUDA. Prints the
+    kernels that take the most of it (ms and launches per step)."""
     if llm.engine.parts.device.type != "cuda":
         return None
-    short = kernel_ms(llm, prompt_len, 4)
-    return (kernel_ms(llm, prompt_len, 4 + steps) - short) / steps
+    short = kernel_times(llm, prompt_len, 4)
+    long = kernel_times(llm, prompt_len, 4 + steps)
+    print_top_kernels(long, short, steps)
+    return (sum(us for us, _ in long.values()) - sum(us for us, _ in short.values())) / (
+        1000.0 * steps
+    )
 
 
-def kernel_ms(llm, prompt_len: int, tokens: int) -> float:
+def kernel_times(llm, prompt_len: int, tokens: int) -> dict[str, tuple[float, int]]:
+    """Each CUDA kernel's (or copy's) name -> (microseconds, launches) over one generate."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
     prompts = prompts_of(1, prompt_len, llm.engine.vocab_size, next(_seeds))
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
         llm.generate(prompts, _greedy(tokens), use_tqdm=False)
         torch.cuda.synchronize()
-    events = [e for e in profiler.events() if e.device_type == DeviceType.CUDA]
-    return sum(event.time_range.elapsed_us() for event in events) / 1000.0
+    times: dict[str, tuple[float, int]] = {}
+    for event in profiler.events():
+        if event.device_type == DeviceType.CUDA:
+            us, calls = times.get(event.name, (0.0, 0))
+            times[event.name] = (us + event.time_range.elapsed_us(), calls + 1)
+    return times
+
+
+def print_top_kernels(long: dict, short: dict, steps: int, top: int = 15) -> None:
+    """The kernels of the marginal steps (``long`` minus ``short``), most time first."""
+    rows = []
+    for name, (us, calls) in long.items():
+        short_us, short_calls = short.get(name, (0.0, 0))
+        rows.append(((us - short_us) / steps / 1000.0, (calls - short_calls) / steps, name))
+    rows.sort(reverse=True)
+    print(f"top kernels of a batch-1 decode step ({len(rows)} kernel names):")
+    for ms, calls, name in rows[:top]:
+        print(f"  {ms:8.4f} ms  {calls:6.1f}x  {name[:110]}")
+    total_calls = sum(calls for _, calls, _ in rows)
+    print(f"  launches per step: {total_calls:.1f}")
 
 
 @dataclass(frozen=True)
@@ -116,8 +140,8 @@ class OfflineShape:
     seed: int = 0
 
 
-def offline_tok_s(llm, shape: OfflineShape) -> float:
-    """Output tokens per second of nano-vllm's offline workload (after a short warm-up)."""
+def offline_workload(llm, shape: OfflineShape) -> tuple[list[list[int]], list]:
+    """nano-vllm's prompts (random ids) and sampling parameters, after a short warm-up."""
     from octavo import SamplingParams
 
     generator = torch.Generator().manual_seed(shape.seed)
@@ -130,7 +154,12 @@ def offline_tok_s(llm, shape: OfflineShape) -> float:
     prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths()]
     params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for n in lengths()]
     llm.generate(prompts_of(1, 16, vocab, next(_seeds)), _greedy(4), use_tqdm=False)
-    wall, tokens = timed_generate(llm, prompts, params)
+    return prompts, params
+
+
+def offline_tok_s(llm, shape: OfflineShape) -> float:
+    """Output tokens per second of nano-vllm's offline workload (after a short warm-up)."""
+    wall, tokens = timed_generate(llm, *offline_workload(llm, shape))
     return tokens / wall
 
 

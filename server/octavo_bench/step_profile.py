@@ -6,8 +6,11 @@ scheduler, the runner's input preparation, the forward's launch (on a GPU the gr
 replay or the eager kernels are queued, not waited for), sampling (which waits for the
 GPU), the scheduler's update and the engine's detokenizing. On a GPU the forward's device
 time is read from CUDA events around it, so host overhead and GPU time sit side by side:
-a step is host-bound where ``step`` far exceeds ``gpu_forward_ms``. Writes
-step_profile.json and step_profile.png (the phases of a step, stacked, per batch size).
+a step is host-bound where ``step`` far exceeds ``gpu_forward_ms``. ``--offline 256`` adds a
+row for nano-vllm's offline shape (256 requests, prompt and output lengths uniform in
+[100, 1024]: ``--offline-max-len``): its steps with a prefill part, and the forward's GPU
+seconds in those steps and in decode-only steps.
+Writes step_profile.json and step_profile.png (the phases of a step, stacked, per row).
 """
 
 from __future__ import annotations
@@ -34,13 +37,18 @@ PHASES = {  # (object path, method) -> phase name
 }
 
 
+OFFLINE_TOTALS = ("wall_s", "prefill_steps", "gpu_prefill_steps_s", "gpu_decode_steps_s")
+
+
 class PhaseTimer:
     """Wraps the engine's phase methods with host timers (and CUDA events on the forward)."""
 
     def __init__(self, engine: Any) -> None:
         self.seconds: collections.Counter[str] = collections.Counter()
-        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event, bool]] = []
         self.steps = 0
+        self.prefill_steps = 0
+        self.planned_prefill = False  # the last planned step has a prefill part
         owners = {"engine": engine, "scheduler": engine.scheduler}
         owners["runner"] = engine.executor.worker.runner
         for (owner, method), phase in PHASES.items():
@@ -60,7 +68,10 @@ class PhaseTimer:
             self.seconds[phase] += time.perf_counter() - start
             if on_gpu:
                 end_event.record()
-                self.events.append((start_event, end_event))
+                self.events.append((start_event, end_event, self.planned_prefill))
+            if phase == "schedule" and not getattr(result, "is_empty", True):
+                self.planned_prefill = bool(result.prefills)
+                self.prefill_steps += self.planned_prefill
             self.steps += phase == "step"
             return result
 
@@ -69,16 +80,25 @@ class PhaseTimer:
     def reset(self) -> None:
         self.seconds.clear()
         self.events.clear()
-        self.steps = 0
+        self.steps = self.prefill_steps = 0
 
     def per_step_ms(self) -> dict[str, float]:
         steps = max(1, self.steps)
         result = {phase: 1000 * self.seconds[phase] / steps for phase in [*PHASES.values(), "step"]}
         if self.events:
             torch.cuda.synchronize()
-            gpu = sum(start.elapsed_time(end) for start, end in self.events)
+            gpu = sum(start.elapsed_time(end) for start, end, _ in self.events)
             result["gpu_forward_ms"] = gpu / steps
         return result
+
+    def gpu_seconds_by_kind(self) -> dict[str, float]:
+        """The forward's GPU seconds in steps with a prefill part and in decode-only steps."""
+        torch.cuda.synchronize()
+        totals = {"gpu_prefill_steps_s": 0.0, "gpu_decode_steps_s": 0.0}
+        for start, end, prefill in self.events:
+            key = "gpu_prefill_steps_s" if prefill else "gpu_decode_steps_s"
+            totals[key] += start.elapsed_time(end) / 1000
+        return totals
 
 
 def profile_batch(llm: Any, timer: PhaseTimer, batch: int, steps: int, prompt_len: int) -> dict:
@@ -86,13 +106,29 @@ def profile_batch(llm: Any, timer: PhaseTimer, batch: int, steps: int, prompt_le
 
     prompts = [[10 + (i * 7 + j) % 1000 for j in range(prompt_len)] for i in range(batch)]
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    for _ in range(2):  # the second run's prefill hits the prefix cache, as the timed one's
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     timer.reset()
     start = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - start
     row = {"batch": batch, "steps": timer.steps, "tok_s": batch * steps / wall}
     row.update(timer.per_step_ms())
+    return row
+
+
+def profile_offline(llm: Any, timer: PhaseTimer, seqs: int, max_len: int) -> dict:
+    """nano-vllm's offline shape under the timer: where its wall time goes."""
+    from octavo_bench.gpu_measures import OfflineShape, offline_workload, timed_generate
+
+    shape = OfflineShape(seqs, min(100, max_len), max_len)
+    prompts, params = offline_workload(llm, shape)
+    timer.reset()
+    wall, tokens = timed_generate(llm, prompts, params)
+    row = {"batch": "offline", "steps": timer.steps, "tok_s": tokens / wall, "wall_s": wall}
+    row.update(timer.per_step_ms(), prefill_steps=timer.prefill_steps)
+    if timer.events:
+        row.update(timer.gpu_seconds_by_kind())
     return row
 
 
@@ -110,7 +146,12 @@ class StepProfileReport:
         columns = ["batch", "tok_s", "step", *PHASES.values(), "gpu_forward_ms"]
         body = [[_cell(row.get(name)) for name in columns] for row in self.rows]
         title = "== step profile: ms per step by phase (host), GPU forward (CUDA events) =="
-        return "\n".join([title, table(columns, body), *self.notes])
+        lines = [title, table(columns, body), *self.notes]
+        for row in self.rows:
+            if row["batch"] == "offline":
+                totals = ", ".join(f"{key} {_cell(row.get(key))}" for key in OFFLINE_TOTALS)
+                lines.append(f"offline: {row['steps']} steps, {totals}")
+        return "\n".join(lines)
 
     def draw(self, plt: Any) -> Any:
         figure, axes = plt.subplots(figsize=(8, 4))
@@ -139,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
     report = StepProfileReport(_settings(args))
     for batch in args.batches:
         report.rows.append(profile_batch(llm, timer, batch, args.steps, args.prompt_len))
+    if args.offline:
+        report.rows.append(profile_offline(llm, timer, args.offline, args.offline_max_len))
     llm.shutdown()
     save(report, args.output_dir, "step_profile")
     return 0
@@ -168,6 +211,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=64, help="decode steps per batch")
     parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument(
+        "--offline", type=int, default=0, help="requests of nano-vllm's offline shape (256)"
+    )
+    parser.add_argument("--offline-max-len", type=int, default=1024)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument(
         "--async-scheduling", action="store_true", help="plan each step while the last runs"

@@ -5,8 +5,9 @@ attention, output projection) runs eagerly between them. The block, not only the
 attention, is the split point: its rotation in place of a strided Q/K view does not
 survive functionalization, and its storage check would guard on addresses.
 
-Whether it runs (``compile_decision``): never on GPU here (CUDA graphs cover decode there),
-never with ``--enforce-eager`` or ``-O0``; on CPU when ``--compilation-config`` says
+Whether it runs (``compile_decision``): on a GPU only as a trial with ``OCTAVO_COMPILE=1``
+(CUDA graphs cover decode there; the graphs then capture the compiled pieces), never with
+``--enforce-eager`` or ``-O0``; on CPU when ``--compilation-config`` says
 ``{"backend": "inductor"}`` or, without a backend, when ``CPU_COMPILES_BY_DEFAULT`` says so.
 ``OCTAVO_COMPILE=0`` / ``1`` overrides the default and the backend (tests switch it off).
 Inductor's artefacts are cached under ``$OCTAVO_CACHE/torch_compile_cache``.
@@ -28,6 +29,7 @@ from octavo.cache_dirs import cache_root
 logger = logging.getLogger(__name__)
 
 COMPILE_ENV = "OCTAVO_COMPILE"  # "0": never compile; "1": compile wherever allowed
+FORCED_ON = ("1", "true", "yes", "on")
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 # Measured on a 2-core AMD EPYC (AVX-512 + bf16), SmolLM2-135M bf16, 32 x 64 offline, one
 # thread, alternating in one process: eager 297.6, compiled 278.2 tok/s (medians of 6), so
@@ -65,18 +67,20 @@ class CompileDecision:
 
 def compile_decision(settings: CompileSettings) -> CompileDecision:
     """Whether the model's layers are compiled with these settings, and why."""
-    if settings.device_type != "cpu":
+    forced = os.environ.get(COMPILE_ENV, "").strip().lower()
+    on_cpu = settings.device_type == "cpu"
+    if not on_cpu and forced not in FORCED_ON:
         return CompileDecision(False, f"{settings.device_type}: decode steps run as CUDA graphs")
     if settings.enforce_eager or settings.level == 0:
         return CompileDecision(False, "--enforce-eager" if settings.enforce_eager else "level 0")
     unsupported = _unsupported(settings)
     if unsupported:
         return CompileDecision(False, f"not compiled with {unsupported}")
-    forced = os.environ.get(COMPILE_ENV, "").strip().lower()
     if forced in ("0", "false", "no", "off"):
         return CompileDecision(False, f"{COMPILE_ENV}={forced}")
-    if forced in ("1", "true", "yes", "on"):
-        return CompileDecision(True, f"{COMPILE_ENV}={forced}")
+    if forced in FORCED_ON:
+        trial = "" if on_cpu else f" (a trial on {settings.device_type})"
+        return CompileDecision(True, f"{COMPILE_ENV}={forced}{trial}")
     if settings.backend is not None:
         return CompileDecision(settings.backend == "inductor", f"backend {settings.backend}")
     return CompileDecision(CPU_COMPILES_BY_DEFAULT, "the CPU default")
