@@ -16,6 +16,7 @@ from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.distributed.node_layout import NodeLayout
 from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.device import select_device, select_dtype
+from octavo.engine.encoder_settings import encoder_settings, encoder_token_budget
 from octavo.engine.kv_groups import kv_cache_groups_for
 from octavo.executor.executor import Executor, create_executor
 from octavo.executor.node_channel import require_node_key
@@ -36,6 +37,7 @@ from octavo.model_executor.models.registry import (
     has_state_layers,
     is_pooling_architecture,
     keeps_images_whole,
+    model_class,
 )
 from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from octavo.pooling.model_defaults import read_pooler_config
@@ -71,6 +73,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     folder = resolve_model_folder(args.model, args.revision)
     config = ModelConfig.from_folder(folder, args.hf_overrides)
     config.enable_expert_parallel = args.enable_expert_parallel
+    encoder = encoder_settings(args, config)
     runner = runner_settings(args, folder, config)
     config.pooling_only = not runner.generates
     quantization = resolve_quantization(folder, args.quantization)
@@ -86,7 +89,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     states = state_layer_settings(args, config, device)
     groups = kv_cache_groups_for(config, parallel.pipeline_parallel_size, draft is not None, states)
-    graphs = () if states else graph_sizes(args, device, parallel, speculative)
+    graphs = () if states or encoder else graph_sizes(args, device, parallel, speculative)
     if groups is not None and graphs:
         logger.info("decode CUDA graphs off: their buffers hold one block table per sequence")
         graphs = ()
@@ -127,7 +130,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     events = args.kv_events_config
     pool = BlockPool(
         num_blocks,
-        args.enable_prefix_caching and not states,
+        args.enable_prefix_caching and not states and not encoder,
         events is not None and events.publishes,
     )
     kv: KVCacheManager | KVCacheCoordinator = KVCacheManager(pool, args.block_size, window, hasher)
@@ -138,11 +141,14 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
     budget = args.token_budget(device.type, max_model_len)
+    if encoder:
+        budget = encoder_token_budget(budget, max_model_len)
     scheduler = Scheduler(
         kv, args.max_num_seqs, budget, limits, ahead, chunked_prefill=args.enable_chunked_prefill
     )
     scheduler.max_loras = args.max_loras
     scheduler.whole_images = keeps_images_whole(config.architecture)
+    scheduler.whole_prompts = encoder
     scheduler.overlapped = overlaps_steps(args, parallel)
     name = served_name(args.model) if args.model else folder.name
     return EngineParts(
@@ -254,7 +260,8 @@ def runner_settings(args: EngineArgs, folder: Path, config: ModelConfig) -> Runn
         raise ValueError(
             f"{config.architecture} checkpoints have no LM head: serve them with --runner pooling"
         )
-    pooler = read_pooler_config(folder, config.hidden_size, args.pooler_config)
+    defaults = model_class(config.architecture).pooler_defaults(config)
+    pooler = read_pooler_config(folder, config.hidden_size, args.pooler_config, defaults)
     logger.info("runner: %s (pooling: %s)", kind, pooler)
     return RunnerSettings(kind, pooler)
 

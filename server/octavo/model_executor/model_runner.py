@@ -35,6 +35,7 @@ from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.kv_cache.state_tensors import copy_states, has_state_caches
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.decode_graphs import DecodeGraphs
+from octavo.model_executor.encoder_inputs import token_types, whole_prompt_spans
 from octavo.model_executor.group_tables import add_group_tables
 from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step_image_embeds
 from octavo.model_executor.image_spans import bidirectional_spans
@@ -148,7 +149,9 @@ class ModelRunner:
         self.states: dict[int, SequenceState] = {}
         self.scoring: dict[int, tuple[list[int], int]] = {}  # prompt_logprobs: (prompt, top)
         self.pooling_of: dict[int, PoolingParams] = {}  # every rank: pooling sequences
-        self.pooling = PoolingAccumulator()  # the driver's partial pooled states
+        # the driver's partial pooled states; a classifier's head turns each into logits
+        self.pooling = PoolingAccumulator(head=getattr(self.model, "pooling_head", None))
+        self.is_encoder = getattr(self.model, "is_encoder", False)
         self._pending_pool: dict[int, Partial] = {}
         self.graphs: DecodeGraphs | None = None  # captured decode steps (the worker's)
         self.in_flight: PendingStep | None = None  # async scheduling: the launched step
@@ -397,6 +400,11 @@ class ModelRunner:
         if self.bidirectional_images and self.images_of:  # every stage's attention
             spans = bidirectional_spans(scheduled, num_prefills, self.images_of)
             inputs.meta.bidirectional_spans = spans
+        if self.is_encoder:  # each prompt whole in its step, attending both ways
+            inputs.meta.bidirectional_spans = whole_prompt_spans(scheduled[:num_prefills])
+            inputs.token_type_ids = token_types(
+                scheduled, layout.seq_starts, self.pooling_of, self.device
+            )
         if self.images_of and self.stage.is_first:
             needed = needed_slices(scheduled, layout.seq_starts, self.images_of)
             inputs.image_embeds = step_image_embeds(

@@ -44,6 +44,7 @@ class PagedModel:
     def run(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         """``forward``'s logits with the pooled rows' final hidden states (``StepResult``),
         or the activations for the next pipeline stage."""
+        extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
         return self.model.run(
             inputs.input_ids,
             inputs.positions,
@@ -54,4 +55,5 @@ class PagedModel:
             inputs.pooled_indices,
             intermediate,
             inputs.image_embeds,
+            **extra,
         )

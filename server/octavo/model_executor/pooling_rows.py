@@ -9,6 +9,7 @@ succeeded (``commit``), so a step that is run again pools the same rows once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,8 @@ class Partial:
 @dataclass
 class PoolingAccumulator:
     partials: dict[int, Partial] = field(default_factory=dict)
+    # the model's head on a pooled vector (a classifier's: its logits); None: the vector
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def step(
         self, hidden: torch.Tensor | None, chunks: list[PoolingChunk]
@@ -76,7 +79,7 @@ class PoolingAccumulator:
             rows = hidden[chunk.first : chunk.first + chunk.count].float()
             partial = self._add(self.partials.get(chunk.seq_id), rows)
             if chunk.final:
-                vectors[chunk.seq_id] = finish_vector(partial, chunk.params)
+                vectors[chunk.seq_id] = finish_vector(partial, chunk.params, self.head)
             elif partial is not None:
                 pending[chunk.seq_id] = partial
         return vectors, pending
@@ -100,10 +103,15 @@ class PoolingAccumulator:
             self.partials.pop(seq_id, None)
 
 
-def finish_vector(partial: Partial | None, params: PoolingParams) -> list[float]:
-    """Mean (or the one row), the first ``dimensions`` values, then L2-normalised."""
+def finish_vector(
+    partial: Partial | None, params: PoolingParams, head: Callable | None = None
+) -> list[float]:
+    """Mean (or the one row), through the model's ``head`` if it has one, the first
+    ``dimensions`` values, then L2-normalised (as the params say)."""
     assert partial is not None, "a finished pooling sequence has pooled rows"
     vector = partial.total / partial.count
+    if head is not None:
+        vector = head(vector[None])[0].float()
     if params.dimensions is not None:
         vector = vector[: params.dimensions]
     if params.normalize:

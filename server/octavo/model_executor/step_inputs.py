@@ -33,6 +33,7 @@ class StepInputs:
     pooling: list = field(default_factory=list)  # PoolingChunk of each pooling sequence
     pooled_indices: torch.Tensor | None = None  # the rows whose final hidden states they read
     image_embeds: ImageEmbeds | None = None  # image features for placeholder rows
+    token_type_ids: torch.Tensor | None = None  # encoders: each row's segment (pairs)
 
 
 @dataclass

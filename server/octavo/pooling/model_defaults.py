@@ -34,10 +34,17 @@ _SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 
 def read_pooler_config(
-    folder: Path, hidden_size: int, overrides: dict[str, Any] | None = None
+    folder: Path,
+    hidden_size: int,
+    overrides: dict[str, Any] | None = None,
+    model: PoolerConfig | None = None,
 ) -> PoolerConfig:
-    """The model's pooling defaults (``overrides``: ``--pooler-config``'s values)."""
+    """The model's pooling defaults (``overrides``: ``--pooler-config``'s values; ``model``:
+    the architecture's own, an encoder's CLS or a classifier's logits)."""
     pooling_type, normalize = PoolingType.LAST, True
+    if model is not None:
+        pooling_type, normalize = model.pooling_type, model.normalize
+        hidden_size = model.hidden_size
     modules = sentence_transformer_modules(folder)
     if modules is not None:
         pooling_type, normalize = _from_modules(folder, modules)
@@ -55,6 +62,7 @@ def read_pooler_config(
         hidden_size=hidden_size,
         matryoshka_dimensions=tuple(int(d) for d in dims) if dims else None,
         is_matryoshka=bool(raw.get("is_matryoshka")),
+        classifies=model is not None and model.classifies,
     )
 
 

@@ -39,8 +39,13 @@ class PoolingParams:
     pooling_type: PoolingType | None = None
     normalize: bool | None = None
     dimensions: int | None = None
+    # an encoder's segment per prompt token (BERT pairs: 0 for the first text, 1 for the
+    # second); None: all 0
+    token_type_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.token_type_ids is not None:
+            object.__setattr__(self, "token_type_ids", tuple(self.token_type_ids))
         if self.pooling_type is not None:
             object.__setattr__(self, "pooling_type", PoolingType.parse(self.pooling_type))
         if self.dimensions is not None and (
@@ -67,13 +72,15 @@ class PoolingParams:
 
 @dataclass(frozen=True)
 class PoolerConfig:
-    """A model's pooling defaults and the vector sizes it allows."""
+    """A model's pooling defaults and the vector sizes it allows. ``hidden_size`` is the
+    vector's: a classifier's is its label count (``classifies``: vectors are logits)."""
 
     pooling_type: PoolingType
     normalize: bool
     hidden_size: int
     matryoshka_dimensions: tuple[int, ...] | None = None  # None: not a Matryoshka model
     is_matryoshka: bool = False  # any size up to hidden_size (``matryoshka_dimensions`` unset)
+    classifies: bool = False  # a sequence classifier: vectors are its class logits
 
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None or dimensions == self.hidden_size:

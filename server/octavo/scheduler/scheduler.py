@@ -101,6 +101,7 @@ class Scheduler:
         self.speculation = SpeculationPolicy()
         self.max_loras = 1  # distinct LoRA adapters in one step
         self.whole_images = False  # never split an image over two chunks (Gemma 3)
+        self.whole_prompts = False  # an encoder's prompt in one step, or not yet (BERT)
         self.encoder = EncoderBudget(encoder_budget_from_env(max_num_batched_tokens))
         self.lora_unloads: set[int] = set()  # removed adapters the workers may drop once unused
         self.waiting: deque[Sequence] = deque()
@@ -208,6 +209,8 @@ class Scheduler:
             num_new = min(num_new, self._scoring_rows_left)
         if self.whole_images and seq.images:
             num_new = whole_image_chunk(seq.images, num_computed, num_new, most)
+        if self.whole_prompts and num_new < seq.num_prompt_tokens - num_computed:
+            num_new = 0  # the prompt waits for a step with room for all of it
         if seq.images and num_computed < seq.images[-1].end:
             end = self.encoder.chunk_end(seq.images, num_computed, num_computed + num_new)
             num_new = end - num_computed

@@ -42,6 +42,7 @@ from octavo.model_executor.model_config import FULL_ATTENTION, ModelConfig
 from octavo.model_executor.models.decoder import DecoderLayer
 from octavo.model_executor.models.layer_spec import AttentionSpec, LayerSpec, make_norm
 from octavo.model_executor.rotary import RotaryEmbedding
+from octavo.pooling.params import PoolerConfig
 
 
 class CausalLM(nn.Module):
@@ -53,6 +54,8 @@ class CausalLM(nn.Module):
     pooling_architectures: ClassVar[tuple[str, ...]] = ()
     # Takes images (has ``embed_images``; prompts go through the folder's HF processor).
     takes_images: ClassVar[bool] = False
+    # A bidirectional encoder (``encoder.EncoderModel``): pooling only, whole prompts.
+    is_encoder: ClassVar[bool] = False
     # The decoder's linears LoRA can wrap -> the PEFT module names each fuses, in order.
     lora_modules: ClassVar[dict[str, tuple[str, ...]]] = {
         "self_attn.qkv": ("q_proj", "k_proj", "v_proj"),
@@ -106,6 +109,12 @@ class CausalLM(nn.Module):
             norm_kind=self.norm_kind,
             state_block=state_block,
         )
+
+    @classmethod
+    def pooler_defaults(cls, config: ModelConfig) -> PoolerConfig | None:
+        """The architecture's pooling defaults (None: last token, normalised, unless the
+        folder's sentence-transformers modules say otherwise)."""
+        return None
 
     def make_state_mixer(self, index: int) -> nn.Module:
         """A state layer's mixer (``state_spec()``, ``forward(hidden, state, meta)``)."""

@@ -46,6 +46,13 @@ MANIFEST: dict[str, tuple[str, ...]] = {
     "lfm2": ("Lfm2ForCausalLM",),
     "glm4_moe": ("Glm4MoeForCausalLM",),
     "minimax_m2": ("MiniMaxM2ForCausalLM",),
+    "bert": ("BertModel", "BertForSequenceClassification"),
+    "roberta": (
+        "RobertaModel",
+        "XLMRobertaModel",
+        "RobertaForSequenceClassification",
+        "XLMRobertaForSequenceClassification",
+    ),
     "llava": ("LlavaForConditionalGeneration",),
     "idefics3": ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
     "llava_next": ("LlavaNextForConditionalGeneration",),
@@ -127,8 +134,14 @@ def has_state_layers(config) -> bool:
 
 
 def is_pooling_architecture(architecture: str) -> bool:
-    """A checkpoint of the bare decoder (no LM head), served for pooling."""
-    return architecture in model_class(architecture).pooling_architectures
+    """A checkpoint of the bare decoder (no LM head), or an encoder: served for pooling."""
+    cls = model_class(architecture)
+    return cls.is_encoder or architecture in cls.pooling_architectures
+
+
+def is_encoder(architecture: str) -> bool:
+    """A bidirectional encoder (BERT family): whole prompts, no prefix caching."""
+    return model_class(architecture).is_encoder
 
 
 def gguf_class(arch: str, with_experts: bool = False) -> type[CausalLM] | None:
