@@ -177,9 +177,10 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
         "--runner",
         string(
             "generate (text; such a model also answers /v1/embeddings from its final hidden "
-            "states), pooling (embedding models: /v1/embeddings only, no LM head) or auto "
-            "(pooling for a sentence-transformers folder or a *Model architecture, else "
-            "generate); unset: auto",
+            "states), pooling (embedding models, encoders and classifiers: /v1/embeddings, "
+            "/v1/score, /v1/rerank, /classify and /pooling; no LM head) or auto (pooling for "
+            "a sentence-transformers folder, an encoder such as BERT or XLM-R, a "
+            "*ForSequenceClassification or a *Model architecture, else generate); unset: auto",
             enum=["auto", "generate", "pooling"],
         ),
     ),
