@@ -11,6 +11,7 @@ import sys
 SUBCOMMAND_MODULES = (
     "octavo.entrypoints.openai.cli",
     "octavo.entrypoints.openai.run_batch.cli",
+    "octavo.entrypoints.client_cli",
     "octavo.model_executor.cli",
 )
 
