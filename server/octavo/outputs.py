@@ -96,3 +96,37 @@ class EmbeddingRequestOutput:
         if output.pooled is None:
             raise ValueError(f"request {output.request_id} produced no embedding")
         return cls(output.request_id, output.prompt_token_ids, EmbeddingOutput(output.pooled))
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """What ``LLM.score`` returns per pair (vLLM's shape: ``outputs.score``)."""
+
+    request_id: str
+    prompt_token_ids: list[int]  # the pair's prompt (a bi-encoder's: the second text's)
+    outputs: ScoringOutput
+    finished: bool = True
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """What ``LLM.classify`` returns per prompt (vLLM's shape: ``outputs.probs``)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
+    finished: bool = True

@@ -23,8 +23,22 @@ from octavo.lora_request import LoRARequest
 from octavo.model_executor.loader import sampling_defaults
 from octavo.model_executor.model_config import generation_defaults
 from octavo.multimodal.processor import ProcessedPrompt
-from octavo.outputs import EmbeddingRequestOutput, RequestOutput
+from octavo.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from octavo.pooling.params import PoolingParams
+from octavo.pooling.scoring import (
+    as_texts,
+    check_pair_counts,
+    class_probabilities,
+    plan_scores,
+    truncation_limit,
+)
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 # Offline, no stream waits for a step: bigger steps are a few % more throughput on CPU
@@ -115,6 +129,68 @@ class LLM:
         adapters = _as_adapter_list(lora_request, len(prompt_list))
         outputs = self._run_requests(prompt_list, params, adapters, use_tqdm, "embedding")
         return [EmbeddingRequestOutput.of(output) for output in outputs]
+
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ScoringRequestOutput]:
+        """One score per pair (``outputs.score``): ``data_1`` one text (paired with every
+        ``data_2``) or as many as ``data_2``. A cross-encoder scores each pair (sigmoid of
+        its logit), an embedding model the cosine of the two texts' embeddings.
+        ``truncate_prompt_tokens`` (-1: the context) shortens long prompts, else they are a
+        ValueError."""
+        runner = self.engine.parts.runner
+        runner.check_task("score")
+        firsts, seconds = as_texts(data_1, "data_1"), as_texts(data_2, "data_2")
+        check_pair_counts(firsts, seconds, ("data_1", "data_2"))
+        max_len = self.engine.parts.max_model_len
+        limit = truncation_limit(truncate_prompt_tokens, max_len)
+        cross = runner.pooler.classifies
+        plan = plan_scores(self.get_tokenizer(), firsts, seconds, cross, limit, max_len)
+        outputs = self._pool(
+            [prompt.token_ids for prompt in plan.prompts],
+            [prompt.pooling_params() for prompt in plan.prompts],
+            use_tqdm,
+            "scoring",
+        )
+        scores = plan.scores([output.pooled for output in outputs])
+        pair_outputs = [outputs[plan.pair_prompt_index(pair)] for pair in range(len(scores))]
+        return [
+            ScoringRequestOutput(output.request_id, output.prompt_token_ids, ScoringOutput(score))
+            for output, score in zip(pair_outputs, scores, strict=True)
+        ]
+
+    def classify(
+        self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = True
+    ) -> list[ClassificationRequestOutput]:
+        """A sequence classifier's class probabilities per prompt (``outputs.probs``:
+        softmax of its logits; sigmoid for one label)."""
+        self.engine.parts.runner.check_task("classify")
+        prompt_list = [self._engine_prompt(prompt) for prompt in parse_prompts(prompts)]
+        outputs = self._pool(
+            prompt_list, [PoolingParams()] * len(prompt_list), use_tqdm, "classifying"
+        )
+        return [
+            ClassificationRequestOutput(
+                output.request_id,
+                output.prompt_token_ids,
+                ClassificationOutput(class_probabilities(output.pooled)),
+            )
+            for output in outputs
+        ]
+
+    def _pool(
+        self, prompt_list: list, pooling: list[PoolingParams], use_tqdm: bool, what: str
+    ) -> list[RequestOutput]:
+        """Pool every prompt with its own settings; every output has its vector."""
+        params = [self.engine.parts.runner.check_params(each) for each in pooling]
+        outputs = self._run_requests(prompt_list, params, [None] * len(params), use_tqdm, what)
+        for output in outputs:
+            EmbeddingRequestOutput.of(output)  # ValueError for a request with no vector
+        return outputs
 
     def _run_requests(
         self,

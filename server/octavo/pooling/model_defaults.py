@@ -63,7 +63,14 @@ def read_pooler_config(
         matryoshka_dimensions=tuple(int(d) for d in dims) if dims else None,
         is_matryoshka=bool(raw.get("is_matryoshka")),
         classifies=model is not None and model.classifies,
+        labels=_class_labels(raw) if model is not None and model.classifies else (),
     )
+
+
+def _class_labels(raw: dict[str, Any]) -> tuple[str, ...]:
+    """A classifier's class names in id order (config.json's ``id2label``; absent: none)."""
+    id2label = raw.get("id2label") or {}
+    return tuple(str(id2label[key]) for key in sorted(id2label, key=int))
 
 
 def sentence_transformer_modules(folder: Path) -> list[dict] | None:

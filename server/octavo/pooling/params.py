@@ -81,6 +81,7 @@ class PoolerConfig:
     matryoshka_dimensions: tuple[int, ...] | None = None  # None: not a Matryoshka model
     is_matryoshka: bool = False  # any size up to hidden_size (``matryoshka_dimensions`` unset)
     classifies: bool = False  # a sequence classifier: vectors are its class logits
+    labels: tuple[str, ...] = ()  # a classifier's class names (config.json's id2label)
 
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None or dimensions == self.hidden_size:

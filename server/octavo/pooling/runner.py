@@ -77,3 +77,23 @@ class RunnerSettings:
                 "(/v1/embeddings, LLM.embed) and does not generate text"
             )
         return params
+
+    def check_task(self, task: str) -> None:
+        """ValueError when this model cannot answer ``task``: "embed" (a classifier's
+        vectors are logits), "classify" (needs a classifier), "score" or "pooling" (need
+        a model served with ``--runner pooling``)."""
+        if task != "embed" and self.generates:
+            raise ValueError(
+                f"{task} needs a model served with --runner pooling (an encoder, embedding "
+                "model or classifier); this model is served with --runner generate"
+            )
+        if task == "embed" and self.pooler.classifies:
+            raise ValueError(
+                "this model is a sequence classifier: it returns class logits, not "
+                "embeddings; use /classify, /score or /rerank"
+            )
+        if task == "classify" and not self.pooler.classifies:
+            raise ValueError(
+                "classify needs a sequence classification model (...ForSequenceClassification); "
+                "this model returns embeddings"
+            )
