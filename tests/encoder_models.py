@@ -105,7 +105,8 @@ def build_st_bert(folder: Path, pooling: str = "CLS", normalize: bool = True, **
     (``pooling`` "CLS" or "MEAN") → Normalize when ``normalize``), written by
     sentence-transformers' own ``save`` so the layout is what the installed version writes."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Normalize, Pooling, Transformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
 
     scratch = Path(tempfile.mkdtemp(prefix="st-bert-"))
     try:

@@ -18,6 +18,7 @@ from octavo.entrypoints.openai import (
     ops_routes,
     responses_routes,
     routes,
+    scoring_routes,
 )
 from octavo.entrypoints.openai.auth import ApiKeyMiddleware
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
@@ -75,7 +76,12 @@ def build_app(
     for router in (routes.render_router, routes.models_router, ops_routes.router):
         app.include_router(router)
     if not render_only:
-        for router in (routes.router, responses_routes.router, embedding_routes.router):
+        for router in (
+            routes.router,
+            responses_routes.router,
+            embedding_routes.router,
+            scoring_routes.router,
+        ):
             app.include_router(router)
     # As vLLM: without the opt-in, no adapter loading routes.
     if config.allow_runtime_lora_updating and not render_only:

@@ -53,6 +53,7 @@ MANIFEST: dict[str, tuple[str, ...]] = {
         "RobertaForSequenceClassification",
         "XLMRobertaForSequenceClassification",
     ),
+    "modernbert": ("ModernBertModel", "ModernBertForSequenceClassification"),
     "llava": ("LlavaForConditionalGeneration",),
     "idefics3": ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
     "llava_next": ("LlavaNextForConditionalGeneration",),

@@ -22,6 +22,7 @@ from octavo.entrypoints.openai.embeddings.protocol import (
 )
 from octavo.entrypoints.openai.errors import APIError, bad_request
 from octavo.entrypoints.openai.middleware import request_ids
+from octavo.entrypoints.openai.scoring.engine_calls import check_task
 from octavo.entrypoints.openai.streaming import close_streams, open_streams
 from octavo.outputs import RequestOutput
 from octavo.pooling.params import PoolingParams
@@ -33,6 +34,7 @@ async def create_embedding(
 ) -> JSONResponse:
     adapter = context.check_model(body.model)
     info = context.ready_info()
+    check_task(info.runner, "embed")  # a classifier's vectors are logits: /classify
     params = _pooling_params(body, info)
     items = input_items(body.input)
     context.check_fan_out(len(items), info, "input")  # before anything is tokenized
