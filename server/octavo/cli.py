@@ -12,6 +12,7 @@ SUBCOMMAND_MODULES = (
     "octavo.entrypoints.openai.cli",
     "octavo.entrypoints.openai.run_batch.cli",
     "octavo.entrypoints.client_cli",
+    "octavo_bench.bench_cli",
     "octavo.model_executor.cli",
 )
 
