@@ -7,6 +7,7 @@ import dataclasses
 from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
+from octavo.model_executor.models.sequence_classification import SequenceClassifier
 
 
 class LlamaForCausalLM(CausalLM):
@@ -31,3 +32,11 @@ class Qwen2ForCausalLM(CausalLM):
 class MistralForCausalLM(CausalLM):
     architectures = ("MistralForCausalLM",)
     pooling_architectures = ("MistralModel",)
+
+
+class Qwen2ForSequenceClassification(SequenceClassifier, Qwen2ForCausalLM):
+    """Qwen 2 with a ``score`` head on the last token (mxbai-rerank-v2 through
+    ``classifier_from_token``)."""
+
+    architectures = ("Qwen2ForSequenceClassification",)
+    pooling_architectures = ()

@@ -10,6 +10,7 @@ import dataclasses
 from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
+from octavo.model_executor.models.sequence_classification import SequenceClassifier
 
 
 class Qwen3ForCausalLM(CausalLM):
@@ -19,3 +20,11 @@ class Qwen3ForCausalLM(CausalLM):
 
     def attention_spec(self, index: int) -> AttentionSpec:
         return dataclasses.replace(super().attention_spec(index), qk_norm="head")
+
+
+class Qwen3ForSequenceClassification(SequenceClassifier, Qwen3ForCausalLM):
+    """Qwen 3 with a ``score`` head on the last token (Qwen3-Reranker through
+    ``classifier_from_token``)."""
+
+    architectures = ("Qwen3ForSequenceClassification",)
+    pooling_architectures = ()

@@ -26,9 +26,10 @@ MANIFEST: dict[str, tuple[str, ...]] = {
         "LlamaModel",
         "Qwen2Model",
         "MistralModel",
+        "Qwen2ForSequenceClassification",
     ),
     "llama4": ("Llama4ForCausalLM",),
-    "qwen3": ("Qwen3ForCausalLM", "Qwen3Model"),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Model", "Qwen3ForSequenceClassification"),
     "qwen3_moe": ("Qwen3MoeForCausalLM",),
     "qwen3_next": ("Qwen3NextForCausalLM",),
     "mixtral": ("MixtralForCausalLM",),
@@ -135,9 +136,11 @@ def has_state_layers(config) -> bool:
 
 
 def is_pooling_architecture(architecture: str) -> bool:
-    """A checkpoint of the bare decoder (no LM head), or an encoder: served for pooling."""
+    """A checkpoint of the bare decoder (no LM head), an encoder or a sequence classifier:
+    served for pooling."""
     cls = model_class(architecture)
-    return cls.is_encoder or architecture in cls.pooling_architectures
+    classifies = getattr(cls, "classifies", False)
+    return cls.is_encoder or classifies or architecture in cls.pooling_architectures
 
 
 def is_encoder(architecture: str) -> bool:
