@@ -29,6 +29,9 @@ class AttentionOptions:
     # blocks before a sequence's current chunk are not freed yet (they stay allocated until
     # the sequence ends; a hybrid cache manager's chunked group will free them).
     chunk_size: int | None = None
+    # A window both ways (ModernBERT's local attention, bidirectional spans only): the
+    # window also bounds later keys, ``j < i + sliding_window``: ``|i - j| < sliding_window``.
+    window_both_ways: bool = False
 
     @property
     def is_plain(self) -> bool:

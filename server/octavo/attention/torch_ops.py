@@ -78,12 +78,14 @@ def visible_keys(
     window: int | None,
     spans: Sequence[tuple[int, int]] = (),
     chunk: int | None = None,
+    both_ways: bool = False,
 ) -> torch.Tensor:
     """``[Q, K]`` bool: key ``j`` is visible to query ``i`` iff ``i - window < j <= i``.
 
     ``spans``: position ranges ``[first, end)`` whose queries also see the range's later
     keys (Gemma 3's images); the window still applies (transformers' AND(window, OR(causal,
-    block))). ``chunk``: also ``j >= floor(i / chunk) * chunk`` (chunked local attention)."""
+    block))). ``chunk``: also ``j >= floor(i / chunk) * chunk`` (chunked local attention).
+    ``both_ways``: the window bounds later keys too, ``j < i + window``."""
     visible = key_pos[None, :] <= query_pos[:, None]
     for first, end in spans:
         in_query = (query_pos >= first) & (query_pos < end)
@@ -91,6 +93,8 @@ def visible_keys(
         visible |= in_query[:, None] & in_key[None, :]
     if window is not None:
         visible &= key_pos[None, :] > query_pos[:, None] - window
+        if both_ways:
+            visible &= key_pos[None, :] < query_pos[:, None] + window
     if chunk is not None:
         visible &= key_pos[None, :] >= (query_pos[:, None] // chunk) * chunk
     return visible
@@ -228,7 +232,12 @@ def causal_attention(
     else:
         positions = torch.arange(query.shape[0], device=query.device)
         visible = visible_keys(
-            positions, positions, options.sliding_window, spans, options.chunk_size
+            positions,
+            positions,
+            options.sliding_window,
+            spans,
+            options.chunk_size,
+            options.window_both_ways,
         )
         out = _attend_visible(q, k, v, scale, scales, options, visible)
     return out[0].transpose(0, 1)
@@ -267,7 +276,14 @@ def prefill_attention(
     keys, values = keys[:, :, first_key:], values[:, :, first_key:]
     query_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
     key_pos = torch.arange(first_key, seq_len, device=query.device)
-    visible = visible_keys(query_pos, key_pos, options.sliding_window, spans, options.chunk_size)
+    visible = visible_keys(
+        query_pos,
+        key_pos,
+        options.sliding_window,
+        spans,
+        options.chunk_size,
+        options.window_both_ways,
+    )
     out = _attend_visible(q, keys, values, scale, scales, options, visible)
     return out[0].transpose(0, 1)
 
