@@ -91,9 +91,9 @@ def test_old_and_new_module_paths_read_alike(tmp_path, kinds):
     [
         (("my_package.Transformer",), {}, "'my_package.Transformer' is not supported"),
         (
-            ("sentence_transformers.base.modules.dense.Dense",),
+            ("sentence_transformers.models.LayerNorm",),
             {},
-            "'Dense' is not supported",
+            "'LayerNorm' is not supported",
         ),
         (
             ("sentence_transformers.sentence_transformer.modules.pooling.Pooling",),

@@ -1,6 +1,7 @@
 """A model's pooling defaults, read as sentence-transformers reads them.
 
-A sentence-transformers folder has ``modules.json`` (Transformer → Pooling → Normalize),
+A sentence-transformers folder has ``modules.json`` (Transformer → Pooling → Dense →
+Normalize, Dense optional: ``dense_modules`` applies it),
 each module's ``type`` a class path: ``sentence_transformers.models.Pooling`` as versions
 before 6 write it, ``sentence_transformers.sentence_transformer.modules.pooling.Pooling``
 (or ``...base.modules.normalize.Normalize``) as 6 writes it; the class name decides. The
@@ -30,7 +31,7 @@ _MODES = {  # the Pooling module's flag -> our pooling type
     "pooling_mode_cls_token": PoolingType.CLS,
 }
 _MODE_NAMES = {"lasttoken": PoolingType.LAST, "mean": PoolingType.MEAN, "cls": PoolingType.CLS}
-_SUPPORTED_MODULES = {"Transformer", "Pooling", "Normalize"}
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")  # in this order
 
 
 def read_pooler_config(
@@ -48,6 +49,7 @@ def read_pooler_config(
     modules = sentence_transformer_modules(folder)
     if modules is not None:
         pooling_type, normalize = _from_modules(folder, modules)
+        hidden_size = _dense_output_size(folder) or hidden_size
         _warn_about_chat_rendering(folder)
     overrides = overrides or {}
     if overrides.get("pooling_type") is not None:
@@ -87,18 +89,25 @@ def sentence_transformer_modules(folder: Path) -> list[dict] | None:
 
 def has_pooling_module(folder: Path) -> bool:
     modules = sentence_transformer_modules(folder) or []
-    return any(_kind(module) == "Pooling" for module in modules)
+    return any(module_kind(module) == "Pooling" for module in modules)
 
 
 def _from_modules(folder: Path, modules: list[dict]) -> tuple[PoolingType, bool]:
     pooling_type, normalize = PoolingType.LAST, False
-    for module in modules:
-        kind = _kind(module)
+    kinds = [module_kind(module) for module in modules]
+    for kind in kinds:
         if kind not in _SUPPORTED_MODULES:
             raise ValueError(
                 f"{folder / MODULES_FILE}: the sentence-transformers module {kind!r} is not "
-                f"supported (Octavo runs {', '.join(sorted(_SUPPORTED_MODULES))})"
+                f"supported (Octavo runs {', '.join(_SUPPORTED_MODULES)})"
             )
+    order = [_SUPPORTED_MODULES.index(kind) for kind in kinds]
+    if order != sorted(order):
+        raise ValueError(
+            f"{folder / MODULES_FILE}: Octavo runs the modules in the order "
+            f"{' → '.join(_SUPPORTED_MODULES)}, not {' → '.join(kinds)}"
+        )
+    for module, kind in zip(modules, kinds, strict=True):
         if kind == "Pooling":
             pooling_type = _pooling_mode(folder / module.get("path", "") / "config.json")
         normalize = normalize or kind == "Normalize"
@@ -119,7 +128,14 @@ def _warn_about_chat_rendering(folder: Path) -> None:
         )
 
 
-def _kind(module: dict) -> str:
+def _dense_output_size(folder: Path) -> int | None:
+    """The pooled vector's size after the Dense modules (None: there are none)."""
+    from octavo.pooling.dense_modules import dense_output_size  # (it imports this module)
+
+    return dense_output_size(folder)
+
+
+def module_kind(module: dict) -> str:
     """The module's class name where sentence-transformers defines it (any of its module
     paths), else the whole ``type`` (a custom module, refused by name)."""
     kind = str(module.get("type", ""))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -42,6 +43,7 @@ from octavo.model_executor.model_config import FULL_ATTENTION, ModelConfig
 from octavo.model_executor.models.decoder import DecoderLayer
 from octavo.model_executor.models.layer_spec import AttentionSpec, LayerSpec, make_norm
 from octavo.model_executor.rotary import RotaryEmbedding
+from octavo.pooling.dense_modules import load_dense_layers
 from octavo.pooling.params import PoolerConfig
 
 
@@ -70,6 +72,9 @@ class CausalLM(nn.Module):
     # ``layer_types`` whose layers are state layers (LFM2's "conv"): ``make_state_mixer``
     # builds their mixers, which keep a state slot per sequence instead of KV blocks.
     state_layer_types: ClassVar[frozenset[str]] = frozenset()
+    # a sentence-transformers folder's Dense modules (``load_derived_weights``); not
+    # submodules: they stay fp32 whatever the model's dtype
+    dense_layers: tuple[nn.Module, ...] = ()
 
     def __init__(self, config: ModelConfig, quantization: str | None = None) -> None:
         super().__init__()
@@ -173,6 +178,18 @@ class CausalLM(nn.Module):
     def extra_weight_keys(self) -> set[str]:
         """Tensors outside the decoder the checkpoint must fill (a vision tower's)."""
         return set()
+
+    def load_derived_weights(self, folder: Path) -> None:
+        """Weights beside the checkpoint: a sentence-transformers folder's Dense modules,
+        which ``pooling_head`` applies to pooled vectors."""
+        device = next(self.parameters()).device
+        self.dense_layers = tuple(load_dense_layers(folder, device))
+
+    def pooling_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The head on pooled vectors ``[n, hidden]``: the Dense modules, if any (fp32)."""
+        for layer in self.dense_layers:
+            pooled = layer(pooled.float())
+        return pooled
 
     # --- the forward pass ------------------------------------------------------------------
 

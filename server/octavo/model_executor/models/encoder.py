@@ -156,10 +156,6 @@ class EncoderModel(CausalLM):
         """(module, parameter) pairs of the head's tensors the checkpoint must hold."""
         return []
 
-    def pooling_head(self, pooled: torch.Tensor) -> torch.Tensor:
-        """The head on pooled vectors ``[n, hidden]``: themselves for an embedding model."""
-        return pooled
-
     def run(
         self,
         input_ids,
