@@ -107,6 +107,7 @@ FULL_ENGINE = {
     "maxLoras": 4,
     "maxLoraRank": 64,
     "maxCpuLoras": 32,
+    "logFormat": "json",
 }
 
 

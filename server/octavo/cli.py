@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
+
+from octavo.logging_format import configure_logging
 
 # Each module exposes ``register(subparsers)``; its parser sets ``func(args) -> int``.
 SUBCOMMAND_MODULES = (
@@ -27,11 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(args, "log_level", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
+        configure_logging(
+            getattr(args, "log_level", "INFO"), kind=getattr(args, "log_format", None)
+        )
         return int(args.func(args) or 0)
     except ValueError as error:  # bad input: one clear line, no traceback
         print(f"octavo: error: {error}", file=sys.stderr)

@@ -200,6 +200,15 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
         "--max-cpu-loras",
         integer(1, 4096, description="LoRA adapters kept in CPU memory (server: maxLoras)"),
     ),
+    EngineField(
+        "logFormat",
+        "--log-format",
+        string(
+            "text (human-readable lines) or json (one JSON object per line with the request "
+            "fields, for a log pipeline); unset: text",
+            enum=["text", "json"],
+        ),
+    ),
 )
 
 

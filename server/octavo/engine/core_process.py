@@ -23,6 +23,7 @@ from typing import Any
 from octavo.config import EngineArgs
 from octavo.engine.core_loop import Emit, run_engine_core
 from octavo.engine.core_messages import STOP, CoreStopped, LoadFailed
+from octavo.logging_format import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def engine_core_main(args: EngineArgs, conn: Connection) -> None:
     """The engine core process's entry point."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging(logging.INFO, LOG_FORMAT)
     from octavo.engine.llm_engine import LLMEngine
 
     sending = threading.Lock()  # the loop and the executor's watch thread both emit

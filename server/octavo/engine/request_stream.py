@@ -24,6 +24,7 @@ class RequestStream:
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._accumulator = OutputAccumulator()
         self._error: BaseException | None = None
+        self.on_finish: Callable[[RequestOutput], None] | None = None  # e.g. a log line
 
     def put(self, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait(item)
@@ -44,6 +45,8 @@ class RequestStream:
             self.finished = view.finished
             if view.error is not None:
                 raise RequestFailed(f"the engine failed this request: {view.error}")
+            if self.finished and self.on_finish is not None:
+                self.on_finish(view)
             yield view
 
     async def _take(self) -> list[RequestOutput]:

@@ -22,6 +22,8 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from octavo.logging_format import configure_logging
+
 if TYPE_CHECKING:
     from octavo.worker.worker import WorkerConfig
 
@@ -84,7 +86,7 @@ def _answer(conn: Connection, call) -> Any:
 
 
 def _configure_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.replace("%(rank)s", str(rank)))
+    configure_logging(logging.INFO, LOG_FORMAT.replace("%(rank)s", str(rank)), rank=rank)
 
 
 def main() -> None:

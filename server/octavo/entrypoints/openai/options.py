@@ -25,6 +25,7 @@ from octavo.config import flag_fields
 from octavo.entrypoints.openai.reasoning.parsers import REASONING_PARSER_NAMES
 from octavo.entrypoints.openai.template_kwargs import template_kwargs_arg
 from octavo.entrypoints.openai.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
+from octavo.logging_format import LOG_FORMATS
 
 ENV_PREFIX = "OCTAVO_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -220,6 +221,15 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         kind="bool",
     ),
     Option("--log-level", "log level", one_of(LOG_LEVELS), "info", LOG_LEVELS),
+    Option(
+        "--log-format",
+        "text (human-readable lines) or json (one JSON object per line for log pipelines: "
+        "time, level, logger, message, and a request's id, adapter, tokens and timings); "
+        "the engine core and workers log the same way",
+        one_of(LOG_FORMATS),
+        "text",
+        LOG_FORMATS,
+    ),
     Option(
         "--uvicorn-log-level",
         "uvicorn's own log level (its access log lines are at info; default: --log-level)",

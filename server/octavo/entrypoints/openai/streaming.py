@@ -16,7 +16,7 @@ from octavo.engine.core_messages import NewRequest
 from octavo.engine.request_stream import RequestFailed, RequestStream, close_streams
 from octavo.entrypoints.openai.errors import bad_request, error_body
 from octavo.entrypoints.openai.middleware import request_arrival
-from octavo.entrypoints.openai.request_log import log_request
+from octavo.entrypoints.openai.request_log import log_finished, log_request
 from octavo.entrypoints.openai.request_params import refused_field
 from octavo.lora_request import LoRARequest
 from octavo.multimodal.processor import ProcessedPrompt
@@ -124,6 +124,10 @@ async def open_streams(
         for request_id, token_ids, sampling in zip(ids, prompts, params, strict=True)
     ]
     try:
-        return await engine.add_requests(base_id, requests, request_arrival.get())
+        streams = await engine.add_requests(base_id, requests, request_arrival.get())
     except ValueError as error:  # the engine refused a prompt or a sampling field
         raise bad_request(str(error), param=refused_field(str(error), "prompt")) from None
+    if log_requests:
+        for stream in streams:
+            stream.on_finish = log_finished
+    return streams
