@@ -1,5 +1,5 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
-random-model|sharegpt-synth|gpu|routed|embeddings|step-profile|vision``: the command line."""
+random-model|sharegpt-synth|gpu|routed|embeddings|rerank|step-profile|vision``: the command line."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from octavo_bench import (
     parallel,
     quantized,
     random_model,
+    rerank,
     routed,
     serve,
     sharegpt,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sharegpt.register(kinds)
     gpu.register(kinds)
     embeddings.register(kinds)
+    rerank.register(kinds)
     step_profile.register(kinds)
     vision.register(kinds)
     return parser

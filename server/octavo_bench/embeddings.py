@@ -10,7 +10,9 @@ Qwen3-Embedding is), written as a sentence-transformers folder of links. Two wor
 instruction prefix before each short query, the retrieval case; Octavo's prefix cache
 keeps the shared instruction). Each repeat draws new texts (no cache carried between
 repeats). Reported: inputs/s of each, the ratio, and the largest difference between the
-two engines' vectors.
+two engines' vectors. vLLM's CPU build, when its venv is there (vllm_baseline.py), embeds the
+same batches in ``LLM.embed`` (embeddings_vllm.py): its inputs/s, Octavo's ratio to it and
+its vectors' difference from sentence-transformers'; else the report says why it is missing.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import numpy as np
 
 from octavo import LLM
 from octavo_bench.embedding_report import EmbeddingReport, WorkloadResult
+from octavo_bench.embeddings_vllm import measure_vllm
 from octavo_bench.engine_options import add_engine_options, default_dtype
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import save
+from octavo_bench.vllm_baseline import add_vllm_arguments
 
 INSTRUCTION = (
     "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
@@ -46,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-inputs", type=int, default=256, help="inputs per repeat")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--no-vllm", dest="vllm", action="store_false", help="skip vLLM's CPU build"
+    )
+    add_vllm_arguments(parser)
     add_output_dir(parser, "embeddings")
 
 
@@ -88,14 +96,18 @@ def run(args: argparse.Namespace) -> int:
             args.batch_size,
             torch.get_num_threads(),
         )
+        runs = []  # (workload, inputs, sentence-transformers' vectors) per repeat
         for workload in ("passages", "queries"):
-            report.workloads.append(measure(workload, llm, reference, args))
+            report.workloads.append(measure(workload, llm, reference, args, runs))
         llm.shutdown()
+        if args.vllm:
+            warmup = texts("passages", args.batch_size, 999)
+            measure_vllm(folder, args, runs, warmup, report)
     save(report, args.output_dir, "embeddings")
     return 0
 
 
-def measure(workload: str, llm: LLM, reference, args) -> WorkloadResult:
+def measure(workload: str, llm: LLM, reference, args, runs: list) -> WorkloadResult:
     result = WorkloadResult(workload)
     embed_batches(llm, reference, texts(workload, args.batch_size, 999), args.batch_size)
     for repeat in range(args.repeats):
@@ -104,6 +116,7 @@ def measure(workload: str, llm: LLM, reference, args) -> WorkloadResult:
         result.octavo_inputs_per_s.append(len(inputs) / octavo_s)
         result.st_inputs_per_s.append(len(inputs) / st_s)
         result.max_abs_diff = max(result.max_abs_diff, float(np.abs(ours - theirs).max()))
+        runs.append((workload, inputs, theirs))
         result.tokens = sum(len(llm.get_tokenizer().encode(t)) for t in inputs)
         print(
             f"{workload} #{repeat}: octavo {len(inputs) / octavo_s:.1f} inputs/s, "

@@ -7,7 +7,8 @@ without downloading weights. The shapes are SmolLM2-135M's (hidden 576, 9 heads 
 3 KV heads); the MoE ones give each token about the dense model's MLP work. The GPU
 benchmark's shapes are real models' (llama-1b, llama-8b, qwen3-0.6b; the last two with
 their own vocabulary sizes, larger than the embedded tokenizer's: ids past it decode to
-nothing). ``--config-only`` writes config.json and the tokenizer alone, for an engine run
+nothing). The encoder presets (``bert-small``, ``cross-encoder-minilm``) are
+rerank_models.py's. ``--config-only`` writes config.json and the tokenizer alone, for an engine run
 with ``--load-format dummy`` (no 16 GB checkpoint written for the 8B shape).
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from octavo_bench.parsers import register_subcommand, standalone_parser
+from octavo_bench.rerank_models import ENCODER_PRESETS, build_encoder
 
 SMOL_SHAPE = {
     "hidden_size": 576,
@@ -165,7 +167,12 @@ def build_random_model(preset: str, target: Path, config_only: bool = False) -> 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("preset", choices=sorted(PRESETS), help="architecture and shape")
+    parser.add_argument(
+        "preset",
+        choices=sorted(PRESETS) + sorted(ENCODER_PRESETS),
+        help="architecture and shape (bert-small, cross-encoder-minilm: BERT encoders for "
+        "the embeddings and rerank benchmarks)",
+    )
     parser.add_argument("output", type=Path, help="folder to write the checkpoint into")
     parser.add_argument(
         "--config-only",
@@ -175,6 +182,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.preset in ENCODER_PRESETS:
+        print(build_encoder(args.preset, args.output))
+        return 0
     print(build_random_model(args.preset, args.output, args.config_only))
     return 0
 
