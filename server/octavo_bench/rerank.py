@@ -3,8 +3,7 @@ sentence-transformers' ``CrossEncoder`` and vLLM's CPU build.
 
 Each query comes with ``--documents`` documents of 20-200 words; an engine scores one
 query's documents at a time (one rerank request): Octavo's offline ``LLM.score(query,
-documents)`` (before it existed: each pair's tokenizer encoding pooled with its token
-types, then a sigmoid), sentence-transformers' ``CrossEncoder.predict`` in batches of
+documents)``, sentence-transformers' ``CrossEncoder.predict`` in batches of
 ``--batch-size``, vLLM's ``LLM.score`` from its venv (vllm_baseline.py finds it; when it is
 missing the report says vLLM was not measured and why). Same folder, dtype and threads.
 Default model: a random ``cross-encoder-minilm`` (ms-marco-MiniLM-L-6-v2's shape) written
