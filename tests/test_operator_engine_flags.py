@@ -89,6 +89,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--execute-model-timeout-seconds": "a wedged rank's bound: the default suits serving",
     "--hf-overrides": "a JSON patch of the model's config.json (e.g. rope scaling), per model",
     "--prefix-caching-hash-algo": "sha256 suits serving; sha256_cbor is for hashes outside Python",
+    "--otlp-traces-endpoint": "a collector per cluster, set through spec.engine.extraArgs",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {

@@ -32,6 +32,7 @@ from octavo.entrypoints.openai.middleware import (
 )
 from octavo.entrypoints.openai.structured_outputs import GrammarChecker
 from octavo.entrypoints.openai.tokenizer_pool import TokenizerPool
+from octavo.tracing import RequestTracer, TraceContextMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,10 @@ def build_app(
     metrics.watch_compiling(lambda: context.grammars.in_flight)
     warm = context.grammars if warm_grammar_compiler else None
     context.grammars.warming = warm_grammar_compiler  # /health waits for the warm-up
-    lifespan = _lifespan(engine, [tokenizers, context.grammars], warm)
+    tracer = None  # --otlp-traces-endpoint: a span per generation request
+    if config.otlp_traces_endpoint and not render_only:
+        tracer = RequestTracer.start(config.otlp_traces_endpoint, config.model_name)
+    lifespan = _lifespan(engine, [tokenizers, context.grammars], warm, tracer)
     app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
     app.state.octavo = context
     install_error_handlers(app)
@@ -93,6 +97,8 @@ def build_app(
     # add_middleware puts each new one outermost: request ids wrap everything.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(ConcurrencyLimitMiddleware, limit=config.limit_concurrency)
+    if tracer is not None:
+        app.add_middleware(TraceContextMiddleware, tracer=tracer)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     app.add_middleware(RequestIdMiddleware)
@@ -100,11 +106,14 @@ def build_app(
 
 
 def _lifespan(
-    engine: AsyncEngine, pools: list, grammars: GrammarChecker | None = None
+    engine: AsyncEngine,
+    pools: list,
+    grammars: GrammarChecker | None = None,
+    tracer: RequestTracer | None = None,
 ) -> Callable[[FastAPI], Any]:
     """Start the engine (and ``grammars``' compile processes once it is ready); at the end
     abort what is left, drop queued tokenizing and grammar work (``pools``: each has
-    ``shutdown()``), and stop the engine."""
+    ``shutdown()``), stop the engine, and send the spans ``tracer`` still holds."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +130,8 @@ def _lifespan(
             for pool in pools:
                 pool.shutdown()
             await asyncio.to_thread(engine.stop)
+            if tracer is not None:
+                await asyncio.to_thread(tracer.shutdown)
 
     return lifespan
 

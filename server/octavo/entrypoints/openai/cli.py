@@ -142,9 +142,12 @@ def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerCo
     from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
     from octavo.model_executor.hub import served_name
     from octavo.model_executor.loader import sampling_defaults
+    from octavo.tracing import require_otel
 
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+    if args.otlp_traces_endpoint:
+        require_otel()  # the SDK and exporters are an optional extra
     default_name = served_name(args.model) if args.model else EMBEDDED_MODEL_NAME
     return ServerConfig(
         served_model_names=args.served_model_name or [default_name],
@@ -169,6 +172,7 @@ def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerCo
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_log_requests=args.enable_log_requests,
+        otlp_traces_endpoint=args.otlp_traces_endpoint or None,
         max_logprobs=engine_args.max_logprobs,
         sampling_defaults=sampling_defaults(
             engine_args.generation_config, args.model, args.revision

@@ -48,6 +48,7 @@ class ServerConfig:
     return_tokens_as_token_ids: bool = False
     enable_prompt_tokens_details: bool = False
     enable_log_requests: bool = False
+    otlp_traces_endpoint: str | None = None  # an OTLP collector: a span per request
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # EngineArgs.max_logprobs
     # --generation-config: defaults for the sampling fields a request leaves out
     sampling_defaults: dict[str, Any] = field(default_factory=dict)

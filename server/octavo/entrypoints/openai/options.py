@@ -231,6 +231,15 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         LOG_FORMATS,
     ),
     Option(
+        "--otlp-traces-endpoint",
+        "send a span per request (vLLM's 'llm_request' with gen_ai.* attributes: ids, "
+        "sampling fields, token counts, queue/prefill/decode/TTFT/e2e latencies) to this "
+        "OpenTelemetry collector over OTLP, continuing the caller's W3C traceparent; gRPC "
+        "(e.g. http://collector:4317) unless OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is "
+        "http/protobuf (then the full URL, e.g. http://collector:4318/v1/traces); needs "
+        "pip install 'octavo[otel]'",
+    ),
+    Option(
         "--uvicorn-log-level",
         "uvicorn's own log level (its access log lines are at info; default: --log-level)",
         one_of(UVICORN_LOG_LEVELS),

@@ -22,6 +22,7 @@ from octavo.lora_request import LoRARequest
 from octavo.multimodal.processor import ProcessedPrompt
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
+from octavo.tracing import request_span_hook
 
 __all__ = ["close_streams"]  # re-exported for the serving modules
 
@@ -127,7 +128,22 @@ async def open_streams(
         streams = await engine.add_requests(base_id, requests, request_arrival.get())
     except ValueError as error:  # the engine refused a prompt or a sampling field
         raise bad_request(str(error), param=refused_field(str(error), "prompt")) from None
-    if log_requests:
-        for stream in streams:
-            stream.on_finish = log_finished
+    for stream, sampling in zip(streams, params, strict=True):
+        stream.on_finish = finish_hook(log_requests, request_span_hook(sampling, lora_request))
     return streams
+
+
+def finish_hook(
+    log_requests: bool, span_hook: Callable[[RequestOutput], None] | None
+) -> Callable[[RequestOutput], None] | None:
+    """What runs when an engine request finishes: the request logger's line
+    (``--enable-log-requests``), its span (``--otlp-traces-endpoint``), both, or nothing."""
+    hooks = [hook for hook in (log_finished if log_requests else None, span_hook) if hook]
+    if len(hooks) <= 1:
+        return hooks[0] if hooks else None
+
+    def run_all(output: RequestOutput) -> None:
+        for hook in hooks:
+            hook(output)
+
+    return run_all
