@@ -244,6 +244,20 @@ class EngineArgs:
         one_of(HASH_ALGOS),
         choices=HASH_ALGOS,
     )
+    kv_offloading_size: float | None = engine_arg(
+        None,
+        "GiB of host memory (over all tensor ranks, as vLLM) for a second tier of the prefix "
+        "cache: blocks evicted from the KV cache are saved there (LRU) and loaded back on a "
+        "later prefix hit instead of being recomputed. Default: no tier",
+        positive_float,
+    )
+    kv_offloading_backend: str = engine_arg(
+        "native",
+        "the offload tier's implementation: native (Octavo's host-memory tier; vLLM's "
+        "OffloadingConnector). lmcache is not supported",
+        one_of(("native",)),
+        choices=("native",),
+    )
     dtype: str = engine_arg(
         "auto", "weight/activation dtype", one_of(SUPPORTED_DTYPES), choices=SUPPORTED_DTYPES
     )
@@ -466,6 +480,14 @@ class EngineArgs:
             "model; it loads the architectures it supports with its own code",
         )
         _require(self.max_logprobs >= 0, "max_logprobs must be >= 0")
+        _require(
+            self.kv_offloading_backend == "native",
+            f"kv_offloading_backend {self.kv_offloading_backend!r}: only native is supported",
+        )
+        _require(
+            self.kv_offloading_size is None or self.kv_offloading_size > 0,
+            "kv_offloading_size must be a positive number of GiB",
+        )
         _require(
             self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
             "max_num_batched_tokens must be >= 1",

@@ -23,6 +23,7 @@ from octavo.executor.node_channel import require_node_key
 from octavo.kernels.cpu_count import usable_cpus
 from octavo.kv_cache.block_hash import BlockHasher
 from octavo.kv_cache.block_pool import BlockPool
+from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.kv_cache.group_coordinator import KVCacheCoordinator
 from octavo.kv_cache.kv_cache_groups import KVCacheGroups, blocks_per_sequence
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
@@ -114,6 +115,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         compile_layers=compiles_layers(args, device, parallel, quantization),
         kv_groups=groups,
     )
+    spec.kv_offload_blocks = offload_blocks(args, spec, bool(states or encoder or groups))
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
     executor = create_executor(
         spec, layout, args.node_join_timeout, args.execute_model_timeout_seconds
@@ -133,6 +135,9 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         args.enable_prefix_caching and not states and not encoder,
         events is not None and events.publishes,
     )
+    if spec.kv_offload_blocks:
+        block_bytes = bytes_per_block(config, args.block_size, spec.cache_dtype)
+        pool.attach_offload(spec.kv_offload_blocks, args.block_size, block_bytes)
     kv: KVCacheManager | KVCacheCoordinator = KVCacheManager(pool, args.block_size, window, hasher)
     if groups is not None:  # a block table per group over the one pool
         kv = KVCacheCoordinator(pool, args.block_size, groups, hasher)
@@ -288,6 +293,32 @@ def kv_budget(
         args.max_num_seqs,
         num_speculative_tokens,
     )
+
+
+def offload_blocks(args: EngineArgs, spec: WorkerConfig, special_cache: bool) -> int:
+    """Blocks of the KV offload tier (``--kv-offloading-size`` GiB over every rank, as
+    vLLM: each rank keeps that many blocks of its shard); 0 without one. ValueError
+    where it cannot work: no prefix caching, a sliding window, a draft model, KV cache
+    groups, state layers or an encoder (their caches are not one plain pool)."""
+    if args.kv_offloading_size is None:
+        return 0
+    reasons = {
+        "prefix caching is off": not args.enable_prefix_caching,
+        "a sliding window": spec.config.uniform_sliding_window is not None,
+        "a draft model": spec.draft is not None,
+        "KV cache groups, state layers or an encoder": special_cache,
+    }
+    refused = [reason for reason, applies in reasons.items() if applies]
+    if refused:
+        raise ValueError(f"--kv-offloading-size is not supported with {', '.join(refused)}")
+    block_bytes = bytes_per_block(spec.config, spec.block_size, spec.cache_dtype)
+    num_blocks = int(args.kv_offloading_size * (1 << 30)) // block_bytes
+    if num_blocks < 1:
+        raise ValueError(
+            f"--kv-offloading-size {args.kv_offloading_size} GiB holds no KV block "
+            f"({block_bytes} bytes each)"
+        )
+    return num_blocks
 
 
 def cpu_kv_cache_default() -> int:

@@ -437,6 +437,7 @@ class LLMEngine:
             max_loras=self.args.max_loras if self.args.enable_lora else 0,
             running_loras=_adapter_names(self.scheduler.running),
             waiting_loras=_adapter_names(self.scheduler.waiting),
+            kv_offload=None if pool.offload is None else pool.offload.counters.copy(),
         )
 
     def _spec_counters(self) -> SpecDecodeCounters | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octavo.kv_cache.offload_tier import OffloadCounters
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 
 
@@ -24,3 +25,4 @@ class EngineStats:
     max_loras: int = 0  # adapters in one step; 0 with LoRA off
     running_loras: tuple[str, ...] = ()  # adapters of running requests, by name (sorted)
     waiting_loras: tuple[str, ...] = ()
+    kv_offload: OffloadCounters | None = None  # with --kv-offloading-size (counters)

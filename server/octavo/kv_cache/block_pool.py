@@ -10,12 +10,16 @@ With ``record_events`` the pool also records KV cache events for ``--kv-events-c
 ``BlockRemoved`` when a cached hash is dropped (its block reused) and ``AllBlocksCleared``
 when the whole prefix cache is reset; the engine takes them once a step. Off, ``events``
 is None and nothing is recorded. The hashes announced are always those of ``cached``.
+
+With an offload tier (``offload``, ``--kv-offloading-size``) a cached block about to be
+reused is first handed to the tier, which saves its keys/values (``offload_tier``).
 """
 
 from __future__ import annotations
 
 from octavo.kv_cache.block_hash import BlockHash
 from octavo.kv_cache.free_block_queue import FreeBlockQueue, KVBlock
+from octavo.kv_cache.offload_tier import OffloadTier, TierCopy
 from octavo.kv_events.events import AllBlocksCleared, BlockRemoved, KVCacheEvent, wire_hash
 
 NULL_BLOCK_ID = 0
@@ -32,6 +36,15 @@ class BlockPool:
         self.enable_prefix_caching = enable_prefix_caching
         self.cached: dict[BlockHash, KVBlock] = {}
         self.events: list[KVCacheEvent] | None = [] if record_events else None
+        self.offload: OffloadTier | None = None  # the host tier evicted blocks go to
+
+    def attach_offload(self, num_slots: int, block_size: int, bytes_per_block: int) -> None:
+        """Save evicted cached blocks to a host tier of ``num_slots`` blocks."""
+        self.offload = OffloadTier(num_slots, block_size, bytes_per_block, self.events)
+
+    def take_tier_copies(self) -> list[TierCopy]:
+        """The step's copies to and from the offload tier, in order (none without one)."""
+        return [] if self.offload is None else self.offload.take_copies()
 
     @property
     def null_block(self) -> KVBlock:
@@ -54,11 +67,22 @@ class BlockPool:
         if count > self.free_queue.size:
             return None
         blocks = [self.free_queue.popleft() for _ in range(count)]
+        if self.offload is not None:
+            self._offload_cached(blocks)
         removed = [self._forget_hash(block) for block in blocks]
         for block in blocks:
             block.ref_count = 1
         self._record_removed(removed)
         return blocks
+
+    def _offload_cached(self, blocks: list[KVBlock]) -> None:
+        """Save the cached blocks among ``blocks`` (about to be written over) to the tier."""
+        assert self.offload is not None
+        for block in blocks:
+            block_hash = block.block_hash
+            if block_hash is not None and self.cached.get(block_hash) is block:
+                assert block.token_ids is not None
+                self.offload.save(block_hash, block.token_ids, block.parent_hash, block.block_id)
 
     def lookup(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> KVBlock | None:
         block = self.cached.get(block_hash)
@@ -87,14 +111,20 @@ class BlockPool:
         else:
             self.free_queue.append(block)  # cached: keep as long as possible (LRU)
 
-    def register(self, block: KVBlock, block_hash: BlockHash, token_ids: tuple[int, ...]) -> bool:
-        """Mark a full, computed block as reusable by later requests with the same prefix;
-        True if its hash is newly cached."""
+    def register(
+        self,
+        block: KVBlock,
+        block_hash: BlockHash,
+        token_ids: tuple[int, ...],
+        parent: BlockHash | None = None,
+    ) -> bool:
+        """Mark a full, computed block as reusable by later requests with the same prefix
+        (``parent``: the hash of the block before it); True if its hash is newly cached."""
         if not self.enable_prefix_caching or block.block_hash is not None:
             return False
         if block_hash in self.cached:  # an equal block already exists; keep tables append-only
             return False
-        block.block_hash, block.token_ids = block_hash, token_ids
+        block.block_hash, block.token_ids, block.parent_hash = block_hash, token_ids, parent
         self.cached[block_hash] = block
         return True
 
@@ -103,7 +133,7 @@ class BlockPool:
         block_hash = block.block_hash
         if block_hash is None:
             return None
-        block.block_hash = block.token_ids = None
+        block.block_hash = block.token_ids = block.parent_hash = None
         if self.cached.get(block_hash) is not block:
             return None
         del self.cached[block_hash]
@@ -118,6 +148,8 @@ class BlockPool:
         cache (vLLM resets only then, publishing ``AllBlocksCleared``); otherwise the
         blocks in use keep theirs and the others are reported removed."""
         removed = [self._forget_hash(block) for block in self.free_queue]
+        if self.offload is not None:
+            self.offload.clear()
         if self.events is not None and self.num_free_blocks == self.num_usable_blocks:
             self.events.append(AllBlocksCleared())
         else:

@@ -16,6 +16,7 @@ class KVBlock:
     ref_count: int = 0
     block_hash: bytes | None = None  # its prefix-cache hash (see block_hash.py)
     token_ids: tuple[int, ...] | None = None  # the full block's tokens, checked on a cache hit
+    parent_hash: bytes | None = None  # the hash of the block before it (the offload tier's)
     prev: KVBlock | None = field(default=None, repr=False)
     next: KVBlock | None = field(default=None, repr=False)
 

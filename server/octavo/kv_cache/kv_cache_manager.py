@@ -21,6 +21,11 @@ apart from the other groups' (the same tokens hold other layers' keys there).
 When the pool records KV events, each call that registers blocks adds their
 ``BlockStored`` events (see ``stored_events``).
 
+With an offload tier on the pool (``--kv-offloading-size``), a prefix lookup that
+misses the pool goes on in the tier: the blocks found there get fresh pool blocks,
+registered under their hashes, and are loaded back (``tier_loads``) before the lookup
+is made again, so the sequence takes them as ordinary cache hits.
+
 A model with state layers (``state_slots``) also gives each sequence one state slot: taken
 with its first blocks (a sequence that cannot get one waits, as one short of blocks),
 freed with its blocks, copied when it forks.
@@ -38,6 +43,7 @@ from octavo.kv_cache.free_block_queue import KVBlock
 from octavo.kv_cache.sliding_window import num_skipped_blocks
 from octavo.kv_cache.state_slots import StateSlots
 from octavo.kv_cache.stored_events import StoredRuns
+from octavo.kv_cache.tier_loads import load_from_tier
 
 if TYPE_CHECKING:
     from octavo.lora_request import LoRARequest
@@ -116,6 +122,8 @@ class KVCacheManager:
         if not self.pool.enable_prefix_caching or self.state_slots is not None:
             return []  # (a state layer's state cannot start from a cached block)
         lookup = self.lookup_prefix(token_ids, chain)
+        if self.pool.offload is not None and load_from_tier(self, lookup, token_ids):
+            lookup = self.lookup_prefix(token_ids, chain)  # the loads may have evicted hits
         for end in range(len(lookup.found), 0, -1):
             hits = lookup.hits_at(end, self._num_skipped(end * self.block_size))
             if hits is not None:
@@ -137,6 +145,10 @@ class KVCacheManager:
     def hits_at(self, lookup: PrefixLookup, end: int) -> CacheHits | None:
         """The hits of the first ``end`` blocks if those its window needs are cached."""
         return lookup.hits_at(end, self._num_skipped(end * self.block_size))
+
+    def tier_key(self, block_hash: BlockHash) -> BlockHash:
+        """A chain hash as the pool (and the offload tier) keys it."""
+        return self._key(block_hash)
 
     def _key(self, block_hash: BlockHash) -> BlockHash:
         return block_hash + self.group_tag if self.group_tag else block_hash
@@ -319,9 +331,12 @@ class KVCacheManager:
             table.hashes.append(block_hash)
             block = table.blocks[index]
             key = self._key(block_hash)
-            registered = not self._is_null(block) and self.pool.register(block, key, chunk)
+            parent_key = None if parent is None else self._key(parent)
+            registered = not self._is_null(block) and self.pool.register(
+                block, key, chunk, parent_key
+            )
             if stored is not None and registered:
-                stored.add(None if parent is None else self._key(parent), key, chunk)
+                stored.add(parent_key, key, chunk)
             elif stored is not None:
                 stored.flush()
         if stored is not None:

@@ -16,7 +16,8 @@ does, with the top bit set. That bit keeps every hash a full 8-byte msgpack uint
 llm-d's decoder takes a hash only as a 64-bit integer (a value under 2**32, which msgpack
 packs shorter, fails the whole batch there), and never 0, which llm-d reads as "no
 parent". ``medium`` is ``"GPU"``, vLLM's name for the
-engine's own KV cache tier whatever the device (llm-d weighs ``"CPU"`` as an offload tier).
+engine's own KV cache tier whatever the device, and ``"CPU"`` for the host-memory offload
+tier (``--kv-offloading-size``; llm-d weighs ``"CPU"`` hits as an offload tier's).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import msgpack
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # the KV offload tier (kv_cache/offload_tier.py)
 UINT64_MASK = (1 << 64) - 1
 TOP_BIT = 1 << 63
 

@@ -32,6 +32,7 @@ from octavo.distributed.pipeline_comm import (
     send_to_next_stage,
 )
 from octavo.kv_cache.cache_tensors import copy_blocks
+from octavo.kv_cache.offload_tensors import HostTier
 from octavo.kv_cache.state_tensors import copy_states, has_state_caches
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.decode_graphs import DecodeGraphs
@@ -155,6 +156,7 @@ class ModelRunner:
         self._pending_pool: dict[int, Partial] = {}
         self.graphs: DecodeGraphs | None = None  # captured decode steps (the worker's)
         self.in_flight: PendingStep | None = None  # async scheduling: the launched step
+        self.offload: HostTier | None = None  # the KV offload tier's host blocks (the worker's)
         self.images_of: dict[int, list[ImageInput]] = {}  # every rank: a prompt's images
         self.encoder_cache = EncoderCache()  # image features by content hash
         # Gemma 3: an image's placeholders attend to each other both ways
@@ -167,6 +169,8 @@ class ModelRunner:
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; returns the next token of every sequence that samples."""
         self._update_states(step)
+        if self.offload is not None:  # the KV offload tier's saves and loads
+            self.offload.apply(self.kv_caches, step.tier_copies)
         copy_blocks(self.kv_caches, step.block_copies)
         copy_states(self.kv_caches, step.state_copies)
         if step.is_empty:
@@ -190,6 +194,8 @@ class ModelRunner:
         device. The previous tokens join the histories before this step samples, so
         penalties, ``min_tokens`` and grammars see them as in a sequential run."""
         self._update_states(step)
+        if self.offload is not None:  # the KV offload tier's saves and loads
+            self.offload.apply(self.kv_caches, step.tier_copies)
         copy_blocks(self.kv_caches, step.block_copies)
         copy_states(self.kv_caches, step.state_copies)
         launched = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from octavo.kv_cache.offload_tier import TierCopy
 from octavo.lora_request import LoRARequest
 from octavo.multimodal.inputs import ImageInput
 from octavo.sampling_params import SamplingParams
@@ -63,6 +64,8 @@ class SchedulerOutput:
     decodes: list[ScheduledSequence] = field(default_factory=list)  # one token (+ proposals)
     new_sequences: list[NewSequenceData] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination)
+    # KV offload tier: saves and loads, made in this order before block_copies
+    tier_copies: list[TierCopy] = field(default_factory=list)
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # forks' state slots
     finished_seq_ids: list[int] = field(default_factory=list)  # the runner may forget these
     preempted_seq_ids: list[int] = field(default_factory=list)

@@ -151,6 +151,7 @@ class Scheduler:
         for planned in plan:
             self._place(out, planned)
         out.block_copies = self.kv.take_pending_copies()
+        out.tier_copies = self.kv.pool.take_tier_copies()
         out.state_copies = self.kv.take_state_copies()
         out.finished_seq_ids, self._finished_ids = self._finished_ids, []
         out.unloaded_lora_ids = self._unloads_ready()

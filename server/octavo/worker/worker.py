@@ -31,6 +31,7 @@ from octavo.kv_cache.gpu_budget import (
     utilization_budget,
 )
 from octavo.kv_cache.kv_cache_groups import KVCacheGroups
+from octavo.kv_cache.offload_tensors import HostTier
 from octavo.kv_cache.state_slots import StateSpec
 from octavo.kv_cache.state_tensors import layer_caches, state_bytes
 from octavo.lora.config import LoRAConfig
@@ -86,6 +87,7 @@ class WorkerConfig:
     # KV cache groups (a hybrid model's sliding and full layers, one rank): the cache is
     # ``group_size`` tensors shared by the groups; None: one tensor per layer
     kv_groups: KVCacheGroups | None = None
+    kv_offload_blocks: int = 0  # ``--kv-offloading-size``: host tier blocks a rank keeps
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -318,6 +320,8 @@ class Worker:
             self._proposer(num_blocks) if self.is_driver else None,
             self.adapters,
         )
+        if spec.kv_offload_blocks:  # each rank's tier holds its own shard of the blocks
+            self.runner.offload = HostTier.like(caches, spec.kv_offload_blocks)
         if spec.graph_sizes and self.device.type == "cuda":
             graphs = DecodeGraphs(
                 self.runner.paged, list(spec.graph_sizes), spec.max_positions, CudaGraphRecorder()
