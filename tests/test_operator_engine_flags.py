@@ -90,6 +90,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--hf-overrides": "a JSON patch of the model's config.json (e.g. rope scaling), per model",
     "--prefix-caching-hash-algo": "sha256 suits serving; sha256_cbor is for hashes outside Python",
     "--otlp-traces-endpoint": "a collector per cluster, set through spec.engine.extraArgs",
+    "--disable-web-ui": "the page is behind the API key and not exposed unless port-forwarded",
     "--kv-offloading-size": "host memory per pod for the prefix cache's tier: via extraArgs",
     "--kv-offloading-backend": "only native exists; set with --kv-offloading-size in extraArgs",
 }

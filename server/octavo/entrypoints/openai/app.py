@@ -19,6 +19,7 @@ from octavo.entrypoints.openai import (
     responses_routes,
     routes,
     scoring_routes,
+    web_routes,
 )
 from octavo.entrypoints.openai.auth import ApiKeyMiddleware
 from octavo.entrypoints.openai.context import ServerConfig, ServerContext
@@ -101,6 +102,7 @@ def build_app(
         app.add_middleware(TraceContextMiddleware, tracer=tracer)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    web_routes.install(app, config)  # outside the key check: the page asks for the key
     app.add_middleware(RequestIdMiddleware)
     return app
 

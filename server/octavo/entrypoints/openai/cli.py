@@ -173,6 +173,7 @@ def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerCo
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_log_requests=args.enable_log_requests,
         otlp_traces_endpoint=args.otlp_traces_endpoint or None,
+        disable_web_ui=args.disable_web_ui,
         max_logprobs=engine_args.max_logprobs,
         sampling_defaults=sampling_defaults(
             engine_args.generation_config, args.model, args.revision

@@ -49,6 +49,7 @@ class ServerConfig:
     enable_prompt_tokens_details: bool = False
     enable_log_requests: bool = False
     otlp_traces_endpoint: str | None = None  # an OTLP collector: a span per request
+    disable_web_ui: bool = False  # no page at / (web_routes.py)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # EngineArgs.max_logprobs
     # --generation-config: defaults for the sampling fields a request leaves out
     sampling_defaults: dict[str, Any] = field(default_factory=dict)

@@ -211,6 +211,14 @@ SERVER_OPTIONS: tuple[Option, ...] = (
         negation="--disable-log-requests",
     ),
     Option(
+        "--disable-web-ui",
+        "do not serve the built-in web page at / (a chat playground and a live view of "
+        "the server's metrics; with --api-key it asks for the key)",
+        parse_bool,
+        False,
+        kind="bool",
+    ),
+    Option(
         "--headless",
         "run a worker host of a multi-node engine (with --nnodes and its --node-rank > 0): "
         "no API server, only this host's worker processes, driven by the leader at "
