@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-from octavo.attention import torch_ops
+from octavo.attention import encoder_attention, torch_ops
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales, stored
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
@@ -41,6 +41,9 @@ class TorchAttention:
         kv_scales: KVScales = UNIT_SCALES,
         options: AttentionOptions = FULL_ATTENTION,
     ):
+        if meta.encoder_only and encoder_attention.handles(options):
+            lengths = meta.query_lens_list
+            return encoder_attention.encoder_attention(query, key, value, lengths, scale, options)
         self.store(key, value, kv_cache, meta, kv_scales)
         outputs = [
             self._prefill(i, query, key, value, kv_cache, meta, scale, kv_scales, options)

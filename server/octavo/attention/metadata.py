@@ -37,6 +37,9 @@ class AttentionMetadata:
     # layers with a block table each): per layer, the metadata with its group's block
     # tables and slot mapping; None (one group): every layer reads this one.
     layer_metas: list[AttentionMetadata] | None = None
+    # An encoder's step: every chunk a whole prompt attending both ways, nothing cached
+    # (``encoder_attention``); False for everything else.
+    encoder_only: bool = False
 
     @property
     def num_seqs(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.attention import triton_decode, triton_kernels
+from octavo.attention import encoder_attention, triton_decode, triton_kernels
 from octavo.attention.backend import TorchAttention
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
@@ -28,6 +28,9 @@ class TritonAttention:
         """Attention output ``[T, heads, head_dim]``: prefill tokens first, then decodes.
 
         ``options``: the layer's sliding window, soft-cap and sinks (both launches)."""
+        if meta.encoder_only and encoder_attention.handles(options):
+            lengths = meta.query_lens_list
+            return encoder_attention.encoder_attention(query, key, value, lengths, scale, options)
         triton_kernels.store_kv(key, value, kv_cache, meta.slot_mapping, kv_scales)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         split = meta.num_prefill_tokens

@@ -408,6 +408,7 @@ class ModelRunner:
             inputs.meta.bidirectional_spans = spans
         if self.is_encoder:  # each prompt whole in its step, attending both ways
             inputs.meta.bidirectional_spans = whole_prompt_spans(scheduled[:num_prefills])
+            inputs.meta.encoder_only = num_prefills == len(scheduled)
             inputs.token_type_ids = token_types(
                 scheduled, layout.seq_starts, self.pooling_of, self.device
             )
