@@ -7,6 +7,9 @@ import importlib
 import sys
 
 from octavo.logging_format import configure_logging
+from octavo.model_executor.hub_reach import ModelFetchError
+
+FETCH_FAILURE_EXIT_CODE = 1  # the model cannot be had (bad input exits 2)
 
 # Each module exposes ``register(subparsers)``; its parser sets ``func(args) -> int``.
 SUBCOMMAND_MODULES = (
@@ -33,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
             getattr(args, "log_level", "INFO"), kind=getattr(args, "log_format", None)
         )
         return int(args.func(args) or 0)
+    except ModelFetchError as error:  # what was tried, why it failed, what to do
+        print(f"octavo: error: {error}", file=sys.stderr)
+        return FETCH_FAILURE_EXIT_CODE
     except ValueError as error:  # bad input: one clear line, no traceback
         print(f"octavo: error: {error}", file=sys.stderr)
         return 2

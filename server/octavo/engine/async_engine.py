@@ -33,6 +33,7 @@ from octavo.engine.core_messages import (
     CoreStopped,
     LoadAdapter,
     LoadFailed,
+    LoadProgress,
     NewRequest,
     StepDone,
     UnloadAdapter,
@@ -42,6 +43,7 @@ from octavo.engine.engine_info import EngineInfo
 from octavo.engine.request_stream import RequestStream
 from octavo.engine.stats import EngineStats
 from octavo.outputs import RequestOutput
+from octavo.progress import PhaseProgress, add_listener, remove_listener
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +99,13 @@ class AsyncEngine:
         self.draining = False
         self._drain_started: float | None = None  # time.monotonic() when draining began
         self.info: EngineInfo | None = None
+        self.load_progress: PhaseProgress | None = None  # the latest phase while loading
 
     # ----- lifecycle (event loop) ---------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the engine core; it loads the model, then serves."""
         self._loop = loop
+        add_listener(self._on_local_progress)  # a core on a thread reports in this process
         self._core.start(self._on_event)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -235,10 +239,15 @@ class AsyncEngine:
             self._admitted(event)
         elif isinstance(event, AdapterChanged):
             self._call_soon(self._resolve_ack, event.command_id, event.error)
+        elif isinstance(event, LoadProgress):
+            if self.status == "loading":
+                self.load_progress = event.progress
         elif isinstance(event, CoreReady):
             self.info, self.status = event.info, "ready"
+            remove_listener(self._on_local_progress)
         elif isinstance(event, LoadFailed):
             self.status = "failed"
+            remove_listener(self._on_local_progress)
             if self._on_load_failure is not None:
                 self._call_soon(self._on_load_failure)
         elif isinstance(event, WorkerLost):
@@ -247,6 +256,9 @@ class AsyncEngine:
         elif isinstance(event, CoreStopped):
             self._stopped(event)
 
+    def _on_local_progress(self, progress: PhaseProgress) -> None:
+        self._on_event(LoadProgress(progress))
+
     def _admitted(self, event: Admitted) -> None:
         with self._lock:
             self._pending_adds -= event.count
@@ -254,6 +266,7 @@ class AsyncEngine:
         self._call_soon(self._resolve_ack, event.batch_id, event.error)
 
     def _stopped(self, event: CoreStopped) -> None:
+        remove_listener(self._on_local_progress)
         self.status = "dead" if event.dead else "stopped"
         self._call_soon(self._fail_all, event.message)
         if event.dead and self._on_death is not None:

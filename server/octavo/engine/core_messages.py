@@ -1,7 +1,7 @@
 """What the API side and the engine core say to each other, and how a core admits requests.
 
 Commands go to the core (``AddRequests``, ``AbortRequests``, ``LoadAdapter``,
-``UnloadAdapter``, ``STOP``); events come back (``CoreReady``, ``LoadFailed``,
+``UnloadAdapter``, ``STOP``); events come back (``LoadProgress``, ``CoreReady``, ``LoadFailed``,
 ``Admitted``, ``AdapterChanged``, ``StepDone``, ``WorkerLost``, ``CoreStopped``). All are plain
 picklable data, so the core can run on a thread of the server or in its own process.
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from octavo.lora_request import LoRARequest
 from octavo.multimodal.processor import ProcessedPrompt
+from octavo.progress import PhaseProgress
 from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,14 @@ class Stop:
 
 
 STOP = Stop()
+
+
+@dataclass
+class LoadProgress:
+    """A start-up phase's progress while the core loads (``octavo.progress``): at most one
+    every ``NOTIFY_EVERY_SECONDS`` per phase, plus its start and end."""
+
+    progress: PhaseProgress
 
 
 @dataclass

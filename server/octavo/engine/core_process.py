@@ -22,8 +22,9 @@ from typing import Any
 
 from octavo.config import EngineArgs
 from octavo.engine.core_loop import Emit, run_engine_core
-from octavo.engine.core_messages import STOP, CoreStopped, LoadFailed
+from octavo.engine.core_messages import STOP, CoreStopped, LoadFailed, LoadProgress
 from octavo.logging_format import configure_logging
+from octavo.progress import add_listener
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def engine_core_main(args: EngineArgs, conn: Connection) -> None:
         with sending, contextlib.suppress(OSError):  # the server is gone: the inbox sees it
             conn.send(event)
 
+    add_listener(lambda progress: emit(LoadProgress(progress)))  # for /health while loading
     run_engine_core(lambda: LLMEngine(args), PipeInbox(conn), emit)
 
 

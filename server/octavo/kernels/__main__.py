@@ -12,9 +12,8 @@ import os
 import subprocess
 import sys
 
-from tqdm import tqdm
-
 from octavo.kernels import cpu_build
+from octavo.progress import track
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.into:
         os.environ[cpu_build.KERNELS_DIR_ENV] = args.into
     if args.isa == "all":  # one process per build: a process can load only one of them
-        for isa in tqdm(list(cpu_build.ISA_FLAGS), desc="building CPU kernels", unit="isa"):
+        for isa in track(list(cpu_build.ISA_FLAGS), "building CPU kernels", unit="builds"):
             command = [sys.executable, "-m", "octavo.kernels", "build", "--isa", isa]
             subprocess.run(command, check=True)
         return 0

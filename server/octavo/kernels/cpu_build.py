@@ -23,6 +23,7 @@ import torch
 
 from octavo.cache_dirs import cache_root
 from octavo.kernels.cpu_features import cpu_flags
+from octavo.progress import PhaseReporter
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,9 @@ def build(plan: KernelBuild) -> Path:
         # torch's own lock file, left behind by a build that was killed, would make every
         # later build wait forever; holding the flock proves no build is running.
         (plan.folder / "lock").unlink(missing_ok=True)
-        _compile(plan, cpp_extension)
+        with PhaseReporter(f"compiling CPU kernels ({plan.isa})", 1, "builds") as progress:
+            _compile(plan, cpp_extension)
+            progress.update()
     return plan.library
 
 

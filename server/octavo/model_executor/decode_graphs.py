@@ -36,6 +36,7 @@ from octavo.model_executor.models.causal_lm import StepResult
 from octavo.model_executor.mrope_positions import supports_mrope
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.step_inputs import StepInputs
+from octavo.progress import PhaseReporter
 
 logger = logging.getLogger(__name__)
 
@@ -157,10 +158,12 @@ class DecodeGraphs:
         """Warm up and record every size, largest first (smaller ones reuse its memory)."""
         start = time.perf_counter()
         free_before = _free_bytes(self.paged.device)
-        for size in reversed(self.sizes):
-            forward = self._forward(size)
-            forward()  # compiles the Triton kernels and settles lazy allocations
-            self.replays[size] = self.recorder.record(forward)
+        with PhaseReporter("capturing CUDA graphs", len(self.sizes), "graphs") as progress:
+            for size in reversed(self.sizes):
+                forward = self._forward(size)
+                forward()  # compiles the Triton kernels and settles lazy allocations
+                self.replays[size] = self.recorder.record(forward)
+                progress.update()
         taken = free_before - _free_bytes(self.paged.device)
         seconds = time.perf_counter() - start
         logger.info(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from octavo.cache_dirs import cache_root
+from octavo.progress import DownloadBar
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ def _snapshot_download(hub: HubModel, offline: bool, patterns: list[str]) -> str
             cache_dir=cache,
             allow_patterns=patterns,
             local_files_only=offline,
+            tqdm_class=DownloadBar,
         )
     except (GatedRepoError, RepositoryNotFoundError) as error:
         raise ValueError(

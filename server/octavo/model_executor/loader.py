@@ -14,6 +14,7 @@ from octavo.model_executor.footprint import weight_footprint
 from octavo.model_executor.gguf_folder import gguf_model_folder
 from octavo.model_executor.hub import download_snapshot, hub_offline, parse_hub_model
 from octavo.model_executor.hub_files import download_file
+from octavo.model_executor.hub_reach import ensure_fetchable
 from octavo.model_executor.layers.linear import LinearBase
 from octavo.model_executor.layers.moe.fused_moe import FusedMoE
 from octavo.model_executor.layers.vocab import QuantizedVocabEmbedding
@@ -22,6 +23,7 @@ from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.registry import model_class
 from octavo.model_executor.quantized_checkpoint import checkpoint_tensors
 from octavo.model_executor.weights import load_weights
+from octavo.progress import PhaseReporter
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,10 @@ def resolve_model_folder(model: str | None, revision: str | None = None) -> Path
         logger.warning("--revision %s ignored: %s is a local folder", revision, model)
     folder = Path(model.removeprefix("file://")).expanduser()
     if folder.suffix == ".gguf" and folder.is_file():
-        return gguf_model_folder(folder)
+        with PhaseReporter("converting GGUF metadata", 1, "files") as progress:
+            converted = gguf_model_folder(folder)  # config and tokenizer, cached after once
+            progress.update()
+        return converted
     if not (folder / "config.json").is_file():
         raise ValueError(f"model path {str(folder)!r} is not a folder with a config.json")
     return folder
@@ -134,8 +139,9 @@ def load_tokenizer(folder: Path, tokenizer: str | None = None):
 
 def sampling_defaults(mode: str, model: str | None, revision: str | None = None) -> dict:
     """``--generation-config``: ``vllm`` gives none; ``auto`` reads the model's
-    generation_config.json (a hub model's alone is fetched; the embedded model has none);
-    any other value is a folder holding one."""
+    generation_config.json (a hub model's alone is fetched, after one quick check that the
+    model can be had at all: ``ensure_fetchable``; the embedded model has none); any other
+    value is a folder holding one."""
     if mode == "vllm":
         return {}
     if mode != "auto":
@@ -145,6 +151,7 @@ def sampling_defaults(mode: str, model: str | None, revision: str | None = None)
     hub = parse_hub_model(model, revision)
     if hub is None:
         return generation_defaults(resolve_model_folder(model, revision))
+    ensure_fetchable(hub)  # a Hub that cannot serve it: one clear line, exit 1
     found = download_file(hub, "generation_config.json")
     return {} if found is None else generation_defaults(found.parent)
 

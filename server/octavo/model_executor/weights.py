@@ -27,6 +27,7 @@ from octavo.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from octavo.model_executor.models.causal_lm import CausalLM
+from octavo.progress import PhaseReporter
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _FUSED = {  # HF module inside a layer -> (our fused linear, its shard id)
@@ -48,14 +49,26 @@ def iterate_checkpoint(folder: Path) -> Iterator[tuple[str, CheckpointSlice]]:
                 yield name, CheckpointSlice(reader.get_slice(name))
 
 
+def count_checkpoint_tensors(folder: Path) -> int:
+    """How many tensors the folder's safetensors hold (read from their headers alone)."""
+    count = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as reader:
+            count += len(reader.keys())
+    return count
+
+
 def load_weights(
     model: CausalLM, folder: Path, tensors: Iterable[tuple[str, object]] | None = None
 ) -> None:
     """Copy every checkpoint tensor (the folder's safetensors unless ``tensors`` are given,
     e.g. a GGUF file's) into the model; fail loudly on anything left unset."""
     loaded: set[str] = set()
-    for name, tensor in iterate_checkpoint(folder) if tensors is None else tensors:
-        loaded.update(_copy_into(model, name, tensor))
+    total = count_checkpoint_tensors(folder) if tensors is None else None
+    with PhaseReporter("loading weights", total, "tensors") as progress:
+        for name, tensor in iterate_checkpoint(folder) if tensors is None else tensors:
+            loaded.update(_copy_into(model, name, tensor))
+            progress.update()
     missing = expected_keys(model) - loaded
     if missing:
         raise ValueError(f"checkpoint in {folder} lacks weights: {sorted(missing)[:5]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import octavo
@@ -20,23 +21,39 @@ from octavo.entrypoints.openai.responses import (
 )
 from octavo.inputs.chat import ChatOptions
 from octavo.multimodal.processor import ProcessedPrompt
+from octavo.progress import PhaseProgress
 
 router = APIRouter()
+WARMING_GRAMMARS = PhaseProgress("warming up structured output", 0, None, "steps", 0.0)
 Context = Annotated[ServerContext, Depends(get_context)]
 
 
-@router.get("/health")
-async def health(context: Context) -> HealthResponse:
+@router.get("/health", response_model=HealthResponse)
+async def health(context: Context) -> Response:
     """200 only while the engine loop is alive and taking requests (and, in the served
-    app, once the structured-output compiler has warmed up); 503 otherwise."""
+    app, once the structured-output compiler has warmed up); 503 otherwise, while loading
+    with the phase and its percent (``loading_response``)."""
     engine = context.engine
     if engine.draining:
         raise APIError(503, "the server is shutting down", code="draining")
+    if engine.status == "loading":
+        return loading_response(engine.load_progress)
     if not engine.is_ready:
         raise APIError(503, f"the engine is not ready ({engine.status})", code=engine.status)
     if context.grammars.warming:
-        raise APIError(503, "the structured-output compiler is starting", code="loading")
+        return loading_response(WARMING_GRAMMARS)
     return HealthResponse(status="ok")
+
+
+def loading_response(progress: PhaseProgress | None) -> JSONResponse:
+    """503 ``{"status": "loading", "phase": "loading weights", "percent": 42.0, "error":
+    {...}}``: the phase the engine core last reported (``octavo.progress``) and its percent
+    (null when its size is unknown, or before the first report), beside the usual error."""
+    phase = progress.phase if progress is not None else "starting"
+    percent = progress.percent if progress is not None else None
+    error = APIError(503, f"the model is loading ({phase})", code="loading").body()
+    body = {"status": "loading", "phase": phase, "percent": percent, **error}
+    return JSONResponse(body, status_code=503)
 
 
 @router.get("/metrics")
