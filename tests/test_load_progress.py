@@ -76,8 +76,12 @@ def unreachable_hub(monkeypatch, tmp_path) -> str:
     return endpoint
 
 
-def test_serve_with_an_unreachable_hub_is_one_line_and_exit_1(unreachable_hub, capsys):
-    assert main(["serve", "hf://org/name", "--port", "1"]) == 1
+@pytest.mark.parametrize("generation_config", ["auto", "vllm"])
+def test_serve_with_an_unreachable_hub_is_one_line_and_exit_1(
+    unreachable_hub, capsys, generation_config
+):
+    argv = ["serve", "hf://org/name", "--port", "1", "--generation-config", generation_config]
+    assert main(argv) == 1
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err

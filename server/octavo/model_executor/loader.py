@@ -139,19 +139,20 @@ def load_tokenizer(folder: Path, tokenizer: str | None = None):
 
 def sampling_defaults(mode: str, model: str | None, revision: str | None = None) -> dict:
     """``--generation-config``: ``vllm`` gives none; ``auto`` reads the model's
-    generation_config.json (a hub model's alone is fetched, after one quick check that the
-    model can be had at all: ``ensure_fetchable``; the embedded model has none); any other
-    value is a folder holding one."""
+    generation_config.json (a hub model's alone is fetched; the embedded model has none);
+    any other value is a folder holding one. A hub model is first checked to be fetchable
+    at all (``ensure_fetchable``: the first network use of ``octavo serve``)."""
+    hub = parse_hub_model(model, revision) if model is not None else None
+    if hub is not None:
+        ensure_fetchable(hub)  # a Hub that cannot serve it: one clear line, exit 1
     if mode == "vllm":
         return {}
     if mode != "auto":
         return generation_defaults(generation_config_folder(mode))
     if model is None:
         return {}  # the embedded GGUF carries no sampling defaults
-    hub = parse_hub_model(model, revision)
     if hub is None:
         return generation_defaults(resolve_model_folder(model, revision))
-    ensure_fetchable(hub)  # a Hub that cannot serve it: one clear line, exit 1
     found = download_file(hub, "generation_config.json")
     return {} if found is None else generation_defaults(found.parent)
 
