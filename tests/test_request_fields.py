@@ -378,8 +378,9 @@ def test_request_log_lines_only_when_enabled(client, configured, caplog):
     with configured(enable_log_requests=True):
         complete(client, max_tokens=1, request_id="loud")
     lines = [r.getMessage() for r in caplog.records if r.name == "octavo.requests"]
-    assert len(lines) == 1 and lines[0].startswith("Received request cmpl-loud")
+    assert len(lines) == 2 and lines[0].startswith("Received request cmpl-loud")
     assert "prompt_token_ids: [" in lines[0] and "max_tokens=1" in lines[0]
+    assert lines[1].startswith("Finished request cmpl-loud") and "1 completion tokens" in lines[1]
 
 
 def test_unknown_model_404_names_only_what_was_asked(client):

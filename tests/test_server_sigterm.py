@@ -34,9 +34,10 @@ SHUTDOWN_TIMEOUT = 60
 NUM_STREAMS = 5
 MAX_MODEL_LEN = 1024
 STREAM_SECONDS = 2.0  # how long each stream should run: still running when SIGTERM arrives
-# The compile deadline (COMPILE_TIMEOUT_SECONDS, 10 s) and a margin for a shared CPU; the
-# slow constraints' compiles alone would take a minute.
-SLOW_CONSTRAINT_EXIT_SECONDS = 30
+# The compile deadline (COMPILE_TIMEOUT_SECONDS, 10 s) and a margin for a shared CPU (CI
+# measured 34.9 s with the unit and e2e suites beside it); the slow constraints' compiles
+# alone would take minutes.
+SLOW_CONSTRAINT_EXIT_SECONDS = 45
 
 
 @pytest.fixture(scope="module")

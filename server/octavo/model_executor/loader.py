@@ -85,9 +85,8 @@ def load_model(
             fill_dummy_weights(model)
         else:
             load_weights(model, folder, checkpoint_tensors(folder, config, quantization))
-            derive = getattr(model, "load_derived_weights", None)  # a head made of LM-head rows
-            if derive is not None:
-                derive(folder)
+            # beside the checkpoint: Dense modules, a reranker's head from LM-head rows
+            model.load_derived_weights(folder)
     for module in list(model.modules()):  # (a method may replace a module's children)
         if isinstance(module, LinearBase | QuantizedVocabEmbedding | FusedMoE):
             module.process_weights_after_loading()  # e.g. prepack bf16 weights for oneDNN
