@@ -63,7 +63,7 @@ def chromium() -> str:
         pytest.fail(
             "chromium is not installed: run `make test-tools` (scripts/install-test-tools.sh)"
         )
-    pytest.skip("chromium is not installed (`make test-tools` installs it)")
+    pytest.skip(reason="chromium is not installed (`make test-tools` installs it)")
 
 
 @pytest.fixture
