@@ -228,7 +228,9 @@ def test_end_to_end_against_octavo_and_the_hf_baseline(octavo_url, folder, tmp_p
             assert level["total_output_tokens"] == 12  # ignore_eos: 4 tokens each
             for request in level["requests"]:
                 assert request["usage_reported"] and request["ttft"] > 0
-                assert len(request["itls"]) >= 1 and request["prompt_len"] > 6
+                # tokens that reach the server's stream together go out as one chunk (as
+                # vLLM's do), so a loaded machine can send a request's 4 tokens in 1 to 4
+                assert 0 <= len(request["itls"]) <= 3 and request["prompt_len"] > 6
             assert level["ttft"]["median_ms"] > 0 and level["tpot"]["p99_ms"] > 0
     assert result["servers"]["octavo"]["model"] == MODEL
     versus_hf = result["comparisons"]["by_baseline"]["hf"]
