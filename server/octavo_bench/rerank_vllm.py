@@ -9,20 +9,11 @@ CPUs this process may use (the others use N threads too).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from octavo_bench.vllm_baseline import (
-    RUNNER_IMPORT_FAILED,
-    SETUP_HINT,
-    VllmRunError,
-    VllmSetup,
-    last_line,
-)
+from octavo_bench.vllm_baseline import VllmSetup, run_runner
 
 RUNNER = Path(__file__).resolve().with_name("rerank_vllm_runner.py")
 
@@ -48,21 +39,8 @@ def bind_threads(setup: VllmSetup, num_threads: int | None) -> None:
 
 def run_vllm(setup: VllmSetup, request: dict, log_path: Path) -> VllmRepeats:
     """The runner with the vLLM python on ``request`` (rerank_vllm_runner.py's format)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="octavo-vllm-rerank-") as scratch:
-        request_path, result_path = Path(scratch, "request.json"), Path(scratch, "result.json")
-        request_path.write_text(json.dumps(request))
-        command = [str(setup.python), str(RUNNER), str(request_path), str(result_path)]
-        print(f"running vllm ({setup.python}; log: {log_path})", flush=True)
-        with log_path.open("wb") as log:
-            code = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, env=setup.env, check=False
-            ).returncode
-        result = json.loads(result_path.read_text()) if result_path.is_file() else {}
-    if code == RUNNER_IMPORT_FAILED and "error" in result:
-        raise VllmRunError(f"{setup.python}: {result['error']}; {SETUP_HINT}")
-    if code != 0 or "results" not in result:
-        raise VllmRunError(f"vLLM exited with code {code}: {last_line(log_path)} (log: {log_path})")
+    print(f"running vllm ({setup.python}; log: {log_path})", flush=True)
+    result = run_runner(setup, request, log_path, runner=RUNNER)
     repeats = result["results"]
     return VllmRepeats(
         [r["wall_s"] for r in repeats],

@@ -164,13 +164,14 @@ def runner_request(
     }
 
 
-def run_runner(setup: VllmSetup, request: dict, log_path: Path) -> dict:
-    """``vllm_runner.py`` with the vLLM python; its parsed result (raises VllmRunError)."""
+def run_runner(setup: VllmSetup, request: dict, log_path: Path, runner: Path = RUNNER) -> dict:
+    """A runner script (``vllm_runner.py`` unless told) with the vLLM python on ``request``;
+    its parsed result (raises VllmRunError)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="octavo-vllm-") as scratch:
         request_path, result_path = Path(scratch, "request.json"), Path(scratch, "result.json")
         request_path.write_text(json.dumps(request))
-        command = [str(setup.python), str(RUNNER), str(request_path), str(result_path)]
+        command = [str(setup.python), str(runner), str(request_path), str(result_path)]
         with log_path.open("wb") as log:
             code = subprocess.run(
                 command,
