@@ -106,3 +106,15 @@ def test_metrics_name_the_tiers_bytes_by_direction(runs):
     loaded = counters.loaded_blocks * BLOCK_BYTES
     assert samples[("vllm:kv_offload_total_bytes_total", "CPU_to_GPU")] == loaded
     assert samples[("vllm:external_prefix_cache_hits_total", None)] == counters.hits
+
+
+def test_a_cpu_tier_is_an_unlinked_file_mapping(runs):
+    import os
+
+    _, tiered, _ = runs
+    tier = tiered.engine.executor.worker.runner.offload
+    filename = tier.tensors[0].untyped_storage().filename
+    assert filename is not None and "kv-tier-" in filename
+    assert not os.path.exists(filename)  # unlinked once mapped: nothing left after a crash
+    assert {t.untyped_storage().filename for t in tier.tensors} == {filename}
+    assert tier.tensors[0].untyped_storage().nbytes() >= 64 * BLOCK_BYTES

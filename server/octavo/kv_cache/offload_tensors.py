@@ -9,7 +9,9 @@ Copies run in the order given, grouped into runs of one direction. On a CUDA dev
 the tier is pinned and the copies are issued on a side stream that first waits for the
 work already queued (the blocks saved hold finished keys/values); the compute stream
 then waits for the copies' event before the step's forward pass, so the host thread
-never blocks on them. On CPU the copies are synchronous tensor indexing.
+never blocks on them. On CPU the tier is a shared mapping of an unlinked file (the RAM
+already holds the cache; the kernel pages the tier out to disk: ``mapped_tier_file``) and
+the copies are synchronous tensor indexing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo.kv_cache.mapped_tier_file import file_backed_zeros
 from octavo.kv_cache.offload_tier import TierCopy
 
 
@@ -30,16 +33,14 @@ class HostTier:
     def like(cls, kv_caches: list[torch.Tensor], num_slots: int) -> HostTier:
         """A tier of ``num_slots`` blocks shaped as ``kv_caches`` (the rank's own shard)."""
         caches = [cache for cache in kv_caches if isinstance(cache, torch.Tensor)]
-        on_cuda = caches[0].device.type == "cuda"
+        shapes = [(cache.shape[0], num_slots, *cache.shape[2:]) for cache in caches]
+        if caches[0].device.type != "cuda":  # RAM holds the cache: the tier goes to a file
+            return cls(file_backed_zeros(shapes, [cache.dtype for cache in caches]))
         tensors = [
-            torch.zeros(
-                (cache.shape[0], num_slots, *cache.shape[2:]),
-                dtype=cache.dtype,
-                pin_memory=on_cuda,
-            )
-            for cache in caches
+            torch.zeros(shape, dtype=cache.dtype, pin_memory=True)
+            for shape, cache in zip(shapes, caches, strict=True)
         ]
-        return cls(tensors, torch.cuda.Stream(caches[0].device) if on_cuda else None)
+        return cls(tensors, torch.cuda.Stream(caches[0].device))
 
     def apply(self, kv_caches: list[torch.Tensor], copies: list[TierCopy]) -> None:
         """Make the step's saves and loads, in order, before its forward pass."""
