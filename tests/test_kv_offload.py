@@ -118,3 +118,4 @@ def test_a_cpu_tier_is_an_unlinked_file_mapping(runs):
     assert not os.path.exists(filename)  # unlinked once mapped: nothing left after a crash
     assert {t.untyped_storage().filename for t in tier.tensors} == {filename}
     assert tier.tensors[0].untyped_storage().nbytes() >= 64 * BLOCK_BYTES
+    assert tiered.engine.parts.pool.offload.medium == "STORAGE"  # vLLM's fs tier's events

@@ -29,6 +29,7 @@ from octavo.kv_cache.kv_cache_groups import KVCacheGroups, blocks_per_sequence
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.kv_cache.sliding_window import max_blocks_per_sequence
 from octavo.kv_cache.state_slots import StateSlots
+from octavo.kv_events.events import MEDIUM_CPU, MEDIUM_STORAGE
 from octavo.lora.config import LoRAConfig
 from octavo.model_executor.context_length import context_length_of
 from octavo.model_executor.hub import served_name
@@ -137,7 +138,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     )
     if spec.kv_offload_blocks:
         block_bytes = bytes_per_block(config, args.block_size, spec.cache_dtype)
-        pool.attach_offload(spec.kv_offload_blocks, args.block_size, block_bytes)
+        medium = MEDIUM_STORAGE if device.type == "cpu" else MEDIUM_CPU  # a mapped file on CPU
+        pool.attach_offload(spec.kv_offload_blocks, args.block_size, block_bytes, medium)
     kv: KVCacheManager | KVCacheCoordinator = KVCacheManager(pool, args.block_size, window, hasher)
     if groups is not None:  # a block table per group over the one pool
         kv = KVCacheCoordinator(pool, args.block_size, groups, hasher)

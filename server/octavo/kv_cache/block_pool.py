@@ -20,7 +20,13 @@ from __future__ import annotations
 from octavo.kv_cache.block_hash import BlockHash
 from octavo.kv_cache.free_block_queue import FreeBlockQueue, KVBlock
 from octavo.kv_cache.offload_tier import OffloadTier, TierCopy
-from octavo.kv_events.events import AllBlocksCleared, BlockRemoved, KVCacheEvent, wire_hash
+from octavo.kv_events.events import (
+    MEDIUM_CPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    KVCacheEvent,
+    wire_hash,
+)
 
 NULL_BLOCK_ID = 0
 
@@ -38,9 +44,11 @@ class BlockPool:
         self.events: list[KVCacheEvent] | None = [] if record_events else None
         self.offload: OffloadTier | None = None  # the host tier evicted blocks go to
 
-    def attach_offload(self, num_slots: int, block_size: int, bytes_per_block: int) -> None:
+    def attach_offload(
+        self, num_slots: int, block_size: int, bytes_per_block: int, medium: str = MEDIUM_CPU
+    ) -> None:
         """Save evicted cached blocks to a host tier of ``num_slots`` blocks."""
-        self.offload = OffloadTier(num_slots, block_size, bytes_per_block, self.events)
+        self.offload = OffloadTier(num_slots, block_size, bytes_per_block, self.events, medium)
 
     def take_tier_copies(self) -> list[TierCopy]:
         """The step's copies to and from the offload tier, in order (none without one)."""

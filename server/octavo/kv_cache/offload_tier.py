@@ -16,7 +16,8 @@ one step is read by an earlier load before a later save writes it, and a pool bl
 saved and then reused as a load's destination is saved before it is written.
 
 When the pool records KV events, the tier adds ``BlockStored``/``BlockRemoved`` with
-``medium="CPU"`` (vLLM's name for its host offload tier).
+``medium="CPU"`` (vLLM's name for its host offload tier), or ``"STORAGE"`` (its fs
+tier's) where the cache is on CPU and the tier is a mapped file (``mapped_tier_file``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class OffloadTier:
     block_size: int
     bytes_per_block: int
     events: list[KVCacheEvent] | None = None  # the pool's event list (None: no events)
+    medium: str = MEDIUM_CPU  # MEDIUM_STORAGE for the file-backed tier of a CPU deployment
     entries: OrderedDict[BlockHash, TierEntry] = field(default_factory=OrderedDict)
     copies: list[TierCopy] = field(default_factory=list)
     counters: OffloadCounters = field(init=False)
@@ -132,11 +134,11 @@ class OffloadTier:
                 parent_block_hash=None if parent is None else wire_hash(parent),
                 token_ids=list(token_ids),
                 block_size=self.block_size,
-                medium=MEDIUM_CPU,
+                medium=self.medium,
             )
         )
 
     def _record_removed(self, hashes: list[BlockHash]) -> None:
         if self.events is not None and hashes:
             wire = [wire_hash(h) for h in hashes]
-            self.events.append(BlockRemoved(wire, medium=MEDIUM_CPU))
+            self.events.append(BlockRemoved(wire, medium=self.medium))

@@ -29,6 +29,7 @@ import msgpack
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"  # the KV offload tier (kv_cache/offload_tier.py)
+MEDIUM_STORAGE = "STORAGE"  # the file-backed tier of a CPU deployment (vLLM's fs tier's name)
 UINT64_MASK = (1 << 64) - 1
 TOP_BIT = 1 << 63
 
