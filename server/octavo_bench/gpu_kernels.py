@@ -239,6 +239,24 @@ def gated_activation(device: torch.device, dtype: torch.dtype, rows: int = 256) 
     return compare("SiLU and mul", lambda: gated_activation_triton(x, "silu"), reference)
 
 
+def fused_add_rms_norm(device: torch.device, dtype: torch.dtype, rows: int = 1) -> KernelResult:
+    """Residual add + RMSNorm over a 2,048-wide hidden state (a decode step's batch-1 row):
+    the Triton kernel in place vs the torch path's add, then ``F.rms_norm``."""
+    from octavo.model_executor.layers.layernorm import RMSNorm
+    from octavo.model_executor.layers.triton_norm import rms_norm_triton
+
+    norm = RMSNorm(2048, 1e-5).to(device=device, dtype=dtype)
+    x, residual = (torch.randn(rows, 2048, dtype=dtype, device=device) for _ in range(2))
+
+    def kernel() -> torch.Tensor:  # fresh copies: the kernel overwrites both
+        return rms_norm_triton(x.clone(), norm.weight, norm.eps, residual.clone())
+
+    def reference() -> torch.Tensor:
+        return norm.forward_native(x.clone(), residual.clone())[0]
+
+    return compare(f"add + RMSNorm x{rows}", kernel, reference, graph_time_ms)
+
+
 def compare(name: str, triton_fn, torch_fn, timer=None) -> KernelResult:
     timer = timer or time_ms
     reference = torch_fn().float()
@@ -252,4 +270,5 @@ def all_kernels(device: torch.device, dtype: torch.dtype) -> list[KernelResult]:
     has no GB/s column)."""
     decode = [row for shape in DECODE_SHAPES for row in decode_attention(device, dtype, shape)]
     print("== decode attention: achieved K+V bandwidth ==", decode_table(decode), sep="\n")
-    return [*decode, gated_activation(device, dtype)]
+    norms = [fused_add_rms_norm(device, dtype, rows) for rows in (1, 256)]
+    return [*decode, gated_activation(device, dtype), *norms]

@@ -9,6 +9,20 @@ from torch import nn
 from octavo.kernels.cpu_build import ops_for
 
 
+def on_gpu(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    """The Triton kernel's case: contiguous ``[tokens, hidden]`` CUDA rows (and residual)."""
+    contiguous = x.is_contiguous() and (residual is None or residual.is_contiguous())
+    return x.is_cuda and x.dim() == 2 and contiguous
+
+
+def triton_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> torch.Tensor:
+    from octavo.model_executor.layers.triton_norm import rms_norm_triton
+
+    return rms_norm_triton(x, weight, eps, residual)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -22,6 +36,9 @@ class RMSNorm(nn.Module):
 
         The native path works in place: ``x`` and ``residual`` are overwritten.
         """
+        if on_gpu(x, residual):
+            out = triton_rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
         ops = ops_for(x)
         if ops is None or not x.is_contiguous():
             return self.forward_native(x, residual)
