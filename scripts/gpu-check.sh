@@ -3,7 +3,7 @@
 # network) by the device tool, after scripts/gpu-prepare.sh has filled .whl/ and .gpu-baked/:
 #   carry [".whl", ".gpu-baked"], command "bash scripts/gpu-check.sh [TEST_FILE ...]"
 # With no arguments: the fast GPU test files (decode graphs, the GPU bench's own tests, the
-# Triton attention, activation and norm files, sampling on devices; not test_memory_profile.py, ~110 s: name it
+# Triton attention, activation, norm and rotary files, sampling on devices; not test_memory_profile.py, ~110 s: name it
 # to run it) under `timeout 150`, then `python -m octavo_bench gpu` under `timeout 300`
 # (CUDA graphs and --enforce-eager: 1B decode B=1 vs the HBM roofline and B=32 vs B=1 and
 # vs HF, nano-vllm's offline shape on the 1B and Qwen3-0.6B shapes, the 8B shape at B=1,
@@ -31,7 +31,7 @@ if [ "$#" -eq 0 ]; then
         grep -v -e test_memory_profile.py -e test_cpu_kernels.py -e test_bench_gpu.py)
     set -- tests/test_decode_graphs.py tests/test_async_scheduling.py tests/test_sampling_devices.py \
         tests/test_sampler_device_ops.py $triton tests/test_triton_activation.py \
-        tests/test_triton_norm.py tests/test_bench_gpu.py
+        tests/test_triton_norm.py tests/test_triton_rotary.py tests/test_bench_gpu.py
     benchmark=1
 fi
 out="${OUT:-/tmp}"

@@ -257,6 +257,32 @@ def fused_add_rms_norm(device: torch.device, dtype: torch.dtype, rows: int = 1) 
     return compare(f"add + RMSNorm x{rows}", kernel, reference, graph_time_ms)
 
 
+def rotary(device: torch.device, dtype: torch.dtype, tokens: int = 1) -> KernelResult:
+    """Llama-3 rope over the joint query+key heads (32 + 8 of 128) of a fused QKV row: the
+    Triton kernel in place vs the torch path (cos/sin rows, rotate-half, multiply, add)."""
+    from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary
+    from octavo.model_executor.triton_rotary import rotary_triton
+
+    table = RotaryEmbedding(128, 8192, {"rope_type": "default", "rope_theta": 5e5}, dtype, device)
+    qkv = torch.randn(tokens, 48 * 128, dtype=dtype, device=device)
+    positions = torch.randint(0, 8192, (tokens,), device=device)
+
+    def joint() -> torch.Tensor:  # a fresh copy: the kernel rotates in place
+        return qkv.clone()[:, : 40 * 128].view(tokens, 40, 128)
+
+    def kernel() -> torch.Tensor:
+        heads = joint()
+        rotary_triton(positions, heads, table.cos, table.sin)
+        return heads
+
+    def reference() -> torch.Tensor:
+        cos, sin = table.tables(positions)
+        heads = joint()
+        return heads.copy_(apply_rotary(heads, cos, sin))
+
+    return compare(f"rotary x{tokens}", kernel, reference, graph_time_ms)
+
+
 def compare(name: str, triton_fn, torch_fn, timer=None) -> KernelResult:
     timer = timer or time_ms
     reference = torch_fn().float()
@@ -271,4 +297,5 @@ def all_kernels(device: torch.device, dtype: torch.dtype) -> list[KernelResult]:
     decode = [row for shape in DECODE_SHAPES for row in decode_attention(device, dtype, shape)]
     print("== decode attention: achieved K+V bandwidth ==", decode_table(decode), sep="\n")
     norms = [fused_add_rms_norm(device, dtype, rows) for rows in (1, 256)]
-    return [*decode, gated_activation(device, dtype), *norms]
+    ropes = [rotary(device, dtype, tokens) for tokens in (1, 256)]
+    return [*decode, gated_activation(device, dtype), *norms, *ropes]

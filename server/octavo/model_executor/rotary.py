@@ -320,17 +320,25 @@ class RotaryStep:
         """The step's rotation by the ``positions`` rows of the ``cos``/``sin`` tables."""
         ops = ops_for(cos)
         rows = None
-        if ops is None:
+        if ops is None and not cos.is_cuda:
             rows = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
         return cls(rotary_dim, positions, cos, sin, ops, rows)
 
     def apply_(self, qk: torch.Tensor) -> None:
-        """Rotate ``qk [tokens, heads, head_dim]`` in place (its first ``rotary_dim`` dims)."""
+        """Rotate ``qk [tokens, heads, head_dim]`` in place (its first ``rotary_dim`` dims):
+        the Triton kernel on GPU, the native one on CPU, else the torch path."""
         if self.rotary_dim < qk.shape[-1]:
             qk = qk[..., : self.rotary_dim]
         if self.ops is not None:
             self.ops.rotary_embedding(self.positions, qk, self.cos, self.sin)
             return
+        if self.rows is None and qk.dim() == 3 and qk.stride(-1) == 1:
+            from octavo.model_executor.triton_rotary import rotary_triton
+
+            rotary_triton(self.positions, qk, self.cos, self.sin)
+            return
+        if self.rows is None:
+            self.rows = self.cos[self.positions].unsqueeze(1), self.sin[self.positions].unsqueeze(1)
         cos, sin = self.rows
         qk.copy_(apply_rotary(qk, cos, sin))
 
