@@ -8,11 +8,14 @@ from typing import Any
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 ROUTER_READY = "RouterReady"  # with spec.router: the InferencePool and its endpoint picker
+PREFILL_READY = "PrefillReady"  # with spec.prefill: the prefill pool
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
 # Reasons that are bad news on a first observation too (an Event the moment they are seen).
 # Bad news even when it is the first thing seen of a service: a service whose pods the
 # scheduler can never place may show it in its very first status (no transition follows).
-ALARMING_REASONS = frozenset({"InferencePoolAPIMissing", "InsufficientGPU", "Unschedulable"})
+ALARMING_REASONS = frozenset(
+    {"InferencePoolAPIMissing", "InsufficientGPU", "Unschedulable", "PrefillInvalid"}
+)
 
 
 @dataclass(frozen=True)

@@ -61,3 +61,22 @@ WORKER_COMPONENT = "worker"  # COMPONENT_LABEL of the headless worker pods
 # The StatefulSet controller labels each pod with `<statefulset>-<10-char hash>` (at most 63
 # characters); the worker StatefulSets are `<name>-lws-<group>`, groups up to 999.
 MAX_MULTI_NODE_NAME_LENGTH = 63 - 11 - len(LWS_SUFFIX) - 4
+
+# spec.prefill: prefill/decode disaggregation on the llm-d path (KServe's LLMInferenceService
+# shape). Both pools sit in one InferencePool on SERVER_PORT; `llm-d.ai/role` tells the
+# picker's prefill-filter and decode-filter apart. A decode pod runs the llm-d router's
+# routing sidecar on SERVER_PORT and its engine on DECODE_ENGINE_PORT (the sidecar's
+# --model-server-port default); a prefill pod serves directly on SERVER_PORT.
+ROLE_LABEL = "llm-d.ai/role"
+PREFILL_ROLE, DECODE_ROLE = "prefill", "decode"
+PREFILL_SUFFIX = "-prefill"  # the prefill pool's Deployment
+PREFILL_COMPONENT = "prefill"  # COMPONENT_LABEL of the prefill Deployment and its pods
+SIDECAR_SUFFIX = "-pd-sidecar"  # the routing sidecar's ServiceAccount, Role and RoleBinding
+DEFAULT_SIDECAR_IMAGE = "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"
+SIDECAR_CONTAINER_NAME = "routing-sidecar"
+DECODE_ENGINE_PORT = 8200
+ENGINE_PORT_NAME = "engine"
+# vLLM's NixlConnector side channel (VLLM_NIXL_SIDE_CHANNEL_PORT's default): where a decode
+# engine asks a prefill engine for its KV metadata and blocks.
+NIXL_SIDE_CHANNEL_PORT = 5600
+NIXL_PORT_NAME = "nixl"

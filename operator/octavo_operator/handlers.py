@@ -108,9 +108,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     kube = Kube(api, may_write=memo.get("may_write") or always)  # runner: Leadership.leads
     image = os.environ.get("OCTAVO_OPERATOR_DEFAULT_IMAGE") or c.DEFAULT_SERVER_IMAGE
     picker = os.environ.get("OCTAVO_OPERATOR_PICKER_IMAGE") or c.DEFAULT_PICKER_IMAGE
-    memo.controller = Controller(
-        kube, Settings(default_image=image, activator=activator(), picker_image=picker)
+    sidecar = os.environ.get("OCTAVO_OPERATOR_SIDECAR_IMAGE") or c.DEFAULT_SIDECAR_IMAGE
+    wanted = Settings(
+        default_image=image, activator=activator(), picker_image=picker, sidecar_image=sidecar
     )
+    memo.controller = Controller(kube, wanted)
     # After deletions, also close the API connections a burst opened (TLS state per socket).
     memo.controller.trimmer.releases.append(kube.api.rest_client.pool_manager.clear)
     memo.controller.statuses = StatusQueue(partial(write_status_now, memo.controller))
@@ -141,7 +143,8 @@ def is_picker(labels: kopf.Labels) -> bool:
 
 @kopf.index("apps", "v1", "deployments", labels=OWNED)
 def deployment_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    """The servers' Deployment of each service (not its endpoint picker's)."""
+    """The servers' Deployments of each service (not its endpoint picker's): the one named
+    after it and, with spec.prefill, the prefill pool's (told apart by name)."""
     if is_picker(labels):
         return {}
     return {(namespace, labels.get(c.INSTANCE_LABEL)): deployment_summary(body)}
@@ -175,6 +178,15 @@ def claim_index(namespace: str, name: str, **_: Any) -> dict:
     return {(namespace, name): True}
 
 
+def name_of(summary: dict[str, Any]) -> str | None:
+    return (summary.get("metadata") or {}).get("name")
+
+
+def named(store: Any, name: str) -> dict[str, Any] | None:
+    """The summary in an index's STORE (all objects under one key) whose name is NAME."""
+    return next((o for o in store or () if name_of(o) == name), None)
+
+
 def newest(*objs: dict[str, Any] | None) -> dict[str, Any] | None:
     def version(obj: dict[str, Any]) -> int:
         rv = (obj.get("metadata") or {}).get("resourceVersion", "0")
@@ -198,7 +210,8 @@ def workload(
     > 1 (never the other kind, left over from before a change of engine.nodes)."""
     kind = workload_kind(isvc)
     index = "lws_index" if isvc.engine.multi_node else "deployment_index"
-    indexed = first(indexes[index].get((isvc.namespace, isvc.name)))
+    store = indexes[index].get((isvc.namespace, isvc.name)) or ()
+    indexed = first([o for o in store if name_of(o) != isvc.prefill_name])
     own = applied.deployment if applied else None
     return newest(indexed, own if own and own.get("kind", kind) == kind else None)
 
@@ -215,6 +228,10 @@ def observe(ctl: Controller, key: Key, body: dict[str, Any], indexes: dict[str, 
         pools_served=applied.pools_served if applied else None,
         picker=newest(first(indexes["picker_index"].get(key)), applied.picker if applied else None),
         lws_served=applied.lws_served if applied else None,
+        prefill=newest(
+            named(indexes["deployment_index"].get(key), f"{key[1]}{c.PREFILL_SUFFIX}"),
+            applied.prefill if applied else None,
+        ),
     )
 
 

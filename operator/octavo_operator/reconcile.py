@@ -50,6 +50,7 @@ class Applied:
     versions: dict[tuple[str, str], str] = field(default_factory=dict)
     deployment: dict[str, Any] | None = None
     picker: dict[str, Any] | None = None  # the endpoint picker's Deployment (spec.router)
+    prefill: dict[str, Any] | None = None  # the prefill pool's Deployment (spec.prefill)
     pools_served: bool | None = None  # whether the InferencePool API was there
     lws_served: bool | None = None  # whether the LeaderWorkerSet API was there
 
@@ -59,6 +60,7 @@ class Settings:
     default_image: str = c.DEFAULT_SERVER_IMAGE
     activator: ActivatorAddress | None = None  # where services at zero send their traffic
     picker_image: str = c.DEFAULT_PICKER_IMAGE  # spec.router's endpoint picker
+    sidecar_image: str = c.DEFAULT_SIDECAR_IMAGE  # spec.prefill's routing sidecar
 
 
 # What someone else may change in a child without a generation (Services, ConfigMaps,
@@ -159,6 +161,7 @@ class Controller:
             inference_pools_served=applied.pools_served,
             picker_image=self.settings.picker_image,
             leader_worker_sets_served=bool(applied.lws_served),
+            sidecar_image=self.settings.sidecar_image,
         )
         previous = self.applied.get((isvc.namespace, isvc.name), Applied()).versions
         if isvc.engine.multi_node and applied.lws_served:  # before the pods, which read it
@@ -170,9 +173,11 @@ class Controller:
             applied.versions[(obj["kind"], name)] = child_version(result)
             if is_workload(isvc, obj):
                 applied.deployment = deployment_summary(result)  # not the whole object
+            elif obj["kind"] == "Deployment" and name == isvc.prefill_name:
+                applied.prefill = deployment_summary(result)
             elif obj["kind"] == "Deployment":
                 applied.picker = deployment_summary(result)
-        for ref in children.remove:
+        for ref in children.removals:
             if not check_all and (ref.kind, ref.name) not in previous:
                 continue
             if self.kube.delete(ref.api_version, ref.kind, isvc.namespace, ref.name):
@@ -207,8 +212,9 @@ class Controller:
             **fields,
             "conditions": merge(old_conditions, conds, generation, now_rfc3339()),
         }
-        if "router" not in fields and old_status.get("router") is not None:
-            new_status["router"] = None  # spec.router turned off: the merge patch drops it
+        for optional in ("router", "prefill"):  # turned off: the merge patch drops it
+            if optional not in fields and old_status.get(optional) is not None:
+                new_status[optional] = None
         if _same_status(old_status, new_status):
             return False
         path = object_path(c.API_VERSION, c.KIND, isvc.namespace, isvc.name) + "/status"

@@ -14,6 +14,7 @@ from octavo_operator.adapter_sync import AdapterReport, adapters_condition
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.metadata import selector_string
 from octavo_operator.conditions import DEGRADED, PROGRESSING, READY, Condition
+from octavo_operator.prefill_status import prefill_condition, prefill_fields, prefill_invalid
 from octavo_operator.router_status import router_condition, router_fields
 
 LWS_API_MISSING = "LeaderWorkerSetAPIMissing"
@@ -38,6 +39,7 @@ class Observed:
     pools_served: bool | None = None  # the InferencePool API, as the last apply found it
     picker: dict[str, Any] | None = None  # the endpoint picker's Deployment (spec.router)
     lws_served: bool | None = None  # engine.nodes > 1: the LeaderWorkerSet API, as last found
+    prefill: dict[str, Any] | None = None  # the prefill pool's Deployment (spec.prefill)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def lws_api_missing(isvc: InferenceService, observed: Observed) -> Condition | N
 def degraded(isvc: InferenceService, observed: Observed) -> Condition:
     if observed.apply_error:
         return Condition(DEGRADED, True, "ApplyFailed", observed.apply_error)
-    missing_api = lws_api_missing(isvc, observed)
+    missing_api = lws_api_missing(isvc, observed) or prefill_invalid(isvc)
     if missing_api is not None:
         return missing_api
     for role, claim in observed.missing_claims:
@@ -197,6 +199,9 @@ def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any],
     if isvc.router is not None:
         conditions.append(router_condition(isvc, observed.pools_served, observed.picker))
         fields["router"] = router_fields(isvc, observed.picker)
+    if isvc.prefill is not None:
+        conditions.append(prefill_condition(isvc, observed.prefill))
+        fields["prefill"] = prefill_fields(isvc, observed.prefill)
     return fields, conditions
 
 

@@ -12,7 +12,8 @@ from .spec_schema import spec_schema
 
 def condition_schema() -> Schema:
     return obj(
-        "A status condition (Ready, Progressing or Degraded).",
+        "A status condition (Ready, Progressing, Degraded; RouterReady, AdaptersReady, "
+        "PrefillReady with the spec fields they follow).",
         {
             "type": string("condition type"),
             "status": string("True, False or Unknown", enum=["True", "False", "Unknown"]),
@@ -58,6 +59,14 @@ def status_schema() -> Schema:
                     "endpointPicker": string("the endpoint picker's Deployment and Service"),
                     "pickerReplicas": integer(description="picker replicas wanted"),
                     "pickerAvailableReplicas": integer(description="picker replicas available"),
+                },
+            ),
+            "prefill": obj(
+                "spec.prefill: the prefill pool",
+                {
+                    "deployment": string("the prefill pool's Deployment"),
+                    "replicas": integer(description="prefill replicas wanted"),
+                    "readyReplicas": integer(description="prefill replicas ready"),
                 },
             ),
             "conditions": conditions,

@@ -7,6 +7,7 @@ from typing import Any
 
 from octavo_operator import constants as c
 
+from .prefill import Prefill, parse_prefill, prefill_problem
 from .router import Router, parse_router
 from .spec import (
     Adapter,
@@ -50,6 +51,36 @@ class InferenceService:
     network_policy: NetworkPolicy | None = None
     adapters: tuple[Adapter, ...] | None = None  # None: LoRA off; () on without adapters
     router: Router | None = None  # None: spec.router off
+    prefill: Prefill | None = None  # None: spec.prefill off (one pool serves everything)
+    prefill_problem: str | None = None  # why spec.prefill cannot be honoured (see prefill.py)
+    prefill_view: bool = False  # this copy describes the prefill pool (builders/prefill.py)
+
+    @property
+    def role(self) -> str | None:
+        """The llm-d.ai/role of this copy's pods: None without a valid spec.prefill."""
+        if not self.disaggregated:
+            return None
+        return c.PREFILL_ROLE if self.prefill_view else c.DECODE_ROLE
+
+    @property
+    def engine_port(self) -> int:
+        """Where the engine listens: behind the routing sidecar in a decode pod."""
+        return c.DECODE_ENGINE_PORT if self.role == c.DECODE_ROLE else c.SERVER_PORT
+
+    @property
+    def disaggregated(self) -> bool:
+        """spec.prefill set and valid: a prefill pool beside the decode pool."""
+        return self.prefill is not None and self.prefill_problem is None
+
+    @property
+    def prefill_name(self) -> str:
+        """The prefill pool's Deployment (spec.prefill)."""
+        return f"{self.name}{c.PREFILL_SUFFIX}"
+
+    @property
+    def sidecar_name(self) -> str:
+        """The routing sidecar's ServiceAccount, Role and RoleBinding (spec.prefill)."""
+        return f"{self.name}{c.SIDECAR_SUFFIX}"
 
     @property
     def claims(self) -> list[tuple[str, str]]:
@@ -108,6 +139,8 @@ class InferenceService:
     def from_body(cls, body: dict[str, Any]) -> InferenceService:
         meta, spec = body["metadata"], body.get("spec") or {}
         engine = Engine.from_spec(section(spec, "engine"))
+        resources = _resources(spec, engine)
+        prefill = parse_prefill(spec, resources)
         return cls(
             name=meta["name"],
             namespace=meta["namespace"],
@@ -115,7 +148,7 @@ class InferenceService:
             generation=int(meta.get("generation", 0)),
             model=_model(spec),
             engine=engine,
-            resources=_resources(spec, engine),
+            resources=resources,
             replicas=spec.get("replicas"),
             image=spec.get("image"),
             cache=_optional(spec, "cache", _cache),
@@ -131,6 +164,8 @@ class InferenceService:
             network_policy=_network_policy(spec),
             adapters=_adapters(spec),
             router=parse_router(spec),
+            prefill=prefill,
+            prefill_problem=prefill_problem(spec, prefill, engine.nodes),
         )
 
 

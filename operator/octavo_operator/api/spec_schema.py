@@ -7,6 +7,7 @@ from typing import Any
 from .engine_schema import engine_schema
 from .env_schema import env_schema
 from .network_schema import network_policy_schema
+from .prefill_schema import prefill_rules, prefill_schema
 from .router_schema import router_rules, router_schema
 from .schema import (
     DNS_LABEL,
@@ -148,10 +149,11 @@ def spec_schema() -> Schema:
         "env": env_schema(),
         "networkPolicy": network_policy_schema(),
         "router": router_schema(),
+        "prefill": prefill_schema(),
     }
     return obj(
         "The desired serving deployment.",
         properties,
         default={},
-        **{"x-kubernetes-validations": [*spec_rules(), *router_rules()]},
+        **{"x-kubernetes-validations": [*spec_rules(), *router_rules(), *prefill_rules()]},
     )

@@ -19,6 +19,8 @@ from .network_policy import network_policy, wants_network_policy
 from .picker import picker_deployment, picker_service
 from .picker_config import picker_config_map
 from .picker_rbac import picker_role, picker_role_binding, picker_service_account
+from .prefill import prefill_deployment
+from .routing_sidecar import sidecar_role, sidecar_role_binding, sidecar_service_account
 from .service import service
 from .service_monitor import service_monitor
 
@@ -36,6 +38,13 @@ class ChildRef:
 class DesiredChildren:
     apply: list[dict[str, Any]] = field(default_factory=list)  # in this order
     remove: list[ChildRef] = field(default_factory=list)  # optional children turned off
+    # spec.prefill off (or invalid): the prefill pool and its sidecar's RBAC, removed like
+    # `remove` after everything is applied (the decode pods no longer route to it by then)
+    remove_prefill: list[ChildRef] = field(default_factory=list)
+
+    @property
+    def removals(self) -> list[ChildRef]:
+        return [*self.remove, *self.remove_prefill]
 
 
 def desired_children(
@@ -45,6 +54,7 @@ def desired_children(
     inference_pools_served: bool = False,
     picker_image: str = c.DEFAULT_PICKER_IMAGE,
     leader_worker_sets_served: bool = False,
+    sidecar_image: str = c.DEFAULT_SIDECAR_IMAGE,
 ) -> DesiredChildren:
     """The workload comes first (after the adapter list its pods read): it is what
     users wait for."""
@@ -53,7 +63,9 @@ def desired_children(
         out.apply.append(adapters_config_map(isvc))
     else:
         out.remove.append(ChildRef("v1", "ConfigMap", adapters_config_map_name(isvc)))
-    add_workload(out, isvc, isvc.image or default_image, leader_worker_sets_served)
+    server_image = isvc.image or default_image
+    add_prefill_children(out, isvc, server_image)  # the decode pods' sidecar reads its RBAC
+    add_workload(out, isvc, server_image, leader_worker_sets_served, sidecar_image)
     out.apply.append(service(isvc))
     if isvc.cache is not None and isvc.cache.size is not None:
         out.apply.append(cache_claim(isvc))
@@ -98,19 +110,49 @@ def group_refs(isvc: InferenceService) -> list[ChildRef]:
 
 
 def add_workload(
-    out: DesiredChildren, isvc: InferenceService, image: str, lws_served: bool
+    out: DesiredChildren,
+    isvc: InferenceService,
+    image: str,
+    lws_served: bool,
+    sidecar_image: str = c.DEFAULT_SIDECAR_IMAGE,
 ) -> None:
     """A Deployment, or with engine.nodes > 1 a LeaderWorkerSet (and never both: the other
     one goes). Without the LeaderWorkerSet API nothing runs the service; the status says
     why (LeaderWorkerSetAPIMissing) and the next reconcile after its CRD appears applies it."""
     if not isvc.engine.multi_node:
-        out.apply.append(deployment(isvc, image))
+        out.apply.append(deployment(isvc, image, sidecar_image))
         if lws_served:  # else there is no group (and its key was never made)
             out.remove += group_refs(isvc)
         return
     out.remove.append(ChildRef("apps/v1", "Deployment", isvc.name))
     if lws_served:
         out.apply.append(leader_worker_set(isvc, image))
+
+
+def prefill_refs(isvc: InferenceService) -> list[ChildRef]:
+    """The routing sidecar's RBAC and the prefill pool's Deployment (spec.prefill)."""
+    name, rbac = isvc.sidecar_name, "rbac.authorization.k8s.io/v1"
+    return [
+        ChildRef("v1", "ServiceAccount", name),
+        ChildRef(rbac, "Role", name),
+        ChildRef(rbac, "RoleBinding", name),
+        ChildRef("apps/v1", "Deployment", isvc.prefill_name),
+    ]
+
+
+def add_prefill_children(out: DesiredChildren, isvc: InferenceService, image: str) -> None:
+    """With a valid spec.prefill: the sidecar's ServiceAccount, Role and RoleBinding, and
+    the prefill Deployment. Without it, or while it is invalid (the status says why), they
+    go: the decode Deployment then serves alone, without the sidecar."""
+    if not isvc.disaggregated:
+        out.remove_prefill += prefill_refs(isvc)
+        return
+    out.apply += [
+        sidecar_service_account(isvc),
+        sidecar_role(isvc),
+        sidecar_role_binding(isvc),
+        prefill_deployment(isvc, image),
+    ]
 
 
 def picker_refs(isvc: InferenceService) -> list[ChildRef]:

@@ -12,6 +12,7 @@ from octavo_operator.api.service import InferenceService
 from .adapters import lora_args, lora_modules_env
 from .engine_flags import engine_flags
 from .kv_events import kv_events_args, kv_events_env, kv_events_ports
+from .kv_transfer import kv_transfer_args, kv_transfer_env, kv_transfer_ports
 from .volumes import CACHE_PATH, model_argument, volume_mounts
 
 STARTUP_PERIOD_SECONDS = 10
@@ -34,13 +35,14 @@ def server_args(isvc: InferenceService, node_args: Sequence[str] = ()) -> list[s
         args.append(model)
     if isvc.model.revision:
         args += ["--revision", isvc.model.revision]
-    args += ["--host", "0.0.0.0", "--port", str(c.SERVER_PORT)]
+    args += ["--host", "0.0.0.0", "--port", str(isvc.engine_port)]
     args += ["--served-model-name", isvc.served_name]
     args += engine_flags(isvc)
     if isvc.adapters is not None:
         args += lora_args()
     args += ["--shutdown-timeout", str(shutdown_timeout(isvc))]
     args += kv_events_args(isvc)
+    args += kv_transfer_args(isvc)
     return args + list(node_args) + list(isvc.engine.extra_args)
 
 
@@ -56,12 +58,18 @@ def server_env(isvc: InferenceService) -> list[dict[str, Any]]:
     if isvc.adapters:
         env.append(lora_modules_env(isvc))
     env += kv_events_env(isvc)
+    env += kv_transfer_env(isvc)
     return env + [dict(e) for e in isvc.env]
+
+
+def port_name(isvc: InferenceService) -> str:
+    """The engine's port: the pod's `http` port, or behind a decode pod's sidecar `engine`."""
+    return c.ENGINE_PORT_NAME if isvc.engine_port != c.SERVER_PORT else c.SERVER_PORT_NAME
 
 
 def probes(isvc: InferenceService) -> dict[str, Any]:
     """Startup budget from spec.startup; readiness drops fast; liveness is lenient."""
-    http = {"path": "/health", "port": c.SERVER_PORT_NAME}
+    http = {"path": "/health", "port": port_name(isvc)}
     failures = math.ceil(isvc.startup_timeout_seconds / STARTUP_PERIOD_SECONDS)
     return {
         "startupProbe": {
@@ -115,8 +123,9 @@ def server_container(isvc: InferenceService, image: str) -> dict[str, Any]:
         "args": server_args(isvc),
         "env": server_env(isvc),
         "ports": [
-            {"name": c.SERVER_PORT_NAME, "containerPort": c.SERVER_PORT, "protocol": "TCP"},
+            {"name": port_name(isvc), "containerPort": isvc.engine_port, "protocol": "TCP"},
             *kv_events_ports(isvc),
+            *kv_transfer_ports(isvc),
         ],
         **probes(isvc),
         "resources": resources(isvc),

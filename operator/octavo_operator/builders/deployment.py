@@ -8,7 +8,8 @@ from octavo_operator import constants as c
 from octavo_operator.api.service import InferenceService
 
 from .container import server_container
-from .metadata import labels, metadata, selector_labels
+from .metadata import labels, metadata, pool_labels, pool_selector
+from .routing_sidecar import add_routing_sidecar
 from .volumes import volumes
 
 POD_UID = 10001  # the image's non-root user
@@ -40,8 +41,13 @@ def pod_annotations() -> dict[str, str]:
     }
 
 
-def pod_spec(isvc: InferenceService, image: str) -> dict[str, Any]:
-    return pod_spec_with(isvc, server_container(isvc, image))
+def pod_spec(
+    isvc: InferenceService, image: str, sidecar_image: str = c.DEFAULT_SIDECAR_IMAGE
+) -> dict[str, Any]:
+    spec = pod_spec_with(isvc, server_container(isvc, image))
+    if isvc.role == c.DECODE_ROLE:  # spec.prefill: the routing sidecar in front
+        add_routing_sidecar(spec, isvc, sidecar_image)
+    return spec
 
 
 def pod_spec_with(isvc: InferenceService, container: dict[str, Any]) -> dict[str, Any]:
@@ -67,18 +73,22 @@ def pod_spec_with(isvc: InferenceService, container: dict[str, Any]) -> dict[str
     return spec
 
 
-def deployment(isvc: InferenceService, image: str) -> dict[str, Any]:
+def deployment(
+    isvc: InferenceService, image: str, sidecar_image: str = c.DEFAULT_SIDECAR_IMAGE
+) -> dict[str, Any]:
+    """The server pods' Deployment, or of the prefill pool's copy (builders/prefill.py)."""
     template = {
-        "metadata": {"labels": labels(isvc), "annotations": pod_annotations()},
-        "spec": pod_spec(isvc, image),
+        "metadata": {"labels": pool_labels(isvc), "annotations": pod_annotations()},
+        "spec": pod_spec(isvc, image, sidecar_image),
     }
+    name = isvc.prefill_name if isvc.prefill_view else isvc.name
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(isvc, isvc.name),
+        "metadata": metadata(isvc, name, component=labels(isvc)[c.COMPONENT_LABEL]),
         "spec": {
             "replicas": isvc.desired_replicas,
-            "selector": {"matchLabels": selector_labels(isvc)},
+            "selector": {"matchLabels": pool_selector(isvc)},
             "strategy": strategy(isvc),
             # A model that takes the whole startup budget is still progressing.
             "progressDeadlineSeconds": isvc.startup_timeout_seconds + 600,

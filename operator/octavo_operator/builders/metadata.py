@@ -23,12 +23,38 @@ def serving_labels(isvc: InferenceService) -> dict[str, str]:
 
 
 def selector_string(isvc: InferenceService) -> str:
-    """The /scale selector (status.selector): the pods that serve the API."""
-    return ",".join(f"{k}={v}" for k, v in serving_labels(isvc).items())
+    """The /scale selector (status.selector): the pods that serve the API; with spec.prefill
+    the decode pods (what spec.replicas and an HPA count)."""
+    wanted = serving_labels(isvc)
+    if isvc.role is not None:
+        wanted = {**wanted, c.ROLE_LABEL: c.DECODE_ROLE}
+    return ",".join(f"{k}={v}" for k, v in wanted.items())
 
 
-def labels(isvc: InferenceService, component: str = "server") -> dict[str, str]:
+def labels(isvc: InferenceService, component: str | None = None) -> dict[str, str]:
+    """Every child's labels; COMPONENT defaults to the server pods' (the prefill pool's in
+    its copy, builders/prefill.py)."""
+    if component is None:
+        component = c.PREFILL_COMPONENT if isvc.prefill_view else "server"
     return {**selector_labels(isvc), c.COMPONENT_LABEL: component, c.MANAGED_BY_LABEL: c.MANAGED_BY}
+
+
+def pool_selector(isvc: InferenceService) -> dict[str, str]:
+    """The Deployment's selector (immutable): the server pods' as ever, and the prefill
+    pool's apart by its component (the decode Deployment's own selector also matches the
+    prefill pods, but it only counts the ReplicaSets it owns)."""
+    if isvc.prefill_view:
+        return {**selector_labels(isvc), c.COMPONENT_LABEL: c.PREFILL_COMPONENT}
+    return selector_labels(isvc)
+
+
+def pool_labels(isvc: InferenceService) -> dict[str, str]:
+    """A server pod's labels: with spec.prefill also its llm-d.ai/role (the picker's
+    prefill-filter and decode-filter)."""
+    out = labels(isvc)
+    if isvc.role is not None:
+        out[c.ROLE_LABEL] = isvc.role
+    return out
 
 
 def owner_reference(isvc: InferenceService) -> dict[str, Any]:
@@ -44,6 +70,7 @@ def owner_reference(isvc: InferenceService) -> dict[str, Any]:
 
 
 def metadata(isvc: InferenceService, name: str, component: str = "server") -> dict[str, Any]:
+    """Every child's metadata; COMPONENT as labels() takes it (the server's by default)."""
     return {
         "name": name,
         "namespace": isvc.namespace,

@@ -42,6 +42,8 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
         ingress.append(picker_ingress(isvc))
     if isvc.engine.multi_node:
         ingress.append(group_ingress(isvc))
+    if isvc.disaggregated:
+        ingress.append(kv_transfer_ingress(isvc))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -83,3 +85,13 @@ def group_ingress(isvc: InferenceService) -> dict[str, Any]:
     and the ports gloo and NCCL pick at random."""
     group = {"podSelector": {"matchLabels": {c.LWS_NAME_LABEL: isvc.group_name}}}
     return {"from": [group], "ports": [{"protocol": "TCP"}]}
+
+
+def kv_transfer_ingress(isvc: InferenceService) -> dict[str, Any]:
+    """spec.prefill: every TCP port between the service's pods: a decode pod's sidecar
+    calls prefill pods on the server port, its engine their KV side channel and the
+    transfer's ports (which the transport may pick at random, as UCX does)."""
+    return {
+        "from": [{"podSelector": {"matchLabels": selector_labels(isvc)}}],
+        "ports": [{"protocol": "TCP"}],
+    }

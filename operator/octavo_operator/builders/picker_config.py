@@ -7,6 +7,14 @@ indexes the pods' KV events (pod discovery through the `endpoint-notification-so
 feeds the `prefix-cache-scorer`; queue, KV-cache and LoRA scorers read the pods' metrics
 (`metrics-data-source` + `core-metrics-extractor`); the `max-score-picker` picks.
 A scorer whose weight is 0 is left out.
+
+With spec.prefill the picker disaggregates (deploy/config/pd-epp-config.yaml, KServe's
+default with spec.prefill): the `disagg-profile-handler` runs the `decode` profile (the
+`decode-filter`: pods labelled llm-d.ai/role decode), asks its prefill decider (the
+`always-disagg-pd-decider`: every request) and runs the `prefill` profile (the
+`prefill-filter`), then sets the `x-prefiller-host-port` header the decode pod's routing
+sidecar reads. In v0.10.0 the handler writes that header itself: the deprecated
+`disagg-headers-handler` is left out. Both profiles use the scorers of spec.router.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ NOTIFICATIONS = "endpoint-notification-source"
 METRICS_SOURCE = "metrics-data-source"
 METRICS_EXTRACTOR = "core-metrics-extractor"
 PICKER = "max-score-picker"
+PROFILE_HANDLER = "single-profile-handler"
+DISAGG_HANDLER = "disagg-profile-handler"
+PD_DECIDER = "always-disagg-pd-decider"
+ROLE_FILTERS = {"prefill": "prefill-filter", "decode": "decode-filter"}
 # How long a request may wait in the picker for a service at zero: the activator's wait.
 WAKE_TTL_SECONDS = 600
 
@@ -77,28 +89,47 @@ def endpoint_picker_config(isvc: InferenceService) -> dict[str, Any]:
     precise = any(name == PREFIX_SCORER for name, _ in scorers)
     plugins = prefix_plugins(isvc) if precise else []
     plugins += [{"type": name} for name, _ in scorers if name != PREFIX_SCORER]
-    plugins += [
-        {"type": METRICS_SOURCE},
-        {"type": METRICS_EXTRACTOR},
-        {"type": PICKER},
-        {"type": "single-profile-handler"},
-    ]
+    plugins += [{"type": METRICS_SOURCE}, {"type": METRICS_EXTRACTOR}, {"type": PICKER}]
+    plugins += profile_handler_plugins(isvc)
     sources = [{"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": METRICS_EXTRACTOR}]}]
     if precise:
         sources.append(
             {"pluginRef": NOTIFICATIONS, "extractors": [{"pluginRef": PRECISE_PRODUCER}]}
         )
-    profile = [{"pluginRef": name, "weight": weight} for name, weight in scorers]
     config: dict[str, Any] = {
         "apiVersion": CONFIG_API_VERSION,
         "kind": "EndpointPickerConfig",
         "plugins": plugins,
         "dataLayer": {"sources": sources},
-        "schedulingProfiles": [{"name": "default", "plugins": [*profile, {"pluginRef": PICKER}]}],
+        "schedulingProfiles": scheduling_profiles(isvc, scorers),
     }
     if isvc.scales_to_zero:
         config.update(scale_from_zero())
     return config
+
+
+def profile_handler_plugins(isvc: InferenceService) -> list[dict[str, Any]]:
+    if not isvc.disaggregated:
+        return [{"type": PROFILE_HANDLER}]
+    return [
+        *({"type": kind} for kind in ROLE_FILTERS.values()),
+        {"type": PD_DECIDER},
+        {"type": DISAGG_HANDLER, "parameters": {"deciders": {"prefill": PD_DECIDER}}},
+    ]
+
+
+def scheduling_profiles(
+    isvc: InferenceService, scorers: list[tuple[str, float]]
+) -> list[dict[str, Any]]:
+    """One `default` profile; with spec.prefill a `prefill` and a `decode` profile, each
+    behind its role filter."""
+    weighted = [{"pluginRef": name, "weight": weight} for name, weight in scorers]
+    if not isvc.disaggregated:
+        return [{"name": "default", "plugins": [*weighted, {"pluginRef": PICKER}]}]
+    return [
+        {"name": role, "plugins": [{"pluginRef": kind}, *weighted, {"pluginRef": PICKER}]}
+        for role, kind in ROLE_FILTERS.items()
+    ]
 
 
 def scale_from_zero() -> dict[str, Any]:
