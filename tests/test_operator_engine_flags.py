@@ -93,6 +93,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--disable-web-ui": "the page is behind the API key and not exposed unless port-forwarded",
     "--kv-offloading-size": "host memory per pod for the prefix cache's tier: via extraArgs",
     "--kv-offloading-backend": "only native exists; set with --kv-offloading-size in extraArgs",
+    "--kv-transfer-config": "set through spec.engine.extraArgs / the operator's prefill pool",
 }
 # Every engine field away from its default, on 4 GPUs (tensor × pipeline ranks <= gpu).
 FULL_ENGINE = {

@@ -34,6 +34,7 @@ from octavo.distributed.node_layout import (
 from octavo.executor.step_timeout import DEFAULT_EXECUTE_MODEL_TIMEOUT
 from octavo.kv_cache.block_hash import DEFAULT_HASH_ALGO, HASH_ALGOS
 from octavo.kv_events.config import KVEventsConfig
+from octavo.kv_transfer.config import KVTransferConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
 from octavo.model_executor.dummy_weights import LOAD_FORMATS
 from octavo.model_executor.hf_overrides import parse_hf_overrides
@@ -388,6 +389,16 @@ class EngineArgs:
         "these are vLLM's defaults, except replay_endpoint: none, and topic: empty)",
         _flag_type(KVEventsConfig.parse),
     )
+    kv_transfer_config: KVTransferConfig | None = engine_arg(  # noqa: RUF009
+        None,
+        "prefill/decode disaggregation in vLLM's spelling: "
+        '{"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": ID, '
+        '"kv_load_failure_policy": "fail"|"recompute", "kv_connector_extra_config": '
+        '{"kv_lease_duration": 30}}: requests with kv_transfer_params keep their prompt\'s '
+        "blocks for a remote decode, or pull them from a remote prefill, over a TCP side "
+        "channel on VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT (localhost:5600)",
+        _flag_type(KVTransferConfig.parse),
+    )
 
     enable_lora: bool = engine_arg(
         False, "serve LoRA adapters on the base model (per request)", parse_bool, kind="bool"
@@ -422,6 +433,8 @@ class EngineArgs:
             self.pooler_config = parse_pooler_config(self.pooler_config)
         if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's
             self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
+        if self.kv_transfer_config is not None:  # LLM(kv_transfer_config={...}) or the flag's
+            self.kv_transfer_config = KVTransferConfig.parse(self.kv_transfer_config)
         if self.lora_modules:
             self.lora_modules = [
                 m if isinstance(m, LoRAModulePath) else parse_lora_module(m)

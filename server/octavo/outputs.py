@@ -75,6 +75,8 @@ class RequestOutput:
     # with ``prompt_logprobs``: None for the first prompt token, then one entry per token
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     pooled: list[float] | None = None  # a pooling request's vector (embedding), when finished
+    # a prefill for a remote decode: where its blocks wait (vLLM's NixlConnector answer)
+    kv_transfer_params: dict | None = None
 
 
 @dataclass

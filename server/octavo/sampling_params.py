@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from octavo.kv_transfer.params import parse_kv_transfer_params
 from octavo.pooling.params import PoolingParams
 from octavo.structured_output.params import StructuredOutputsParams
 
@@ -61,6 +62,8 @@ class SamplingParams:
     pooling: PoolingParams | None = None
     # Only requests with the same salt share prefix-cache blocks (vLLM's request field).
     cache_salt: str | None = None
+    # vLLM's P/D disaggregation contract (``kv_transfer/params.py``): checked, carried as sent.
+    kv_transfer_params: dict | None = None
 
     @classmethod
     def for_pooling(cls, pooling: PoolingParams) -> SamplingParams:
@@ -85,6 +88,7 @@ class SamplingParams:
         self._validate_numbers()
         self._validate_lengths()
         self._validate_cache_salt()
+        parse_kv_transfer_params(self.kv_transfer_params)  # ValueError (400) if malformed
 
     @property
     def is_greedy(self) -> bool:

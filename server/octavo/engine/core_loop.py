@@ -37,6 +37,9 @@ from octavo.engine.engine_info import read_engine_info
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_SECONDS = 1.0
+# An idle engine that holds KV blocks for a remote decode (P/D disaggregation) looks this
+# often for the side channel's reads and frees, which must run on this thread.
+TRANSFER_POLL_SECONDS = 0.002
 
 Emit = Callable[[Any], None]
 
@@ -94,7 +97,14 @@ def _load(factory: Callable[[], Any], emit: Emit) -> Any | None:
 def _serve(engine: Any, inbox: Inbox, emit: Emit) -> None:
     while True:
         idle = not engine.has_unfinished_requests()
-        commands = inbox.get(block=idle, timeout=HEALTH_CHECK_SECONDS if idle else None)
+        transfers = idle and _transfers_busy(engine)
+        wait = TRANSFER_POLL_SECONDS if transfers else HEALTH_CHECK_SECONDS
+        commands = inbox.get(block=idle, timeout=wait if idle else None)
+        if transfers and not commands:
+            outputs = engine.serve_transfers()
+            if outputs:
+                emit(StepDone(outputs, engine.stats()))
+            continue
         if idle and not commands:
             engine.check_health()
             continue
@@ -106,6 +116,11 @@ def _serve(engine: Any, inbox: Inbox, emit: Emit) -> None:
         if engine.has_unfinished_requests() or outputs_pending:
             outputs = engine.step()
             emit(StepDone(outputs, engine.stats()))
+
+
+def _transfers_busy(engine: Any) -> bool:
+    busy = getattr(engine, "transfers_busy", None)  # (test doubles of the engine lack it)
+    return busy is not None and busy()
 
 
 def _apply(engine: Any, command: Any, emit: Emit) -> bool:

@@ -25,6 +25,8 @@ from octavo.engine.stats import EngineStats
 from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
 from octavo.kv_events.events import KVEventBatch
 from octavo.kv_events.publisher import start_publisher
+from octavo.kv_transfer.connector import build_connector
+from octavo.kv_transfer.params import wants_transfer
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.models.registry import takes_images
 from octavo.multimodal.media_fetch import media_connector
@@ -40,6 +42,8 @@ from octavo.scheduler.stop_checker import apply_stop_string
 from octavo.structured_output.manager import shared_compiler
 
 logger = logging.getLogger(__name__)
+
+TRANSFER_WAIT_SECONDS = 0.01  # a step with only KV fetches in flight waits this long for one
 
 
 class LLMEngine:
@@ -77,6 +81,11 @@ class LLMEngine:
             args.mm_processor_kwargs,
         )
         self.media = media_connector(args)  # where image URLs may lead (http(s), file)
+        try:
+            self.kv_transfer = build_connector(args, parts)  # P/D disaggregation, or None
+        except BaseException:  # a cache that cannot be moved, a side channel port taken
+            self.shutdown()
+            raise
 
     # ----- requests in -------------------------------------------------------------------
     def add_request(
@@ -102,11 +111,14 @@ class LLMEngine:
         self._validate_prompt(token_ids, params.pooling is not None)
         self.scheduler.check_images(images)
         self._validate_params(params)
+        self._check_transfer(params, len(token_ids))
         self._check_adapter(lora_request)
         request = Request(
             request_id, text, token_ids, params, lora_request=lora_request, images=images
         )
         first = self._new_sequence(request, 0, token_ids)
+        if self.kv_transfer is not None:
+            self.kv_transfer.track(first)
         if arrival_time is not None:
             first.arrival_time = arrival_time
         self.requests[request_id] = request
@@ -171,6 +183,16 @@ class LLMEngine:
                 f"stop_token_ids must be in [0, {self.vocab_size}) for this model, got {outside}"
             )
 
+    def _check_transfer(self, params: SamplingParams, num_prompt_tokens: int) -> None:
+        """``kv_transfer_params`` need ``--kv-transfer-config`` and a request it can serve."""
+        if self.kv_transfer is not None:
+            self.kv_transfer.check_request(params, num_prompt_tokens)
+        elif wants_transfer(params):
+            raise ValueError(
+                "kv_transfer_params ask for a KV transfer, but this server was started "
+                "without --kv-transfer-config"
+            )
+
     def _check_adapter(self, lora_request: LoRARequest | None) -> None:
         if lora_request is not None:
             self.adapters.add(lora_request)
@@ -209,8 +231,11 @@ class LLMEngine:
         request.texts[seq.index] = SequenceText(detokenizer)
 
     def abort_request(self, request_id: str) -> None:
-        """Stop a request wherever it is; its blocks are freed at once."""
+        """Stop a request wherever it is; its blocks are freed at once (also those still
+        held for a remote decode)."""
         self._end_request(request_id, "abort")
+        if self.kv_transfer is not None:
+            self.kv_transfer.release(request_id)
 
     def _fail_request(self, request_id: str, error: str) -> None:
         """End a request that made its step fail; the engine goes on with the others."""
@@ -238,12 +263,33 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step. A request whose data makes the step fail is failed alone
         (with ``--async-scheduling``, the requests of the steps in flight)."""
+        if self.kv_transfer is not None:
+            self._transfer_work()
         if self.scheduler.overlapped:
             return self._step_overlapped()
         scheduled = self.scheduler.schedule()
         now = time.monotonic()
         scheduled, result = self._execute(scheduled)
         return self._finish_step(scheduled, result, now)
+
+    def _transfer_work(self) -> None:
+        """P/D disaggregation's work between steps (``KVConnector.on_step``); a step with
+        nothing else to run waits briefly for a fetch instead of spinning."""
+        connector, scheduler = self.kv_transfer, self.scheduler
+        if scheduler.waiting_for_remote and not (scheduler.running or scheduler.waiting):
+            connector.wait_for_work(TRANSFER_WAIT_SECONDS)
+        for request_id, error in connector.on_step():
+            self._fail_request(request_id, error)
+
+    def transfers_busy(self) -> bool:
+        """Does an idle engine still serve KV transfers (the core loop then polls)?"""
+        return self.kv_transfer is not None and self.kv_transfer.busy
+
+    def serve_transfers(self) -> list[RequestOutput]:
+        """An idle engine's KV transfer work (side channel reads and frees, expiries)."""
+        self._transfer_work()
+        outputs, self._pending_outputs = self._pending_outputs, []
+        return outputs
 
     def _step_overlapped(self) -> list[RequestOutput]:
         """Launch the next step, then finish the previous one (its tokens, text and
@@ -382,6 +428,8 @@ class LLMEngine:
         output = request.make_output()
         if output.finished:
             self.requests.pop(request.request_id, None)
+            if self.kv_transfer is not None:
+                output.kv_transfer_params = self.kv_transfer.answer_for(request.request_id)
         return output
 
     def check_constraint(self, params: SamplingParams) -> None:
@@ -410,6 +458,8 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop the executor's workers and the KV event publisher; no more steps."""
         try:
+            if getattr(self, "kv_transfer", None) is not None:
+                self.kv_transfer.close()
             self.executor.shutdown()
         finally:
             self.kv_events.shutdown()

@@ -97,4 +97,5 @@ class OutputAccumulator:
             num_prompt_tokens=last.num_prompt_tokens,
             prompt_logprobs=last.prompt_logprobs,
             pooled=last.pooled,
+            kv_transfer_params=last.kv_transfer_params,
         )

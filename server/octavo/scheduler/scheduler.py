@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from octavo.kv_cache.group_coordinator import KVCacheCoordinator
@@ -115,6 +116,13 @@ class Scheduler:
         # decode's input may be the token that step is sampling (IN_FLIGHT_TOKEN).
         self.overlapped = False
         self.kv_groups = isinstance(kv, KVCacheCoordinator)  # a block table per KV group
+        # P/D disaggregation (``kv_transfer``; None without --kv-transfer-config): on finish,
+        # ``holds_blocks`` may keep a sequence's blocks for a remote decode (it frees them
+        # later); a sequence with ``remote_kv`` is admitted with blocks for its whole prompt,
+        # waits in ``waiting_for_remote`` and is given to ``on_remote_admit`` to fill them.
+        self.holds_blocks: Callable[[Sequence], bool] | None = None
+        self.on_remote_admit: Callable[[Sequence], None] | None = None
+        self.waiting_for_remote: dict[int, Sequence] = {}
 
     def next_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -284,7 +292,7 @@ class Scheduler:
         if not self.waiting:
             return  # most decode steps
         adapters = {p.seq.lora_id for p in plan if p.seq.lora_id is not None}
-        seats_taken = sum(seats(seq) for seq in self.running)
+        seats_taken = sum(seats(seq) for seq in self.running) + len(self.waiting_for_remote)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if seats_taken + seats(seq) > self.max_num_seqs:
@@ -293,6 +301,11 @@ class Scheduler:
                 break
             if not self._adapter_fits(seq, adapters):
                 break
+            if seq.remote_kv is not None:
+                if not self._admit_remote(seq):
+                    break
+                seats_taken += 1
+                continue
             scored = seq.params.computes_whole_prompt  # every prompt token is computed
             hits = [] if scored else self.kv.find_cached_prefix(seq.token_ids, seq.hash_chain)
             num_cached = len(hits) * self.kv.block_size
@@ -310,6 +323,32 @@ class Scheduler:
             self._plan(plan, planned)
             budget -= planned.num_new
             seats_taken += seats(seq)
+
+    def _admit_remote(self, seq: Sequence) -> bool:
+        """Admit a sequence whose prompt's KV a remote prefill holds: blocks for its whole
+        prompt (local prefix-cache hits taken as usual), then it waits for the transfer."""
+        hits = self.kv.find_cached_prefix(seq.token_ids, seq.hash_chain)
+        num_cached = len(hits) * self.kv.block_size
+        if not self.kv.allocate_slots(seq.seq_id, num_cached, seq.num_tokens - num_cached, hits):
+            return False
+        self.waiting.popleft()
+        self.counters.queries += seq.num_tokens
+        self.counters.hits += num_cached
+        seq.num_cached_tokens = seq.num_computed_tokens = num_cached
+        seq.status = SequenceStatus.WAITING_FOR_REMOTE_KV
+        self.waiting_for_remote[seq.seq_id] = seq
+        assert self.on_remote_admit is not None, "a remote prefill needs the KV connector"
+        self.on_remote_admit(seq)
+        return True
+
+    def start_after_remote(self, seq: Sequence, num_computed: int) -> None:
+        """The transfer is over (or failed and the prompt is recomputed from
+        ``num_computed``): the sequence runs from its next step on."""
+        del self.waiting_for_remote[seq.seq_id]
+        seq.remote_kv = None
+        seq.num_computed_tokens = num_computed
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def _start(self, seq: Sequence, num_cached: int) -> None:
         self.counters.queries += seq.num_tokens
@@ -460,7 +499,9 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.kv.free(seq.seq_id)
+        self.waiting_for_remote.pop(seq.seq_id, None)
+        if self.holds_blocks is None or not self.holds_blocks(seq):
+            self.kv.free(seq.seq_id)
         self.encoder.release_all(seq.seq_id, seq.images)
         seq.status = SequenceStatus.FINISHED
         if self.seqs.pop(seq.seq_id, None) is not None:
@@ -469,7 +510,7 @@ class Scheduler:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.waiting_for_remote)
 
 
 def seats(seq: Sequence) -> int:

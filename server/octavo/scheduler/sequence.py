@@ -18,6 +18,7 @@ SPEC_ACCEPTANCE_START = 0.75  # a new sequence's assumed share of proposals acce
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"  # holds blocks; a remote prefill fills them
     FINISHED = "finished"
 
 
@@ -49,6 +50,9 @@ class Sequence:
     spec_steps_held: int = 0  # steps its proposals were held back (see SpeculationPolicy)
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
     images: list[ImageInput] = field(default_factory=list)  # its prompt's images, in order
+    # P/D disaggregation: the remote prefill its prompt's KV comes from, until it has come
+    # (a ``kv_transfer.params.RemotePrefill``; None for every other sequence)
+    remote_kv: object | None = None
     hash_chain: HashChain = field(init=False, repr=False)  # its full blocks' prefix hashes
 
     def __post_init__(self) -> None:

@@ -160,6 +160,8 @@ class SamplingRequest(RequestControls):
     include_stop_str_in_output: bool = False
     # Only requests with the same salt share prefix-cache blocks (vLLM's field).
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_LENGTH)
+    # P/D disaggregation, vLLM's NixlConnector contract (checked in kv_transfer/params.py).
+    kv_transfer_params: dict[str, Any] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None

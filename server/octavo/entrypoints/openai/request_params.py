@@ -35,6 +35,7 @@ _PLAIN_FIELDS = (
     "spaces_between_special_tokens",
     "include_stop_str_in_output",
     "cache_salt",
+    "kv_transfer_params",
 )
 
 
@@ -105,3 +106,12 @@ def refused_field(message: str, default: str | None = None) -> str | None:
     match = _LEADING_NAME.match(message)
     name = match.group() if match else None
     return name if name in _SAMPLING_FIELDS else default
+
+
+def with_transfer_params(body: dict[str, Any], finals: list[Any]) -> dict[str, Any]:
+    """A response's JSON with a prefill's ``kv_transfer_params`` at the top level, where
+    vLLM puts it (the routing sidecar reads it from there); unchanged without one."""
+    for final in finals:
+        if final.kv_transfer_params is not None:
+            return {**body, "kv_transfer_params": final.kv_transfer_params}
+    return body

@@ -26,7 +26,11 @@ from octavo.entrypoints.openai.middleware import request_ids
 from octavo.entrypoints.openai.prompts import render_chat
 from octavo.entrypoints.openai.protocol import ChatCompletionRequest
 from octavo.entrypoints.openai.reasoning.plan import ReasoningPlan, Split, plan_reasoning
-from octavo.entrypoints.openai.request_params import resolve_max_tokens, to_sampling_params
+from octavo.entrypoints.openai.request_params import (
+    resolve_max_tokens,
+    to_sampling_params,
+    with_transfer_params,
+)
 from octavo.entrypoints.openai.responses import (
     AssistantMessage,
     ChatChoice,
@@ -203,7 +207,7 @@ async def create_chat_completion(
         final = await cancel_on_disconnect(raw_request, streams[0].final())
     finally:
         close_streams(streams)
-    return JSONResponse(_full_response(job, final).model_dump())
+    return JSONResponse(with_transfer_params(_full_response(job, final).model_dump(), [final]))
 
 
 async def start_chat_job(

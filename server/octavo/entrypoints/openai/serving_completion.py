@@ -28,7 +28,11 @@ from octavo.entrypoints.openai.prompts import (
     prompt_text,
 )
 from octavo.entrypoints.openai.protocol import CompletionRequest
-from octavo.entrypoints.openai.request_params import resolve_max_tokens, to_sampling_params
+from octavo.entrypoints.openai.request_params import (
+    resolve_max_tokens,
+    to_sampling_params,
+    with_transfer_params,
+)
 from octavo.entrypoints.openai.responses import CompletionChoice, CompletionResponse, Usage
 from octavo.entrypoints.openai.streaming import (
     close_streams,
@@ -147,7 +151,7 @@ async def create_completion(
         )
     finally:
         close_streams(streams)
-    return JSONResponse(_full_response(job, finals).model_dump())
+    return JSONResponse(with_transfer_params(_full_response(job, finals).model_dump(), finals))
 
 
 def _params(

@@ -61,6 +61,7 @@ def to_chat_request(body: ResponsesRequest, earlier: list[ChatMessage]) -> ChatC
         "seed": body.seed,
         "request_id": body.request_id,
         "cache_salt": body.cache_salt,
+        "kv_transfer_params": body.kv_transfer_params,
         "response_format": chat_response_format(body.text),
         "tools": chat_tools(body.tools),
         "tool_choice": chat_tool_choice(body.tool_choice),

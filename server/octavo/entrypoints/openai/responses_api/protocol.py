@@ -53,6 +53,7 @@ class ResponsesRequest(RequestBody):
     reasoning: JsonObject | None = None
     request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_LENGTH)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_LENGTH)
+    kv_transfer_params: JsonObject | None = None  # P/D disaggregation (vLLM's contract)
     background: bool | None = None
     # Accepted for compatibility; they do not change what is generated.
     metadata: dict[str, str] | None = None

@@ -16,6 +16,7 @@ from octavo.entrypoints.openai.context import ServerContext
 from octavo.entrypoints.openai.disconnect import cancel_on_disconnect
 from octavo.entrypoints.openai.errors import APIError
 from octavo.entrypoints.openai.protocol import ChatMessage
+from octavo.entrypoints.openai.request_params import with_transfer_params
 from octavo.entrypoints.openai.responses import AssistantMessage, ChatChunkChoice
 from octavo.entrypoints.openai.responses_api.conversion import (
     ChatConversion,
@@ -135,7 +136,7 @@ async def create_response(
     response.output = output_items(choice.message, "incomplete" if cut_short else "completed")
     response.finish(run.usage(len(output.token_ids)), cut_short)
     run.remember()
-    return JSONResponse(response.model_dump())
+    return JSONResponse(with_transfer_params(response.model_dump(), [final]))
 
 
 def new_response(body: ResponsesRequest, model: str) -> ResponseObject:
