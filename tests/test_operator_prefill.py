@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from octavo.cli import build_parser
 from octavo_operator import constants as c
 from octavo_operator.api.prefill import sets_flag
 from octavo_operator.builders.children import ChildRef, desired_children
@@ -91,6 +92,14 @@ def test_both_engines_take_the_nixl_connector_and_the_pod_ip_side_channel():
         env = env_of(server)
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+
+
+def test_the_server_parser_takes_both_pools_arguments():
+    out = children(PD)
+    for name in ("Deployment/chat", "Deployment/chat-prefill"):
+        args = out[name]["spec"]["template"]["spec"]["containers"][0]["args"]
+        parsed = build_parser().parse_args(args)
+        assert "NixlConnector" in str(parsed.kv_transfer_config)
 
 
 def test_only_the_sidecar_gets_an_api_token_and_its_role_reads_the_pool():
