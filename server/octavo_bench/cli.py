@@ -1,5 +1,6 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
-random-model|sharegpt-synth|gpu|routed|embeddings|rerank|step-profile|vision``: the command line."""
+random-model|sharegpt-synth|gpu|routed|embeddings|rerank|step-profile|vision|
+kv-offload``: the command line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from octavo_bench import (
     embeddings,
     gpu,
+    kv_offload,
     lora,
     offline,
     parallel,
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     rerank.register(kinds)
     step_profile.register(kinds)
     vision.register(kinds)
+    kv_offload.register(kinds)
     return parser
 
 
