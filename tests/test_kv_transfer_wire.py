@@ -11,7 +11,20 @@ import threading
 import pytest
 import torch
 
-from octavo.kv_transfer.block_io import BlockPayload, KVLayout
+from octavo.config import EngineArgs
+from octavo.engine.llm_engine import LLMEngine
+from octavo.executor.executor import UniProcExecutor
+from octavo.kv_transfer.block_io import (
+    BlockPayload,
+    KVLayout,
+    KVShard,
+    PackedTensor,
+    gather_blocks,
+    join_shards,
+    kv_head_shard,
+    scatter_blocks,
+    shard_of,
+)
 from octavo.kv_transfer.leases import LeaseExpired, LeaseTable
 from octavo.kv_transfer.side_channel import (
     BlocksGone,
@@ -222,3 +235,156 @@ def test_malformed_frames_are_answered_and_the_server_keeps_serving(served, data
     assert reply["op"] == "error" and reply["error"] == "bad_request"
     assert message in reply["message"]
     assert client.metadata()["engine_id"] == "prefill-0"
+
+
+# ----- block contents: export, import, shards ---------------------------------------------
+
+
+def _full_payload(layout: KVLayout, num_blocks: int) -> BlockPayload:
+    shape = (2, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
+    return BlockPayload([torch.randn(shape) for _ in range(layout.num_layers)])
+
+
+def _shards(layout: KVLayout, tp: int, pp: int) -> list[KVShard]:
+    """Each rank's part, in rank order (rank = stage * tp + tensor rank)."""
+    per_stage = layout.num_layers // pp
+    return [
+        KVShard(stage * per_stage, per_stage, *kv_head_shard(layout.num_kv_heads, tp, rank))
+        for stage in range(pp)
+        for rank in range(tp)
+    ]
+
+
+@pytest.mark.parametrize(("kv_heads", "tp", "pp"), [(4, 2, 1), (1, 2, 1), (2, 2, 2), (4, 1, 1)])
+def test_split_then_join_gives_every_layer_and_head_back(kv_heads: int, tp: int, pp: int) -> None:
+    layout = KVLayout("f", 4, 4, kv_heads, 3, "float32", tp)
+    payload = _full_payload(layout, num_blocks=3)
+    shards = _shards(layout, tp, pp)
+    slices = [shard_of(payload, shard) for shard in shards]
+    for shard, rank_layers in zip(shards, slices, strict=True):
+        assert len(rank_layers) == layout.num_layers // pp
+        assert rank_layers[0].shape == (2, 3, 4, max(1, kv_heads // tp), 3)
+        assert rank_layers[0].is_contiguous()
+        first = payload.layers[shard.first_layer][:, :, :, shard.first_head]
+        assert torch.equal(rank_layers[0][:, :, :, 0], first)
+    joined = join_shards(list(zip(shards, slices, strict=True)), layout, num_blocks=3)
+    for original, back in zip(payload.layers, joined.layers, strict=True):
+        assert torch.equal(original, back)
+
+
+def test_kv_head_shard_matches_the_qkv_split() -> None:
+    assert [kv_head_shard(8, 4, rank) for rank in range(4)] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    assert [kv_head_shard(2, 4, rank) for rank in range(4)] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+
+
+def test_gather_and_scatter_blocks_bf16_and_out_of_range() -> None:
+    source = [torch.randn(2, 6, 4, 2, 3).to(torch.bfloat16) for _ in range(2)]
+    target = [torch.zeros_like(cache) for cache in source]
+    layers = gather_blocks(source, [4, 1])
+    scatter_blocks(target, [0, 5], layers)
+    for src, dst in zip(source, target, strict=True):
+        assert torch.equal(dst[:, [0, 5]], src[:, [4, 1]])
+        assert not dst[:, 1:5].any()
+    with pytest.raises(ValueError, match="outside"):
+        gather_blocks(source, [6])
+    with pytest.raises(ValueError, match="outside"):
+        scatter_blocks(target, [-1, 0], layers)
+    with pytest.raises(ValueError, match="cache that takes"):
+        scatter_blocks(target, [0], layers)
+
+
+def test_payload_check_and_layout_mismatch() -> None:
+    payload = _full_payload(LAYOUT, num_blocks=2)
+    payload.check(LAYOUT, 2)
+    with pytest.raises(ValueError, match="layer 0"):
+        payload.check(LAYOUT, 3)
+    assert LAYOUT.mismatch(KVLayout(**{**LAYOUT.to_dict(), "tp_size": 4})) is None
+    other = KVLayout(**{**LAYOUT.to_dict(), "block_size": 16})
+    assert "block_size" in LAYOUT.mismatch(other)
+    with pytest.raises(ValueError, match="'head_dim'"):
+        KVLayout.from_dict({**LAYOUT.to_dict(), "head_dim": "3"})
+
+
+def test_packed_tensor_round_trip() -> None:
+    for tensor in (torch.randn(2, 3).to(torch.bfloat16), torch.empty(0, 4)):
+        back = PackedTensor.pack(tensor).unpack()
+        assert back.dtype == tensor.dtype and torch.equal(back, tensor)
+
+
+def _tiny_executor(folder) -> UniProcExecutor:
+    args = EngineArgs(
+        model=str(folder), dtype="float32", block_size=8, max_model_len=64,
+        kv_cache_memory=1 << 20, max_num_seqs=2,
+    )  # fmt: skip
+    return LLMEngine(args).executor
+
+
+def test_blocks_move_between_two_uniproc_executors(tiny_folder) -> None:
+    folder = tiny_folder("llama3")
+    prefill, decode = _tiny_executor(folder), _tiny_executor(folder)
+    layout = prefill.kv_layout()
+    assert decode.kv_layout() == layout and layout.mismatch(decode.kv_layout()) is None
+    source = prefill.worker._kv_tensors()
+    assert len(source) == layout.num_layers and layout.tp_size == 1
+    for cache in source:
+        cache.copy_(torch.randn_like(cache))
+    payload = prefill.export_kv_blocks([3, 1, 2])
+    payload.check(layout, 3)
+    decode.import_kv_blocks([7, 8, 9], payload)
+    for src, dst in zip(source, decode.worker._kv_tensors(), strict=True):
+        assert torch.equal(dst[:, [7, 8, 9]], src[:, [3, 1, 2]])
+    with pytest.raises(ValueError, match="layers"):
+        decode.import_kv_blocks([7], BlockPayload(payload.layers[:1]))
+
+
+class FakeRank:
+    """One worker process's KV side, in-process: its shard of a whole cache."""
+
+    def __init__(self, layout: KVLayout, shard: KVShard, whole: list[torch.Tensor]) -> None:
+        self.layout, self.shard = layout, shard
+        heads = slice(shard.first_head, shard.first_head + shard.num_heads)
+        chosen = whole[shard.first_layer : shard.first_layer + shard.num_layers]
+        self.caches = [cache[:, :, :, heads].clone() for cache in chosen]
+
+    def kv_layout(self) -> KVLayout:
+        return self.layout
+
+    def kv_shard(self) -> KVShard:
+        return self.shard
+
+    def export_kv_blocks_packed(self, block_ids: list[int]) -> list[PackedTensor]:
+        return [PackedTensor.pack(layer) for layer in gather_blocks(self.caches, block_ids)]
+
+    def import_kv_blocks_packed(self, block_ids: list[int], layers: list[PackedTensor]) -> None:
+        scatter_blocks(self.caches, block_ids, [layer.unpack() for layer in layers])
+
+
+def _fake_multiproc(layout: KVLayout, tp: int, pp: int, whole: list[torch.Tensor]):
+    """A MultiprocExecutor whose calls reach ``FakeRank``s instead of worker processes."""
+    from octavo.executor.multiproc_executor import MultiprocExecutor
+
+    ranks = [FakeRank(layout, shard, whole) for shard in _shards(layout, tp, pp)]
+    executor = object.__new__(MultiprocExecutor)
+    executor.driver = (pp - 1) * tp
+    executor.call = lambda method, *args: [getattr(r, method)(*args) for r in ranks]
+    executor._call_each = lambda method, per_rank: [
+        getattr(rank, method)(*args) for rank, args in zip(ranks, per_rank, strict=True)
+    ]
+    return executor, ranks
+
+
+def test_multiproc_executor_joins_and_splits_tp2_pp2() -> None:
+    layout = KVLayout("f", 4, 4, 4, 3, "float32", 2)
+    whole = [torch.randn(2, 6, 4, 4, 3) for _ in range(4)]
+    prefill, _ = _fake_multiproc(layout, 2, 2, whole)
+    assert prefill.kv_layout() == layout
+    payload = prefill.export_kv_blocks([5, 2])
+    for cache, layer in zip(whole, payload.layers, strict=True):
+        assert torch.equal(layer, cache[:, [5, 2]])
+    decode_layout = KVLayout(**{**layout.to_dict(), "tp_size": 4})  # another TP size
+    decode, ranks = _fake_multiproc(decode_layout, 4, 1, [torch.zeros(2, 6, 4, 4, 3)] * 4)
+    decode.import_kv_blocks([0, 1], payload)
+    for rank in ranks:
+        head = rank.shard.first_head
+        for index, cache in enumerate(rank.caches):
+            assert torch.equal(cache[:, [0, 1], :, 0], whole[index][:, [5, 2], :, head])

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from octavo.distributed.node_layout import DEFAULT_NODE_JOIN_TIMEOUT, NodeLayout
 from octavo.executor.step_timeout import DEFAULT_EXECUTE_MODEL_TIMEOUT
+from octavo.kv_transfer.block_io import BlockPayload, KVLayout, join_shards, shard_of
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
 from octavo.worker.worker import KVBudget, Worker, WorkerConfig
@@ -38,6 +39,18 @@ class Executor(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+    def kv_layout(self) -> KVLayout:
+        """The whole KV cache's layout for P/D transfer; ValueError if it cannot move."""
+        ...
+
+    def export_kv_blocks(self, block_ids: list[int]) -> BlockPayload:
+        """Copies of ``block_ids`` on the host, every rank's layers and heads joined."""
+        ...
+
+    def import_kv_blocks(self, block_ids: list[int], payload: BlockPayload) -> None:
+        """Write ``payload`` into ``block_ids``, each rank its own layers and heads."""
+        ...
 
 
 class UniProcExecutor:
@@ -72,6 +85,18 @@ class UniProcExecutor:
 
     def shutdown(self) -> None:
         self.worker.runner = None
+
+    def kv_layout(self) -> KVLayout:
+        return self.worker.kv_layout()
+
+    def export_kv_blocks(self, block_ids: list[int]) -> BlockPayload:
+        layers = self.worker.export_kv_blocks(block_ids)
+        shards = [(self.worker.kv_shard(), layers)]
+        return join_shards(shards, self.worker.kv_layout(), len(block_ids))
+
+    def import_kv_blocks(self, block_ids: list[int], payload: BlockPayload) -> None:
+        payload.check(self.worker.kv_layout(), len(block_ids))
+        self.worker.import_kv_blocks(block_ids, shard_of(payload, self.worker.kv_shard()))
 
 
 def create_executor(

@@ -54,6 +54,14 @@ from octavo.executor.step_timeout import (
 )
 from octavo.executor.worker_env import worker_env
 from octavo.executor.worker_watch import WorkerWatch
+from octavo.kv_transfer.block_io import (
+    BlockPayload,
+    KVLayout,
+    KVShard,
+    PackedTensor,
+    join_shards,
+    shard_of,
+)
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
 from octavo.worker.worker import STOP_WORKER, KVBudget, WorkerConfig
@@ -207,6 +215,45 @@ class MultiprocExecutor:
 
     def shutdown(self) -> None:
         self._finalizer()
+
+    # ----- P/D KV transfer (between steps, on the core loop thread) --------------------------
+    _kv_transfer: tuple[KVLayout, list[KVShard]] | None = None  # asked once
+
+    def kv_layout(self) -> KVLayout:
+        return self._kv_transfer_shape()[0]
+
+    def export_kv_blocks(self, block_ids: list[int]) -> BlockPayload:
+        layout, shards = self._kv_transfer_shape()
+        packed = self.call("export_kv_blocks_packed", block_ids)
+        slices = [[layer.unpack() for layer in rank_layers] for rank_layers in packed]
+        return join_shards(list(zip(shards, slices, strict=True)), layout, len(block_ids))
+
+    def import_kv_blocks(self, block_ids: list[int], payload: BlockPayload) -> None:
+        layout, shards = self._kv_transfer_shape()
+        payload.check(layout, len(block_ids))
+        per_rank = [
+            (block_ids, [PackedTensor.pack(layer) for layer in shard_of(payload, shard)])
+            for shard in shards
+        ]
+        self._call_each("import_kv_blocks_packed", per_rank)
+
+    def _kv_transfer_shape(self) -> tuple[KVLayout, list[KVShard]]:
+        """The cache's layout and each rank's part of it (ValueError if it cannot move)."""
+        if self._kv_transfer is None:
+            layout = self.call("kv_layout")[self.driver]
+            self._kv_transfer = (layout, self.call("kv_shard"))
+        return self._kv_transfer
+
+    def _call_each(self, method: str, per_rank: list[tuple[Any, ...]]) -> list[Any]:
+        """``call`` with each rank's own arguments (``per_rank`` in rank order)."""
+        self.check_health()
+        for worker in self.workers:
+            message = pickle.dumps((method, per_rank[worker.rank]), pickle.HIGHEST_PROTOCOL)
+            try:
+                worker.conn.send_bytes(message)
+            except OSError:
+                self._fail(worker.exit_description())
+        return self._collect()
 
     def _worker_exited(self, index: int) -> None:
         """On the watch thread: a worker exited while the executor was running."""

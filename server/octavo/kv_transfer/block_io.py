@@ -101,6 +101,28 @@ class KVShard:
     num_heads: int
 
 
+@dataclass
+class PackedTensor:
+    """A tensor as plain bytes, for the pipe to a worker process (a pickled torch tensor
+    would travel as a shared-memory handle, which a worker on another host cannot open)."""
+
+    data: bytes
+    shape: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def pack(cls, tensor: torch.Tensor) -> PackedTensor:
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return cls(raw.numpy().tobytes(), tuple(tensor.shape), str(tensor.dtype))
+
+    def unpack(self) -> torch.Tensor:
+        dtype = getattr(torch, self.dtype.removeprefix("torch."))
+        if not self.data:
+            return torch.empty(self.shape, dtype=dtype)
+        raw = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+        return raw.view(dtype).reshape(self.shape)
+
+
 def model_fingerprint(config: Any, cache_dtype: torch.dtype, block_size: int) -> str:
     """A hash of what makes two engines' blocks interchangeable: the architecture and
     shape of the model (a ``ModelConfig``), the cache's element type and the block size."""
@@ -133,7 +155,7 @@ def gather_blocks(caches: list[torch.Tensor], block_ids: list[int]) -> list[torc
     one gather on the device, then one copy to the host a layer)."""
     if not caches:
         return []
-    index = torch.tensor(block_ids, dtype=torch.long, device=caches[0].device)
+    index = _block_index(caches[0], block_ids)
     return [cache.index_select(1, index).cpu().contiguous() for cache in caches]
 
 
@@ -146,7 +168,7 @@ def scatter_blocks(
         raise ValueError(f"{len(layers)} layers of blocks for {len(caches)} cache layers")
     if not caches:
         return
-    index = torch.tensor(block_ids, dtype=torch.long, device=caches[0].device)
+    index = _block_index(caches[0], block_ids)
     for cache, layer in zip(caches, layers, strict=True):
         expected = (cache.shape[0], len(block_ids), *cache.shape[2:])
         if tuple(layer.shape) != expected or layer.dtype != cache.dtype:
@@ -163,6 +185,9 @@ def join_shards(
     """One payload of every layer and head from the ranks' exported slices of
     ``num_blocks`` blocks (a head held by several ranks is taken from any: they hold the
     same values)."""
+    whole = KVShard(0, layout.num_layers, 0, layout.num_kv_heads)
+    if len(shards) == 1 and shards[0][0] == whole:  # one rank holds everything
+        return BlockPayload(list(shards[0][1]))
     shape = (KV_PLANES, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
     dtype = getattr(torch, layout.dtype)
     layers = [torch.empty(shape, dtype=dtype) for _ in range(layout.num_layers)]
@@ -180,6 +205,16 @@ def shard_of(payload: BlockPayload, shard: KVShard) -> list[torch.Tensor]:
     heads = slice(shard.first_head, shard.first_head + shard.num_heads)
     chosen = payload.layers[shard.first_layer : shard.first_layer + shard.num_layers]
     return [layer[:, :, :, heads].contiguous() for layer in chosen]
+
+
+def _block_index(cache: torch.Tensor, block_ids: list[int]) -> torch.Tensor:
+    """``block_ids`` as an index on the cache's device; ValueError for an id out of range
+    (on CUDA a bad index would be a device-side assert, fatal to the process)."""
+    num_blocks = cache.shape[1]
+    bad = [block for block in block_ids if not 0 <= block < num_blocks]
+    if bad:
+        raise ValueError(f"block ids {bad[:5]} are outside the cache's {num_blocks} blocks")
+    return torch.tensor(block_ids, dtype=torch.long, device=cache.device)
 
 
 def _raw(tensor: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from octavo.attention.backend import select_backend
 from octavo.attention.kv_quant import kv_cache_dtype
 from octavo.compilation.compiled_model import compile_layers
 from octavo.distributed.comm_timer import take_communication_stats
-from octavo.distributed.parallel_state import pipeline_stage
+from octavo.distributed.parallel_state import pipeline_stage, tensor_parallel_group
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block
 from octavo.kv_cache.cpu_budget import HostMemory, cpu_kv_bytes
@@ -34,6 +34,15 @@ from octavo.kv_cache.kv_cache_groups import KVCacheGroups
 from octavo.kv_cache.offload_tensors import HostTier
 from octavo.kv_cache.state_slots import StateSpec
 from octavo.kv_cache.state_tensors import layer_caches, state_bytes
+from octavo.kv_transfer.block_io import (
+    KVLayout,
+    KVShard,
+    PackedTensor,
+    gather_blocks,
+    kv_head_shard,
+    model_fingerprint,
+    scatter_blocks,
+)
 from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
@@ -358,6 +367,63 @@ class Worker:
             spec.config.vocab_size,
             spec.eos_token_ids,
         )
+
+    def kv_layout(self) -> KVLayout:
+        """The whole cache's layout for P/D transfer (the same on every rank); ValueError
+        naming why this model's cache cannot be moved."""
+        refusal = self._kv_transfer_refusal()
+        if refusal is not None:
+            raise ValueError(f"KV transfer cannot move this model's cache: {refusal}")
+        spec, config = self.spec, self.spec.config
+        return KVLayout(
+            model_fingerprint(config, spec.cache_dtype, spec.block_size),
+            spec.block_size,
+            config.num_layers,
+            config.num_kv_heads,
+            config.head_dim,
+            str(spec.cache_dtype).removeprefix("torch."),
+            tensor_parallel_group().size,
+        )
+
+    def _kv_transfer_refusal(self) -> str | None:
+        if any(self.state_specs):
+            return "it has state layers (a hybrid model's recurrent state is not in blocks)"
+        if self.spec.kv_groups is not None:
+            return "its layers share several KV cache groups (sliding and full attention)"
+        if self.spec.config.kv_latent_dim:
+            return "it caches MLA latents, not keys and values"
+        if self.spec.draft is not None:
+            return "speculative decoding with a draft model keeps a second cache"
+        return None
+
+    def kv_shard(self) -> KVShard:
+        """The part of the whole cache this rank holds: its stage's layers, its KV heads."""
+        tp = tensor_parallel_group()
+        first_head, num_heads = kv_head_shard(self.spec.config.num_kv_heads, tp.size, tp.rank)
+        layers = self.cache_shape.num_layers
+        return KVShard(self.model.first_layer, layers, first_head, num_heads)
+
+    def export_kv_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """This rank's slice of ``block_ids``, every layer it holds, copied to the host."""
+        assert self.runner is not None, "initialize_cache() comes before KV transfer"
+        return gather_blocks(self._kv_tensors(), block_ids)
+
+    def import_kv_blocks(self, block_ids: list[int], layers: list[torch.Tensor]) -> None:
+        """Write this rank's slice (``kv_shard``'s layers and heads) into ``block_ids``."""
+        assert self.runner is not None, "initialize_cache() comes before KV transfer"
+        scatter_blocks(self._kv_tensors(), block_ids, layers)
+
+    def export_kv_blocks_packed(self, block_ids: list[int]) -> list[PackedTensor]:
+        """``export_kv_blocks`` as bytes, for the pipe to the engine (worker processes)."""
+        return [PackedTensor.pack(layer) for layer in self.export_kv_blocks(block_ids)]
+
+    def import_kv_blocks_packed(self, block_ids: list[int], layers: list[PackedTensor]) -> None:
+        """``import_kv_blocks`` from bytes sent down the pipe (worker processes)."""
+        self.import_kv_blocks(block_ids, [layer.unpack() for layer in layers])
+
+    def _kv_tensors(self) -> list[torch.Tensor]:
+        assert self.runner is not None
+        return [cache for cache in self.runner.kv_caches if isinstance(cache, torch.Tensor)]
 
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput | None:
         """The step's sampled tokens on the driver; ``None`` on the other ranks."""
