@@ -27,6 +27,7 @@ from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
 from conftest import tiny_server
+from server_harness import metric_value
 
 BLOCK_BYTES = 4096  # llama3 tiny: 2 planes x 16 tokens x 1 head x 16 dims x 4 bytes x 2 layers
 PROMPT = [100 + (7 * i) % 900 for i in range(40)]  # 3 blocks: 2 full, 8 tokens in the last
@@ -271,7 +272,7 @@ def test_kv_transfer_config_takes_vllms_fields_and_refuses_others():
 
 def test_two_servers_hand_a_prompt_over_with_kv_transfer_params(tiny_folder):
     body = {"model": "tiny", "prompt": PROMPT, "temperature": 0, "ignore_eos": True}
-    config = {"kv_transfer_config": transfer_config(), "max_model_len": 144}
+    config = {"kv_transfer_config": transfer_config(), "max_model_len": 144, "dtype": "float32"}
     with (
         side_channel_on_loopback(),
         tiny_server(tiny_folder, "tiny", **config) as p_server,
@@ -292,6 +293,12 @@ def test_two_servers_hand_a_prompt_over_with_kv_transfer_params(tiny_folder):
         assert decoded.status_code == 200, decoded.text
         assert decoded.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
         assert "kv_transfer_params" not in alone.json()
+        metrics = d_http.get("/metrics").text
+        received = metric_value(
+            metrics, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+        )
+        assert received == len(PROMPT) - 1
+        assert metric_value(metrics, "vllm:kv_transfer_received_bytes_total") == 3 * BLOCK_BYTES
         malformed = d_http.post(
             "/v1/completions", json={**body, "kv_transfer_params": {"do_remote_prefill": 1}}
         )

@@ -488,6 +488,7 @@ class LLMEngine:
             running_loras=_adapter_names(self.scheduler.running),
             waiting_loras=_adapter_names(self.scheduler.waiting),
             kv_offload=None if pool.offload is None else pool.offload.counters.copy(),
+            kv_transfer=None if self.kv_transfer is None else self.kv_transfer.stats(),
         )
 
     def _spec_counters(self) -> SpecDecodeCounters | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from octavo.kv_cache.offload_tier import OffloadCounters
+from octavo.kv_transfer.connector import TransferStats
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 
 
@@ -26,3 +27,4 @@ class EngineStats:
     running_loras: tuple[str, ...] = ()  # adapters of running requests, by name (sorted)
     waiting_loras: tuple[str, ...] = ()
     kv_offload: OffloadCounters | None = None  # with --kv-offloading-size (counters)
+    kv_transfer: TransferStats | None = None  # with --kv-transfer-config (counters)

@@ -23,6 +23,7 @@ from octavo.engine.engine_info import EngineInfo
 from octavo.engine.stats import EngineStats
 from octavo.entrypoints.openai.info_metrics import cache_config_info, lora_requests_info
 from octavo.entrypoints.openai.kv_offload_metrics import offload_metrics
+from octavo.entrypoints.openai.kv_transfer_metrics import transfer_metrics
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 
 # Metric name -> (the EngineStats field holding its current value, help text).
@@ -89,6 +90,8 @@ class EngineStatsCollector(Collector):
             yield from self._spec_decode(stats.spec_decode)
         if stats is not None and stats.kv_offload is not None:
             yield from offload_metrics(stats.kv_offload, self.model_name, self._created)
+        if stats is not None and stats.kv_transfer is not None:
+            yield from transfer_metrics(stats, self.model_name, self._created)
         yield from self._info_gauges(stats)
 
     def _info_gauges(self, stats: EngineStats | None) -> Iterator[Metric]:
