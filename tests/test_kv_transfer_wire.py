@@ -160,6 +160,13 @@ def test_read_round_trip_is_exact(served, dtype: torch.dtype) -> None:
     assert source.freed == ["req"]
 
 
+def test_a_dropped_idle_connection_is_replaced(served) -> None:
+    _, server, client, _ = served
+    client.metadata()
+    server._server.close_connections()  # as the server's idle timeout does
+    assert client.metadata()["engine_id"] == "prefill-0"
+
+
 def test_expired_lease_reads_blocks_gone(served) -> None:
     source, _, client, clock = served
     lease = source.leases.grant("req", [1], 3)
@@ -335,6 +342,9 @@ def test_blocks_move_between_two_uniproc_executors(tiny_folder) -> None:
         assert torch.equal(dst[:, [7, 8, 9]], src[:, [3, 1, 2]])
     with pytest.raises(ValueError, match="layers"):
         decode.import_kv_blocks([7], BlockPayload(payload.layers[:1]))
+    decode.worker.state_specs = (None, object())  # as a hybrid model's state layer
+    with pytest.raises(ValueError, match="state layers"):
+        decode.kv_layout()
 
 
 class FakeRank:
