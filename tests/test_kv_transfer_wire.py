@@ -160,6 +160,19 @@ def test_read_round_trip_is_exact(served, dtype: torch.dtype) -> None:
     assert source.freed == ["req"]
 
 
+def test_a_failing_source_is_an_internal_error_and_the_server_keeps_serving(served) -> None:
+    source, _, client, _ = served
+    lease = source.leases.grant("req", [1], 3)
+    source.caches = [torch.zeros(2, 6, 4, 2, 3, dtype=torch.complex64)]  # no wire dtype
+    with pytest.raises(TransferFailed, match="internal") as raised:
+        client.read("req", lease.generation, [1])
+    assert not isinstance(raised.value, BlocksGone)
+    source.caches = None  # read raises TypeError
+    with pytest.raises(TransferFailed, match="internal"):
+        client.read("req", lease.generation, [1])
+    assert client.metadata()["engine_id"] == "prefill-0"
+
+
 def test_a_dropped_idle_connection_is_replaced(served) -> None:
     _, server, client, _ = served
     client.metadata()

@@ -180,7 +180,11 @@ class _Handler(socketserver.BaseRequestHandler):
                 send_frame(sock, reply.header)
                 return  # the stream may be out of step: close it
             reply = side_channel.answer(frame.header)
-            send_frame(sock, reply.header, reply.tensors)
+            try:
+                send_frame(sock, reply.header, reply.tensors)
+            except (TypeError, ValueError) as error:  # found before any byte is sent
+                logger.exception("the KV side channel cannot encode its answer")
+                send_frame(sock, _error("internal", f"cannot encode the answer: {error}").header)
 
 
 class SideChannelClient:
