@@ -7,7 +7,7 @@ shards (``join_shards``: layers by pipeline stage, heads by tensor rank), import
 each rank its own slice (``shard_of``). A ``KVShard`` says which part one rank holds.
 
 Only plain paged attention caches move: a model with state layers, several KV cache
-groups or an MLA latent cache is refused (the worker's ``kv_shard`` says why), as is
+groups or an MLA latent cache is refused (the worker's ``kv_layout`` says why), as is
 a draft model's second cache (speculative decoding with a draft model).
 """
 
@@ -57,13 +57,19 @@ class KVLayout:
     def mismatch(self, other: KVLayout) -> str | None:
         """Why blocks cannot move between this layout and ``other`` (None: they can; the
         tensor-parallel sizes may differ)."""
-        for name in ("model_fingerprint", "block_size", "num_layers", "num_kv_heads", "head_dim"):
+        names = (
+            "model_fingerprint",
+            "block_size",
+            "num_layers",
+            "num_kv_heads",
+            "head_dim",
+            "dtype",
+        )
+        for name in names:
             if getattr(self, name) != getattr(other, name):
                 return (
                     f"{name} differs: {getattr(self, name)!r} here, {getattr(other, name)!r} there"
                 )
-        if self.dtype != other.dtype:
-            return f"dtype differs: {self.dtype!r} here, {other.dtype!r} there"
         return None
 
 
