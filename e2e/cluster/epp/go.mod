@@ -87,6 +87,7 @@ require (
 	go.uber.org/zap v1.28.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
+	golang.org/x/crypto v0.53.0 // indirect
 	golang.org/x/exp v0.0.0-20260218203240-3dfff04db8fa // indirect
 	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
@@ -123,4 +124,7 @@ require (
 
 replace github.com/llm-d/llm-d-router => ./llm-d-router
 
-tool github.com/llm-d/llm-d-router/cmd/epp
+tool (
+	github.com/llm-d/llm-d-router/cmd/epp
+	github.com/llm-d/llm-d-router/cmd/pd-sidecar
+)
