@@ -11,6 +11,7 @@ steps the decode engine, as two servers' core loops would.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -102,14 +103,21 @@ def serving(engine: LLMEngine) -> Iterator[None]:
         thread.join()
 
 
-def run(engine: LLMEngine, request_id: str, prompt: list[int], params) -> RequestOutput:
-    engine.add_request(request_id, prompt, params)
+def run_all(engine: LLMEngine, requests: dict[str, tuple]) -> dict[str, RequestOutput]:
+    """Run ``{request id: (prompt, params)}`` together; their final outputs by id."""
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    finals: dict[str, RequestOutput] = {}
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for output in engine.step():
-            if output.request_id == request_id and output.finished:
-                return output
-    raise AssertionError(f"request {request_id} did not finish")
+    while len(finals) < len(requests):
+        assert time.monotonic() < deadline, f"unfinished: {set(requests) - set(finals)}"
+        outputs = engine.step()  # (an earlier test's aborted request may report here too)
+        finals.update({o.request_id: o for o in outputs if o.finished and o.request_id in requests})
+    return finals
+
+
+def run(engine: LLMEngine, request_id: str, prompt: list[int], params) -> RequestOutput:
+    return run_all(engine, {request_id: (prompt, params)})[request_id]
 
 
 def greedy(**fields) -> SamplingParams:
@@ -229,6 +237,35 @@ def test_a_decode_request_aborted_while_waiting_frees_the_prefill_blocks(engines
         d.abort_request("d4")
         wait_until(lambda: p.kv_transfer.prefill.num_held == 0)
     assert not d.scheduler.waiting_for_remote
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("fault", ["prefill server gone", "another engine on that address"])
+def test_a_failed_transfer_fails_only_the_request_it_held(engines, fault):
+    p, d = engines
+    answer = prefill(p, f"p5-{fault}", OTHER)
+    if fault == "prefill server gone":
+        held = {**answer, "remote_port": unused_port()}
+    else:
+        held = {**answer, "remote_engine_id": "an engine that restarted"}
+    with serving(p):
+        finals = run_all(
+            d,
+            {
+                f"bystander {fault}": (PROMPT, greedy(cache_salt="bystander")),
+                "d5": (OTHER, greedy(kv_transfer_params=held)),
+            },
+        )
+    failed, bystander = finals["d5"], finals[f"bystander {fault}"]
+    assert failed.outputs[0].finish_reason == "error" and "transfer" in failed.error
+    assert bystander.outputs[0].token_ids == reference(d, PROMPT, "bystander")
+    assert not d.scheduler.waiting_for_remote
+    p.kv_transfer.release(f"p5-{fault}")
 
 
 @pytest.mark.parametrize(
