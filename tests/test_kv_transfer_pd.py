@@ -330,12 +330,35 @@ def test_two_servers_hand_a_prompt_over_with_kv_transfer_params(tiny_folder):
         assert decoded.status_code == 200, decoded.text
         assert decoded.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
         assert "kv_transfer_params" not in alone.json()
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+        chat_answer = p_http.post(
+            "/v1/chat/completions", json={**chat, "max_tokens": 1, "kv_transfer_params": wanted}
+        ).json()["kv_transfer_params"]
+        chat_decoded = d_http.post(
+            "/v1/chat/completions",
+            json={**chat, "max_tokens": 4, "kv_transfer_params": chat_answer, "ignore_eos": True},
+        )
+        chat_alone = d_http.post(
+            "/v1/chat/completions",
+            json={**chat, "max_tokens": 4, "cache_salt": "a", "ignore_eos": True},
+        )
+        assert chat_decoded.json()["choices"][0] == chat_alone.json()["choices"][0]
+        reply = p_http.post(
+            "/v1/responses",
+            json={
+                "model": "tiny",
+                "input": "hi",
+                "max_output_tokens": 1,
+                "kv_transfer_params": wanted,
+            },
+        ).json()
+        assert reply["kv_transfer_params"]["do_remote_prefill"] is True
         metrics = d_http.get("/metrics").text
         received = metric_value(
             metrics, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
         )
-        assert received == len(PROMPT) - 1
-        assert metric_value(metrics, "vllm:kv_transfer_received_bytes_total") == 3 * BLOCK_BYTES
+        assert received == len(PROMPT) - 1 + chat_answer["remote_num_tokens"] - 1
+        assert metric_value(metrics, "vllm:kv_transfer_received_bytes_total") > 3 * BLOCK_BYTES
         malformed = d_http.post(
             "/v1/completions", json={**body, "kv_transfer_params": {"do_remote_prefill": 1}}
         )
