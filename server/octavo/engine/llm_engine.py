@@ -470,7 +470,7 @@ class LLMEngine:
         used_blocks = pool.num_usable_blocks - pool.num_free_blocks
         return EngineStats(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
+            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.waiting_for_remote),
             kv_cache_usage=pool.usage(),
             kv_cache_tokens_held=sum(
                 self.kv.num_tokens_held(s.seq_id, s.num_computed_tokens)
