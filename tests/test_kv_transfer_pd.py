@@ -353,6 +353,15 @@ def test_two_servers_hand_a_prompt_over_with_kv_transfer_params(tiny_folder):
             },
         ).json()
         assert reply["kv_transfer_params"]["do_remote_prefill"] is True
+
+        def leases(**labels: str) -> float:
+            scrape = p_http.get("/metrics").text
+            if labels:
+                return metric_value(scrape, "vllm:kv_transfer_leases_total", **labels)
+            return metric_value(scrape, "vllm:kv_transfer_leases_held")
+
+        wait_until(lambda: leases(outcome="read") == 2)  # the prefill server's fresh stats
+        assert leases() == 1, "the responses prefill's blocks wait for a decode"
         metrics = d_http.get("/metrics").text
         received = metric_value(
             metrics, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"

@@ -101,8 +101,8 @@ def _serve(engine: Any, inbox: Inbox, emit: Emit) -> None:
         wait = TRANSFER_POLL_SECONDS if transfers else HEALTH_CHECK_SECONDS
         commands = inbox.get(block=idle, timeout=wait if idle else None)
         if transfers and not commands:
-            outputs = engine.serve_transfers()
-            if outputs:
+            outputs, changed = engine.serve_transfers()
+            if outputs or changed:
                 emit(StepDone(outputs, engine.stats()))
             continue
         if idle and not commands:

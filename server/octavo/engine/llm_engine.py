@@ -285,11 +285,13 @@ class LLMEngine:
         """Does an idle engine still serve KV transfers (the core loop then polls)?"""
         return self.kv_transfer is not None and self.kv_transfer.busy
 
-    def serve_transfers(self) -> list[RequestOutput]:
-        """An idle engine's KV transfer work (side channel reads and frees, expiries)."""
+    def serve_transfers(self) -> tuple[list[RequestOutput], bool]:
+        """An idle engine's KV transfer work (side channel reads and frees, expiries): the
+        outputs it left, and whether held leases changed (fresh stats to report)."""
+        before = self.kv_transfer.progress()
         self._transfer_work()
         outputs, self._pending_outputs = self._pending_outputs, []
-        return outputs
+        return outputs, self.kv_transfer.progress() != before
 
     def _step_overlapped(self) -> list[RequestOutput]:
         """Launch the next step, then finish the previous one (its tokens, text and

@@ -140,6 +140,11 @@ class KVConnector:
                 return
             self.decode.finished.wait(min(left, POLL_SECONDS))
 
+    def progress(self) -> tuple[int, int, int]:
+        """Changes when a lease ends (read, expired, aborted): time to report stats."""
+        counters = self.prefill.counters
+        return self.prefill.num_held, counters.freed_by_reader, counters.expired
+
     def answer_for(self, request_id: str) -> dict[str, Any] | None:
         return self.prefill.answer_for(request_id)
 
