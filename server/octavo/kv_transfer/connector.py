@@ -63,7 +63,13 @@ class KVConnector:
         source = PrefillBlockSource(
             self.prefill, self.tasks, self.layout, executor.export_kv_blocks
         )
-        self.server = SideChannelServer(address.host, address.port, source)
+        try:
+            self.server = SideChannelServer(address.host, address.port, source)
+        except OSError as error:
+            raise ValueError(
+                f"the KV side channel cannot listen on {address.host}:{address.port} (set "
+                f"VLLM_NIXL_SIDE_CHANNEL_HOST/VLLM_NIXL_SIDE_CHANNEL_PORT): {error}"
+            ) from None
         self.prefill.port = self.server.port  # port 0: the one picked
         self.decode = RemoteLoads(
             RemotePeers(self.layout),
