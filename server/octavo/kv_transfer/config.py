@@ -9,8 +9,11 @@ alike; a NIXL transport is not built. Fields, as vLLM names them:
   vLLM's NixlConnector every engine both serves and pulls blocks whatever it says).
 - ``engine_id``: this engine's identity, answered as ``remote_engine_id`` (default: a uuid4).
 - ``kv_buffer_device``: ``cuda``, ``cpu`` or ``xpu`` (accepted; our transport stages on CPU).
-- ``kv_load_failure_policy``: ``"fail"`` (default, as current vLLM: the request ends with an
-  error) or ``"recompute"`` (the decode engine prefills the prompt itself).
+- ``kv_load_failure_policy``: ``"recompute"`` (default: the decode engine prefills the
+  prompt itself when the remote blocks are gone, so a restarted or scaled-down prefill
+  pool costs latency, never an error) or ``"fail"`` (the request ends with an error; the
+  default of current vLLM, which llm-d itself advises against while prefill pods scale
+  down: set it for vLLM's behaviour).
 - ``kv_connector_extra_config``: ``kv_lease_duration`` (seconds a prefill engine holds a
   finished prompt's blocks for its decode engine, default 30), and vLLM's NIXL keys
   (``backends``, ``enforce_handshake_compat``, ...), accepted and unused.
@@ -48,7 +51,7 @@ class KVTransferConfig:
     kv_role: str | None = None
     engine_id: str | None = None  # None: a uuid4, set in __post_init__ (as vLLM)
     kv_buffer_device: str = "cuda"
-    kv_load_failure_policy: str = "fail"
+    kv_load_failure_policy: str = "recompute"
     kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
     kv_buffer_size: float = 1e9
     kv_rank: int | None = None
