@@ -187,7 +187,9 @@ class KvOffloadReport:
         wall.set(title="TTFT, wall (bar p50, dash p99)", xlabel="turn", ylabel="ms")
         cpu.set(title="CPU seconds to first token (p50, p99)", xlabel="turn", ylabel="ms")
         tokens.set(title="prompt tokens recomputed", xlabel="turn", ylabel="tokens")
+        turns = sorted({t for s in self.settings for t in s.turns()})
         for axes in (wall, cpu, tokens):
+            axes.set_xticks(turns)
             axes.legend()
         return figure
 
