@@ -92,6 +92,10 @@ def test_completion_usage_and_shape(client):
         "completion_tokens": 5,
         "total_tokens": prompt_tokens + 5,
     }
+    # OpenAI's newer name is taken too (the llm-d routing sidecar sends both, equal) and
+    # wins over max_tokens, as in chat
+    body = complete(client, prompt="Hello there", max_tokens=5, max_completion_tokens=2, **LONG)
+    assert body["usage"]["completion_tokens"] == 2
 
 
 def test_completion_prompt_forms_and_n(client):

@@ -143,6 +143,9 @@ class SamplingRequest(RequestControls):
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
+    # OpenAI's newer name (chat); completions take it too: the llm-d routing sidecar sets
+    # both on its prefill requests
+    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
@@ -201,6 +204,11 @@ class SamplingRequest(RequestControls):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` wins over the older ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
 
 
 PromptInput = str | list[str] | list[int] | list[list[int]]
@@ -368,7 +376,6 @@ _UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call", "audio", "prediction")
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs
     response_format: ResponseFormat | None = None
@@ -442,11 +449,6 @@ class ChatCompletionRequest(SamplingRequest):
                 "message is continued, no new one is started)"
             )
         return self
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        """``max_completion_tokens`` wins over the older ``max_tokens``."""
-        return self.max_completion_tokens or self.max_tokens
 
 
 class TokenizeRequest(RequestBody):

@@ -164,7 +164,7 @@ def _params(
     defaults = context.config.sampling_defaults
     default_max = defaults.get("max_tokens", DEFAULT_MAX_TOKENS)
     max_tokens = resolve_max_tokens(
-        body.max_tokens, len(prompt.token_ids), max_model_len, default_max, "prompt"
+        body.requested_max_tokens, len(prompt.token_ids), max_model_len, default_max, "prompt"
     )
     scored = body.logprobs if body.echo else None  # echo + logprobs scores the prompt
     return to_sampling_params(body, max_tokens, body.logprobs, constraint, scored, defaults)
