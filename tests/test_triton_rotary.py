@@ -58,27 +58,14 @@ def test_bad_shapes_are_refused_and_no_tokens_is_a_no_op():
     )
     empty = torch.empty(0, 2, HEAD_DIM, device=DEVICE)
     rotary_triton(torch.empty(0, dtype=torch.long, device=DEVICE), empty, table.cos, table.sin)
-    with pytest.raises(ValueError, match="positions"):
-        rotary_triton(
-            torch.zeros(3, dtype=torch.long, device=DEVICE),
-            torch.randn(2, 2, 16, device=DEVICE),
-            table.cos,
-            table.sin,
-        )
-    with pytest.raises(ValueError, match="do not fit"):
-        rotary_triton(
-            torch.zeros(2, dtype=torch.long, device=DEVICE),
-            torch.randn(2, 2, 8, device=DEVICE),
-            table.cos,
-            table.sin,
-        )
-    with pytest.raises(ValueError, match="even rotary_dim"):
-        rotary_triton(
-            torch.zeros(2, dtype=torch.long, device=DEVICE),
-            torch.randn(2, 16, device=DEVICE),
-            table.cos,
-            table.sin,
-        )
+    two, three = (torch.zeros(n, dtype=torch.long, device=DEVICE) for n in (2, 3))
+    for positions, shape, refusal in [
+        (three, (2, 2, 16), "positions"),
+        (two, (2, 2, 8), "do not fit"),
+        (two, (2, 16), "even rotary_dim"),
+    ]:
+        with pytest.raises(ValueError, match=refusal):
+            rotary_triton(positions, torch.randn(shape, device=DEVICE), table.cos, table.sin)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on CI)")
