@@ -1,19 +1,10 @@
 """The GPU RMSNorm kernel (with and without the fused residual add) equals the torch path.
-Without a GPU it runs under ``TRITON_INTERPRET=1`` on CPU tensors."""
+Without a GPU it runs under ``TRITON_INTERPRET=1`` (conftest sets it) on CPU tensors."""
 
 from __future__ import annotations
 
-import os
-import sys
-
-import torch
-
-if not torch.cuda.is_available():  # must be set before triton is first imported
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("triton was imported before this module: run with TRITON_INTERPRET=1")
-    os.environ["TRITON_INTERPRET"] = "1"
-
 import pytest
+import torch
 
 from octavo.model_executor.layers.layernorm import RMSNorm
 from octavo.model_executor.layers.triton_norm import rms_norm_triton

@@ -1,20 +1,11 @@
 """The GPU rotary kernel equals the torch path on the views the attention layers rotate: the
 joint query+key heads inside the fused QKV rows, and a head's leading dims (partial rotary).
-Without a GPU it runs under ``TRITON_INTERPRET=1`` on CPU tensors."""
+Without a GPU it runs under ``TRITON_INTERPRET=1`` (conftest sets it) on CPU tensors."""
 
 from __future__ import annotations
 
-import os
-import sys
-
-import torch
-
-if not torch.cuda.is_available():  # must be set before triton is first imported
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("triton was imported before this module: run with TRITON_INTERPRET=1")
-    os.environ["TRITON_INTERPRET"] = "1"
-
 import pytest
+import torch
 
 from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary
 from octavo.model_executor.triton_rotary import rotary_triton
