@@ -147,6 +147,11 @@ def test_one_pool_on_port_8000_selects_both_roles():
     for name in ("Deployment/chat", "Deployment/chat-prefill"):
         labels = out[name]["spec"]["template"]["metadata"]["labels"]
         assert pool["selector"]["matchLabels"].items() <= labels.items()
+    # the plain Service reaches the decode pods only (their sidecar serves without a prefill)
+    selector = out["Service/chat"]["spec"]["selector"]
+    assert selector[c.ROLE_LABEL] == "decode"
+    prefill_labels = out["Deployment/chat-prefill"]["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= prefill_labels.items()
 
 
 def test_the_picker_disaggregates_with_a_profile_per_role():

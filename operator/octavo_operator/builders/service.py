@@ -11,6 +11,11 @@ from .metadata import metadata, serving_labels
 
 
 def service(isvc: InferenceService) -> dict[str, Any]:
+    """With spec.prefill the decode pods only (their routing sidecar serves a request alone
+    when no prefill pod is named); the prefill pods answer the sidecars."""
+    selector = serving_labels(isvc)
+    if isvc.role is not None:
+        selector = {**selector, c.ROLE_LABEL: c.DECODE_ROLE}
     port = {
         "name": c.SERVER_PORT_NAME,
         "port": c.SERVER_PORT,
@@ -22,5 +27,5 @@ def service(isvc: InferenceService) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(isvc, isvc.name),
-        "spec": {"type": "ClusterIP", "selector": serving_labels(isvc), "ports": [port]},
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": [port]},
     }
