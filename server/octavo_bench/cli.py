@@ -1,6 +1,6 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
 random-model|sharegpt-synth|gpu|routed|embeddings|rerank|step-profile|vision|
-kv-offload``: the command line."""
+kv-offload|pd``: the command line."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from octavo_bench import (
     lora,
     offline,
     parallel,
+    pd,
     quantized,
     random_model,
     rerank,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     step_profile.register(kinds)
     vision.register(kinds)
     kv_offload.register(kinds)
+    pd.register(kinds)
     return parser
 
 
