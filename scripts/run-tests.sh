@@ -11,6 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-.venv/bin}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
+# Bytecode is written on first import (the venv is installed without it): with
+# PYTHONDONTWRITEBYTECODE set, as on this workplace's machines, every one of the suite's
+# hundreds of Python processes (servers, workers, pods) compiled the modules no earlier
+# process had cached, ~2.4 s of CPU each for torch + transformers + the server from none.
+unset PYTHONDONTWRITEBYTECODE
 overlap="${OCTAVO_E2E_OVERLAP:-1}"
 background_log=$(mktemp -t octavo-test-background.XXXXXX)
 e2e_status=$(mktemp -t octavo-test-e2e.XXXXXX)
