@@ -69,14 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=default_dtype(), help="as octavo serve --dtype")
     parser.add_argument("--served-model-name", default="octavo-bench")
     parser.add_argument("--setups", type=name_list(SETUPS), default=list(SETUPS))
-    parser.add_argument("--long-count", type=int, default=10)
+    parser.add_argument("--long-count", type=int, default=8)
     parser.add_argument("--long-words", type=int, default=1500, help="about a token each")
     parser.add_argument("--long-tokens", type=int, default=4, help="output tokens")
-    parser.add_argument("--long-rate", type=float, default=0.125, help="requests a second")
-    parser.add_argument("--short-count", type=int, default=48)
+    parser.add_argument("--long-rate", type=float, default=0.133, help="requests a second")
+    parser.add_argument("--short-count", type=int, default=72)
     parser.add_argument("--short-words", type=int, default=32)
     parser.add_argument("--short-tokens", type=int, default=64, help="streamed output tokens")
-    parser.add_argument("--short-rate", type=float, default=0.6, help="requests a second")
+    parser.add_argument("--short-rate", type=float, default=1.2, help="requests a second")
     parser.add_argument(
         "--threshold-words",
         type=int,
