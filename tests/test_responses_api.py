@@ -415,6 +415,22 @@ def test_bad_input_is_a_400_naming_the_field(client, fields, param, words):
     assert words in error.value.body["message"]
 
 
+def test_a_prefill_for_a_remote_decode_is_not_streamed_and_misses_an_earlier_turn_with_503(client):
+    """P/D: a prefill pod never stored the decode pod's earlier turn, so an unknown
+    previous_response_id is a 503 there (the llm-d sidecar then decodes the whole request
+    on its decode pod; a 4xx would reach the client)."""
+    prefill = {"kv_transfer_params": {"do_remote_decode": True}}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(model=MODEL, input="Hi", stream=True, extra_body=prefill)
+    assert "stream false" in error.value.body["message"]
+    unknown = {"previous_response_id": "resp_on_a_decode_pod"}
+    with pytest.raises(openai.InternalServerError) as error:
+        client.with_options(max_retries=0).responses.create(
+            model=MODEL, input="Hi", extra_body=prefill, **unknown
+        )
+    assert error.value.status_code == 503 and "prefill server" in error.value.body["message"]
+
+
 def test_the_store_is_bounded_in_bytes_too(monkeypatch):
     """100 responses of 7.5 MiB each once took the server from 794 to 1573 MiB: the store
     now forgets the least recently used past OCTAVO_RESPONSES_STORE_BYTES as well."""

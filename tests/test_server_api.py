@@ -270,6 +270,7 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
         ({"frobnicate": True}, "frobnicate"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None),
+        ({"stream": True, "kv_transfer_params": {"do_remote_decode": True}}, None),
     ],
 )
 def test_chat_validation_errors_are_400(client, body, param):
@@ -290,6 +291,9 @@ def test_chat_validation_errors_are_400(client, body, param):
         {"prompt": "x", "temperature": -1},
         {"prompt": "x", "min_tokens": 5, "max_tokens": 2},
         {"prompt": "x", "stream_options": {"include_usage": True}},
+        # P/D: a prefill's params come back in a non-streamed body, for one prompt's blocks
+        {"prompt": "x", "stream": True, "kv_transfer_params": {"do_remote_decode": True}},
+        {"prompt": ["a", "b"], "kv_transfer_params": {"do_remote_decode": True}},
     ],
 )
 def test_completion_validation_errors_are_400(client, body):

@@ -199,6 +199,7 @@ class SamplingRequest(RequestControls):
     def _stream_options_need_stream(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        check_remote_decode_not_streamed(self.kv_transfer_params, self.stream)
         return self
 
     @property
@@ -234,6 +235,22 @@ def check_prompt_shape(value: Any, name: str = "prompt") -> PromptInput:
     )
 
 
+def check_remote_decode_not_streamed(params: dict[str, Any] | None, stream: bool) -> None:
+    """A prefill for a remote decode answers its ``kv_transfer_params`` in the response
+    body (as vLLM, where the routing sidecar reads them): streamed, its blocks would stay
+    held, unread, until the lease expired."""
+    if stream and isinstance(params, dict) and params.get("do_remote_decode") is True:
+        raise ValueError(
+            "kv_transfer_params with do_remote_decode need stream false: the prefill's "
+            "kv_transfer_params come back in the (non-streamed) response"
+        )
+
+
+def prompt_count(prompt: PromptInput) -> int:
+    """How many prompts a completion's ``prompt`` holds."""
+    return 1 if isinstance(prompt, str) or _is_token_ids(prompt) else len(prompt)
+
+
 class CompletionRequest(SamplingRequest):
     prompt: Annotated[Any, AfterValidator(check_prompt_shape)]
     echo: bool = False
@@ -254,6 +271,11 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("best_of is not supported (it must be omitted or equal n)")
         if self.echo and self.logprobs is not None and self.stream:
             raise ValueError("echo with logprobs (prompt scoring) is supported without stream")
+        if self.kv_transfer_params is not None and prompt_count(self.prompt) != 1:
+            raise ValueError(
+                "kv_transfer_params go with a single prompt (a prefill's KV blocks are one "
+                "prompt's), got a list of several"
+            )
         return self
 
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from octavo.entrypoints.openai.protocol import MAX_REQUEST_ID_LENGTH, RequestBody
+from octavo.entrypoints.openai.protocol import (
+    MAX_REQUEST_ID_LENGTH,
+    RequestBody,
+    check_remote_decode_not_streamed,
+)
 from octavo.sampling_params import MAX_CACHE_SALT_LENGTH
 
 JsonObject = dict[str, Any]
@@ -89,6 +93,11 @@ class ResponsesRequest(RequestBody):
         if value.get("verbosity") not in (*VERBOSITY, None):
             raise ValueError(f"text.verbosity must be one of {', '.join(VERBOSITY)}")
         return value
+
+    @model_validator(mode="after")
+    def _remote_decode_not_streamed(self) -> ResponsesRequest:
+        check_remote_decode_not_streamed(self.kv_transfer_params, self.stream)
+        return self
 
     @field_validator("reasoning")
     @classmethod

@@ -101,6 +101,16 @@ def earlier_turns(body: ResponsesRequest, store: ResponseStore) -> list[ChatMess
     if body.previous_response_id is None:
         return []
     entry = store.get(body.previous_response_id)
+    if entry is None and prefills_for_remote_decode(body):
+        # a prefill pod never saw the turn a decode pod stored: a 5xx makes the llm-d
+        # routing sidecar fall back to a whole request on its decode pod, which has it
+        raise APIError(
+            503,
+            f"Previous response with id {body.previous_response_id!r} is not stored on "
+            "this prefill server; decode it where it is stored.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
     if entry is None:
         raise APIError(
             400,
@@ -135,8 +145,15 @@ async def create_response(
     cut_short = choice.finish_reason == "length"
     response.output = output_items(choice.message, "incomplete" if cut_short else "completed")
     response.finish(run.usage(len(output.token_ids)), cut_short)
-    run.remember()
+    if not prefills_for_remote_decode(body):
+        run.remember()  # a prefill's one-token answer is thrown away by the sidecar
     return JSONResponse(with_transfer_params(response.model_dump(), [final]))
+
+
+def prefills_for_remote_decode(body: ResponsesRequest) -> bool:
+    """The request is a P/D prefill (``kv_transfer_params.do_remote_decode``)."""
+    params = body.kv_transfer_params
+    return isinstance(params, dict) and params.get("do_remote_decode") is True
 
 
 def new_response(body: ResponsesRequest, model: str) -> ResponseObject:
