@@ -1,17 +1,24 @@
 """spec.prefill: the prefill Deployment, the decode pods' routing sidecar and KV-transfer
-flags, the picker's P/D profiles, the status of both pools, and a bad spec.prefill."""
+flags (with spec.prefill.kvTransfer), the picker's P/D profiles, a disruption budget and a
+PodMonitor per pool, the status of both pools, a bad spec.prefill, and names of the
+prefill pool's objects that another owner holds (never taken over, never deleted)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from kubernetes import client
+
 from octavo.cli import build_parser
+from octavo.kv_transfer.config import KVTransferConfig
 from octavo_operator import constants as c
 from octavo_operator.api.prefill import sets_flag
 from octavo_operator.builders.children import ChildRef, desired_children
 from octavo_operator.builders.picker_config import endpoint_picker_config
+from octavo_operator.conditions import transitions
 from octavo_operator.handlers import named, workload
+from octavo_operator.kube import Kube, object_path
 from octavo_operator.reconcile import Controller, Settings
 from octavo_operator.status import Observed, compute
 
@@ -88,7 +95,12 @@ def test_both_engines_take_the_nixl_connector_and_the_pod_ip_side_channel():
     for name in ("Deployment/chat", "Deployment/chat-prefill"):
         server = out[name]["spec"]["template"]["spec"]["containers"][0]
         config = json.loads(flag(server["args"], "--kv-transfer-config"))
-        assert config == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        assert config == {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"kv_lease_duration": 30},
+        }
         env = env_of(server)
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
@@ -173,7 +185,11 @@ def test_the_picker_disaggregates_with_a_profile_per_role():
 def test_without_prefill_nothing_changes_and_the_prefill_objects_go():
     spec = {"model": MODEL, "router": {"enabled": True}}
     out = desired_children(isvc(spec), "octavo:1", False, inference_pools_served=True)
-    assert out.remove_prefill == [*SIDECAR_RBAC, ChildRef("apps/v1", "Deployment", "chat-prefill")]
+    assert out.remove_prefill == [
+        *SIDECAR_RBAC,
+        ChildRef("apps/v1", "Deployment", "chat-prefill"),
+        ChildRef("policy/v1", "PodDisruptionBudget", "chat-prefill"),
+    ]
     decode = next(o for o in out.apply if o["metadata"]["name"] == "chat")
     assert c.ROLE_LABEL not in decode["spec"]["template"]["metadata"]["labels"]
     assert "initContainers" not in decode["spec"]["template"]["spec"]
@@ -249,32 +265,56 @@ def test_other_bad_prefills_say_what_to_change():
     assert not sets_flag(("--kv-cache-dtype", "fp8"), "--kv-transfer-config")
 
 
-class FakeKube:
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-        self.deleted: list[tuple[str, str]] = []
+class FakeApiServer(Kube):
+    """The real Kube over an in-memory apiserver: GET, server-side apply (PATCH) and DELETE
+    with preconditions, on objects keyed by their path."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
+        super().__init__(api=None)  # type: ignore[arg-type]
+        self.objects = objects
+        self.deleted: list[str] = []
 
     def served(self, group_version: str, plural: str) -> bool:
         return plural == "inferencepools"
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.applied.append(obj)
-        return obj
+    def call(self, method: str, path: str, body: Any = None, *_: Any, **__: Any) -> dict:
+        found = self.objects.get(path)
+        if method == "PATCH":
+            meta = {"uid": f"uid-of-{path}", **body["metadata"]}
+            self.objects[path] = {**body, "metadata": meta}
+            return self.objects[path]
+        if found is None:
+            raise client.ApiException(status=404, reason="Not Found")
+        if method == "DELETE":
+            if body["preconditions"]["uid"] != found["metadata"]["uid"]:
+                raise client.ApiException(status=409, reason="Conflict")
+            self.deleted.append(path)
+            del self.objects[path]
+        return found
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        self.deleted.append((kind, name))
-        return True
+
+def owned_by(kind: str, name: str, owner_uid: str | None, owner: str = "x") -> dict[str, Any]:
+    refs = [{"kind": "InferenceService", "name": owner, "uid": owner_uid, "controller": True}]
+    meta = {"name": name, "uid": f"uid-{name}", "ownerReferences": refs if owner_uid else []}
+    return {"kind": kind, "metadata": meta}
+
+
+def path_of(kind: str, name: str) -> str:
+    rbac = "rbac.authorization.k8s.io/v1"
+    api_version = {"Deployment": "apps/v1", "ServiceAccount": "v1", "Role": rbac}[kind]
+    return object_path(api_version, kind, "team-a", name)
 
 
 def test_reconcile_records_each_deployment_and_removes_the_prefill_pool_when_off():
-    controller = Controller(FakeKube(), Settings())
+    kube = FakeApiServer({})
+    controller = Controller(kube, Settings())
     applied = controller.reconcile(body(PD), trigger="create")
     assert applied.deployment["metadata"]["name"] == "chat"
     assert applied.prefill["metadata"]["name"] == "chat-prefill"
     assert applied.picker["metadata"]["name"] == "chat-epp"
     controller.reconcile(body({"model": MODEL, "router": {"enabled": True}}), trigger="update")
-    assert {("Deployment", "chat-prefill"), ("Role", "chat-pd-sidecar")} <= set(
-        controller.kube.deleted
+    assert {path_of("Deployment", "chat-prefill"), path_of("Role", "chat-pd-sidecar")} <= set(
+        kube.deleted
     )
 
 
@@ -284,3 +324,121 @@ def test_the_status_tells_the_two_deployments_apart_in_the_index():
     indexes = {"deployment_index": {("team-a", "chat"): store}}
     assert workload(service, None, indexes)["metadata"]["name"] == "chat"
     assert named(store, "chat-prefill")["spec"]["replicas"] == 2
+
+
+# --- finding 23: spec.prefill.kvTransfer ------------------------------------------------
+
+
+def test_kv_transfer_settings_reach_both_pools_and_the_server_parser():
+    spec = {**PD, "prefill": {**PD["prefill"], "kvTransfer": {"failurePolicy": "fail"}}}
+    spec["prefill"]["kvTransfer"]["leaseSeconds"] = 90
+    out = children(spec)
+    for name in ("Deployment/chat", "Deployment/chat-prefill"):
+        args = out[name]["spec"]["template"]["spec"]["containers"][0]["args"]
+        config = json.loads(flag(args, "--kv-transfer-config"))
+        assert config["kv_load_failure_policy"] == "fail"
+        assert config["kv_connector_extra_config"] == {"kv_lease_duration": 90}
+        server = KVTransferConfig.parse(build_parser().parse_args(args).kv_transfer_config)
+        server.check()  # what the engine does at start-up
+        assert (server.lease_seconds, server.recomputes_on_failure) == (90.0, False)
+    bad = {**PD, "prefill": {"kvTransfer": {"failurePolicy": "retry"}}}
+    assert "failurePolicy" in (isvc(bad).prefill_problem or "")
+    bad = {**PD, "prefill": {"kvTransfer": {"leaseSeconds": 0}}}
+    assert "leaseSeconds" in (isvc(bad).prefill_problem or "")
+
+
+# --- finding 7: disruption budgets per pool ---------------------------------------------
+
+
+def test_the_budget_counts_decode_pods_and_the_prefill_pool_has_its_own():
+    spec = {**PD, "replicas": 2, "disruptionBudget": {"minAvailable": 2}}
+    out = children(spec)
+    decode = out["PodDisruptionBudget/chat"]["spec"]
+    assert decode["minAvailable"] == 2
+    assert decode["selector"]["matchLabels"][c.ROLE_LABEL] == "decode"
+    prefill = out["PodDisruptionBudget/chat-prefill"]
+    assert prefill["spec"]["maxUnavailable"] == 1
+    assert prefill["spec"]["selector"]["matchLabels"][c.ROLE_LABEL] == "prefill"
+    assert prefill["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    prefill_pods = out["Deployment/chat-prefill"]["spec"]["template"]["metadata"]["labels"]
+    assert not decode["selector"]["matchLabels"].items() <= prefill_pods.items()
+    no_budget = desired_children(isvc(PD), "octavo:1", False, inference_pools_served=True)
+    assert ChildRef("policy/v1", "PodDisruptionBudget", "chat-prefill") in no_budget.remove
+
+
+# --- finding 17: the prefill pods are scraped --------------------------------------------
+
+
+def test_a_pod_monitor_scrapes_the_prefill_pods_where_the_api_is_served():
+    spec = {**PD, "monitoring": {"serviceMonitor": True}}
+    out = desired_children(isvc(spec), "octavo:1", True, True, pod_monitors_served=True)
+    (monitor,) = [o for o in out.apply if o["kind"] == "PodMonitor"]
+    assert monitor["metadata"]["name"] == "chat-prefill"
+    assert monitor["spec"]["selector"]["matchLabels"][c.ROLE_LABEL] == "prefill"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    prefill = next(o for o in out.apply if o["metadata"]["name"] == "chat-prefill")
+    ports = prefill["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in ports
+    plain = {"model": MODEL, "monitoring": {"serviceMonitor": True}}
+    off = desired_children(isvc(plain), "octavo:1", True, pod_monitors_served=True)
+    assert ChildRef("monitoring.coreos.com/v1", "PodMonitor", "chat-prefill") in off.remove_prefill
+
+
+# --- finding 6: objects of another owner under the prefill names ------------------------
+
+
+def test_resume_removes_only_the_prefill_objects_this_service_controls():
+    objects = {
+        path_of("Deployment", "chat-prefill"): owned_by("Deployment", "chat-prefill", "uid-2"),
+        path_of("ServiceAccount", "chat-pd-sidecar"): owned_by("ServiceAccount", "x", None),
+        path_of("Role", "chat-pd-sidecar"): owned_by("Role", "chat-pd-sidecar", "uid-1"),
+    }
+    kube = FakeApiServer(objects)
+    spec = {"model": MODEL, "router": {"enabled": True}}
+    Controller(kube, Settings()).reconcile(body(spec), trigger="resume")
+    assert kube.deleted == [path_of("Role", "chat-pd-sidecar")]  # ours (uid-1) only
+    assert path_of("Deployment", "chat-prefill") in kube.objects
+    assert path_of("ServiceAccount", "chat-pd-sidecar") in kube.objects
+
+
+def test_a_prefill_name_of_another_owner_is_degraded_and_left_alone():
+    taken = owned_by("Deployment", "chat-prefill", "uid-2")
+    kube = FakeApiServer({path_of("Deployment", "chat-prefill"): taken})
+    controller = Controller(kube, Settings())
+    applied = controller.reconcile(body(PD), trigger="create")
+    assert "Deployment team-a/chat-prefill" in (applied.prefill_conflict or "")
+    assert kube.objects[path_of("Deployment", "chat-prefill")] is taken  # not applied over
+    assert path_of("ServiceAccount", "chat-pd-sidecar") not in kube.objects
+    decode = kube.objects[path_of("Deployment", "chat")]["spec"]["template"]["spec"]
+    assert "initContainers" not in decode  # the decode pool serves alone, no sidecar
+    observed = Observed(
+        deployment=deployment_seen("chat", 1, 1), prefill_conflict=applied.prefill_conflict
+    )
+    _, conds = compute(isvc(PD), observed)
+    by_type = {cond.type: cond for cond in conds}
+    assert (by_type["Degraded"].status, by_type["Degraded"].reason) == (True, "PrefillNameTaken")
+    assert "belongs to InferenceService x" in by_type["Degraded"].message
+    assert by_type["PrefillReady"].reason == "PrefillNameTaken"
+    event = [(cond.type, cond.healthy) for cond in transitions([], conds)]  # a Warning Event
+    assert ("Degraded", False) in event
+
+
+def test_an_inference_service_named_like_the_prefill_pool_wins_the_name():
+    namesake = object_path(c.API_VERSION, c.KIND, "team-a", "chat-prefill")
+    kube = FakeApiServer({namesake: {"metadata": {"name": "chat-prefill", "uid": "uid-2"}}})
+    applied = Controller(kube, Settings()).reconcile(body(PD), trigger="create")
+    assert "InferenceService chat-prefill exists" in (applied.prefill_conflict or "")
+    assert path_of("Deployment", "chat-prefill") not in kube.objects
+    freed = FakeApiServer({})
+    assert Controller(freed, Settings()).reconcile(body(PD), "create").prefill_conflict is None
+    assert path_of("Deployment", "chat-prefill") in freed.objects
+
+
+def test_the_prefill_pool_of_an_earlier_service_of_the_same_name_is_adopted():
+    leftover = owned_by("Deployment", "chat-prefill", "uid-0", owner="chat")  # not collected yet
+    kube = FakeApiServer({path_of("Deployment", "chat-prefill"): leftover})
+    applied = Controller(kube, Settings()).reconcile(body(PD), trigger="create")
+    assert applied.prefill_conflict is None
+    adopted = kube.objects[path_of("Deployment", "chat-prefill")]["metadata"]
+    assert adopted["ownerReferences"][0]["uid"] == "uid-1"

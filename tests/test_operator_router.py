@@ -451,7 +451,9 @@ class FakeKube:
         self.applied.append(obj)
         return obj
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+    def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str | None = None
+    ) -> bool:
         self.deleted.append((kind, name))
         return True
 

@@ -55,6 +55,7 @@ CHILD_RESOURCES = (
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("monitoring.coreos.com", "v1", "servicemonitors"),
+    ("monitoring.coreos.com", "v1", "podmonitors"),  # spec.prefill's pool
     ("", "v1", "configmaps"),
     # spec.router: the endpoint picker's RBAC and the InferencePool (watched once its CRD
     # exists: kopf follows CRDs as they come and go).
@@ -67,6 +68,7 @@ CHILD_RESOURCES = (
 )
 RETRY_DELAY_SECONDS = 30
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 MONITORING_API = "monitoring.coreos.com/v1"
 DISCOVERY_WAIT_SECONDS = 10
 ADAPTER_SYNC_SECONDS = float(os.environ.get("OCTAVO_OPERATOR_ADAPTER_SYNC_SECONDS", "10"))
@@ -232,6 +234,7 @@ def observe(ctl: Controller, key: Key, body: dict[str, Any], indexes: dict[str, 
             named(indexes["deployment_index"].get(key), f"{key[1]}{c.PREFILL_SUFFIX}"),
             applied.prefill if applied else None,
         ),
+        prefill_conflict=applied.prefill_conflict if applied else None,
     )
 
 
@@ -490,6 +493,10 @@ def _wants_monitor(isvc: InferenceService) -> bool:
     return isvc.monitoring.service_monitor
 
 
+def _wants_pod_monitor(isvc: InferenceService) -> bool:
+    return isvc.monitoring.service_monitor and isvc.disaggregated
+
+
 def _wants_router(isvc: InferenceService) -> bool:
     return isvc.router is not None
 
@@ -502,6 +509,7 @@ def _wants_groups(isvc: InferenceService) -> bool:
 # reconciled now (a ServiceMonitor, or a pool and picker), not at their next change.
 OPTIONAL_APIS = {
     SERVICE_MONITOR_CRD: (MONITORING_API, "servicemonitors", _wants_monitor, "monitoring-api"),
+    POD_MONITOR_CRD: (MONITORING_API, "podmonitors", _wants_pod_monitor, "monitoring-api"),
     c.INFERENCE_POOL_CRD: (c.INFERENCE_POOL_API, "inferencepools", _wants_router, "pool-api"),
     c.LWS_CRD: (c.LWS_API, c.LWS_PLURAL, _wants_groups, "lws-api"),
 }

@@ -31,6 +31,7 @@ PLURALS = {
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "NetworkPolicy": "networkpolicies",
     "ServiceMonitor": "servicemonitors",
+    "PodMonitor": "podmonitors",
     "Event": "events",
     "ConfigMap": "configmaps",
     "Secret": "secrets",
@@ -83,6 +84,12 @@ class NotLeading(client.ApiException):
         super().__init__(status=503, reason="this replica no longer holds the leader Lease")
 
 
+def controller_uid(obj: dict[str, Any]) -> str | None:
+    """The uid of the object's controller (its ownerReference with controller: true)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller")), None)
+
+
 def always() -> bool:
     return True
 
@@ -133,12 +140,23 @@ class Kube:
             "PATCH", path, obj, query, **{"Content-Type": "application/apply-patch+yaml"}
         )
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """True if something was deleted; a missing object is not an error."""
+    def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str | None = None
+    ) -> bool:
+        """True if something was deleted; a missing object is not an error. With OWNER_UID
+        only an object that owner controls goes: a GET checks its controller reference, and
+        the DELETE's precondition is the uid read (a namesake created meanwhile stays)."""
+        path = object_path(api_version, kind, namespace, name)
+        body = None
         try:
-            self.call("DELETE", object_path(api_version, kind, namespace, name))
+            if owner_uid is not None:
+                found = self.call("GET", path)
+                if controller_uid(found) != owner_uid:
+                    return False
+                body = {"preconditions": {"uid": found["metadata"]["uid"]}}
+            self.call("DELETE", path, body)
         except client.ApiException as error:
-            if error.status == 404:
+            if error.status in (404, 409):  # gone, or replaced by a namesake meanwhile
                 return False
             raise
         return True

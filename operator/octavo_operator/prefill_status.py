@@ -1,6 +1,7 @@
 """The PrefillReady condition and `status.prefill` of a service with spec.prefill: how many
 prefill replicas run and pass /health, or why there are none (an invalid spec.prefill is
-Degraded too; the decode pool then serves alone, as without spec.prefill)."""
+Degraded too, and so is one whose object names belong to another owner: prefill_names.py;
+the decode pool then serves alone, as without spec.prefill)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from octavo_operator.api.service import InferenceService
 from octavo_operator.conditions import DEGRADED, PREFILL_READY, Condition
+from octavo_operator.prefill_names import NAME_TAKEN
 
 INVALID = "PrefillInvalid"
 
@@ -21,16 +23,22 @@ def prefill_counts(isvc: InferenceService, prefill: dict[str, Any] | None) -> tu
     return wanted, (prefill.get("status") or {}).get("readyReplicas", 0)
 
 
-def prefill_invalid(isvc: InferenceService) -> Condition | None:
-    if isvc.prefill_problem is None:
+def prefill_invalid(isvc: InferenceService, conflict: str | None = None) -> Condition | None:
+    """Degraded for an invalid spec.prefill, or for one whose names are taken (CONFLICT)."""
+    problem, reason = (conflict, NAME_TAKEN) if conflict else (isvc.prefill_problem, INVALID)
+    if problem is None:
         return None
-    message = f"{isvc.prefill_problem}; the decode pool serves alone until it is fixed"
-    return Condition(DEGRADED, True, INVALID, message)
+    message = f"{problem}; the decode pool serves alone until it is fixed"
+    return Condition(DEGRADED, True, reason, message)
 
 
-def prefill_condition(isvc: InferenceService, prefill: dict[str, Any] | None) -> Condition:
+def prefill_condition(
+    isvc: InferenceService, prefill: dict[str, Any] | None, conflict: str | None = None
+) -> Condition:
     if isvc.prefill_problem is not None:
         return Condition(PREFILL_READY, False, INVALID, isvc.prefill_problem)
+    if conflict is not None:
+        return Condition(PREFILL_READY, False, NAME_TAKEN, conflict)
     wanted, ready = prefill_counts(isvc, prefill)
     if prefill is None:
         message = f"creating the prefill pool {isvc.prefill_name}"

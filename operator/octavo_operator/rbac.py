@@ -46,6 +46,8 @@ def namespaced_rules() -> list[dict[str, Any]]:
         _rule("autoscaling", "horizontalpodautoscalers", [*WATCH, *APPLY, "delete"]),
         _rule("networking.k8s.io", "networkpolicies", [*WATCH, *APPLY, "delete"]),
         _rule("monitoring.coreos.com", "servicemonitors", [*WATCH, *APPLY, "delete"]),
+        # spec.prefill: the prefill pool's pods, which no Service of the service selects.
+        _rule("monitoring.coreos.com", "podmonitors", [*WATCH, *APPLY, "delete"]),
         # The list of LoRA adapters a starting pod loads (spec.adapters), and the endpoint
         # picker's config (spec.router).
         _rule("", "configmaps", [*WATCH, *APPLY, "delete"]),

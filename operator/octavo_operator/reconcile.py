@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
@@ -20,13 +20,14 @@ from octavo_operator import metrics
 from octavo_operator.adapter_sync import AdapterReport
 from octavo_operator.api.service import InferenceService
 from octavo_operator.builders.activator_slice import ActivatorAddress
-from octavo_operator.builders.children import desired_children
+from octavo_operator.builders.children import DesiredChildren, desired_children
 from octavo_operator.conditions import merge, transitions
 from octavo_operator.events import now_rfc3339, post_transitions
 from octavo_operator.idle_scaler import IdleScaler
 from octavo_operator.kube import Kube, api_error_message, object_path
 from octavo_operator.memory import Trimmer
 from octavo_operator.node_key import ensure_node_key
+from octavo_operator.prefill_names import prefill_name_conflict
 from octavo_operator.status import Observed, compute, deployment_summary
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Applied:
     prefill: dict[str, Any] | None = None  # the prefill pool's Deployment (spec.prefill)
     pools_served: bool | None = None  # whether the InferencePool API was there
     lws_served: bool | None = None  # whether the LeaderWorkerSet API was there
+    prefill_conflict: str | None = None  # spec.prefill's names belong to another owner
 
 
 @dataclass(frozen=True)
@@ -150,19 +152,9 @@ class Controller:
     def _apply_children(self, isvc: InferenceService, applied: Applied, check_all: bool) -> None:
         """Apply the wanted children; delete optional ones turned off. Deletes are only sent
         for kinds this process applied before, or for every kind on resume (the spec may
-        have changed while the operator was down)."""
-        monitors = self.kube.served("monitoring.coreos.com/v1", "servicemonitors")
-        applied.pools_served = self.kube.served(c.INFERENCE_POOL_API, "inferencepools")
-        applied.lws_served = self.kube.served(c.LWS_API, c.LWS_PLURAL)
-        children = desired_children(
-            isvc,
-            self.settings.default_image,
-            monitors,
-            inference_pools_served=applied.pools_served,
-            picker_image=self.settings.picker_image,
-            leader_worker_sets_served=bool(applied.lws_served),
-            sidecar_image=self.settings.sidecar_image,
-        )
+        have changed while the operator was down), and only to objects this service controls
+        (a namesake of another owner stays)."""
+        isvc, children = self._desired(isvc, applied)
         previous = self.applied.get((isvc.namespace, isvc.name), Applied()).versions
         if isvc.engine.multi_node and applied.lws_served:  # before the pods, which read it
             ensure_node_key(self.kube, isvc)
@@ -180,10 +172,35 @@ class Controller:
         for ref in children.removals:
             if not check_all and (ref.kind, ref.name) not in previous:
                 continue
-            if self.kube.delete(ref.api_version, ref.kind, isvc.namespace, ref.name):
+            if self.kube.delete(ref.api_version, ref.kind, isvc.namespace, ref.name, isvc.uid):
                 logger.info(
                     "deleted %s %s/%s (off in the spec)", ref.kind, isvc.namespace, ref.name
                 )
+
+    def _desired(
+        self, isvc: InferenceService, applied: Applied
+    ) -> tuple[InferenceService, DesiredChildren]:
+        """The children for the spec and the APIs the cluster serves (recorded in APPLIED).
+        A spec.prefill whose names another owner holds is served as an invalid one: the
+        service as it is then built comes back with the children."""
+        monitors = self.kube.served("monitoring.coreos.com/v1", "servicemonitors")
+        pod_monitors = monitors and self.kube.served("monitoring.coreos.com/v1", "podmonitors")
+        applied.pools_served = self.kube.served(c.INFERENCE_POOL_API, "inferencepools")
+        applied.lws_served = self.kube.served(c.LWS_API, c.LWS_PLURAL)
+        applied.prefill_conflict = prefill_name_conflict(self.kube, isvc)
+        if applied.prefill_conflict is not None:
+            isvc = replace(isvc, prefill_problem=applied.prefill_conflict)
+        children = desired_children(
+            isvc,
+            self.settings.default_image,
+            monitors,
+            inference_pools_served=applied.pools_served,
+            picker_image=self.settings.picker_image,
+            leader_worker_sets_served=bool(applied.lws_served),
+            sidecar_image=self.settings.sidecar_image,
+            pod_monitors_served=pod_monitors,
+        )
+        return isvc, children
 
     def drifted(self, key: Key, child: dict[str, Any], deleted: bool) -> bool:
         """Did someone else delete or change this child since our last apply?"""

@@ -40,6 +40,7 @@ class Observed:
     picker: dict[str, Any] | None = None  # the endpoint picker's Deployment (spec.router)
     lws_served: bool | None = None  # engine.nodes > 1: the LeaderWorkerSet API, as last found
     prefill: dict[str, Any] | None = None  # the prefill pool's Deployment (spec.prefill)
+    prefill_conflict: str | None = None  # spec.prefill's names belong to another owner
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ def lws_api_missing(isvc: InferenceService, observed: Observed) -> Condition | N
 def degraded(isvc: InferenceService, observed: Observed) -> Condition:
     if observed.apply_error:
         return Condition(DEGRADED, True, "ApplyFailed", observed.apply_error)
-    missing_api = lws_api_missing(isvc, observed) or prefill_invalid(isvc)
+    missing_api = lws_api_missing(isvc, observed) or prefill_invalid(
+        isvc, observed.prefill_conflict
+    )
     if missing_api is not None:
         return missing_api
     for role, claim in observed.missing_claims:
@@ -200,7 +203,7 @@ def compute(isvc: InferenceService, observed: Observed) -> tuple[dict[str, Any],
         conditions.append(router_condition(isvc, observed.pools_served, observed.picker))
         fields["router"] = router_fields(isvc, observed.picker)
     if isvc.prefill is not None:
-        conditions.append(prefill_condition(isvc, observed.prefill))
+        conditions.append(prefill_condition(isvc, observed.prefill, observed.prefill_conflict))
         fields["prefill"] = prefill_fields(isvc, observed.prefill)
     return fields, conditions
 

@@ -15,6 +15,20 @@ from typing import Any
 from .spec import Resources
 
 KV_TRANSFER_FLAG = "--kv-transfer-config"  # the operator's on both pools with spec.prefill
+FAILURE_POLICIES = ("recompute", "fail")  # the server's kv_load_failure_policy values
+MAX_LEASE_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class KvTransfer:
+    """spec.prefill.kvTransfer: what both pools' --kv-transfer-config carries.
+
+    failure_policy: a decode engine whose KV fetch fails recomputes the prompt itself
+    (recompute) or fails the request (fail). lease_seconds: how long a prefill engine holds
+    a finished prompt's KV blocks for a decode engine that has not fetched them yet."""
+
+    failure_policy: str = "recompute"
+    lease_seconds: int = 30
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,15 @@ class Prefill:
     resources: Resources
     extra_args: tuple[str, ...] = ()  # after spec.engine.extraArgs on the prefill engines
     sidecar: RoutingSidecar = field(default_factory=RoutingSidecar)
+    kv_transfer: KvTransfer = field(default_factory=KvTransfer)
+
+
+def parse_kv_transfer(p: dict[str, Any]) -> KvTransfer:
+    kv = p.get("kvTransfer") or {}
+    return KvTransfer(
+        failure_policy=str(kv.get("failurePolicy", "recompute")),
+        lease_seconds=int(kv.get("leaseSeconds", 30)),
+    )
 
 
 def parse_prefill(spec: dict[str, Any], decode_resources: Resources) -> Prefill | None:
@@ -50,6 +73,7 @@ def parse_prefill(spec: dict[str, Any], decode_resources: Resources) -> Prefill 
         resources=resources,
         extra_args=tuple((p.get("engine") or {}).get("extraArgs") or ()),
         sidecar=RoutingSidecar(image=s.get("image"), resources=dict(s.get("resources") or {})),
+        kv_transfer=parse_kv_transfer(p),
     )
 
 
@@ -72,6 +96,11 @@ def prefill_problem(spec: dict[str, Any], prefill: Prefill | None, nodes: int) -
         return "spec.prefill needs engine.nodes 1: a multi-node replica cannot be split"
     if ((spec.get("autoscaling") or {}).get("minReplicas", 1)) == 0:
         return "spec.prefill does not scale to zero: autoscaling.minReplicas must be at least 1"
+    kv = prefill.kv_transfer
+    if kv.failure_policy not in FAILURE_POLICIES:
+        return f"prefill.kvTransfer.failurePolicy must be one of {', '.join(FAILURE_POLICIES)}"
+    if not 1 <= kv.lease_seconds <= MAX_LEASE_SECONDS:
+        return f"prefill.kvTransfer.leaseSeconds must be between 1 and {MAX_LEASE_SECONDS}"
     engine_args = tuple((spec.get("engine") or {}).get("extraArgs") or ())
     if sets_flag(engine_args, KV_TRANSFER_FLAG) or sets_flag(prefill.extra_args, KV_TRANSFER_FLAG):
         return (

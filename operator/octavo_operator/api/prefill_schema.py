@@ -8,7 +8,7 @@ from typing import Any
 from octavo_operator import constants as c
 
 from .engine_schema import EXTRA_ARGS, MULTI_NODE_FLAGS, OPERATOR_FLAGS, extra_args_rule
-from .prefill import KV_TRANSFER_FLAG
+from .prefill import FAILURE_POLICIES, KV_TRANSFER_FLAG, MAX_LEASE_SECONDS
 from .schema import Schema, free_form, integer, obj, quantity, rule, string
 
 PREFILL_GUARDED = (*OPERATOR_FLAGS, *MULTI_NODE_FLAGS, KV_TRANSFER_FLAG)
@@ -45,6 +45,28 @@ def sidecar_schema() -> Schema:
     )
 
 
+def kv_transfer_schema() -> Schema:
+    return obj(
+        f"How the decode engines take the prefill engines' KV blocks: both pools' "
+        f"{KV_TRANSFER_FLAG}.",
+        {
+            "failurePolicy": string(
+                "when a decode engine cannot fetch a prompt's KV blocks: recompute the prompt "
+                "itself (recompute) or fail the request (fail)",
+                enum=list(FAILURE_POLICIES),
+                default="recompute",
+            ),
+            "leaseSeconds": integer(
+                1,
+                MAX_LEASE_SECONDS,
+                description="seconds a prefill engine holds a prompt's KV blocks for a decode "
+                "engine that has not fetched them (kv_lease_duration); a fetch extends it",
+                default=30,
+            ),
+        },
+    )
+
+
 def prefill_schema() -> Schema:
     extra_args = copy.deepcopy(EXTRA_ARGS)
     extra_args["description"] = (
@@ -76,6 +98,7 @@ def prefill_schema() -> Schema:
             "resources": prefill_resources_schema(),
             "engine": engine,
             "sidecar": sidecar_schema(),
+            "kvTransfer": kv_transfer_schema(),
         },
     )
 

@@ -12,13 +12,14 @@ from .adapters import adapters_config_map, adapters_config_map_name
 from .autoscaler import horizontal_pod_autoscaler
 from .cache_claim import cache_claim
 from .deployment import deployment
-from .disruption_budget import pod_disruption_budget
+from .disruption_budget import pod_disruption_budget, prefill_disruption_budget
 from .inference_pool import inference_pool
 from .leader_worker_set import leader_worker_set
 from .network_policy import network_policy, wants_network_policy
 from .picker import picker_deployment, picker_service
 from .picker_config import picker_config_map
 from .picker_rbac import picker_role, picker_role_binding, picker_service_account
+from .pod_monitor import prefill_pod_monitor
 from .prefill import prefill_deployment
 from .routing_sidecar import sidecar_role, sidecar_role_binding, sidecar_service_account
 from .service import service
@@ -55,6 +56,7 @@ def desired_children(
     picker_image: str = c.DEFAULT_PICKER_IMAGE,
     leader_worker_sets_served: bool = False,
     sidecar_image: str = c.DEFAULT_SIDECAR_IMAGE,
+    pod_monitors_served: bool = False,
 ) -> DesiredChildren:
     """The workload comes first (after the adapter list its pods read): it is what
     users wait for."""
@@ -97,6 +99,7 @@ def desired_children(
             out.apply.append(build(isvc))
         else:
             out.remove.append(ChildRef(api_version, kind, isvc.name))
+    add_prefill_budget_and_monitor(out, isvc, pod_monitors_served)
     add_router_children(out, isvc, inference_pools_served, picker_image, default_image)
     return out
 
@@ -153,6 +156,31 @@ def add_prefill_children(out: DesiredChildren, isvc: InferenceService, image: st
         sidecar_role_binding(isvc),
         prefill_deployment(isvc, image),
     ]
+
+
+def add_prefill_budget_and_monitor(
+    out: DesiredChildren, isvc: InferenceService, pod_monitors_served: bool
+) -> None:
+    """With a valid spec.prefill: the prefill pool's PodDisruptionBudget (beside
+    spec.disruptionBudget's) and its PodMonitor (beside the ServiceMonitor, where the
+    Prometheus Operator serves PodMonitors), both `<name>-prefill`; else they go."""
+    optional = [
+        (
+            isvc.disruption_budget is not None,
+            prefill_disruption_budget,
+            ChildRef("policy/v1", "PodDisruptionBudget", isvc.prefill_name),
+        )
+    ]
+    if pod_monitors_served:
+        monitor = ChildRef("monitoring.coreos.com/v1", "PodMonitor", isvc.prefill_name)
+        optional.append((isvc.monitoring.service_monitor, prefill_pod_monitor, monitor))
+    for wanted, build, ref in optional:
+        if not isvc.disaggregated:
+            out.remove_prefill.append(ref)
+        elif wanted:
+            out.apply.append(build(isvc))
+        else:
+            out.remove.append(ref)
 
 
 def picker_refs(isvc: InferenceService) -> list[ChildRef]:
