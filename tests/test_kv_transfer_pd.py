@@ -22,8 +22,11 @@ import pytest
 
 from octavo.config import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
+from octavo.kv_cache.block_hash import BlockKeys, HashChain
+from octavo.kv_transfer.block_io import MAX_READ_BYTES
 from octavo.kv_transfer.config import KVTransferConfig
 from octavo.kv_transfer.params import parse_kv_transfer_params
+from octavo.kv_transfer.side_channel import BadRequest
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -124,9 +127,12 @@ def greedy(**fields) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, **fields)
 
 
-def prefill(engine: LLMEngine, request_id: str, prompt: list[int]) -> dict:
+def prefill(engine: LLMEngine, request_id: str, prompt: list[int], **fields) -> dict:
+    """The prefill engine's answer (``fields``: more sampling params, e.g. the cache salt
+    the decode request will send too, as the routing sidecar sends one body to both)."""
     params = SamplingParams(
-        temperature=0, max_tokens=1, ignore_eos=True, kv_transfer_params={"do_remote_decode": True}
+        **{"temperature": 0, "max_tokens": 1, "ignore_eos": True, **fields},
+        kv_transfer_params={"do_remote_decode": True},
     )
     answer = run(engine, request_id, prompt, params).kv_transfer_params
     assert answer is not None
@@ -163,7 +169,7 @@ def wait_until(condition, timeout: float = 10.0) -> None:
 def test_the_decode_engine_continues_a_remote_prefill_with_the_same_tokens(engines):
     p, d = engines
     free_before = p.parts.pool.num_free_blocks
-    answer = prefill(p, "p1", PROMPT)
+    answer = prefill(p, "p1", PROMPT, cache_salt="one")
     assert answer["do_remote_prefill"] is True and answer["do_remote_decode"] is False
     assert answer["remote_request_id"] == "p1" and answer["remote_host"] == "127.0.0.1"
     assert answer["remote_port"] == p.kv_transfer.server.port and answer["tp_size"] == 1
@@ -187,7 +193,7 @@ def test_the_decode_engine_continues_a_remote_prefill_with_the_same_tokens(engin
 def test_blocks_the_decode_engine_holds_in_its_prefix_cache_are_not_fetched(engines):
     p, d = engines
     run(d, "warm", PROMPT, greedy(cache_salt="two"))  # the decode engine caches 2 full blocks
-    answer = prefill(p, "p2", PROMPT)
+    answer = prefill(p, "p2", PROMPT, cache_salt="two")
     counters = d.kv_transfer.decode.counters
     received, bytes_before = counters.prompt_tokens_received, counters.bytes_received
     with serving(p):
@@ -197,6 +203,71 @@ def test_blocks_the_decode_engine_holds_in_its_prefix_cache_are_not_fetched(engi
     assert output.num_cached_tokens == 32, "two full blocks were local hits"
     assert counters.prompt_tokens_received - received == len(PROMPT) - 1 - 32
     assert counters.bytes_received - bytes_before == BLOCK_BYTES, "only the third block"
+
+
+SAME_LENGTH = [300 + (13 * i) % 700 for i in range(len(PROMPT))]  # another prompt, as long
+
+
+def test_a_lease_read_for_another_prompt_is_refused_and_recomputed(engines):
+    p, d = engines
+    answer = prefill(p, "p-mismatch", PROMPT, cache_salt="victim")
+    counters = d.kv_transfer.decode.counters
+    failures, bytes_before = counters.failures, counters.bytes_received
+    d.kv_transfer.decode.recompute_on_failure = True  # kv_load_failure_policy: recompute
+    try:
+        with serving(p):  # the first prompt's params, sent with another prompt of its length
+            forged = greedy(kv_transfer_params=answer, cache_salt="victim")
+            output = run(d, "d-mismatch", SAME_LENGTH, forged)
+            wait_until(lambda: p.kv_transfer.prefill.num_held == 0)
+    finally:
+        d.kv_transfer.decode.recompute_on_failure = False
+    expected = reference(d, SAME_LENGTH, "mismatch")
+    assert output.outputs[0].token_ids == expected
+    assert counters.failures == failures + 1 and counters.bytes_received == bytes_before
+    again = run(d, "d-mismatch-again", SAME_LENGTH, greedy(cache_salt="victim"))
+    assert again.num_cached_tokens == 32, "its prefix cache holds the blocks it computed"
+    assert again.outputs[0].token_ids == expected, "and they hold its own prompt's KV"
+
+
+def test_a_stopped_prefill_is_held_and_read_in_several_chunks(engines):
+    p, d = engines
+    first_token = reference(d, PROMPT, "stop")[0]
+    answer = prefill(
+        p, "p-stop", PROMPT, max_tokens=4, ignore_eos=False, stop_token_ids=[first_token],
+        cache_salt="chunks",
+    )  # fmt: skip
+    source = p.kv_transfer.server.source
+    with pytest.raises(BadRequest, match="at most"):  # the prefill engine's own cap
+        source.read("p-stop", answer["remote_lease_generation"], [0] * 10**6, "digest")
+    reads: list[int] = []
+    read = source.read
+    source.read = lambda request_id, generation, block_ids, digest: (
+        reads.append(len(block_ids)) or read(request_id, generation, block_ids, digest)
+    )
+    registered: list[bool] = []
+    execute = d.executor.execute_model
+
+    def registered_before_the_first_step(step):
+        if step.scheduled and not registered:  # imported full blocks: cached at import
+            chain = HashChain(BlockKeys(cache_salt="chunks"))
+            found = d.scheduler.kv.lookup_prefix(PROMPT, chain).found
+            registered.append(all(block is not None for block in found))
+        return execute(step)
+
+    d.executor.execute_model = registered_before_the_first_step
+    d.kv_transfer.decode.read_bytes = BLOCK_BYTES  # one block a read
+    try:
+        with serving(p):
+            output = run(
+                d, "d-stop", PROMPT, greedy(kv_transfer_params=answer, cache_salt="chunks")
+            )
+            wait_until(lambda: p.kv_transfer.prefill.num_held == 0)
+    finally:
+        source.read, d.executor.execute_model = read, execute
+        d.kv_transfer.decode.read_bytes = MAX_READ_BYTES
+    assert reads == [1, 1, 1]
+    assert registered == [True]
+    assert output.outputs[0].token_ids == reference(d, PROMPT, "stop")
 
 
 def expire_leases(engine: LLMEngine) -> None:

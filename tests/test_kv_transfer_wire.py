@@ -7,6 +7,7 @@ import json
 import socket
 import struct
 import threading
+import time
 
 import pytest
 import torch
@@ -25,7 +26,10 @@ from octavo.kv_transfer.block_io import (
     scatter_blocks,
     shard_of,
 )
+from octavo.kv_transfer.heartbeats import LeaseHeartbeats
 from octavo.kv_transfer.leases import LeaseExpired, LeaseTable
+from octavo.kv_transfer.params import RemotePrefill
+from octavo.kv_transfer.remote_peers import MISMATCH_RETRY_SECONDS, RemotePeers
 from octavo.kv_transfer.side_channel import (
     BlocksGone,
     SideChannelClient,
@@ -106,13 +110,19 @@ class CacheSource:
     def __init__(self, caches: list[torch.Tensor], leases: LeaseTable) -> None:
         self.caches, self.leases = caches, leases
         self.freed: list[str] = []
+        self.digests: list[str] = []
+        self.answer_as_asked = True
 
     def metadata(self) -> dict:
         return {"engine_id": "prefill-0", "layout": LAYOUT.to_dict(), "version": 1}
 
-    def read(self, request_id: str, generation: int, block_ids: list[int]) -> BlockPayload:
+    def read(
+        self, request_id: str, generation: int, block_ids: list[int], digest: str
+    ) -> BlockPayload:
         self.leases.check(request_id, generation)
-        return BlockPayload([cache[:, block_ids].contiguous() for cache in self.caches])
+        self.digests.append(digest)
+        wanted = block_ids if self.answer_as_asked else list(range(6))  # (else: every block)
+        return BlockPayload([cache[:, wanted].contiguous() for cache in self.caches])
 
     def free(self, request_id: str, generation: int) -> None:
         self.freed.append(request_id)
@@ -150,7 +160,7 @@ def test_read_round_trip_is_exact(served, dtype: torch.dtype) -> None:
     source, _, client, _ = served
     source.caches = _caches(dtype)
     lease = source.leases.grant("req", [5, 0, 3], 10)
-    payload = client.read("req", lease.generation, [5, 0, 3])
+    payload = client.read("req", lease.generation, [5, 0, 3], "digest")
     assert len(payload.layers) == 2
     for cache, layer in zip(source.caches, payload.layers, strict=True):
         assert layer.dtype == dtype
@@ -165,11 +175,11 @@ def test_a_failing_source_is_an_internal_error_and_the_server_keeps_serving(serv
     lease = source.leases.grant("req", [1], 3)
     source.caches = [torch.zeros(2, 6, 4, 2, 3, dtype=torch.complex64)]  # no wire dtype
     with pytest.raises(TransferFailed, match="internal") as raised:
-        client.read("req", lease.generation, [1])
+        client.read("req", lease.generation, [1], "digest")
     assert not isinstance(raised.value, BlocksGone)
     source.caches = None  # read raises TypeError
     with pytest.raises(TransferFailed, match="internal"):
-        client.read("req", lease.generation, [1])
+        client.read("req", lease.generation, [1], "digest")
     assert client.metadata()["engine_id"] == "prefill-0"
 
 
@@ -185,11 +195,11 @@ def test_expired_lease_reads_blocks_gone(served) -> None:
     lease = source.leases.grant("req", [1], 3)
     clock.now += 31.0
     with pytest.raises(BlocksGone):
-        client.read("req", lease.generation, [1])
+        client.read("req", lease.generation, [1], "digest")
     with pytest.raises(BlocksGone):
         client.heartbeat("req", lease.generation)
     with pytest.raises(BlocksGone):
-        client.read("never-granted", 7, [1])
+        client.read("never-granted", 7, [1], "digest")
     client.free("never-granted", 7)  # best effort: never raises
 
 
@@ -216,6 +226,118 @@ def test_server_answering_garbage_is_transfer_failed() -> None:
         SideChannelClient("127.0.0.1", listener.getsockname()[1], timeout=2.0).metadata()
     thread.join()
     listener.close()
+
+
+def test_a_reply_over_the_blocks_asked_is_refused_before_it_is_allocated(served) -> None:
+    source, _, client, _ = served
+    lease = source.leases.grant("req", [5, 0, 3], 10)
+    payload = client.read("req", lease.generation, [5, 0, 3], "digest-1", LAYOUT)
+    assert payload.num_blocks == 3 and source.digests == ["digest-1"]
+    source.answer_as_asked = False  # a peer answering 6 blocks for 1
+    with pytest.raises(TransferFailed, match="over 384"):  # 1 block: 2 layers of 192 bytes
+        client.read("req", lease.generation, [1], "digest-1", LAYOUT)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_the_side_channel_listens_on_an_ipv6_address() -> None:
+    source = CacheSource(_caches(torch.float32), LeaseTable(30.0, FakeClock()))
+    server = SideChannelServer("::1", 0, source)
+    server.start()
+    client = SideChannelClient("::1", server.port, timeout=5.0)
+    try:
+        assert client.metadata()["engine_id"] == "prefill-0"
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.fixture
+def silent_peer():
+    """A port whose connections are accepted by the kernel and never answered (a frozen
+    process, as a node lost without a reset looks to a connection already open)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    yield listener.getsockname()[1]
+    listener.close()
+
+
+def test_closing_a_client_ends_its_calls_in_flight(silent_peer) -> None:
+    client = SideChannelClient("127.0.0.1", silent_peer, timeout=60.0)
+    failures: list[Exception] = []
+
+    def call() -> None:
+        try:
+            client.metadata()
+        except TransferFailed as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not client._in_use and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and len(failures) == 1
+
+
+def _remote(engine_id: str, port: int, request_id: str = "req", generation: int = 1):
+    return RemotePrefill(engine_id, request_id, (0,), "127.0.0.1", port, 1, generation, 4)
+
+
+def test_a_silent_peer_does_not_delay_another_peers_heartbeats(served, silent_peer) -> None:
+    source, server, _, _ = served
+    source.leases = LeaseTable(duration=1.0)  # the real clock: heartbeats must keep it
+    lease = source.leases.grant("healthy", [1], 4)
+    heartbeats = LeaseHeartbeats(RemotePeers(LAYOUT), period=0.1)
+    try:
+        for index in range(3):
+            heartbeats.track(index, _remote("dead", silent_peer, f"stuck-{index}"))
+        heartbeats.track(3, _remote("prefill-0", server.port, "healthy", lease.generation))
+        time.sleep(2.0)  # two lease durations
+        source.leases.check("healthy", lease.generation)  # still valid
+    finally:
+        heartbeats.close()
+        heartbeats.peers.close()
+
+
+class OtherEngineSource(CacheSource):
+    def metadata(self) -> dict:
+        return {**super().metadata(), "engine_id": "another engine"}
+
+
+def test_peer_verdicts_are_kept_per_address_and_mismatches_asked_again(served) -> None:
+    source, server, _, clock = served
+    other = SideChannelServer("127.0.0.1", 0, OtherEngineSource([], LeaseTable()))
+    other.start()
+    asked: list[int] = []
+    metadata = source.metadata
+    source.metadata = lambda: asked.append(1) or metadata()
+    peers = RemotePeers(LAYOUT, clock=clock)
+    try:  # an address answering for prefill-0 falsely does not condemn the real one
+        with pytest.raises(TransferFailed, match="another engine"):
+            peers.checked_client(_remote("prefill-0", other.port))
+        peers.checked_client(_remote("prefill-0", server.port))
+        with pytest.raises(TransferFailed, match="is engine 'prefill-0'"):
+            peers.checked_client(_remote("a restarted engine", server.port))
+        with pytest.raises(TransferFailed):  # remembered: not asked again
+            peers.checked_client(_remote("a restarted engine", server.port))
+        assert len(asked) == 2
+        clock.now += MISMATCH_RETRY_SECONDS
+        with pytest.raises(TransferFailed):
+            peers.checked_client(_remote("a restarted engine", server.port))
+        assert len(asked) == 3, "a mismatch is asked again after a while"
+    finally:
+        peers.close()
+        other.close()
 
 
 def _raw_exchange(port: int, data: bytes) -> dict:
@@ -246,6 +368,9 @@ def _frame(body: bytes) -> bytes:
         (struct.pack(">I", 2**31), "over"),  # a header too big to take
         (_frame(b'{"op":"read","tensors":[{"shape":[2],"dtype":"float32","nbytes":8}]}'), "over"),
         (_frame(b'{"op":"read","request_id":"r"}'), "'generation'"),
+        (_frame(b'{"op":"read","request_id":"r","generation":1,"block_ids":[]}'), "digest"),
+        (_frame(b'{"op":"m","tensors":[{"shape":[0],"dtype":"int8","nbytes":0}]}'), "over 0"),
+        (struct.pack(">I", 2**20 + 1), "over 1048576"),  # a request header over 1 MiB
         (_frame(b'{"op":"launch"}'), "unknown op"),
     ],
 )

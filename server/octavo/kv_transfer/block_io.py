@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 KV_PLANES = 2  # keys and values
+MAX_READ_BYTES = 64 * 2**20  # one side channel read's blocks at most (a long prompt: several)
 
 
 @dataclass
@@ -54,6 +55,13 @@ class KVLayout:
             values[spec.name] = value
         return cls(**values)
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block takes in a payload: keys and values of every layer and head."""
+        element = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        per_layer = KV_PLANES * self.block_size * self.num_kv_heads * self.head_dim
+        return self.num_layers * per_layer * element
+
     def mismatch(self, other: KVLayout) -> str | None:
         """Why blocks cannot move between this layout and ``other`` (None: they can; the
         tensor-parallel sizes may differ)."""
@@ -71,6 +79,11 @@ class KVLayout:
                     f"{name} differs: {getattr(self, name)!r} here, {getattr(other, name)!r} there"
                 )
         return None
+
+
+def blocks_per_read(layout: KVLayout, max_bytes: int = MAX_READ_BYTES) -> int:
+    """How many blocks one read moves: as many as fit in ``max_bytes``, at least one."""
+    return max(1, max_bytes // layout.block_bytes)
 
 
 @dataclass

@@ -26,6 +26,11 @@ class LeaseExpired(Exception):
     """The blocks are gone (expired, released) or were never granted under that generation."""
 
 
+class PromptMismatch(LeaseExpired):
+    """A read named a lease whose blocks hold another prompt (its digest differs): for the
+    reader they are as good as gone, so it recomputes its prompt or fails by its policy."""
+
+
 @dataclass
 class Lease:
     request_id: str  # the prefill engine's request id (``remote_request_id``)
@@ -33,6 +38,7 @@ class Lease:
     num_tokens: int  # prompt tokens those blocks hold (the last block may be partial)
     expires_at: float  # on the table's clock (``time.monotonic`` by default)
     generation: int  # unique per grant, never reused
+    prompt_digest: str = ""  # what the blocks hold (``prompt_digest.prompt_digest``)
 
 
 class LeaseTable:
@@ -48,9 +54,12 @@ class LeaseTable:
         self._generations = itertools.count(1)
         self._lock = threading.Lock()
 
-    def grant(self, request_id: str, block_ids: list[int], num_tokens: int) -> Lease:
+    def grant(
+        self, request_id: str, block_ids: list[int], num_tokens: int, prompt_digest: str = ""
+    ) -> Lease:
         """Hold ``block_ids`` for ``request_id`` for one lease duration (a request id
-        already held is an error: its blocks would leak)."""
+        already held is an error: its blocks would leak); ``prompt_digest`` names what they
+        hold, and every read must name the same."""
         with self._lock:
             if request_id in self._leases:
                 raise ValueError(f"request {request_id!r} already holds a lease")
@@ -60,6 +69,7 @@ class LeaseTable:
                 num_tokens,
                 self.clock() + self.duration,
                 next(self._generations),
+                prompt_digest,
             )
             self._leases[request_id] = lease
             return lease

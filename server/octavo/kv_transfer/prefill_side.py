@@ -1,16 +1,20 @@
 """The prefill engine's side: keep a finished prompt's blocks for a remote decode, serve them.
 
 A request sent with ``kv_transfer_params: {"do_remote_decode": true}`` that finishes
-length-capped (``max_tokens: 1``, as the routing sidecar sends it) keeps its blocks: the
-scheduler asks ``hold`` before freeing them, and a lease is granted instead; the request's
-answer (``answer_for``) tells the decode engine where they wait. The blocks are freed when
-the decode engine says it has read them (``free``), when the lease expires (checked every
-step, ``free_expired``), or when the request id is aborted. Any other ending (stopped,
-aborted, failed) frees them at once and answers nothing, as vLLM does.
+length-capped (``max_tokens: 1``, as the routing sidecar sends it) or stopped (EOS or a
+stop string as its one token, as newer vLLM) keeps its blocks: the scheduler asks ``hold``
+before freeing them, and a lease is granted instead, naming the digest of the prompt they
+hold (``prompt_digest``); the request's answer (``answer_for``) tells the decode engine
+where they wait. The blocks are freed when the decode engine says it has read them
+(``free``), when the lease expires (checked every step, ``free_expired``), or when the
+request id is aborted. Any other ending (aborted, failed) frees them at once and answers
+nothing, as vLLM does.
 
 ``PrefillBlockSource`` is what the side channel's threads call: reads and frees run on
 the core thread (``CoreTasks``), between steps, so the cache is never read while a step
-writes it; a read names the lease's generation and only blocks of that lease.
+writes it; a read names the lease's generation, the digest of the reader's own prompt
+(a mismatch is answered as gone) and only blocks of that lease, at most
+``max_blocks_per_read`` of them, so one export holds the core thread briefly.
 """
 
 from __future__ import annotations
@@ -20,16 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from octavo.kv_transfer.block_io import BlockPayload, KVLayout
+from octavo.kv_transfer.block_io import BlockPayload, KVLayout, blocks_per_read
 from octavo.kv_transfer.config import KVTransferConfig
 from octavo.kv_transfer.core_tasks import CoreTasks
-from octavo.kv_transfer.leases import Lease, LeaseExpired, LeaseTable
+from octavo.kv_transfer.leases import Lease, LeaseExpired, LeaseTable, PromptMismatch
 from octavo.kv_transfer.params import RemotePrefill, answer_params, parse_kv_transfer_params
+from octavo.kv_transfer.prompt_digest import prompt_digest
+from octavo.kv_transfer.side_channel import BadRequest
 from octavo.scheduler.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
 METADATA_VERSION = 1
+HELD_ENDINGS = ("length", "stop")  # as newer vLLM: a prefill that sampled EOS is held too
 
 
 @dataclass
@@ -63,13 +70,13 @@ class PrefillLeases:
     def hold(self, seq: Sequence) -> bool:
         """On the core thread, as the scheduler finishes ``seq``: keep its blocks (True)?"""
         wanted = parse_kv_transfer_params(seq.params.kv_transfer_params)
-        if wanted is None or not wanted.do_remote_decode or seq.finish_reason != "length":
+        if wanted is None or not wanted.do_remote_decode or seq.finish_reason not in HELD_ENDINGS:
             return False
         if seq.request_id in self._seq_of or seq.num_computed_tokens < seq.num_prompt_tokens:
             return False  # the id holds blocks already (reused while held); prompt not done
         num_tokens = seq.num_prompt_tokens
         block_ids = list(self._block_ids(seq.seq_id)[: -(-num_tokens // self.block_size)])
-        lease = self.leases.grant(seq.request_id, block_ids, num_tokens)
+        lease = self.leases.grant(seq.request_id, block_ids, num_tokens, prompt_digest(seq))
         self._seq_of[seq.request_id] = seq.seq_id
         self._answers[seq.request_id] = answer_params(self._remote(lease))
         self.counters.held += 1
@@ -142,15 +149,29 @@ class PrefillBlockSource:
     ) -> None:
         self._leases, self._tasks = leases, tasks
         self._layout, self._export = layout, export_blocks
+        self.max_blocks_per_read = blocks_per_read(layout)  # one export holds the core thread
 
     def metadata(self) -> dict:
         engine_id = str(self._leases.config.engine_id)
         layout = self._layout.to_dict()
         return {"engine_id": engine_id, "layout": layout, "version": METADATA_VERSION}
 
-    def read(self, request_id: str, generation: int, block_ids: list[int]) -> BlockPayload:
+    def read(
+        self, request_id: str, generation: int, block_ids: list[int], digest: str
+    ) -> BlockPayload:
+        """Copies of ``block_ids`` of a live lease whose prompt digest is ``digest``."""
+        if len(block_ids) > self.max_blocks_per_read:
+            raise BadRequest(
+                f"a read takes at most {self.max_blocks_per_read} blocks, not {len(block_ids)}"
+            )
+
         def read_now() -> BlockPayload:
             lease = self._leases.leases.check(request_id, generation)  # LeaseExpired: "gone"
+            if lease.prompt_digest != digest:
+                raise PromptMismatch(
+                    f"the blocks of request {request_id!r} hold another prompt (its token "
+                    "ids, adapter, cache salt or images differ)"
+                )
             outside = set(block_ids) - set(lease.block_ids)
             if outside:
                 raise LeaseExpired(
@@ -161,8 +182,11 @@ class PrefillBlockSource:
         return self._tasks.call(read_now)
 
     def free(self, request_id: str, generation: int) -> None:
-        if self._tasks.call(lambda: self._leases.free(request_id, generation)):
-            self._leases.counters.freed_by_reader += 1
+        def free_now() -> None:
+            if self._leases.free(request_id, generation):
+                self._leases.counters.freed_by_reader += 1  # on the core thread: never lost
+
+        self._tasks.call(free_now)
 
     def heartbeat(self, request_id: str, generation: int) -> None:
         # The lease table is thread-safe and no tensor is touched: no core-thread hop.

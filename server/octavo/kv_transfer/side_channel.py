@@ -1,19 +1,25 @@
 """The TCP side channel a prefill engine serves its leased KV blocks on.
 
 A decode engine asks for the prefill engine's metadata (its engine id and ``KVLayout``),
-reads a request's blocks naming the lease generation it was given, heartbeats the lease
-while it waits, and frees the blocks once it has them. Messages are ``wire`` frames.
+reads a request's blocks naming the lease generation it was given and the digest of its
+own prompt, heartbeats the lease while it waits, and frees the blocks once it has them.
+Messages are ``wire`` frames.
 
 The server never touches the cache itself: each request is handed to a ``BlockSource``
-(the control plane runs reads on the engine's core thread). One thread per connection;
-a bad frame is answered with an error and that connection closed, and the server keeps
-serving the others. Errors go back as ``{"op": "error", "error": kind, "message": ...}``
-with kind ``gone`` (the lease expired, was freed or never existed), ``bad_request`` or
-``internal``.
+(the control plane runs reads on the engine's core thread). It listens on IPv4 or IPv6,
+as its host resolves (a pod's IPv6 literal too). One thread per connection; a request
+frame carries no tensors and at most ``MAX_REQUEST_HEADER_BYTES`` of header; a bad one is
+answered with an error and that connection closed, and the server keeps serving the
+others. Errors go back as ``{"op": "error", "error": kind, "message": ...}`` with kind
+``gone`` (the lease expired, was freed, never existed, or holds another prompt),
+``bad_request`` or ``internal``.
 
 The client keeps idle connections for reuse (a pool, so concurrent reads do not wait
 for each other) and turns every failure into ``TransferFailed`` (``BlocksGone`` when
 the lease is gone): the decode engine then recomputes the prompt or fails the request.
+The peer is not trusted: given the layout, a read refuses a reply declaring more than
+the blocks asked for before allocating anything; a call may bound its own time
+(heartbeats); ``close`` also ends the calls in flight, so none outlives the engine.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ import logging
 import socket
 import socketserver
 import threading
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from octavo.kv_transfer.block_io import BlockPayload
+from octavo.kv_transfer.block_io import BlockPayload, KVLayout
 from octavo.kv_transfer.leases import LeaseExpired
 from octavo.kv_transfer.wire import (
     MAX_FRAME_BYTES,
@@ -42,6 +49,7 @@ CONNECT_TIMEOUT = 5.0
 IDLE_TIMEOUT = 300.0  # the server drops a connection silent this long
 MAX_IDLE_CONNECTIONS = 4  # per client
 SHUTDOWN_POLL_SECONDS = 0.05  # how soon ``close`` stops the serving thread
+MAX_REQUEST_HEADER_BYTES = 2**20  # a read's block ids fit many times over
 
 
 class TransferFailed(Exception):
@@ -57,7 +65,9 @@ class BlockSource(Protocol):
 
     def metadata(self) -> dict: ...
 
-    def read(self, request_id: str, generation: int, block_ids: list[int]) -> BlockPayload: ...
+    def read(
+        self, request_id: str, generation: int, block_ids: list[int], digest: str
+    ) -> BlockPayload: ...
 
     def free(self, request_id: str, generation: int) -> None: ...
 
@@ -117,10 +127,12 @@ class SideChannelServer:
             raise BadRequest(f"unknown op {op!r}")
         request_id, generation = _lease_fields(header)
         if op == "read":
-            block_ids = header.get("block_ids")
+            block_ids, digest = header.get("block_ids"), header.get("prompt_digest")
             if not isinstance(block_ids, list) or not all(_is_int(b) for b in block_ids):
                 raise BadRequest("'block_ids' is not a list of integers")
-            payload = self.source.read(request_id, generation, block_ids)
+            if not isinstance(digest, str):
+                raise BadRequest("'prompt_digest' (a string) is required")
+            payload = self.source.read(request_id, generation, block_ids, digest)
             return Frame({"op": "blocks"}, list(payload.layers))
         if op == "free":
             self.source.free(request_id, generation)
@@ -137,6 +149,7 @@ class _ThreadingServer(socketserver.ThreadingTCPServer):
     def __init__(self, address: tuple[str, int], handler: type) -> None:
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
+        self.address_family = address_family(*address)
         super().__init__(address, handler)
 
     def track(self, sock: socket.socket, open_now: bool) -> None:
@@ -171,7 +184,9 @@ class _Handler(socketserver.BaseRequestHandler):
         side_channel = self.server.side_channel
         while True:
             try:
-                frame = recv_frame(sock, max_bytes=0)  # requests carry no tensors
+                frame = recv_frame(  # requests carry no tensors
+                    sock, max_bytes=0, max_header_bytes=MAX_REQUEST_HEADER_BYTES, max_tensors=0
+                )
             except ProtocolError as error:
                 logger.warning(
                     "KV side channel: a bad frame from %s: %s", self.client_address, error
@@ -187,6 +202,15 @@ class _Handler(socketserver.BaseRequestHandler):
                 send_frame(sock, _error("internal", f"cannot encode the answer: {error}").header)
 
 
+@dataclass(frozen=True)
+class ReplyLimits:
+    """What one call accepts back (None: the client's defaults)."""
+
+    max_bytes: int | None = None  # tensor bytes
+    max_tensors: int | None = None
+    timeout: float | None = None  # seconds to connect, and for each socket operation
+
+
 class SideChannelClient:
     """Calls on one prefill engine's side channel (thread-safe; connections reused)."""
 
@@ -196,6 +220,8 @@ class SideChannelClient:
         self.host, self.port, self.timeout = host, port, timeout
         self.max_frame_bytes = max_frame_bytes
         self._idle: list[socket.socket] = []
+        self._in_use: set[socket.socket] = set()
+        self._closed = False
         self._lock = threading.Lock()
 
     def metadata(self) -> dict:
@@ -205,9 +231,23 @@ class SideChannelClient:
             raise TransferFailed(f"{self._peer()} sent metadata that is not an object")
         return metadata
 
-    def read(self, request_id: str, generation: int, block_ids: list[int]) -> BlockPayload:
+    def read(
+        self,
+        request_id: str,
+        generation: int,
+        block_ids: list[int],
+        digest: str,
+        layout: KVLayout | None = None,
+    ) -> BlockPayload:
+        """The blocks of a lease, for a prompt whose ``prompt_digest`` is ``digest``; with
+        ``layout`` (this engine's, which the peer's matched), a reply declaring more than
+        those blocks' bytes or layers is refused before anything is allocated for it."""
         header = {"op": "read", "request_id": request_id, "generation": generation}
-        reply = self._call({**header, "block_ids": list(block_ids)})
+        limits = ReplyLimits()
+        if layout is not None:
+            limits = ReplyLimits(len(block_ids) * layout.block_bytes, layout.num_layers)
+        request = {**header, "block_ids": list(block_ids), "prompt_digest": digest}
+        reply = self._call(request, limits)
         if reply.header["op"] != "blocks":
             raise TransferFailed(f"{self._peer()} answered a read with {reply.header['op']!r}")
         return BlockPayload(reply.tensors)
@@ -219,70 +259,105 @@ class SideChannelClient:
         except TransferFailed as error:
             logger.debug("freeing %s's blocks on %s failed: %s", request_id, self._peer(), error)
 
-    def heartbeat(self, request_id: str, generation: int) -> None:
-        self._call({"op": "heartbeat", "request_id": request_id, "generation": generation})
+    def heartbeat(self, request_id: str, generation: int, timeout: float | None = None) -> None:
+        """Extend a lease; ``timeout`` bounds the connect and the answer (default: the
+        client's)."""
+        header = {"op": "heartbeat", "request_id": request_id, "generation": generation}
+        self._call(header, ReplyLimits(timeout=timeout))
 
     def close(self) -> None:
+        """Close the idle connections, and end the calls in flight (they fail at once)."""
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
+            in_use = list(self._in_use)
         for sock in idle:
             sock.close()
+        for sock in in_use:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
-    def _call(self, header: dict[str, Any]) -> Frame:
+    def _call(self, header: dict[str, Any], limits: ReplyLimits | None = None) -> Frame:
         """One request and its reply; a reused connection the server has dropped since is
         retried once on a new one. Error replies raise."""
-        sock, reused = self._connection()
+        limits = limits or ReplyLimits()
+        timeout = self.timeout if limits.timeout is None else limits.timeout
+        sock, reused = self._connection(timeout)
         try:
-            reply = self._exchange(sock, header)
+            reply = self._exchange(sock, header, limits)
         except (ConnectionClosed, ConnectionError) as error:
-            sock.close()
+            self._forget(sock)
             if not reused:
                 raise TransferFailed(f"{self._peer()} closed the connection: {error}") from None
-            sock, _ = self._connection(fresh=True)
-            reply = self._exchange_once(sock, header)
+            sock, _ = self._connection(timeout, fresh=True)
+            reply = self._exchange_once(sock, header, limits)
         self._release(sock)
         return _raise_error(reply, self._peer())
 
-    def _exchange_once(self, sock: socket.socket, header: dict[str, Any]) -> Frame:
+    def _exchange_once(self, sock: socket.socket, header: dict[str, Any], limits) -> Frame:
         try:
-            return self._exchange(sock, header)
+            return self._exchange(sock, header, limits)
         except (ConnectionClosed, ConnectionError) as error:
-            sock.close()
+            self._forget(sock)
             raise TransferFailed(f"{self._peer()} closed the connection: {error}") from None
 
-    def _exchange(self, sock: socket.socket, header: dict[str, Any]) -> Frame:
+    def _exchange(self, sock: socket.socket, header: dict[str, Any], limits) -> Frame:
+        max_bytes = self.max_frame_bytes if limits.max_bytes is None else limits.max_bytes
         try:
             send_frame(sock, header)
-            return recv_frame(sock, self.max_frame_bytes)
+            return recv_frame(sock, max_bytes, max_tensors=limits.max_tensors)
         except (ConnectionClosed, ConnectionError):
             raise
         except (ProtocolError, OSError, ValueError) as error:
-            sock.close()
+            self._forget(sock)
             raise TransferFailed(f"{self._peer()}: {type(error).__name__}: {error}") from None
 
-    def _connection(self, fresh: bool = False) -> tuple[socket.socket, bool]:
-        """An idle connection (reused: True) or a new one."""
+    def _connection(self, timeout: float, fresh: bool = False) -> tuple[socket.socket, bool]:
+        """An idle connection (reused: True) or a new one, in use until released, answering
+        within ``timeout`` seconds."""
+        sock, reused = None, False
         if not fresh:
             with self._lock:
                 if self._idle:
-                    return self._idle.pop(), True
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT)
-        except OSError as error:
-            raise TransferFailed(f"cannot connect to {self._peer()}: {error}") from None
-        sock.settimeout(self.timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock, False
+                    sock, reused = self._idle.pop(), True
+        if sock is None:
+            address = (self.host, self.port)
+            try:
+                sock = socket.create_connection(address, timeout=min(CONNECT_TIMEOUT, timeout))
+            except OSError as error:
+                raise TransferFailed(f"cannot connect to {self._peer()}: {error}") from None
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(timeout)
+        with self._lock:
+            self._in_use.add(sock)
+        return sock, reused
 
     def _release(self, sock: socket.socket) -> None:
         with self._lock:
-            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+            self._in_use.discard(sock)
+            if len(self._idle) < MAX_IDLE_CONNECTIONS and not self._closed:
                 self._idle.append(sock)
                 return
         sock.close()
 
+    def _forget(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._in_use.discard(sock)
+        sock.close()
+
     def _peer(self) -> str:
         return f"the KV side channel at {self.host}:{self.port}"
+
+
+def address_family(host: str, port: int) -> socket.AddressFamily:
+    """The family to listen on ``host`` with: IPv4 when it has an IPv4 address (a name such
+    as ``localhost`` keeps listening where it did), else IPv6 (a pod's IPv6 literal)."""
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return socket.AF_INET  # binding then fails, naming the address
+    families = [family for family, *_ in found]
+    return socket.AF_INET if socket.AF_INET in families or not families else families[0]
 
 
 def _raise_error(reply: Frame, peer: str) -> Frame:

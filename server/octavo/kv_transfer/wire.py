@@ -84,15 +84,21 @@ def send_frame(
             sock.sendall(memoryview(raw.numpy()))
 
 
-def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES) -> Frame:
-    """Read one frame; ``ConnectionClosed`` at a clean end, ``ProtocolError`` for a bad one
-    (and ``OSError``/``TimeoutError`` from the socket)."""
+def recv_frame(
+    sock: socket.socket,
+    max_bytes: int = MAX_FRAME_BYTES,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    max_tensors: int | None = None,
+) -> Frame:
+    """Read one frame of at most ``max_header_bytes`` of header, ``max_tensors`` tensors
+    (None: any number) and ``max_bytes`` of tensor bytes; ``ConnectionClosed`` at a clean
+    end, ``ProtocolError`` for a bad one (and ``OSError``/``TimeoutError`` from the socket)."""
     prefix = _recv_exactly(sock, HEADER_LENGTH.size, at_boundary=True)
     (length,) = HEADER_LENGTH.unpack(prefix)
-    if length > MAX_HEADER_BYTES:
-        raise ProtocolError(f"a frame header of {length} bytes is over {MAX_HEADER_BYTES}")
+    if length > max_header_bytes:
+        raise ProtocolError(f"a frame header of {length} bytes is over {max_header_bytes}")
     header = parse_header(_recv_exactly(sock, length))
-    specs = tensor_specs(header, max_bytes)
+    specs = tensor_specs(header, max_bytes, max_tensors)
     tensors = [_recv_tensor(sock, shape, dtype, nbytes) for shape, dtype, nbytes in specs]
     return Frame(header, tensors)
 
@@ -109,13 +115,16 @@ def parse_header(data: bytes) -> dict[str, Any]:
 
 
 def tensor_specs(
-    header: dict[str, Any], max_bytes: int
+    header: dict[str, Any], max_bytes: int, max_tensors: int | None = None
 ) -> list[tuple[list[int], torch.dtype, int]]:
-    """The tensors a header declares, checked: known dtypes, non-negative shapes whose
-    sizes match ``nbytes``, and no more than ``max_bytes`` in all."""
+    """The tensors a header declares, checked: at most ``max_tensors`` of them, known
+    dtypes, non-negative shapes whose sizes match ``nbytes``, and no more than
+    ``max_bytes`` in all."""
     entries = header.get("tensors", [])
     if not isinstance(entries, list):
         raise ProtocolError("'tensors' is not a list")
+    if max_tensors is not None and len(entries) > max_tensors:
+        raise ProtocolError(f"the frame declares {len(entries)} tensors, over {max_tensors}")
     specs = [_tensor_spec(entry) for entry in entries]
     total = sum(nbytes for _, _, nbytes in specs)
     if total > max_bytes:

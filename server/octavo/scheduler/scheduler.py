@@ -349,6 +349,7 @@ class Scheduler:
         seq.num_computed_tokens = num_computed
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        self._cache_blocks(seq)  # imported full blocks: a preempted seq finds them again
 
     def _start(self, seq: Sequence, num_cached: int) -> None:
         self.counters.queries += seq.num_tokens
