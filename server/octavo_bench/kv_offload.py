@@ -41,7 +41,7 @@ from octavo_bench.kv_offload_report import (
     SettingResult,
     TurnRecord,
 )
-from octavo_bench.parsers import add_output_dir, name_list, register_subcommand
+from octavo_bench.parsers import add_engines_option, add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, save
 from octavo_bench.vllm_baseline import VllmRunError, VllmSetup, add_vllm_arguments, run_runner
 
@@ -91,12 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="final histories the primary KV pool holds (fewer than --conversations)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--engines",
-        type=name_list(ENGINES),
-        default=list(ENGINES),
-        help=f"comma-separated subset of {','.join(ENGINES)} (default: all)",
-    )
+    add_engines_option(parser, ENGINES)
     add_vllm_arguments(parser)
     add_output_dir(parser, "kv_offload")
 

@@ -62,6 +62,16 @@ def name_list(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
+def add_engines_option(parser: argparse.ArgumentParser, engines: tuple[str, ...]) -> None:
+    """``--engines``: the subset of ``engines`` a benchmark runs (default: all)."""
+    parser.add_argument(
+        "--engines",
+        type=name_list(engines),
+        default=list(engines),
+        help=f"comma-separated subset of {','.join(engines)} (default: all)",
+    )
+
+
 def add_output_dir(parser: argparse.ArgumentParser, stem: str) -> None:
     """``--output-dir``: where the benchmark's ``stem``.json and ``stem``.png go."""
     parser.add_argument(

@@ -25,7 +25,7 @@ import numpy as np
 from octavo import LLM
 from octavo_bench.embeddings import WORDS
 from octavo_bench.engine_options import add_engine_options
-from octavo_bench.parsers import add_output_dir, name_list, register_subcommand
+from octavo_bench.parsers import add_engines_option, add_output_dir, register_subcommand
 from octavo_bench.report import save
 from octavo_bench.rerank_models import build_encoder
 from octavo_bench.rerank_report import (
@@ -52,12 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--documents", type=int, default=100, help="documents per query")
     parser.add_argument("--batch-size", type=int, default=32, help="CrossEncoder.predict's")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument(
-        "--engines",
-        type=name_list(ENGINES),
-        default=list(ENGINES),
-        help=f"comma-separated subset of {','.join(ENGINES)} (default: all)",
-    )
+    add_engines_option(parser, ENGINES)
     add_vllm_arguments(parser)
     add_output_dir(parser, "rerank")
 

@@ -23,7 +23,7 @@ import torch
 
 from octavo import LLM
 from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
-from octavo_bench.parsers import add_output_dir, name_list, register_subcommand
+from octavo_bench.parsers import add_engines_option, add_output_dir, register_subcommand
 from octavo_bench.report import HF, OCTAVO, VLLM, machine_info, save
 from octavo_bench.vision_engines import run_hf, run_octavo
 from octavo_bench.vision_model import IMAGE_PLACEHOLDER, build_qwen2_5_vl
@@ -75,12 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=IMAGE_PLACEHOLDER,
         help="one image's text in a prompt (default: Qwen-VL's, %(default)s)",
     )
-    parser.add_argument(
-        "--engines",
-        type=name_list(ENGINES),
-        default=list(ENGINES),
-        help="comma-separated subset of octavo,hf,vllm (default: all)",
-    )
+    add_engines_option(parser, ENGINES)
     add_size_arguments(parser)
     add_engine_options(
         parser,
