@@ -233,9 +233,14 @@ def test_a_stopped_prefill_is_held_and_read_in_several_chunks(engines):
     p, d = engines
     first_token = reference(d, PROMPT, "stop")[0]
     answer = prefill(
-        p, "p-stop", PROMPT, max_tokens=4, ignore_eos=False, stop_token_ids=[first_token],
+        p,
+        "p-stop",
+        PROMPT,
+        max_tokens=4,
+        ignore_eos=False,
+        stop_token_ids=[first_token],
         cache_salt="chunks",
-    )  # fmt: skip
+    )
     source = p.kv_transfer.server.source
     with pytest.raises(BadRequest, match="at most"):  # the prefill engine's own cap
         source.read("p-stop", answer["remote_lease_generation"], [0] * 10**6, "digest")

@@ -100,8 +100,9 @@ def test_regranted_request_id_never_matches_the_old_generation() -> None:
 
 # ----- the side channel --------------------------------------------------------------------
 
-LAYOUT = KVLayout("abc123", block_size=4, num_layers=2, num_kv_heads=2, head_dim=3,
-                  dtype="float32", tp_size=1)  # fmt: skip
+LAYOUT = KVLayout(
+    "abc123", block_size=4, num_layers=2, num_kv_heads=2, head_dim=3, dtype="float32", tp_size=1
+)
 
 
 class CacheSource:
@@ -458,9 +459,13 @@ def test_packed_tensor_round_trip() -> None:
 
 def _tiny_executor(folder) -> UniProcExecutor:
     args = EngineArgs(
-        model=str(folder), dtype="float32", block_size=8, max_model_len=64,
-        kv_cache_memory=1 << 20, max_num_seqs=2,
-    )  # fmt: skip
+        model=str(folder),
+        dtype="float32",
+        block_size=8,
+        max_model_len=64,
+        kv_cache_memory=1 << 20,
+        max_num_seqs=2,
+    )
     return LLMEngine(args).executor
 
 
