@@ -92,6 +92,17 @@ def test_prepare_model_cli_into_a_folder(cache, tmp_path, capsys, no_conversion)
     assert capsys.readouterr().out.strip() == str(existing)
 
 
+def test_baking_copies_the_caches_converted_copy(cache, tmp_path, monkeypatch, no_conversion):
+    cached = fake_model(cache / "models")
+    (cached / "model.safetensors").write_bytes(b"weights")
+    (cached / "model.safetensors").chmod(0o600)
+    monkeypatch.setattr(embedded, "gguf_path", lambda: tmp_path / "model.gguf")
+    target = prepare_embedded_model(tmp_path / "baked")
+    assert (target / "model.safetensors").read_bytes() == b"weights"
+    assert stat.S_IMODE((target / "model.safetensors").stat().st_mode) == 0o644
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+
+
 def test_prepare_model_cli_defaults_to_the_cache(cache, capsys, no_conversion):
     existing = fake_model(cache / "models")
     assert main(["prepare-model"]) == 0

