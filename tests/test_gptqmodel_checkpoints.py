@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fixture_cache import cached_folder, content_key
 from octavo.model_executor.gptq_checkpoint import iterate_int4_checkpoint
 from octavo.model_executor.layers.quantization.quantized_tensor import QuantizedTensor
 from quantized_references import (
@@ -50,17 +51,28 @@ HELPER = Path(__file__).with_name("gptqmodel_checkpoints.py")
 
 @pytest.fixture(scope="module")
 def gptqmodel_folders(tmp_path_factory, smol_tokenizer) -> dict[str, tuple[Path, Path]]:
-    """Case name → (GPT-QModel's checkpoint, its dequantized fp32 twin)."""
-    root = tmp_path_factory.mktemp("gptqmodel")
+    """Case name → (GPT-QModel's checkpoint, its dequantized fp32 twin). Quantizing takes
+    GPT-QModel ~40 s of CPU: the checkpoints are kept across runs (tests/fixture_cache.py),
+    keyed by the source models' bytes, the helper script and the writers' versions."""
+    scratch = tmp_path_factory.mktemp("gptqmodel")
     sources = {
-        arch: build_tiny_model(root / arch, arch, smol_tokenizer, **overrides)
+        arch: build_tiny_model(scratch / arch, arch, smol_tokenizer, **overrides)
         for arch, overrides in SOURCES.items()
     }
     jobs = [f"{name}={sources[arch]}" for name, arch in CASES.items()]
-    command = [sys.executable, str(HELPER), str(root), *jobs]
-    # GPT-QModel writes its logs into logs/ under the working folder: keep them in tmp.
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=root)
-    assert done.returncode == 0, done.stderr[-4000:]
+
+    def quantize(out: Path) -> None:
+        command = [sys.executable, str(HELPER), str(out), *jobs]
+        # GPT-QModel writes its logs into logs/ under the working folder: keep them in tmp.
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=scratch)
+        assert done.returncode == 0, done.stderr[-4000:]
+
+    key = content_key(
+        [HELPER],
+        [sources[arch] for arch in SOURCES],
+        ["gptqmodel", "torch", "transformers"],
+    )
+    root = cached_folder("gptqmodel", f"{'-'.join(CASES)}-{key}", quantize)
     return {name: (root / name / "quantized", root / name / "reference") for name in CASES}
 
 
