@@ -183,21 +183,24 @@ def edit_rolls_and_delete_cleans(
 ) -> None:
     selector = f"app.kubernetes.io/instance={EXAMPLE_NAME}"
 
-    def replica_sets() -> int:
-        return len(apps.list_namespaced_replica_set(namespace, label_selector=selector).items)
-
-    before = replica_sets()
-    isvc.patch(custom, namespace, EXAMPLE_NAME, {"spec": {"engine": {"maxNumSeqs": 4}}})
-
-    def rolled() -> bool:
-        dep = apps.read_namespaced_deployment(EXAMPLE_NAME, namespace)
-        args = dep.spec.template.spec.containers[0].args
+    def edited(template: client.V1PodTemplateSpec) -> bool:
+        args = template.spec.containers[0].args
         return args[args.index("--max-num-seqs") + 1] == "4"
 
-    wait_for(rolled, timeout=15, what="the edited engine args in the Deployment")
+    def rolled_sets() -> list[client.V1ReplicaSet]:
+        """The ReplicaSets of the edited template (counting all of them raced the
+        ReplicaSet of the image upgrade just before, which a loaded controller makes late)."""
+        sets = apps.list_namespaced_replica_set(namespace, label_selector=selector).items
+        return [rs for rs in sets if edited(rs.spec.template)]
+
+    assert not rolled_sets()
+    isvc.patch(custom, namespace, EXAMPLE_NAME, {"spec": {"engine": {"maxNumSeqs": 4}}})
     wait_for(
-        lambda: replica_sets() == before + 1, timeout=15, what="a new ReplicaSet (a rolling update)"
+        lambda: edited(apps.read_namespaced_deployment(EXAMPLE_NAME, namespace).spec.template),
+        timeout=15,
+        what="the edited engine args in the Deployment",
     )
+    wait_for(rolled_sets, timeout=30, what="a new ReplicaSet (a rolling update)")
     isvc.wait_condition(custom, namespace, EXAMPLE_NAME, "Ready", "True", timeout=60)
     custom.delete_namespaced_custom_object(
         isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL, EXAMPLE_NAME
