@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
-import psutil
 import yaml
 from kubernetes import client
 from transformers import AutoTokenizer
@@ -25,11 +24,11 @@ from e2e.pod_process import PodProcess, dockerfile_env
 from octavo.cache_dirs import cache_root
 from octavo.model_executor.embedded import prepare_embedded_model
 from tests.hub_cache import seed_snapshot
+from tests.rank_processes import rank_processes
 from tests.tiny_models import build_tiny_model
 
 EXAMPLE = REPO_ROOT / "manifests/examples/tensor-parallel-autoscaled.yaml"
 KERNELS_IN_IMAGE = "/opt/octavo/kernels"  # the Dockerfile's prebuilt CPU kernels
-WORKER_MODULE = "octavo.worker.worker_process"
 
 
 def example() -> dict:
@@ -76,11 +75,7 @@ def serve_pod_command(spec: dict, api_client, namespace: str, tmp_path: Path) ->
     try:
         pod.wait_probe("startupProbe", limit=300)
         pod.wait_probe("readinessProbe")
-        workers = [
-            p
-            for p in psutil.Process(pod.proc.pid).children(recursive=True)
-            if WORKER_MODULE in " ".join(p.cmdline())
-        ]
+        workers = rank_processes(pod.proc.pid)
         assert len(workers) == 2, pod.log_tail()
         base = f"http://127.0.0.1:{pod.local_port('http')}/v1"
         api = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)

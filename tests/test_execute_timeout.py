@@ -27,6 +27,7 @@ from octavo import LLM, SamplingParams
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
 from octavo.executor.multiproc_executor import WorkerDied
 from octavo.executor.step_timeout import TIMEOUT_FLAG, bound_sends
+from rank_processes import rank_processes
 
 from multinode_cluster import (
     SERVED_NAME,
@@ -34,14 +35,12 @@ from multinode_cluster import (
     Host,
     NodeGroup,
     assert_gone,
-    descendants,
     health_until_exit,
     node_group,
 )
 
 TIMEOUT_SECONDS = 2
 STARTUP_SECONDS = 240
-WORKER_MODULE = "octavo.worker"  # worker_process (this host's ranks), remote_entry (a host's)
 OVERDUE = f"a step did not finish within {TIMEOUT_SECONDS} s ({TIMEOUT_FLAG}): ranks [0, 1]"
 SMALL_ENGINE = {
     "dtype": "float32",
@@ -52,7 +51,7 @@ SMALL_ENGINE = {
 
 
 def workers_under(host: Host) -> list[psutil.Process]:
-    return [p for p in descendants(host.process.pid) if WORKER_MODULE in " ".join(p.cmdline())]
+    return rank_processes(host.process.pid)
 
 
 def ask(url: str) -> int | None:

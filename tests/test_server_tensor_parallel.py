@@ -20,13 +20,13 @@ import psutil
 import pytest
 
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
+from rank_processes import rank_processes
 
 from conftest import serve_subprocess
 
 STARTUP_SECONDS = 180
 EXIT_WITHIN_SECONDS = 30
 UNHEALTHY_WITHIN_SECONDS = 1.5  # the workers' exits are watched, not polled between steps
-WORKER_MODULE = "octavo.worker.worker_process"
 TP_SERVER_ARGS = [
     *("--max-model-len", "256", "--kv-cache-memory", "8MiB"),
     *("--tensor-parallel-size", "2", "--served-model-name", "tiny"),
@@ -55,8 +55,7 @@ def own_tp_server(tiny_folder, tmp_path):
 
 
 def workers_of(process: subprocess.Popen) -> list[psutil.Process]:
-    descendants = psutil.Process(process.pid).children(recursive=True)
-    return [p for p in descendants if WORKER_MODULE in " ".join(p.cmdline())]
+    return rank_processes(process.pid)
 
 
 def gone(worker: psutil.Process) -> bool:

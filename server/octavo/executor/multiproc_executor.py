@@ -34,7 +34,6 @@ import pickle
 import secrets
 import socket
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -44,6 +43,7 @@ from typing import Any
 
 from octavo.distributed.node_layout import DEFAULT_NODE_JOIN_TIMEOUT, NodeLayout
 from octavo.distributed.worker_group import Placement
+from octavo.executor.forked_workers import start_worker_process
 from octavo.executor.node_rendezvous import NodeRendezvous
 from octavo.executor.node_watch import NodeWatch
 from octavo.executor.remote_worker import NodeLink, RemoteWorkerHandle
@@ -52,7 +52,6 @@ from octavo.executor.step_timeout import (
     bound_sends,
     overdue_message,
 )
-from octavo.executor.worker_env import worker_env
 from octavo.executor.worker_watch import WorkerWatch
 from octavo.kv_transfer.block_io import (
     BlockPayload,
@@ -88,9 +87,8 @@ class WorkerHandle:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         ours, theirs = socket.socketpair()
-        command = [sys.executable, "-m", "octavo.worker.worker_process", str(theirs.fileno())]
-        self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=worker_env())
-        theirs.close()
+        with theirs:
+            self.process = start_worker_process(theirs)
         self.conn = Connection(ours.detach())
 
     def exit_description(self) -> str:

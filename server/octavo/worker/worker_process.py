@@ -30,15 +30,17 @@ if TYPE_CHECKING:
 LOG_FORMAT = "%(levelname)s:     [worker %(rank)s] %(name)s: %(message)s"
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits (Linux only)."""
+def die_with_parent(expected_parent: int | None = None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux only).
+    ``expected_parent``: the parent's pid, where this process was forked (not spawned)."""
     if not sys.platform.startswith("linux"):
         return
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent died before the call: nobody would kill us
-        os._exit(1)
+    parent = os.getppid()
+    if parent == 1 or expected_parent not in (None, parent):  # the parent died before the
+        os._exit(1)  # call: nobody would kill us
 
 
 def serve(conn: Connection, adapt: Callable[[WorkerConfig], WorkerConfig] | None = None) -> None:
