@@ -142,6 +142,13 @@ def test_spec_change_rolls_out_and_scale_subresource_scales(
         isvc.GROUP, isvc.VERSION, namespace, isvc.PLURAL, "roll"
     )
     assert scale["spec"]["replicas"] == 3
+    # The Ready condition is already True from one replica: wait for the status to count
+    # three (a loaded controller reports the new pods a few seconds later).
+    wait_for(
+        lambda: isvc.get(custom, namespace, "roll")["status"].get("readyReplicas") == 3,
+        timeout=60,
+        what="three ready replicas in the status",
+    )
     obj = isvc.wait_condition(custom, namespace, "roll", "Ready", "True", timeout=60)
     assert obj["status"]["readyReplicas"] == 3
     scale = custom.get_namespaced_custom_object_scale(
