@@ -99,3 +99,14 @@ def _alive(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_hosts_with_cuda_devices_spawn_by_default(monkeypatch):
+    """A forked rank must never inherit an initialized CUDA driver: GPU hosts spawn."""
+    import torch
+
+    monkeypatch.delenv(METHOD_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert forked_workers.default_method() == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert forked_workers.default_method() == "fork"

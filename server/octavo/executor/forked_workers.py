@@ -2,11 +2,13 @@
 
 ``OCTAVO_WORKER_MULTIPROC_METHOD`` (vLLM's ``VLLM_WORKER_MULTIPROC_METHOD``) chooses:
 
-- ``fork`` (the default): one zygote per engine process (``worker/worker_zygote.py``)
-  imports torch and the model code once; each rank is forked from it in milliseconds.
-  A fresh interpreter per rank costs ~1.7 s of CPU before it loads a weight: per rank of
-  every engine started, and per restart.
-- ``spawn``: each rank is a fresh ``python -m octavo.worker.worker_process FD``.
+- ``fork`` (the default on CPU hosts): one zygote per engine process
+  (``worker/worker_zygote.py``) imports torch and the model code once; each rank is forked
+  from it in milliseconds. A fresh interpreter per rank costs ~1.7 s of CPU before it
+  loads a weight: per rank of every engine started, and per restart.
+- ``spawn`` (the default where CUDA devices are visible): each rank is a fresh
+  ``python -m octavo.worker.worker_process FD``. A forked rank must never inherit an
+  initialized CUDA driver; until forked ranks have been run on a GPU, GPU hosts spawn.
 
 A forked rank is a child of the zygote, not of the engine; ``ForkedWorker`` answers what
 the executor asks a ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``kill``,
@@ -41,13 +43,20 @@ LOST_POLL_SECONDS = 0.05  # how often a rank of a lost zygote is looked at
 
 def start_worker_process(theirs: socket.socket) -> subprocess.Popen | ForkedWorker:
     """A rank's process serving ``theirs`` (the caller closes its copy afterwards)."""
-    method = os.environ.get(METHOD_ENV, "fork")
+    method = os.environ.get(METHOD_ENV) or default_method()
     if method not in METHODS:
         raise ValueError(f"{METHOD_ENV}={method!r}: expected one of {', '.join(METHODS)}")
     if method == "fork":
         return zygote().fork(theirs)
     command = [sys.executable, "-m", "octavo.worker.worker_process", str(theirs.fileno())]
     return subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=worker_env())
+
+
+def default_method() -> str:
+    """``fork`` on CPU hosts, ``spawn`` where CUDA devices are visible."""
+    import torch
+
+    return "spawn" if torch.cuda.is_available() else "fork"
 
 
 class ForkedWorker:
