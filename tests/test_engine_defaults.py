@@ -54,3 +54,18 @@ def test_cgroup_v1_quota_and_the_cap(tmp_path, monkeypatch):
     (tmp_path / "quota").write_text("50000\n")  # half a CPU: still one thread
     assert cpu_count.cgroup_cpu_quota() == 0.5
     assert cpu_count.usable_cpus() == 1
+
+
+@pytest.mark.parametrize(
+    ("omp", "expected"),
+    [(None, 8), ("3", 3), ("2,1", 2), ("0", 8), ("many", 8), ("", 8)],
+)
+def test_default_threads_follow_omp_num_threads_else_the_usable_cpus(monkeypatch, omp, expected):
+    """Per worker of two on a 16-CPU host; OMP_NUM_THREADS (the first level of a nested
+    list) wins when it is a positive number."""
+    monkeypatch.setattr(cpu_count, "usable_cpus", lambda: 16)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert cpu_count.default_threads(2) == expected

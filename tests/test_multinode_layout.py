@@ -200,6 +200,7 @@ def test_gpus_are_counted_per_host(monkeypatch):
 
 def test_a_worker_host_uses_its_own_model_folder_device_and_threads(tiny_folder, monkeypatch):
     monkeypatch.setattr("octavo.kernels.cpu_count.usable_cpus", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # `make test` sets it (to 1)
     sizes = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "nnodes": 2}
     args = EngineArgs(model=str(tiny_folder("llama3")), node_rank=1, **sizes)
     overrides = headless.host_overrides(args, NodeLayout.of(args))

@@ -266,9 +266,10 @@ class EngineArgs:
     seed: int = engine_arg(0, "seed of the random numbers drawn by requests without a seed", int)
     num_threads: int | None = engine_arg(
         None,
-        "CPU threads of the model's compute, per worker (default: every CPU the process may "
-        "use, its affinity mask capped by the cgroup CPU quota, i.e. a Kubernetes CPU "
-        "limit, shared out among the tensor/pipeline-parallel workers)",
+        "CPU threads of the model's compute, per worker (default: OMP_NUM_THREADS when set, "
+        "else every CPU the process may use, its affinity mask capped by the cgroup CPU "
+        "quota, i.e. a Kubernetes CPU limit, shared out among the tensor/pipeline-parallel "
+        "workers)",
         positive_int,
     )
     tensor_parallel_size: int = engine_arg(

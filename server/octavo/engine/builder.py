@@ -20,7 +20,7 @@ from octavo.engine.encoder_settings import encoder_settings, encoder_token_budge
 from octavo.engine.kv_groups import kv_cache_groups_for
 from octavo.executor.executor import Executor, create_executor
 from octavo.executor.node_channel import require_node_key
-from octavo.kernels.cpu_count import usable_cpus
+from octavo.kernels.cpu_count import default_threads
 from octavo.kv_cache.block_hash import BlockHasher
 from octavo.kv_cache.block_pool import BlockPool
 from octavo.kv_cache.cache_tensors import bytes_per_block
@@ -86,7 +86,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     max_model_len = max_model_len_of(args, config)
     tokenizer = load_tokenizer(folder, args.tokenizer)
     eos = frozenset(i for i in _eos_token_ids(config, tokenizer) if i < config.vocab_size)
-    threads = args.num_threads or max(1, usable_cpus() // parallel.local_world_size)
+    threads = args.num_threads or default_threads(parallel.local_world_size)
     speculative = args.speculative_config
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     states = state_layer_settings(args, config, device)

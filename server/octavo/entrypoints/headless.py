@@ -82,7 +82,7 @@ def host_overrides(args: EngineArgs, layout: NodeLayout) -> HostOverrides:
     its ranks."""
     from octavo.distributed.parallel_config import ParallelConfig
     from octavo.engine.device import select_device
-    from octavo.kernels.cpu_count import usable_cpus
+    from octavo.kernels.cpu_count import default_threads
     from octavo.model_executor.loader import resolve_model_folder
     from octavo.model_executor.model_config import ModelConfig
 
@@ -92,7 +92,7 @@ def host_overrides(args: EngineArgs, layout: NodeLayout) -> HostOverrides:
         layout.tensor_parallel_size, layout.pipeline_parallel_size, layout.nnodes
     )
     parallel.check(ModelConfig.from_folder(folder, args.hf_overrides), device)
-    threads = args.num_threads or max(1, usable_cpus() // layout.local_world_size)
+    threads = args.num_threads or default_threads(layout.local_world_size)
     return HostOverrides(str(folder), str(device), threads, args.tokenizer)
 
 
