@@ -10,13 +10,11 @@ folder is unchanged: the folder is the tool's own output, only not remade each r
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from importlib.metadata import version
 from pathlib import Path
 
-from octavo.cache_dirs import cache_root
+from octavo.cache_dirs import cache_root, fill_once
 
 
 def content_key(files: Iterable[Path], folders: Iterable[Path], packages: Iterable[str]) -> str:
@@ -34,17 +32,6 @@ def content_key(files: Iterable[Path], folders: Iterable[Path], packages: Iterab
 
 
 def cached_folder(name: str, key: str, make: Callable[[Path], None]) -> Path:
-    """The folder ``make(folder)`` fills, made once per key (atomically: a run killed
-    halfway leaves nothing that a later run would take for done)."""
+    """The folder ``make(folder)`` fills, made once per key (``cache_dirs.fill_once``)."""
     target = cache_root() / "tests" / f"{name}-{key}"
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        make(staging)
-        if not target.exists():  # another worker may have finished first
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return target if target.is_dir() else fill_once(target, make)

@@ -17,12 +17,11 @@ import importlib.util
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
 
-from octavo.cache_dirs import cache_root
+from octavo.cache_dirs import cache_root, fill_once
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +72,12 @@ def prepare_embedded_model(models_dir: Path) -> Path:
     if is_model_folder(target):
         return target
     source = gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+
+    def convert(staging: Path) -> None:
         _convert_or_copy_cached(source, staging, target)
         _make_readable_by_all(staging)
-        if not target.exists():  # a concurrent conversion may have finished first
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    return fill_once(target, convert)
 
 
 def _convert_or_copy_cached(source: Path, out: Path, target: Path) -> None:

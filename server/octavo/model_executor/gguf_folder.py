@@ -18,10 +18,9 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from octavo.cache_dirs import cache_root
+from octavo.cache_dirs import cache_root, fill_once
 from octavo.model_executor.gguf_config import (
     config_from_metadata,
     described_by_octavo,
@@ -49,17 +48,13 @@ def gguf_model_folder(path: Path) -> Path:
     if (target / "config.json").is_file():
         return target
     header_folder = described_header_folder(path, fallback=key)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".gguf-", dir=target.parent))
-    try:
+
+    def link_files(staging: Path) -> None:
         for item in header_folder.iterdir():
             _link_or_copy(item, staging / item.name)
         (staging / GGUF_LINK).symlink_to(path)
-        if not target.exists():
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    return fill_once(target, link_files)
 
 
 def header_digest(path: Path, fallback: str) -> str:
@@ -83,15 +78,7 @@ def described_header_folder(path: Path, fallback: str) -> Path:
     target = cache_root() / "gguf" / "headers" / digest
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".header-", dir=target.parent))
-    try:
-        _write_config_and_tokenizer(path, staging)
-        if not target.exists():  # a concurrent reader may have finished first
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return fill_once(target, lambda staging: _write_config_and_tokenizer(path, staging))
 
 
 def _link_or_copy(source: Path, destination: Path) -> None:
