@@ -17,7 +17,7 @@ import torch
 from octavo.attention import torch_ops
 from octavo.attention.backend import TorchAttention, select_backend
 from octavo.attention.cpu_native import NativeCpuAttention
-from octavo.attention.kv_quant import KVScales
+from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.kernels import cpu_build, cpu_features
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.layernorm import RMSNorm
@@ -177,6 +177,163 @@ def test_paged_decode_attention_fp8_matches_torch(
     torch.testing.assert_close(
         out.float(), expected.float(), atol=tolerance * scales.v, rtol=tolerance
     )
+
+
+# (query length, context length): a fresh prompt, chunks over a cached prefix, a single
+# token, exactly one tile of rows, a long context (many key chunks, uneven tile costs)
+PREFILL_SEQUENCES = [(37, 37), (5, 50), (100, 300), (1, 1), (16, 16), (17, 1500)]
+
+
+def random_prefill_case(heads, kv_heads, head_dim, block_size, dtype, sequences, seed=1):
+    """Prefill chunks over a shuffled paged cache: query ``[tokens, heads, head_dim]``
+    strided like the model's, the cache, block tables, query starts and context lengths."""
+    seq_lens = [context for _, context in sequences]
+    _, cache, tables, lens = random_paged_case(
+        seq_lens, heads, kv_heads, head_dim, block_size, dtype, seed
+    )
+    tokens = sum(length for length, _ in sequences)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    query = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    starts = torch.tensor([0, *torch.tensor([n for n, _ in sequences]).cumsum(0).tolist()])
+    return query, cache, tables, starts.int(), lens
+
+
+def torch_prefill(query, cache, tables, starts, lens, scale, scales=UNIT_SCALES):
+    chunks = [
+        torch_ops.prefill_attention(
+            query[starts[i] : starts[i + 1]], cache, tables[i], int(lens[i]), scale, scales
+        )
+        for i in range(len(lens))
+    ]
+    return torch.cat(chunks)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size",
+    [(9, 3, 64, 16), (8, 8, 128, 16), (16, 4, 80, 16), (4, 1, 64, 32), (6, 2, 96, 8)],
+)
+def test_paged_prefill_attention_matches_torch(ops, dtype, heads, kv_heads, head_dim, block_size):
+    """Every prefill chunk of a step in one call: tiles of 16 (token, head) rows that end
+    mid-token and mid-sequence, key chunks straddling blocks, causal edges."""
+    query, cache, tables, starts, lens = random_prefill_case(
+        heads, kv_heads, head_dim, block_size, dtype, PREFILL_SEQUENCES
+    )
+    out = torch.empty(query.shape, dtype=dtype)
+    scale = head_dim**-0.5
+    ops.paged_prefill_attention(out, query, cache, tables, starts, lens, scale)
+    close(out, torch_prefill(query, cache, tables, starts, lens, scale), dtype)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("scales", SCALES)
+def test_paged_prefill_attention_fp8_matches_torch(ops, fp8, scales):
+    """An fp8 cache: k_scale folded into the softmax scale, v_scale into the output."""
+    query, cache, tables, starts, lens = random_prefill_case(
+        8, 2, 256, 16, torch.bfloat16, [(40, 40), (9, 70)]
+    )
+    cache = cache.float().to(fp8)
+    out = torch.empty(query.shape, dtype=torch.bfloat16)
+    scale = 256**-0.5
+    ops.paged_prefill_attention(out, query, cache, tables, starts, lens, scale, scales.k, scales.v)
+    expected = torch_prefill(query, cache, tables, starts, lens, scale, scales)
+    tolerance = TOLERANCE[torch.bfloat16]
+    torch.testing.assert_close(
+        out.float(), expected.float(), atol=tolerance * scales.v, rtol=tolerance
+    )
+
+
+def bf16_case(ops, kernel: str, heads: int, kv_heads: int, head_dim: int):
+    """The kernel's call and the torch path's result on a bf16 case with odd key counts
+    (the last key of a pair alone) and partial tiles."""
+    scale = head_dim**-0.5
+    if kernel == "decode":
+        seq_lens = [1, 2, 17, 33, 700]
+        query, cache, tables, lens = random_paged_case(
+            seq_lens, heads, kv_heads, head_dim, 16, torch.bfloat16
+        )
+        expected = torch_ops.paged_decode_attention(
+            query, cache, tables, lens, max(seq_lens), scale
+        )
+        return (
+            query,
+            expected,
+            lambda out: ops.paged_decode_attention(out, query, cache, tables, lens, scale),
+        )
+    query, cache, tables, starts, lens = random_prefill_case(
+        heads, kv_heads, head_dim, 16, torch.bfloat16, [(33, 33), (7, 41), (1, 1), (20, 300)]
+    )
+    expected = torch_prefill(query, cache, tables, starts, lens, scale)
+    return (
+        query,
+        expected,
+        lambda out: ops.paged_prefill_attention(out, query, cache, tables, starts, lens, scale),
+    )
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 96)])
+def test_bf16_dot_path_and_fp32_path_both_match_torch(
+    ops, monkeypatch, kernel, heads, kv_heads, head_dim
+):
+    """bf16 on a CPU with AVX512_BF16 takes the vdpbf16ps paths (decode_attention_bf16.h,
+    prefill_attention_bf16.h); OCTAVO_CPU_BF16_DOT=0 runs the fp32 paths on the same
+    machine. Both match the torch path; where the CPU has the instructions they differ
+    (weights rounded to bf16), which shows each path ran."""
+    query, expected, run = bf16_case(ops, kernel, heads, kv_heads, head_dim)
+    outputs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("OCTAVO_CPU_BF16_DOT", setting)
+        outputs[setting] = torch.empty(query.shape, dtype=torch.bfloat16)
+        run(outputs[setting])
+        close(outputs[setting], expected, torch.bfloat16)
+    if cpu_build.cpu_isa() == "avx512" and "avx512_bf16" in cpu_features.cpu_flags():
+        assert not torch.equal(outputs["1"], outputs["0"])
+
+
+def test_paged_prefill_attention_refuses_bad_input(ops):
+    query, cache, tables, starts, lens = random_prefill_case(4, 2, 64, 16, torch.float32, [(5, 20)])
+    out = torch.empty(query.shape)
+    prefill = ops.paged_prefill_attention
+    with pytest.raises(RuntimeError, match="seq_len out of range"):
+        prefill(out, query, cache, tables, starts, torch.tensor([4], dtype=torch.int32), 1.0)
+    with pytest.raises(RuntimeError, match="query_start_loc out of range"):
+        prefill(out, query, cache, tables, torch.tensor([0, 9], dtype=torch.int32), lens, 1.0)
+    with pytest.raises(RuntimeError, match="query_start_loc must be int32"):
+        prefill(out, query, cache, tables, starts.long(), lens, 1.0)
+    with pytest.raises(RuntimeError, match="window must be >= 0"):
+        prefill(out, query, cache, tables, starts, lens, 1.0, 1.0, 1.0, -1)
+    narrow = torch.randn(5, 4, 40)
+    with pytest.raises(RuntimeError, match="head_dim must be 64, 80, 96, 128 or 256"):
+        prefill(narrow, narrow, torch.randn(2, 3, 16, 2, 40), tables, starts, lens, 1.0)
+
+
+def test_native_prefill_takes_what_the_kernel_does():
+    """Chunked local attention, both-ways image spans and unbuilt head sizes stay on the
+    torch path; plain, windowed, soft-capped and sink layers take the kernel."""
+    from octavo.attention.cpu_native import native_prefill
+    from octavo.attention.metadata import AttentionMetadata
+    from octavo.attention.options import FULL_ATTENTION, AttentionOptions
+
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(3, dtype=torch.long),
+        block_tables=torch.zeros(1, 1, dtype=torch.int32),
+        seq_lens=torch.tensor([3], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 3], dtype=torch.int32),
+        num_prefills=1,
+        num_prefill_tokens=3,
+        query_lens_list=[3],
+        query_start_loc_list=[0],
+        seq_lens_list=[3],
+        max_seq_len=3,
+    )
+    query = torch.zeros(3, 4, 64)
+    assert native_prefill(query, meta, FULL_ATTENTION)
+    assert native_prefill(query, meta, AttentionOptions(sliding_window=4, soft_cap=2.0))
+    assert not native_prefill(query, meta, AttentionOptions(chunk_size=8))
+    assert not native_prefill(torch.zeros(3, 4, 40), meta, FULL_ATTENTION)
+    meta.bidirectional_spans = [[(0, 2)]]
+    assert not native_prefill(query, meta, FULL_ATTENTION)
 
 
 @pytest.mark.parametrize("vocab", [49152, 1000, 37])

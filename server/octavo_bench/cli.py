@@ -1,6 +1,6 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
 random-model|sharegpt-synth|gpu|routed|embeddings|rerank|step-profile|vision|
-kv-offload|pd``: the command line."""
+kv-offload|pd|cpu-attention``: the command line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import sys
 
 from octavo_bench import (
+    cpu_attention,
     embeddings,
     gpu,
     kv_offload,
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     vision.register(kinds)
     kv_offload.register(kinds)
     pd.register(kinds)
+    cpu_attention.register(kinds)
     return parser
 
 

@@ -45,10 +45,7 @@ class TorchAttention:
             lengths = meta.query_lens_list
             return encoder_attention.encoder_attention(query, key, value, lengths, scale, options)
         self.store(key, value, kv_cache, meta, kv_scales)
-        outputs = [
-            self._prefill(i, query, key, value, kv_cache, meta, scale, kv_scales, options)
-            for i in range(meta.num_prefills)
-        ]
+        outputs = self.prefill(query, key, value, kv_cache, meta, scale, kv_scales, options)
         if meta.num_decodes:
             decodes = query[meta.num_prefill_tokens :]
             outputs.append(self.decode(decodes, kv_cache, meta, scale, kv_scales, options))
@@ -56,6 +53,15 @@ class TorchAttention:
 
     def store(self, key, value, kv_cache, meta: AttentionMetadata, kv_scales: KVScales) -> None:
         torch_ops.store_kv(key, value, kv_cache, meta.slot_mapping, False, kv_scales)
+
+    def prefill(
+        self, query, key, value, kv_cache, meta: AttentionMetadata, scale, kv_scales, options
+    ) -> list[torch.Tensor]:
+        """The outputs of the step's prefill chunks (a list to concatenate; [] for none)."""
+        return [
+            self._prefill(i, query, key, value, kv_cache, meta, scale, kv_scales, options)
+            for i in range(meta.num_prefills)
+        ]
 
     @staticmethod
     def _prefill(

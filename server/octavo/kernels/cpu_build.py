@@ -36,6 +36,7 @@ SOURCES = (
     "rotary.cpp",
     "kv_store.cpp",
     "decode_attention.cpp",
+    "prefill_attention.cpp",
     "shm_all_reduce.cpp",
     "token_bitmask.cpp",
     "quantized_linear.cpp",

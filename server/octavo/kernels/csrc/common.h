@@ -195,4 +195,18 @@ inline void check_cpu(const at::Tensor& tensor, const char* name) {
   TORCH_CHECK(tensor.device().is_cpu(), name, " must be a CPU tensor");
 }
 
+// The attention kernels' per-layer options, checked; returns the sinks' data (nullptr:
+// none). Window 0 and soft-cap 0 mean none; sinks are float32 [heads].
+inline const float* check_attention_options(const at::Tensor& query, int64_t window, double soft_cap,
+                                            const c10::optional<at::Tensor>& sinks, const char* op) {
+  TORCH_CHECK(window >= 0, op, ": window must be >= 0 (0: no window)");
+  TORCH_CHECK(soft_cap >= 0.0 && std::isfinite(soft_cap), op, ": soft_cap must be >= 0 (0: none)");
+  if (!sinks.has_value()) return nullptr;
+  const at::Tensor& t = *sinks;
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 1 &&
+                  t.size(0) == query.size(1),
+              op, ": sinks must be a contiguous float32 CPU tensor [heads]");
+  return t.data_ptr<float>();
+}
+
 }  // namespace octavo_cpu

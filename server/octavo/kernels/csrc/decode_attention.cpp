@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
+#include "decode_attention_bf16.h"
 #include "vec16.h"
 
 // Attention sums in its own order anyway: let multiply-adds fuse here (the build turns
@@ -40,24 +42,12 @@ struct DecodeShape {
   int64_t window;        // 0: the whole context
   float soft_cap;        // 0: no capping
   const float* sinks;    // [heads] or nullptr
+  bool bf16_dot;         // bf16 caches take decode_attention_bf16.h's path
 };
 
 // The first context position the query (at seq_len - 1) sees.
 inline int64_t first_visible(const DecodeShape& s, int64_t seq_len) {
   return s.window > 0 ? std::max<int64_t>(0, seq_len - s.window) : 0;
-}
-
-// tanh lane by lane: an odd Taylor polynomial near 0 (where 1 - e^-2|x| cancels), else
-// (1 - e^-2|x|) / (1 + e^-2|x|), with the sign put back.
-inline vec16 tanh16(vec16 x) {
-  const vec16 a = x < 0.f ? -x : x;
-  const vec16 e = exp16(a * -2.f);
-  const vec16 large = (1.f - e) / (1.f + e);
-  const vec16 a2 = a * a;
-  const vec16 small =
-      a * (1.f + a2 * (-1.f / 3.f + a2 * (2.f / 15.f + a2 * (-17.f / 315.f + a2 * (62.f / 2835.f)))));
-  const vec16 magnitude = a < 0.3f ? small : large;
-  return x < 0.f ? -magnitude : magnitude;
 }
 
 // Running softmax state of the `group` query heads of one (sequence, KV head) pair.
@@ -192,7 +182,7 @@ struct ChunkedDecode {
       const float new_max = std::max(max[g], max16(score));
       const float correction = fast_exp(max[g] - new_max);
       const vec16 weight = exp16(score - new_max);
-      sum[g] = sum[g] * correction + sum16(weight);
+      sum[g] = sum[g] * correction + tree_sum16(weight);
       max[g] = new_max;
 #pragma GCC unroll 16
       for (int c = 0; c < kVecs; ++c) acc[g][c] *= correction;
@@ -226,11 +216,11 @@ struct ChunkedDecode {
 
 // Chunks end on multiples of 16 (so never straddle a block); a window's first chunk starts
 // at its first visible position and is shorter.
-template <typename T, typename C, int HD, bool SoftCap>
+template <typename State, typename T, typename C>
 void attend_chunked(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
                     int64_t seq_len, const float* sinks, T* out) {
-  ChunkedDecode<T, C, HD, SoftCap> state(s, query, sinks);
-  const int64_t row_bytes = HD * static_cast<int64_t>(sizeof(C));
+  State state(s, query, sinks);
+  const int64_t row_bytes = s.head_dim * static_cast<int64_t>(sizeof(C));
   auto chunk_offset = [&](int64_t start) {
     return (static_cast<int64_t>(table[start / s.block_size]) * s.block_size + start % s.block_size) * s.slot_stride;
   };
@@ -290,20 +280,8 @@ DecodeShape decode_shape(const at::Tensor& query, const at::Tensor& kv_cache, co
                      static_cast<float>(v_scale),
                      window,
                      static_cast<float>(soft_cap),
-                     sinks};
-}
-
-// The options' checks; returns the sinks' data (nullptr: none).
-const float* check_options(const at::Tensor& query, int64_t window, double soft_cap,
-                           const c10::optional<at::Tensor>& sinks) {
-  TORCH_CHECK(window >= 0, "paged_decode_attention: window must be >= 0 (0: no window)");
-  TORCH_CHECK(soft_cap >= 0.0 && std::isfinite(soft_cap), "paged_decode_attention: soft_cap must be >= 0 (0: none)");
-  if (!sinks.has_value()) return nullptr;
-  const at::Tensor& t = *sinks;
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 1 &&
-                  t.size(0) == query.size(1),
-              "paged_decode_attention: sinks must be a contiguous float32 CPU tensor [heads]");
-  return t.data_ptr<float>();
+                     sinks,
+                     bf16_dot_enabled()};
 }
 
 void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
@@ -327,10 +305,24 @@ void attend(const DecodeShape& s, const T* query, const C* keys, const C* values
             int64_t seq_len, const float* sinks, T* out) {
   constexpr int kHD = HD > 0 ? HD : 16;
   if (HD > 0 && HD % 16 == 0 && s.block_size % kChunk == 0 && s.group <= kMaxGroup) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, bf16_bits> && std::is_same_v<C, bf16_bits> && HD % 32 == 0) {
+      if (s.bf16_dot) {
+        if (s.soft_cap > 0.f) {
+          attend_chunked<Bf16Decode<DecodeShape, kHD, kMaxGroup, kChunk, true>>(s, query, keys, values, table,
+                                                                                 seq_len, sinks, out);
+        } else {
+          attend_chunked<Bf16Decode<DecodeShape, kHD, kMaxGroup, kChunk, false>>(s, query, keys, values, table,
+                                                                                  seq_len, sinks, out);
+        }
+        return;
+      }
+    }
+#endif
     if (s.soft_cap > 0.f) {
-      attend_chunked<T, C, kHD, true>(s, query, keys, values, table, seq_len, sinks, out);
+      attend_chunked<ChunkedDecode<T, C, kHD, true>>(s, query, keys, values, table, seq_len, sinks, out);
     } else {
-      attend_chunked<T, C, kHD, false>(s, query, keys, values, table, seq_len, sinks, out);
+      attend_chunked<ChunkedDecode<T, C, kHD, false>>(s, query, keys, values, table, seq_len, sinks, out);
     }
   } else {
     attend_one<T, C, HD>(s, query, keys, values, table, seq_len, sinks, out);
@@ -363,7 +355,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, double k_scale,
                             double v_scale, int64_t window, double soft_cap, const c10::optional<at::Tensor>& sinks) {
   check_inputs(out, query, kv_cache, block_tables, seq_lens);
-  const float* sink_data = check_options(query, window, soft_cap, sinks);
+  const float* sink_data = check_attention_options(query, window, soft_cap, sinks, "paged_decode_attention");
   const DecodeShape s = decode_shape(query, kv_cache, block_tables, scale, k_scale, v_scale, window, soft_cap, sink_data);
   const int64_t seqs = query.size(0);
   const int32_t* tables = block_tables.data_ptr<int32_t>();

@@ -13,6 +13,10 @@ void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, double k_scale,
                             double v_scale, int64_t window, double soft_cap, const c10::optional<at::Tensor>& sinks);
+void paged_prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                             const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                             const at::Tensor& seq_lens, double scale, double k_scale, double v_scale, int64_t window,
+                             double soft_cap, const c10::optional<at::Tensor>& sinks);
 void shm_all_reduce(at::Tensor& tensor, at::Tensor& segment, int64_t rank, int64_t world,
                     int64_t call, int64_t slot_bytes);
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
@@ -39,6 +43,10 @@ TORCH_LIBRARY(octavo_cpu, m) {
       "Tensor seq_lens, float scale, float k_scale=1., float v_scale=1., int window=0, "
       "float soft_cap=0., Tensor? sinks=None) -> ()");
   m.def(
+      "paged_prefill_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
+      "Tensor query_start_loc, Tensor seq_lens, float scale, float k_scale=1., float v_scale=1., "
+      "int window=0, float soft_cap=0., Tensor? sinks=None) -> ()");
+  m.def(
       "shm_all_reduce(Tensor(a!) tensor, Tensor(b!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
@@ -59,6 +67,7 @@ TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
   m.impl("rotary_embedding", &octavo_cpu::rotary_embedding);
   m.impl("store_kv", &octavo_cpu::store_kv);
   m.impl("paged_decode_attention", &octavo_cpu::paged_decode_attention);
+  m.impl("paged_prefill_attention", &octavo_cpu::paged_prefill_attention);
   m.impl("shm_all_reduce", &octavo_cpu::shm_all_reduce);
   m.impl("shm_publish", &octavo_cpu::shm_publish);
   m.impl("apply_token_bitmask", &octavo_cpu::apply_token_bitmask);

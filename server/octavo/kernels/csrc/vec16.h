@@ -78,11 +78,38 @@ inline vec16 exp16(vec16 x) {
   return exp_polynomial(r) * reinterpret_cast<const vec16&>(scale);
 }
 
+// tanh lane by lane: an odd Taylor polynomial near 0 (where 1 - e^-2|x| cancels), else
+// (1 - e^-2|x|) / (1 + e^-2|x|), with the sign put back.
+inline vec16 tanh16(vec16 x) {
+  const vec16 a = x < 0.f ? -x : x;
+  const vec16 e = exp16(a * -2.f);
+  const vec16 large = (1.f - e) / (1.f + e);
+  const vec16 a2 = a * a;
+  const vec16 small =
+      a * (1.f + a2 * (-1.f / 3.f + a2 * (2.f / 15.f + a2 * (-17.f / 315.f + a2 * (62.f / 2835.f)))));
+  const vec16 magnitude = a < 0.3f ? small : large;
+  return x < 0.f ? -magnitude : magnitude;
+}
+
+#if defined(__AVX512F__)
+inline float max16(vec16 x) { return _mm512_reduce_max_ps(reinterpret_cast<const __m512&>(x)); }
+
+// The lanes' sum as a tree (its own order: not sum16's left-to-right one).
+inline float tree_sum16(vec16 x) { return _mm512_reduce_add_ps(reinterpret_cast<const __m512&>(x)); }
+#else
 inline float max16(vec16 x) {
   float best = x[0];
   for (int i = 1; i < 16; ++i) best = x[i] > best ? x[i] : best;
   return best;
 }
+
+// The lanes' sum as a tree (its own order: not sum16's left-to-right one).
+inline float tree_sum16(vec16 x) {
+  float lanes[16];
+  store16(lanes, x);
+  return add_lanes(lanes);
+}
+#endif
 
 inline float sum16(vec16 x) {
   float total = 0.f;

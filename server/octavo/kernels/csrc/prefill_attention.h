@@ -1,0 +1,133 @@
+// Shared parts of the paged prefill attention kernels (prefill_attention.cpp, fp32 sums
+// over fp32 copies of the keys/values; prefill_attention_bf16.h, vdpbf16ps on the cache as
+// stored): the task of 16 query rows, each row one lane of a vec16, and the lane-wise
+// online softmax over a chunk of 16 keys.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "common.h"
+#include "vec16.h"
+
+namespace octavo_cpu {
+namespace prefill {
+
+constexpr int64_t kRows = 16;  // query rows per task: the lanes of a vec16
+constexpr int64_t kKeys = 16;  // keys per chunk
+#if defined(__AVX512F__)
+constexpr int64_t kBlock = 8;  // accumulators in registers (32 zmm)
+#else
+constexpr int64_t kBlock = 4;  // a vec16 is two ymm (16 registers) or four xmm
+#endif
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct PrefillShape {
+  int64_t heads, kv_heads, group, head_dim, block_size, max_blocks;
+  int64_t q_token_stride, q_head_stride, slot_stride;
+  float scale, out_scale;
+  int64_t window;      // 0: the whole context
+  float soft_cap;      // 0: none
+  const float* sinks;  // [heads] or nullptr
+  bool bf16_dot;       // bf16 queries and caches take prefill_attention_bf16.h's path
+};
+
+// 16 rows of one (sequence, KV head): rows first_row.. of the sequence's query_len * group.
+struct PrefillTask {
+  int64_t seq, kv_head, first_row;
+  int64_t cost;  // keys the tile reads, for the schedule
+};
+
+// What one sequence contributes: its query tokens in `query` and its context length.
+struct PrefillSeq {
+  int64_t query_start, query_len, seq_len;
+  const int32_t* table;
+};
+
+// Where lane `lane` of a task reads its query and writes its output (valid: a real row).
+struct TileRow {
+  int64_t token, head;
+  bool valid;
+};
+
+inline TileRow tile_row(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, int64_t lane) {
+  const int64_t row = task.first_row + lane;
+  return {seq.query_start + row / s.group, task.kv_head * s.group + row % s.group, row < seq.query_len * s.group};
+}
+
+inline int64_t slot_of(const PrefillShape& s, const int32_t* table, int64_t pos) {
+  return static_cast<int64_t>(table[pos / s.block_size]) * s.block_size + pos % s.block_size;
+}
+
+// The lane-wise softmax state of a tile: running max and sum, each row's position, and
+// the current chunk's scores (then weights).
+struct SoftmaxLanes {
+  vec16 max, sum;
+  ivec16 pos;  // each row's context position (-1: a padding lane)
+  vec16 probs[kKeys];
+
+  void start(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task) {
+    for (int64_t lane = 0; lane < kRows; ++lane) {
+      const TileRow row = tile_row(s, seq, task, lane);
+      pos[lane] = row.valid ? static_cast<int32_t>(seq.seq_len - seq.query_len + row.token - seq.query_start) : -1;
+      const bool sink = row.valid && s.sinks != nullptr;
+      max[lane] = sink ? s.sinks[row.head] : kNegInf;
+      sum[lane] = sink ? 1.f : 0.f;
+    }
+  }
+
+  // Scores become weights (masked keys, and keys at or past `count`, get 0); the running
+  // max and sum move; returns the factor that rescales what was accumulated before.
+  vec16 weigh(const PrefillShape& s, int64_t first_key, int64_t count, bool masked) {
+    vec16 chunk_max = splat16(kNegInf);
+    for (int64_t t = 0; t < count; ++t) {
+      vec16 score = probs[t];
+      if (s.soft_cap > 0.f) score = tanh16(score * (1.f / s.soft_cap)) * s.soft_cap;
+      if (masked) {
+        const int32_t key = static_cast<int32_t>(first_key + t);
+        ivec16 visible = pos >= key;
+        if (s.window > 0) visible &= pos < key + static_cast<int32_t>(s.window);
+        score = visible ? score : splat16(kNegInf);
+      }
+      probs[t] = score;
+      chunk_max = chunk_max > score ? chunk_max : score;
+    }
+    const vec16 new_max = max > chunk_max ? max : chunk_max;
+    const ivec16 empty = new_max == kNegInf;  // no visible key yet: nothing to rescale
+    const vec16 base = empty ? vec16{} : new_max;
+    const vec16 correction = empty ? splat16(1.f) : exp16(max - base);
+    vec16 total = sum * correction;
+    for (int64_t t = 0; t < kKeys; ++t) {
+      if (t >= count) {
+        probs[t] = vec16{};
+        continue;
+      }
+      const vec16 score = probs[t];
+      const vec16 weight = score == kNegInf ? vec16{} : exp16(score - base);
+      probs[t] = weight;
+      total += weight;
+    }
+    sum = total;
+    max = new_max;
+    return correction;
+  }
+
+  // 1 / sum per lane, times the output scale (0 where nothing was seen).
+  float inverse(const PrefillShape& s, int64_t lane) const {
+    return sum[lane] > 0.f ? s.out_scale / sum[lane] : 0.f;
+  }
+};
+
+// The context positions the tile's rows see: [first, end).
+inline std::pair<int64_t, int64_t> key_range(const PrefillShape& s, const PrefillSeq& seq, int64_t first_row) {
+  const int64_t rows = seq.query_len * s.group, first_pos = seq.seq_len - seq.query_len;
+  const int64_t low = first_pos + first_row / s.group;
+  const int64_t high = first_pos + (std::min(first_row + kRows, rows) - 1) / s.group;
+  const int64_t first = s.window > 0 ? std::max<int64_t>(0, low - s.window + 1) : 0;
+  return {first, high + 1};
+}
+
+}  // namespace prefill
+}  // namespace octavo_cpu
