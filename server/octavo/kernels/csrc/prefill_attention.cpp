@@ -74,30 +74,35 @@ struct Fp32Tile {
 
   void scores(int64_t count) {
     for (int64_t t0 = 0; t0 < count; t0 += kBlock) {
-      vec16 acc[kBlock] = {};
-      for (int64_t d = 0; d < HD; ++d) {
-        const vec16 q = load16(query[d]);
+      for (int64_t h = 0; h < kRows; h += kWidth) {
+        lanes_t acc[kBlock] = {};
+        for (int64_t d = 0; d < HD; ++d) {
+          const lanes_t q = load_lanes(query[d] + h);
 #pragma GCC unroll 8
-        for (int64_t j = 0; j < kBlock; ++j) acc[j] += q * splat16(keys[(t0 + j) * HD + d]);
+          for (int64_t j = 0; j < kBlock; ++j) acc[j] += q * splat_lanes(keys[(t0 + j) * HD + d]);
+        }
+#pragma GCC unroll 8
+        for (int64_t j = 0; j < kBlock; ++j) store_lanes(lane_data(lanes.probs[t0 + j]) + h, acc[j]);
       }
-#pragma GCC unroll 8
-      for (int64_t j = 0; j < kBlock; ++j) lanes.probs[t0 + j] = acc[j];
     }
   }
 
-  void accumulate(int64_t count, vec16 correction) {
+  void accumulate(int64_t count, const vec16& correction) {
     for (int64_t d0 = 0; d0 < HD; d0 += kBlock) {
-      vec16 acc[kBlock];
+      for (int64_t h = 0; h < kRows; h += kWidth) {
+        const lanes_t rescale = load_lanes(lane_data(correction) + h);
+        lanes_t acc[kBlock];
 #pragma GCC unroll 8
-      for (int64_t j = 0; j < kBlock; ++j) acc[j] = load16(out[d0 + j]) * correction;
-      for (int64_t t = 0; t < count; ++t) {
-        const vec16 p = lanes.probs[t];
-        const float* v = values + t * HD + d0;
+        for (int64_t j = 0; j < kBlock; ++j) acc[j] = load_lanes(out[d0 + j] + h) * rescale;
+        for (int64_t t = 0; t < count; ++t) {
+          const lanes_t p = load_lanes(lane_data(lanes.probs[t]) + h);
+          const float* v = values + t * HD + d0;
 #pragma GCC unroll 8
-        for (int64_t j = 0; j < kBlock; ++j) acc[j] += p * splat16(v[j]);
+          for (int64_t j = 0; j < kBlock; ++j) acc[j] += p * splat_lanes(v[j]);
+        }
+#pragma GCC unroll 8
+        for (int64_t j = 0; j < kBlock; ++j) store_lanes(out[d0 + j] + h, acc[j]);
       }
-#pragma GCC unroll 8
-      for (int64_t j = 0; j < kBlock; ++j) store16(out[d0 + j], acc[j]);
     }
   }
 

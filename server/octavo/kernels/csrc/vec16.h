@@ -54,16 +54,13 @@ inline vec16 load16(const fp8_e5m2* src) { return load16_fp8<2, 15>(&src->bits);
 
 inline void store16(float* dst, vec16 value) { std::memcpy(dst, &value, sizeof(value)); }
 
-#if defined(__AVX512F__)
-inline vec16 splat16(float value) { return vec16{} + value; }
-#else
-// Narrower ISAs: GCC lowers `vec16{} + value` into 16 scalar stores through the stack (and
-// every later use reloads the pieces); a constructor of 16 copies becomes one broadcast.
+// 16 copies of `value`, built as such: `vec16{} + value` must compute 0 + value (it turns
+// -0 into +0), so GCC emits a scalar add before every broadcast, and on narrower ISAs it
+// lowers it into 16 scalar stores through the stack.
 inline vec16 splat16(float value) {
   return vec16{value, value, value, value, value, value, value, value,
                value, value, value, value, value, value, value, value};
 }
-#endif
 
 // fast_exp (common.h) lane by lane, written with vector operations.
 inline vec16 exp16(vec16 x) {
