@@ -17,6 +17,7 @@
 
 #include "common.h"
 #include "decode_attention_bf16.h"
+#include "decode_attention_narrow.h"
 #include "vec16.h"
 
 // Attention sums in its own order anyway: let multiply-adds fuse here (the build turns
@@ -319,11 +320,21 @@ void attend(const DecodeShape& s, const T* query, const C* keys, const C* values
       }
     }
 #endif
+#if defined(__AVX512F__)
     if (s.soft_cap > 0.f) {
       attend_chunked<ChunkedDecode<T, C, kHD, true>>(s, query, keys, values, table, seq_len, sinks, out);
     } else {
       attend_chunked<ChunkedDecode<T, C, kHD, false>>(s, query, keys, values, table, seq_len, sinks, out);
     }
+#else
+    using Narrow = NarrowDecode<DecodeShape, T, C, kHD, kMaxGroup, kChunk, false>;
+    using NarrowCapped = NarrowDecode<DecodeShape, T, C, kHD, kMaxGroup, kChunk, true>;
+    if (s.soft_cap > 0.f) {
+      attend_chunked<NarrowCapped>(s, query, keys, values, table, seq_len, sinks, out);
+    } else {
+      attend_chunked<Narrow>(s, query, keys, values, table, seq_len, sinks, out);
+    }
+#endif
   } else {
     attend_one<T, C, HD>(s, query, keys, values, table, seq_len, sinks, out);
   }

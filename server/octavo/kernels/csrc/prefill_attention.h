@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "common.h"
+#include "lanes.h"
 #include "vec16.h"
 
 namespace octavo_cpu {
@@ -20,59 +20,6 @@ constexpr int64_t kRows = 16;  // query rows per task: the lanes of a vec16
 constexpr int64_t kKeys = 16;  // keys per chunk
 constexpr int64_t kBlock = 8;  // accumulators kept in registers
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// The products go one native register of lanes at a time: a vec16 is two ymm on AVX2 (four
-// xmm on plain x86-64), and GCC keeps an array of vec16 accumulators on the stack there,
-// moving every lane through general registers (measured: the AVX2 build ran 5x slower than
-// the torch path). So the 16 rows are split into 16 / kWidth groups of native width.
-#if defined(__AVX512F__)
-constexpr int64_t kWidth = 16;
-#elif defined(__AVX2__)
-constexpr int64_t kWidth = 8;
-#else
-constexpr int64_t kWidth = 4;
-#endif
-typedef float lanes_t __attribute__((vector_size(kWidth * sizeof(float))));
-
-inline lanes_t load_lanes(const float* src) {
-  lanes_t out;
-  std::memcpy(&out, src, sizeof(out));
-  return out;
-}
-
-inline void store_lanes(float* dst, lanes_t value) { std::memcpy(dst, &value, sizeof(value)); }
-
-template <std::size_t... Lane>
-inline lanes_t splat_lanes(float value, std::index_sequence<Lane...>) {
-  return lanes_t{((void)Lane, value)...};
-}
-
-// kWidth copies of `value` (see splat16: never `lanes_t{} + value`).
-inline lanes_t splat_lanes(float value) { return splat_lanes(value, std::make_index_sequence<kWidth>{}); }
-
-typedef int32_t ilanes_t __attribute__((vector_size(kWidth * sizeof(int32_t))));
-
-inline ilanes_t load_ilanes(const int32_t* src) {
-  ilanes_t out;
-  std::memcpy(&out, src, sizeof(out));
-  return out;
-}
-
-// exp16 (vec16.h) at the native width.
-inline lanes_t exp_lanes(lanes_t x) {
-  x = x < -87.3f ? splat_lanes(-87.3f) : x;
-  x = x > 88.7f ? splat_lanes(88.7f) : x;
-  const lanes_t y = x * 1.44269504088896341f + 0.5f;
-  ilanes_t whole = __builtin_convertvector(y, ilanes_t);  // toward zero; then down to floor
-  whole += __builtin_convertvector(whole, lanes_t) > y;   // a true comparison is -1
-  const lanes_t n = __builtin_convertvector(whole, lanes_t);
-  const lanes_t r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  const ilanes_t scale = (whole + 127) << 23;
-  return exp_polynomial(r) * reinterpret_cast<const lanes_t&>(scale);
-}
-
-inline float* lane_data(vec16& value) { return reinterpret_cast<float*>(&value); }
-inline const float* lane_data(const vec16& value) { return reinterpret_cast<const float*>(&value); }
 
 struct PrefillShape {
   int64_t heads, kv_heads, group, head_dim, block_size, max_blocks;
