@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_shape.h"
 #include "common.h"
 #include "decode_attention_bf16.h"
 #include "decode_attention_narrow.h"
@@ -35,16 +36,7 @@
 namespace octavo_cpu {
 namespace {
 
-struct DecodeShape {
-  int64_t heads, kv_heads, group, head_dim, block_size, max_blocks;
-  int64_t q_token_stride, q_head_stride, slot_stride;  // slot_stride: elements per cache slot
-  float scale;      // softmax scale times k_scale
-  float out_scale;  // v_scale
-  int64_t window;        // 0: the whole context
-  float soft_cap;        // 0: no capping
-  const float* sinks;    // [heads] or nullptr
-  bool bf16_dot;         // bf16 caches take decode_attention_bf16.h's path
-};
+using DecodeShape = AttentionShape;
 
 // The first context position the query (at seq_len - 1) sees.
 inline int64_t first_visible(const DecodeShape& s, int64_t seq_len) {
@@ -264,27 +256,6 @@ void attend_one(const DecodeShape& s, const T* query, const C* keys, const C* va
   }
 }
 
-DecodeShape decode_shape(const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables, double scale,
-                         double k_scale, double v_scale, int64_t window, double soft_cap, const float* sinks) {
-  const int64_t heads = query.size(1), kv_heads = kv_cache.size(3);
-  TORCH_CHECK(heads % kv_heads == 0, "paged_decode_attention: heads must be a multiple of kv_heads");
-  return DecodeShape{heads,
-                     kv_heads,
-                     heads / kv_heads,
-                     query.size(2),
-                     kv_cache.size(2),
-                     block_tables.size(1),
-                     query.stride(0),
-                     query.stride(1),
-                     kv_heads * kv_cache.size(4),
-                     static_cast<float>(scale * k_scale),
-                     static_cast<float>(v_scale),
-                     window,
-                     static_cast<float>(soft_cap),
-                     sinks,
-                     bf16_dot_enabled()};
-}
-
 void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens) {
   check_cpu(query, "paged_decode_attention: query");
@@ -367,7 +338,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
                             double v_scale, int64_t window, double soft_cap, const c10::optional<at::Tensor>& sinks) {
   check_inputs(out, query, kv_cache, block_tables, seq_lens);
   const float* sink_data = check_attention_options(query, window, soft_cap, sinks, "paged_decode_attention");
-  const DecodeShape s = decode_shape(query, kv_cache, block_tables, scale, k_scale, v_scale, window, soft_cap, sink_data);
+  const DecodeShape s = attention_shape(query, kv_cache, block_tables, scale, k_scale, v_scale, window, soft_cap,
+                                      sink_data, "paged_decode_attention");
   const int64_t seqs = query.size(0);
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();

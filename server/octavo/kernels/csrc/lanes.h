@@ -50,15 +50,7 @@ inline ilanes_t load_ilanes(const int32_t* src) {
 
 // exp16 (vec16.h) at the native width.
 inline lanes_t exp_lanes(lanes_t x) {
-  x = x < -87.3f ? splat_lanes(-87.3f) : x;
-  x = x > 88.7f ? splat_lanes(88.7f) : x;
-  const lanes_t y = x * 1.44269504088896341f + 0.5f;
-  ilanes_t whole = __builtin_convertvector(y, ilanes_t);  // toward zero; then down to floor
-  whole += __builtin_convertvector(whole, lanes_t) > y;   // a true comparison is -1
-  const lanes_t n = __builtin_convertvector(whole, lanes_t);
-  const lanes_t r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  const ilanes_t scale = (whole + 127) << 23;
-  return exp_polynomial(r) * reinterpret_cast<const lanes_t&>(scale);
+  return exp_vector<lanes_t, ilanes_t>(x, [](float value) { return splat_lanes(value); });
 }
 
 inline float* lane_data(vec16& value) { return reinterpret_cast<float*>(&value); }

@@ -239,22 +239,8 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& query, const at:
                              double soft_cap, const c10::optional<at::Tensor>& sinks) {
   check_prefill_inputs(out, query, kv_cache, block_tables, query_start_loc, seq_lens);
   const float* sink_data = check_attention_options(query, window, soft_cap, sinks, "paged_prefill_attention");
-  const int64_t heads = query.size(1), kv_heads = kv_cache.size(3);
-  const PrefillShape s{heads,
-                       kv_heads,
-                       heads / kv_heads,
-                       query.size(2),
-                       kv_cache.size(2),
-                       block_tables.size(1),
-                       query.stride(0),
-                       query.stride(1),
-                       kv_heads * kv_cache.size(4),
-                       static_cast<float>(scale * k_scale),
-                       static_cast<float>(v_scale),
-                       window,
-                       static_cast<float>(soft_cap),
-                       sink_data,
-                       bf16_dot_enabled()};
+  const PrefillShape s = attention_shape(query, kv_cache, block_tables, scale, k_scale, v_scale, window, soft_cap,
+                                         sink_data, "paged_prefill_attention");
   const std::vector<PrefillSeq> seqs = prefill_seqs(s, query, block_tables, query_start_loc, seq_lens);
   dispatch_float_bf16(query.scalar_type(), "paged_prefill_attention", [&]<typename T>() {
     dispatch_cache<T>(kv_cache.scalar_type(), [&]<typename C>() {

@@ -9,6 +9,7 @@
 #include <limits>
 #include <utility>
 
+#include "attention_shape.h"
 #include "common.h"
 #include "lanes.h"
 #include "vec16.h"
@@ -21,15 +22,7 @@ constexpr int64_t kKeys = 16;  // keys per chunk
 constexpr int64_t kBlock = 8;  // accumulators kept in registers
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct PrefillShape {
-  int64_t heads, kv_heads, group, head_dim, block_size, max_blocks;
-  int64_t q_token_stride, q_head_stride, slot_stride;
-  float scale, out_scale;
-  int64_t window;      // 0: the whole context
-  float soft_cap;      // 0: none
-  const float* sinks;  // [heads] or nullptr
-  bool bf16_dot;       // bf16 queries and caches take prefill_attention_bf16.h's path
-};
+using PrefillShape = AttentionShape;
 
 // 16 rows of one (sequence, KV head): rows first_row.. of the sequence's query_len * group.
 struct PrefillTask {

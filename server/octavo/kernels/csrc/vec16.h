@@ -62,18 +62,22 @@ inline vec16 splat16(float value) {
                value, value, value, value, value, value, value, value};
 }
 
-// fast_exp (common.h) lane by lane, written with vector operations.
-inline vec16 exp16(vec16 x) {
-  x = x < -87.3f ? splat16(-87.3f) : x;
-  x = x > 88.7f ? splat16(88.7f) : x;
-  const vec16 y = x * 1.44269504088896341f + 0.5f;
-  ivec16 whole = __builtin_convertvector(y, ivec16);  // toward zero; then down to floor
-  whole += __builtin_convertvector(whole, vec16) > y;  // a true comparison is -1
-  const vec16 n = __builtin_convertvector(whole, vec16);
-  const vec16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  const ivec16 scale = (whole + 127) << 23;
-  return exp_polynomial(r) * reinterpret_cast<const vec16&>(scale);
+// fast_exp (common.h) lane by lane, written with vector operations: V a GCC float vector,
+// IV the int32 vector of its width, `splat` its broadcast.
+template <typename V, typename IV, typename Splat>
+inline V exp_vector(V x, Splat splat) {
+  x = x < -87.3f ? splat(-87.3f) : x;
+  x = x > 88.7f ? splat(88.7f) : x;
+  const V y = x * 1.44269504088896341f + 0.5f;
+  IV whole = __builtin_convertvector(y, IV);      // toward zero; then down to floor
+  whole += __builtin_convertvector(whole, V) > y;  // a true comparison is -1
+  const V n = __builtin_convertvector(whole, V);
+  const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  const IV scale = (whole + 127) << 23;
+  return exp_polynomial(r) * reinterpret_cast<const V&>(scale);
 }
+
+inline vec16 exp16(vec16 x) { return exp_vector<vec16, ivec16>(x, splat16); }
 
 // tanh lane by lane: an odd Taylor polynomial near 0 (where 1 - e^-2|x| cancels), else
 // (1 - e^-2|x|) / (1 + e^-2|x|), with the sign put back.
