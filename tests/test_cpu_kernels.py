@@ -227,17 +227,18 @@ def test_paged_prefill_attention_matches_torch(ops, dtype, heads, kv_heads, head
 
 @pytest.mark.parametrize("fp8", FP8)
 @pytest.mark.parametrize("scales", SCALES)
-def test_paged_prefill_attention_fp8_matches_torch(ops, fp8, scales):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_prefill_attention_fp8_matches_torch(ops, fp8, scales, dtype):
     """An fp8 cache: k_scale folded into the softmax scale, v_scale into the output."""
     query, cache, tables, starts, lens = random_prefill_case(
-        8, 2, 256, 16, torch.bfloat16, [(40, 40), (9, 70)]
+        8, 2, 256, 16, dtype, [(40, 40), (9, 70)]
     )
     cache = cache.float().to(fp8)
-    out = torch.empty(query.shape, dtype=torch.bfloat16)
+    out = torch.empty(query.shape, dtype=dtype)
     scale = 256**-0.5
     ops.paged_prefill_attention(out, query, cache, tables, starts, lens, scale, scales.k, scales.v)
     expected = torch_prefill(query, cache, tables, starts, lens, scale, scales)
-    tolerance = TOLERANCE[torch.bfloat16]
+    tolerance = TOLERANCE[dtype]
     torch.testing.assert_close(
         out.float(), expected.float(), atol=tolerance * scales.v, rtol=tolerance
     )
