@@ -42,6 +42,7 @@ class Case:
     name: str
     query_lens: list[int]
     seq_lens: list[int]
+    prefill: bool  # one fresh prompt (else one decode query per sequence)
 
     @property
     def pairs(self) -> int:
@@ -124,10 +125,11 @@ class CpuAttentionReport:
 
 
 def parse_cases(prefill: str, decode: str) -> list[Case]:
-    cases = [Case(f"prefill {n}", [int(n)], [int(n)]) for n in filter(None, prefill.split(","))]
+    lengths = [int(n) for n in filter(None, prefill.split(","))]
+    cases = [Case(f"prefill {n}", [n], [n], prefill=True) for n in lengths]
     for spec in filter(None, decode.split(",")):
         seqs, context = (int(part) for part in spec.lower().split("x"))
-        cases.append(Case(f"decode {seqs}x{context}", [1] * seqs, [context] * seqs))
+        cases.append(Case(f"decode {seqs}x{context}", [1] * seqs, [context] * seqs, prefill=False))
     return cases
 
 
@@ -153,7 +155,7 @@ def case_inputs(case: Case, heads: int, kv_heads: int, dim: int, dtype) -> CaseI
     for length in case.query_lens:
         starts.append(starts[-1] + length)
     query = torch.randn(starts[-1], heads, dim, generator=generator).to(dtype)
-    prefills = len(case.seq_lens) if case.query_lens[0] > 1 else 0
+    prefills = len(case.seq_lens) if case.prefill else 0
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
         block_tables=table_,
@@ -167,7 +169,7 @@ def case_inputs(case: Case, heads: int, kv_heads: int, dim: int, dtype) -> CaseI
         max_seq_len=max(case.seq_lens),
     )
     keys = values = None
-    if prefills == 1:
+    if case.prefill:
         keys, values = (
             x[0].transpose(0, 1) for x in torch_ops.gather_kv(cache, table_, starts[-1])
         )

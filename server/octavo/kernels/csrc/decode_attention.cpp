@@ -24,11 +24,10 @@
 // Attention sums in its own order anyway: let multiply-adds fuse here (the build turns
 // contraction off for the kernels that must round exactly as torch does).
 #pragma GCC optimize("fp-contract=fast")
-// AVX2 and generic builds: a vec16 is 2 or 4 registers there, and -O3 spent most of the
-// build on this file (decode_attention.o 36 s CPU for avx2, 60 s generic, vs 16 s for
-// avx512). At O2 it takes 18 s / 21 s; the `#pragma GCC unroll 16` on the per-head-size
-// loops below keeps the full unrolling that O3 did on its own (without them O2 ran the
-// avx2 kernel 2-3x slower). The AVX-512 build keeps -O3 and its code is unchanged.
+// AVX2 and generic builds: -O3 spent most of the build on this file (decode_attention.o
+// 36 s CPU for avx2, 60 s generic, vs 16 s for avx512); at O2 it takes 18 s / 21 s. Their
+// fast path is NarrowDecode (decode_attention_narrow.h); ChunkedDecode below is the
+// AVX-512 build's, which keeps -O3.
 #if !defined(__AVX512F__)
 #pragma GCC optimize("O2")
 #endif
@@ -207,6 +206,15 @@ struct ChunkedDecode {
   }
 };
 
+// The 16-token path of this build: vec16 registers on AVX-512, native-width ones elsewhere.
+#if defined(__AVX512F__)
+template <typename T, typename C, int HD, bool SoftCap>
+using FastDecode = ChunkedDecode<T, C, HD, SoftCap>;
+#else
+template <typename T, typename C, int HD, bool SoftCap>
+using FastDecode = NarrowDecode<DecodeShape, T, C, HD, kMaxGroup, kChunk, SoftCap>;
+#endif
+
 // Chunks end on multiples of 16 (so never straddle a block); a window's first chunk starts
 // at its first visible position and is shorter.
 template <typename State, typename T, typename C>
@@ -291,21 +299,11 @@ void attend(const DecodeShape& s, const T* query, const C* keys, const C* values
       }
     }
 #endif
-#if defined(__AVX512F__)
     if (s.soft_cap > 0.f) {
-      attend_chunked<ChunkedDecode<T, C, kHD, true>>(s, query, keys, values, table, seq_len, sinks, out);
+      attend_chunked<FastDecode<T, C, kHD, true>>(s, query, keys, values, table, seq_len, sinks, out);
     } else {
-      attend_chunked<ChunkedDecode<T, C, kHD, false>>(s, query, keys, values, table, seq_len, sinks, out);
+      attend_chunked<FastDecode<T, C, kHD, false>>(s, query, keys, values, table, seq_len, sinks, out);
     }
-#else
-    using Narrow = NarrowDecode<DecodeShape, T, C, kHD, kMaxGroup, kChunk, false>;
-    using NarrowCapped = NarrowDecode<DecodeShape, T, C, kHD, kMaxGroup, kChunk, true>;
-    if (s.soft_cap > 0.f) {
-      attend_chunked<NarrowCapped>(s, query, keys, values, table, seq_len, sinks, out);
-    } else {
-      attend_chunked<Narrow>(s, query, keys, values, table, seq_len, sinks, out);
-    }
-#endif
   } else {
     attend_one<T, C, HD>(s, query, keys, values, table, seq_len, sinks, out);
   }

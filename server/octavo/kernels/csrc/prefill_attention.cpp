@@ -116,13 +116,7 @@ struct Fp32Tile {
   }
 
   void finish(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, T* out_base) const {
-    for (int64_t lane = 0; lane < kRows; ++lane) {
-      const TileRow row = tile_row(s, seq, task, lane);
-      if (!row.valid) break;
-      const float inv = lanes.inverse(s, lane);
-      T* o = out_base + (row.token * s.heads + row.head) * HD;
-      for (int64_t d = 0; d < HD; ++d) o[d] = from_float<T>(out[d][lane] * inv);
-    }
+    write_rows<HD>(lanes, out, s, seq, task, out_base, [](int64_t d) { return d; });
   }
 };
 
@@ -168,12 +162,10 @@ void run_tiles(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_ca
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tasks.size()));
   // Each worker takes the next task until none is left: tiles differ in cost (a tile late
   // in a long prompt reads every key before it), so a static split would leave threads idle.
-  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     auto tile = std::make_unique<Tile>();
-    for (int64_t w = begin; w < end; ++w) {
-      for (int64_t i = next++; i < static_cast<int64_t>(tasks.size()); i = next++) {
-        run_tile(*tile, s, seqs[tasks[i].seq], tasks[i], q, keys, values, o);
-      }
+    for (int64_t i = next++; i < static_cast<int64_t>(tasks.size()); i = next++) {
+      run_tile(*tile, s, seqs[tasks[i].seq], tasks[i], q, keys, values, o);
     }
   });
 }

@@ -118,6 +118,20 @@ struct SoftmaxLanes {
   }
 };
 
+// Each real row's output: `acc[position][lane]` over the softmax sum, written to head
+// dimension `dim_of(position)` of the row's token and head.
+template <int HD, typename T, typename DimOf>
+void write_rows(const SoftmaxLanes& lanes, const float (*acc)[kRows], const PrefillShape& s,
+                const PrefillSeq& seq, const PrefillTask& task, T* out_base, DimOf dim_of) {
+  for (int64_t lane = 0; lane < kRows; ++lane) {
+    const TileRow row = tile_row(s, seq, task, lane);
+    if (!row.valid) break;
+    const float inv = lanes.inverse(s, lane);
+    T* o = out_base + (row.token * s.heads + row.head) * HD;
+    for (int64_t p = 0; p < HD; ++p) o[dim_of(p)] = from_float<T>(acc[p][lane] * inv);
+  }
+}
+
 // The context positions the tile's rows see: [first, end).
 inline std::pair<int64_t, int64_t> key_range(const PrefillShape& s, const PrefillSeq& seq, int64_t first_row) {
   const int64_t rows = seq.query_len * s.group, first_pos = seq.seq_len - seq.query_len;

@@ -126,13 +126,7 @@ struct Bf16PrefillTile {
   }
 
   void finish(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, uint16_t* out_base) const {
-    for (int64_t lane = 0; lane < kRows; ++lane) {
-      const TileRow row = tile_row(s, seq, task, lane);
-      if (!row.valid) break;
-      const float inv = lanes.inverse(s, lane);
-      uint16_t* o = out_base + (row.token * s.heads + row.head) * HD;
-      for (int64_t p = 0; p < HD; ++p) o[dim_of(p)] = from_float<uint16_t>(out[p][lane] * inv);
-    }
+    write_rows<HD>(lanes, out, s, seq, task, out_base, dim_of);
   }
 };
 

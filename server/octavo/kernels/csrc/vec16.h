@@ -123,31 +123,8 @@ inline vec16 fold(vec16 a, vec16 b, ivec16 low, ivec16 high) {
   return __builtin_shuffle(a, b, low) + __builtin_shuffle(a, b, high);
 }
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
-// AVX2: a vec16 is two ymm registers, and GCC lowers the 16-lane shuffles of the generic
-// version below into scalar moves through the stack (measured: decode attention 10x
-// slower than its memory traffic). Here each row's halves are added, then 8 rows at a
-// time go through the classic hadd tree: 6 hadds, 2 lane permutes and an add per 8 rows.
-inline __m256 half(const vec16& v, int which) { return reinterpret_cast<const __m256*>(&v)[which]; }
-
-inline __m256 hsum8_rows(const vec16* rows) {
-  __m256 folded[8];
-  for (int i = 0; i < 8; ++i) folded[i] = _mm256_add_ps(half(rows[i], 0), half(rows[i], 1));
-  const __m256 a = _mm256_hadd_ps(folded[0], folded[1]), b = _mm256_hadd_ps(folded[2], folded[3]);
-  const __m256 c = _mm256_hadd_ps(folded[4], folded[5]), d = _mm256_hadd_ps(folded[6], folded[7]);
-  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
-}
-
-// out[t] = sum over lanes of rows[t], for 16 rows.
-inline vec16 transpose_add(const vec16* rows) {
-  vec16 out;
-  reinterpret_cast<__m256*>(&out)[0] = hsum8_rows(rows);
-  reinterpret_cast<__m256*>(&out)[1] = hsum8_rows(rows + 8);
-  return out;
-}
-#else
-// out[t] = sum over lanes of rows[t], for 16 rows.
+// out[t] = sum over lanes of rows[t], for 16 rows (the AVX-512 build's decode; narrower
+// builds sum rows at their native width, decode_attention_narrow.h's `row_sums`).
 inline vec16 transpose_add(const vec16* rows) {
   const ivec16 l1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
   const ivec16 h1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
@@ -163,6 +140,5 @@ inline vec16 transpose_add(const vec16* rows) {
   for (int i = 0; i < 2; ++i) octs[i] = fold(quads[2 * i], quads[2 * i + 1], l3, h3);
   return fold(octs[0], octs[1], l4, h4);
 }
-#endif
 
 }  // namespace octavo_cpu
