@@ -527,7 +527,8 @@ def test_a_build_killed_midway_does_not_block_the_next(tmp_path, monkeypatch):
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_the_narrower_builds_pass_the_same_tests(ops, isa, tmp_path):
     """Machines without AVX-512 (AVX2 only, or neither) get their own build: it is compiled
-    here and this file's kernel tests run against it in a child process."""
+    here and this file's kernel tests (and the sampling kernel's) run against it in a child
+    process."""
     import subprocess
     import sys
     from pathlib import Path
@@ -535,7 +536,17 @@ def test_the_narrower_builds_pass_the_same_tests(ops, isa, tmp_path):
     if isa == "avx2" and not {"avx2", "fma", "f16c"} <= cpu_features.cpu_flags():
         pytest.skip(reason="this CPU cannot run AVX2 code")
     env = {**os.environ, cpu_build.ISA_ENV: isa}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    sampling_tests = str(Path(__file__).with_name("test_cpu_sampling.py"))
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        __file__,
+        sampling_tests,
+    ]
     command += ["-k", "not narrower_builds", "--rootdir", str(Path(__file__).parent)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

@@ -34,11 +34,20 @@ def row(
     )
 
 
-def draws(probs: list[float], count: int = 4000, **params: object) -> Counter[int]:
+@pytest.fixture(params=[True, False], ids=["native", "torch"])
+def native(request) -> bool:
+    """Sampled rows on the CPU: the native kernel (``native_sampler``), or the torch path's
+    filters and exponential race (what a GPU runs, and the CPU without the kernels)."""
+    return request.param
+
+
+def draws(
+    probs: list[float], count: int = 4000, native: bool = True, **params: object
+) -> Counter[int]:
     """Sample ``count`` times (as one batch) from a distribution given as probabilities."""
     torch.manual_seed(1234)
     logits = torch.tensor(probs).log().expand(count, -1).contiguous()
-    result = Sampler()(logits, [row(**params) for _ in range(count)])
+    result = Sampler(native)(logits, [row(**params) for _ in range(count)])
     return Counter(result.token_ids)
 
 
@@ -69,7 +78,9 @@ def test_caller_logits_are_not_modified() -> None:
     assert torch.equal(logits, before)
 
 
-def _seeded_run(seed: int, position: int, others: list[SamplingRow], steps: int = 12) -> list:
+def _seeded_run(
+    seed: int, position: int, others: list[SamplingRow], native: bool = True, steps: int = 12
+) -> list:
     """Sample ``steps`` tokens for a seeded row placed at ``position`` among ``others``."""
     logits_gen = torch.Generator().manual_seed(99)
     target = row(seed=seed, temperature=0.9, top_p=0.95)
@@ -79,16 +90,17 @@ def _seeded_run(seed: int, position: int, others: list[SamplingRow], steps: int 
     for _ in range(steps):
         step_logits = torch.randn(len(rows), 500)  # other rows' logits vary freely
         step_logits[position] = torch.randn(500, generator=logits_gen)
-        tokens.append(Sampler()(step_logits, rows).token_ids[position])
+        tokens.append(Sampler(native)(step_logits, rows).token_ids[position])
     return tokens
 
 
-def test_same_seed_gives_same_tokens_regardless_of_batch() -> None:
-    alone = _seeded_run(seed=7, position=0, others=[])
-    batched = _seeded_run(seed=7, position=2, others=[row(), row(seed=3), row(temperature=0)])
-    reordered = _seeded_run(seed=7, position=1, others=[row(seed=5), row()])
+def test_same_seed_gives_same_tokens_regardless_of_batch(native: bool) -> None:
+    alone = _seeded_run(seed=7, position=0, others=[], native=native)
+    others = [row(), row(seed=3), row(temperature=0)]
+    batched = _seeded_run(seed=7, position=2, others=others, native=native)
+    reordered = _seeded_run(seed=7, position=1, others=[row(seed=5), row()], native=native)
     assert alone == batched == reordered
-    assert _seeded_run(seed=8, position=0, others=[]) != alone
+    assert _seeded_run(seed=8, position=0, others=[], native=native) != alone
 
 
 def test_min_tokens_blocks_eos_and_stop_tokens() -> None:
@@ -137,28 +149,28 @@ def test_frequency_penalty_ignores_prompt_tokens() -> None:
     assert Sampler()(logits, [in_output]).token_ids == [1]
 
 
-def test_top_k_keeps_only_the_best_tokens() -> None:
-    counts = draws([0.1, 0.4, 0.2, 0.3], top_k=2)
+def test_top_k_keeps_only_the_best_tokens(native: bool) -> None:
+    counts = draws([0.1, 0.4, 0.2, 0.3], native=native, top_k=2)
     assert set(counts) == {1, 3}
     assert counts[1] / sum(counts.values()) == pytest.approx(4 / 7, abs=0.03)
 
 
-def test_top_p_keeps_smallest_set_reaching_p() -> None:
+def test_top_p_keeps_smallest_set_reaching_p(native: bool) -> None:
     # Mass before token 2 is 0.7 < 0.8 (kept); before token 3 it is 0.85 (dropped).
-    counts = draws([0.4, 0.3, 0.15, 0.1, 0.05], top_p=0.8)
+    counts = draws([0.4, 0.3, 0.15, 0.1, 0.05], native=native, top_p=0.8)
     assert set(counts) == {0, 1, 2}
     assert counts[0] / sum(counts.values()) == pytest.approx(0.4 / 0.85, abs=0.03)
-    assert set(draws([0.4, 0.3, 0.15, 0.1, 0.05], top_p=0.05)) == {0}
+    assert set(draws([0.4, 0.3, 0.15, 0.1, 0.05], native=native, top_p=0.05)) == {0}
 
 
-def test_min_p_drops_tokens_below_fraction_of_best() -> None:
-    counts = draws([0.5, 0.3, 0.15, 0.05], min_p=0.2)  # threshold 0.1
+def test_min_p_drops_tokens_below_fraction_of_best(native: bool) -> None:
+    counts = draws([0.5, 0.3, 0.15, 0.05], native=native, min_p=0.2)  # threshold 0.1
     assert set(counts) == {0, 1, 2}
 
 
-def test_temperature_sharpens_distribution() -> None:
+def test_temperature_sharpens_distribution(native: bool) -> None:
     probs = [0.5, 0.3, 0.2]
-    cold = draws(probs, temperature=0.2)
+    cold = draws(probs, native=native, temperature=0.2)
     assert cold[0] / sum(cold.values()) > 0.9
 
 

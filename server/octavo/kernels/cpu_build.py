@@ -41,6 +41,7 @@ SOURCES = (
     "token_bitmask.cpp",
     "quantized_linear.cpp",
     "lora_delta.cpp",
+    "sampling.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

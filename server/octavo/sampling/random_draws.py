@@ -49,6 +49,21 @@ def exponential_noise(like: torch.Tensor, generators: list[torch.Generator | Non
     return noise.log_().neg_()
 
 
+def row_uniforms(generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One ``U[0, 1)`` float64 number per row on the CPU: row ``i`` from ``generators[i]``
+    (drawn on its device), rows without one from the global RNG in one draw."""
+    values = [0.0] * len(generators)
+    unseeded = [i for i, generator in enumerate(generators) if generator is None]
+    drawn = torch.rand(len(unseeded), dtype=torch.float64).tolist() if unseeded else []
+    for i, value in zip(unseeded, drawn, strict=True):
+        values[i] = value
+    for i, generator in enumerate(generators):
+        if generator is not None:
+            draw = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
+            values[i] = draw.item()
+    return torch.tensor(values, dtype=torch.float64)
+
+
 def race(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One index per row of non-negative ``weights [rows, vocab]`` (unnormalised), drawn
     with probability proportional to its weight: the "exponential race"

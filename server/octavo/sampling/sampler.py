@@ -9,10 +9,13 @@ Processing order for a batch (each stage is skipped when no row needs it):
 4. greedy rows take the ``argmax``;
 5. other rows: temperature, top-k, top-p, min-p, then a random draw.
 
-The random draw uses the "exponential race" (``random_draws.race``): with
-``q ~ Exp(1)`` per token, ``argmax(probs / q)`` is an exact sample from ``probs``. Seeded
-rows draw ``q`` from their own ``torch.Generator``, so their tokens do not depend on the
-rest of the batch; ``random_draws`` keeps each draw on its generator's device.
+On the CPU, step 5 is one native kernel over each row (``native_sampler``: the filters and
+an inverse-CDF draw with one random number per row, from the row's generator). Elsewhere,
+and on a CPU without the native kernels, the random draw is the "exponential race"
+(``random_draws.race``): with ``q ~ Exp(1)`` per token, ``argmax(probs / q)`` is an exact
+sample from ``probs``. Seeded rows draw from their own ``torch.Generator`` either way, so
+their tokens do not depend on the rest of the batch; ``random_draws`` keeps each draw on
+its generator's device.
 
 On an accelerator the host never waits in the middle of a step: per-row settings go to
 the device through pinned memory (``host_lists``), top-p needs no read-back
@@ -31,6 +34,7 @@ import torch
 from octavo.sampling.filters import apply_min_p, apply_top_k_top_p
 from octavo.sampling.host_lists import device_tensor
 from octavo.sampling.logprobs import TokenLogprobs, pack_logprobs, raw_logprobs, unpack_logprobs
+from octavo.sampling.native_sampler import draw_rows, native_sampling_ops
 from octavo.sampling.penalties import (
     apply_presence_frequency_penalties,
     apply_repetition_penalty,
@@ -81,7 +85,12 @@ class SampleResult:
 
 
 class Sampler:
-    """Stateless batch sampler; call it with ``[B, vocab]`` logits and ``B`` rows."""
+    """Stateless batch sampler; call it with ``[B, vocab]`` logits and ``B`` rows.
+    ``native=False`` keeps CPU rows on the torch path (the reference the kernel is measured
+    against)."""
+
+    def __init__(self, native: bool = True) -> None:
+        self.native = native
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         return self.launch(logits, rows).result()
@@ -100,7 +109,7 @@ class Sampler:
         logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         raw = raw_logprobs(logits, logprob_rows) if logprob_rows else None
         work = _prepare_logits(allowed, rows)
-        chosen = _choose_tokens(work, rows)
+        chosen = _choose_tokens(work, rows, self.native)
         if raw is None:
             return read_back(chosen, None, _plain_result(len(rows)))
         return _launch_with_logprobs(chosen, raw, rows, logprob_rows)
@@ -195,14 +204,13 @@ def _apply_penalties(work: torch.Tensor, rows: list[SamplingRow], indices: list[
         )
 
 
-def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow], native: bool) -> torch.Tensor:
     """``[rows]`` token ids on the device: ``argmax`` for greedy rows, a draw for others."""
     sampled = [i for i, row in enumerate(rows) if not row.params.is_greedy]
     if not sampled:
         return work.max(dim=-1).indices
     sampled_index = device_tensor(sampled, torch.long, work.device)
-    probs = _probabilities(work, [rows[i] for i in sampled], sampled_index)
-    picks = race(probs, [rows[i].generator for i in sampled])
+    picks = _draw(work, [rows[i] for i in sampled], sampled_index, native)
     if len(sampled) == len(rows):
         return picks
     greedy_index = device_tensor(
@@ -212,6 +220,17 @@ def _choose_tokens(work: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     chosen[sampled_index] = picks
     chosen[greedy_index] = work[greedy_index].max(dim=-1).indices
     return chosen
+
+
+def _draw(
+    work: torch.Tensor, rows: list[SamplingRow], index: torch.Tensor, native: bool
+) -> torch.Tensor:
+    """A token for each of ``rows`` (``work[index]``): the native kernel on the CPU, else the
+    filters, a softmax and the exponential race."""
+    ops = native_sampling_ops(work.device) if native else None
+    if ops is not None:
+        return draw_rows(ops, work if len(rows) == work.shape[0] else work[index], rows)
+    return race(_probabilities(work, rows, index), [row.generator for row in rows])
 
 
 def _probabilities(

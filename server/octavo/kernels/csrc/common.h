@@ -102,7 +102,15 @@ inline V exp_polynomial(V r) {
 // glibc's expf is a call per element unless built with -ffast-math.
 inline float fast_exp(float x) {
   x = std::min(std::max(x, -87.3f), 88.7f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float t = x * 1.44269504088896341f + 0.5f;
+#if defined(__x86_64__) && !defined(__SSE4_1__)
+  // A plain x86-64 build has no vector floor (SSE4.1's roundps): std::floor would be a call per
+  // element. Round to nearest by adding and removing 1.5 * 2^23 (|t| < 130), then step down.
+  const float nearest = (t + 12582912.f) - 12582912.f;
+  const float n = nearest > t ? nearest - 1.f : nearest;
+#else
+  const float n = std::floor(t);
+#endif
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   return exp_polynomial(r) * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
 }
@@ -155,8 +163,15 @@ inline float sum(const float* __restrict x, int64_t n) {
 }
 
 inline float max_of(const float* __restrict x, int64_t n) {
+  float lanes[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) lanes[j] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = std::max(lanes[j], x[i + j]);
+  }
   float best = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) best = std::max(best, x[i]);
+  for (; i < n; ++i) best = std::max(best, x[i]);
+  for (int64_t j = 0; j < kLanes; ++j) best = std::max(best, lanes[j]);
   return best;
 }
 
