@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from octavo.cli import main
-from octavo_bench.bench_cli import serve_argv
+from octavo_bench.bench_cli import serve_argv, vllm_bench_params
 
 
 def test_throughput_prints_vllms_line_and_writes_its_keys(tiny_folder, tmp_path, capsys):
@@ -18,6 +18,12 @@ def test_throughput_prints_vllms_line_and_writes_its_keys(tiny_folder, tmp_path,
     figures = json.loads(out.read_text())
     assert figures["num_requests"] == 3 and figures["total_num_tokens"] == 3 * (8 + 4)
     assert figures["output_tokens_per_second"] > 0
+
+
+def test_throughput_and_latency_sample_as_vllms_benchmarks_do():
+    params = vllm_bench_params(7)  # vLLM: SamplingParams(temperature=1.0, top_p=1.0, ignore_eos)
+    assert (params.temperature, params.top_p, params.max_tokens) == (1.0, 1.0, 7)
+    assert params.ignore_eos and not params.is_greedy
 
 
 def test_latency_prints_the_average_and_percentiles(tiny_folder, tmp_path, capsys):

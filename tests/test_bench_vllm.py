@@ -9,12 +9,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from octavo_bench import offline, serve, vllm_baseline
+from octavo_bench import offline, serve, vllm_baseline, vllm_runner
+from octavo_bench.engine_runs import params_for
 from octavo_bench.offline import BenchSetup
 from octavo_bench.report import BenchReport, RunResult, save
+from octavo_bench.sampling_choice import sampling_from_args
 from octavo_bench.serve_launch import vllm_server_command
 from octavo_bench.vllm_baseline import VllmRunError, VllmSetup
 from octavo_bench.workloads import Workload
@@ -261,4 +264,58 @@ def test_runner_usage_and_request_shape():
         "seed": 0,
         "warmup": {"prompts": [WARMUP, WARMUP[::-1]], "max_tokens": [8, 8]},
         "workloads": [{"name": "c", "prompts": [[7, 8]], "max_tokens": [4]}],
+        "sampling": None,
     }
+
+
+def test_a_sampled_run_asks_every_engine_for_the_same_draws():
+    """``--temperature`` and the filters reach Octavo's requests, vLLM's runner and HF's
+    ``generate`` alike; greedy stays the default."""
+    args = offline.build_parser().parse_args(["--temperature", "0.8", "--top-p", "0.95"])
+    sampling = sampling_from_args(args)
+    assert sampling.describe() == "temperature 0.8, top_p 0.95, top_k 0, min_p 0.0"
+    octavo_params = params_for(5, sampling)
+    assert (octavo_params.temperature, octavo_params.top_p, octavo_params.max_tokens) == (
+        0.8,
+        0.95,
+        5,
+    )
+    assert octavo_params.ignore_eos and octavo_params.seed is None
+    assert sampling.hf_generate_kwargs() == {
+        "do_sample": True,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "top_k": None,
+        "min_p": None,
+    }
+    request = vllm_baseline.runner_request(
+        Path("/m"), "bfloat16", 2048, [], WARMUP, sampling.fields()
+    )
+    made = []
+    vllm_runner.generate(FakeVllm(made), lambda **fields: fields, [{}], [3], request["sampling"])
+    assert made == [
+        {
+            "temperature": 0.8,
+            "top_p": 0.95,
+            "top_k": 0,
+            "min_p": 0.0,
+            "max_tokens": 3,
+            "min_tokens": 3,
+            "ignore_eos": True,
+        }
+    ]
+    greedy = sampling_from_args(offline.build_parser().parse_args([]))
+    assert greedy.is_greedy and params_for(5, greedy).temperature == 0.0
+    assert greedy.hf_generate_kwargs() == {"do_sample": False}
+
+
+class FakeVllm:
+    """vLLM's ``LLM.generate`` as the runner calls it: records the SamplingParams made."""
+
+    def __init__(self, made: list) -> None:
+        self.made = made
+
+    def generate(self, inputs, params, use_tqdm):
+        self.made.extend(params)
+        token_ids = [[1] * p["max_tokens"] for p in params]
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids)]) for ids in token_ids]

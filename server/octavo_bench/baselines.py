@@ -1,6 +1,6 @@
 """The HF transformers baseline (``generate``, in this process); vLLM's is ``vllm_baseline``.
 
-HF runs static, left-padded batches (padded with the EOS id), greedy, with
+HF runs static, left-padded batches (padded with the EOS id), greedy unless told, with
 ``min_new_tokens = max_new_tokens`` so every row yields exactly the tokens asked for.
 """
 
@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from octavo_bench.report import VLLM, RunResult
+from octavo_bench.sampling_choice import GREEDY, SamplingChoice
 from octavo_bench.workloads import Workload
 
 HF_BASELINES = {"hf-fp32": torch.float32, "hf-bf16": torch.bfloat16}
@@ -45,8 +46,9 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return torch.tensor(ids), torch.tensor(mask)
 
 
-def hf_generate(model, batch: HFBatch, pad_id: int) -> int:
-    """Generate exactly ``batch.max_new_tokens`` greedy tokens per row; returns tokens made."""
+def hf_generate(model, batch: HFBatch, pad_id: int, sampling: SamplingChoice = GREEDY) -> int:
+    """Generate exactly ``batch.max_new_tokens`` tokens per row (greedy unless ``sampling``
+    says otherwise); returns tokens made."""
     input_ids, attention_mask = left_padded(batch.prompts, pad_id)
     with torch.inference_mode():
         out = model.generate(
@@ -54,8 +56,8 @@ def hf_generate(model, batch: HFBatch, pad_id: int) -> int:
             attention_mask=attention_mask,
             max_new_tokens=batch.max_new_tokens,
             min_new_tokens=batch.max_new_tokens,
-            do_sample=False,
             pad_token_id=pad_id,
+            **sampling.hf_generate_kwargs(),
         )
     new_tokens = out.shape[1] - input_ids.shape[1]
     if new_tokens != batch.max_new_tokens:
@@ -76,12 +78,14 @@ def hf_batches(workload: Workload) -> list[HFBatch]:
     ]
 
 
-def run_hf_workload(model, workload: Workload, label: str, pad_id: int) -> RunResult:
+def run_hf_workload(
+    model, workload: Workload, label: str, pad_id: int, sampling: SamplingChoice
+) -> RunResult:
     batches = hf_batches(workload)
     generated = 0
     start = time.perf_counter()
     for batch in tqdm(batches, desc=f"{label} {workload.name}", unit="batch", leave=False):
-        generated += hf_generate(model, batch, pad_id)
+        generated += hf_generate(model, batch, pad_id, sampling)
     wall = time.perf_counter() - start
     note = ""
     if len(batches) > 1:
@@ -96,12 +100,17 @@ def run_hf_workload(model, workload: Workload, label: str, pad_id: int) -> RunRe
 
 
 def run_hf(
-    folder: Path, label: str, workloads: list[Workload], warmup_prompt: list[int], pad_id: int
+    folder: Path,
+    label: str,
+    workloads: list[Workload],
+    warmup_prompt: list[int],
+    pad_id: int,
+    sampling: SamplingChoice = GREEDY,
 ) -> list[RunResult]:
     """Load the model in the baseline's dtype, warm up, and time each workload once."""
     model = load_hf(folder, HF_BASELINES[label])
-    hf_generate(model, HFBatch([warmup_prompt, warmup_prompt[::-1]], 8, 16), pad_id)
-    results = [run_hf_workload(model, workload, label, pad_id) for workload in workloads]
+    hf_generate(model, HFBatch([warmup_prompt, warmup_prompt[::-1]], 8, 16), pad_id, sampling)
+    results = [run_hf_workload(model, workload, label, pad_id, sampling) for workload in workloads]
     del model
     gc.collect()
     return results

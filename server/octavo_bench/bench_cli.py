@@ -6,10 +6,12 @@ spellings (``vllm bench ...``), so a command written for vLLM runs against Octav
   ``--input-len``, ``--random-output-len`` → ``--output-len``, ``--result-dir`` →
   ``--output-dir``; ``--save-result`` is accepted: results are always saved).
 - ``throughput``: offline, ``--num-prompts`` random prompts of ``--input-len`` tokens each
-  generating ``--output-len`` tokens (``ignore_eos``) in one ``LLM.generate``; prints
+  generating ``--output-len`` tokens (``ignore_eos``, sampled at temperature 1.0 as vLLM's
+  requests are) in one ``LLM.generate``; prints
   vLLM's line ``Throughput: N requests/s, N total tokens/s, N output tokens/s``.
-- ``latency``: one batch of ``--batch-size`` prompts, ``--num-iters-warmup`` then
-  ``--num-iters`` timed runs; prints ``Avg latency`` and the percentiles vLLM prints.
+- ``latency``: one batch of ``--batch-size`` prompts (sampled as ``throughput``'s),
+  ``--num-iters-warmup`` then ``--num-iters`` timed runs; prints ``Avg latency`` and the
+  percentiles vLLM prints.
 
 ``--output-json`` writes the figures (vLLM's keys) to a file.
 """
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from octavo_bench.sampling_choice import VLLM_BENCH
 
 SERVE_SPELLINGS = {
     "--random-input-len": "--input-len",
@@ -72,10 +76,12 @@ def build_llm(args: argparse.Namespace):
     )
 
 
-def greedy(output_len: int):
+def vllm_bench_params(output_len: int):
+    """vLLM's ``bench throughput``/``latency`` requests: temperature 1.0, top-p 1.0, exactly
+    ``output_len`` tokens (``ignore_eos``), so the figures compare as they stand."""
     from octavo import SamplingParams
 
-    return SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    return SamplingParams(**VLLM_BENCH.fields(), max_tokens=output_len, ignore_eos=True)
 
 
 def run_throughput(args: argparse.Namespace) -> int:
@@ -83,7 +89,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     vocab = min(llm.engine.vocab_size, 30000)
     prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, greedy(args.output_len), use_tqdm=not args.disable_tqdm)
+    outputs = llm.generate(
+        prompts, vllm_bench_params(args.output_len), use_tqdm=not args.disable_tqdm
+    )
     elapsed = time.perf_counter() - start
     llm.shutdown()
     produced = sum(len(out.outputs[0].token_ids) for out in outputs)
@@ -108,7 +116,7 @@ def run_latency(args: argparse.Namespace) -> int:
     llm = build_llm(args)
     vocab = min(llm.engine.vocab_size, 30000)
     prompts = random_prompts(args.batch_size, args.input_len, vocab, args.seed)
-    params = greedy(args.output_len)
+    params = vllm_bench_params(args.output_len)
 
     def once() -> float:
         start = time.perf_counter()

@@ -1,6 +1,6 @@
 """``python -m octavo_bench offline|serve|parallel|structured|quantized|speculative|lora|
 random-model|sharegpt-synth|gpu|routed|embeddings|rerank|step-profile|vision|
-kv-offload|pd|cpu-attention``: the command line."""
+kv-offload|pd|cpu-attention|cpu-sampling``: the command line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 
 from octavo_bench import (
     cpu_attention,
+    cpu_sampling,
     embeddings,
     gpu,
     kv_offload,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv_offload.register(kinds)
     pd.register(kinds)
     cpu_attention.register(kinds)
+    cpu_sampling.register(kinds)
     return parser
 
 

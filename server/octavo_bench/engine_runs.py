@@ -13,6 +13,7 @@ from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.stats import EngineStats
 from octavo.outputs import RequestOutput
 from octavo_bench.report import RunResult
+from octavo_bench.sampling_choice import GREEDY, SamplingChoice
 from octavo_bench.workloads import Workload
 
 _request_ids = itertools.count()
@@ -36,14 +37,27 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
 
 
+def params_for(max_tokens: int, sampling: SamplingChoice) -> SamplingParams:
+    """Exactly ``max_tokens`` tokens drawn as ``sampling`` says (seed 0 when greedy; sampled
+    requests draw from the engine's RNG, as vLLM's benchmarks' requests do)."""
+    if sampling.is_greedy:
+        return greedy(max_tokens)
+    return SamplingParams(**sampling.fields(), max_tokens=max_tokens, ignore_eos=True)
+
+
 def warm_up(llm: LLM, prompt: list[int]) -> None:
     """A short untimed generate (2 prompts x 8 tokens) so lazy initialisation is not timed."""
     llm.generate([prompt, prompt[::-1]], greedy(8), use_tqdm=False)
 
 
-def submit(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int]) -> None:
+def submit(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    max_tokens: list[int],
+    sampling: SamplingChoice = GREEDY,
+) -> None:
     for prompt, count in zip(prompts, max_tokens, strict=True):
-        engine.add_request(f"bench-{next(_request_ids)}", prompt, greedy(count))
+        engine.add_request(f"bench-{next(_request_ids)}", prompt, params_for(count, sampling))
 
 
 def drain(engine: LLMEngine, total: int, tracker: StepTracker, desc: str) -> list[RequestOutput]:
@@ -84,15 +98,17 @@ def hit_rate(before: EngineStats, after: EngineStats) -> float | None:
     return (after.prefix_cache_hits - before.prefix_cache_hits) / queries
 
 
-def run_workload(llm: LLM, workload: Workload, label: str = "octavo") -> RunResult:
+def run_workload(
+    llm: LLM, workload: Workload, label: str = "octavo", sampling: SamplingChoice = GREEDY
+) -> RunResult:
     """Submit the whole workload at once and step the engine until it is done (timed)."""
     engine = llm.engine
     if workload.warmup_prompt is not None:
-        submit(engine, [workload.warmup_prompt], workload.max_tokens[:1])
+        submit(engine, [workload.warmup_prompt], workload.max_tokens[:1], sampling)
         drain(engine, 1, StepTracker(), f"{label} {workload.name} warm-up")
     tracker, before = StepTracker(), engine.stats()
     start = time.perf_counter()
-    submit(engine, workload.prompts, workload.max_tokens)
+    submit(engine, workload.prompts, workload.max_tokens, sampling)
     outputs = drain(engine, workload.num_requests, tracker, f"{label} {workload.name}")
     wall = time.perf_counter() - start
     after = engine.stats()

@@ -5,7 +5,8 @@ Workloads (token counts at ``--scale 1.0``):
   (b) 64 seeded requests, random-token prompts of 16-512 tokens, 16-256 new tokens
   (c) a single stream of 128 new tokens
   (d) 64 requests sharing a ~1,000-token system prompt, prefix cache on vs off (TTFT)
-All greedy with ``ignore_eos``; every run follows a short untimed warm-up, and
+All greedy with ``ignore_eos`` unless ``--temperature`` (and ``--top-p``, ``--top-k``,
+``--min-p``) make every engine sample; every run follows a short untimed warm-up, and
 tok/s = output tokens / wall time.
 """
 
@@ -41,6 +42,7 @@ from octavo_bench.report import (
     machine_info,
     save,
 )
+from octavo_bench.sampling_choice import add_sampling_arguments, sampling_from_args
 from octavo_bench.vllm_baseline import VllmRunError, VllmSetup
 from octavo_bench.workloads import (
     DEFAULT_SEED,
@@ -108,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_output_dir(parser, "offline")
     add_engine_arguments(parser)
+    add_sampling_arguments(parser)
     vllm_baseline.add_vllm_arguments(parser)
 
 
@@ -202,6 +205,7 @@ def run_config(args: argparse.Namespace) -> dict:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "quantization": args.quantization,
         "num_threads": threads_used(args.num_threads),
+        "sampling": sampling_from_args(args).describe(),
     }
 
 
@@ -238,7 +242,7 @@ def run_octavo(args: argparse.Namespace, setup: BenchSetup, report: BenchReport)
     warm_up(llm, setup.warmup_prompt)
     for name, workload in setup.workloads.items():
         label = OCTAVO_NO_CACHE if name == "d" else OCTAVO
-        record(report, run_workload(llm, workload, label))
+        record(report, run_workload(llm, workload, label, sampling_from_args(args)))
         if name in KV_WORKLOADS:
             add_fit(report, llm, workload, args.kv_cache_memory)
     if "d" in setup.workloads:
@@ -246,7 +250,7 @@ def run_octavo(args: argparse.Namespace, setup: BenchSetup, report: BenchReport)
         gc.collect()
         llm = make_llm(args, prefix_caching=True)
         warm_up(llm, setup.warmup_prompt)
-        record(report, run_workload(llm, setup.workloads["d"], OCTAVO))
+        record(report, run_workload(llm, setup.workloads["d"], OCTAVO, sampling_from_args(args)))
 
 
 def add_fit(report: BenchReport, llm: LLM, workload: Workload, budget: int) -> None:
@@ -271,7 +275,10 @@ def run_baselines(
     for label in (b for b in args.baselines if b in baselines.HF_BASELINES):
         if not chosen:
             break
-        for result in baselines.run_hf(setup.folder, label, chosen, setup.warmup_prompt, pad_id):
+        sampling = sampling_from_args(args)
+        for result in baselines.run_hf(
+            setup.folder, label, chosen, setup.warmup_prompt, pad_id, sampling
+        ):
             record(report, result)
     if any(b in baselines.HF_BASELINES for b in args.baselines) and "b" in setup.workloads:
         report.notes.append(
@@ -293,8 +300,15 @@ def run_vllm_baseline(
     if vllm.python is not None:
         log = args.output_dir / "offline-vllm.log"
         try:
+            sampling = sampling_from_args(args)
             results = vllm_baseline.run_offline(
-                vllm, setup.folder, args.max_model_len, chosen, setup.warmup_prompt, log
+                vllm,
+                setup.folder,
+                args.max_model_len,
+                chosen,
+                setup.warmup_prompt,
+                log,
+                None if sampling.is_greedy else sampling.fields(),
             )
         except VllmRunError as error:
             vllm.skip_reason = str(error)

@@ -149,10 +149,17 @@ class VllmRunError(RuntimeError):
 
 
 def runner_request(
-    folder: Path, dtype: str, max_model_len: int, workloads: list[Workload], warmup: list[int]
+    folder: Path,
+    dtype: str,
+    max_model_len: int,
+    workloads: list[Workload],
+    warmup: list[int],
+    sampling: dict | None = None,
 ) -> dict:
-    """What ``vllm_runner.py`` reads: the model, and the workloads as token ids."""
+    """What ``vllm_runner.py`` reads: the model, the workloads as token ids and the
+    requests' sampling fields (greedy when None)."""
     return {
+        "sampling": sampling,
         "model": str(folder),
         "dtype": dtype,
         "max_model_len": max_model_len,
@@ -224,9 +231,10 @@ def run_offline(
     workloads: list[Workload],
     warmup: list[int],
     log_path: Path,
+    sampling: dict | None = None,
 ) -> list[RunResult]:
     """vLLM's offline ``LLM.generate`` on the same token-id prompts, in the vLLM venv."""
-    request = runner_request(folder, setup.dtype, max_model_len, workloads, warmup)
+    request = runner_request(folder, setup.dtype, max_model_len, workloads, warmup, sampling)
     print(f"running vllm ({setup.python}, {setup.dtype}; log: {log_path})", flush=True)
     start = time.perf_counter()
     try:

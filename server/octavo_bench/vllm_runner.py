@@ -58,11 +58,14 @@ def inputs_of(entry: dict) -> list[dict]:
     ]
 
 
-def generate(llm, sampling_params, inputs: list[dict], max_tokens: list[int]) -> int:
-    """Exactly ``max_tokens[i]`` greedy tokens for each prompt; returns the tokens made."""
+def generate(
+    llm, sampling_params, inputs: list[dict], max_tokens: list[int], sampling: dict | None = None
+) -> int:
+    """Exactly ``max_tokens[i]`` tokens for each prompt, greedy unless ``sampling`` (the
+    request's SamplingParams fields) says otherwise; returns the tokens made."""
+    fields = {"temperature": 0.0, **(sampling or {})}
     params = [
-        sampling_params(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
-        for n in max_tokens
+        sampling_params(**fields, max_tokens=n, min_tokens=n, ignore_eos=True) for n in max_tokens
     ]
     outputs = llm.generate(inputs, params, use_tqdm=False)
     return sum(len(output.outputs[0].token_ids) for output in outputs)
@@ -84,13 +87,14 @@ def run(request: dict) -> dict:
     )
     load_s = time.perf_counter() - start
     warmup = request["warmup"]
-    generate(llm, SamplingParams, inputs_of(warmup), warmup["max_tokens"])
+    sampling = request.get("sampling")
+    generate(llm, SamplingParams, inputs_of(warmup), warmup["max_tokens"], sampling)
     results = []
     for workload in request["workloads"]:
         print(f"vllm_runner: workload {workload['name']}", flush=True)
         inputs = inputs_of(workload)
         start = time.perf_counter()
-        made = generate(llm, SamplingParams, inputs, workload["max_tokens"])
+        made = generate(llm, SamplingParams, inputs, workload["max_tokens"], sampling)
         wall = time.perf_counter() - start
         results.append(
             {
