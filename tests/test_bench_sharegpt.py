@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from octavo_bench import serve, sharegpt
+from octavo_bench import serve, serve_client, sharegpt
 from octavo_bench.serve_client import Target
 from octavo_bench.serve_server_stats import ServerPeaks, metric_values
 from octavo_bench.serve_vllm_client import (
@@ -123,6 +123,21 @@ def test_vllm_client_arguments_match_the_load():
     assert random[random.index("--backend") + 1] == "openai-chat"
     assert random[random.index("--random-input-len") + 1] == "32"
     assert random[random.index("--random-output-len") + 1] == "16"
+    assert random[random.index("--temperature") + 1] == "0.0"  # greedy, as our client's
+
+
+def test_sampling_flags_reach_both_clients_alike():
+    """``--temperature`` and the filters go into every request of ours and onto vLLM's own
+    client (which would otherwise leave the temperature to the server)."""
+    args = bench_args("--temperature", "0.8", "--top-p", "0.95", "--extra-body", '{"top_k": 5}')
+    body = serve_client.request_body(
+        Target("http://h:1", "m"), serve.WARMUP, serve.client_options(args)
+    )
+    assert (body["temperature"], body["top_p"], body["min_p"], body["top_k"]) == (0.8, 0.95, 0.0, 5)
+    load = ClientLoad(concurrency=1, num_prompts=4, request_rate=1.0, seed=0)
+    pairs = dict(itertools.pairwise(client_arguments(args, Target("http://h:1", "m"), "/t", load)))
+    assert (pairs["--temperature"], pairs["--top-p"], pairs["--top-k"]) == ("0.8", "0.95", "0")
+    assert serve.client_options(bench_args()).extra_body == {"temperature": 0.0}
 
 
 # A stand-in for vLLM's package: the two entry points CLIENT_CODE uses. Its "benchmark"

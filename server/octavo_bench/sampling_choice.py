@@ -39,6 +39,18 @@ class SamplingChoice:
             "min_p": self.min_p or None,
         }
 
+    def request_fields(self) -> dict:
+        """An OpenAI request's sampling fields (top_k and min_p are vLLM's extensions)."""
+        return {"temperature": 0.0} if self.is_greedy else self.fields()
+
+    def vllm_client_flags(self) -> list[str]:
+        """``vllm bench serve``'s flags for the same requests (it leaves the temperature to
+        the server unless told)."""
+        flags = []
+        for name, value in self.request_fields().items():
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+        return flags
+
     def describe(self) -> str:
         if self.is_greedy:
             return "greedy"

@@ -33,6 +33,7 @@ from octavo_bench.parsers import (
     standalone_parser,
 )
 from octavo_bench.report import HF, OCTAVO, VLLM, LevelResult, ServeReport, ServerRun, save
+from octavo_bench.sampling_choice import add_sampling_arguments, sampling_from_args
 from octavo_bench.serve_client import (
     ClientOptions,
     Target,
@@ -73,8 +74,10 @@ EPILOG = """\
 Prompts are random sequences of common English words (about one token each), seeded per
 concurrency level, so every server sees the same requests whatever its tokenizer; prompt
 and output token counts come from the server's usage (stream_options.include_usage).
-Each request asks for max_tokens with temperature 0 and, unless --no-ignore-eos,
-ignore_eos so it runs to its full length. An untimed warm-up request precedes each sweep.
+Each request asks for max_tokens, greedy (temperature 0) unless --temperature (with
+--top-p, --top-k, --min-p, as vllm bench serve spells them) makes it sample, and, unless
+--no-ignore-eos, ignore_eos so it runs to its full length; vLLM's own client
+(--vllm-client) is given the same sampling flags. An untimed warm-up request precedes each sweep.
 With --baseline, one server is up at a time: the target runs every level and stops,
 then each baseline (a resident second server, vLLM's ~6 GB, skewed the first's figures
 on the 2-core machine: TTFT p50 at 20 users 440 ms alone, 880 ms beside an idle vLLM).
@@ -231,6 +234,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="send ignore_eos so every request yields max_tokens tokens (default: on)",
     )
+    add_sampling_arguments(parser)
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     parser.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
     parser.add_argument(
@@ -348,7 +352,7 @@ def client_options(args: argparse.Namespace) -> ClientOptions:
         ignore_eos=args.ignore_eos,
         timeout_s=args.timeout,
         show_progress=not args.disable_tqdm,
-        extra_body=args.extra_body,
+        extra_body={**sampling_from_args(args).request_fields(), **args.extra_body},
     )
 
 

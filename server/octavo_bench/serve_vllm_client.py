@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octavo_bench.sampling_choice import sampling_from_args
 from octavo_bench.serve_client import Target, normalize_base_url
 
 CLIENT_CODE = (
@@ -66,7 +67,7 @@ def client_arguments(args: argparse.Namespace, target: Target, tokenizer: str, l
     command += ["--num-prompts", str(load.num_prompts), "--max-concurrency", str(load.concurrency)]
     command += ["--request-rate", str(load.request_rate), "--seed", str(load.seed)]
     command += ["--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el"]
-    command += ["--metric-percentiles", "50,99"]
+    command += ["--metric-percentiles", "50,99", *sampling_from_args(args).vllm_client_flags()]
     if args.dataset_name == "sharegpt":
         return [*command, "--dataset-name", "sharegpt", "--dataset-path", str(args.dataset_path)]
     lengths = ["--random-input-len", str(args.input_len.low)]
