@@ -153,7 +153,8 @@ def add_cli_args(parser):
     for flag in ("backend", "base-url", "endpoint", "model", "tokenizer", "num-prompts",
                  "max-concurrency", "request-rate", "seed", "dataset-name", "dataset-path",
                  "random-input-len", "random-output-len", "random-range-ratio",
-                 "percentile-metrics", "metric-percentiles", "result-dir", "result-filename"):
+                 "percentile-metrics", "metric-percentiles", "result-dir", "result-filename",
+                 "temperature", "top-p", "top-k", "min-p"):
         parser.add_argument("--" + flag)
     for flag in ("ignore-eos", "disable-tqdm", "save-result"):
         parser.add_argument("--" + flag, action="store_true")
