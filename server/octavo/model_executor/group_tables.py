@@ -9,13 +9,13 @@ each layer reads its group's (``AttentionMetadata.layer_metas``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
+import numpy as np
 import torch
 
 from octavo.attention.metadata import AttentionMetadata
-from octavo.model_executor.step_inputs import lay_out
-from octavo.sampling.host_lists import device_tensor
+from octavo.model_executor.step_inputs import lay_out, padded_tables
+from octavo.sampling.host_lists import to_device
 from octavo.scheduler.output import ScheduledSequence
 
 
@@ -42,14 +42,15 @@ def _group_meta(
 ) -> AttentionMetadata:
     tables = [dataclasses.replace(seq, block_ids=seq.group_block_ids[group]) for seq in scheduled]
     layout = lay_out(tables, block_size)
-    width = max(len(table) for table in layout.tables)
-    padded = [value for table in layout.tables for value in table + [0] * (width - len(table))]
-    packed = device_tensor(list(itertools.chain(layout.slots, padded)), torch.long, device)
-    slots, flat_tables = packed.split([len(layout.slots), len(padded)])
+    padded = padded_tables(layout.tables)
+    packed = np.concatenate([np.array(layout.slots, dtype=np.int64), padded.ravel()])
+    slots, flat_tables = to_device(torch.from_numpy(packed), device).split(
+        [len(layout.slots), padded.size]
+    )
     return dataclasses.replace(
         meta,
         slot_mapping=slots,
-        block_tables=flat_tables.to(torch.int32).view(len(layout.tables), width),
+        block_tables=flat_tables.to(torch.int32).view(padded.shape),
         backend_cache={},
         layer_metas=None,
     )

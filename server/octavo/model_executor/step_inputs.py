@@ -12,12 +12,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from octavo.attention.metadata import AttentionMetadata
 from octavo.model_executor.image_embeds import ImageEmbeds
 from octavo.model_executor.layers.lora import LoRABatch
-from octavo.sampling.host_lists import device_tensor
+from octavo.sampling.host_lists import device_tensor, to_device
 from octavo.scheduler.output import ScheduledSequence
 
 
@@ -106,17 +107,19 @@ def step_inputs(
 ) -> StepInputs:
     """The layout as device tensors: two host-to-device copies (one of the int64 lists,
     one of the int32 ones), from pinned memory on a GPU so they do not wait for it."""
-    width = max(len(table) for table in layout.tables)
-    padded = [value for table in layout.tables for value in table + [0] * (width - len(table))]
+    tables = padded_tables(layout.tables)
     starts = layout.starts
     longs = _on_device(
         [layout.token_ids, layout.positions, layout.slots, layout.logits_rows], torch.long, device
     )
-    ints = _on_device([padded, layout.seq_lens, starts], torch.int32, device)
+    seq_lens = np.array(layout.seq_lens, dtype=np.int32)
+    packed = np.concatenate([tables.ravel(), seq_lens, np.array(starts, dtype=np.int32)])
+    sizes = [tables.size, len(seq_lens), len(starts)]
+    ints = to_device(torch.from_numpy(packed), device).split(sizes)
     token_ids, positions, slots, logits_rows = longs
     meta = AttentionMetadata(
         slot_mapping=slots,
-        block_tables=ints[0].view(len(layout.tables), width),
+        block_tables=ints[0].view(tables.shape),
         seq_lens=ints[1],
         query_start_loc=ints[2],
         num_prefills=num_prefills,
@@ -152,6 +155,18 @@ def _on_device(lists: list[list[int]], dtype: torch.dtype, device: torch.device)
     """Each list as a tensor on ``device``: views of one packed tensor, copied once."""
     packed = device_tensor(list(itertools.chain.from_iterable(lists)), dtype, device)
     return packed.split([len(values) for values in lists])
+
+
+def padded_tables(tables: list[list[int]]) -> np.ndarray:
+    """The block tables as one ``[rows, widest]`` int32 array, shorter ones padded with 0
+    (the null block). Built in numpy: the Python list of rows x width values it replaces
+    took ~2 ms a step at 256 sequences of 1,500 tokens."""
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    flat = itertools.chain.from_iterable(tables)
+    values = np.fromiter(flat, dtype=np.int32, count=int(lengths.sum()))
+    padded = np.zeros((len(tables), int(lengths.max())), dtype=np.int32)
+    padded[np.arange(padded.shape[1]) < lengths[:, None]] = values
+    return padded
 
 
 def slots_of(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
