@@ -81,7 +81,7 @@ int64_t gather(const float* __restrict values, const float* __restrict weights, 
 // every larger candidate outside the group), weigh less than `target`: a quickselect by weight
 // (expected linear), each round three-way partitioned around a median of three. Its largest
 // value always qualifies (above < target).
-float walk_groups(Scratch& s, double above, double target) {
+float select_in_group(Scratch& s, double above, double target) {
   auto first = s.group.begin(), last = s.group.end();
   float threshold = std::max_element(first, last)->first;
   while (first != last) {
@@ -129,14 +129,14 @@ float select_threshold(int64_t count, double target, Scratch& s) {
   s.group.clear();
   if (count <= kSortAtMost) {
     for (int64_t i = 0; i < count; ++i) s.group.emplace_back(s.values[i], s.masses[i]);
-    return walk_groups(s, 0.0, target);
+    return select_in_group(s, 0.0, target);
   }
   double heavier = 0.0;
   const int64_t boundary = boundary_bucket(count, target, s, heavier);
   for (int64_t i = 0; i < count; ++i) {
     if ((ordered_bits(s.values[i]) >> kBucketShift) == boundary) s.group.emplace_back(s.values[i], s.masses[i]);
   }
-  return walk_groups(s, heavier, target);
+  return select_in_group(s, heavier, target);
 }
 
 // Top-k's logit threshold: the k-th largest. The k-th largest of the blocks' maxima is a lower
