@@ -12,8 +12,6 @@ floor. Writes ``cpu_sampling.json`` and ``cpu_sampling.png``.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -21,6 +19,7 @@ import torch
 from octavo.sampling import Sampler, SamplingRow
 from octavo.sampling.native_sampler import native_sampling_ops
 from octavo.sampling_params import SamplingParams
+from octavo_bench.cpu_attention import timed_ms
 from octavo_bench.parsers import add_output_dir, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 
@@ -97,24 +96,14 @@ def model_like_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
     return logits.scatter_add_(1, spikes, torch.full((rows, 20), 9.0))
 
 
-def median_ms(call, repeats: int) -> float:
-    call()  # warm-up (allocations, the kernel's first load)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
-
-
 def time_case(rows: int, setting: str, args: argparse.Namespace, native: bool) -> CaseResult:
     logits = model_like_logits(rows, args.vocab)
     params = SamplingParams(**SETTINGS[setting])
     sampling_rows = [SamplingRow(params, [], []) for _ in range(rows)]
     native_ms = None
     if native:
-        native_ms = median_ms(lambda: Sampler()(logits, sampling_rows), args.repeats)
-    torch_ms = median_ms(lambda: Sampler(native=False)(logits, sampling_rows), args.repeats)
+        native_ms = timed_ms(lambda: Sampler()(logits, sampling_rows), args.repeats)
+    torch_ms = timed_ms(lambda: Sampler(native=False)(logits, sampling_rows), args.repeats)
     return CaseResult(rows, setting, native_ms, torch_ms)
 
 
