@@ -1,4 +1,5 @@
-"""The native CPU sampling kernel (``octavo_cpu.sample_rows``) against the torch path.
+"""The native CPU sampling kernels against the torch path: ``octavo_cpu.sample_rows`` (the
+draw) and ``octavo_cpu.row_logprobs`` (the logprob entries, at the end of this file).
 
 The kernel draws by the inverse CDF, so a draw's uniform number picks a place in the row's
 distribution. Each check puts one draw in the middle of every kept token's share of the torch
@@ -15,6 +16,7 @@ import torch
 
 from octavo.sampling import Sampler, SamplingRow
 from octavo.sampling.filters import apply_min_p, apply_top_k_top_p
+from octavo.sampling.logprobs import pack_logprobs
 from octavo.sampling.native_sampler import draw_rows, native_sampling_ops
 from octavo.sampling_params import SamplingParams
 
@@ -176,3 +178,31 @@ def test_the_cpu_sampler_draws_through_the_kernel_with_each_rows_generator(ops):
         assert kernel_draws(ops, logits[i], settings, uniform).item() == token
     again = [SamplingRow(params, [], [], torch.Generator().manual_seed(5 + i)) for i in range(2)]
     assert draw_rows(ops, logits, again).tolist() == tokens
+
+
+def test_logprob_entries_are_the_torch_paths_bit_for_bit(ops):
+    """Chosen logprob, rank and the best alternatives packed from the same log_softmax rows
+    as ``pack_logprobs`` packs them: equal to the bit, with masked tokens and without."""
+    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(11)) * 3
+    logits[1, ::3] = float("-inf")
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = torch.tensor([0, 3, int(logits[2].argmax()), VOCAB - 1, 77])  # row 1's is masked
+    for widest in (0, 1, 5, 20):
+        packed = torch.empty(5, 3 + 2 * widest, dtype=torch.long)
+        ops.row_logprobs(packed, logprobs, chosen, widest)
+        assert torch.equal(packed, pack_logprobs(logprobs, chosen, widest)), widest
+    assert packed[2, 2] == 1 and packed[1, 2] > VOCAB // 2  # the best's rank, a masked one's
+
+
+@pytest.mark.parametrize(
+    ("chosen", "widest", "message"),
+    [
+        ([0, 10], 2, "outside the vocabulary"),
+        ([0, 1], 11, "widest must be in"),
+        ([0], 2, "one id per row"),
+    ],
+)
+def test_bad_logprob_input_is_refused_with_a_clear_error(ops, chosen, widest, message):
+    packed = torch.empty(2, 3 + 2 * widest, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=message):
+        ops.row_logprobs(packed, torch.zeros(2, 10), torch.tensor(chosen), widest)

@@ -42,6 +42,7 @@ SOURCES = (
     "quantized_linear.cpp",
     "lora_delta.cpp",
     "sampling.cpp",
+    "logprobs.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

@@ -60,7 +60,7 @@ from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import ModelRunnerOutput
 from octavo.pooling.params import PoolingParams
 from octavo.sampling.host_lists import device_tensor
-from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from octavo.sampling.logprobs import TokenLogprobs, logprob_entries
 from octavo.sampling.random_draws import generator_for
 from octavo.sampling.sampler import Sampler, SamplingRow
 from octavo.sampling.spec_verifier import Proposal, verify_proposals
@@ -466,10 +466,9 @@ def score_prompts(
     """Each scored sequence's prompt-token logprobs (raw logits, as for sampled tokens)."""
     if not scored:
         return {}
-    logprobs = raw_logprobs(logits, list(range(logits.shape[0])))
     chosen = [token for item in scored for token in item.next_tokens]
     num_top = [item.num_top for item in scored for _ in item.next_tokens]
-    entries = gather_logprobs(logprobs, chosen, num_top)
+    entries = logprob_entries(logits, chosen, num_top)
     result, offset = {}, 0
     for item in scored:
         count = len(item.next_tokens)

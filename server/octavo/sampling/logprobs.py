@@ -1,7 +1,10 @@
 """Log-probabilities reported back to the client for each generated token.
 
 They are taken from the raw model logits (before penalties, temperature and
-filtering), which is what vLLM reports by default.
+filtering), which is what vLLM reports by default. On the CPU one native kernel packs the
+entries from torch's ``log_softmax`` (``octavo_cpu.row_logprobs``: the same values and
+ranks, without torch's gather, comparison, count, topk and concatenation over the whole
+``[rows, vocab]`` tensor).
 """
 
 from __future__ import annotations
@@ -28,6 +31,37 @@ def raw_logprobs(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     if len(rows) < logits.shape[0]:
         logits = logits[device_tensor(rows, torch.long, logits.device)]
     return torch.log_softmax(logits.float(), dim=-1)
+
+
+def packed_logprobs(
+    logits: torch.Tensor, rows: list[int], chosen: torch.Tensor, widest: int
+) -> torch.Tensor:
+    """``pack_logprobs`` of ``raw_logprobs(logits, rows)``, ``chosen`` one id per row: on
+    the CPU packed by the native kernel, elsewhere with torch ops."""
+    logprobs = raw_logprobs(logits, rows)
+    ops = _native_ops(logprobs)
+    if ops is None:
+        return pack_logprobs(logprobs, chosen, widest)
+    packed = torch.empty(len(rows), 3 + 2 * widest, dtype=torch.long)
+    ops.row_logprobs(packed, logprobs.contiguous(), chosen.contiguous(), widest)
+    return packed
+
+
+def logprob_entries(
+    logits: torch.Tensor, chosen: list[int], num_top: list[int]
+) -> list[TokenLogprobs]:
+    """One ``TokenLogprobs`` per row of the raw ``logits`` (one read-back from the device)."""
+    rows = list(range(logits.shape[0]))
+    chosen_ids = device_tensor(chosen, torch.long, logits.device)
+    packed = packed_logprobs(logits, rows, chosen_ids, max(num_top, default=0))
+    return unpack_logprobs(packed.cpu(), num_top)
+
+
+def _native_ops(logits: torch.Tensor):
+    from octavo.kernels.cpu_build import native_ops
+
+    ops = native_ops(logits.device, torch.float32)
+    return ops if ops is not None and hasattr(ops, "row_logprobs") else None
 
 
 def gather_logprobs(

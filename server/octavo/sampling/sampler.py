@@ -33,7 +33,7 @@ import torch
 
 from octavo.sampling.filters import apply_min_p, apply_top_k_top_p
 from octavo.sampling.host_lists import device_tensor
-from octavo.sampling.logprobs import TokenLogprobs, pack_logprobs, raw_logprobs, unpack_logprobs
+from octavo.sampling.logprobs import TokenLogprobs, packed_logprobs, unpack_logprobs
 from octavo.sampling.native_sampler import draw_rows, native_sampling_ops
 from octavo.sampling.penalties import (
     apply_presence_frequency_penalties,
@@ -106,13 +106,12 @@ class Sampler:
             allowed = apply_grammar_bitmasks(logits, [row.grammar for row in rows])
         if _is_plain_greedy(rows):
             return read_back(allowed.max(dim=-1).indices, None, _plain_result(len(rows)))
-        logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
-        raw = raw_logprobs(logits, logprob_rows) if logprob_rows else None
-        work = _prepare_logits(allowed, rows)
+        work = _prepare_logits(allowed, rows)  # never changes ``logits`` (raw, for logprobs)
         chosen = _choose_tokens(work, rows, self.native)
-        if raw is None:
+        logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        if not logprob_rows:
             return read_back(chosen, None, _plain_result(len(rows)))
-        return _launch_with_logprobs(chosen, raw, rows, logprob_rows)
+        return _launch_with_logprobs(chosen, logits, rows, logprob_rows)
 
 
 def _plain_result(batch: int) -> Callable[[torch.Tensor], SampleResult]:
@@ -123,14 +122,15 @@ def _plain_result(batch: int) -> Callable[[torch.Tensor], SampleResult]:
 
 
 def _launch_with_logprobs(
-    chosen: torch.Tensor, raw: torch.Tensor, rows: list[SamplingRow], logprob_rows: list[int]
+    chosen: torch.Tensor, logits: torch.Tensor, rows: list[SamplingRow], logprob_rows: list[int]
 ) -> PendingSample:
-    """The chosen ids and the logprob rows' entries, read back in one transfer."""
+    """The chosen ids and the logprob rows' entries (from the raw ``logits``), read back in
+    one transfer."""
     wanted = [rows[i].params.logprobs or 0 for i in logprob_rows]
     picked = chosen
     if len(logprob_rows) < len(rows):
         picked = chosen[device_tensor(logprob_rows, torch.long, chosen.device)]
-    packed = pack_logprobs(raw, picked, max(wanted))
+    packed = packed_logprobs(logits, logprob_rows, picked, max(wanted))
     batch = len(rows)
 
     def finish(host: torch.Tensor) -> SampleResult:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.sampling.logprobs import TokenLogprobs, gather_logprobs, raw_logprobs
+from octavo.sampling.logprobs import TokenLogprobs, logprob_entries
 from octavo.sampling.rejection_sampler import keep_matching, verify_sampled
 from octavo.sampling.sampler import SamplingRow, row_argmax, target_probabilities
 
@@ -96,5 +96,4 @@ def _logprobs(
     wanted = proposal.row.params.logprobs
     if wanted is None:
         return [None] * len(tokens)
-    logprobs = raw_logprobs(rows[offset : offset + len(tokens)], list(range(len(tokens))))
-    return list(gather_logprobs(logprobs, tokens, [wanted] * len(tokens)))
+    return logprob_entries(rows[offset : offset + len(tokens)], tokens, [wanted] * len(tokens))

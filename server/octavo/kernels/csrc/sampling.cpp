@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.h"
+#include "top_bound.h"
 
 namespace octavo_cpu {
 namespace {
@@ -139,18 +140,9 @@ float select_threshold(int64_t count, double target, Scratch& s) {
   return select_in_group(s, heavier, target);
 }
 
-// Top-k's logit threshold: the k-th largest. The k-th largest of the blocks' maxima is a lower
-// bound (k blocks hold a value at least that large), so only the logits above it are searched.
+// Top-k's logit threshold: the k-th largest, searched only above kth_largest_bound.
 float top_k_threshold(const float* x, int64_t n, int64_t k, Scratch& s) {
-  std::vector<float> maxima;
-  maxima.reserve((n + kBlock - 1) / kBlock);
-  for (int64_t start = 0; start < n; start += kBlock) maxima.push_back(max_of(x + start, std::min(kBlock, n - start)));
-  float bound = kMinusInf;
-  if (k <= static_cast<int64_t>(maxima.size())) {
-    std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<float>());
-    bound = maxima[k - 1];
-  }
-  return select_threshold(gather(x, nullptr, n, bound, s), double(k), s);
+  return select_threshold(gather(x, nullptr, n, kth_largest_bound(x, n, k), s), double(k), s);
 }
 
 // Top-p's weight threshold for the kept `mass`. Tokens lighter than (mass - p mass) / n weigh
