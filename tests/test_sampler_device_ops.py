@@ -21,7 +21,7 @@ import torch
 from fake_accelerator import _HOST_READS, FakeAccelerator
 from octavo.sampling import Sampler, SamplingRow
 from octavo.sampling.filters import _growing_search_thresholds, apply_top_k_top_p
-from octavo.sampling.logprobs import gather_logprobs, pack_logprobs, unpack_logprobs
+from octavo.sampling.logprobs import pack_logprobs, unpack_logprobs
 from octavo.sampling.penalties import mask_token_rows, mask_tokens
 from octavo.sampling.random_draws import generator_for
 from octavo.sampling.top_p_threshold import bisect_thresholds
@@ -94,7 +94,6 @@ def test_logprobs_travel_bit_exact_beside_the_ids() -> None:
     assert entries[1].logprob == -math.inf and entries[1].top == []
     values, indices = logprobs[0].topk(3)
     assert entries[0].top == list(zip(indices.tolist(), values.tolist(), strict=True))
-    assert gather_logprobs(logprobs, [0, 5, 9], [3, 0, 1]) == entries
 
 
 def mixed_rows(seeded_on: torch.device | None) -> list[SamplingRow]:

@@ -64,19 +64,6 @@ def _native_ops(logits: torch.Tensor):
     return ops if ops is not None and hasattr(ops, "row_logprobs") else None
 
 
-def gather_logprobs(
-    logprobs: torch.Tensor, chosen: list[int] | torch.Tensor, num_top: list[int]
-) -> list[TokenLogprobs]:
-    """Build one ``TokenLogprobs`` per row of ``logprobs`` (one read-back from the device).
-
-    ``chosen[i]`` is the token sampled for row ``i`` (a list, or a ``[rows]`` tensor on
-    ``logprobs``' device) and ``num_top[i]`` how many top alternatives it wants (0 = none).
-    """
-    if not isinstance(chosen, torch.Tensor):
-        chosen = device_tensor(chosen, torch.long, logprobs.device)
-    return unpack_logprobs(pack_logprobs(logprobs, chosen, max(num_top, default=0)).cpu(), num_top)
-
-
 def pack_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, widest: int) -> torch.Tensor:
     """Everything ``TokenLogprobs`` needs, as one int64 ``[rows, 3 + 2 * widest]`` tensor
     on the device: chosen id, its logprob, its rank, ``widest`` top ids, their logprobs.
