@@ -1,12 +1,13 @@
-"""`python -m octavo_bench cpu-sampling`: the CPU sampler, native kernel against torch path.
+"""`python -m octavo_bench cpu-sampling`: the CPU sampler, native kernels against torch path.
 
 For each ``--rows`` count and each setting (temperature alone, with top-p, with top-k, with
-min-p), ``Sampler`` draws one token per row of vocabulary-sized logits shaped like a
-model's (a few likely tokens, a long tail; ``--vocab``, default SmolLM2's 49,152), on
-``--num-threads`` threads: the median ms per call of the native kernel (``Sampler()``) and
-of the torch path (``Sampler(native=False)``: the filters, a softmax and the exponential
-race, what a CPU without the kernels runs). Greedy rows (one ``max``) are timed as the
-floor. Writes ``cpu_sampling.json`` and ``cpu_sampling.png``.
+min-p, with 5 logprobs), ``Sampler`` draws one token per row of vocabulary-sized logits
+shaped like a model's (a few likely tokens, a long tail; ``--vocab``, default SmolLM2's
+49,152), on ``--num-threads`` threads: the median ms per call of the native kernels
+(``Sampler()``) and of the torch path (``Sampler(native=False)``: the filters, a softmax,
+the exponential race and torch's logprob packing: what a CPU without the kernels runs).
+Greedy rows (one ``max``) are timed as the floor. Writes ``cpu_sampling.json`` and
+``cpu_sampling.png``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SETTINGS = {  # name: SamplingParams fields
     "temperature 0.8, top-p 0.95": {"temperature": 0.8, "top_p": 0.95},
     "top-k 50": {"temperature": 0.8, "top_k": 50},
     "min-p 0.05": {"temperature": 0.8, "min_p": 0.05},
+    "temperature 0.8, 5 logprobs": {"temperature": 0.8, "logprobs": 5},
 }
 
 

@@ -34,12 +34,13 @@ def raw_logprobs(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 
 def packed_logprobs(
-    logits: torch.Tensor, rows: list[int], chosen: torch.Tensor, widest: int
+    logits: torch.Tensor, rows: list[int], chosen: torch.Tensor, widest: int, native: bool = True
 ) -> torch.Tensor:
     """``pack_logprobs`` of ``raw_logprobs(logits, rows)``, ``chosen`` one id per row: on
-    the CPU packed by the native kernel, elsewhere with torch ops."""
+    the CPU packed by the native kernel (unless ``native`` is False), elsewhere with torch
+    ops."""
     logprobs = raw_logprobs(logits, rows)
-    ops = _native_ops(logprobs)
+    ops = _native_ops(logprobs) if native else None
     if ops is None:
         return pack_logprobs(logprobs, chosen, widest)
     packed = torch.empty(len(rows), 3 + 2 * widest, dtype=torch.long)

@@ -86,8 +86,8 @@ class SampleResult:
 
 class Sampler:
     """Stateless batch sampler; call it with ``[B, vocab]`` logits and ``B`` rows.
-    ``native=False`` keeps CPU rows on the torch path (the reference the kernel is measured
-    against)."""
+    ``native=False`` keeps CPU rows on the torch path, draws and logprobs (the reference the
+    kernels are measured against)."""
 
     def __init__(self, native: bool = True) -> None:
         self.native = native
@@ -111,7 +111,7 @@ class Sampler:
         logprob_rows = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         if not logprob_rows:
             return read_back(chosen, None, _plain_result(len(rows)))
-        return _launch_with_logprobs(chosen, logits, rows, logprob_rows)
+        return _launch_with_logprobs(chosen, logits, rows, logprob_rows, self.native)
 
 
 def _plain_result(batch: int) -> Callable[[torch.Tensor], SampleResult]:
@@ -122,7 +122,11 @@ def _plain_result(batch: int) -> Callable[[torch.Tensor], SampleResult]:
 
 
 def _launch_with_logprobs(
-    chosen: torch.Tensor, logits: torch.Tensor, rows: list[SamplingRow], logprob_rows: list[int]
+    chosen: torch.Tensor,
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    logprob_rows: list[int],
+    native: bool,
 ) -> PendingSample:
     """The chosen ids and the logprob rows' entries (from the raw ``logits``), read back in
     one transfer."""
@@ -130,7 +134,7 @@ def _launch_with_logprobs(
     picked = chosen
     if len(logprob_rows) < len(rows):
         picked = chosen[device_tensor(logprob_rows, torch.long, chosen.device)]
-    packed = packed_logprobs(logits, logprob_rows, picked, max(wanted))
+    packed = packed_logprobs(logits, logprob_rows, picked, max(wanted), native)
     batch = len(rows)
 
     def finish(host: torch.Tensor) -> SampleResult:
