@@ -129,9 +129,17 @@ def test_spec_change_rolls_out_and_scale_subresource_scales(
     # A rolling update: a new ReplicaSet takes over and the CR is Ready on the new spec.
     obj = isvc.wait_condition(custom, namespace, "roll", "Ready", "True", timeout=60)
     assert obj["status"]["updatedReplicas"] == 1
+    # The Deployment controller settles its ReplicaSets' sizes a moment later when its cache
+    # lags (seen once under load: both at 0 right after Ready): wait for the final split.
     selector = "app.kubernetes.io/instance=roll"
-    sets = apps.list_namespaced_replica_set(namespace, label_selector=selector).items
-    assert len(sets) == 2 and sorted(rs.spec.replicas for rs in sets) == [0, 1]
+
+    def replica_split() -> list[int]:
+        sets = apps.list_namespaced_replica_set(namespace, label_selector=selector).items
+        return sorted(rs.spec.replicas for rs in sets)
+
+    wait_for(
+        lambda: replica_split() == [0, 1], timeout=60, what="the old ReplicaSet at 0, the new at 1"
+    )
 
     kubectl("scale", "isvc", "roll", "-n", namespace, "--replicas=3")
     wait_for(
