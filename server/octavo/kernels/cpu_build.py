@@ -217,6 +217,13 @@ def native_ops(device: torch.device, dtype: torch.dtype):
     return _LOADER.ops()
 
 
+def native_op_owner(device: torch.device, op: str):
+    """The native ops when they run float32 on ``device`` and have ``op`` (a build from
+    older sources may not), else None."""
+    ops = native_ops(device, torch.float32)
+    return ops if ops is not None and hasattr(ops, op) else None
+
+
 def ops_for(tensor: torch.Tensor):
     """``native_ops`` for this tensor's device and dtype."""
     return native_ops(tensor.device, tensor.dtype)

@@ -59,10 +59,9 @@ def logprob_entries(
 
 
 def _native_ops(logits: torch.Tensor):
-    from octavo.kernels.cpu_build import native_ops
+    from octavo.kernels.cpu_build import native_op_owner
 
-    ops = native_ops(logits.device, torch.float32)
-    return ops if ops is not None and hasattr(ops, "row_logprobs") else None
+    return native_op_owner(logits.device, "row_logprobs")
 
 
 def pack_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, widest: int) -> torch.Tensor:

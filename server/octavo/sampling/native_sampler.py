@@ -25,10 +25,9 @@ from octavo.sampling.random_draws import row_uniforms
 
 def native_sampling_ops(device: torch.device) -> Any | None:
     """The native ops when the kernel can sample on ``device`` (the CPU), else None."""
-    from octavo.kernels.cpu_build import native_ops
+    from octavo.kernels.cpu_build import native_op_owner
 
-    ops = native_ops(device, torch.float32)
-    return ops if ops is not None and hasattr(ops, "sample_rows") else None
+    return native_op_owner(device, "sample_rows")
 
 
 def draw_rows(ops: Any, logits: torch.Tensor, rows: list) -> torch.Tensor:

@@ -114,7 +114,6 @@ def _batch_matcher(threads: int):
 
 
 def _native_ops(logits: torch.Tensor):
-    from octavo.kernels.cpu_build import native_ops
+    from octavo.kernels.cpu_build import native_op_owner
 
-    ops = native_ops(logits.device, torch.float32)
-    return ops if ops is not None and hasattr(ops, "apply_token_bitmask") else None
+    return native_op_owner(logits.device, "apply_token_bitmask")
