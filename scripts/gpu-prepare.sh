@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Prepares, on this (CPU) machine, what scripts/gpu-check.sh needs on a lent GPU machine
 # that has PyTorch and Triton but no network: wheels of the server's other dependencies
-# for its Python (3.12) in .whl/, and a tokenizer-only stand-in of the embedded model in
-# .gpu-baked/ (the GPU tests build tiny random models with its tokenizer; its weights are
-# never read there and are too large to carry). Both folders are git-ignored.
+# for its Python (3.12) in .whl/ (`octavo serve`'s too, for the GPU bench's served part;
+# prometheus-client, msgpack, pillow and rich are in the machine's image already), and a
+# tokenizer-only stand-in of the embedded model in .gpu-baked/ (the GPU tests build tiny
+# random models with its tokenizer; its weights are never read there and are too large to
+# carry). Both folders are git-ignored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-.venv/bin}"
@@ -12,7 +14,7 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclu
 grep -qx '/.gpu-baked/' .git/info/exclude 2>/dev/null || echo /.gpu-baked/ >>.git/info/exclude
 for package in fastapi starlette pydantic pydantic_core annotated-types typing-inspection \
     platformdirs gguf xgrammar apache-tvm-ffi uvicorn sniffio opentelemetry-api annotated-doc \
-    transformers httpx httpcore h11 anyio idna certifi tqdm pyzmq; do
+    transformers httpx httpcore h11 anyio idna certifi tqdm pyzmq openai-harmony; do
     version=$("$BIN/pip" show "$package" 2>/dev/null | awk '/^Version:/ {print $2}')
     "$BIN/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \

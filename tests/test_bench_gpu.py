@@ -14,14 +14,15 @@ from octavo_bench import gpu
 TINY = ["--device", "cpu", "--dtype", "float32", "--batch", "3", "--prompt-len", "5"]
 TINY += ["--max-tokens", "8", "--max-model-len", "64", "--copy-bytes", str(1 << 20)]
 TINY += ["--kv-cache-memory", str(4 << 20), "--offline-seqs", "3", "--offline-min-len", "4"]
-TINY += ["--offline-max-len", "8"]
+TINY += ["--offline-max-len", "8", "--served-prompts", "2", "--served-hf-prompts", "1"]
+TINY += ["--served-output-len", "8"]
 
 
 def test_a_cpu_smoke_run_writes_every_figure(tiny_folder, tmp_path, capsys):
     """One mode here (on a CPU --enforce-eager changes nothing); both in the next test."""
     folder = str(tiny_folder("llama3"))  # the 8B and Qwen3 parts load it with dummy weights
     argv = [*TINY, "--model", folder, "--model-8b", folder, "--model-qwen3", folder]
-    argv += ["--modes", "graphs"]
+    argv += ["--modes", "graphs", "--parts", ",".join(p for p in gpu.PARTS if p != "served")]
     assert gpu.main([*argv, "--output-dir", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gpu.json").read_text())
     common = result["common"]
@@ -80,6 +81,30 @@ def test_both_modes_each_part_alone_and_a_failed_part_keeps_the_others(
         gpu.build_parser().parse_args(["--parts", "b1,nope"])
     args = gpu.build_parser().parse_args(["--model", str(source)])
     assert args.load_format is None  # run() makes it auto: a given folder's own checkpoint
+
+
+def test_the_served_part_launches_octavo_and_the_hf_server(tiny_folder, tmp_path):
+    """`octavo serve` and the naive HF server as child processes on ShareGPT-shaped
+    requests (scripts/gpu-check.sh leaves this CPU run out: the GPU bench runs the part)."""
+    argv = [*TINY, "--model", str(tiny_folder("llama3")), "--parts", "served"]
+    assert gpu.main([*argv, "--output-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gpu.json").read_text())
+    served = result["figures"]["graphs"]  # the first mode's: the engine's default
+    assert served["served_failed"] == 0 and served["served_hf_failed"] == 0
+    assert served["served_vs_hf"] == pytest.approx(
+        served["served_tok_s"] / served["served_hf_tok_s"]
+    )
+    assert min(served["served_ttft_p50_ms"], served["served_hf_ttft_p50_ms"]) > 0
+    assert result["figures"]["eager"] == {} and result["targets"]["served_vs_hf"] == ">= 24"
+    serve_report = json.loads((tmp_path / "served" / "serve.json").read_text())
+    assert serve_report["settings"]["request_rate"] == served["served_request_rate"] == 20.0
+    requests = serve_report["servers"]["octavo"]["levels"][0]["requests"]
+    assert len(requests) == 2 and all(r["output_len"] == 8 for r in requests)
+    assert len(serve_report["servers"]["hf"]["levels"][0]["requests"]) == 1
+    settings = serve_report["settings"]  # the bench's device and sizes reach both servers
+    expected_flags = f"--device cpu --max-model-len 2048 --kv-cache-memory {4 << 20}"
+    assert settings["serve_args"] == expected_flags
+    assert settings["baseline_device"] == "cpu" and settings["baseline_dtype"] == "float32"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

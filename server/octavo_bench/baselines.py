@@ -31,11 +31,18 @@ class HFBatch:
     requested_tokens: int  # what the requests asked for (<= rows * max_new_tokens)
 
 
-def load_hf(folder: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
+def load_hf(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu"):
+    """HF transformers' model of ``folder`` on ``device``: its checkpoint, or random weights
+    made on the device when the folder has only a config (as Octavo's ``--load-format
+    dummy``: throughput does not depend on what the weights say)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    return model.eval()
+    folder = Path(folder)
+    if any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")):
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    with torch.device(device):
+        config = AutoConfig.from_pretrained(folder)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
 def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,10 @@ Parts (``--parts``, all by default):
   Qwen3-0.6B's shape (``--load-format dummy``);
 - ``8b``: batch-1 decode on Llama-3.1-8B's shape with dummy weights (a config-only folder:
   no 16 GB checkpoint written) against its roofline;
-- ``kernels``: each Triton kernel against the torch path (``gpu_kernels``; CUDA only).
+- ``kernels``: each Triton kernel against the torch path (``gpu_kernels``; CUDA only);
+- ``served``: the vLLM paper's comparison, ``octavo serve`` against a naive HF server (one
+  request at a time) on ShareGPT-shaped requests with Poisson arrivals (``gpu_served``),
+  in the first mode only (servers take a minute or two to measure).
 
 A step's time is marginal: a run of ``--max-tokens`` minus a run of an eighth of them,
 over the steps between (prefill and start-up cancel). ``--device cpu`` runs the same code
@@ -36,6 +39,7 @@ from pathlib import Path
 import torch
 
 from octavo.model_executor.dummy_weights import LOAD_FORMATS
+from octavo_bench import gpu_served
 from octavo_bench.baselines import HFBatch
 from octavo_bench.gpu_measures import (
     OfflineShape,
@@ -52,7 +56,7 @@ from octavo_bench.parsers import add_output_dir, register_subcommand, standalone
 from octavo_bench.report import json_safe, save
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-PARTS = ("b1", "b32", "hf", "offline", "qwen3", "8b", "kernels")
+PARTS = ("b1", "b32", "hf", "offline", "qwen3", "8b", "kernels", "served")
 ONE_B_PARTS = frozenset({"b1", "b32", "offline"})  # the parts that run the 1B engine
 
 
@@ -216,6 +220,11 @@ def compare_to_hf(report: GpuReport) -> None:
             figures["b32_vs_hf"] = figures["b32_tok_s"] / hf
 
 
+def served(bench: Bench, mode: str) -> None:
+    figures = gpu_served.served(bench.args, mode)
+    bench.report.figures[mode].update(figures)
+
+
 def kernels(bench: Bench) -> None:
     if bench.device.type != "cuda":
         bench.report.notes.append(
@@ -241,6 +250,8 @@ def measure(bench: Bench) -> None:
         bench.section("HF generate", lambda: hf_baseline(bench))
     if "kernels" in args.parts:
         bench.section("kernels", lambda: kernels(bench))
+    if "served" in args.parts:
+        bench.section(f"served {first}", lambda: served(bench, first))
     for mode in others:
         engine_parts(bench, mode, bandwidth)
     compare_to_hf(report)
@@ -309,13 +320,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-cache-memory", type=int, default=None, help="bytes (default: the engine's sizing)"
     )
+    gpu_served.add_arguments(parser)
     add_output_dir(parser, "gpu")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.load_format is None:
         args.load_format = "dummy" if args.model is None else "auto"
-    if args.model is None and ({"hf"} | ONE_B_PARTS) & set(args.parts):
+    if args.model is None and ({"hf", "served"} | ONE_B_PARTS) & set(args.parts):
         args.model = preset_folder("llama-1b")
     report = GpuReport({key: str(value) for key, value in vars(args).items() if key != "func"})
     bench = Bench(args, report)

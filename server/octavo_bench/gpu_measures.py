@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from octavo_bench.baselines import HFBatch, left_padded
+from octavo_bench.baselines import HFBatch, left_padded, load_hf
 
 _seeds = count(1)  # every run draws fresh prompts: no prefix-cache hit between two runs
 
@@ -163,20 +163,8 @@ def offline_tok_s(llm, shape: OfflineShape) -> float:
     return tokens / wall
 
 
-def hf_model(folder: Path, dtype: torch.dtype, device: torch.device):
-    """HF transformers' model of ``folder``: its checkpoint, or random weights made on the
-    device when the folder has only a config (as Octavo's ``--load-format dummy``)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if any(folder.glob("*.safetensors")):
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    with torch.device(device):
-        config = AutoConfig.from_pretrained(folder)
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-
-
 def hf_tok_s(folder: Path, dtype: torch.dtype, device: torch.device, batch: HFBatch) -> float:
-    model = hf_model(folder, dtype, device)
+    model = load_hf(folder, dtype, device)
     ids, mask = (t.to(device) for t in left_padded(batch.prompts, 0))
     settings = dict(do_sample=False, pad_token_id=0, attention_mask=mask)
     with torch.inference_mode():

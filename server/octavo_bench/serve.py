@@ -263,6 +263,9 @@ def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline-dtype", choices=("float32", "bfloat16"), default="float32", help="HF dtype"
     )
     parser.add_argument(
+        "--baseline-device", default="cpu", help="where the hf baseline runs (cpu, cuda)"
+    )
+    parser.add_argument(
         "--baseline-num-prompts",
         type=positive_int,
         default=None,
@@ -464,7 +467,8 @@ def baseline_folder(args: argparse.Namespace) -> str | Path:
 def hf_url(args: argparse.Namespace) -> Iterator[str]:
     """The naive HF server on a free loopback port, for the block."""
     port = free_port()
-    command = hf_server_command(port, baseline_folder(args), args.baseline_dtype)
+    folder, dtype, device = baseline_folder(args), args.baseline_dtype, args.baseline_device
+    command = hf_server_command(port, folder, dtype, device)
     log = args.output_dir / f"serve-{HF}.log"
     with child_server(HF, command, port, log, args.startup_timeout) as server:
         yield server.base_url

@@ -27,6 +27,8 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from octavo_bench.baselines import load_hf
+
 HF_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_MAX_TOKENS = 256
 
@@ -68,7 +70,8 @@ class GreedyDecoder:
     def __init__(self, model: Any, prompt_ids: list[int]) -> None:
         self.model = model
         self.cache: Any = None
-        self.next_input = torch.tensor([prompt_ids])
+        self.device = model.device
+        self.next_input = torch.tensor([prompt_ids], device=self.device)
 
     def step(self) -> int:
         with torch.inference_mode():
@@ -80,7 +83,7 @@ class GreedyDecoder:
             )
         self.cache = out.past_key_values
         token = int(out.logits[0, -1].argmax())
-        self.next_input = torch.tensor([[token]])
+        self.next_input = torch.tensor([[token]], device=self.device)
         return token
 
 
@@ -101,10 +104,11 @@ class TextDelta:
         return delta
 
 
-def load_model(folder: Path, dtype: str, name: str | None = None) -> HFModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model(folder: Path, dtype: str, name: str | None = None, device: str = "cpu") -> HFModel:
+    """The folder's checkpoint on ``device``, or random weights where it has only a config."""
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=HF_DTYPES[dtype]).eval()
+    model = load_hf(folder, HF_DTYPES[dtype], device)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return HFModel(name or Path(folder).name, model, tokenizer)
 
@@ -301,12 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", type=Path, help="local HF model folder")
     parser.add_argument("--dtype", choices=tuple(HF_DTYPES), default="float32")
     parser.add_argument("--served-model-name", default=None, help="default: the folder name")
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args(argv)
     import uvicorn
 
-    hf = load_model(args.model, args.dtype, args.served_model_name)
+    hf = load_model(args.model, args.dtype, args.served_model_name, args.device)
     uvicorn.run(build_hf_app(hf), host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -73,9 +73,11 @@ def octavo_serve_command(
     return command + list(extra)
 
 
-def hf_server_command(port: int, model_path: str | Path, dtype: str) -> list[str]:
+def hf_server_command(
+    port: int, model_path: str | Path, dtype: str, device: str = "cpu"
+) -> list[str]:
     module = "octavo_bench.serve_hf_server"
-    flags = ["--host", LOOPBACK, "--port", str(port), "--dtype", dtype]
+    flags = ["--host", LOOPBACK, "--port", str(port), "--dtype", dtype, "--device", device]
     return [sys.executable, "-m", module, str(model_path), *flags]
 
 
