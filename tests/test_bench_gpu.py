@@ -159,6 +159,35 @@ def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
     assert triton_decode.SPLIT_NUM_WARPS is None  # the sweep puts the default back
 
 
+def test_prefill_attention_rows_on_a_tiny_shape(monkeypatch):
+    """The prefill bench's code path on the CPU (the kernel under TRITON_INTERPRET, timing
+    stubbed): fresh prompts and a chunk over a cached prefix agree with the torch path."""
+    from octavo_bench import gpu_kernels
+
+    monkeypatch.setattr(gpu_kernels, "graph_time_ms", lambda fn, repeats=20: 2.0)
+    monkeypatch.setattr(gpu_kernels, "PREFILL_LAUNCHES", ((4, 32),))
+    small = dict(heads=4, kv_heads=2, head_dim=16)
+    fresh = gpu_kernels.PrefillShape(2, 20, 20, **small)
+    chunk = gpu_kernels.PrefillShape(1, 20, 48, **small)
+    assert (fresh.label, chunk.label) == ("2x20", "1x20@48")
+    by_hand = gpu_kernels.PrefillShape(1, 2, 3, heads=1, head_dim=1)
+    assert by_hand.flop() == 4 * (2 + 3)  # queries at positions 1 and 2 see 2 and 3 keys
+    for shape in (fresh, chunk):
+        row = gpu_kernels.prefill_attention(torch.device("cpu"), torch.float32, shape)
+        assert row.name == f"prefill {shape.label}" and row.max_rel_diff < 1e-5
+        assert row.flop == shape.flop() and row.triton_tflop_s == shape.flop() / 2e9
+        assert row.launch_ms == {"w4t32": 2.0}
+    assert "w4t32:2.0000" in gpu_kernels.prefill_table([row])
+    from octavo.attention.triton_kernels import prefill_attention
+
+    query, cache, meta = gpu_kernels.prefill_inputs(chunk, torch.device("cpu"), torch.float32)
+    args = (query, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 20, 0.25)
+    default = prefill_attention(*args)
+    for tile in (32, 64):  # the swept launches compute the same (a tile spans blocks)
+        swept = prefill_attention(*args, kv_tile=tile, num_warps=8)
+        torch.testing.assert_close(swept, default, rtol=1e-5, atol=1e-6)
+
+
 def test_the_top_kernel_table_is_per_marginal_step(capsys):
     from octavo_bench.gpu_measures import print_top_kernels
 

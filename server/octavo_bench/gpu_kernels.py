@@ -4,6 +4,9 @@ Same inputs to both; the report keeps the time per call of each (CUDA events, af
 warm-up) and the largest absolute difference. Shapes are a 1B-class model's decode
 attention (32 query heads, 8 KV heads of 128, bf16) and its gated MLP.
 
+Prefill attention (the Triton kernel, every chunk in one launch, vs the torch path's
+gather and SDPA per chunk) is timed on 4 fresh 512-token prompts and on one 512-token chunk
+over a 2k context, with its TFLOP/s and a sweep of warps and context tile.
 Decode attention is timed per layer call at 32 sequences x 1k and 2k context and at 1
 sequence x 2k: the torch path (``TorchAttention.decode``), the single-pass Triton kernel
 and the split-KV kernel at the split count ``choose_num_splits`` picks (plus a sweep of
@@ -21,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from octavo.attention import triton_decode
+from octavo.attention import torch_ops, triton_decode, triton_kernels
 from octavo.attention.backend import TorchAttention
 from octavo.attention.triton_decode import choose_num_splits, paged_decode_attention, sm_count
 from octavo.model_executor.step_inputs import lay_out, step_inputs
@@ -38,7 +41,8 @@ class KernelResult:
     max_reference: float  # the largest |value| the torch path gave: the scale of the diff
     bytes_read: int | None = None  # what one call must read (decode attention: K + V)
     sweep_ms: dict[int, float] | None = None  # split-KV: ms per call by forced split count
-    launch_ms: dict[str, float] | None = None  # split-KV: ms by "w{warps}t{tile}" launch
+    launch_ms: dict[str, float] | None = None  # ms by "w{warps}t{tile}" launch (swept)
+    flop: int | None = None  # what one call computes (prefill attention)
 
     @property
     def speedup(self) -> float:
@@ -58,6 +62,14 @@ class KernelResult:
     def torch_gb_s(self) -> float | None:
         return gb_per_s(self.bytes_read, self.torch_ms)
 
+    @property
+    def triton_tflop_s(self) -> float | None:
+        return self.flop / (self.triton_ms * 1e9) if self.flop and self.triton_ms > 0 else None
+
+    @property
+    def torch_tflop_s(self) -> float | None:
+        return self.flop / (self.torch_ms * 1e9) if self.flop and self.torch_ms > 0 else None
+
     def to_json(self) -> dict:
         derived = {"speedup": self.speedup, "max_rel_diff": self.max_rel_diff}
         return {
@@ -65,6 +77,8 @@ class KernelResult:
             **derived,
             "triton_gb_s": self.triton_gb_s,
             "torch_gb_s": self.torch_gb_s,
+            "triton_tflop_s": self.triton_tflop_s,
+            "torch_tflop_s": self.torch_tflop_s,
         }
 
 
@@ -205,6 +219,96 @@ def decode_attention(
     ]
 
 
+@dataclass(frozen=True)
+class PrefillShape:
+    """One prefill-attention launch of a 1B-class model: ``chunks`` chunks of ``query`` new
+    tokens, each the end of a ``context``-token sequence (``query == context``: fresh
+    prompts, as nano-vllm's offline shape starts with)."""
+
+    chunks: int
+    query: int
+    context: int
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+
+    @property
+    def label(self) -> str:
+        prefix = "" if self.query == self.context else f"@{self.context}"
+        return f"{self.chunks}x{self.query}{prefix}"
+
+    def flop(self) -> int:
+        """QK^T and PV over the causal (query, key) pairs: 4 x pairs x head_dim a head."""
+        first = self.context - self.query  # the first query's position
+        pairs = self.query * (first + 1) + self.query * (self.query - 1) // 2
+        return 4 * self.chunks * self.heads * self.head_dim * pairs
+
+
+PREFILL_SHAPES = (PrefillShape(4, 512, 512), PrefillShape(1, 512, 2048))
+PREFILL_LAUNCHES = ((4, 16), (4, 32), (4, 64), (8, 64))  # (warps, kv tile) swept
+
+
+def prefill_inputs(shape: PrefillShape, device: torch.device, dtype: torch.dtype):
+    """``(query, cache, meta)``: each chunk's keys/values already in blocks of its own."""
+    blocks_each = -(-shape.context // shape.block_size)
+    first = shape.context - shape.query
+    scheduled = [
+        ScheduledSequence(i, [0] * shape.query, first, _blocks(i, blocks_each), True)
+        for i in range(shape.chunks)
+    ]
+    meta = step_inputs(lay_out(scheduled, shape.block_size), shape.chunks, device).meta
+    blocks = 1 + shape.chunks * blocks_each
+    cache_shape = (2, blocks, shape.block_size, shape.kv_heads, shape.head_dim)
+    cache = torch.randn(cache_shape, dtype=dtype, device=device)
+    tokens = shape.chunks * shape.query
+    query = torch.randn(tokens, shape.heads, shape.head_dim, dtype=dtype, device=device)
+    return query, cache, meta
+
+
+def _blocks(index: int, count: int) -> list[int]:
+    """Sequence ``index``'s ``count`` blocks (block 0 is the null block)."""
+    return list(range(1 + index * count, 1 + (index + 1) * count))
+
+
+def prefill_attention(
+    device: torch.device, dtype: torch.dtype, shape: PrefillShape
+) -> KernelResult:
+    """The Triton prefill kernel (one launch for every chunk) against the torch path (a
+    gather and SDPA per chunk), with a sweep of its launch (warps, context tile)."""
+    query, cache, meta = prefill_inputs(shape, device, dtype)
+    scale, out = shape.head_dim**-0.5, torch.empty_like(query)
+    starts, count = meta.query_start_loc_list, shape.chunks
+    args = (query, cache, meta.block_tables[:count], meta.query_start_loc[: count + 1])
+
+    def triton_call(**launch) -> Callable[[], torch.Tensor]:
+        rest = (meta.seq_lens[:count], shape.query, scale)
+        return lambda: triton_kernels.prefill_attention(*args, *rest, out=out, **launch)
+
+    def torch_call() -> torch.Tensor:
+        return torch.cat(
+            [
+                torch_ops.prefill_attention(
+                    query[starts[i] : starts[i] + shape.query],
+                    cache,
+                    meta.block_tables[i],
+                    shape.context,
+                    scale,
+                )
+                for i in range(count)
+            ]
+        )
+
+    result = compare(f"prefill {shape.label}", triton_call(), torch_call, graph_time_ms)
+    launches = {}
+    for warps, tile in PREFILL_LAUNCHES:
+        try:
+            launches[f"w{warps}t{tile}"] = graph_time_ms(triton_call(num_warps=warps, kv_tile=tile))
+        except Exception:  # a compile error: the sweep is advice, not a check
+            launches[f"w{warps}t{tile}"] = float("nan")
+    return replace(result, flop=shape.flop(), launch_ms=launches)
+
+
 def decode_table(results: list[KernelResult]) -> str:
     """The decode rows with their achieved bandwidth and the split sweep."""
     headers = ["kernel", "triton ms", "GB/s", "torch ms", "torch GB/s", "max |diff|", "sweep ms"]
@@ -223,6 +327,23 @@ def decode_table(results: list[KernelResult]) -> str:
                 sweep,
             ]
         )
+    return table(headers, rows)
+
+
+def prefill_table(results: list[KernelResult]) -> str:
+    """The prefill rows with their achieved TFLOP/s and the launch sweep."""
+    headers = ["kernel", "triton ms", "TFLOP/s", "torch ms", "torch TFLOP/s", "sweep ms"]
+    rows = [
+        [
+            r.name,
+            f"{r.triton_ms:.4f}",
+            f"{r.triton_tflop_s or 0:.1f}",
+            f"{r.torch_ms:.4f}",
+            f"{r.torch_tflop_s or 0:.1f}",
+            " ".join(f"{key}:{ms:.4f}" for key, ms in (r.launch_ms or {}).items()),
+        ]
+        for r in results
+    ]
     return table(headers, rows)
 
 
@@ -296,6 +417,8 @@ def all_kernels(device: torch.device, dtype: torch.dtype) -> list[KernelResult]:
     has no GB/s column)."""
     decode = [row for shape in DECODE_SHAPES for row in decode_attention(device, dtype, shape)]
     print("== decode attention: achieved K+V bandwidth ==", decode_table(decode), sep="\n")
+    prefill = [prefill_attention(device, dtype, shape) for shape in PREFILL_SHAPES]
+    print("== prefill attention: achieved TFLOP/s ==", prefill_table(prefill), sep="\n")
     norms = [fused_add_rms_norm(device, dtype, rows) for rows in (1, 256)]
     ropes = [rotary(device, dtype, tokens) for tokens in (1, 256)]
-    return [*decode, gated_activation(device, dtype), *norms, *ropes]
+    return [*decode, *prefill, gated_activation(device, dtype), *norms, *ropes]

@@ -426,12 +426,17 @@ def prefill_attention(
     out: torch.Tensor | None = None,
     scales: KVScales = UNIT_SCALES,
     options: AttentionOptions = FULL_ATTENTION,
+    kv_tile: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of several prefill chunks over their cached prefixes and themselves.
 
     Chunk ``i`` is ``query[query_start_loc[i]:query_start_loc[i + 1]]``: the last tokens of
     a context of ``seq_lens[i]`` tokens whose keys/values are all in the cache already.
     ``options``: the layer's window, soft-cap and sinks (``AttentionOptions``).
+    ``kv_tile`` (context tokens per loop step, a power of two of at least 16) and
+    ``num_warps`` override the launch (the GPU bench's sweep; default: ``_prefill_kv_tile``
+    and Triton's).
     """
     query = _last_dim_contiguous(query)
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -445,6 +450,7 @@ def prefill_attention(
     cache = cache_format(kv_cache, scales)
     stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
     grid = (num_chunks, triton.cdiv(max_query_len, block_m), num_heads)
+    launch = {} if num_warps is None else {"num_warps": num_warps}
     _prefill_kernel[grid](
         query,
         cache.tensor,
@@ -468,10 +474,11 @@ def prefill_attention(
         DIM_P2=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=kv_cache.shape[2],
         BLOCK_M=block_m,
-        BLOCK_N=_prefill_kv_tile(kv_cache.shape[2]),
+        BLOCK_N=kv_tile or _prefill_kv_tile(kv_cache.shape[2]),
         DOT_DTYPE=dot_dtype,
         PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
         FP8=cache.fp8,
         **extra,
+        **launch,
     )
     return out
