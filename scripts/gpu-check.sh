@@ -5,7 +5,8 @@
 # With no arguments: the fast GPU test files (decode graphs, the GPU bench's own tests, the
 # Triton attention, activation, norm and rotary files, sampling on devices; not
 # test_memory_profile.py, ~110 s: name it to run it) under `timeout 150`, then
-# `python -m octavo_bench gpu` under `timeout 300` (CUDA graphs and --enforce-eager: 1B
+# `python -m octavo_bench gpu` under `timeout 300` (CUDA graphs, graphs with
+# --async-scheduling, and --enforce-eager, the slowest last: 1B
 # decode B=1 vs the HBM roofline and B=32 vs B=1 and vs HF, nano-vllm's offline shape on the
 # 1B and Qwen3-0.6B shapes, the 8B shape at B=1, Triton kernels vs torch, and the vLLM
 # paper's comparison: `octavo serve` vs a naive HF server on ShareGPT-shaped Poisson
@@ -13,7 +14,7 @@
 # figures go to gpu.json and its table to the log; every model from a config-only folder
 # with dummy weights, so no checkpoint is written), then `octavo_bench step-profile` of the
 # 1B shape with steps in turn and with --async-scheduling (host ms per phase vs GPU forward
-# ms, batch 1/32/256). The tests leave out the bench's CPU run of its served part (the
+# ms, batch 1/32/256, and the calls per phase that made the host wait for the GPU). The tests leave out the bench's CPU run of its served part (the
 # bench runs it on the GPU).
 # With test files as arguments: those tests only, no benchmark.
 # GPU_TESTS_TIMEOUT / GPU_BENCH_TIMEOUT (seconds, 150 / 300) bound the two parts;
@@ -57,7 +58,7 @@ if [ "$benchmark" -eq 1 ] && [ "${GPU_STEP_PROFILE:-1}" = 1 ]; then
     for mode in sync async; do
         flag=$([ "$mode" = async ] && echo --async-scheduling)
         timeout 90 python3 -m octavo_bench step-profile --model /tmp/octavo-1b-config \
-            --load-format dummy --batches 1,32,256 --steps 64 $flag \
+            --load-format dummy --batches 1,32,256 --steps 64 $flag --count-syncs \
             --output-dir "/tmp/profile-$mode" 2>&1
         # the device tool brings back 8 files at most: the JSON alone (the table is logged)
         cp "/tmp/profile-$mode/step_profile.json" "$out/profile-$mode.json"

@@ -53,10 +53,10 @@ def test_a_cpu_smoke_run_writes_every_figure(tiny_folder, tmp_path, capsys):
     assert (tmp_path / "gpu.png").stat().st_size > 0
 
 
-def test_both_modes_each_part_alone_and_a_failed_part_keeps_the_others(
+def test_every_mode_each_part_alone_and_a_failed_part_keeps_the_others(
     tiny_folder, tmp_path, capsys
 ):
-    """8B in both modes; Qwen3 fails (no folder); HF on random weights of a config-only
+    """8B in every mode; Qwen3 fails (no folder); HF on random weights of a config-only
     folder (as the bench's default 1B folder)."""
     source, config_only = tiny_folder("llama3"), tmp_path / "config-only"
     config_only.mkdir()
@@ -68,15 +68,16 @@ def test_both_modes_each_part_alone_and_a_failed_part_keeps_the_others(
     assert gpu.main([*argv, "--model-8b", str(source), "--model-qwen3", str(tmp_path / "no")]) == 1
     result = json.loads((tmp_path / "gpu.json").read_text())
     eight_b = {"b1_8b_ms_per_token", "b1_8b_fraction_of_roofline"}
-    for mode in ("graphs", "eager"):
+    for mode in ("graphs", "async", "eager"):
         assert f"Qwen3-0.6B {mode} failed: ValueError" in " ".join(result["notes"])
-    assert set(result["figures"]["graphs"]) == {*eight_b, "start_8b_s"}
+    for mode in ("graphs", "async"):  # async: graphs with --async-scheduling
+        assert set(result["figures"][mode]) == {*eight_b, "start_8b_s"}
     eager = result["figures"]["eager"]
     assert set(eager) == {*eight_b, "start_8b_s", "b1_8b_gpu_ms_per_step"}
     assert eager["b1_8b_gpu_ms_per_step"] is None  # kernel time: CUDA only
     assert result["common"]["hf_b32_tok_s"] > 0 and "weight_bytes" not in result["common"]
     header = next(line for line in capsys.readouterr().out.splitlines() if "target" in line)
-    assert header.split() == ["figure", "graphs", "eager", "target"]
+    assert header.split() == ["figure", "graphs", "async", "eager", "target"]
     with pytest.raises(SystemExit):
         gpu.build_parser().parse_args(["--parts", "b1,nope"])
     args = gpu.build_parser().parse_args(["--model", str(source)])

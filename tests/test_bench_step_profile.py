@@ -27,3 +27,43 @@ def test_a_cpu_run_times_every_phase_per_batch(tiny_folder, tmp_path):
         assert sum(phases) <= row["step"] * 1.01  # the phases are parts of a step
         assert "gpu_forward_ms" not in row  # CUDA events only on a GPU
     assert (tmp_path / "step_profile.png").exists()
+
+
+def test_syncs_are_counted_per_phase_and_close_puts_every_method_back():
+    """``--count-syncs``: torch's sync debug mode warnings (CUDA) are counted per phase;
+    here a stand-in engine's input preparation warns as a synchronizing call would."""
+    import warnings
+    from types import SimpleNamespace
+
+    from octavo.model_executor.pending_step import PendingStep
+
+    def waits_twice(*_args):
+        for _ in range(2):
+            warnings.warn(f"{step_profile.SYNC_WARNING}: item", UserWarning, stacklevel=1)
+
+    def idle(*_args):
+        return None
+
+    runner = SimpleNamespace(prepare=waits_twice, _forward=idle, _outputs=idle)
+    scheduler = SimpleNamespace(schedule=idle, update_from_output=idle)
+    engine = SimpleNamespace(scheduler=scheduler, _record_all=idle, step=None)
+    engine.executor = SimpleNamespace(worker=SimpleNamespace(runner=runner))
+
+    def step():
+        scheduler.schedule()
+        runner.prepare()
+        PendingStep().output()
+        scheduler.update_from_output()
+
+    engine.step = step
+    original_output = PendingStep.output
+    timer = step_profile.PhaseTimer(engine, count_syncs=True)
+    for _ in range(3):
+        engine.step()
+    syncs = timer.per_step_ms()["syncs_per_step"]
+    assert syncs["prepare"] == syncs["step"] == 2.0
+    assert syncs["schedule"] == syncs["other"] == 0.0
+    assert timer.per_step_ms()["wait"] > 0  # PendingStep.output is a phase of its own
+    timer.close()
+    assert PendingStep.output is original_output and runner.prepare is waits_twice
+    assert engine.step is step

@@ -1,5 +1,7 @@
 """`python -m octavo_bench gpu`: the GPU figures, in one run (what `make gpu-check` calls),
-each for CUDA graphs (the default) and for ``--enforce-eager``, one engine at a time.
+each for CUDA graphs (the default), for graphs with ``--async-scheduling`` (the host plans
+step N+1 while the GPU runs step N; vLLM's default) and for ``--enforce-eager``, one
+engine at a time.
 
 Parts (``--parts``, all by default):
 
@@ -114,6 +116,7 @@ def with_engine(bench: Bench, folder: Path, mode: str, load_format: str, body) -
         device=args.device,
         max_model_len=args.max_model_len,
         enforce_eager=mode == "eager",
+        async_scheduling=mode == "async",
         load_format=load_format,
         **extra,
     )
@@ -343,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def register(kinds: argparse._SubParsersAction) -> None:
     help_text = (
-        "GPU figures, CUDA graphs and eager: decode vs the HBM roofline (1B, 8B), batch 32 "
-        "vs 1 and vs HF, nano-vllm's offline shape, Triton vs torch"
+        "GPU figures, CUDA graphs, with --async-scheduling and eager: decode vs the HBM "
+        "roofline (1B, 8B), batch 32 vs 1 and vs HF, nano-vllm's offline shape, Triton vs "
+        "torch, served vs HF"
     )
     register_subcommand(kinds, "gpu", help_text, __doc__, "", add_arguments, run)
 

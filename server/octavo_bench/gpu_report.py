@@ -1,5 +1,6 @@
-"""`octavo_bench gpu`'s report: one row per figure, a column for CUDA graphs (the default)
-and one for ``--enforce-eager``, the issue's target beside them; gpu.json and gpu.png."""
+"""`octavo_bench gpu`'s report: one row per figure, a column for CUDA graphs (the default),
+one for graphs with ``--async-scheduling`` and one for ``--enforce-eager``, the issue's
+target beside them; gpu.json and gpu.png."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 from octavo_bench.report import machine_info, table
 
-MODES = ("graphs", "eager")  # graphs: the engine's default; eager: --enforce-eager
+# graphs: the engine's default; async: graphs with --async-scheduling; eager: --enforce-eager
+MODES = ("graphs", "async", "eager")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class GpuReport:
             if any(row.key in self.figures[m] for m in MODES)
         ]
         headers = ["figure", *MODES, "target"]
-        parts = ["== gpu: CUDA graphs vs --enforce-eager ==", table(headers, rows)]
+        title = "== gpu: CUDA graphs, with --async-scheduling, and --enforce-eager =="
+        parts = [title, table(headers, rows)]
         common = [[key, number(value)] for key, value in self.common.items()]
         parts += ["== common to both modes ==", table(["figure", "value"], common)]
         if self.kernels:
@@ -85,18 +88,19 @@ class GpuReport:
 
     def draw(self, plt: Any) -> Any:
         figure, axes = plt.subplots(1, 3, figsize=(14, 4))
-        graphs, eager, common = self.figures["graphs"], self.figures["eager"], self.common
+        modes, common = [self.figures[m] for m in MODES], self.common
         for axis, key, roofline, title in (
             (axes[0], "b1_ms_per_token", "roofline_ms_per_token", "1B decode, batch 1: ms/token"),
             (axes[2], "b1_8b_ms_per_token", "roofline_8b_ms_per_token", "8B, batch 1: ms/token"),
         ):
-            values = [common.get(roofline), graphs.get(key), eager.get(key)]
-            axis.bar(["roofline", "graphs", "eager"], [v or 0.0 for v in values])
+            values = [common.get(roofline), *(mode.get(key) for mode in modes)]
+            axis.bar(["roofline", *MODES], [v or 0.0 for v in values])
             axis.set_title(title)
         keys = ("b32_tok_s", "offline_1b_tok_s", "offline_qwen3_tok_s")
-        positions = range(len(keys))
-        for shift, mode in ((-0.2, graphs), (0.2, eager)):
-            axes[1].bar([p + shift for p in positions], [mode.get(k) or 0.0 for k in keys], 0.4)
+        positions, width = range(len(keys)), 0.8 / len(MODES)
+        for index, mode in enumerate(modes):
+            shift = (index - (len(MODES) - 1) / 2) * width
+            axes[1].bar([p + shift for p in positions], [mode.get(k) or 0.0 for k in keys], width)
         axes[1].set_xticks(list(positions), ["b32 x 128", "offline 1B", "offline Qwen3"])
         axes[1].legend(list(MODES))
         axes[1].set_title("output tok/s")

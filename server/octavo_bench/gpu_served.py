@@ -64,8 +64,7 @@ def octavo_flags(args: argparse.Namespace, mode: str) -> list[str]:
         flags += ["--load-format", "dummy"]
     if args.kv_cache_memory:
         flags += ["--kv-cache-memory", str(args.kv_cache_memory)]
-    if mode == "eager":
-        flags.append("--enforce-eager")
+    flags += {"eager": ["--enforce-eager"], "async": ["--async-scheduling"]}.get(mode, [])
     return flags
 
 

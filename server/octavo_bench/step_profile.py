@@ -3,8 +3,10 @@
 For each batch size, ``batch`` prompts decode ``--steps`` tokens each (greedy,
 ``ignore_eos``) and every phase of the engine's steps is timed on the host: the
 scheduler, the runner's input preparation, the forward's launch (on a GPU the graph
-replay or the eager kernels are queued, not waited for), sampling (which waits for the
-GPU), the scheduler's update and the engine's detokenizing. On a GPU the forward's device
+replay or the eager kernels are queued, not waited for), sampling (queued too), the wait
+for the sampled ids to reach the host, the scheduler's update and the engine's
+detokenizing; ``--count-syncs`` (CUDA) also counts, per phase, the calls that made the
+host wait for the GPU. On a GPU the forward's device
 time is read from CUDA events around it, so host overhead and GPU time sit side by side:
 a step is host-bound where ``step`` far exceeds ``gpu_forward_ms``. ``--offline 256`` adds a
 row for nano-vllm's offline shape (256 requests, prompt and output lengths uniform in
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,31 +35,47 @@ PHASES = {  # (object path, method) -> phase name
     ("runner", "prepare"): "prepare",
     ("runner", "_forward"): "forward_launch",
     ("runner", "_outputs"): "sample",
+    ("pending", "output"): "wait",
     ("scheduler", "update_from_output"): "update",
     ("engine", "_record_all"): "detokenize",
 }
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode says so
 
 
 OFFLINE_TOTALS = ("wall_s", "prefill_steps", "gpu_prefill_steps_s", "gpu_decode_steps_s")
 
 
 class PhaseTimer:
-    """Wraps the engine's phase methods with host timers (and CUDA events on the forward)."""
+    """Wraps the engine's phase methods with host timers (and CUDA events on the forward).
 
-    def __init__(self, engine: Any) -> None:
+    ``count_syncs`` (CUDA): torch's sync debug mode warns at each call that makes the host
+    wait for the GPU; the warnings are counted per phase (a phase that waits in async
+    scheduling loses the overlap)."""
+
+    def __init__(self, engine: Any, count_syncs: bool = False) -> None:
+        from octavo.model_executor.pending_step import PendingStep
+
         self.seconds: collections.Counter[str] = collections.Counter()
+        self.syncs: collections.Counter[str] = collections.Counter()
+        self.count_syncs = count_syncs
+        if count_syncs and torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("warn")
+        self._originals: list[tuple[Any, str, Callable, bool]] = []  # close() puts back
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event, bool]] = []
         self.steps = 0
         self.prefill_steps = 0
         self.planned_prefill = False  # the last planned step has a prefill part
         owners = {"engine": engine, "scheduler": engine.scheduler}
         owners["runner"] = engine.executor.worker.runner
+        owners["pending"] = PendingStep  # the host's wait for a step's sampled ids
         for (owner, method), phase in PHASES.items():
             self._wrap(owners[owner], method, phase)
         self._wrap(engine, "step", "step")
 
     def _wrap(self, owner: Any, method: str, phase: str) -> None:
         original: Callable = getattr(owner, method)
+        own = isinstance(owner, type) or method in vars(owner)  # else the class's method
+        self._originals.append((owner, method, original, own))
         on_gpu = phase == "forward_launch" and torch.cuda.is_available()
 
         def timed(*args, **kwargs):
@@ -64,7 +83,7 @@ class PhaseTimer:
                 start_event, end_event = torch.cuda.Event(True), torch.cuda.Event(True)
                 start_event.record()
             start = time.perf_counter()
-            result = original(*args, **kwargs)
+            result = self._call(phase, original, args, kwargs)
             self.seconds[phase] += time.perf_counter() - start
             if on_gpu:
                 end_event.record()
@@ -77,7 +96,28 @@ class PhaseTimer:
 
         setattr(owner, method, timed)
 
+    def close(self) -> None:
+        """Put every wrapped method back (``PendingStep.output`` is the class's own)."""
+        for owner, method, original, own in reversed(self._originals):
+            if own:
+                setattr(owner, method, original)
+            else:
+                delattr(owner, method)  # the instance's wrapper hid the class's method
+        self._originals.clear()
+        if self.count_syncs and torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
+
+    def _call(self, phase: str, original: Callable, args: tuple, kwargs: dict) -> Any:
+        if not self.count_syncs:
+            return original(*args, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = original(*args, **kwargs)
+        self.syncs[phase] += sum(SYNC_WARNING in str(w.message) for w in caught)
+        return result
+
     def reset(self) -> None:
+        self.syncs.clear()
         self.seconds.clear()
         self.events.clear()
         self.steps = self.prefill_steps = 0
@@ -89,6 +129,11 @@ class PhaseTimer:
             torch.cuda.synchronize()
             gpu = sum(start.elapsed_time(end) for start, end, _ in self.events)
             result["gpu_forward_ms"] = gpu / steps
+        if self.count_syncs:  # a phase's recorder keeps its warnings from the step's
+            counts = {phase: self.syncs[phase] for phase in PHASES.values()}
+            counts["other"] = self.syncs["step"]  # outside every named phase
+            counts["step"] = sum(counts.values())
+            result["syncs_per_step"] = {phase: n / steps for phase, n in counts.items()}
         return result
 
     def gpu_seconds_by_kind(self) -> dict[str, float]:
@@ -151,6 +196,9 @@ class StepProfileReport:
             if row["batch"] == "offline":
                 totals = ", ".join(f"{key} {_cell(row.get(key))}" for key in OFFLINE_TOTALS)
                 lines.append(f"offline: {row['steps']} steps, {totals}")
+            if "syncs_per_step" in row:
+                syncs = ", ".join(f"{k} {v:.2f}" for k, v in row["syncs_per_step"].items())
+                lines.append(f"batch {row['batch']}: host waits per step: {syncs}")
         return "\n".join(lines)
 
     def draw(self, plt: Any) -> Any:
@@ -176,13 +224,18 @@ def run(args: argparse.Namespace) -> int:
         "async_scheduling": args.async_scheduling,
     }
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=2048, **kwargs)
-    timer = PhaseTimer(llm.engine)
+    timer = PhaseTimer(llm.engine, args.count_syncs)
     report = StepProfileReport(_settings(args))
-    for batch in args.batches:
-        report.rows.append(profile_batch(llm, timer, batch, args.steps, args.prompt_len))
-    if args.offline:
-        report.rows.append(profile_offline(llm, timer, args.offline, args.offline_max_len))
-    llm.shutdown()
+    if args.count_syncs and not torch.cuda.is_available():
+        report.notes.append("--count-syncs: torch's sync debug mode is CUDA's; none counted")
+    try:
+        for batch in args.batches:
+            report.rows.append(profile_batch(llm, timer, batch, args.steps, args.prompt_len))
+        if args.offline:
+            report.rows.append(profile_offline(llm, timer, args.offline, args.offline_max_len))
+    finally:
+        timer.close()
+        llm.shutdown()
     save(report, args.output_dir, "step_profile")
     return 0
 
@@ -218,6 +271,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument(
         "--async-scheduling", action="store_true", help="plan each step while the last runs"
+    )
+    parser.add_argument(
+        "--count-syncs",
+        action="store_true",
+        help="CUDA: count the calls that make the host wait for the GPU, per phase (torch's "
+        "sync debug mode; adds a little host time to every phase)",
     )
     add_output_dir(parser, "step-profile")
 
