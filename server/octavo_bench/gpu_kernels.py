@@ -166,13 +166,7 @@ def decode_inputs(shape: DecodeShape, device: torch.device, dtype: torch.dtype):
     ones, in blocks of its own (block 0 is the null block)."""
     blocks_each = shape.context // shape.block_size
     scheduled = [
-        ScheduledSequence(
-            i,
-            [0],
-            shape.context - 1,
-            list(range(1 + i * blocks_each, 1 + (i + 1) * blocks_each)),
-            True,
-        )
+        ScheduledSequence(i, [0], shape.context - 1, _blocks(i, blocks_each), True)
         for i in range(shape.seqs)
     ]
     meta = step_inputs(lay_out(scheduled, shape.block_size), 0, device).meta
