@@ -117,16 +117,23 @@ def graph_time_ms(fn: Callable[[], torch.Tensor], repeats: int = 20) -> float:
     return time_ms(graph.replay, 3) / repeats
 
 
-@dataclass(frozen=True)
-class DecodeShape:
-    """One decode-attention launch of a 1B-class model: rows x cached context."""
+@dataclass(frozen=True, kw_only=True)
+class HeadLayout:
+    """A 1B-class model's attention heads and the cache's block size (keywords only, so
+    each shape below keeps its own fields first)."""
 
-    seqs: int
-    context: int
     heads: int = 32
     kv_heads: int = 8
     head_dim: int = 128
     block_size: int = 16
+
+
+@dataclass(frozen=True)
+class DecodeShape(HeadLayout):
+    """One decode-attention launch: rows x cached context."""
+
+    seqs: int
+    context: int
 
     @property
     def label(self) -> str:
@@ -214,18 +221,14 @@ def decode_attention(
 
 
 @dataclass(frozen=True)
-class PrefillShape:
-    """One prefill-attention launch of a 1B-class model: ``chunks`` chunks of ``query`` new
-    tokens, each the end of a ``context``-token sequence (``query == context``: fresh
-    prompts, as nano-vllm's offline shape starts with)."""
+class PrefillShape(HeadLayout):
+    """One prefill-attention launch: ``chunks`` chunks of ``query`` new tokens, each the
+    end of a ``context``-token sequence (``query == context``: fresh prompts, as nano-vllm's
+    offline shape starts with)."""
 
     chunks: int
     query: int
     context: int
-    heads: int = 32
-    kv_heads: int = 8
-    head_dim: int = 128
-    block_size: int = 16
 
     @property
     def label(self) -> str:
