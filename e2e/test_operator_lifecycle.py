@@ -90,8 +90,9 @@ def test_apply_creates_children_and_reports_ready(
     assert row[:4] == ["chat", "True", "2", "embedded:SmolLM2-135M-Instruct"]
     assert row[4] == status["url"]
     # The operator posts its Event after the status patch, through kopf's one event queue:
-    # an earlier test's Event into its namespace, being deleted, is retried there first
-    # (kopf retries 403s for about a minute; seen holding this one past 30 s).
+    # an Event refused by a namespace being deleted is retried for about a minute first
+    # (seen holding this one past 90 s). The operator no longer posts transitions into such
+    # a namespace (reconcile.write_status); the wait stays for kopf's own Events.
     wait_for(
         lambda: "Serving" in {e.reason for e in isvc.events_for(core, namespace, "chat")},
         timeout=90,

@@ -169,6 +169,15 @@ class Kube:
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
         return self.call("POST", path, obj)
 
+    def namespace_terminating(self, namespace: str) -> bool:
+        """Is the namespace being deleted (or gone)? The apiserver then refuses every
+        create in it, Events included (403 NamespaceTerminating)."""
+        try:
+            found = self.call("GET", f"/api/v1/namespaces/{namespace}")
+        except client.ApiException as error:
+            return error.status == 404
+        return (found.get("status") or {}).get("phase") == "Terminating"
+
     def forget_served(self) -> None:
         """Drop the cached discovery answers (a CRD was added or removed)."""
         self._served.clear()

@@ -244,8 +244,11 @@ class Controller:
         metrics.STATUS_UPDATES.inc()
         self.written[key] = new_status
         body["status"] = new_status
-        if post_events:
-            post_transitions(body, transitions(old_conditions, conds))
+        changed = transitions(old_conditions, conds) if post_events else []
+        # kopf posts Events from one queue and retries a refused one for ~54 s: a namespace
+        # being deleted refuses every Event, and would hold up those of every other one
+        if changed and not self.kube.namespace_terminating(isvc.namespace):
+            post_transitions(body, changed)
         return True
 
 
