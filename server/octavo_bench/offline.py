@@ -5,6 +5,7 @@ Workloads (token counts at ``--scale 1.0``):
   (b) 64 seeded requests, random-token prompts of 16-512 tokens, 16-256 new tokens
   (c) a single stream of 128 new tokens
   (d) 64 requests sharing a ~1,000-token system prompt, prefix cache on vs off (TTFT)
+  (e) 16 random-token prompts of 1,536 tokens x 256 new tokens: long contexts (no HF run)
 All greedy with ``ignore_eos`` unless ``--temperature`` (and ``--top-p``, ``--top-k``,
 ``--min-p``) make every engine sample; every run follows a short untimed warm-up, and
 tok/s = output tokens / wall time.
@@ -58,7 +59,7 @@ BLOCK_SIZE = 16
 KV_WORKLOADS = ("a", "b")  # workloads whose KV utilisation and "sequences that fit" we report
 
 EPILOG = """\
-Octavo runs (a)-(c) with prefix caching off, so the KV figures measure paging alone
+Octavo runs (a)-(c) and (e) with prefix caching off, so the KV figures measure paging alone
 (HF has no prefix cache either); (d) runs once with it off and once with it on.
 HF baselines use static left-padded batches (batch 32 for (a), 1 for (c)); (b) runs
 in static batches of 16 sorted by prompt length and counts only the requested tokens.
@@ -67,7 +68,7 @@ The vllm baseline runs vLLM's offline LLM.generate on the same token-id prompts
 (greedy, ignore_eos, min_tokens) in a child process of the python of vLLM's own venv:
 --vllm-python, else .venv-vllm/bin/python (`make vllm-venv` makes it), else this
 interpreter if it has vllm; without any, the report notes it skipped and why. It runs
-(a)-(c) with Octavo's --max-model-len, dtype --vllm-dtype, its log in
+(a)-(c) and (e) with Octavo's --max-model-len, dtype --vllm-dtype, its log in
 OUTPUT_DIR/offline-vllm.log, and these defaults for vLLM's CPU backend unless set:
   VLLM_CPU_OMP_THREADS_BIND=<every CPU, e.g. 0-15>  VLLM_CPU_NUM_OF_RESERVED_CPU=0
   VLLM_CPU_KVCACHE_SPACE=4   (GiB of KV cache)
@@ -87,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workloads",
         type=name_list(WORKLOAD_NAMES),
         default=list(WORKLOAD_NAMES),
-        help="comma-separated subset of a,b,c,d (default: all)",
+        help="comma-separated subset of a,b,c,d,e (default: all)",
     )
     parser.add_argument(
         "--baselines",
@@ -237,7 +238,7 @@ def record(report: BenchReport, result: RunResult) -> None:
 
 
 def run_octavo(args: argparse.Namespace, setup: BenchSetup, report: BenchReport) -> None:
-    """(a)-(c) and (d) without prefix caching on one engine; (d) with it on a second."""
+    """(a)-(c), (e) and (d) without prefix caching on one engine; (d) with it on a second."""
     llm = make_llm(args, prefix_caching=False)
     warm_up(llm, setup.warmup_prompt)
     for name, workload in setup.workloads.items():
@@ -285,8 +286,9 @@ def run_baselines(
             "HF (b) runs static batches of 16 sorted by prompt length; each batch decodes to "
             "its longest request and tok/s counts only the requested tokens"
         )
-    if vllm is not None and chosen:
-        run_vllm_baseline(args, setup, report, chosen, vllm)
+    for_vllm = [w for n, w in setup.workloads.items() if n in baselines.VLLM_WORKLOADS]
+    if vllm is not None and for_vllm:
+        run_vllm_baseline(args, setup, report, for_vllm, vllm)
 
 
 def run_vllm_baseline(

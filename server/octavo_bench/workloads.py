@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-WORKLOAD_NAMES = ("a", "b", "c", "d")
+WORKLOAD_NAMES = ("a", "b", "c", "d", "e")
 DEFAULT_SEED = 1234
 
 TOPICS = (
@@ -240,6 +240,18 @@ def shared_prefix_workload(tokenizer, scale: float, seed: int = DEFAULT_SEED) ->
     return Workload("d", description, prompts[1:], [new_tokens] * count, prompts[0])
 
 
+def long_context_workload(tokenizer, scale: float, seed: int = DEFAULT_SEED) -> Workload:
+    """(e) 16 seeded random-token prompts of 1,536 tokens, 256 new tokens each: decode over
+    contexts of 1.5-1.8k tokens, where attention reads more than the weights do."""
+    rng = random.Random(seed + 5)
+    count, length = scaled(16, scale, 2), scaled(1536, scale, 8)
+    new_tokens = scaled(256, scale, 2)
+    vocabulary = sampleable_token_ids(tokenizer)
+    prompts = [[rng.choice(vocabulary) for _ in range(length)] for _ in range(count)]
+    description = f"{count} requests, {length}-token prompts, {new_tokens} new tokens each"
+    return Workload("e", description, prompts, [new_tokens] * count)
+
+
 def common_prefix_length(prompts: list[list[int]]) -> int:
     """Number of leading tokens all prompts share."""
     shortest = min(len(prompt) for prompt in prompts)
@@ -254,6 +266,7 @@ BUILDERS = {
     "b": mixed_workload,
     "c": lambda tokenizer, scale, seed: single_stream_workload(tokenizer, scale),
     "d": shared_prefix_workload,
+    "e": long_context_workload,
 }
 
 
