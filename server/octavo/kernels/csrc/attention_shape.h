@@ -21,6 +21,25 @@ struct AttentionShape {
   bool bf16_dot;       // bf16 queries and caches take the vdpbf16ps paths (bf16_dot.h)
 };
 
+// A context position as (block table entry, slot within the block): one division where a
+// walk starts, then steps along (a division per key or chunk cost as much as the math on
+// short rows).
+struct CacheCursor {
+  int64_t block, within;
+
+  CacheCursor(const AttentionShape& s, int64_t position)
+      : block(position / s.block_size), within(position % s.block_size) {}
+
+  // Elements from a head's base in the cache to this position's row.
+  int64_t offset(const AttentionShape& s, const int32_t* table) const {
+    return (static_cast<int64_t>(table[block]) * s.block_size + within) * s.slot_stride;
+  }
+
+  void advance(const AttentionShape& s, int64_t positions) {  // steps of at most a block or so
+    for (within += positions; within >= s.block_size; within -= s.block_size) ++block;
+  }
+};
+
 // query [tokens, heads, head_dim]; kv_cache [2, blocks, block_size, kv_heads, head_dim];
 // block_tables [seqs, max_blocks].
 inline AttentionShape attention_shape(const at::Tensor& query, const at::Tensor& kv_cache,

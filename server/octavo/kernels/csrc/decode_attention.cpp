@@ -222,14 +222,14 @@ void attend_chunked(const DecodeShape& s, const T* query, const C* keys, const C
                     int64_t seq_len, const float* sinks, T* out) {
   State state(s, query, sinks);
   const int64_t row_bytes = s.head_dim * static_cast<int64_t>(sizeof(C));
-  auto chunk_offset = [&](int64_t start) {
-    return (static_cast<int64_t>(table[start / s.block_size]) * s.block_size + start % s.block_size) * s.slot_stride;
-  };
-  for (int64_t start = first_visible(s, seq_len), end; start < seq_len; start = end) {
+  const int64_t first = first_visible(s, seq_len);
+  CacheCursor cursor(s, first);
+  for (int64_t start = first, end; start < seq_len; start = end) {
     end = std::min(seq_len, (start / kChunk + 1) * kChunk);
-    const int64_t count = end - start, offset = chunk_offset(start);
+    const int64_t count = end - start, offset = cursor.offset(s, table);
+    cursor.advance(s, count);
     if (end < seq_len) {
-      const int64_t next = chunk_offset(end), next_count = std::min(kChunk, seq_len - end);
+      const int64_t next = cursor.offset(s, table), next_count = std::min(kChunk, seq_len - end);
       prefetch_rows(keys + next, next_count, s.slot_stride, row_bytes);
       prefetch_rows(values + next, next_count, s.slot_stride, row_bytes);
     }

@@ -47,8 +47,12 @@ inline TileRow tile_row(const PrefillShape& s, const PrefillSeq& seq, const Pref
   return {seq.query_start + row / s.group, task.kv_head * s.group + row % s.group, row < seq.query_len * s.group};
 }
 
-inline int64_t slot_of(const PrefillShape& s, const int32_t* table, int64_t pos) {
-  return static_cast<int64_t>(table[pos / s.block_size]) * s.block_size + pos % s.block_size;
+// Where the chunk's `count` keys from context position `first` start in the cache (elements
+// from the head's base).
+inline void chunk_offsets(const PrefillShape& s, const int32_t* table, int64_t first, int64_t count,
+                          int64_t* offsets) {
+  CacheCursor cursor(s, first);
+  for (int64_t t = 0; t < count; ++t, cursor.advance(s, 1)) offsets[t] = cursor.offset(s, table);
 }
 
 // The lane-wise softmax state of a tile: running max and sum, each row's position, and
@@ -118,25 +122,26 @@ struct SoftmaxLanes {
   }
 };
 
-// Each real row's output: `acc[position][lane]` over the softmax sum, written to head
+// Each real row's output: `at(lane, position)` over the softmax sum, written to head
 // dimension `dim_of(position)` of the row's token and head.
-template <int HD, typename T, typename DimOf>
-void write_rows(const SoftmaxLanes& lanes, const float (*acc)[kRows], const PrefillShape& s,
-                const PrefillSeq& seq, const PrefillTask& task, T* out_base, DimOf dim_of) {
+template <int HD, typename T, typename At, typename DimOf>
+void write_rows(const SoftmaxLanes& lanes, const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task,
+                T* out_base, At at, DimOf dim_of) {
   for (int64_t lane = 0; lane < kRows; ++lane) {
     const TileRow row = tile_row(s, seq, task, lane);
     if (!row.valid) break;
     const float inv = lanes.inverse(s, lane);
     T* o = out_base + (row.token * s.heads + row.head) * HD;
-    for (int64_t p = 0; p < HD; ++p) o[dim_of(p)] = from_float<T>(acc[p][lane] * inv);
+    for (int64_t p = 0; p < HD; ++p) o[dim_of(p)] = from_float<T>(at(lane, p) * inv);
   }
 }
 
-// The context positions the tile's rows see: [first, end).
-inline std::pair<int64_t, int64_t> key_range(const PrefillShape& s, const PrefillSeq& seq, int64_t first_row) {
+// The context positions that `task_rows` rows from first_row see: [first, end).
+inline std::pair<int64_t, int64_t> key_range(const PrefillShape& s, const PrefillSeq& seq, int64_t first_row,
+                                             int64_t task_rows) {
   const int64_t rows = seq.query_len * s.group, first_pos = seq.seq_len - seq.query_len;
   const int64_t low = first_pos + first_row / s.group;
-  const int64_t high = first_pos + (std::min(first_row + kRows, rows) - 1) / s.group;
+  const int64_t high = first_pos + (std::min(first_row + task_rows, rows) - 1) / s.group;
   const int64_t first = s.window > 0 ? std::max<int64_t>(0, low - s.window + 1) : 0;
   return {first, high + 1};
 }

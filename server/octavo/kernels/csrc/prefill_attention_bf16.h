@@ -35,6 +35,8 @@ inline int32_t load_pair(const uint16_t* src) {
 
 template <int HD>
 struct Bf16PrefillTile {
+  static constexpr int64_t kTaskRows = kRows;
+
   alignas(64) uint32_t query[HD / 2][kRows];    // pair p of each row: dimensions 2p (low half), 2p + 1
   alignas(64) float out[HD][kRows];             // transposed accumulators, in dim_of order
   alignas(64) uint32_t values[kKeys / 2][HD];  // value pairs (t, t + 1) of each dimension, in dim_of order
@@ -107,26 +109,25 @@ struct Bf16PrefillTile {
   }
 
   // Row pointers of the chunk's keys (or values) in the cache; `zeros` past `count`.
-  void chunk_rows(const uint16_t** rows, const uint16_t* base, const PrefillShape& s, const int32_t* table,
-                  int64_t key, int64_t count) const {
-    for (int64_t t = 0; t < kKeys; ++t) {
-      rows[t] = t < count ? base + slot_of(s, table, key + t) * s.slot_stride : zeros;
-    }
+  void chunk_rows(const uint16_t** rows, const uint16_t* base, const int64_t* offsets, int64_t count) const {
+    for (int64_t t = 0; t < kKeys; ++t) rows[t] = t < count ? base + offsets[t] : zeros;
   }
 
   OCTAVO_BF16_TARGET void chunk(const PrefillShape& s, const PrefillSeq& seq, const uint16_t* key_base,
                                 const uint16_t* value_base, int64_t key, int64_t count, bool masked) {
+    int64_t offsets[kKeys];
+    chunk_offsets(s, seq.table, key, count, offsets);
     const uint16_t* rows[kKeys];
-    chunk_rows(rows, key_base, s, seq.table, key, count);
+    chunk_rows(rows, key_base, offsets, count);
     scores(rows, count, s.scale);
     const vec16 correction = lanes.weigh(s, key, count, masked);
-    chunk_rows(rows, value_base, s, seq.table, key, count);
+    chunk_rows(rows, value_base, offsets, count);
     pack_values(rows, count);
     accumulate(count, correction);
   }
 
   void finish(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, uint16_t* out_base) const {
-    write_rows<HD>(lanes, out, s, seq, task, out_base, dim_of);
+    write_rows<HD>(lanes, s, seq, task, out_base, [this](int64_t lane, int64_t p) { return out[p][lane]; }, dim_of);
   }
 };
 

@@ -62,10 +62,51 @@ inline vec16 splat16(float value) {
                value, value, value, value, value, value, value, value};
 }
 
+#if defined(__AVX512F__)
+// fast_exp's steps with AVX-512's own instructions for the clamps (min/max: NaN stays),
+// the floor (vrndscaleps) and the 2^n scaling (vscalefps), the same value: 13 vs 20
+// cycles a vector measured on a Zen 5 core (the decode kernel's exponentials, and a fifth
+// of the prefill tile's time).
+inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
+  const vec16 y = reinterpret_cast<const vec16&>(x) * 1.44269504088896341f + 0.5f;
+  const __m512 floor = _mm512_roundscale_ps(reinterpret_cast<const __m512&>(y), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const vec16 n = reinterpret_cast<const vec16&>(floor);
+  const vec16 p = exp_polynomial(reinterpret_cast<const vec16&>(x) - n * 0.693359375f + n * 2.12194440e-4f);
+  return _mm512_scalef_ps(reinterpret_cast<const __m512&>(p), floor);
+}
+#elif defined(__AVX2__)
+// The same on AVX2: min/max clamps and vroundps' floor; 2^n built from the exponent bits.
+inline __m256 exp_avx2(__m256 x) {
+  typedef float vec8 __attribute__((vector_size(32)));
+  typedef int32_t ivec8 __attribute__((vector_size(32)));
+  x = _mm256_min_ps(_mm256_set1_ps(88.7f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+  const vec8 y = reinterpret_cast<const vec8&>(x) * 1.44269504088896341f + 0.5f;
+  const __m256 floor = _mm256_round_ps(reinterpret_cast<const __m256&>(y), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const vec8 n = reinterpret_cast<const vec8&>(floor);
+  const vec8 p = exp_polynomial(reinterpret_cast<const vec8&>(x) - n * 0.693359375f + n * 2.12194440e-4f);
+  const __m256i whole = _mm256_cvtps_epi32(floor);  // exact: floor is a whole number
+  const ivec8 scale = (reinterpret_cast<const ivec8&>(whole) + 127) << 23;
+  const vec8 e = p * reinterpret_cast<const vec8&>(scale);
+  return reinterpret_cast<const __m256&>(e);
+}
+#endif
+
 // fast_exp (common.h) lane by lane, written with vector operations: V a GCC float vector,
 // IV the int32 vector of its width, `splat` its broadcast.
 template <typename V, typename IV, typename Splat>
 inline V exp_vector(V x, Splat splat) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == sizeof(__m512)) {
+    const __m512 e = exp_avx512(reinterpret_cast<const __m512&>(x));
+    return reinterpret_cast<const V&>(e);
+  }
+#elif defined(__AVX2__)
+  if constexpr (sizeof(V) == sizeof(__m256)) {
+    const __m256 e = exp_avx2(reinterpret_cast<const __m256&>(x));
+    return reinterpret_cast<const V&>(e);
+  }
+#endif
   x = x < -87.3f ? splat(-87.3f) : x;
   x = x > 88.7f ? splat(88.7f) : x;
   const V y = x * 1.44269504088896341f + 0.5f;
