@@ -125,6 +125,33 @@ def test_paged_decode_attention_matches_torch(ops, dtype, heads, kv_heads, head_
     close(out, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_walks_whole_sequences_and_single_heads_alike(ops, dtype):
+    """With at least 4 sequences a thread, a decode task walks all KV heads of a sequence
+    together (whole cache slots, one stream); with fewer, one (sequence, KV head) each. The
+    arithmetic per head is the same: both equal the torch path and each other bit for bit,
+    with a window, soft-capping and sinks too."""
+    seq_lens = [1, 17, 45, 300, 1500]
+    heads, kv_heads = 8, 2
+    query, cache, tables, lens = random_paged_case(seq_lens, heads, kv_heads, 64, 16, dtype)
+    sinks = torch.linspace(-1.0, 1.0, heads)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for count in (1, 2):  # 5 sequences: >= 4 a thread on one thread, < 4 on two
+            torch.set_num_threads(count)
+            for options in ((0, 0.0, None), (37, 2.0, sinks)):
+                out = torch.empty(query.shape, dtype=dtype)
+                ops.paged_decode_attention(out, query, cache, tables, lens, 0.125, 1.0, 1.0, *options)
+                outs.append(out)
+    finally:
+        torch.set_num_threads(threads)
+    expected = torch_ops.paged_decode_attention(query, cache, tables, lens, max(seq_lens), 0.125)
+    close(outs[0], expected, dtype)
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert not torch.equal(outs[0], outs[1])  # the options did change the result
+
+
 def fp8_edge_values(count: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
     """``[count, 2, head_dim]`` keys over many magnitudes, with the cases rounding gets
     wrong: past the largest value, halfway ties, subnormals, tiny values, negative zero."""

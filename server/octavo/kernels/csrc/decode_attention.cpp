@@ -215,28 +215,55 @@ template <typename T, typename C, int HD, bool SoftCap>
 using FastDecode = NarrowDecode<DecodeShape, T, C, HD, kMaxGroup, kChunk, SoftCap>;
 #endif
 
-// Chunks end on multiples of 16 (so never straddle a block); a window's first chunk starts
-// at its first visible position and is shorter.
-template <typename State, typename T, typename C>
-void attend_chunked(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
-                    int64_t seq_len, const float* sinks, T* out) {
-  State state(s, query, sinks);
-  const int64_t row_bytes = s.head_dim * static_cast<int64_t>(sizeof(C));
-  const int64_t first = first_visible(s, seq_len);
-  CacheCursor cursor(s, first);
-  for (int64_t start = first, end; start < seq_len; start = end) {
-    end = std::min(seq_len, (start / kChunk + 1) * kChunk);
-    const int64_t count = end - start, offset = cursor.offset(s, table);
-    cursor.advance(s, count);
-    if (end < seq_len) {
-      const int64_t next = cursor.offset(s, table), next_count = std::min(kChunk, seq_len - end);
-      prefetch_rows(keys + next, next_count, s.slot_stride, row_bytes);
-      prefetch_rows(values + next, next_count, s.slot_stride, row_bytes);
-    }
-    state.scores(keys + offset, count);
-    state.values(values + offset, count);
+// What one task reads and writes: KV heads first_head.. (`heads` of them) of one sequence.
+template <typename T, typename C>
+struct DecodeWalk {
+  const T* query;          // the sequence's query token
+  const C *keys, *values;  // the cache's key and value base at first_head
+  const int32_t* table;
+  int64_t seq_len;
+  const float* sinks;  // all heads' sinks, or nullptr
+  T* out;              // the sequence's output token
+  int64_t first_head, heads;
+
+  // KV head first_head + h's pieces: its group's query heads, sinks and outputs.
+  const T* query_of(const DecodeShape& s, int64_t h) const {
+    return query + (first_head + h) * s.group * s.q_head_stride;
   }
-  state.write(out);
+  const float* sinks_of(const DecodeShape& s, int64_t h) const {
+    return sinks ? sinks + (first_head + h) * s.group : nullptr;
+  }
+  T* out_of(const DecodeShape& s, int64_t h) const { return out + (first_head + h) * s.group * s.head_dim; }
+};
+
+// Chunks end on multiples of 16 (so never straddle a block); a window's first chunk starts
+// at its first visible position and is shorter. The task's KV heads go chunk by chunk
+// together, each prefetching its rows of the next chunk: their rows of a slot are
+// adjacent, so the walk reads the cache as one stream.
+template <typename State, typename T, typename C>
+void attend_chunked(const DecodeShape& s, const DecodeWalk<T, C>& w) {
+  std::vector<State> states;
+  states.reserve(w.heads);
+  for (int64_t h = 0; h < w.heads; ++h) states.emplace_back(s, w.query_of(s, h), w.sinks_of(s, h));
+  const int64_t row_bytes = s.head_dim * static_cast<int64_t>(sizeof(C));
+  const int64_t first = first_visible(s, w.seq_len);
+  CacheCursor cursor(s, first);
+  for (int64_t start = first, end; start < w.seq_len; start = end) {
+    end = std::min(w.seq_len, (start / kChunk + 1) * kChunk);
+    const int64_t count = end - start, offset = cursor.offset(s, w.table);
+    cursor.advance(s, count);
+    const int64_t next = cursor.offset(s, w.table), next_count = std::min(kChunk, w.seq_len - end);
+    for (int64_t h = 0; h < w.heads; ++h) {
+      const int64_t head = h * s.head_dim;
+      if (next_count > 0) {
+        prefetch_rows(w.keys + head + next, next_count, s.slot_stride, row_bytes);
+        prefetch_rows(w.values + head + next, next_count, s.slot_stride, row_bytes);
+      }
+      states[h].scores(w.keys + head + offset, count);
+      states[h].values(w.values + head + offset, count);
+    }
+  }
+  for (int64_t h = 0; h < w.heads; ++h) states[h].write(w.out_of(s, h));
 }
 
 // Block by block from the block holding the first visible position (read from there on).
@@ -281,33 +308,30 @@ void check_inputs(const at::Tensor& out, const at::Tensor& query, const at::Tens
 }
 
 template <typename T, typename C, int HD>
-void attend(const DecodeShape& s, const T* query, const C* keys, const C* values, const int32_t* table,
-            int64_t seq_len, const float* sinks, T* out) {
+void attend(const DecodeShape& s, const DecodeWalk<T, C>& w) {
   constexpr int kHD = HD > 0 ? HD : 16;
   if (HD > 0 && HD % 16 == 0 && s.block_size % kChunk == 0 && s.group <= kMaxGroup) {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, bf16_bits> && std::is_same_v<C, bf16_bits> && HD % 32 == 0) {
       if (s.bf16_dot) {
-        if (s.soft_cap > 0.f) {
-          attend_chunked<Bf16Decode<DecodeShape, kHD, kMaxGroup, kChunk, true>>(s, query, keys, values, table,
-                                                                                 seq_len, sinks, out);
-        } else {
-          attend_chunked<Bf16Decode<DecodeShape, kHD, kMaxGroup, kChunk, false>>(s, query, keys, values, table,
-                                                                                  seq_len, sinks, out);
-        }
-        return;
+        if (s.soft_cap > 0.f) return attend_chunked<Bf16Decode<DecodeShape, kHD, kMaxGroup, kChunk, true>>(s, w);
+        return attend_chunked<Bf16Decode<DecodeShape, kHD, kMaxGroup, kChunk, false>>(s, w);
       }
     }
 #endif
-    if (s.soft_cap > 0.f) {
-      attend_chunked<FastDecode<T, C, kHD, true>>(s, query, keys, values, table, seq_len, sinks, out);
-    } else {
-      attend_chunked<FastDecode<T, C, kHD, false>>(s, query, keys, values, table, seq_len, sinks, out);
-    }
-  } else {
-    attend_one<T, C, HD>(s, query, keys, values, table, seq_len, sinks, out);
+    if (s.soft_cap > 0.f) return attend_chunked<FastDecode<T, C, kHD, true>>(s, w);
+    return attend_chunked<FastDecode<T, C, kHD, false>>(s, w);
+  }
+  for (int64_t h = 0; h < w.heads; ++h) {
+    attend_one<T, C, HD>(s, w.query_of(s, h), w.keys + h * s.head_dim, w.values + h * s.head_dim, w.table, w.seq_len,
+                         w.sinks_of(s, h), w.out_of(s, h));
   }
 }
+
+// A task walks all of a sequence's KV heads where there are this many sequences per thread
+// to share out; else one (sequence, KV head) pair, so a few long sequences still use every
+// thread.
+constexpr int64_t kWholeSequencesPerThread = 4;
 
 template <typename T, typename C, int HD>
 void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const int32_t* tables,
@@ -317,14 +341,17 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
   const C* values = keys + num_slots * s.slot_stride;
   const T* q = ptr<T>(query);
   T* o = ptr<T>(out);
-  // One task per (sequence, KV head): its query heads share every key and value read.
-  at::parallel_for(0, seqs * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const bool whole = seqs >= kWholeSequencesPerThread * at::get_num_threads();
+  const int64_t heads = whole ? s.kv_heads : 1, tasks_per_seq = s.kv_heads / heads;
+  // The query heads of a KV head share every key and value read.
+  at::parallel_for(0, seqs * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / s.kv_heads, h = item % s.kv_heads;
-      const int64_t head_offset = h * s.head_dim;
-      attend<T, C, HD>(s, q + b * s.q_token_stride + h * s.group * s.q_head_stride, keys + head_offset,
-                        values + head_offset, tables + b * s.max_blocks, lens[b],
-                        s.sinks ? s.sinks + h * s.group : nullptr, o + (b * s.heads + h * s.group) * s.head_dim);
+      const int64_t b = item / tasks_per_seq, first_head = item % tasks_per_seq * heads;
+      const int64_t head_offset = first_head * s.head_dim;
+      const DecodeWalk<T, C> walk{q + b * s.q_token_stride, keys + head_offset, values + head_offset,
+                                  tables + b * s.max_blocks, lens[b], s.sinks, o + b * s.heads * s.head_dim,
+                                  first_head, heads};
+      attend<T, C, HD>(s, walk);
     }
   });
 }

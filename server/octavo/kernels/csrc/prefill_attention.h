@@ -1,7 +1,7 @@
 // Shared parts of the paged prefill attention kernels (prefill_attention.cpp, fp32 sums
-// over fp32 copies of the keys/values; prefill_attention_bf16.h, vdpbf16ps on the cache as
-// stored): the task of 16 query rows, each row one lane of a vec16, and the lane-wise
-// online softmax over a chunk of 16 keys.
+// over fp32 keys/values; prefill_attention_bf16.h, vdpbf16ps on the cache as stored): a
+// lane group of 16 query rows, each row one lane of a vec16 (a task is one or two groups),
+// and the lane-wise online softmax over a chunk of 16 keys.
 #pragma once
 
 #include <algorithm>
@@ -17,14 +17,14 @@
 namespace octavo_cpu {
 namespace prefill {
 
-constexpr int64_t kRows = 16;  // query rows per task: the lanes of a vec16
+constexpr int64_t kRows = 16;  // query rows per lane group: the lanes of a vec16
 constexpr int64_t kKeys = 16;  // keys per chunk
 constexpr int64_t kBlock = 8;  // accumulators kept in registers
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using PrefillShape = AttentionShape;
 
-// 16 rows of one (sequence, KV head): rows first_row.. of the sequence's query_len * group.
+// A tile's rows of one (sequence, KV head): rows first_row.. of the sequence's query_len * group.
 struct PrefillTask {
   int64_t seq, kv_head, first_row;
   int64_t cost;  // keys the tile reads, for the schedule
