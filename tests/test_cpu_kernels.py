@@ -142,7 +142,9 @@ def test_decode_walks_whole_sequences_and_single_heads_alike(ops, dtype):
             torch.set_num_threads(count)
             for options in ((0, 0.0, None), (37, 2.0, sinks)):
                 out = torch.empty(query.shape, dtype=dtype)
-                ops.paged_decode_attention(out, query, cache, tables, lens, 0.125, 1.0, 1.0, *options)
+                ops.paged_decode_attention(
+                    out, query, cache, tables, lens, 0.125, 1.0, 1.0, *options
+                )
                 outs.append(out)
     finally:
         torch.set_num_threads(threads)

@@ -239,7 +239,9 @@ struct DecodeWalk {
 // Chunks end on multiples of 16 (so never straddle a block); a window's first chunk starts
 // at its first visible position and is shorter. The task's KV heads go chunk by chunk
 // together, each prefetching its rows of the next chunk: their rows of a slot are
-// adjacent, so the walk reads the cache as one stream.
+// adjacent, so the walk reads the cache as one stream. On a Zen 5 VM (2 threads), reading
+// a 256-byte row of every 768 bytes ran at 20-22 GB/s and whole rows at 34-37; fp32 decode
+// of 16 x 1,536 (3 KV heads) took 1.02-1.08 ms this way, 1.20-1.32 one head at a time.
 template <typename State, typename T, typename C>
 void attend_chunked(const DecodeShape& s, const DecodeWalk<T, C>& w) {
   std::vector<State> states;
