@@ -254,7 +254,8 @@ void attend_chunked(const DecodeShape& s, const DecodeWalk<T, C>& w) {
     end = std::min(w.seq_len, (start / kChunk + 1) * kChunk);
     const int64_t count = end - start, offset = cursor.offset(s, w.table);
     cursor.advance(s, count);
-    const int64_t next = cursor.offset(s, w.table), next_count = std::min(kChunk, w.seq_len - end);
+    const int64_t next_count = std::min(kChunk, w.seq_len - end);
+    const int64_t next = next_count > 0 ? cursor.offset(s, w.table) : 0;  // the table may end here
     for (int64_t h = 0; h < w.heads; ++h) {
       const int64_t head = h * s.head_dim;
       if (next_count > 0) {

@@ -72,7 +72,7 @@ void value_rows(const float** rows, float* copies, const C* base, const int64_t*
 // The weighted values go into row-major accumulators, kOutRows rows by kDimVecs vectors of
 // head dimensions at a time: each value vector serves kOutRows rows and each broadcast
 // weight kDimVecs vectors (the scores' layout, a row per lane, would broadcast every value
-// element for a single FMA, and broadcasts from memory cap the FMA rate at ~70 %).
+// element for a single FMA, and a broadcast per FMA caps the FMA rate at 70-85 %).
 constexpr int64_t kOutRows = kWidth == 16 ? 4 : 2;
 constexpr int64_t kDimVecs = 4;
 
