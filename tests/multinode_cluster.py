@@ -204,15 +204,19 @@ def assert_gone(processes: list[psutil.Process]) -> None:
 
 def health_until_exit(
     group: NodeGroup, leader: Host, since: float | None = None
-) -> list[tuple[float, int]]:
-    """/health's answers (seconds from ``since``, by default now; status) until the leader
-    exits."""
+) -> list[tuple[float, int | None]]:
+    """/health's probes until the leader exits (seconds from ``since``, by default now;
+    status): when an answer came, or when a probe left that got none (None: refused,
+    closing, or past its 2 s timeout; a failed probe to a kubelet)."""
     started = time.monotonic() if since is None else since
-    statuses: list[tuple[float, int]] = []
+    statuses: list[tuple[float, int | None]] = []
     while leader.process.poll() is None:
         assert time.monotonic() < started + EXIT_WITHIN_SECONDS, group.logs()
-        with contextlib.suppress(httpx.TransportError):  # already closing
+        sent = time.monotonic() - started
+        try:
             status = httpx.get(f"{group.url}/health", timeout=2).status_code
             statuses.append((time.monotonic() - started, status))
+        except httpx.TransportError:
+            statuses.append((sent, None))
         time.sleep(0.05)
     return statuses

@@ -107,10 +107,12 @@ def test_a_killed_worker_host_fails_health_at_once_and_every_host_exits_2(three_
     statuses = health_until_exit(group, leader, since=killed)
     exited = time.monotonic() - killed
     assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE
-    # Unhealthy at once: a 503, or (a leader quicker than the polling) gone altogether.
-    first_503 = next((seconds for seconds, status in statuses if status == 503), exited)
-    assert first_503 < UNHEALTHY_WITHIN_SECONDS, statuses
-    assert all(status == 503 for seconds, status in statuses if seconds >= first_503)
+    # Unhealthy at once: a 503 or no answer (a closing leader, or one too busy to answer a
+    # probe in time, as on a loaded CI machine), or gone before the first probe. Never a
+    # 200 again after that.
+    first_failed = next((seconds for seconds, status in statuses if status != 200), exited)
+    assert first_failed < UNHEALTHY_WITHIN_SECONDS, statuses
+    assert all(status != 200 for seconds, status in statuses if seconds >= first_failed)
     text = leader.text()
     assert "worker host 2 (127.0.0.1, rank 2) disconnected" in text
     assert "the engine core died" in text

@@ -141,7 +141,7 @@ def test_transition_time_moves_only_on_status_change_and_events_on_reason_change
     assert transitions(moved, flipped) == []
 
 
-def test_first_observation_is_an_event_only_when_degraded():
+def test_first_observation_is_an_event_only_when_degraded_or_serving():
     starting = [
         Condition("Ready", False, "ReplicasNotReady", "0/1"),
         Condition("Degraded", False, "AsExpected", ""),
@@ -149,6 +149,11 @@ def test_first_observation_is_an_event_only_when_degraded():
     assert transitions([], starting) == []
     broken = [Condition("Degraded", True, "ClaimNotFound", "no claim")]
     assert transitions([], broken) == broken
+    # Ready before the first status write (a busy operator, pods quick to start): the
+    # Serving Event is still posted, once; a status already on the object posts nothing
+    serving = [Condition("Ready", True, "Serving", "2/2"), starting[1]]
+    assert transitions([], serving) == serving[:1]
+    assert transitions(merge([], serving, 1, "2026-01-01T00:00:00Z"), serving) == []
 
 
 def test_a_first_status_that_cannot_be_scheduled_is_an_event():

@@ -61,16 +61,21 @@ def merge(
 
 def transitions(old: list[dict[str, Any]], new: list[Condition]) -> list[Condition]:
     """Conditions whose status or reason changed. A first observation counts only when it
-    is bad news on its own (Degraded=True, an alarming reason): a new service starting up
-    is not an event."""
+    is news on its own: bad news (Degraded=True, an alarming reason), or Ready=True. A new
+    service starting up is not an event; one already serving in its first status (its pods
+    were ready before a busy operator first wrote it) still says so once."""
     previous = {c.get("type"): (c.get("status"), c.get("reason")) for c in old or []}
 
     def changed(cond: Condition) -> bool:
         before = previous.get(cond.type)
         if before is None:
-            return (cond.type == DEGRADED and cond.status) or (
-                not cond.healthy and cond.reason in ALARMING_REASONS
-            )
+            return first_seen_is_news(cond)
         return before != (cond.status_text, cond.reason)
 
     return [c for c in new if changed(c)]
+
+
+def first_seen_is_news(cond: Condition) -> bool:
+    if cond.type in (READY, DEGRADED) and cond.status:
+        return True  # serving already, or degraded already
+    return not cond.healthy and cond.reason in ALARMING_REASONS
