@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from health_probes import Probe, probe_until_exit
+
 NODE_KEY = "multinode-test-secret"
 EXIT_WITHIN_SECONDS = 60  # a failed leader (or host) exits this fast, busy CPUs included
 # A small fp32 engine, one thread per rank: what every host of a test group runs with.
@@ -202,21 +204,10 @@ def assert_gone(processes: list[psutil.Process]) -> None:
         time.sleep(0.05)
 
 
-def health_until_exit(
-    group: NodeGroup, leader: Host, since: float | None = None
-) -> list[tuple[float, int | None]]:
-    """/health's probes until the leader exits (seconds from ``since``, by default now;
-    status): when an answer came, or when a probe left that got none (None: refused,
-    closing, or past its 2 s timeout; a failed probe to a kubelet)."""
+def health_until_exit(group: NodeGroup, leader: Host, since: float | None = None) -> list[Probe]:
+    """/health's probes until the leader exits (health_probes.probe_until_exit), seconds
+    from ``since`` (by default now)."""
     started = time.monotonic() if since is None else since
-    statuses: list[tuple[float, int | None]] = []
-    while leader.process.poll() is None:
-        assert time.monotonic() < started + EXIT_WITHIN_SECONDS, group.logs()
-        sent = time.monotonic() - started
-        try:
-            status = httpx.get(f"{group.url}/health", timeout=2).status_code
-            statuses.append((time.monotonic() - started, status))
-        except httpx.TransportError:
-            statuses.append((sent, None))
-        time.sleep(0.05)
-    return statuses
+    return probe_until_exit(
+        leader.process, group.url, since=started, limit=EXIT_WITHIN_SECONDS, describe=group.logs
+    )

@@ -7,7 +7,6 @@ restarted, never left hanging); SIGTERM drains and leaves no worker behind.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
 from rank_processes import rank_processes
 
 from conftest import serve_subprocess
+from health_probes import assert_unhealthy_within, probe_until_exit
 
 STARTUP_SECONDS = 180
 EXIT_WITHIN_SECONDS = 30
@@ -112,17 +112,15 @@ def test_a_dead_worker_makes_the_server_unhealthy_at_once_and_exit_non_zero(own_
     victim = workers_of(process)[1]
     victim.kill()
     killed = time.monotonic()
-    deadline = killed + EXIT_WITHIN_SECONDS
-    statuses: list[tuple[float, int]] = []
-    while process.poll() is None:
-        assert time.monotonic() < deadline, f"the server kept running:\n{log.read_text()}"
-        with contextlib.suppress(httpx.TransportError):  # already closing
-            status = httpx.get(f"{url}/health", timeout=2).status_code
-            statuses.append((time.monotonic() - killed, status))
-        time.sleep(0.05)
+    statuses = probe_until_exit(
+        process,
+        url,
+        since=killed,
+        limit=EXIT_WITHIN_SECONDS,
+        describe=lambda: f"the server kept running:\n{log.read_text()}",
+    )
+    exited = time.monotonic() - killed
     assert process.returncode == ENGINE_DEATH_EXIT_CODE != 0
-    first_503 = next(seconds for seconds, status in statuses if status == 503)
-    assert first_503 < UNHEALTHY_WITHIN_SECONDS, statuses
-    assert all(status == 503 for seconds, status in statuses if seconds >= first_503), statuses
+    assert_unhealthy_within(statuses, exited, UNHEALTHY_WITHIN_SECONDS)
     text = log.read_text()
     assert f"worker 1 (pid {victim.pid}) exited" in text and "the engine core died" in text

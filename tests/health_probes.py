@@ -1,0 +1,49 @@
+"""/health probes of a server process until it exits, as a kubelet would see them."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+
+import httpx
+
+Probe = tuple[float, int | None]  # seconds from the start; status, None for no answer
+
+
+def probe_until_exit(
+    process: subprocess.Popen,
+    url: str,
+    *,
+    since: float,
+    limit: float,
+    describe: Callable[[], str],
+) -> list[Probe]:
+    """Probe ``url``/health every 50 ms until ``process`` exits (failing after ``limit``
+    s from ``since``, with ``describe()``): when an answer came, or when a probe left that
+    got none (refused, closing, or past its 2 s timeout: a failed probe to a kubelet)."""
+    probes: list[Probe] = []
+    while process.poll() is None:
+        assert time.monotonic() < since + limit, describe()
+        sent = time.monotonic() - since
+        try:
+            status = httpx.get(f"{url}/health", timeout=2).status_code
+            probes.append((time.monotonic() - since, status))
+        except httpx.TransportError:
+            probes.append((sent, None))
+        time.sleep(0.05)
+    return probes
+
+
+def first_failed(probes: list[Probe], exited: float) -> float:
+    """When the server first failed a probe (a non-200 answer or none), or ``exited`` (s)
+    if it was gone before any probe failed."""
+    return next((seconds for seconds, status in probes if status != 200), exited)
+
+
+def assert_unhealthy_within(probes: list[Probe], exited: float, limit: float) -> None:
+    """Unhealthy within ``limit`` s (a 503 or no answer: a closing server, or one too busy
+    to answer in time, as on a loaded CI machine; or gone), and never a 200 after that."""
+    failed = first_failed(probes, exited)
+    assert failed < limit, probes
+    assert all(status != 200 for seconds, status in probes if seconds >= failed), probes
