@@ -1,7 +1,6 @@
-"""The Events of condition transitions are not posted into a namespace being deleted: the
-apiserver refuses every create there (403 NamespaceTerminating), and kopf retries a refused
-Event for about a minute on its one posting queue, holding up every other namespace's
-(seen in e2e: a Serving Event waited past 90 s behind a deleted test namespace's)."""
+"""The Events of condition transitions. None is posted into a namespace being deleted:
+the apiserver refuses every create there (403 NamespaceTerminating), and kopf retries a
+refused Event for about a minute. A first status that already says Ready posts Serving."""
 
 from __future__ import annotations
 
@@ -59,3 +58,27 @@ def test_transitions_are_posted_unless_the_namespace_is_being_deleted(monkeypatc
     assert len(sent) == posted
     if posted:
         assert any(cond.reason == "ApplyFailed" for cond in sent[0])
+
+
+def test_a_first_status_that_is_already_ready_posts_serving_once(monkeypatch):
+    """A busy operator's first status write can come after the pods are ready: that write
+    is the only transition, so it posts Serving (seen in e2e: no Serving Event at all), and
+    the same status written again posts nothing."""
+    sent: list[list] = []
+    monkeypatch.setattr(reconcile, "post_transitions", lambda owner, changed: sent.append(changed))
+    ready = {
+        "metadata": {"generation": 1, "resourceVersion": "10"},
+        "spec": {"replicas": 1},
+        "status": {
+            "replicas": 1,
+            "readyReplicas": 1,
+            "updatedReplicas": 1,
+            "observedGeneration": 1,
+        },
+    }
+    controller = Controller(NamespaceKube("Active"), Settings())
+    owner = body({"model": MODEL})
+    assert controller.write_status(owner, Observed(applied_generation=1, deployment=ready))
+    assert [(c.type, c.reason) for c in sent[0]] == [("Ready", "Serving")]
+    controller.write_status(owner, Observed(applied_generation=1, deployment=ready))
+    assert len(sent) == 1
