@@ -154,6 +154,42 @@ def test_decode_walks_whole_sequences_and_single_heads_alike(ops, dtype):
     assert not torch.equal(outs[0], outs[1])  # the options did change the result
 
 
+def decode_on_threads(ops, case, cache, count: int, options) -> torch.Tensor:
+    query, _, tables, lens = case
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(count)
+        out = torch.empty(query.shape, dtype=query.dtype)
+        ops.paged_decode_attention(out, query, cache, tables, lens, 0.125, 1.0, 1.0, *options)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq_lens", [[1500], [1500, 40], [700, 1]])
+def test_a_few_long_walks_are_split_across_threads_and_merged(ops, dtype, cache_dtype, seq_lens):
+    """Fewer (sequence, KV head) walks than 4 a thread: each is split into parts walked by
+    any thread and merged after (parts may be empty; only the first starts from the sinks).
+    On one thread nothing is split: both equal the torch path, with a window, soft-capping
+    and sinks too."""
+    case = random_paged_case(seq_lens, 9, 3, 64, 16, dtype)
+    cache = case[1] if cache_dtype is None else case[1].to(cache_dtype)
+    sinks = torch.linspace(-1.0, 1.0, 9)
+    for options in ((0, 0.0, None), (37, 2.0, sinks)):
+        split = decode_on_threads(ops, case, cache, 2, options)
+        whole = decode_on_threads(ops, case, cache, 1, options)
+        close(split, whole, dtype)
+    plain = decode_on_threads(ops, case, cache, 2, (0, 0.0, None))
+    query, _, tables, lens = case
+    expected = torch_ops.paged_decode_attention(
+        query, cache.to(dtype), tables, lens, max(seq_lens), 0.125
+    )
+    close(plain, expected, dtype)
+    assert not torch.equal(plain, split)  # the options did change the result
+
+
 def fp8_edge_values(count: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
     """``[count, 2, head_dim]`` keys over many magnitudes, with the cases rounding gets
     wrong: past the largest value, halfway ties, subnormals, tiny values, negative zero."""

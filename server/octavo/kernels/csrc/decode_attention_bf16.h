@@ -103,22 +103,33 @@ struct Bf16Decode {
     }
   }
 
-  // Register c's 128-bit lane k holds dimensions 32c + 8k + 0..3 (unpacklo) and + 4..7 (unpackhi).
-  OCTAVO_BF16_TARGET void write(uint16_t* out) const {
+  // Register c's 128-bit lane k holds dimensions 32c + 8k + 0..3 (unpacklo) and + 4..7
+  // (unpackhi): query head g's row times `scale(g)`, put back in order into `out`.
+  template <typename Out, typename Scale>
+  OCTAVO_BF16_TARGET void put_rows(Out* out, Scale scale) const {
     for (int64_t g = 0; g < s.group; ++g) {
-      const float inv = sum[g] > 0.f ? s.out_scale / sum[g] : 0.f;
+      const __m512 factor = _mm512_set1_ps(scale(g));
       for (int c = 0; c < kRegs; ++c) {
         alignas(64) float low[16], high[16];
-        _mm512_store_ps(low, _mm512_mul_ps(acc[g][2 * c], _mm512_set1_ps(inv)));
-        _mm512_store_ps(high, _mm512_mul_ps(acc[g][2 * c + 1], _mm512_set1_ps(inv)));
+        _mm512_store_ps(low, _mm512_mul_ps(acc[g][2 * c], factor));
+        _mm512_store_ps(high, _mm512_mul_ps(acc[g][2 * c + 1], factor));
         for (int k = 0; k < 4; ++k) {
           for (int j = 0; j < 4; ++j) {
-            out[g * HD + 32 * c + 8 * k + j] = from_float<uint16_t>(low[4 * k + j]);
-            out[g * HD + 32 * c + 8 * k + 4 + j] = from_float<uint16_t>(high[4 * k + j]);
+            out[g * HD + 32 * c + 8 * k + j] = from_float<Out>(low[4 * k + j]);
+            out[g * HD + 32 * c + 8 * k + 4 + j] = from_float<Out>(high[4 * k + j]);
           }
         }
       }
     }
+  }
+
+  OCTAVO_BF16_TARGET void write(uint16_t* out) const {
+    put_rows(out, [this](int64_t g) { return sum[g] > 0.f ? s.out_scale / sum[g] : 0.f; });
+  }
+
+  // The group's sums before normalising, head dimensions in order (a partition's share).
+  OCTAVO_BF16_TARGET void partial(float* rows) const {
+    put_rows(rows, [](int64_t) { return 1.f; });
   }
 };
 

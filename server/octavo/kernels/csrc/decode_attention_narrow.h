@@ -131,6 +131,13 @@ struct NarrowDecode {
       for (int64_t i = 0; i < HD; ++i) out[g * HD + i] = from_float<T>(row[i]);
     }
   }
+
+  // The group's sums before normalising, head dimensions in order (a partition's share).
+  void partial(float* rows) const {
+    for (int64_t g = 0; g < s.group; ++g) {
+      for (int c = 0; c < kRegs; ++c) store_lanes(rows + g * HD + kWidth * c, acc[g][c]);
+    }
+  }
 };
 
 }  // namespace octavo_cpu
