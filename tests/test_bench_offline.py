@@ -14,7 +14,7 @@ from octavo_bench.workloads import build_workloads, common_prefix_length
 
 @pytest.fixture(scope="module")
 def full_workloads(smol_tokenizer):
-    return build_workloads(smol_tokenizer, ["a", "b", "c", "d", "e"], scale=1.0)
+    return build_workloads(smol_tokenizer, list("abcdef"), scale=1.0)
 
 
 def test_workloads_match_the_issue_at_full_scale(full_workloads, smol_tokenizer):
@@ -34,6 +34,8 @@ def test_workloads_match_the_issue_at_full_scale(full_workloads, smol_tokenizer)
     assert e.num_requests == 16 and set(e.max_tokens) == {256}
     assert {len(prompt) for prompt in e.prompts} == {1536}
     assert len({tuple(prompt[:8]) for prompt in e.prompts}) == 16  # no shared prefix
+    f = full_workloads["f"]
+    assert f.num_requests == 1 and f.max_tokens == [128] and len(f.prompts[0]) == 6000
 
 
 def test_workloads_are_seeded(smol_tokenizer, full_workloads):
@@ -112,11 +114,12 @@ def test_tiny_end_to_end_run(tiny_folder, tmp_path, capsys):
     assert (out / "offline.png").stat().st_size > 0
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch_version"]
     workloads = report["workloads"]
-    assert set(workloads) == {"a", "b", "c", "d", "e"}
-    assert set(workloads["e"]["results"]) == {"octavo"}  # long contexts: no HF run
+    assert set(workloads) == set("abcdef")
+    for name in "ef":
+        assert set(workloads[name]["results"]) == {"octavo"}  # long contexts: no HF run
     for name, entry in workloads.items():
         assert entry["results"], name
-        if name == "e":
+        if name in "ef":
             continue
         assert all(result["tok_s"] > 0 for result in entry["results"].values()), name
         assert entry["ratios"] and all(value > 0 for value in entry["ratios"].values()), name

@@ -21,7 +21,7 @@ from octavo_bench.workloads import Workload
 HF_BASELINES = {"hf-fp32": torch.float32, "hf-bf16": torch.bfloat16}
 ALL_BASELINES = (*HF_BASELINES, VLLM)
 HF_WORKLOADS = ("a", "b", "c")  # the throughput workloads the HF baselines run too
-VLLM_WORKLOADS = ("a", "b", "c", "e")  # and vLLM's (long contexts too)
+VLLM_WORKLOADS = ("a", "b", "c", "e", "f")  # and vLLM's (long contexts too)
 HF_MIXED_BATCH = 16  # (b) runs in static batches of this many requests, sorted by length
 
 

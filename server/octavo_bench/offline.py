@@ -6,6 +6,7 @@ Workloads (token counts at ``--scale 1.0``):
   (c) a single stream of 128 new tokens
   (d) 64 requests sharing a ~1,000-token system prompt, prefix cache on vs off (TTFT)
   (e) 16 random-token prompts of 1,536 tokens x 256 new tokens: long contexts (no HF run)
+  (f) one random-token prompt of 6,000 tokens x 128 new tokens: a long single stream (no HF)
 All greedy with ``ignore_eos`` unless ``--temperature`` (and ``--top-p``, ``--top-k``,
 ``--min-p``) make every engine sample; every run follows a short untimed warm-up, and
 tok/s = output tokens / wall time.
@@ -59,7 +60,7 @@ BLOCK_SIZE = 16
 KV_WORKLOADS = ("a", "b")  # workloads whose KV utilisation and "sequences that fit" we report
 
 EPILOG = """\
-Octavo runs (a)-(c) and (e) with prefix caching off, so the KV figures measure paging alone
+Octavo runs (a)-(c), (e) and (f) with prefix caching off, so the KV figures measure paging alone
 (HF has no prefix cache either); (d) runs once with it off and once with it on.
 HF baselines use static left-padded batches (batch 32 for (a), 1 for (c)); (b) runs
 in static batches of 16 sorted by prompt length and counts only the requested tokens.
@@ -68,7 +69,7 @@ The vllm baseline runs vLLM's offline LLM.generate on the same token-id prompts
 (greedy, ignore_eos, min_tokens) in a child process of the python of vLLM's own venv:
 --vllm-python, else .venv-vllm/bin/python (`make vllm-venv` makes it), else this
 interpreter if it has vllm; without any, the report notes it skipped and why. It runs
-(a)-(c) and (e) with Octavo's --max-model-len, dtype --vllm-dtype, its log in
+(a)-(c), (e) and (f) with Octavo's --max-model-len, dtype --vllm-dtype, its log in
 OUTPUT_DIR/offline-vllm.log, and these defaults for vLLM's CPU backend unless set:
   VLLM_CPU_OMP_THREADS_BIND=<every CPU, e.g. 0-15>  VLLM_CPU_NUM_OF_RESERVED_CPU=0
   VLLM_CPU_KVCACHE_SPACE=4   (GiB of KV cache)
@@ -188,8 +189,25 @@ def prepare(args: argparse.Namespace) -> BenchSetup:
     folder = resolve_model_folder(args.model)
     tokenizer = load_tokenizer(folder)
     workloads = build_workloads(tokenizer, args.workloads, args.scale, args.seed)
+    fit_max_model_len(args, workloads.values())
     warmup_prompt = chat_prompt(tokenizer, "Say hello.")
     return BenchSetup(folder, tokenizer, workloads, warmup_prompt)
+
+
+def fit_max_model_len(args: argparse.Namespace, workloads) -> None:
+    """Raise --max-model-len (both engines') to what the longest request needs, in whole
+    multiples of 1,024 tokens: (f)'s 6,128 tokens pass the default 2,048."""
+    longest = max(
+        (
+            len(prompt) + tokens
+            for w in workloads
+            for prompt, tokens in zip(w.prompts, w.max_tokens, strict=True)
+        ),
+        default=0,
+    )
+    if longest > args.max_model_len:
+        args.max_model_len = -(-longest // 1024) * 1024
+        print(f"--max-model-len raised to {args.max_model_len} for a {longest}-token request")
 
 
 def run_config(args: argparse.Namespace) -> dict:
@@ -238,7 +256,8 @@ def record(report: BenchReport, result: RunResult) -> None:
 
 
 def run_octavo(args: argparse.Namespace, setup: BenchSetup, report: BenchReport) -> None:
-    """(a)-(c), (e) and (d) without prefix caching on one engine; (d) with it on a second."""
+    """(a)-(c), (e), (f) and (d) without prefix caching on one engine; (d) with it on a
+    second."""
     llm = make_llm(args, prefix_caching=False)
     warm_up(llm, setup.warmup_prompt)
     for name, workload in setup.workloads.items():

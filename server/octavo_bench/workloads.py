@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-WORKLOAD_NAMES = ("a", "b", "c", "d", "e")
+WORKLOAD_NAMES = ("a", "b", "c", "d", "e", "f")
 DEFAULT_SEED = 1234
 
 TOPICS = (
@@ -252,6 +252,19 @@ def long_context_workload(tokenizer, scale: float, seed: int = DEFAULT_SEED) -> 
     return Workload("e", description, prompts, [new_tokens] * count)
 
 
+def long_stream_workload(tokenizer, scale: float, seed: int = DEFAULT_SEED) -> Workload:
+    """(f) one seeded random-token prompt of 6,000 tokens, 128 new tokens: single-stream
+    decode over a long context (a long chat or document), where each step reads about as
+    many bytes of cache as of weights and one sequence must keep every thread busy."""
+    rng = random.Random(seed + 6)
+    length, new_tokens = scaled(6000, scale, 8), scaled(128, scale, 2)
+    vocabulary = sampleable_token_ids(tokenizer)
+    prompt = [rng.choice(vocabulary) for _ in range(length)]
+    return Workload(
+        "f", f"1 stream, {length}-token prompt, {new_tokens} new tokens", [prompt], [new_tokens]
+    )
+
+
 def common_prefix_length(prompts: list[list[int]]) -> int:
     """Number of leading tokens all prompts share."""
     shortest = min(len(prompt) for prompt in prompts)
@@ -267,6 +280,7 @@ BUILDERS = {
     "c": lambda tokenizer, scale, seed: single_stream_workload(tokenizer, scale),
     "d": shared_prefix_workload,
     "e": long_context_workload,
+    "f": long_stream_workload,
 }
 
 
