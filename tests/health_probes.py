@@ -35,6 +35,14 @@ def probe_until_exit(
     return probes
 
 
+def health_until_exit(group, leader, *, since: float, limit: float) -> list[Probe]:
+    """A multi-node leader's probes until it exits (``multinode_cluster``'s NodeGroup and
+    Host), seconds from ``since``."""
+    return probe_until_exit(
+        leader.process, group.url, since=since, limit=limit, describe=group.logs
+    )
+
+
 def first_failed(probes: list[Probe], exited: float) -> float:
     """When the server first failed a probe (a non-200 answer or none), or ``exited`` (s)
     if it was gone before any probe failed."""

@@ -19,8 +19,6 @@ from pathlib import Path
 import httpx
 import psutil
 
-from health_probes import Probe, probe_until_exit
-
 NODE_KEY = "multinode-test-secret"
 EXIT_WITHIN_SECONDS = 60  # a failed leader (or host) exits this fast, busy CPUs included
 # A small fp32 engine, one thread per rank: what every host of a test group runs with.
@@ -202,12 +200,3 @@ def assert_gone(processes: list[psutil.Process]) -> None:
     while not all(gone(process) for process in processes):
         assert time.monotonic() < deadline, "worker processes left behind"
         time.sleep(0.05)
-
-
-def health_until_exit(group: NodeGroup, leader: Host, since: float | None = None) -> list[Probe]:
-    """/health's probes until the leader exits (health_probes.probe_until_exit), seconds
-    from ``since`` (by default now)."""
-    started = time.monotonic() if since is None else since
-    return probe_until_exit(
-        leader.process, group.url, since=started, limit=EXIT_WITHIN_SECONDS, describe=group.logs
-    )

@@ -29,13 +29,14 @@ from octavo.executor.multiproc_executor import WorkerDied
 from octavo.executor.step_timeout import TIMEOUT_FLAG, bound_sends
 from rank_processes import rank_processes
 
+from health_probes import health_until_exit
 from multinode_cluster import (
+    EXIT_WITHIN_SECONDS,
     SERVED_NAME,
     SMALL_ENGINE_FLAGS,
     Host,
     NodeGroup,
     assert_gone,
-    health_until_exit,
     node_group,
 )
 
@@ -69,7 +70,7 @@ def fails_after_the_bound(group: NodeGroup, leader: Host, pool: ThreadPoolExecut
     exits 2."""
     asked_at = time.monotonic()  # the step and its bound start later
     asked: Future = pool.submit(ask, group.url)
-    statuses = health_until_exit(group, leader, since=asked_at)
+    statuses = health_until_exit(group, leader, since=asked_at, limit=EXIT_WITHIN_SECONDS)
     assert time.monotonic() - asked_at >= TIMEOUT_SECONDS, statuses
     assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE, group.logs()
     answered = [(seconds, status) for seconds, status in statuses if status is not None]

@@ -22,7 +22,7 @@ from octavo import LLM, SamplingParams
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
 
 from greedy_prompts import mixed_prompts
-from health_probes import assert_unhealthy_within
+from health_probes import assert_unhealthy_within, health_until_exit
 from multinode_cluster import (
     EXIT_WITHIN_SECONDS,
     SMALL_ENGINE_FLAGS,
@@ -30,7 +30,6 @@ from multinode_cluster import (
     assert_gone,
     descendants,
     greedy_token_ids,
-    health_until_exit,
     node_group,
 )
 from tiny_models import build_tiny_model
@@ -105,7 +104,7 @@ def test_a_killed_worker_host_fails_health_at_once_and_every_host_exits_2(three_
     workers = descendants(survivor.process.pid)
     killed = time.monotonic()
     victim.kill_host()
-    statuses = health_until_exit(group, leader, since=killed)
+    statuses = health_until_exit(group, leader, since=killed, limit=EXIT_WITHIN_SECONDS)
     exited = time.monotonic() - killed
     assert leader.process.returncode == ENGINE_DEATH_EXIT_CODE
     assert_unhealthy_within(statuses, exited, UNHEALTHY_WITHIN_SECONDS)
