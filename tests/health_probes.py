@@ -43,15 +43,10 @@ def health_until_exit(group, leader, *, since: float, limit: float) -> list[Prob
     )
 
 
-def first_failed(probes: list[Probe], exited: float) -> float:
-    """When the server first failed a probe (a non-200 answer or none), or ``exited`` (s)
-    if it was gone before any probe failed."""
-    return next((seconds for seconds, status in probes if status != 200), exited)
-
-
 def assert_unhealthy_within(probes: list[Probe], exited: float, limit: float) -> None:
     """Unhealthy within ``limit`` s (a 503 or no answer: a closing server, or one too busy
-    to answer in time, as on a loaded CI machine; or gone), and never a 200 after that."""
-    failed = first_failed(probes, exited)
+    to answer in time, as on a loaded CI machine; or gone: ``exited`` s), and never a 200
+    after that."""
+    failed = next((seconds for seconds, status in probes if status != 200), exited)
     assert failed < limit, probes
     assert all(status != 200 for seconds, status in probes if seconds >= failed), probes

@@ -21,6 +21,10 @@ struct AttentionShape {
   bool bf16_dot;       // bf16 queries and caches take the vdpbf16ps paths (bf16_dot.h)
 };
 
+// What a query row's weighted sums are multiplied by at the end: the output scale over its
+// softmax sum (0 where it saw nothing).
+inline float normaliser(const AttentionShape& s, float sum) { return sum > 0.f ? s.out_scale / sum : 0.f; }
+
 // A context position as (block table entry, slot within the block): one division where a
 // walk starts, then steps along (a division per key cost the fp32 prefill tile 9 % of its
 // time on a Zen 5 core).

@@ -200,21 +200,15 @@ struct ChunkedDecode {
     }
   }
 
-  void write(T* out) const {
+  // Query head g's row times `scale(g)`, head dimensions in order, into `out`.
+  template <typename Out, typename Scale>
+  void put_rows(Out* out, Scale scale) const {
     for (int64_t g = 0; g < s.group; ++g) {
-      const float inv = sum[g] > 0.f ? s.out_scale / sum[g] : 0.f;
+      const float factor = scale(g);
       alignas(64) float row[HD];
 #pragma GCC unroll 16
-      for (int c = 0; c < kVecs; ++c) store16(row + 16 * c, acc[g][c] * inv);
-      for (int64_t i = 0; i < HD; ++i) out[g * HD + i] = from_float<T>(row[i]);
-    }
-  }
-
-  // The group's sums before normalising, head dimensions in order (a partition's share).
-  void partial(float* rows) const {
-    for (int64_t g = 0; g < s.group; ++g) {
-#pragma GCC unroll 16
-      for (int c = 0; c < kVecs; ++c) store16(rows + g * HD + 16 * c, acc[g][c]);
+      for (int c = 0; c < kVecs; ++c) store16(row + 16 * c, acc[g][c] * factor);
+      for (int64_t i = 0; i < HD; ++i) out[g * HD + i] = from_float<Out>(row[i]);
     }
   }
 };
@@ -299,10 +293,13 @@ void attend_chunked(const DecodeShape& s, const DecodeWalk<T, C>& w, KeyRange ke
     }
   }
   if (share == nullptr) {
-    for (int64_t h = 0; h < w.heads; ++h) states[h].write(w.out_of(s, h));
+    for (int64_t h = 0; h < w.heads; ++h) {
+      const float* sums = states[h].sum;
+      states[h].put_rows(w.out_of(s, h), [&](int64_t g) { return normaliser(s, sums[g]); });
+    }
     return;
   }
-  states[0].partial(share->rows());
+  states[0].put_rows(share->rows(), [](int64_t) { return 1.f; });  // unnormalised
   std::copy(states[0].max, states[0].max + s.group, share->max(s));
   std::copy(states[0].sum, states[0].sum + s.group, share->sum(s));
 }
@@ -327,7 +324,7 @@ void attend_one(const DecodeShape& s, const T* query, const C* keys, const C* va
     start = end;
   }
   for (int64_t g = 0; g < s.group; ++g) {
-    const float inv = st.sum[g] > 0.f ? s.out_scale / st.sum[g] : 0.f;
+    const float inv = normaliser(s, st.sum[g]);
     for (int64_t i = 0; i < s.head_dim; ++i) out[g * s.head_dim + i] = from_float<T>(st.acc[g * s.head_dim + i] * inv);
   }
 }
@@ -423,7 +420,7 @@ void merge_shares(const DecodeShape& s, float* shares, int64_t parts, T* out) {
       total += part.sum(s)[g] * weight;
       for (int64_t i = 0; i < s.head_dim; ++i) row[i] += part.rows()[g * s.head_dim + i] * weight;
     }
-    const float inv = total > 0.f ? s.out_scale / total : 0.f;
+    const float inv = normaliser(s, total);
     for (int64_t i = 0; i < s.head_dim; ++i) out[g * s.head_dim + i] = from_float<T>(row[i] * inv);
   }
 }

@@ -6,7 +6,7 @@
 //   - values: the chunk's softmax weights rounded to bf16 (as torch's CPU flash attention
 //     does), two keys at a time, with the two value rows interleaved element by element.
 //     unpacklo/hi interleave within 128-bit lanes, so each accumulator holds the head
-//     dimensions in a fixed permuted order that `write` puts back.
+//     dimensions in a fixed permuted order that `put_rows` puts back.
 // The online softmax itself is the fp32 path's (decode_attention.cpp), lane for lane.
 #pragma once
 
@@ -104,7 +104,8 @@ struct Bf16Decode {
   }
 
   // Register c's 128-bit lane k holds dimensions 32c + 8k + 0..3 (unpacklo) and + 4..7
-  // (unpackhi): query head g's row times `scale(g)`, put back in order into `out`.
+  // (unpackhi): query head g's row times `scale(g)`, head dimensions put back in order into
+  // `out`.
   template <typename Out, typename Scale>
   OCTAVO_BF16_TARGET void put_rows(Out* out, Scale scale) const {
     for (int64_t g = 0; g < s.group; ++g) {
@@ -121,15 +122,6 @@ struct Bf16Decode {
         }
       }
     }
-  }
-
-  OCTAVO_BF16_TARGET void write(uint16_t* out) const {
-    put_rows(out, [this](int64_t g) { return sum[g] > 0.f ? s.out_scale / sum[g] : 0.f; });
-  }
-
-  // The group's sums before normalising, head dimensions in order (a partition's share).
-  OCTAVO_BF16_TARGET void partial(float* rows) const {
-    put_rows(rows, [](int64_t) { return 1.f; });
   }
 };
 

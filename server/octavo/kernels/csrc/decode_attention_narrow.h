@@ -123,19 +123,14 @@ struct NarrowDecode {
     }
   }
 
-  void write(T* out) const {
+  // Query head g's row times `scale(g)`, head dimensions in order, into `out`.
+  template <typename Out, typename Scale>
+  void put_rows(Out* out, Scale scale) const {
     for (int64_t g = 0; g < s.group; ++g) {
-      const float inv = sum[g] > 0.f ? s.out_scale / sum[g] : 0.f;
+      const float factor = scale(g);
       alignas(64) float row[HD];
-      for (int c = 0; c < kRegs; ++c) store_lanes(row + kWidth * c, acc[g][c] * inv);
-      for (int64_t i = 0; i < HD; ++i) out[g * HD + i] = from_float<T>(row[i]);
-    }
-  }
-
-  // The group's sums before normalising, head dimensions in order (a partition's share).
-  void partial(float* rows) const {
-    for (int64_t g = 0; g < s.group; ++g) {
-      for (int c = 0; c < kRegs; ++c) store_lanes(rows + g * HD + kWidth * c, acc[g][c]);
+      for (int c = 0; c < kRegs; ++c) store_lanes(row + kWidth * c, acc[g][c] * factor);
+      for (int64_t i = 0; i < HD; ++i) out[g * HD + i] = from_float<Out>(row[i]);
     }
   }
 };

@@ -11,9 +11,10 @@
 // This file's tile (a task: two lane groups, 32 rows, on AVX-512; one elsewhere) reads an
 // fp32 cache's key and value rows in place (other cache types: fp32 copies of a chunk's 16
 // rows, converted once and shared by the rows), for every query and cache type (the
-// query's, or fp8 with k_scale folded into the scale and v_scale into the output). Its output accumulators are row-major: each value vector serves 4 rows and each
-// broadcast weight 4 vectors. bf16 queries over a bf16 cache on a CPU with AVX512_BF16
-// take prefill_attention_bf16.h's tile instead (one lane group, the output transposed).
+// query's, or fp8 with k_scale folded into the scale and v_scale into the output). Its
+// output accumulators are row-major: each value vector serves 4 rows and each broadcast
+// weight 4 vectors. bf16 queries over a bf16 cache on a CPU with AVX512_BF16 take
+// prefill_attention_bf16.h's tile instead (one lane group, the output transposed).
 // Options as the decode kernel: a sliding window, soft-capping, sinks.
 //
 // fp32, 9 query / 3 KV heads of 64, one thread, a 1,536-token prompt on an AMD EPYC (Zen 5):

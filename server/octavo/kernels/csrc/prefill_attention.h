@@ -118,7 +118,7 @@ struct SoftmaxLanes {
 
   // 1 / sum per lane, times the output scale (0 where nothing was seen).
   float inverse(const PrefillShape& s, int64_t lane) const {
-    return sum[lane] > 0.f ? s.out_scale / sum[lane] : 0.f;
+    return normaliser(s, sum[lane]);
   }
 };
 
