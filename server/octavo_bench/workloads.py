@@ -254,8 +254,9 @@ def long_context_workload(tokenizer, scale: float, seed: int = DEFAULT_SEED) -> 
 
 def long_stream_workload(tokenizer, scale: float, seed: int = DEFAULT_SEED) -> Workload:
     """(f) one seeded random-token prompt of 6,000 tokens, 128 new tokens: single-stream
-    decode over a long context (a long chat or document), where each step reads about as
-    many bytes of cache as of weights and one sequence must keep every thread busy."""
+    decode over a long context (a long chat or document), where each step reads about half
+    as many bytes of cache as of weights (SmolLM2 in fp32) and one sequence must keep every
+    thread busy."""
     rng = random.Random(seed + 6)
     length, new_tokens = scaled(6000, scale, 8), scaled(128, scale, 2)
     vocabulary = sampleable_token_ids(tokenizer)
