@@ -21,6 +21,9 @@
 // 115 GFLOP/s with one 16-row group, transposed output and a division per key, 157 now (a
 // Zen 5 core peaks at ~262 in FMAs; the exponentials are most of the rest). Keys read in
 // place rather than copied: 157 -> 161 (the AVX2 build, 1,536 tokens: 38.4 -> 35.0 ms).
+// Output rows written a row at a time (write_rows) and the queries transposed in registers:
+// 161 -> 185-189 (512 tokens: 133 -> 193); the scores and the weighted sum now each run at
+// about 92 % of the FMA peak, the weighing is 7 % of the tile.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -103,15 +106,31 @@ struct Fp32Tile {
   }
 
   void start(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, const T* query_base) {
+    load_queries(s, seq, task, query_base);
+    std::fill(&out[0][0], &out[0][0] + kTaskRows * HD, 0.f);
+    for (int64_t g = 0; g < kGroups; ++g) lanes[g].start(s, seq, group_task(task, g));
+  }
+
+  // The rows' queries, scaled, into `query` (a dimension's rows side by side; padding rows
+  // read zeros), a kWidth x kWidth block at a time. Queries of another type are widened
+  // into `out` first (it is cleared after).
+  void load_queries(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, const T* query_base) {
+    const float* rows[kTaskRows];
     for (int64_t lane = 0; lane < kTaskRows; ++lane) {
       const TileRow row = tile_row(s, seq, task, lane);
       const T* q = query_base + row.token * s.q_token_stride + row.head * s.q_head_stride;
-      for (int64_t d = 0; d < HD; ++d) {
-        query[d][lane] = row.valid ? to_float(q[d]) * s.scale : 0.f;
-        out[lane][d] = 0.f;
+      if (!row.valid) {
+        rows[lane] = kZeroRow;
+      } else if constexpr (std::is_same_v<T, float>) {
+        rows[lane] = q;
+      } else {
+        for (int64_t d = 0; d < HD; d += kWidth) store_lanes(out[lane] + d, load_lanes(q + d));
+        rows[lane] = out[lane];
       }
     }
-    for (int64_t g = 0; g < kGroups; ++g) lanes[g].start(s, seq, group_task(task, g));
+    for (int64_t h = 0; h < kTaskRows; h += kWidth) {
+      for (int64_t d = 0; d < HD; d += kWidth) transpose_lanes(rows + h, d, query[d] + h, kTaskRows, s.scale);
+    }
   }
 
   float* probs(int64_t row, int64_t t) { return lane_data(lanes[row / kRows].probs[t]) + row % kRows; }
@@ -191,8 +210,8 @@ struct Fp32Tile {
 
   void finish(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, T* out_base) const {
     for (int64_t g = 0; g < kGroups; ++g) {
-      const auto at = [this, g](int64_t lane, int64_t d) { return out[g * kRows + lane][d]; };
-      write_rows<HD>(lanes[g], s, seq, group_task(task, g), out_base, at, [](int64_t d) { return d; });
+      const auto row_of = [this, g](int64_t lane, float*) -> const float* { return out[g * kRows + lane]; };
+      write_rows<HD>(lanes[g], s, seq, group_task(task, g), out_base, row_of);
     }
   }
 };

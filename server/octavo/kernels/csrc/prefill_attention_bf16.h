@@ -127,7 +127,11 @@ struct Bf16PrefillTile {
   }
 
   void finish(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, uint16_t* out_base) const {
-    write_rows<HD>(lanes, s, seq, task, out_base, [this](int64_t lane, int64_t p) { return out[p][lane]; }, dim_of);
+    const auto row_of = [this](int64_t lane, float* buffer) -> const float* {
+      for (int64_t p = 0; p < HD; ++p) buffer[dim_of(p)] = out[p][lane];
+      return buffer;
+    };
+    write_rows<HD>(lanes, s, seq, task, out_base, row_of);
   }
 };
 
