@@ -617,3 +617,39 @@ def test_the_narrower_builds_pass_the_same_tests(ops, isa, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
     assert cpu_build.plan_build(isa).library.exists()  # the child built and used that ISA
+
+
+def pack_dense(ops, weight: torch.Tensor) -> torch.Tensor:
+    width = ops.dense_panel_width()
+    packed = torch.empty(-(-weight.shape[0] // width), weight.shape[1], width)
+    ops.pack_dense_weight(packed, weight)
+    return packed
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 9, 14, 33])
+@pytest.mark.parametrize("out_features,in_features", [(96, 64), (49, 33), (17, 1100)])
+def test_dense_linear_matches_a_float64_matmul(ops, rows, out_features, in_features):
+    """Every row count (the few-row and many-row register blocks, and their tails), output
+    counts that leave a panel part-empty, input counts past one 1,024-wide slice, strided
+    rows, with and without a bias."""
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator) if rows % 2 else None
+    x = torch.randn(rows, in_features + 5, generator=generator)[:, 3 : 3 + in_features]
+    out = torch.full((rows, out_features), float("nan"))
+    ops.dense_linear(out, x, pack_dense(ops, weight), bias)
+    expected = torch.nn.functional.linear(
+        x.double(), weight.double(), None if bias is None else bias.double()
+    )
+    torch.testing.assert_close(out, expected.float(), atol=1e-4, rtol=1e-5)
+
+
+def test_dense_linear_refuses_a_mismatched_weight(ops):
+    packed = pack_dense(ops, torch.randn(40, 24))
+    with pytest.raises(RuntimeError, match="inputs"):
+        ops.dense_linear(torch.empty(2, 40), torch.randn(2, 23), packed, None)
+    with pytest.raises(RuntimeError, match="columns"):
+        ops.dense_linear(torch.empty(2, 80), torch.randn(2, 24), packed, None)
+    with pytest.raises(RuntimeError, match="panels"):
+        wrong_width = torch.zeros(packed.shape[0], 24, packed.shape[2] * 2)
+        ops.dense_linear(torch.empty(2, 40), torch.randn(2, 24), wrong_width, None)

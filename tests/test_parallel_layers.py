@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 from octavo.distributed import parallel_state
 from octavo.distributed.parallel_state import TensorParallelGroup
+from octavo.kernels.cpu_features import DENSE_ENV
+from octavo.model_executor.layers.dense_linear import is_dense
 from octavo.model_executor.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -117,9 +119,12 @@ def test_prepacked_bf16_equals_the_plain_matmul():
     torch.testing.assert_close(layer(x).float(), expected.float(), atol=0.1, rtol=0.02)
 
 
+@pytest.mark.parametrize("dense", [True, False], ids=["panel-kernel", "onednn"])
 @pytest.mark.parametrize("rows", [1, 7, 32, 130])
-def test_prepacked_fp32_equals_the_plain_matmul(rows):
-    """fp32 packs on every CPU torch's oneDNN runs on (AVX2 included); any row count."""
+def test_prepacked_fp32_equals_the_plain_matmul(ops, monkeypatch, rows, dense):
+    """fp32 packs for the native panel kernel (``OCTAVO_CPU_DENSE=0``: for oneDNN, on every
+    CPU torch's oneDNN runs on, AVX2 included); any row count."""
+    monkeypatch.setenv(DENSE_ENV, "1" if dense else "0")
     layer = ColumnParallelLinear(96, 40, bias=True)
     layer.weight.normal_()
     layer.bias.normal_()
@@ -127,6 +132,7 @@ def test_prepacked_fp32_equals_the_plain_matmul(rows):
     expected = F.linear(x, layer.weight, layer.bias)
     layer.process_weights_after_loading()
     assert layer.weight is None and layer.packed_weight is not None
+    assert is_dense(layer.packed_weight) is dense
     torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-5)
     wider = torch.cat([x, torch.randn(rows, 8)], dim=1)  # a strided view, as after a split
     torch.testing.assert_close(layer(wider[:, :96]), expected, atol=1e-4, rtol=1e-5)

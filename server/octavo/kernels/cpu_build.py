@@ -43,6 +43,7 @@ SOURCES = (
     "lora_delta.cpp",
     "sampling.cpp",
     "logprobs.cpp",
+    "dense_linear.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

@@ -45,6 +45,16 @@ PREPACK_ENV = "OCTAVO_CPU_PREPACK"
 
 
 def prepack_enabled() -> bool:
-    """Linear weights are prepacked into oneDNN's layout unless ``OCTAVO_CPU_PREPACK=0``
-    (kept for side-by-side measurements and as an escape hatch)."""
+    """Linear weights are prepacked (fp32 into the native kernels' panels, bf16 into
+    oneDNN's layout) unless ``OCTAVO_CPU_PREPACK=0`` (kept for side-by-side measurements
+    and as an escape hatch)."""
     return os.environ.get(PREPACK_ENV, "1") != "0"
+
+
+DENSE_ENV = "OCTAVO_CPU_DENSE"
+
+
+def dense_kernel_enabled() -> bool:
+    """fp32 linears run on the native panel kernel (``dense_linear``) unless
+    ``OCTAVO_CPU_DENSE=0``, which prepacks them for oneDNN instead (A/B measurements)."""
+    return os.environ.get(DENSE_ENV, "1") != "0"

@@ -28,6 +28,9 @@ void dequantize_blocks(at::Tensor& out, const at::Tensor& blocks, int64_t kind,
                        const c10::optional<at::Tensor>& row_scale);
 void lora_delta(at::Tensor& out, const at::Tensor& x, const at::Tensor& flat_a, const at::Tensor& block_b,
                 const at::Tensor& row_slots, at::IntArrayRef offsets, at::IntArrayRef sizes);
+int64_t dense_panel_width();
+void pack_dense_weight(at::Tensor& packed, const at::Tensor& weight);
+void dense_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
 }  // namespace octavo_cpu
 
 TORCH_LIBRARY(octavo_cpu, m) {
@@ -55,6 +58,9 @@ TORCH_LIBRARY(octavo_cpu, m) {
   m.def(
       "lora_delta(Tensor(a!) out, Tensor x, Tensor flat_a, Tensor block_b, Tensor row_slots, "
       "int[] offsets, int[] sizes) -> ()");
+  m.def("dense_panel_width() -> int", &octavo_cpu::dense_panel_width);  // no tensors: no dispatch key
+  m.def("pack_dense_weight(Tensor(a!) packed, Tensor weight) -> ()");
+  m.def("dense_linear(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
   m.def(
       "shm_publish(Tensor tensor, Tensor(a!) segment, int rank, int world, int call, "
       "int slot_bytes) -> ()");
@@ -74,4 +80,6 @@ TORCH_LIBRARY_IMPL(octavo_cpu, CPU, m) {
   m.impl("quantized_linear", &octavo_cpu::quantized_linear);
   m.impl("dequantize_blocks", &octavo_cpu::dequantize_blocks);
   m.impl("lora_delta", &octavo_cpu::lora_delta);
+  m.impl("pack_dense_weight", &octavo_cpu::pack_dense_weight);
+  m.impl("dense_linear", &octavo_cpu::dense_linear);
 }

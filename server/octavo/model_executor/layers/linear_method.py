@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from octavo.kernels.cpu_features import onednn_supports_bf16, prepack_enabled
+from octavo.model_executor.layers.dense_linear import dense_linear, dense_ops, is_dense, pack_dense
 
 
 class LinearMethod(Protocol):
@@ -29,11 +30,13 @@ class LinearMethod(Protocol):
 
 
 class UnquantizedLinearMethod:
-    """Weights in the model's dtype. On CPUs, fp32 and (where oneDNN runs it) bf16 weights
-    are prepacked once into oneDNN's blocked layout: plain ``F.linear`` would reorder bf16
-    on every call, and runs fp32 as ``aten::mm`` on the plain layout. Measured on an AVX2-only
-    AMD EPYC (2 cores, SmolLM2's shapes): fp32 prepacked 1.3-2.5x faster at 4-128 rows, even
-    at 1 row; bf16 on AMX about 1.3x on decode-sized matrices."""
+    """Weights in the model's dtype. On CPUs they are prepacked once: fp32 into the native
+    panel kernel's layout (``dense_linear.py``; oneDNN's where the native kernels do not
+    load), bf16 (where oneDNN runs it) into oneDNN's blocked layout. Plain ``F.linear``
+    would reorder bf16 on every call, and runs fp32 as ``aten::mm`` on the plain layout.
+    Measured on an AVX2-only AMD EPYC (2 cores, SmolLM2's shapes): fp32 prepacked for oneDNN
+    1.3-2.5x faster than plain at 4-128 rows, even at 1 row; bf16 on AMX about 1.3x on
+    decode-sized matrices."""
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int, bias: bool):
         layer.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
@@ -41,18 +44,23 @@ class UnquantizedLinearMethod:
         layer.packed_weight = None
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        if can_pack(layer.weight.dtype, layer.weight.device):
-            layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
-                layer.weight.detach(), None
-            )
+        weight = layer.weight.detach()
+        ops = dense_ops(weight.dtype, weight.device)
+        if ops is not None:
+            layer.packed_weight = pack_dense(ops, weight)
+        elif can_pack(weight.dtype, weight.device):
+            layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        if layer.packed_weight is not None:
+            layer.out_features = weight.shape[0]
             layer.weight = None  # the packed copy replaces it (a tied embedding keeps its own)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if layer.packed_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(
-                x, layer.packed_weight, layer.bias, "none", [], ""
-            )
-        return F.linear(x, layer.weight, layer.bias)
+        packed = layer.packed_weight
+        if packed is None:
+            return F.linear(x, layer.weight, layer.bias)
+        if is_dense(packed):
+            return dense_linear(x, packed, layer.bias, layer.out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
