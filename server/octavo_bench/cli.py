@@ -10,6 +10,7 @@ import sys
 
 from octavo_bench import (
     cpu_attention,
+    cpu_linear,
     cpu_sampling,
     embeddings,
     gpu,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv_offload.register(kinds)
     pd.register(kinds)
     cpu_attention.register(kinds)
+    cpu_linear.register(kinds)
     cpu_sampling.register(kinds)
     return parser
 

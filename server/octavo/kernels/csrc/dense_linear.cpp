@@ -7,12 +7,14 @@
 //     group of panels (a slice of kDepth input dimensions, in L2) serves every row block.
 // Threads split the panel groups, and the rows too where the groups alone are too few.
 //
-// SmolLM2-135M's linears in fp32 on an AMD EPYC (Zen 5, 2 cores), a step's weights read
-// from memory once (30 layers x q/k/v, o, gate/up, down, and the 49,152-row LM head),
+// SmolLM2-135M's linears of one step in fp32 (30 layers x q/k/v, o, gate/up, down, and the
+// 49,152-row LM head, the weights read from memory once), 2 cores of an AMD EPYC (Zen 5),
 // against oneDNN's prepacked fp32 GEMM (what Octavo used before, and what vLLM's CPU build
-// runs): 1 row 11.6 vs 15.2 ms, 8 rows 14.7 vs 15.5, 32 rows 25.2 vs 28.5, 64 rows 42.1
-// vs 46.8, 256 rows 157 vs 163 (prototype, same run). In cache, one GEMM of 256 x 576 x
-// 3,072 runs at 255 GFLOP/s on one core (a Zen 5 core peaks at ~262).
+// runs), `python -m octavo_bench cpu-linear`: 1 row 12.9 vs 16.9 ms, 8 rows 15.3 vs 19.6,
+// 32 rows 27.6 vs 30.7, 256 rows 163 vs 167, 1,024 rows 632 vs 629. The AVX2 build against
+// oneDNN held to AVX2: 14.0 vs 20.9 ms at 1 row, 20.6 vs 26.3 at 8, 46.4 vs 51.4 at 32,
+// even from 256. In cache, 256 x 576 x 3,072 runs at 255 GFLOP/s on one core (its peak
+// is ~262).
 #include <algorithm>
 #include <cstring>
 
@@ -27,16 +29,22 @@ namespace {
 #if defined(__AVX512F__)
 constexpr int kBigRows = 8, kBigPanels = 3;  // 24 of 32 vector registers hold sums
 #else
-constexpr int kBigRows = 6, kBigPanels = 2;  // 12 of 16
+constexpr int kBigRows = 4, kBigPanels = 3;  // 12 of 16 (6 x 2 ran 3-6 % slower at 12-32 rows)
 #endif
-constexpr int kMaxPanels = 4;
 constexpr int64_t kDepth = 1024;  // input dimensions per pass: a group's slice stays in L2
 
-// Panels side by side for `rows` (< kBigRows) rows: as many sums as the registers hold.
+// Rows per register block: at most kBigRows, the blocks as even as they go (AVX-512, 9 rows:
+// 5 + 4 with 4 panels, not 8 + 1, whose single row's 3 sums wait on the FMA latency).
+constexpr int64_t row_block(int64_t rows) {
+  const int64_t blocks = (rows + kBigRows - 1) / kBigRows;
+  return (rows + blocks - 1) / blocks;
+}
+
+// Panels side by side for blocks of `rows` rows: as many sums as the registers hold.
 constexpr int panels_for(int64_t rows) {
   if (rows >= kBigRows) return kBigPanels;
   if (kWidth == 16) return rows <= 6 ? 4 : 3;
-  return rows <= 2 ? 4 : rows <= 4 ? 3 : 2;
+  return rows <= 2 ? 4 : 3;
 }
 
 struct DenseShape {
@@ -118,7 +126,7 @@ Micro micro_for(int64_t rows, int panels) {
 
 // Rows first_row..end_row by `panels` panels from `panel`, slice by slice of kDepth.
 void run_group(const DenseShape& s, int64_t panel, int panels, int64_t first_row, int64_t end_row) {
-  const int64_t block = std::min<int64_t>(kBigRows, s.rows);
+  const int64_t block = row_block(s.rows);
   for (int64_t k0 = 0; k0 < s.depth; k0 += kDepth) {
     const int64_t depth = std::min(kDepth, s.depth - k0);
     for (int64_t row = first_row; row < end_row; row += block) {
@@ -129,9 +137,9 @@ void run_group(const DenseShape& s, int64_t panel, int panels, int64_t first_row
 }
 
 void run_dense(const DenseShape& s) {
-  const int group = panels_for(s.rows);
+  const int64_t block = row_block(s.rows);
+  const int group = panels_for(block);
   const int64_t groups = (s.panels + group - 1) / group;
-  const int64_t block = std::min<int64_t>(kBigRows, s.rows);
   const int64_t row_blocks = (s.rows + block - 1) / block;
   const int64_t threads = at::get_num_threads();
   // Rows are split too only where the panel groups alone leave threads idle.

@@ -3,11 +3,11 @@
 The weight is packed once into column panels (``[ceil(out / width), in, width]``, width
 the build's vector lanes: 16 with AVX-512, 8 with AVX2, 4 otherwise) and the plain copy
 dropped. One layout serves every row count, where oneDNN's prepacked fp32 GEMM (used
-before, and by vLLM's CPU build) streams a step's weights at 26-33 GB/s for a few rows:
-SmolLM2-135M's linears per step, 2 Zen 5 cores, weights read from memory, panel kernel
-vs oneDNN: 1 row 11.8 vs 16.5 ms, 8 rows 15.0 vs 16.9, 32 rows 26.3 vs 29.2, 256 rows
-163 vs 165; the AVX2 build against oneDNN held to AVX2: 13.7 vs 18.7 ms at 1 row, even
-from 8 rows up.
+before, and by vLLM's CPU build) streams a step's weights at 26-34 GB/s for a few rows.
+SmolLM2-135M's linears per step (``python -m octavo_bench cpu-linear``), 2 Zen 5 cores,
+weights read from memory, panel kernel vs oneDNN: 1 row 12.9 vs 16.9 ms, 8 rows 15.3 vs
+19.6, 32 rows 27.6 vs 30.7, 256 rows 163 vs 167; the AVX2 build against oneDNN held to
+AVX2: 14.0 vs 20.9 ms at 1 row, 46.4 vs 51.4 at 32, even from 256 rows.
 """
 
 from __future__ import annotations
