@@ -22,7 +22,7 @@ import torch
 from octavo.kernels.cpu_build import cpu_isa, native_op_owner
 from octavo.model_executor.layers.dense_linear import dense_linear, pack_dense
 from octavo_bench.cpu_attention import timed_ms
-from octavo_bench.parsers import add_output_dir, register_subcommand
+from octavo_bench.parsers import add_output_dir, int_list, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 
 
@@ -182,12 +182,8 @@ def _number(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _counts(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=_counts, default=[1, 2, 4, 8, 16, 32, 64, 256, 1024])
+    parser.add_argument("--rows", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 256, 1024])
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--heads", type=int, default=9)

@@ -21,7 +21,7 @@ from octavo.sampling import Sampler, SamplingRow
 from octavo.sampling.native_sampler import native_sampling_ops
 from octavo.sampling_params import SamplingParams
 from octavo_bench.cpu_attention import timed_ms
-from octavo_bench.parsers import add_output_dir, register_subcommand
+from octavo_bench.parsers import add_output_dir, int_list, register_subcommand
 from octavo_bench.report import machine_info, ratio, save, table
 
 SETTINGS = {  # name: SamplingParams fields
@@ -130,12 +130,8 @@ def _times(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}x"
 
 
-def _counts(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=_counts, default=[1, 32, 256], help="rows per step")
+    parser.add_argument("--rows", type=int_list, default=[1, 32, 256], help="rows per step")
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per case")

@@ -80,3 +80,14 @@ def add_output_dir(parser: argparse.ArgumentParser, stem: str) -> None:
         default=Path("bench-results"),
         help=f"where {stem}.json and {stem}.png go (default: %(default)s)",
     )
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: ``1,5,10,20`` (positive, de-duplicated, in the given order)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,5,10, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
+    return list(dict.fromkeys(values))

@@ -28,6 +28,7 @@ from octavo.arg_types import positive_int
 from octavo_bench.parsers import (
     PROG,
     add_output_dir,
+    int_list,
     name_list,
     register_subcommand,
     standalone_parser,
@@ -118,17 +119,6 @@ and the ShareGPT-shaped run with both clients:
       --dataset-name sharegpt --dataset-path bench-results/sharegpt-synthetic.json \
       --max-concurrency 64 --num-prompts 100 --request-rate 1 --baseline-num-prompts 8
 """
-
-
-def int_list(text: str) -> list[int]:
-    """An argparse type: ``1,5,10,20`` (positive, de-duplicated, in the given order)."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,5,10, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
-    return list(dict.fromkeys(values))
 
 
 def json_object(text: str) -> dict[str, Any]:
