@@ -1,5 +1,6 @@
 """What a loaded model's weights take in memory, as stored: quantized blocks, and the
-oneDNN-prepacked layouts of the unquantized linears (``UnquantizedLinearMethod``).
+prepacked layouts of the unquantized linears (``UnquantizedLinearMethod``: fp32 in the
+native kernel's column panels, bf16 in oneDNN's layout).
 
 A prepacked linear drops its plain weight, except a tied LM head: the embedding keeps the
 table its lookup reads, so the head's packed matrix is a second copy of it (SmolLM2 in
@@ -18,7 +19,7 @@ from torch import nn
 @dataclass(frozen=True)
 class WeightFootprint:
     total: int  # every weight as stored, a storage shared by two modules once
-    prepacked: int  # of which in oneDNN's packed layouts
+    prepacked: int  # of which in packed layouts (panels or oneDNN's)
     copies: int  # of which packed copies of a matrix kept plain too (a tied LM head)
 
 
