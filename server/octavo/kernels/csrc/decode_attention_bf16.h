@@ -81,25 +81,31 @@ struct Bf16Decode {
     }
   }
 
+  // The chunk's value rows interleaved once, then a query head at a time with its sums in
+  // registers (the fp32 path's `values` says why); same order of additions.
   OCTAVO_BF16_TARGET void values(const uint16_t* values, int64_t count) {
-    for (int64_t t = 0; t < count; t += 2) {
-      __m512i low[kRegs], high[kRegs];
+    const int64_t pairs = (count + 1) / 2;
+    __m512i interleaved[Chunk / 2][2 * kRegs];
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t t = 2 * i;
       for (int c = 0; c < kRegs; ++c) {
         const __m512i first = _mm512_loadu_si512(values + t * s.slot_stride + 32 * c);
         const __m512i second =
             t + 1 < count ? _mm512_loadu_si512(values + (t + 1) * s.slot_stride + 32 * c) : _mm512_setzero_si512();
-        low[c] = _mm512_unpacklo_epi16(first, second);
-        high[c] = _mm512_unpackhi_epi16(first, second);
+        interleaved[i][2 * c] = _mm512_unpacklo_epi16(first, second);
+        interleaved[i][2 * c + 1] = _mm512_unpackhi_epi16(first, second);
       }
-      for (int64_t g = 0; g < s.group; ++g) {
+    }
+    for (int64_t g = 0; g < s.group; ++g) {
+      __m512 sums[2 * kRegs];
+      for (int j = 0; j < 2 * kRegs; ++j) sums[j] = acc[g][j];
+      for (int64_t i = 0; i < pairs; ++i) {
         int32_t pair;
-        std::memcpy(&pair, &weights[g][t], sizeof(pair));
+        std::memcpy(&pair, &weights[g][2 * i], sizeof(pair));
         const __m512bh weight = (__m512bh)_mm512_set1_epi32(pair);
-        for (int c = 0; c < kRegs; ++c) {
-          acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], weight, (__m512bh)low[c]);
-          acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], weight, (__m512bh)high[c]);
-        }
+        for (int j = 0; j < 2 * kRegs; ++j) sums[j] = _mm512_dpbf16_ps(sums[j], weight, (__m512bh)interleaved[i][j]);
       }
+      for (int j = 0; j < 2 * kRegs; ++j) acc[g][j] = sums[j];
     }
   }
 

@@ -112,13 +112,28 @@ struct NarrowDecode {
     for (int c = 0; c < kRegs; ++c) acc[g][c] *= correction;
   }
 
+  // A query head and at most kBlockRegs registers of its dimensions at a time, the sums in
+  // registers across the chunk's keys (the fp32 path's `values` says why); same order of
+  // additions.
+  static constexpr int block_regs() {
+    for (int n = 8; n > 1; --n) {
+      if (kRegs % n == 0) return n;
+    }
+    return 1;
+  }
+  static constexpr int kBlockRegs = block_regs();  // the largest divisor of kRegs up to 8
+
   void values(const C* values, int64_t count) {
-    for (int64_t t = 0; t < count; ++t) {
-      lanes_t value[kRegs];
-      for (int c = 0; c < kRegs; ++c) value[c] = load_lanes(values + t * s.slot_stride + kWidth * c);
-      for (int64_t g = 0; g < s.group; ++g) {
-        const lanes_t weight = splat_lanes(weights[g][t]);
-        for (int c = 0; c < kRegs; ++c) acc[g][c] += weight * value[c];
+    for (int64_t g = 0; g < s.group; ++g) {
+      for (int c0 = 0; c0 < kRegs; c0 += kBlockRegs) {
+        lanes_t sums[kBlockRegs];
+        for (int c = 0; c < kBlockRegs; ++c) sums[c] = acc[g][c0 + c];
+        for (int64_t t = 0; t < count; ++t) {
+          const lanes_t weight = splat_lanes(weights[g][t]);
+          const C* row = values + t * s.slot_stride + kWidth * c0;
+          for (int c = 0; c < kBlockRegs; ++c) sums[c] += weight * load_lanes(row + kWidth * c);
+        }
+        for (int c = 0; c < kBlockRegs; ++c) acc[g][c0 + c] = sums[c];
       }
     }
   }
