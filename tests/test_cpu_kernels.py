@@ -20,6 +20,7 @@ from octavo.attention.cpu_native import NativeCpuAttention
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.kernels import cpu_build, cpu_features
 from octavo.model_executor.layers.activation import SiluAndMul
+from octavo.model_executor.layers.dense_linear import pack_dense
 from octavo.model_executor.layers.layernorm import RMSNorm
 from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary
 
@@ -617,13 +618,6 @@ def test_the_narrower_builds_pass_the_same_tests(ops, isa, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
     assert cpu_build.plan_build(isa).library.exists()  # the child built and used that ISA
-
-
-def pack_dense(ops, weight: torch.Tensor) -> torch.Tensor:
-    width = ops.dense_panel_width()
-    packed = torch.empty(-(-weight.shape[0] // width), weight.shape[1], width)
-    ops.pack_dense_weight(packed, weight)
-    return packed
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 9, 14, 33])

@@ -175,7 +175,7 @@ void pack_dense_weight(at::Tensor& packed, const at::Tensor& weight) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t width = std::min<int64_t>(kWidth, cols - p * kWidth);
       float* panel = dst + p * depth * kWidth;
-      std::fill(panel, panel + depth * kWidth, 0.f);
+      if (width < kWidth) std::fill(panel, panel + depth * kWidth, 0.f);  // the last panel's padding
       for (int64_t j = 0; j < width; ++j) {
         const float* row = src + (p * kWidth + j) * depth;
         for (int64_t k = 0; k < depth; ++k) panel[k * kWidth + j] = row[k];

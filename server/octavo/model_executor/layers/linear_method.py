@@ -51,7 +51,6 @@ class UnquantizedLinearMethod:
         elif can_pack(weight.dtype, weight.device):
             layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         if layer.packed_weight is not None:
-            layer.out_features = weight.shape[0]
             layer.weight = None  # the packed copy replaces it (a tied embedding keeps its own)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +58,7 @@ class UnquantizedLinearMethod:
         if packed is None:
             return F.linear(x, layer.weight, layer.bias)
         if is_dense(packed):
-            return dense_linear(x, packed, layer.bias, layer.out_features)
+            return dense_linear(x, packed, layer.bias, layer.output_size)
         return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
 
 
