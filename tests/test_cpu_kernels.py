@@ -638,6 +638,36 @@ def test_dense_linear_matches_a_float64_matmul(ops, rows, out_features, in_featu
     torch.testing.assert_close(out, expected.float(), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dot", ["1", "0"], ids=["vdpbf16ps", "widened"])
+@pytest.mark.parametrize("rows", [1, 4, 9, 17])
+@pytest.mark.parametrize("out_features,in_features", [(96, 64), (49, 33), (40, 2100)])
+def test_dense_linear_bf16_matches_fp32_sums_rounded_once(
+    ops, monkeypatch, dot, rows, out_features, in_features
+):
+    """bf16 on input-pair panels, both ways the kernel runs it (vdpbf16ps where the CPU has
+    it, else widened to fp32: OCTAVO_CPU_BF16_DOT=0 forces that): an odd input count (the
+    last pair half zero), inputs past one slice (sums kept in fp32 between slices), a
+    part-empty last panel, strided rows, a bias; the result is the float64 sum rounded to
+    bf16, within a unit in the last place."""
+    monkeypatch.setenv("OCTAVO_CPU_BF16_DOT", dot)
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    bias = torch.randn(out_features, generator=generator).bfloat16() if rows % 2 else None
+    x = torch.randn(rows, in_features + 5, generator=generator).bfloat16()[:, 3 : 3 + in_features]
+    packed = pack_dense(ops, weight)
+    assert packed.shape == (
+        -(-out_features // ops.dense_panel_width()),
+        -(-in_features // 2),
+        2 * ops.dense_panel_width(),
+    )
+    out = torch.full((rows, out_features), float("nan"), dtype=torch.bfloat16)
+    ops.dense_linear(out, x, packed, bias)
+    expected = torch.nn.functional.linear(
+        x.double(), weight.double(), None if bias is None else bias.double()
+    )
+    torch.testing.assert_close(out.double(), expected, atol=1e-3, rtol=2**-8)
+
+
 def test_dense_linear_refuses_a_mismatched_weight(ops):
     packed = pack_dense(ops, torch.randn(40, 24))
     with pytest.raises(RuntimeError, match="inputs"):
@@ -647,3 +677,9 @@ def test_dense_linear_refuses_a_mismatched_weight(ops):
     with pytest.raises(RuntimeError, match="panels"):
         wrong_width = torch.zeros(packed.shape[0], 24, packed.shape[2] * 2)
         ops.dense_linear(torch.empty(2, 40), torch.randn(2, 24), wrong_width, None)
+    packed_bf16 = pack_dense(ops, torch.randn(40, 24).bfloat16())
+    with pytest.raises(RuntimeError, match="bfloat16"):  # fp32 inputs against bf16 weights
+        ops.dense_linear(torch.empty(2, 40), torch.randn(2, 24), packed_bf16, None)
+    with pytest.raises(RuntimeError, match="inputs"):
+        x = torch.randn(2, 26).bfloat16()
+        ops.dense_linear(torch.empty(2, 40, dtype=torch.bfloat16), x, packed_bf16, None)

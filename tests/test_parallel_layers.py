@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from octavo.distributed import parallel_state
 from octavo.distributed.parallel_state import TensorParallelGroup
 from octavo.kernels.cpu_features import DENSE_ENV
+from octavo.model_executor.layers import dense_linear as dense_linear_module
 from octavo.model_executor.layers.dense_linear import is_dense
 from octavo.model_executor.layers.linear import (
     ColumnParallelLinear,
@@ -106,17 +107,44 @@ def test_vocab_parallel_embedding_masks_what_other_ranks_hold(monkeypatch):
 
 @pytest.mark.skipif(
     not can_pack(torch.bfloat16, torch.device("cpu")),
-    reason="this CPU cannot prepack bf16 weights (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)",
+    reason="this CPU cannot prepack bf16 weights for oneDNN (needs AVX-512 BW/VL/DQ or "
+    "AVX-NE-CONVERT); the panel-kernel case runs in test_prepacked_bf16_on_the_panel_kernel",
 )
-def test_prepacked_bf16_equals_the_plain_matmul():
+def test_prepacked_bf16_for_onednn_equals_the_plain_matmul(monkeypatch):
+    monkeypatch.setenv(DENSE_ENV, "0")
     layer = ColumnParallelLinear(64, 96, bias=True).to(torch.bfloat16)
     layer.weight.normal_()
     layer.bias.normal_()
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     expected = F.linear(x, layer.weight, layer.bias)
     layer.process_weights_after_loading()
-    assert layer.weight is None and layer.packed_weight is not None
+    assert layer.weight is None and not is_dense(layer.packed_weight)
     torch.testing.assert_close(layer(x).float(), expected.float(), atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+def test_prepacked_bf16_on_the_panel_kernel(ops, monkeypatch, rows):
+    """bf16 packs for the panel kernel on CPUs without AMX (``dense_ops``); fp32 inputs (as
+    a model in bf16 never passes, but a caller might) are converted, and so is the output,
+    back to the caller's dtype."""
+    monkeypatch.setattr(dense_linear_module, "cpu_flags", lambda: frozenset({"avx2"}))
+    layer = ColumnParallelLinear(64, 96, bias=True).to(torch.bfloat16)
+    layer.weight.normal_()
+    layer.bias.normal_()
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    expected = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+    layer.process_weights_after_loading()
+    assert layer.weight is None and is_dense(layer.packed_weight)
+    assert layer.packed_weight.dtype == torch.bfloat16
+    torch.testing.assert_close(layer(x).double(), expected, atol=1e-3, rtol=2**-8)
+    from_fp32 = layer(x.float())
+    assert from_fp32.dtype == torch.float32
+    torch.testing.assert_close(from_fp32.double(), expected, atol=1e-3, rtol=2**-8)
+
+
+def test_bf16_stays_on_onednn_where_the_cpu_has_amx(monkeypatch):
+    monkeypatch.setattr(dense_linear_module, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    assert dense_linear_module.dense_ops(torch.bfloat16, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["panel-kernel", "onednn"])

@@ -44,6 +44,7 @@ SOURCES = (
     "sampling.cpp",
     "logprobs.cpp",
     "dense_linear.cpp",
+    "dense_linear_bf16.cpp",
 )
 DISABLE_ENV = "OCTAVO_NATIVE_KERNELS"
 KERNELS_DIR_ENV = "OCTAVO_KERNELS_DIR"

@@ -1,13 +1,16 @@
-"""fp32 linears on the native panel kernel (``kernels/csrc/dense_linear.cpp``).
+"""CPU linears on the native panel kernels (``kernels/csrc/dense_linear.cpp``: fp32,
+``dense_linear_bf16.cpp``: bf16; their schedule in ``dense_panels.h``).
 
-The weight is packed once into column panels (``[ceil(out / width), in, width]``, width
-the build's vector lanes: 16 with AVX-512, 8 with AVX2, 4 otherwise) and the plain copy
-dropped. One layout serves every row count, where oneDNN's prepacked fp32 GEMM (used
-before, and by vLLM's CPU build) streams a step's weights at 26-34 GB/s for a few rows.
-SmolLM2-135M's linears per step (``python -m octavo_bench cpu-linear``), 2 Zen 5 cores,
-weights read from memory, panel kernel vs oneDNN: 1 row 12.9 vs 16.9 ms, 8 rows 15.3 vs
-19.6, 32 rows 27.6 vs 30.7, 256 rows 163 vs 167; the AVX2 build against oneDNN held to
-AVX2: 14.0 vs 20.9 ms at 1 row, 46.4 vs 51.4 at 32, even from 256 rows.
+The weight is packed once into column panels (fp32 ``[ceil(out / width), in, width]``; bf16
+by input pairs, ``[ceil(out / width), ceil(in / 2), 2 * width]``; width the build's vector
+lanes: 16 with AVX-512, 8 with AVX2, 4 otherwise) and the plain copy dropped. One layout
+serves every row count, where oneDNN's prepacked GEMM (used before, and by vLLM's CPU
+build) streams a step's weights at 26-36 GB/s for a few rows. SmolLM2-135M's linears per
+step (``python -m octavo_bench cpu-linear``), 2 Zen 5 cores, weights read from memory,
+panel kernel vs oneDNN, fp32: 1 row 13.0 vs 15.2 ms, 4 rows 16.3 vs 19.9, 32 rows 23.1 vs
+32.5, 256 rows 170 vs 167; bf16 (vdpbf16ps): 1 row 7.3 vs 8.9, 32 rows 11.9 vs 15.8, 256
+rows 79.6 vs 78.7. The AVX2 build against oneDNN held to AVX2 (fp32, before the row blocks
+asked for the next slice): 14.0 vs 20.9 ms at 1 row, 46.4 vs 51.4 at 32, even from 256.
 """
 
 from __future__ import annotations
@@ -15,21 +18,33 @@ from __future__ import annotations
 import torch
 
 from octavo.kernels.cpu_build import native_op_owner
-from octavo.kernels.cpu_features import dense_kernel_enabled, prepack_enabled
+from octavo.kernels.cpu_features import cpu_flags, dense_kernel_enabled, prepack_enabled
 
 
 def dense_ops(dtype: torch.dtype, device: torch.device):
-    """The native ops when fp32 linears on ``device`` run on the panel kernel, else None."""
-    if dtype != torch.float32 or not prepack_enabled() or not dense_kernel_enabled():
+    """The native ops when linears of ``dtype`` on ``device`` run on the panel kernel, else
+    None. bf16 stays on oneDNN where the CPU has AMX tiles (oneDNN's bf16 GEMM runs on
+    them; the panel kernel does not, and AMX is unmeasured here)."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if not prepack_enabled() or not dense_kernel_enabled():
+        return None
+    if dtype == torch.bfloat16 and "amx_bf16" in cpu_flags():
         return None
     return native_op_owner(device, "dense_linear")
 
 
 def pack_dense(ops, weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ([out, in], fp32) in the kernel's column panels."""
+    """``weight`` ([out, in], fp32 or bf16) in the kernel's column panels: fp32
+    ``[ceil(out / width), in, width]``, bf16 by input pairs ``[ceil(out / width),
+    ceil(in / 2), 2 * width]``."""
     width = ops.dense_panel_width()
     panels = -(-weight.shape[0] // width)
-    packed = torch.empty(panels, weight.shape[1], width, dtype=torch.float32)
+    if weight.dtype == torch.bfloat16:
+        shape = (panels, -(-weight.shape[1] // 2), 2 * width)
+    else:
+        shape = (panels, weight.shape[1], width)
+    packed = torch.empty(shape, dtype=weight.dtype)
     ops.pack_dense_weight(packed, weight)
     return packed
 
@@ -42,10 +57,10 @@ def is_dense(packed: torch.Tensor) -> bool:
 def dense_linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
-    """``x @ W.T + bias`` for any leading dimensions of ``x``."""
+    """``x @ W.T + bias`` for any leading dimensions of ``x``, in the weight's dtype."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.dtype != torch.float32 or rows.stride(-1) != 1:
-        rows = rows.float().contiguous()
-    out = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
+    if rows.dtype != packed.dtype or rows.stride(-1) != 1:
+        rows = rows.to(packed.dtype).contiguous()
+    out = torch.empty(rows.shape[0], out_features, dtype=packed.dtype)
     torch.ops.octavo_cpu.dense_linear(out, rows, packed, bias)
     return out.view(*x.shape[:-1], out_features).to(x.dtype)
