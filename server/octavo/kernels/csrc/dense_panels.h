@@ -1,12 +1,16 @@
 // The schedule shared by the panel-packed linears (dense_linear.cpp: fp32,
 // dense_linear_bf16.cpp: bf16): which register block a row count gets, and how threads
-// split the work. A kernel is `Kernel<MR, NP>::run(shape, row, panel, k0, depth)`: MR rows
-// by NP column panels over the input steps k0..k0 + depth (an fp32 input dimension, or a
-// pair of bf16 ones). A shape has `rows`, `panels` and `depth` (its input steps).
+// split the work. A kernel is `Kernel<MR, NP>::run(shape, row, panel, k0, depth, ahead)`:
+// MR rows by NP column panels over the input steps k0..k0 + depth (an fp32 input dimension,
+// or a pair of bf16 ones), calling ahead.step() once per step. A shape has `rows`, `panels`,
+// `depth` (its input steps), `packed` and the kAheadOneBlock / kAheadMostBlocks choices.
 //   - a few rows (decode) stream each panel once, front to back, several panels side by
 //     side;
 //   - many rows (prefill) keep kBigRows x kBigPanels accumulators in registers while a
-//     group of panels (a slice of kDepth input steps, in L2) serves every row block.
+//     group of panels (a slice of kDepth input steps, in L2) serves every row block;
+//   - while a slice's row blocks run, they ask for the next slice's lines, a share each,
+//     so that the memory loads overlap the arithmetic instead of taking turns with it (at
+//     32 rows that took SmolLM2's step from 16.6 to 11.8 ms in bf16, 27.6 to 23.6 in fp32).
 // Threads split the panel groups, and the rows too where the groups alone are too few.
 #pragma once
 
