@@ -60,14 +60,6 @@ struct Bf16Shape {
   bf16_bits* out;
 };
 
-// kWidth bf16 columns from `first` of a row of `cols`, widened (zeros past the end).
-inline lanes_t load_bf16_cols(const bf16_bits* row, int64_t first, int64_t cols) {
-  if (first + kWidth <= cols) return load_lanes(row + first);
-  alignas(64) bf16_bits part[kWidth] = {};
-  std::memcpy(part, row + first, (cols - first) * sizeof(bf16_bits));
-  return load_lanes(part);
-}
-
 // Rounded to the nearest even bf16 (NaN stays a quiet NaN), as from_float<bf16_bits>.
 inline void store_bf16_cols(bf16_bits* row, int64_t first, int64_t cols, lanes_t value) {
   const pair_lanes bits = std::bit_cast<pair_lanes>(value);
@@ -86,7 +78,7 @@ template <int MR, int NP>
 inline void start_sums(const Bf16Shape& s, lanes_t (&acc)[MR][NP], int64_t row, int64_t panel, int64_t k0) {
   for (int p = 0; p < NP; ++p) {
     const int64_t col = (panel + p) * kWidth;
-    const lanes_t start = s.bias != nullptr ? load_bf16_cols(s.bias, col, s.cols) : lanes_t{};
+    const lanes_t start = s.bias != nullptr ? load_cols(s.bias, col, s.cols) : lanes_t{};
     for (int m = 0; m < MR; ++m) acc[m][p] = k0 == 0 ? start : load_cols(s.partial + (row + m) * s.cols, col, s.cols);
   }
 }

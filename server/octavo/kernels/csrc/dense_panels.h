@@ -165,11 +165,12 @@ void run_panels(const Shape& s) {
   });
 }
 
-// kWidth columns from `first` of a row of `cols` (zeros past the end).
-inline lanes_t load_cols(const float* row, int64_t first, int64_t cols) {
+// kWidth columns from `first` of a row of `cols` (fp32, or bf16 widened; zeros past the end).
+template <typename T>
+inline lanes_t load_cols(const T* row, int64_t first, int64_t cols) {
   if (first + kWidth <= cols) return load_lanes(row + first);
-  alignas(64) float part[kWidth] = {};
-  std::memcpy(part, row + first, (cols - first) * sizeof(float));
+  alignas(64) T part[kWidth] = {};
+  std::memcpy(part, row + first, (cols - first) * sizeof(T));
   return load_lanes(part);
 }
 
