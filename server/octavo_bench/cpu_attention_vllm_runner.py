@@ -121,6 +121,10 @@ def main() -> int:
         Path(sys.argv[2]).write_text(json.dumps({"error": f"import vllm failed: {error}"}))
         return IMPORT_FAILED
     torch.set_num_threads(request["threads"])
+    # In vLLM's engine the linears' oneDNN AMX GEMMs have asked Linux for the tile state
+    # before attention runs; alone, its AMX attention would die of SIGILL without this.
+    if hasattr(torch.cpu, "_init_amx"):
+        torch.cpu._init_amx()
     dtype = getattr(torch, request["dtype"])
     isa = _get_attn_isa(dtype, request["block_size"], request["head_dim"])
     results = [

