@@ -18,6 +18,7 @@ from octavo.attention import torch_ops
 from octavo.attention.backend import TorchAttention, select_backend
 from octavo.attention.cpu_native import NativeCpuAttention
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
+from octavo.attention.options import AttentionOptions
 from octavo.kernels import cpu_build, cpu_features
 from octavo.model_executor.layers.activation import SiluAndMul
 from octavo.model_executor.layers.dense_linear import pack_dense
@@ -356,6 +357,72 @@ def test_bf16_dot_path_and_fp32_path_both_match_torch(
         close(outputs[setting], expected, torch.bfloat16)
     if cpu_build.cpu_isa() == "avx512" and "avx512_bf16" in cpu_features.cpu_flags():
         assert not torch.equal(outputs["1"], outputs["0"])
+
+
+AMX = {"amx_bf16", "amx_tile"} <= cpu_features.cpu_flags()
+
+
+@pytest.mark.skipif(not AMX, reason="the AMX tile runs only on CPUs with AMX-BF16 (Xeon 4th gen+)")
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size,window,soft_cap,sinks",
+    [
+        (9, 3, 64, 16, 0, 0.0, False),
+        (8, 2, 128, 32, 0, 0.0, False),
+        (16, 8, 96, 48, 0, 0.0, False),
+        (4, 4, 64, 16, 50, 0.0, False),
+        (6, 2, 64, 16, 0, 30.0, True),
+        (2, 1, 256, 16, 7, 0.0, False),
+    ],
+)
+def test_amx_prefill_tile_matches_torch(
+    ops, monkeypatch, heads, kv_heads, head_dim, block_size, window, soft_cap, sinks
+):
+    """bf16 prefill on a CPU with AMX tiles (prefill_attention_amx.h: 32-key chunks from
+    multiples of 32, values transposed per call, masked edges): equal to the torch path in
+    fp32 within bf16 rounding, and to the vdpbf16ps tile (OCTAVO_CPU_AMX=0) as closely;
+    the two differ where the summation order does, which shows each ran."""
+    sequences = [(37, 37), (5, 50), (100, 300), (1, 1), (16, 16), (17, 1500)]
+    query, cache, tables, starts, lens = random_prefill_case(
+        heads, kv_heads, head_dim, block_size, torch.bfloat16, sequences
+    )
+    sink_logits = torch.randn(heads) if sinks else None
+    options = AttentionOptions(
+        sliding_window=window or None, soft_cap=soft_cap or None, sinks=sink_logits
+    )
+    scale = head_dim**-0.5
+    expected = torch.cat(
+        [
+            torch_ops.prefill_attention(
+                query[starts[i] : starts[i + 1]].float(),
+                cache.float(),
+                tables[i],
+                int(lens[i]),
+                scale,
+                options=options,
+            )
+            for i in range(len(lens))
+        ]
+    )
+    outputs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("OCTAVO_CPU_AMX", setting)
+        outputs[setting] = torch.empty(query.shape, dtype=torch.bfloat16)
+        ops.paged_prefill_attention(
+            outputs[setting],
+            query,
+            cache,
+            tables,
+            starts,
+            lens,
+            scale,
+            1.0,
+            1.0,
+            window,
+            soft_cap,
+            sink_logits,
+        )
+        close(outputs[setting], expected, torch.bfloat16)
+    assert not torch.equal(outputs["1"], outputs["0"])
 
 
 def test_paged_prefill_attention_refuses_bad_input(ops):

@@ -57,10 +57,11 @@ inline void chunk_offsets(const PrefillShape& s, const int32_t* table, int64_t f
 
 // The lane-wise softmax state of a tile: running max and sum, each row's position, and
 // the current chunk's scores (then weights).
-struct SoftmaxLanes {
+template <int64_t Keys>
+struct SoftmaxLanesOf {
   vec16 max, sum;
   ivec16 pos;  // each row's context position (-1: a padding lane)
-  vec16 probs[kKeys];
+  vec16 probs[Keys];
 
   void start(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task) {
     for (int64_t lane = 0; lane < kRows; ++lane) {
@@ -99,7 +100,7 @@ struct SoftmaxLanes {
       const lanes_t base = empty ? lanes_t{} : new_max;
       const lanes_t rescale = empty ? splat_lanes(1.f) : exp_lanes(old_max - base);
       lanes_t total = load_lanes(lane_data(sum) + h) * rescale;
-      for (int64_t t = 0; t < kKeys; ++t) {
+      for (int64_t t = 0; t < Keys; ++t) {
         if (t >= count) {
           store_lanes(lane_data(probs[t]) + h, lanes_t{});
           continue;
@@ -122,12 +123,14 @@ struct SoftmaxLanes {
   }
 };
 
+using SoftmaxLanes = SoftmaxLanesOf<kKeys>;
+
 // Each real row's output: `row_of(lane, buffer)` gives the row's HD sums in head-dimension
 // order (its accumulators in place, or `buffer` filled), written over the softmax sum to
 // the row's token and head. A whole row at a time: a call per element (GCC kept the
 // element-wise lambdas out of line) cost 6-9 % of the fp32 tile at 1,536 tokens.
-template <int HD, typename T, typename RowOf>
-void write_rows(const SoftmaxLanes& lanes, const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task,
+template <int HD, typename T, typename RowOf, int64_t Keys>
+void write_rows(const SoftmaxLanesOf<Keys>& lanes, const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task,
                 T* out_base, RowOf row_of) {
   alignas(64) float buffer[HD];
   for (int64_t lane = 0; lane < kRows; ++lane) {
