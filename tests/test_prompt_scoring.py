@@ -11,6 +11,7 @@ from octavo.scheduler import scheduler as scheduler_module
 
 PROMPT = [(i * 7919) % 40000 + 100 for i in range(40)]
 ROWS_PER_STEP = 8
+TIE = 1e-4  # logits this close to the token's count as ties for its rank
 
 
 def test_chunked_prompt_logprobs_match_the_reference(tiny_folder, monkeypatch):
@@ -40,5 +41,9 @@ def test_chunked_prompt_logprobs_match_the_reference(tiny_folder, monkeypatch):
         row = reference[position]
         assert entry.token_id == PROMPT[position + 1]
         assert abs(entry.logprob - float(row[entry.token_id])) < 1e-3
-        assert entry.rank == int((row > row[entry.token_id]).sum()) + 1
+        # the rank counts the logits above the token's; those within fp32 noise of it (a
+        # random model's vocabulary has many: on an Intel Xeon the engine ranked one below
+        # where HF ranked it above) may fall either side, so the rank lies between the counts
+        logit = row[entry.token_id]
+        assert int((row > logit + TIE).sum()) + 1 <= entry.rank <= int((row > logit - TIE).sum())
         assert [t for t, _ in entry.top] == row.topk(3).indices.tolist()
