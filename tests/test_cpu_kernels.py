@@ -382,7 +382,7 @@ def test_amx_prefill_tile_matches_torch(
     fp32 within bf16 rounding, and to the vdpbf16ps tile (OCTAVO_CPU_AMX=0) as closely;
     the two differ where the summation order does, which shows each ran."""
     if cpu_build.cpu_isa() != "avx512":
-        pytest.skip("the AMX tile is built only into the AVX-512 kernels (OCTAVO_CPU_ISA)")
+        pytest.skip(reason="the AMX tile is built only into the AVX-512 kernels (OCTAVO_CPU_ISA)")
     sequences = [(37, 37), (5, 50), (100, 300), (1, 1), (16, 16), (17, 1500)]
     query, cache, tables, starts, lens = random_prefill_case(
         heads, kv_heads, head_dim, block_size, torch.bfloat16, sequences

@@ -17,6 +17,7 @@
 
 #include "amx_tiles.h"
 #include "prefill_attention.h"
+#include "prefill_attention_bf16.h"
 
 #if defined(OCTAVO_HAS_AMX)
 #include <algorithm>
@@ -66,12 +67,8 @@ struct AmxPrefillTile {
 
   // The weights of the chunk's keys (0 past its count) as bf16 pairs of keys per row.
   OCTAVO_AMX_TARGET void pack_weights() {
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int64_t i = 0; i < kAmxKeys / 2; ++i) {
-      const __m512bh both = _mm512_cvtne2ps_pbh(reinterpret_cast<const __m512&>(lanes.probs[2 * i + 1]),
-                                                reinterpret_cast<const __m512&>(lanes.probs[2 * i]));
-      _mm512_store_si512(weights[i], _mm512_permutexvar_epi16(interleave, (__m512i)both));
+      _mm512_store_si512(weights[i], weight_pairs(lanes.probs[2 * i], lanes.probs[2 * i + 1]));
     }
   }
 

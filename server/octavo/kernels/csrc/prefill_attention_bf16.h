@@ -33,6 +33,16 @@ inline int32_t load_pair(const uint16_t* src) {
   return pair;
 }
 
+// Two keys' weights for the 16 rows (fp32 lanes) as one register of bf16 pairs: row r's
+// (even[r], odd[r]) in 32-bit element r, rounded as torch's CPU flash attention rounds them.
+OCTAVO_BF16_TARGET inline __m512i weight_pairs(const vec16& even, const vec16& odd) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512bh both =
+      _mm512_cvtne2ps_pbh(reinterpret_cast<const __m512&>(odd), reinterpret_cast<const __m512&>(even));
+  return _mm512_permutexvar_epi16(interleave, (__m512i)both);
+}
+
 template <int HD>
 struct Bf16PrefillTile {
   static constexpr int64_t kTaskRows = kRows;
@@ -85,13 +95,9 @@ struct Bf16PrefillTile {
 
   OCTAVO_BF16_TARGET void accumulate(int64_t count, vec16 correction) {
     const int64_t pairs = (count + 1) / 2;
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512bh weights[kKeys / 2];
     for (int64_t i = 0; i < pairs; ++i) {  // lanes.probs past `count` are 0
-      const __m512bh both = _mm512_cvtne2ps_pbh(reinterpret_cast<const __m512&>(lanes.probs[2 * i + 1]),
-                                                reinterpret_cast<const __m512&>(lanes.probs[2 * i]));
-      weights[i] = (__m512bh)_mm512_permutexvar_epi16(interleave, (__m512i)both);
+      weights[i] = (__m512bh)weight_pairs(lanes.probs[2 * i], lanes.probs[2 * i + 1]);
     }
     const __m512 scale = reinterpret_cast<const __m512&>(correction);
     for (int64_t p0 = 0; p0 < HD; p0 += kBlock) {
