@@ -719,6 +719,7 @@ def test_dense_linear_bf16_matches_fp32_sums_rounded_once(
     part-empty last panel, strided rows, a bias; the result is the float64 sum rounded to
     bf16, within a unit in the last place."""
     monkeypatch.setenv("OCTAVO_CPU_BF16_DOT", dot)
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "0")  # the AMX tiles: the test below
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
     bias = torch.randn(out_features, generator=generator).bfloat16() if rows % 2 else None
@@ -735,6 +736,34 @@ def test_dense_linear_bf16_matches_fp32_sums_rounded_once(
         x.double(), weight.double(), None if bias is None else bias.double()
     )
     torch.testing.assert_close(out.double(), expected, atol=1e-3, rtol=2**-8)
+
+
+@pytest.mark.parametrize("rows", [2, 16, 17, 40, 600])
+@pytest.mark.parametrize("out_features,in_features", [(96, 64), (49, 96), (40, 2048)])
+def test_dense_linear_bf16_on_amx_tiles(ops, monkeypatch, rows, out_features, in_features):
+    """bf16 on AMX tiles (dense_linear_amx.h), from 2 rows where inputs are a multiple of
+    32: one and two row tiles, a part-tile of rows, a part-empty last panel and an odd
+    panel count, chunks of 512 rows, strided rows, a bias; the float64 sum rounded to bf16
+    within two units in the last place, and the vdpbf16ps path's result too."""
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "1")
+    if not ops.dense_amx_enabled():
+        pytest.skip(reason="no AMX tiles here: the CPU lacks AMX-BF16 or this build is not AVX-512")
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    bias = torch.randn(out_features, generator=generator).bfloat16() if rows % 2 else None
+    x = torch.randn(rows, in_features + 5, generator=generator).bfloat16()[:, 3 : 3 + in_features]
+    packed = pack_dense(ops, weight)
+    out = torch.full((rows, out_features), float("nan"), dtype=torch.bfloat16)
+    ops.dense_linear(out, x, packed, bias)
+    expected = torch.nn.functional.linear(
+        x.double(), weight.double(), None if bias is None else bias.double()
+    )
+    # A sum near a rounding boundary may round either way in fp32 (summed in another order).
+    torch.testing.assert_close(out.double(), expected, atol=1e-3, rtol=2**-7)
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "0")
+    on_vectors = torch.empty_like(out)
+    ops.dense_linear(on_vectors, x, packed, bias)
+    torch.testing.assert_close(out.double(), on_vectors.double(), atol=1e-3, rtol=2**-7)
 
 
 def test_dense_linear_refuses_a_mismatched_weight(ops):

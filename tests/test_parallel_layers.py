@@ -142,9 +142,16 @@ def test_prepacked_bf16_on_the_panel_kernel(ops, monkeypatch, rows):
     torch.testing.assert_close(from_fp32.double(), expected, atol=1e-3, rtol=2**-8)
 
 
-def test_bf16_stays_on_onednn_where_the_cpu_has_amx(monkeypatch):
+def test_bf16_on_amx_cpus_goes_where_amx_tiles_run(ops, monkeypatch):
+    """Where the CPU has AMX, bf16 runs on the panel kernel only where the kernel runs its
+    AMX tiles; with them off (``OCTAVO_CPU_AMX=0``, or a build without them) on oneDNN."""
     monkeypatch.setattr(dense_linear_module, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "0")
     assert dense_linear_module.dense_ops(torch.bfloat16, torch.device("cpu")) is None
+    assert dense_linear_module.dense_ops(torch.float32, torch.device("cpu")) is ops
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "1")
+    on_amx = dense_linear_module.dense_ops(torch.bfloat16, torch.device("cpu"))
+    assert (on_amx is ops) is ops.dense_amx_enabled()
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["panel-kernel", "onednn"])

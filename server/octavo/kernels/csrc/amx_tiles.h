@@ -52,6 +52,14 @@ struct alignas(64) TileConfig {
   }
 };
 
+// ldtilecfg of `config`. GCC does not see the instruction read the config's memory: a config
+// filled with values known only at run time lost its stores (every tile left unconfigured,
+// and the first tile instruction faulted) until this barrier made them happen first.
+__attribute__((target("amx-tile"))) inline void load_tile_config(const TileConfig& config) {
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
 }  // namespace octavo_cpu
 #else
 namespace octavo_cpu {

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "common.h"
 #include "dense_panels.h"
 #include "lanes.h"
@@ -78,6 +79,8 @@ void Fp32Panels<MR, NP>::run(const DenseShape& s, int64_t row, int64_t panel, in
 }  // namespace
 
 int64_t dense_panel_width() { return kWidth; }
+
+bool dense_amx_enabled() { return amx_enabled(); }
 
 void pack_dense_weight_bf16(at::Tensor& packed, const at::Tensor& weight);
 void dense_linear_bf16(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,

@@ -2,7 +2,10 @@
 // on weights packed once into column panels of input pairs: panel p holds, for each pair
 // of input dimensions (2k, 2k + 1), output columns p * kWidth.. as (w[.][2k], w[.][2k + 1])
 // pairs, [panels, ceil(in / 2), 2 * kWidth], zeros past the last column and the last input.
-// The same layout runs two ways:
+// The same layout runs three ways:
+//   - with AMX tiles (chosen at run time, amx_tiles.h), from 2 rows where the inputs are a
+//     multiple of 32: a panel's 16 input pairs are one B tile as stored
+//     (dense_linear_amx.h);
 //   - with AVX512_BF16 (chosen at run time, bf16_dot.h): vdpbf16ps multiplies a pair of
 //     inputs, broadcast, by a panel row of weight pairs and adds both products to each fp32
 //     lane: one instruction per 32 multiply-adds;
@@ -21,6 +24,11 @@
 // peak at 256 x 576 x 3,072 (oneDNN 96 %). The AVX2 build (widened): 10.5 ms at 1 row,
 // 15.1 at 8, 50.8 at 32, where oneDNN does not run bf16 and plain F.linear took 46 ms at
 // 8 rows and 179 at 32.
+// On an Intel Xeon with AMX (2 vCPUs, the same step; oneDNN runs its AMX GEMM there), AMX
+// tiles from 2 rows, vdpbf16ps at 1: 1 row 16.5 vs 23.8 ms, 2 rows 16.8 vs 21.4, 16 rows
+// 17.7 vs 23.5, 32 rows 21.9 vs 30.6, 64 rows 29.1 vs 34.5, 128 rows 45.2 vs 47.2, 256 rows
+// 68.1 vs 57.0 (the 49,152-wide LM head, which a prefill runs on its last rows only, loses:
+// 12.5 vs 8.6 ms alone), 1,024 rows 250 vs 244; vdpbf16ps alone took 56.1 ms at 32 rows.
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -31,6 +39,7 @@
 
 #include "bf16_dot.h"
 #include "common.h"
+#include "dense_linear_amx.h"
 #include "dense_panels.h"
 #include "lanes.h"
 
@@ -161,6 +170,35 @@ struct DotPanels {
 };
 #endif
 
+#if defined(OCTAVO_HAS_AMX)
+// From this many rows the AMX tiles beat vdpbf16ps (SmolLM2's step, 2 vCPUs: 16.8 vs 19.0
+// ms at 2 rows, 16.5 vs 15.3 at 1).
+constexpr int64_t kAmxMinRows = 2;
+
+bool amx_runs(int64_t rows, int64_t depth, bool dot) {
+  return dot && rows >= kAmxMinRows && depth % dense::kAmxTilePairs == 0 && amx_enabled();
+}
+
+// out = x @ W.T + bias on AMX tiles (dense_linear_amx.h); x's inputs a multiple of 32.
+void run_amx_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, const bf16_bits* bias) {
+  const int64_t rows = x.size(0), cols = out.size(1), depth = packed.size(1);
+  const int64_t row_tiles = (rows + dense::kAmxTileRows - 1) / dense::kAmxTileRows;
+  at::Tensor tiles = at::empty({row_tiles * dense::kAmxTileRows, 2 * depth}, x.options());
+  bf16_bits* tile_bits = reinterpret_cast<bf16_bits*>(tiles.data_ptr<at::BFloat16>());
+  dense::pack_row_tiles(reinterpret_cast<const bf16_bits*>(x.data_ptr<at::BFloat16>()), x.stride(0), rows, depth,
+                        tile_bits);
+  const dense::AmxLinearShape s{rows,
+                                cols,
+                                depth,
+                                packed.size(0),
+                                tile_bits,
+                                reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()),
+                                bias,
+                                reinterpret_cast<bf16_bits*>(out.data_ptr<at::BFloat16>())};
+  dense::run_amx_panels(s);
+}
+#endif
+
 void check_linear(const at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                   const c10::optional<at::Tensor>& bias) {
   const char* op = "dense_linear";
@@ -212,8 +250,13 @@ void dense_linear_bf16(at::Tensor& out, const at::Tensor& x, const at::Tensor& p
   check_linear(out, x, packed, bias);
   const int64_t rows = x.size(0), cols = out.size(1), depth = packed.size(1);
   if (rows == 0) return;
-  const at::Tensor inputs = x.size(1) % 2 ? at::constant_pad_nd(x, {0, 1}) : x;  // an even count: whole pairs
   const bool dot = bf16_dot_enabled();
+  const bf16_bits* bias_bits =
+      bias.has_value() && bias->defined() ? reinterpret_cast<const bf16_bits*>(bias->data_ptr<at::BFloat16>()) : nullptr;
+#if defined(OCTAVO_HAS_AMX)
+  if (amx_runs(rows, depth, dot)) return run_amx_linear(out, x, packed, bias_bits);
+#endif
+  const at::Tensor inputs = x.size(1) % 2 ? at::constant_pad_nd(x, {0, 1}) : x;  // an even count: whole pairs
   const at::Tensor inputs_float = dot ? at::Tensor() : inputs.to(at::kFloat).contiguous();
   const at::Tensor partial = depth > dense::kDepth ? at::empty({rows, cols}, x.options().dtype(at::kFloat)) : at::Tensor();
   const Bf16Shape s{rows,
@@ -224,7 +267,7 @@ void dense_linear_bf16(at::Tensor& out, const at::Tensor& x, const at::Tensor& p
                     dot ? nullptr : inputs_float.data_ptr<float>(),
                     dot ? inputs.stride(0) : inputs_float.stride(0),
                     reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()),
-                    bias.has_value() && bias->defined() ? reinterpret_cast<const bf16_bits*>(bias->data_ptr<at::BFloat16>()) : nullptr,
+                    bias_bits,
                     partial.defined() ? partial.data_ptr<float>() : nullptr,
                     reinterpret_cast<bf16_bits*>(out.data_ptr<at::BFloat16>())};
 #if defined(__AVX512F__)

@@ -347,7 +347,7 @@ OCTAVO_AMX_TARGET void amx_worker(const PrefillShape& s, const std::vector<Prefi
                                   const uint16_t* query, const uint16_t* keys, const TransposedValues& values,
                                   uint16_t* out) {
   const TileConfig config = amx_prefill_config();
-  _tile_loadconfig(&config);
+  load_tile_config(config);
   auto tile = std::make_unique<AmxPrefillTile<HD>>();
   for (int64_t i = next++; i < static_cast<int64_t>(tasks.size()); i = next++) {
     run_amx_tile(*tile, s, seqs[tasks[i].seq], tasks[i], query, keys, values, out);

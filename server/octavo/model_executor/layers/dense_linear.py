@@ -11,6 +11,9 @@ panel kernel vs oneDNN, fp32: 1 row 13.0 vs 15.2 ms, 4 rows 16.3 vs 19.9, 32 row
 32.5, 256 rows 170 vs 167; bf16 (vdpbf16ps): 1 row 7.3 vs 8.9, 32 rows 11.9 vs 15.8, 256
 rows 79.6 vs 78.7. The AVX2 build against oneDNN held to AVX2 (fp32, before the row blocks
 asked for the next slice): 14.0 vs 20.9 ms at 1 row, 46.4 vs 51.4 at 32, even from 256.
+Where the CPU has AMX tiles the bf16 panels run on them (``dense_linear_amx.h``), against
+oneDNN's AMX GEMM on an Intel Xeon (2 vCPUs): 1 row 16.5 vs 23.8 ms, 32 rows 21.9 vs 30.6,
+64 rows 29.1 vs 34.5, 256 rows 68.1 vs 57.0, 1,024 rows 250 vs 244.
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ from octavo.kernels.cpu_features import cpu_flags, dense_kernel_enabled, prepack
 
 def dense_ops(dtype: torch.dtype, device: torch.device):
     """The native ops when linears of ``dtype`` on ``device`` run on the panel kernel, else
-    None. bf16 stays on oneDNN where the CPU has AMX tiles (oneDNN's bf16 GEMM runs on
-    them; the panel kernel does not, and AMX is unmeasured here)."""
+    None. Where the CPU has AMX tiles, bf16 runs on the panel kernel only where the kernel
+    runs its own AMX tiles (``dense_amx_enabled``: the AVX-512 build, the tile state granted,
+    ``OCTAVO_CPU_AMX`` not 0); else on oneDNN, whose bf16 GEMM runs on them too (the
+    vdpbf16ps panels are 4-7x slower than either from 32 rows)."""
     if dtype not in (torch.float32, torch.bfloat16):
         return None
     if not prepack_enabled() or not dense_kernel_enabled():
         return None
-    if dtype == torch.bfloat16 and "amx_bf16" in cpu_flags():
-        return None
-    return native_op_owner(device, "dense_linear")
+    ops = native_op_owner(device, "dense_linear")
+    if ops is not None and dtype == torch.bfloat16 and "amx_bf16" in cpu_flags():
+        return ops if ops.dense_amx_enabled() else None
+    return ops
 
 
 def pack_dense(ops, weight: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,11 @@ class LinearMethod(Protocol):
 
 class UnquantizedLinearMethod:
     """Weights in the model's dtype. On CPUs they are prepacked once into the native panel
-    kernel's layout (``dense_linear.py``): fp32 everywhere, bf16 where the CPU has no AMX.
-    Elsewhere (bf16 on AMX, or where the native kernels do not load) oneDNN's blocked layout
-    where torch's oneDNN runs the dtype, else plain ``F.linear``, which reorders bf16 on
-    every call and runs fp32 as ``aten::mm`` on the plain layout. Measured on an AVX2-only
+    kernel's layout (``dense_linear.py``): fp32 everywhere, bf16 too (on AMX tiles where the
+    CPU has them). Elsewhere (bf16 on AMX with the kernel's tiles off, or where the native
+    kernels do not load) oneDNN's blocked layout where torch's oneDNN runs the dtype, else
+    plain ``F.linear``, which reorders bf16 on every call and runs fp32 as ``aten::mm`` on
+    the plain layout. Measured on an AVX2-only
     AMD EPYC (2 cores, SmolLM2's shapes): fp32 prepacked for oneDNN 1.3-2.5x faster than
     plain at 4-128 rows, even at 1 row; bf16 on AMX about 1.3x on decode-sized matrices."""
 
