@@ -52,6 +52,13 @@ struct alignas(64) TileConfig {
   }
 };
 
+// Every tile register whole: 16 rows of 64 bytes (what the prefill and linear kernels use).
+inline TileConfig full_tile_config() {
+  TileConfig config;
+  for (int tile = 0; tile < 8; ++tile) config.set(tile, 16, 64);
+  return config;
+}
+
 // ldtilecfg of `config`. GCC does not see the instruction read the config's memory: a config
 // filled with values known only at run time lost its stores (every tile left unconfigured,
 // and the first tile instruction faulted) until this barrier made them happen first.

@@ -17,10 +17,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
 #include "common.h"
+#include "dense_panels.h"
 #include "lanes.h"
 
 namespace octavo_cpu::dense {
@@ -38,12 +40,6 @@ struct AmxLinearShape {
   const bf16_bits* bias;              // nullptr: none
   bf16_bits* out;                     // [rows, cols]
 };
-
-inline TileConfig amx_linear_config() {
-  TileConfig config;
-  for (int tile = 0; tile < 8; ++tile) config.set(tile, 16, 64);
-  return config;
-}
 
 // x's rows as tiles, each tile's 16 rows x 32 inputs one 1 KB block, a row tile's blocks in
 // input order, rows past the last zero: every tile load reads 1 KB in a row, as the
@@ -115,11 +111,7 @@ OCTAVO_AMX_TARGET inline void amx_finish(const AmxLinearShape& s, const float (&
   const int64_t rows = std::min(kAmxTileRows, s.rows - first_row);
   const int64_t width = std::min<int64_t>(kWidth, s.cols - col);
   const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-  __m512 bias = _mm512_setzero_ps();
-  if (s.bias != nullptr) {
-    const __m256i bits = _mm256_maskz_loadu_epi16(mask, s.bias + col);
-    bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  }
+  const __m512 bias = s.bias != nullptr ? std::bit_cast<__m512>(load_cols(s.bias, col, s.cols)) : _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
     const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(sums[r]), bias));
     _mm256_mask_storeu_epi16(s.out + (first_row + r) * s.cols + col, mask, (__m256i)rounded);
@@ -143,7 +135,7 @@ OCTAVO_AMX_TARGET inline void amx_panel_pair(const AmxLinearShape& s, int64_t pa
 // One thread's panel pairs begin..end over row tiles first_tile..end_tile.
 OCTAVO_AMX_TARGET inline void amx_worker(const AmxLinearShape& s, int64_t begin, int64_t end, int64_t first_tile,
                                          int64_t end_tile) {
-  const TileConfig config = amx_linear_config();
+  const TileConfig config = full_tile_config();
   load_tile_config(config);
   for (int64_t pair = begin; pair < end; ++pair) amx_panel_pair(s, 2 * pair, first_tile, end_tile);
   _tile_release();

@@ -346,7 +346,7 @@ OCTAVO_AMX_TARGET void amx_worker(const PrefillShape& s, const std::vector<Prefi
                                   const std::vector<PrefillTask>& tasks, std::atomic<int64_t>& next,
                                   const uint16_t* query, const uint16_t* keys, const TransposedValues& values,
                                   uint16_t* out) {
-  const TileConfig config = amx_prefill_config();
+  const TileConfig config = full_tile_config();
   load_tile_config(config);
   auto tile = std::make_unique<AmxPrefillTile<HD>>();
   for (int64_t i = next++; i < static_cast<int64_t>(tasks.size()); i = next++) {

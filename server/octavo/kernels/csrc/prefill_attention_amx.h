@@ -32,12 +32,8 @@ constexpr int64_t kAmxKeys = 32;  // keys per chunk: full tiles for the weighted
 // Tile registers: 0 and 1 the scores of a chunk's two halves (a key per row, the 16 query
 // rows, fp32), 2 keys (a key per row, 32 dims), 3 query pairs (a pair of dims per row, 16
 // rows), 4 weight pairs (a pair of keys per row, 16 rows), 5 values (a dim per row, 32
-// keys), 6 and 7 weighted sums of 16 dims each (a dim per row, 16 rows, fp32).
-inline TileConfig amx_prefill_config() {
-  TileConfig config;
-  for (int tile = 0; tile < 8; ++tile) config.set(tile, 16, 64);
-  return config;
-}
+// keys), 6 and 7 weighted sums of 16 dims each (a dim per row, 16 rows, fp32): all whole
+// (full_tile_config).
 
 template <int HD>
 struct AmxPrefillTile {
