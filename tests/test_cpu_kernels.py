@@ -360,6 +360,8 @@ def test_bf16_dot_path_and_fp32_path_both_match_torch(
 
 
 AMX = {"amx_bf16", "amx_tile"} <= cpu_features.cpu_flags()
+# Decode lengths around the 16-key chunks and 64-key spans, and one long context.
+MANY_DECODES = [1, 15, 16, 17, 63, 64, 65, 130, 700, 33, 2, 49]
 
 
 @pytest.mark.skipif(not AMX, reason="the AMX tile runs only on CPUs with AMX-BF16 (Xeon 4th gen+)")
@@ -423,6 +425,68 @@ def test_amx_prefill_tile_matches_torch(
             soft_cap,
             sink_logits,
         )
+        close(outputs[setting], expected, torch.bfloat16)
+    assert not torch.equal(outputs["1"], outputs["0"])
+
+
+@pytest.mark.skipif(not AMX, reason="the AMX tile runs only on CPUs with AMX-BF16 (Xeon 4th gen+)")
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size,window,soft_cap,sinks,seq_lens",
+    [
+        (9, 3, 64, 16, 0, 0.0, False, MANY_DECODES),
+        (9, 3, 64, 16, 0, 0.0, False, [1500]),
+        (8, 2, 128, 32, 0, 0.0, False, MANY_DECODES),
+        (16, 8, 96, 48, 0, 0.0, False, MANY_DECODES),
+        (4, 4, 64, 16, 50, 0.0, False, MANY_DECODES),
+        (6, 2, 64, 16, 0, 30.0, True, MANY_DECODES),
+        (6, 3, 64, 16, 0, 0.0, True, [900]),
+        (32, 2, 256, 16, 7, 0.0, False, MANY_DECODES),
+    ],
+)
+def test_amx_decode_spans_match_torch(
+    ops, monkeypatch, heads, kv_heads, head_dim, block_size, window, soft_cap, sinks, seq_lens
+):
+    """bf16 decode on a CPU with AMX tiles (decode_attention_amx.h: spans of up to four
+    16-key chunks, short chunks padded, sinks, soft-capping and windows): equal to the torch
+    path in fp32 within bf16 rounding, and to the vdpbf16ps path (OCTAVO_CPU_AMX=0) as
+    closely; the two differ where the summation order does, which shows each ran. On two
+    threads, 12 sequences walk whole; one sequence of 3 KV heads is split into parts."""
+    if cpu_build.cpu_isa() != "avx512":
+        pytest.skip(reason="the AMX tile is built only into the AVX-512 kernels (OCTAVO_CPU_ISA)")
+    query, cache, tables, lens = random_paged_case(
+        seq_lens, heads, kv_heads, head_dim, block_size, torch.bfloat16
+    )
+    sink_logits = torch.randn(heads) if sinks else None
+    options = AttentionOptions(
+        sliding_window=window or None, soft_cap=soft_cap or None, sinks=sink_logits
+    )
+    scale = head_dim**-0.5
+    expected = torch_ops.paged_decode_attention(
+        query.float(), cache.float(), tables, lens, max(seq_lens), scale, options=options
+    )
+    outputs = {}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for setting in ("1", "0"):
+            monkeypatch.setenv("OCTAVO_CPU_AMX", setting)
+            outputs[setting] = torch.empty(query.shape, dtype=torch.bfloat16)
+            ops.paged_decode_attention(
+                outputs[setting],
+                query,
+                cache,
+                tables,
+                lens,
+                scale,
+                1.0,
+                1.0,
+                window,
+                soft_cap,
+                sink_logits,
+            )
+    finally:
+        torch.set_num_threads(previous)
+    for setting in ("1", "0"):
         close(outputs[setting], expected, torch.bfloat16)
     assert not torch.equal(outputs["1"], outputs["0"])
 

@@ -17,6 +17,8 @@ from typing import Protocol
 
 import torch
 
+from octavo.kv_cache.huge_pages import zeros_on_huge_pages
+
 logger = logging.getLogger(__name__)
 
 
@@ -77,6 +79,8 @@ def allocate_kv_caches(
 ) -> list[torch.Tensor]:
     layout = KVLayout.of(config)
     shape = (layout.planes, num_blocks, block_size, layout.heads, layout.dim)
+    if torch.device(device).type == "cpu":  # read block by block all over: huge pages
+        return [zeros_on_huge_pages(shape, dtype) for _ in range(config.num_layers)]
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
 
 
