@@ -339,6 +339,16 @@ def bf16_case(ops, kernel: str, heads: int, kv_heads: int, head_dim: int):
     )
 
 
+def outputs_by_setting(monkeypatch, variable: str, query, run) -> dict[str, torch.Tensor]:
+    """``run(out)`` into a fresh bf16 output with ``variable`` set to "1", then to "0"."""
+    outputs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv(variable, setting)
+        outputs[setting] = torch.empty(query.shape, dtype=torch.bfloat16)
+        run(outputs[setting])
+    return outputs
+
+
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 96)])
 def test_bf16_dot_path_and_fp32_path_both_match_torch(
@@ -349,12 +359,9 @@ def test_bf16_dot_path_and_fp32_path_both_match_torch(
     machine. Both match the torch path; where the CPU has the instructions they differ
     (weights rounded to bf16), which shows each path ran."""
     query, expected, run = bf16_case(ops, kernel, heads, kv_heads, head_dim)
-    outputs = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("OCTAVO_CPU_BF16_DOT", setting)
-        outputs[setting] = torch.empty(query.shape, dtype=torch.bfloat16)
-        run(outputs[setting])
-        close(outputs[setting], expected, torch.bfloat16)
+    outputs = outputs_by_setting(monkeypatch, "OCTAVO_CPU_BF16_DOT", query, run)
+    for output in outputs.values():
+        close(output, expected, torch.bfloat16)
     if cpu_build.cpu_isa() == "avx512" and "avx512_bf16" in cpu_features.cpu_flags():
         assert not torch.equal(outputs["1"], outputs["0"])
 
@@ -407,25 +414,16 @@ def test_amx_prefill_tile_matches_torch(
             for i in range(len(lens))
         ]
     )
-    outputs = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("OCTAVO_CPU_AMX", setting)
-        outputs[setting] = torch.empty(query.shape, dtype=torch.bfloat16)
-        ops.paged_prefill_attention(
-            outputs[setting],
-            query,
-            cache,
-            tables,
-            starts,
-            lens,
-            scale,
-            1.0,
-            1.0,
-            window,
-            soft_cap,
-            sink_logits,
-        )
-        close(outputs[setting], expected, torch.bfloat16)
+    outputs = outputs_by_setting(
+        monkeypatch,
+        "OCTAVO_CPU_AMX",
+        query,
+        lambda out: ops.paged_prefill_attention(
+            out, query, cache, tables, starts, lens, scale, 1.0, 1.0, window, soft_cap, sink_logits
+        ),
+    )
+    for output in outputs.values():
+        close(output, expected, torch.bfloat16)
     assert not torch.equal(outputs["1"], outputs["0"])
 
 
@@ -450,7 +448,7 @@ def test_amx_decode_spans_match_torch(
     16-key chunks, short chunks padded, sinks, soft-capping and windows): equal to the torch
     path in fp32 within bf16 rounding, and to the vdpbf16ps path (OCTAVO_CPU_AMX=0) as
     closely; the two differ where the summation order does, which shows each ran. On two
-    threads, 12 sequences walk whole; one sequence of 3 KV heads is split into parts."""
+    threads one sequence of 3 KV heads is split into parts, merged after."""
     if cpu_build.cpu_isa() != "avx512":
         pytest.skip(reason="the AMX tile is built only into the AVX-512 kernels (OCTAVO_CPU_ISA)")
     query, cache, tables, lens = random_paged_case(
@@ -464,30 +462,21 @@ def test_amx_decode_spans_match_torch(
     expected = torch_ops.paged_decode_attention(
         query.float(), cache.float(), tables, lens, max(seq_lens), scale, options=options
     )
-    outputs = {}
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        for setting in ("1", "0"):
-            monkeypatch.setenv("OCTAVO_CPU_AMX", setting)
-            outputs[setting] = torch.empty(query.shape, dtype=torch.bfloat16)
-            ops.paged_decode_attention(
-                outputs[setting],
-                query,
-                cache,
-                tables,
-                lens,
-                scale,
-                1.0,
-                1.0,
-                window,
-                soft_cap,
-                sink_logits,
-            )
+        outputs = outputs_by_setting(
+            monkeypatch,
+            "OCTAVO_CPU_AMX",
+            query,
+            lambda out: ops.paged_decode_attention(
+                out, query, cache, tables, lens, scale, 1.0, 1.0, window, soft_cap, sink_logits
+            ),
+        )
     finally:
         torch.set_num_threads(previous)
-    for setting in ("1", "0"):
-        close(outputs[setting], expected, torch.bfloat16)
+    for output in outputs.values():
+        close(output, expected, torch.bfloat16)
     assert not torch.equal(outputs["1"], outputs["0"])
 
 
