@@ -367,13 +367,15 @@ bool amx_walk(const DecodeShape& s) {
   return bf16 && HD % 32 == 0 && chunked_walk<HD>(s) && s.bf16_dot && amx_enabled();
 }
 
+// `amx`: amx_walk's answer, read once a call.
 template <typename T, typename C, int HD>
-void attend(const DecodeShape& s, const DecodeWalk<T, C>& w, KeyRange keys, bool with_sinks, const Share* share) {
+void attend(const DecodeShape& s, const DecodeWalk<T, C>& w, KeyRange keys, bool with_sinks, const Share* share,
+            bool amx) {
   constexpr int kHD = HD > 0 ? HD : 16;
   if (chunked_walk<HD>(s)) {
 #if defined(OCTAVO_HAS_AMX)
     if constexpr (std::is_same_v<T, bf16_bits> && std::is_same_v<C, bf16_bits> && HD % 32 == 0) {
-      if (amx_walk<T, C, HD>(s)) {
+      if (amx) {
         if (s.soft_cap > 0.f) {
           return attend_chunked<AmxDecode<DecodeShape, kHD, kMaxGroup, kChunk, true>>(s, w, keys, with_sinks, share);
         }
@@ -462,7 +464,8 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
   const T* q = ptr<T>(query);
   T* o = ptr<T>(out);
   const int64_t threads = at::get_num_threads();
-  const bool whole = seqs >= kWholeSequencesPerThread * threads && !amx_walk<T, C, HD>(s);
+  const bool amx = amx_walk<T, C, HD>(s);
+  const bool whole = seqs >= kWholeSequencesPerThread * threads && !amx;
   const int64_t heads = whole ? s.kv_heads : 1, tasks_per_seq = s.kv_heads / heads, walks = seqs * tasks_per_seq;
   const auto walk_of = [&](int64_t item) {
     const int64_t b = item / tasks_per_seq, first_head = item % tasks_per_seq * heads;
@@ -478,7 +481,7 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
     at::parallel_for(0, walks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const DecodeWalk<T, C> walk = walk_of(item);
-        attend<T, C, HD>(s, walk, {first_visible(s, walk.seq_len), walk.seq_len}, true, nullptr);
+        attend<T, C, HD>(s, walk, {first_visible(s, walk.seq_len), walk.seq_len}, true, nullptr, amx);
       }
     });
     return;
@@ -489,7 +492,7 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
       const DecodeWalk<T, C> walk = walk_of(item / parts);
       const int64_t part = item % parts;
       const Share share{shares.data() + item * Share::floats(s)};
-      attend<T, C, HD>(s, walk, part_range(s, walk.seq_len, parts, part), part == 0, &share);
+      attend<T, C, HD>(s, walk, part_range(s, walk.seq_len, parts, part), part == 0, &share, amx);
     }
   });
   for (int64_t item = 0; item < walks; ++item) {
