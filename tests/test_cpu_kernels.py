@@ -386,10 +386,11 @@ MANY_DECODES = [1, 15, 16, 17, 63, 64, 65, 130, 700, 33, 2, 49]
 def test_amx_prefill_tile_matches_torch(
     ops, monkeypatch, heads, kv_heads, head_dim, block_size, window, soft_cap, sinks
 ):
-    """bf16 prefill on a CPU with AMX tiles (prefill_attention_amx.h: 32-key chunks from
-    multiples of 32, values transposed per call, masked edges): equal to the torch path in
-    fp32 within bf16 rounding, and to the vdpbf16ps tile (OCTAVO_CPU_AMX=0) as closely;
-    the two differ where the summation order does, which shows each ran."""
+    """bf16 prefill on a CPU with AMX tiles (prefill_attention_amx.h: 32-row tasks, 64-key
+    spans from multiples of 32, the next span's scores issued before a span's sums, values
+    transposed per call, masked edges): equal to the torch path in fp32 within bf16
+    rounding, and to the vdpbf16ps tile (OCTAVO_CPU_AMX=0) as closely; the two differ where
+    the summation order does, which shows each ran."""
     if cpu_build.cpu_isa() != "avx512":
         pytest.skip(reason="the AMX tile is built only into the AVX-512 kernels (OCTAVO_CPU_ISA)")
     sequences = [(37, 37), (5, 50), (100, 300), (1, 1), (16, 16), (17, 1500)]
@@ -424,7 +425,8 @@ def test_amx_prefill_tile_matches_torch(
     )
     for output in outputs.values():
         close(output, expected, torch.bfloat16)
-    assert not torch.equal(outputs["1"], outputs["0"])
+    if not 0 < window < 32:  # a row that sees 7 keys may sum them the same way on both
+        assert not torch.equal(outputs["1"], outputs["0"])
 
 
 @pytest.mark.skipif(not AMX, reason="the AMX tile runs only on CPUs with AMX-BF16 (Xeon 4th gen+)")

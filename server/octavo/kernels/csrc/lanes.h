@@ -48,12 +48,11 @@ inline ilanes_t load_ilanes(const int32_t* src) {
   return out;
 }
 
-// dst[j * stride + i] = rows[i][col + j] * scale for i, j < kWidth: a square block turned
-// in registers (AVX-512: 64 shuffles for 16 x 16; AVX2: 24 for 8 x 8). Its kWidth row
-// loads are independent, so their cache misses overlap; element by element, the same
-// transposition of a prefill tile's queries cost 5-7 % of the tile.
-inline void transpose_lanes(const float* const* rows, int64_t col, float* dst, int64_t stride, float scale) {
 #if defined(__AVX512F__)
+// columns[j] = the 32-bit elements rows[i][col + j] for i < 16: a 16 x 16 block turned in
+// registers with 64 shuffles, moves only (any bits, floats or not, come through as they
+// were). Its 16 row loads are independent, so their cache misses overlap.
+inline void transpose_16x16(const float* const* rows, int64_t col, __m512 columns[16]) {
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(rows[i] + col);
   for (int k = 0; k < 8; ++k) {  // t[2k], t[2k + 1]: rows 2k, 2k + 1 interleaved
@@ -68,16 +67,27 @@ inline void transpose_lanes(const float* const* rows, int64_t col, float* dst, i
     r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
     r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
   }
-  const __m512 factor = _mm512_set1_ps(scale);
   for (int c = 0; c < 4; ++c) {  // column 4p + c gathers part p of r[c], r[4 + c], r[8 + c], r[12 + c]
     const __m512 even_low = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), odd_low = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
     const __m512 even_high = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
     const __m512 odd_high = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
-    _mm512_storeu_ps(dst + c * stride, _mm512_shuffle_f32x4(even_low, even_high, 0x88) * factor);
-    _mm512_storeu_ps(dst + (4 + c) * stride, _mm512_shuffle_f32x4(odd_low, odd_high, 0x88) * factor);
-    _mm512_storeu_ps(dst + (8 + c) * stride, _mm512_shuffle_f32x4(even_low, even_high, 0xdd) * factor);
-    _mm512_storeu_ps(dst + (12 + c) * stride, _mm512_shuffle_f32x4(odd_low, odd_high, 0xdd) * factor);
+    columns[c] = _mm512_shuffle_f32x4(even_low, even_high, 0x88);
+    columns[4 + c] = _mm512_shuffle_f32x4(odd_low, odd_high, 0x88);
+    columns[8 + c] = _mm512_shuffle_f32x4(even_low, even_high, 0xdd);
+    columns[12 + c] = _mm512_shuffle_f32x4(odd_low, odd_high, 0xdd);
   }
+}
+#endif
+
+// dst[j * stride + i] = rows[i][col + j] * scale for i, j < kWidth: a square block turned
+// in registers (AVX-512: transpose_16x16; AVX2: 24 shuffles for 8 x 8); element by
+// element, the same transposition of a prefill tile's queries cost 5-7 % of the tile.
+inline void transpose_lanes(const float* const* rows, int64_t col, float* dst, int64_t stride, float scale) {
+#if defined(__AVX512F__)
+  __m512 columns[16];
+  transpose_16x16(rows, col, columns);
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int j = 0; j < 16; ++j) _mm512_storeu_ps(dst + j * stride, columns[j] * factor);
 #elif defined(__AVX2__)
   __m256 r[8], t[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + col);

@@ -24,6 +24,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using PrefillShape = AttentionShape;
 
+// A row of zeros to read in place of a padding row: 256 fp32 or 512 bf16 elements.
+alignas(64) inline constexpr float kZeroRow[256] = {};
+
 // A tile's rows of one (sequence, KV head): rows first_row.. of the sequence's query_len * group.
 struct PrefillTask {
   int64_t seq, kv_head, first_row;
@@ -59,6 +62,10 @@ inline void chunk_offsets(const PrefillShape& s, const int32_t* table, int64_t f
 // the current chunk's scores (then weights).
 template <int64_t Keys>
 struct SoftmaxLanesOf {
+  static constexpr int64_t kMaxChains = 4;  // max_lanes below folds exactly 4
+
+  static lanes_t max_lanes(lanes_t a, lanes_t b) { return a > b ? a : b; }
+
   vec16 max, sum;
   ivec16 pos;  // each row's context position (-1: a padding lane)
   vec16 probs[Keys];
@@ -73,18 +80,21 @@ struct SoftmaxLanesOf {
     }
   }
 
-  // Scores become weights (masked keys, and keys at or past `count`, get 0); the running
-  // max and sum move; returns the factor that rescales what was accumulated before.
-  vec16 weigh(const PrefillShape& s, int64_t first_key, int64_t count, bool masked) {
+  // Scores times `scale` (1: scaled already) become weights (masked keys, and keys at or
+  // past `count`, get 0); the running max and sum move; returns the factor that rescales
+  // what was accumulated before. The scale goes into the exponent's multiply-add: a pass
+  // over the scores fewer.
+  vec16 weigh(const PrefillShape& s, int64_t first_key, int64_t count, bool masked, float scale = 1.f) {
     if (s.soft_cap > 0.f) {
-      for (int64_t t = 0; t < count; ++t) probs[t] = tanh16(probs[t] * (1.f / s.soft_cap)) * s.soft_cap;
+      for (int64_t t = 0; t < count; ++t) probs[t] = tanh16(probs[t] * (scale / s.soft_cap)) * s.soft_cap;
+      scale = 1.f;
     }
+    const lanes_t scales = splat_lanes(scale);
     vec16 correction;
     for (int64_t h = 0; h < kRows; h += kWidth) {
       const ilanes_t rows = load_ilanes(reinterpret_cast<const int32_t*>(&pos) + h);
       const lanes_t old_max = load_lanes(lane_data(max) + h);
-      lanes_t chunk_max = splat_lanes(kNegInf);
-      for (int64_t t = 0; t < count; ++t) {
+      const auto visible_score = [&](int64_t t) {
         lanes_t score = load_lanes(lane_data(probs[t]) + h);
         if (masked) {
           const int32_t key = static_cast<int32_t>(first_key + t);
@@ -93,9 +103,18 @@ struct SoftmaxLanesOf {
           score = visible ? score : splat_lanes(kNegInf);
           store_lanes(lane_data(probs[t]) + h, score);
         }
-        chunk_max = chunk_max > score ? chunk_max : score;
+        return score;
+      };
+      lanes_t maxima[kMaxChains];  // independent chains: one would wait on each max in turn
+      for (lanes_t& chain : maxima) chain = splat_lanes(kNegInf);
+      int64_t t = 0;
+      for (; t + kMaxChains <= count; t += kMaxChains) {
+#pragma GCC unroll 4
+        for (int64_t c = 0; c < kMaxChains; ++c) maxima[c] = max_lanes(maxima[c], visible_score(t + c));
       }
-      const lanes_t new_max = old_max > chunk_max ? old_max : chunk_max;
+      for (; t < count; ++t) maxima[0] = max_lanes(maxima[0], visible_score(t));
+      const lanes_t chunk_max = max_lanes(max_lanes(maxima[0], maxima[1]), max_lanes(maxima[2], maxima[3]));
+      const lanes_t new_max = max_lanes(old_max, chunk_max * scales);  // scale > 0
       const ilanes_t empty = new_max == kNegInf;  // no visible key yet: nothing to rescale
       const lanes_t base = empty ? lanes_t{} : new_max;
       const lanes_t rescale = empty ? splat_lanes(1.f) : exp_lanes(old_max - base);
@@ -106,7 +125,7 @@ struct SoftmaxLanesOf {
           continue;
         }
         const lanes_t score = load_lanes(lane_data(probs[t]) + h);
-        const lanes_t weight = score == kNegInf ? lanes_t{} : exp_lanes(score - base);
+        const lanes_t weight = score == kNegInf ? lanes_t{} : exp_lanes(multiply_add(score, scales, -base));
         store_lanes(lane_data(probs[t]) + h, weight);
         total += weight;
       }
