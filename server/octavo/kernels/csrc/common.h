@@ -86,15 +86,15 @@ inline T* ptr(const at::Tensor& tensor) {
   return static_cast<T*>(tensor.data_ptr());
 }
 
-// e^r for |r| <= ln(2)/2 (Cephes' expf polynomial); V is float or a GCC float vector.
+// Cephes' expf polynomial, highest degree first: e^r = 1 + r + r^2 p(r) for |r| <= ln(2)/2.
+constexpr float kExpPolynomial[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                     4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+// e^r for |r| <= ln(2)/2; V is float or a GCC float vector.
 template <typename V>
 inline V exp_polynomial(V r) {
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  V p = V{} + kExpPolynomial[0];
+  for (int i = 1; i < 6; ++i) p = p * r + kExpPolynomial[i];
   return p * r * r + r + 1.f;
 }
 

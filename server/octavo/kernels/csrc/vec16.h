@@ -141,12 +141,8 @@ inline V multiply_add(V a, V b, V c) {
 // the weighing of the attention kernels, where exp is most of the vector work.
 template <typename V, typename Splat>
 inline V exp_polynomial_fused(V r, Splat splat) {
-  V p = splat(1.9875691500e-4f);
-  p = multiply_add(p, r, splat(1.3981999507e-3f));
-  p = multiply_add(p, r, splat(8.3334519073e-3f));
-  p = multiply_add(p, r, splat(4.1665795894e-2f));
-  p = multiply_add(p, r, splat(1.6666665459e-1f));
-  p = multiply_add(p, r, splat(5.0000001201e-1f));
+  V p = splat(kExpPolynomial[0]);
+  for (int i = 1; i < 6; ++i) p = multiply_add(p, r, splat(kExpPolynomial[i]));
   return multiply_add(p, r * r, r + 1.f);
 }
 
