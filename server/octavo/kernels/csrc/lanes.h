@@ -140,6 +140,9 @@ inline lanes_t load_lanes(const C* src) {  // fp8: exact widening, element by el
   return out;
 }
 
+// Lane by lane, the larger of a and b (max_lanes below reduces one vector to its largest).
+inline lanes_t larger_lanes(lanes_t a, lanes_t b) { return a > b ? a : b; }
+
 inline float max_lanes(lanes_t x) {
   float best = x[0];
   for (int64_t i = 1; i < kWidth; ++i) best = x[i] > best ? x[i] : best;

@@ -62,9 +62,7 @@ inline void chunk_offsets(const PrefillShape& s, const int32_t* table, int64_t f
 // the current chunk's scores (then weights).
 template <int64_t Keys>
 struct SoftmaxLanesOf {
-  static constexpr int64_t kMaxChains = 4;  // max_lanes below folds exactly 4
-
-  static lanes_t max_lanes(lanes_t a, lanes_t b) { return a > b ? a : b; }
+  static constexpr int64_t kMaxChains = 4;  // weigh() folds exactly 4
 
   vec16 max, sum;
   ivec16 pos;  // each row's context position (-1: a padding lane)
@@ -107,14 +105,14 @@ struct SoftmaxLanesOf {
       };
       lanes_t maxima[kMaxChains];  // independent chains: one would wait on each max in turn
       for (lanes_t& chain : maxima) chain = splat_lanes(kNegInf);
-      int64_t t = 0;
-      for (; t + kMaxChains <= count; t += kMaxChains) {
+      int64_t seen = 0;
+      for (; seen + kMaxChains <= count; seen += kMaxChains) {
 #pragma GCC unroll 4
-        for (int64_t c = 0; c < kMaxChains; ++c) maxima[c] = max_lanes(maxima[c], visible_score(t + c));
+        for (int64_t c = 0; c < kMaxChains; ++c) maxima[c] = larger_lanes(maxima[c], visible_score(seen + c));
       }
-      for (; t < count; ++t) maxima[0] = max_lanes(maxima[0], visible_score(t));
-      const lanes_t chunk_max = max_lanes(max_lanes(maxima[0], maxima[1]), max_lanes(maxima[2], maxima[3]));
-      const lanes_t new_max = max_lanes(old_max, chunk_max * scales);  // scale > 0
+      for (; seen < count; ++seen) maxima[0] = larger_lanes(maxima[0], visible_score(seen));
+      const lanes_t chunk_max = larger_lanes(larger_lanes(maxima[0], maxima[1]), larger_lanes(maxima[2], maxima[3]));
+      const lanes_t new_max = larger_lanes(old_max, chunk_max * scales);  // scale > 0
       const ilanes_t empty = new_max == kNegInf;  // no visible key yet: nothing to rescale
       const lanes_t base = empty ? lanes_t{} : new_max;
       const lanes_t rescale = empty ? splat_lanes(1.f) : exp_lanes(old_max - base);
