@@ -108,10 +108,6 @@ struct Fp32Tile {
   SoftmaxLanes lanes[kGroups];
   vec16 correction[kGroups];
 
-  static PrefillTask group_task(const PrefillTask& task, int64_t group) {
-    return {task.seq, task.kv_head, task.first_row + group * kRows, task.cost};
-  }
-
   void start(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, const T* query_base) {
     load_queries(s, seq, task, query_base);
     std::fill(&out[0][0], &out[0][0] + kTaskRows * HD, 0.f);

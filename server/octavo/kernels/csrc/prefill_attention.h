@@ -39,6 +39,12 @@ struct PrefillSeq {
   const int32_t* table;
 };
 
+// Lane group `group` of a task that takes several: its 16 rows, from the task's first row
+// on.
+inline PrefillTask group_task(const PrefillTask& task, int64_t group) {
+  return {task.seq, task.kv_head, task.first_row + group * kRows, task.cost};
+}
+
 // Where lane `lane` of a task reads its query and writes its output (valid: a real row).
 struct TileRow {
   int64_t token, head;

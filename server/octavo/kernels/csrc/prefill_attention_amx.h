@@ -49,10 +49,6 @@ struct AmxPrefillTile {
   const uint16_t* values = nullptr;  // this task's values transposed, [HD, values_stride]
   int64_t values_stride = 0;
 
-  static PrefillTask group_task(const PrefillTask& task, int64_t group) {
-    return {task.seq, task.kv_head, task.first_row + group * kRows, task.cost};
-  }
-
   // Each group's queries as pairs of dims (padding rows zeros), turned 16 x 16 pairs at a
   // time in registers; the accumulators cleared.
   void start(const PrefillShape& s, const PrefillSeq& seq, const PrefillTask& task, const uint16_t* query_base) {
@@ -74,6 +70,20 @@ struct AmxPrefillTile {
     std::memset(out, 0, sizeof(out));
   }
 
+  // Tiles 4..7 += the A tiles at a0, a1 (rows `a_stride` bytes apart) times the B tiles
+  // at b0, b1 (whole, 64-byte rows): 4 = a0 b0, 5 = a0 b1, 6 = a1 b0, 7 = a1 b1.
+  OCTAVO_AMX_TARGET static void multiply_2x2(const void* a0, const void* a1, int64_t a_stride, const void* b0,
+                                             const void* b1) {
+    _tile_loadd(0, a0, a_stride);
+    _tile_loadd(2, b0, kRows * 4);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_loadd(3, b1, kRows * 4);
+    _tile_dpbf16ps(5, 0, 3);
+    _tile_loadd(1, a1, a_stride);
+    _tile_dpbf16ps(6, 1, 2);
+    _tile_dpbf16ps(7, 1, 3);
+  }
+
   // The scores of 32 keys whose two halves' 16 key rows start at `first` and `second` in
   // the cache, into each group's probs from key `t`.
   OCTAVO_AMX_TARGET void scores(const uint16_t* first, const uint16_t* second, int64_t key_stride, int64_t t) {
@@ -82,14 +92,7 @@ struct AmxPrefillTile {
     _tile_zero(6);
     _tile_zero(7);
     for (int64_t c = 0; c < HD / 32; ++c) {
-      _tile_loadd(0, first + 32 * c, key_stride * 2);
-      _tile_loadd(2, query[0][16 * c], kRows * 4);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_loadd(3, query[1][16 * c], kRows * 4);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_loadd(1, second + 32 * c, key_stride * 2);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
+      multiply_2x2(first + 32 * c, second + 32 * c, key_stride * 2, query[0][16 * c], query[1][16 * c]);
     }
     _tile_stored(4, &lanes[0].probs[t], kRows * 4);
     _tile_stored(5, &lanes[1].probs[t], kRows * 4);
@@ -122,14 +125,7 @@ struct AmxPrefillTile {
     _tile_loadd(7, out[1][32 * b + 16], kRows * 4);
     const uint16_t* v = values + 32 * b * values_stride + key;
     for (int64_t j = 0; j < steps; ++j, v += kAmxKeys) {
-      _tile_loadd(0, v, stride);
-      _tile_loadd(2, weights[0][16 * j], kRows * 4);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_loadd(3, weights[1][16 * j], kRows * 4);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_loadd(1, v + 16 * values_stride, stride);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
+      multiply_2x2(v, v + 16 * values_stride, stride, weights[0][16 * j], weights[1][16 * j]);
     }
     _tile_stored(4, out[0][32 * b], kRows * 4);
     _tile_stored(5, out[1][32 * b], kRows * 4);
