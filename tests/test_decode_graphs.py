@@ -1,8 +1,9 @@
 """Decode steps through persistent buffers and recorded graphs (``compilation/``).
 
-On CPU the graphs are "recorded" by re-running the forward on the persistent buffers, so
-the buffers, the padding rows and the dispatch are checked against eager steps token for
-token; on a GPU the same is checked with real CUDA graphs.
+On CPU the buffers, the padding rows and the dispatch are checked against eager steps token
+for token with graphs "recorded" by re-running the forward on the persistent buffers, and
+with the CPU's own recorded graphs (``cpu_graphs``); on a GPU the same is checked with real
+CUDA graphs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from octavo.compilation.config import CompilationConfig, parse_compilation_confi
 from octavo.config import EngineArgs
 from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.builder import graph_sizes
+from octavo.model_executor.cpu_graphs import CpuGraphRecorder
 from octavo.model_executor.decode_graphs import DecodeGraphs
 
 PROMPTS = [[11, 12, 13], [21, 22, 23, 24, 25, 26, 27], [31, 32], [41, 42, 43, 44, 45]]
@@ -24,6 +26,10 @@ MAX_TOKENS = [9, 4, 12, 6]  # sequences finish at different steps: the batch shr
 class RerunRecorder:
     """A CPU stand-in for CUDA graph capture: each replay re-runs the recorded forward,
     which reads only the persistent buffers, as a graph would."""
+
+    name = "rerun graphs"
+    checks_replays = False
+    recorded_bytes = 0
 
     def __init__(self) -> None:
         self.recorded = 0
@@ -48,6 +54,11 @@ def test_the_default_sizes_follow_vllms_ladder_up_to_the_decode_rows():
     assert config.capture_sizes(3) == [1, 2, 3]
     explicit = CompilationConfig(cudagraph_capture_sizes=(8, 1, 4, 4))
     assert explicit.capture_sizes(256) == [1, 4, 8]
+    # on CPU each size keeps its activations: powers of two, by default up to 64 rows
+    assert config.capture_sizes(256, "cpu") == [1, 2, 4, 8, 16, 32, 64]
+    assert config.capture_sizes(48, "cpu") == [1, 2, 4, 8, 16, 32, 48]
+    assert CompilationConfig(max_cudagraph_capture_size=128).capture_sizes(256, "cpu")[-1] == 128
+    assert explicit.capture_sizes(256, "cpu") == [1, 4, 8]
 
 
 def test_the_config_takes_vllms_spellings_and_refuses_unknown_keys():
@@ -62,11 +73,12 @@ def test_the_config_takes_vllms_spellings_and_refuses_unknown_keys():
         parse_compilation_config("7")
 
 
-def test_graphs_are_captured_only_on_a_single_gpu_rank_without_eager_or_lora():
+def test_graphs_are_captured_only_on_a_single_rank_without_eager_or_lora():
     cuda, single = torch.device("cuda"), ParallelConfig()
     args = EngineArgs(max_num_seqs=16)
     assert graph_sizes(args, cuda, single, None) == (1, 2, 4, 8, 16)
-    assert graph_sizes(args, torch.device("cpu"), single, None) == ()
+    assert graph_sizes(args, torch.device("cpu"), single, None) == (1, 2, 4, 8, 16)
+    assert graph_sizes(EngineArgs(max_num_seqs=48), torch.device("cpu"), single, None)[-1] == 48
     assert graph_sizes(EngineArgs(enforce_eager=True), cuda, single, None) == ()
     assert graph_sizes(EngineArgs(compilation_config=0), cuda, single, None) == ()
     assert graph_sizes(EngineArgs(enable_lora=True), cuda, single, None) == ()
@@ -87,7 +99,14 @@ def _generate(llm: LLM, **params) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def tiny_llm(tiny_folder):
-    llm = LLM(str(tiny_folder("llama3")), device="cpu", dtype="float32", max_model_len=256)
+    llm = LLM(
+        str(tiny_folder("llama3")),
+        device="cpu",
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+    )
+    assert llm.engine.executor.worker.runner.graphs is None
     yield llm
     llm.shutdown()
 
@@ -127,6 +146,58 @@ def test_a_step_that_does_not_fit_runs_eagerly(tiny_llm):
     assert replayed[2][-1] == _generate(tiny_llm)[2][-1]
     assert recorder.replays > 0  # the last two sequences decode alone at the end
     assert scored[0].prompt_logprobs is not None
+
+
+def test_cpu_graphs_are_captured_by_default_and_give_the_eager_tokens(tiny_folder, tiny_llm):
+    """Greedy and seeded sampling, as the batch shrinks from 4 rows (padded to 4) to 1."""
+    eager = [_generate(tiny_llm), _generate(tiny_llm, seed=7, temperature=0.8, top_p=0.9)]
+    graphed = LLM(
+        str(tiny_folder("llama3")), device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8
+    )
+    try:
+        graphs = graphed.engine.executor.worker.runner.graphs
+        assert graphs is not None and sorted(graphs.replays) == [1, 2, 4, 8]
+        assert graphs.capture_bytes > 0
+        sizes, run = [], graphs.run
+        graphs.run = lambda inputs, size: sizes.append(size) or run(inputs, size)
+        replayed = [_generate(graphed), _generate(graphed, seed=7, temperature=0.8, top_p=0.9)]
+    finally:
+        graphed.shutdown()
+    assert replayed == eager
+    assert {1, 2, 4} <= set(sizes) and len(sizes) >= 2 * (max(MAX_TOKENS) - 1)
+
+
+def _reads_ids_on_the_host(embed):
+    """An embedding that scales by how many distinct ids the step has, read with tolist:
+    past the dispatcher, so a recording cannot see it."""
+
+    def forward(input_ids, image_embeds):
+        return embed(input_ids, image_embeds) * len(set(input_ids.tolist()))
+
+    return forward
+
+
+def _reads_a_value_with_item(embed):
+    def forward(input_ids, image_embeds):
+        hidden = embed(input_ids, image_embeds)
+        return hidden * (1.0 + hidden.abs().max().item())
+
+    return forward
+
+
+@pytest.mark.parametrize("wrap", [_reads_ids_on_the_host, _reads_a_value_with_item])
+def test_a_forward_that_reads_values_on_the_host_leaves_the_steps_eager(tiny_llm, wrap):
+    model = tiny_llm.engine.executor.worker.runner.paged.model
+    embed = model.embed
+    model.embed = wrap(embed)
+    try:
+        graphs = DecodeGraphs(
+            tiny_llm.engine.executor.worker.runner.paged, [1, 2], 256, CpuGraphRecorder()
+        )
+        assert graphs.capture() is False
+    finally:
+        del model.embed
+    assert graphs.replays == {}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")

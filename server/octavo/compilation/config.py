@@ -36,6 +36,10 @@ KNOWN_KEYS = (
 )
 BACKENDS = ("inductor", "eager")  # torch.compile of the CPU layers, or none
 LARGEST_DEFAULT_SIZE = 512  # vLLM's cap on the default capture sizes
+# On CPU each size's recording keeps its activations, and past a few dozen rows a step's
+# kernels outweigh its host overhead: powers of two up to 64 rows. A padded row costs the
+# linears little there (they are bound by reading the weights) and attends to one slot.
+LARGEST_CPU_DEFAULT_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -50,16 +54,21 @@ class CompilationConfig:
     def uses_graphs(self) -> bool:
         return self.level > 0 and self.cudagraph_mode != "NONE"
 
-    def capture_sizes(self, max_decode_rows: int) -> list[int]:
+    def capture_sizes(self, max_decode_rows: int, device_type: str = "cuda") -> list[int]:
         """The batch sizes captured, ascending: the configured ones, or vLLM's ladder
         ``1, 2, 4, 8, 16, ..., 248, 256, 272, ...`` up to ``max_cudagraph_capture_size``
-        (default: the most decode rows a step can have, at most 512)."""
+        (default: the most decode rows a step can have, at most 512); on CPU powers of two,
+        by default up to 64."""
         if self.cudagraph_capture_sizes is not None:
             return sorted(set(self.cudagraph_capture_sizes))
+        cpu = device_type == "cpu"
         largest = self.max_cudagraph_capture_size
         if largest is None:
-            largest = min(max_decode_rows, LARGEST_DEFAULT_SIZE)
+            default = LARGEST_CPU_DEFAULT_SIZE if cpu else LARGEST_DEFAULT_SIZE
+            largest = min(max_decode_rows, default)
         ladder = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 16, 16)]
+        if cpu:
+            ladder = [2**power for power in range(largest.bit_length())]
         sizes = [size for size in ladder if size <= largest]
         if largest not in sizes:  # the largest batch a step can reach gets its own graph
             sizes.append(largest)

@@ -91,9 +91,12 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     draft = resolve_draft(speculative, config, max_model_len, parallel)
     states = state_layer_settings(args, config, device)
     groups = kv_cache_groups_for(config, parallel.pipeline_parallel_size, draft is not None, states)
+    compiled = compiles_layers(args, device, parallel, quantization)
     graphs = () if states or encoder else graph_sizes(args, device, parallel, speculative)
+    if compiled and device.type == "cpu":
+        graphs = ()  # inductor's kernels run outside the dispatcher a CPU recording sees
     if groups is not None and graphs:
-        logger.info("decode CUDA graphs off: their buffers hold one block table per sequence")
+        logger.info("decode graphs off: their buffers hold one block table per sequence")
         graphs = ()
     spec = WorkerConfig(
         folder,
@@ -113,7 +116,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         args.tokenizer,
         graphs,
         args.load_format,
-        compile_layers=compiles_layers(args, device, parallel, quantization),
+        compile_layers=compiled,
         kv_groups=groups,
     )
     spec.kv_offload_blocks = offload_blocks(args, spec, bool(states or encoder or groups))
@@ -212,11 +215,12 @@ def graph_sizes(
     parallel: ParallelConfig,
     speculative: SpeculativeConfig | None,
 ) -> tuple[int, ...]:
-    """The decode batch sizes captured as CUDA graphs: none on CPU, with --enforce-eager,
-    level 0 or cudagraph_mode NONE, and (for now) with LoRA or more than one rank."""
+    """The decode batch sizes captured as graphs (CUDA graphs on a GPU, recorded op calls
+    on CPU: ``cpu_graphs``): none with --enforce-eager, level 0 or cudagraph_mode NONE,
+    and (for now) with LoRA or more than one rank."""
     compilation = args.compilation_config
     if (
-        device.type != "cuda"
+        device.type not in ("cuda", "cpu")
         or args.enforce_eager
         or not compilation.uses_graphs
         or parallel.world_size > 1
@@ -224,7 +228,7 @@ def graph_sizes(
     ):
         return ()
     rows_per_seq = 1 + (speculative.num_speculative_tokens if speculative else 0)
-    return tuple(compilation.capture_sizes(args.max_num_seqs * rows_per_seq))
+    return tuple(compilation.capture_sizes(args.max_num_seqs * rows_per_seq, device.type))
 
 
 def compiles_layers(

@@ -15,9 +15,11 @@ pooling or prompt scoring rows, a block table no wider than the buffers. Every o
 runs after it, outside.
 
 ``GraphRecorder`` is how a warmed-up forward becomes a replayable one: on a GPU a
-``torch.cuda.CUDAGraph`` in one shared memory pool (``CudaGraphRecorder``); the CPU tests
-record by re-running the forward on the same buffers, which checks the buffers, padding
-and dispatch without a GPU.
+``torch.cuda.CUDAGraph`` in one shared memory pool (``CudaGraphRecorder``); on CPU the
+forward's op calls, recorded and replayed (``cpu_graphs.CpuGraphRecorder``). A recorder
+that asks for it (``checks_replays``) has each size's replay compared once with an eager
+forward on inputs unlike the recorded ones; a difference, or a forward that cannot be
+recorded, leaves every decode step eager.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Protocol
 import torch
 
 from octavo.attention.metadata import AttentionMetadata
+from octavo.model_executor.cpu_graphs import NotRecordable
 from octavo.model_executor.models.causal_lm import StepResult
 from octavo.model_executor.mrope_positions import supports_mrope
 from octavo.model_executor.paged_model import PagedModel
@@ -44,6 +47,10 @@ Replay = Callable[[], torch.Tensor]  # runs the recorded forward; returns its lo
 
 
 class GraphRecorder(Protocol):
+    name: str  # what the log calls the graphs
+    checks_replays: bool  # compare each size's replay with an eager forward once
+    recorded_bytes: int  # memory the recordings keep, where the device cannot report it
+
     def record(self, forward: Replay) -> Replay:
         """Record ``forward`` (already warmed up once) and return its replay."""
         ...
@@ -51,6 +58,10 @@ class GraphRecorder(Protocol):
 
 class CudaGraphRecorder:
     """Captures into ``torch.cuda.CUDAGraph``s that share one memory pool."""
+
+    name = "CUDA graphs"
+    checks_replays = False  # a captured graph runs the kernels the eager forward queued
+    recorded_bytes = 0  # the pool's memory is read from the device
 
     def __init__(self) -> None:
         self.pool = torch.cuda.graph_pool_handle()
@@ -154,27 +165,57 @@ class DecodeGraphs:
         self.capture_seconds, self.capture_bytes = 0.0, 0
         self.logits: torch.Tensor | None = None  # [largest size, vocab]: every graph's output
 
-    def capture(self) -> None:
-        """Warm up and record every size, largest first (smaller ones reuse its memory)."""
+    def capture(self) -> bool:
+        """Warm up and record every size, largest first (smaller ones reuse its memory).
+        False, with every step left eager, where the forward cannot be recorded."""
         start = time.perf_counter()
         free_before = _free_bytes(self.paged.device)
-        with PhaseReporter("capturing CUDA graphs", len(self.sizes), "graphs") as progress:
-            for size in reversed(self.sizes):
-                forward = self._forward(size)
-                forward()  # compiles the Triton kernels and settles lazy allocations
-                self.replays[size] = self.recorder.record(forward)
-                progress.update()
-        taken = free_before - _free_bytes(self.paged.device)
+        name = self.recorder.name
+        try:
+            with PhaseReporter(f"capturing {name}", len(self.sizes), "graphs") as progress:
+                for size in reversed(self.sizes):
+                    self.replays[size] = self._record(size)
+                    progress.update()
+        except NotRecordable as reason:
+            self.replays.clear()
+            logger.info("%s off, decode steps run eagerly: %s", name, reason)
+            return False
+        taken = free_before - _free_bytes(self.paged.device) + self.recorder.recorded_bytes
         seconds = time.perf_counter() - start
         logger.info(
-            "captured %d decode graphs (batch sizes %d..%d) in %.1f s, taking %.0f MiB",
+            "captured %d %s (batch sizes %d..%d) in %.1f s, taking %.0f MiB",
             len(self.sizes),
+            name,
             self.sizes[0],
             self.sizes[-1],
             seconds,
             taken / 2**20,
         )
         self.capture_seconds, self.capture_bytes = seconds, taken
+        return True
+
+    def _record(self, size: int) -> Replay:
+        forward = self._forward(size)
+        forward()  # compiles the Triton kernels and settles lazy allocations
+        replay = self.recorder.record(forward)
+        if self.recorder.checks_replays:
+            self._check(size, forward, replay)
+        return replay
+
+    def _check(self, size: int, forward: Replay, replay: Replay) -> None:
+        """The replay must give the eager forward's logits, bit for bit, on random token
+        ids and positions (padding rows: no cache slot is written)."""
+        buffers, generator = self.buffers, torch.Generator().manual_seed(size)
+        ids, positions = buffers.input_ids[:size], buffers.positions[..., :size]
+        vocab = self.paged.model.config.vocab_size
+        ids.copy_(torch.randint(vocab, ids.shape, generator=generator))
+        positions.copy_(torch.randint(self.max_model_len, positions.shape, generator=generator))
+        expected = forward().clone()
+        replayed = replay()
+        ids.zero_()
+        positions.zero_()
+        if not torch.equal(expected, replayed):
+            raise NotRecordable(f"the replay of batch size {size} differs from the forward")
 
     def _forward(self, size: int) -> Replay:
         buffers = self.buffers

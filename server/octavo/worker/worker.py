@@ -46,6 +46,7 @@ from octavo.kv_transfer.block_io import (
 from octavo.lora.config import LoRAConfig
 from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
+from octavo.model_executor.cpu_graphs import CpuGraphRecorder
 from octavo.model_executor.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from octavo.model_executor.footprint import weight_bytes, weight_footprint
 from octavo.model_executor.layers.lora import LoRASize
@@ -156,7 +157,7 @@ class Worker:
             spec.load_format,
         )
         if spec.graph_sizes and experts_sync_with_host(self.model):
-            logger.info("decode CUDA graphs off: quantized MoE experts run the grouped path")
+            logger.info("decode graphs off: quantized MoE experts run the grouped path")
             self.spec = spec = replace(spec, graph_sizes=())
         if spec.compile_layers:
             compile_layers(self.model)
@@ -331,12 +332,13 @@ class Worker:
         )
         if spec.kv_offload_blocks:  # each rank's tier holds its own shard of the blocks
             self.runner.offload = HostTier.like(caches, spec.kv_offload_blocks)
-        if spec.graph_sizes and self.device.type == "cuda":
+        if spec.graph_sizes:
+            recorder = CudaGraphRecorder() if self.device.type == "cuda" else CpuGraphRecorder()
             graphs = DecodeGraphs(
-                self.runner.paged, list(spec.graph_sizes), spec.max_positions, CudaGraphRecorder()
+                self.runner.paged, list(spec.graph_sizes), spec.max_positions, recorder
             )
-            graphs.capture()
-            self.runner.graphs = graphs
+            if graphs.capture():
+                self.runner.graphs = graphs
 
     def _proposer(self, num_blocks: int) -> Proposer | None:
         speculative, spec = self.spec.speculative, self.spec

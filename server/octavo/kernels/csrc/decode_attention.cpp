@@ -478,10 +478,24 @@ void run_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_c
   const int64_t parts = chunked_walk<HD>(s) ? parts_per_walk(walks, threads, longest) : 1;
   if (parts == 1) {
     // The query heads of a KV head share every key and value read.
-    at::parallel_for(0, walks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const DecodeWalk<T, C> walk = walk_of(item);
-        attend<T, C, HD>(s, walk, {first_visible(s, walk.seq_len), walk.seq_len}, true, nullptr, amx);
+    const auto attend_walk = [&](int64_t item) {
+      const DecodeWalk<T, C> walk = walk_of(item);
+      attend<T, C, HD>(s, walk, {first_visible(s, walk.seq_len), walk.seq_len}, true, nullptr, amx);
+    };
+    if (seqs < threads) {
+      at::parallel_for(0, walks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) attend_walk(item);
+      });
+      return;
+    }
+    // Thread t takes sequences t, t + threads, ... (all their walks, whose cache rows lie
+    // side by side): a batch padded up to a decode graph's size ends in rows of one key,
+    // which contiguous ranges would leave to the last thread alone.
+    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t first = begin; first < end; ++first) {
+        for (int64_t b = first; b < seqs; b += threads) {
+          for (int64_t task = 0; task < tasks_per_seq; ++task) attend_walk(b * tasks_per_seq + task);
+        }
       }
     });
     return;
