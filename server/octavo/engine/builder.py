@@ -92,7 +92,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     states = state_layer_settings(args, config, device)
     groups = kv_cache_groups_for(config, parallel.pipeline_parallel_size, draft is not None, states)
     compiled = compiles_layers(args, device, parallel, quantization)
-    graphs = () if states or encoder else graph_sizes(args, device, parallel, speculative)
+    decodes = runner.generates and not (states or encoder)  # a pooling model never decodes
+    graphs = graph_sizes(args, device, parallel, speculative) if decodes else ()
     if compiled and device.type == "cpu":
         graphs = ()  # inductor's kernels run outside the dispatcher a CPU recording sees
     if groups is not None and graphs:

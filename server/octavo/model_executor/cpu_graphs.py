@@ -74,7 +74,7 @@ class TapeStep:
 def _frozen(value):
     """A tensor argument as a new alias of its memory with its shape at the call, so a
     later in-place view op (``unsqueeze_``) cannot change what a replay passes."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor) and value.layout == torch.strided:
         return value.as_strided(value.size(), value.stride(), value.storage_offset())
     return value
 
@@ -145,6 +145,7 @@ class CpuGraphRecorder:
 
     name = "CPU decode graphs"
     checks_replays = True  # DecodeGraphs compares each replay with an eager forward once
+    # (and leaves the steps eager where a forward fails or differs)
 
     def __init__(self) -> None:
         self.recorded_bytes = 0  # activations the recordings keep, all sizes

@@ -18,8 +18,8 @@ runs after it, outside.
 ``torch.cuda.CUDAGraph`` in one shared memory pool (``CudaGraphRecorder``); on CPU the
 forward's op calls, recorded and replayed (``cpu_graphs.CpuGraphRecorder``). A recorder
 that asks for it (``checks_replays``) has each size's replay compared once with an eager
-forward on inputs unlike the recorded ones; a difference, or a forward that cannot be
-recorded, leaves every decode step eager.
+forward on inputs unlike the recorded ones; a difference, or a padded forward that fails
+or cannot be recorded, leaves every decode step eager.
 """
 
 from __future__ import annotations
@@ -196,10 +196,18 @@ class DecodeGraphs:
 
     def _record(self, size: int) -> Replay:
         forward = self._forward(size)
-        forward()  # compiles the Triton kernels and settles lazy allocations
-        replay = self.recorder.record(forward)
-        if self.recorder.checks_replays:
-            self._check(size, forward, replay)
+        if not self.recorder.checks_replays:
+            forward()  # compiles the Triton kernels and settles lazy allocations
+            return self.recorder.record(forward)
+        try:
+            forward()
+            replay = self.recorder.record(forward)
+        except NotRecordable:
+            raise
+        except Exception as error:  # e.g. the torch path, whose KV store takes no slot -1
+            failure = f"{type(error).__name__}: {error}"
+            raise NotRecordable(f"the padded forward failed: {failure}") from error
+        self._check(size, forward, replay)
         return replay
 
     def _check(self, size: int, forward: Replay, replay: Replay) -> None:
