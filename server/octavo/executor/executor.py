@@ -9,6 +9,7 @@ on this host or, with ``--nnodes``, some on worker hosts.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Protocol
 
@@ -85,6 +86,7 @@ class UniProcExecutor:
 
     def shutdown(self) -> None:
         self.worker.runner = None
+        gc.unfreeze()  # what the decode graphs' capture froze is collectable again
 
     def kv_layout(self) -> KVLayout:
         return self.worker.kv_layout()

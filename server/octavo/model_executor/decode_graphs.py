@@ -1,4 +1,4 @@
-"""CUDA graphs of decode steps (vLLM's ``FULL_DECODE_ONLY``), replayed from persistent buffers.
+"""Graphs of decode steps (vLLM's ``FULL_DECODE_ONLY``), replayed from persistent buffers.
 
 A decode step's forward is a few hundred small kernel launches; replaying a captured graph
 launches them all at once, so the host no longer paces the GPU. A graph reads fixed
@@ -24,6 +24,7 @@ or cannot be recorded, leaves every decode step eager.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -192,6 +193,11 @@ class DecodeGraphs:
             taken / 2**20,
         )
         self.capture_seconds, self.capture_bytes = seconds, taken
+        # The recordings hold thousands of objects for the server's life: out of the garbage
+        # collector's full passes (vLLM freezes after capture too). Without it a CPU decode
+        # step of 64 rows spent 5.1 ms a step in collections (0.3 ms frozen).
+        gc.collect()
+        gc.freeze()
         return True
 
     def _record(self, size: int) -> Replay:
