@@ -82,6 +82,7 @@ def test_graphs_are_captured_only_on_a_single_rank_without_eager_or_lora():
     assert graph_sizes(EngineArgs(enforce_eager=True), cuda, single, None) == ()
     assert graph_sizes(EngineArgs(compilation_config=0), cuda, single, None) == ()
     assert graph_sizes(EngineArgs(enable_lora=True), cuda, single, None) == ()
+    assert graph_sizes(args, torch.device("cpu"), single, None, compiled_layers=True) == ()
     assert graph_sizes(args, cuda, ParallelConfig(tensor_parallel_size=2), None) == ()
 
 

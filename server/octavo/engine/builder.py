@@ -93,9 +93,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     groups = kv_cache_groups_for(config, parallel.pipeline_parallel_size, draft is not None, states)
     compiled = compiles_layers(args, device, parallel, quantization)
     decodes = runner.generates and not (states or encoder)  # a pooling model never decodes
-    graphs = graph_sizes(args, device, parallel, speculative) if decodes else ()
-    if compiled and device.type == "cpu":
-        graphs = ()  # inductor's kernels run outside the dispatcher a CPU recording sees
+    graphs = graph_sizes(args, device, parallel, speculative, compiled) if decodes else ()
     if groups is not None and graphs:
         logger.info("decode graphs off: their buffers hold one block table per sequence")
         graphs = ()
@@ -215,13 +213,16 @@ def graph_sizes(
     device: torch.device,
     parallel: ParallelConfig,
     speculative: SpeculativeConfig | None,
+    compiled_layers: bool = False,
 ) -> tuple[int, ...]:
     """The decode batch sizes captured as graphs (CUDA graphs on a GPU, recorded op calls
     on CPU: ``cpu_graphs``): none with --enforce-eager, level 0 or cudagraph_mode NONE,
-    and (for now) with LoRA or more than one rank."""
+    (for now) with LoRA or more than one rank, and on CPU with torch.compiled layers
+    (inductor's kernels run outside the dispatcher a recording sees)."""
     compilation = args.compilation_config
     if (
         device.type not in ("cuda", "cpu")
+        or (device.type == "cpu" and compiled_layers)
         or args.enforce_eager
         or not compilation.uses_graphs
         or parallel.world_size > 1

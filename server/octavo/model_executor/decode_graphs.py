@@ -202,18 +202,19 @@ class DecodeGraphs:
 
     def _record(self, size: int) -> Replay:
         forward = self._forward(size)
-        if not self.recorder.checks_replays:
-            forward()  # compiles the Triton kernels and settles lazy allocations
-            return self.recorder.record(forward)
+        checked = self.recorder.checks_replays
         try:
-            forward()
+            forward()  # compiles the Triton kernels and settles lazy allocations
             replay = self.recorder.record(forward)
         except NotRecordable:
             raise
         except Exception as error:  # e.g. the torch path, whose KV store takes no slot -1
+            if not checked:
+                raise
             failure = f"{type(error).__name__}: {error}"
             raise NotRecordable(f"the padded forward failed: {failure}") from error
-        self._check(size, forward, replay)
+        if checked:
+            self._check(size, forward, replay)
         return replay
 
     def _check(self, size: int, forward: Replay, replay: Replay) -> None:
