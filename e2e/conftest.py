@@ -81,13 +81,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     if report.failed and _uses_cluster(item):
+        # The operator's log first: a report cut short keeps its head
+        operator = item.funcargs.get("operator") if hasattr(item, "funcargs") else None
+        if isinstance(operator, OperatorProcess):
+            report.sections.append(("operator log", operator.tail(LOG_TAIL_LINES)))
         logs = control_plane.state_dir() / "logs"
         for name in control_plane.COMPONENTS:
             text = control_plane.tail_log(logs / f"{name}.log", LOG_TAIL_LINES)
             report.sections.append((f"{name} log (last {LOG_TAIL_LINES} lines)", text))
-        operator = item.funcargs.get("operator") if hasattr(item, "funcargs") else None
-        if isinstance(operator, OperatorProcess):
-            report.sections.append(("operator log", operator.tail(LOG_TAIL_LINES)))
         lws = item.funcargs.get("lws_controller") if hasattr(item, "funcargs") else None
         if isinstance(lws, LwsController):
             report.sections.append(("lws-controller log", lws.tail(LOG_TAIL_LINES)))

@@ -1,7 +1,8 @@
 """Churn: 100 InferenceServices created and deleted, three times over, against one
 operator: every Deployment appears and is garbage-collected, the operator forgets every
 deleted service (its state gauge returns to 0), its memory stops growing after the first
-rounds (rounds 2-3 add less than half of what round 1 took), and no reconcile fails."""
+rounds (rounds 2-3 add less than half of what round 1 took), and no reconcile fails
+(but on the API server's timeouts, which are retried)."""
 
 from __future__ import annotations
 
@@ -59,14 +60,26 @@ def churn_once(
     )
 
 
-def handler_failures(log: str, namespace: str) -> list[str]:
+# A loaded API server may time a request out (no answer, or its own 504): the operator
+# retries those (the Deployments' counts prove it caught up); any other failure is a fault.
+OVERLOADED = re.compile(r"failed temporarily: (the API server did not answer|(429|503|504): )")
+
+
+def handler_failures(log: str, namespace: str) -> tuple[list[str], int]:
     """Failed handlers of this test's objects (the operator watches every namespace: one
-    that an earlier test is still deleting may refuse it, which is not this test's)."""
-    failures = []
+    that an earlier test is still deleting may refuse it, which is not this test's), and
+    how many others failed only because the API server was overloaded."""
+    failures, overloaded = [], 0
     for line in log.splitlines():
-        if re.search(r"Handler .{0,80} failed", line) and f'"namespace": "{namespace}"' in line:
+        if not re.search(r"Handler .{0,80} failed", line):
+            continue
+        if f'"namespace": "{namespace}"' not in line:
+            continue
+        if OVERLOADED.search(line):
+            overloaded += 1
+        else:
             failures.append(failure_summary(line))
-    return failures
+    return failures, overloaded
 
 
 def failure_summary(line: str) -> str:
@@ -97,7 +110,8 @@ def test_create_and_delete_100_services_three_times(
         # 109/112/120, 111/122/130 MiB: the allocator's own growth reached half of round 1).
         first_round = after[0] - idle
         assert after[-1] - after[0] < first_round, f"memory grows with churn: {after}"
-        failures = handler_failures(own.log_path.read_text(), namespace)
+        failures, overloaded = handler_failures(own.log_path.read_text(), namespace)
+        print(f"handlers retried because the API server was overloaded: {overloaded}")
         assert not failures, failures[:5]
     finally:
         own.stop()

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import httpx
 
+from stuck_processes import dump_stacks
+
 Probe = tuple[float, int | None]  # seconds from the start; status, None for no answer
 
 
@@ -20,11 +22,14 @@ def probe_until_exit(
     describe: Callable[[], str],
 ) -> list[Probe]:
     """Probe ``url``/health every 50 ms until ``process`` exits (failing after ``limit``
-    s from ``since``, with ``describe()``): when an answer came, or when a probe left that
-    got none (refused, closing, or past its 2 s timeout: a failed probe to a kubelet)."""
+    s from ``since``, with its stacks dumped and ``describe()``): when an answer came, or
+    when a probe left that got none (refused, closing, or past its 2 s timeout: a failed
+    probe to a kubelet)."""
     probes: list[Probe] = []
     while process.poll() is None:
-        assert time.monotonic() < since + limit, describe()
+        if time.monotonic() >= since + limit:
+            dump_stacks(process.pid)
+            raise AssertionError(describe())
         sent = time.monotonic() - since
         try:
             status = httpx.get(f"{url}/health", timeout=2).status_code

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from stuck_processes import log_tail, stuck
+
 NODE_KEY = "multinode-test-secret"
 EXIT_WITHIN_SECONDS = 60  # a failed leader (or host) exits this fast, busy CPUs included
 # A small fp32 engine, one thread per rank: what every host of a test group runs with.
@@ -77,7 +79,7 @@ class Host:
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            message = f"still running after {timeout} s:\n{self.text()[-3000:]}"
+            message = stuck(self.process.pid, self.log, f"still running after {timeout:.1f} s")
             raise AssertionError(message) from None
 
     def kill_host(self) -> None:
@@ -148,7 +150,7 @@ class NodeGroup:
         raise AssertionError(f"not healthy in {timeout} s:\n{self.logs()}")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {h.log.name}\n{h.text()[-3000:]}" for h in self.hosts)
+        return "\n".join(f"--- {h.log.name}\n{log_tail(h.log, 60)}" for h in self.hosts)
 
     def stop_all(self) -> None:
         for host in self.hosts:

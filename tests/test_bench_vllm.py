@@ -51,7 +51,10 @@ class LLM:
     def __init__(self, **kwargs):
         if os.environ.get("FAKE_VLLM_MODE") == "crash":
             raise RuntimeError("boom while loading")
-        self.kwargs, self.calls = kwargs, []
+        self.kwargs, self.calls, self.resets = kwargs, [], 0
+
+    def reset_prefix_cache(self):
+        self.resets += 1
 
     def generate(self, prompts, params, use_tqdm=True):
         self.calls.append({
@@ -62,6 +65,7 @@ class LLM:
         record = {
             "llm": self.kwargs,
             "calls": self.calls,
+            "prefix_cache_resets": self.resets,
             "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
             "octavo_modules": sorted(m for m in sys.modules if m.startswith("octavo")),
             "sys_path": sys.path,

@@ -1,6 +1,7 @@
 """The CPU KV budget counts the weights as stored: a tied LM head's oneDNN-prepacked copy
 (beside the embedding table the lookup reads) is part of the footprint the start-up
-check and the load log use, and a cache that cannot fit next to it is refused."""
+check and the load log use, and a cache that cannot fit next to it is refused; so are
+the steps' activations."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from octavo import LLM
 from octavo.kernels.cpu_features import PREPACK_ENV
 from octavo.kv_cache import cpu_budget
-from octavo.kv_cache.cpu_budget import HostMemory, cgroup_memory_limit, cpu_kv_bytes
+from octavo.kv_cache.cpu_budget import HostMemory, HostNeeds, cgroup_memory_limit, cpu_kv_bytes
 from octavo.model_executor.layers.linear_method import can_pack
 from octavo.model_executor.loader import weight_footprint
 
@@ -49,10 +50,11 @@ def test_a_cache_that_fits_only_without_the_copy_is_refused(tiny_folder, monkeyp
     with LLM(folder, **ENGINE) as llm:
         model = llm.engine.executor.worker.model
         unpacked = weight_footprint(model)
+        activations = llm.engine.executor.worker.host_needs.activations
     table = model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
     assert unpacked.prepacked == unpacked.copies == 0
-    # room for the unpacked weights and the cache, not for the head's packed copy as well
-    limit = unpacked.total + KV + table // 2
+    # room for the unpacked weights, the steps and the cache, not for the head's packed copy
+    limit = unpacked.total + activations + KV + table // 2
     monkeypatch.setattr(HostMemory, "read", classmethod(lambda cls: HostMemory(limit, "test")))
     with LLM(folder, **ENGINE):
         pass
@@ -63,10 +65,25 @@ def test_a_cache_that_fits_only_without_the_copy_is_refused(tiny_folder, monkeyp
 
 def test_the_budget_arithmetic():
     host = HostMemory(10 * MiB, "cgroup memory limit")
-    assert cpu_kv_bytes(6 * MiB, 4 * MiB, 2 * MiB, host) == 6 * MiB  # exactly full
-    with pytest.raises(ValueError, match=r"cgroup memory limit is 0\.01 GiB"):
-        cpu_kv_bytes(6 * MiB + 1, 4 * MiB, 2 * MiB, host)
-    assert cpu_kv_bytes(1 << 40, 1 << 40, 0, None) == 1 << 40  # the host's size unknown
+    needs = HostNeeds(weights=3 * MiB, copies=2 * MiB, activations=1 * MiB)
+    assert cpu_kv_bytes(6 * MiB, needs, host) == 6 * MiB  # exactly full
+    with pytest.raises(ValueError, match=r"cgroup memory limit is 0\.01 GiB.*activations"):
+        cpu_kv_bytes(6 * MiB + 1, needs, host)
+    assert cpu_kv_bytes(1 << 40, HostNeeds(1 << 40, 0), None) == 1 << 40  # size unknown
+
+
+def test_the_steps_activations_are_counted(tiny_folder, monkeypatch):
+    """A cache that fits beside the weights but not beside the largest step's activations
+    (its token budget's rows, max_num_seqs sampled rows over the vocabulary) is refused."""
+    folder = str(tiny_folder("llama3"))
+    with LLM(folder, **ENGINE) as llm:
+        needs = llm.engine.executor.worker.host_needs
+    weights, activations = needs.weights, needs.activations
+    assert activations > 4 * MiB  # 256 sampled rows' fp32 copies of the vocabulary
+    limit = weights + KV + activations // 2
+    monkeypatch.setattr(HostMemory, "read", classmethod(lambda cls: HostMemory(limit, "test")))
+    with pytest.raises(ValueError, match=r"the steps' activations 0\.\d\d GiB"):
+        LLM(folder, **ENGINE)
 
 
 def test_a_cgroup_limit_below_the_machines_memory_is_the_hosts(tmp_path, monkeypatch):

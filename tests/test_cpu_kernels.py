@@ -794,11 +794,12 @@ def test_dense_linear_bf16_matches_fp32_sums_rounded_once(
 
 
 @pytest.mark.parametrize("rows", [2, 16, 17, 40, 600])
-@pytest.mark.parametrize("out_features,in_features", [(96, 64), (49, 96), (40, 2048)])
+@pytest.mark.parametrize("out_features,in_features", [(96, 64), (49, 96), (40, 2048), (600, 64)])
 def test_dense_linear_bf16_on_amx_tiles(ops, monkeypatch, rows, out_features, in_features):
     """bf16 on AMX tiles (dense_linear_amx.h), from 2 rows where inputs are a multiple of
     32: one and two row tiles, a part-tile of rows, a part-empty last panel and an odd
-    panel count, chunks of 512 rows, strided rows, a bias; the float64 sum rounded to bf16
+    panel count, chunks of 512 rows, groups of 8 panel pairs and a part-group (600 columns:
+    19 pairs), strided rows, a bias; the float64 sum rounded to bf16
     within two units in the last place, and the vdpbf16ps path's result too."""
     monkeypatch.setenv("OCTAVO_CPU_AMX", "1")
     if not ops.dense_amx_enabled():

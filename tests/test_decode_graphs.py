@@ -30,6 +30,7 @@ class RerunRecorder:
     name = "rerun graphs"
     checks_replays = False
     recorded_bytes = 0
+    shares_outputs = False
 
     def __init__(self) -> None:
         self.recorded = 0
@@ -54,9 +55,9 @@ def test_the_default_sizes_follow_vllms_ladder_up_to_the_decode_rows():
     assert config.capture_sizes(3) == [1, 2, 3]
     explicit = CompilationConfig(cudagraph_capture_sizes=(8, 1, 4, 4))
     assert explicit.capture_sizes(256) == [1, 4, 8]
-    # on CPU each size keeps its activations: powers of two, by default up to 64 rows
-    assert config.capture_sizes(256, "cpu") == [1, 2, 4, 8, 16, 32, 64]
-    assert config.capture_sizes(48, "cpu") == [1, 2, 4, 8, 16, 32, 48]
+    # on CPU steps of 16 past 16, by default up to 64 rows
+    assert config.capture_sizes(256, "cpu") == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert config.capture_sizes(44, "cpu") == [1, 2, 4, 8, 16, 32, 44]
     assert CompilationConfig(max_cudagraph_capture_size=128).capture_sizes(256, "cpu")[-1] == 128
     assert explicit.capture_sizes(256, "cpu") == [1, 4, 8]
 

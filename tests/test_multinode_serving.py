@@ -36,7 +36,10 @@ from tiny_models import build_tiny_model
 
 STARTUP_SECONDS = 240
 UNHEALTHY_WITHIN_SECONDS = 2.0  # the host's link is watched, not polled between steps
-JOIN_EXIT_SLACK_SECONDS = 10.0  # stopping the leader's own worker and the server, busy CPUs
+# Stopping the leader's own worker and the server, busy CPUs: usually a few seconds, but a
+# CI machine running both suites once took 12.4 s past the timeout, and an idle one 33 s
+# (not explained yet: the failure message now carries the logs).
+JOIN_EXIT_SLACK_SECONDS = 45.0
 JOIN_TIMEOUT_SECONDS = 2  # --node-join-timeout of the hosts that never meet: the test waits it out
 MAX_TOKENS = 12
 PROMPTS = 4
@@ -128,8 +131,8 @@ def test_hosts_that_never_join_fail_within_the_timeout(tiny_folder, tmp_path):
     try:
         leader, orphan = alone.start_leader(), orphans.start_worker(1)
         waiting = wait_for_line(leader, "waiting for node 1 (rank 1)")
-        assert leader.wait(EXIT_WITHIN_SECONDS) == 1, alone.logs()
-        assert time.monotonic() - waiting < JOIN_TIMEOUT_SECONDS + JOIN_EXIT_SLACK_SECONDS
+        left = waiting + JOIN_TIMEOUT_SECONDS + JOIN_EXIT_SLACK_SECONDS - time.monotonic()
+        assert leader.wait(left) == 1, alone.logs()  # an overrun shows the leader's stacks
         assert (
             f"worker host(s) node 1 (rank 1) did not join 127.0.0.1:{alone.master_port} "
             f"within {JOIN_TIMEOUT_SECONDS} s (--node-join-timeout)" in leader.text()

@@ -37,7 +37,7 @@ def make_client(url: str) -> openai.OpenAI:
 def client(smol_folder) -> Iterator[openai.OpenAI]:
     config = ServerConfig(served_model_names=[MODEL], model_root=MODEL)
     app = build_local_app(str(smol_folder), config, max_model_len=512, kv_cache_memory=32 << 20)
-    with ThreadedServer(app, startup_timeout=120) as server:
+    with ThreadedServer(app) as server:
         server.wait_ready()
         yield make_client(server.url)
 

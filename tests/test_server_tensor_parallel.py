@@ -20,12 +20,15 @@ import pytest
 
 from octavo.entrypoints.openai.server import ENGINE_DEATH_EXIT_CODE
 from rank_processes import rank_processes
+from stuck_processes import log_tail
 
 from conftest import serve_subprocess
 from health_probes import assert_unhealthy_within, probe_until_exit
 
 STARTUP_SECONDS = 180
-EXIT_WITHIN_SECONDS = 30
+# A guard, not a budget: a CI machine running both suites took 30-35 s from the kill to the
+# exit once (the engine core stopped its workers for 10 s, then was terminated).
+EXIT_WITHIN_SECONDS = 60
 UNHEALTHY_WITHIN_SECONDS = 1.5  # the workers' exits are watched, not polled between steps
 TP_SERVER_ARGS = [
     *("--max-model-len", "256", "--kv-cache-memory", "8MiB"),
@@ -117,7 +120,7 @@ def test_a_dead_worker_makes_the_server_unhealthy_at_once_and_exit_non_zero(own_
         url,
         since=killed,
         limit=EXIT_WITHIN_SECONDS,
-        describe=lambda: f"the server kept running:\n{log.read_text()}",
+        describe=lambda: f"the server kept running:\n{log_tail(log)}",
     )
     exited = time.monotonic() - killed
     assert process.returncode == ENGINE_DEATH_EXIT_CODE != 0

@@ -42,6 +42,7 @@ from octavo_operator.reconcile import (
     Settings,
     TransientError,
 )
+from octavo_operator.reconcile_retry import RETRY_DELAY_SECONDS, RetriedReconcile
 from octavo_operator.status import Observed, deployment_summary, workload_kind
 from octavo_operator.status_queue import StatusQueue
 
@@ -66,7 +67,6 @@ CHILD_RESOURCES = (
     # engine.nodes > 1: the LeaderWorkerSet (watched once its CRD exists, like the pool).
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 )
-RETRY_DELAY_SECONDS = 30
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 MONITORING_API = "monitoring.coreos.com/v1"
@@ -357,10 +357,20 @@ def correct_drift(
         return
     logger.info("%s %s/%s drifted; putting it back", child.get("kind"), *key)
     metrics.DRIFT_CORRECTIONS.labels(str(child.get("kind"))).inc()
-    try:
-        ctl.reconcile(owner, trigger="drift")
-    except TransientError as error:
-        logger.warning("drift correction of %s/%s failed: %s", *key, error)
+    retried_reconcile(ctl, key, indexes, "drift").run(owner)
+
+
+def retried_reconcile(
+    ctl: Controller, key: Key, indexes: dict[str, Any], trigger: str
+) -> RetriedReconcile:
+    """A reconcile kopf does not retry; a retry that goes through rewrites the status."""
+    return RetriedReconcile(
+        ctl,
+        key,
+        find_owner=lambda: owner_of(indexes["isvc_index"], key),
+        trigger=trigger,
+        after_retry=lambda: ctl.statuses.request(key, indexes),
+    )
 
 
 def correct_drift_when_free(
@@ -550,11 +560,9 @@ def _reconcile_wanting(ctl: Controller, isvc_index: kopf.Index, wants: Any, trig
         owner = owner_of(isvc_index, key)
         if owner is None or not wants(InferenceService.from_body(owner)):
             continue
-        with ctl.lock(key):
-            try:
-                ctl.reconcile(owner, trigger=trigger)
-            except TransientError as error:
-                logger.warning("reconcile of %s/%s failed: %s", *key, error)
+        find_owner = partial(owner_of, isvc_index, key)
+        with ctl.lock(key):  # the children's events that follow rewrite the status
+            RetriedReconcile(ctl, key, find_owner, trigger).run(owner)
 
 
 def _established(crd: kopf.Body) -> bool:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 
 from octavo_operator import constants as c
@@ -48,12 +49,28 @@ DISCOVERY_TTL_SECONDS = 30.0
 REQUEST_TIMEOUT = 30
 
 
+class ApiUnanswered(client.ApiException):
+    """The API server gave no answer: the request timed out or its connection broke.
+    Status 0, never a permanent one: whoever retries an error status retries this too."""
+
+    def __init__(self, method: str, path: str, error: Exception):
+        message = f"the API server did not answer {method} {path}: {type(error).__name__}"
+        super().__init__(status=0, reason=message)
+        self.body = json.dumps({"message": message})
+
+
 def api_error_message(error: client.ApiException) -> str:
     """The apiserver's own message (the Status object's), else the HTTP reason."""
     try:
         return json.loads(error.body)["message"]
     except (TypeError, ValueError, KeyError):
         return f"{error.status} {error.reason}"
+
+
+def error_text(error: client.ApiException) -> str:
+    """'STATUS: message' for a status condition or a log line; the message alone without one."""
+    message = api_error_message(error)
+    return message if isinstance(error, ApiUnanswered) else f"{error.status}: {message}"
 
 
 def load_api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
@@ -124,10 +141,13 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(
-            method, url, header_params=header_params, body=body, _request_timeout=timeout
-        )
-        data = response.read()
+        try:
+            response = self.api.call_api(
+                method, url, header_params=header_params, body=body, _request_timeout=timeout
+            )
+            data = response.read()
+        except urllib3.exceptions.HTTPError as error:  # a timeout, a refused or broken connection
+            raise ApiUnanswered(method, path, error) from error
         if not 200 <= response.status < 300:
             raise client.ApiException(http_resp=response)
         return json.loads(data) if data else {}

@@ -24,7 +24,7 @@ from octavo_operator.builders.children import DesiredChildren, desired_children
 from octavo_operator.conditions import merge, transitions
 from octavo_operator.events import now_rfc3339, post_transitions
 from octavo_operator.idle_scaler import IdleScaler
-from octavo_operator.kube import Kube, api_error_message, object_path
+from octavo_operator.kube import Kube, error_text, object_path
 from octavo_operator.memory import Trimmer
 from octavo_operator.node_key import ensure_node_key
 from octavo_operator.prefill_names import prefill_name_conflict
@@ -134,7 +134,7 @@ class Controller:
         try:
             self._apply_children(isvc, applied, check_all=trigger == "resume")
         except client.ApiException as error:
-            applied.error = f"{error.status}: {api_error_message(error)}"
+            applied.error = error_text(error)
             applied.generation = self.applied.get((isvc.namespace, isvc.name), Applied()).generation
             result = "permanent_error" if error.status in PERMANENT_STATUSES else "error"
             metrics.RECONCILES.labels(trigger, result).inc()

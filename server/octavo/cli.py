@@ -8,6 +8,7 @@ import sys
 
 from octavo.logging_format import configure_logging
 from octavo.model_executor.hub_reach import ModelFetchError
+from octavo.stack_dumps import dump_stacks_on_signal
 
 FETCH_FAILURE_EXIT_CODE = 1  # the model cannot be had (bad input exits 2)
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    dump_stacks_on_signal()
     try:
         configure_logging(
             getattr(args, "log_level", "INFO"), kind=getattr(args, "log_format", None)

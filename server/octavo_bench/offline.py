@@ -17,18 +17,20 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from octavo import LLM
-from octavo.arg_types import positive_float
+from octavo.arg_types import positive_float, positive_int
 from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo_bench import baselines, vllm_baseline
 from octavo_bench.capacity import sequences_that_fit
 from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import run_workload, warm_up
+from octavo_bench.offline_rounds import Rounds
 from octavo_bench.parsers import (
     add_output_dir,
     name_list,
@@ -46,6 +48,7 @@ from octavo_bench.report import (
 )
 from octavo_bench.sampling_choice import add_sampling_arguments, sampling_from_args
 from octavo_bench.vllm_baseline import VllmRunError, VllmSetup
+from octavo_bench.vllm_turns import VllmTurns
 from octavo_bench.workloads import (
     DEFAULT_SEED,
     WORKLOAD_NAMES,
@@ -110,6 +113,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="shrink request counts and lengths for quick runs (default: 1.0)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="run Octavo and vLLM on (a)-(c), (e), (f) this many times, taking turns; "
+        "report the median of the rounds' ratios (offline_rounds; default: %(default)s)",
+    )
     add_output_dir(parser, "offline")
     add_engine_arguments(parser)
     add_sampling_arguments(parser)
@@ -167,9 +177,13 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(threads_used(args.num_threads))  # HF's too, as Octavo's
     setup = prepare(args)
     report = BenchReport(torch_machine_info(args.dtype), run_config(args), setup.workloads)
-    run_octavo(args, setup, report)
+    in_rounds = set(rounds_workloads(setup)) if args.rounds > 1 else set()
+    run_octavo(args, setup, report, skip=in_rounds)
     run_baselines(args, setup, report, vllm)
-    report.results.sort(key=lambda result: result.workload)  # stable: Octavo first
+    if in_rounds:
+        run_rounds(args, setup, report, vllm)
+    # Octavo's rows first (the rounds' median runs come last), the others as they ran
+    report.results.sort(key=lambda r: (r.workload, not r.engine.startswith(OCTAVO)))
     save(report, args.output_dir, "offline")
     return 0
 
@@ -247,30 +261,111 @@ def make_llm(args: argparse.Namespace, prefix_caching: bool) -> LLM:
 
 
 def record(report: BenchReport, result: RunResult) -> None:
-    report.results.append(result)
+    report.results.append(announced(result))
+
+
+def announced(result: RunResult) -> RunResult:
     print(
         f"{result.engine} ({result.workload}): {result.output_tokens} tokens in "
         f"{result.wall_s:.2f} s = {result.tok_s:.1f} tok/s",
         flush=True,
     )
+    return result
 
 
-def run_octavo(args: argparse.Namespace, setup: BenchSetup, report: BenchReport) -> None:
-    """(a)-(c), (e), (f) and (d) without prefix caching on one engine; (d) with it on a
-    second."""
+def run_octavo(
+    args: argparse.Namespace, setup: BenchSetup, report: BenchReport, skip: set[str]
+) -> None:
+    """(a)-(c), (e), (f) (but those in ``skip``: run_rounds runs them) and (d) without
+    prefix caching on one engine; (d) with it on a second."""
+    chosen = {name: w for name, w in setup.workloads.items() if name not in skip}
+    if not chosen:
+        return
     llm = make_llm(args, prefix_caching=False)
     warm_up(llm, setup.warmup_prompt)
-    for name, workload in setup.workloads.items():
+    for name, workload in chosen.items():
         label = OCTAVO_NO_CACHE if name == "d" else OCTAVO
         record(report, run_workload(llm, workload, label, sampling_from_args(args)))
         if name in KV_WORKLOADS:
             add_fit(report, llm, workload, args.kv_cache_memory)
-    if "d" in setup.workloads:
+    if "d" in chosen:
         del llm
         gc.collect()
         llm = make_llm(args, prefix_caching=True)
         warm_up(llm, setup.warmup_prompt)
         record(report, run_workload(llm, setup.workloads["d"], OCTAVO, sampling_from_args(args)))
+
+
+def run_rounds(
+    args: argparse.Namespace, setup: BenchSetup, report: BenchReport, vllm: VllmSetup | None
+) -> None:
+    """--rounds N of the workloads vLLM runs too, one workload at a time: Octavo's run,
+    then vLLM's (vllm_turns: its runner loaded once, taking turns); each engine's row is
+    then its median run, each ratio the median of the rounds' (offline_rounds), and the
+    KV figures those of Octavo's median run."""
+    chosen = [setup.workloads[name] for name in rounds_workloads(setup)]
+    rounds = Rounds([w.name for w in chosen])
+    llm = make_llm(args, prefix_caching=False)
+    warm_up(llm, setup.warmup_prompt)
+    sampling = sampling_from_args(args)
+
+    def octavo_run(workload: Workload) -> RunResult:
+        return announced(run_workload(llm, workload, OCTAVO, sampling))
+
+    if vllm is not None and vllm.python is not None:
+        take_turns(args, setup, vllm, rounds, octavo_run)
+        note_vllm(report, vllm)
+    # Without vLLM, or where its runner failed before a turn: Octavo's rounds alone.
+    alone = [w for w in chosen if (w.name, OCTAVO) not in rounds.runs]
+    for _ in range(args.rounds if alone else 0):
+        for workload in alone:
+            rounds.add(octavo_run(workload))
+    rounds.settle(report)
+    for workload in chosen:
+        if workload.name in KV_WORKLOADS:
+            add_fit(report, llm, workload, args.kv_cache_memory)
+
+
+def rounds_workloads(setup: BenchSetup) -> list[str]:
+    """The workloads --rounds runs: those vLLM runs too."""
+    return [name for name in setup.workloads if name in baselines.VLLM_WORKLOADS]
+
+
+def take_turns(
+    args: argparse.Namespace,
+    setup: BenchSetup,
+    vllm: VllmSetup,
+    rounds: Rounds,
+    octavo_run: Callable[[Workload], RunResult],
+) -> None:
+    """Each round, each of the rounds' workloads: Octavo's run, then vLLM's (a skip reason
+    instead where vLLM fails)."""
+    chosen = [setup.workloads[name] for name in rounds.workloads]
+    request = vllm_baseline.runner_request(
+        setup.folder,
+        vllm.dtype,
+        args.max_model_len,
+        chosen * args.rounds,
+        setup.warmup_prompt,
+        vllm_sampling(args),
+    )
+    print(f"starting vllm to take turns ({vllm.python}, {vllm.dtype})", flush=True)
+    turns = VllmTurns(vllm, request, args.output_dir / "offline-vllm.log")
+    try:
+        with turns:
+            for number in range(1, args.rounds + 1):
+                print(f"round {number} of {args.rounds}", flush=True)
+                for workload in chosen:
+                    rounds.add(octavo_run(workload))
+                    rounds.add(announced(turns.turn()))
+    except VllmRunError as error:
+        vllm.skip_reason = str(error)
+    if turns.result:  # the runner's result file: what it says of vLLM
+        vllm.facts.update(
+            version=turns.result.get("vllm_version"),
+            kernel_isa=turns.result.get("kernel_isa"),
+            load_s=round(turns.result.get("load_s", 0.0), 2),
+        )
 
 
 def add_fit(report: BenchReport, llm: LLM, workload: Workload, budget: int) -> None:
@@ -306,7 +401,7 @@ def run_baselines(
             "its longest request and tok/s counts only the requested tokens"
         )
     for_vllm = [w for n, w in setup.workloads.items() if n in baselines.VLLM_WORKLOADS]
-    if vllm is not None and for_vllm:
+    if vllm is not None and for_vllm and args.rounds == 1:  # else run_rounds takes turns
         run_vllm_baseline(args, setup, report, for_vllm, vllm)
 
 
@@ -319,25 +414,41 @@ def run_vllm_baseline(
 ) -> None:
     """vLLM in its own venv on the chosen workloads; a note instead when it cannot run."""
     if vllm.python is not None:
-        log = args.output_dir / "offline-vllm.log"
-        try:
-            sampling = sampling_from_args(args)
-            results = vllm_baseline.run_offline(
-                vllm,
-                setup.folder,
-                args.max_model_len,
-                chosen,
-                setup.warmup_prompt,
-                log,
-                None if sampling.is_greedy else sampling.fields(),
-            )
-        except VllmRunError as error:
-            vllm.skip_reason = str(error)
-        else:
-            for result in results:
-                record(report, result)
+        for result in vllm_runs(args, setup, chosen, vllm):
+            record(report, result)
+    note_vllm(report, vllm)
+
+
+def note_vllm(report: BenchReport, vllm: VllmSetup) -> None:
+    """vLLM's settings in the report's config; a note (and a line) where it was skipped."""
     report.config[VLLM] = vllm.describe()
     if vllm.skip_reason:
         message = f"vllm baseline skipped: {vllm.skip_reason}"
         print(message, file=sys.stderr)
         report.notes.append(message)
+
+
+def vllm_runs(
+    args: argparse.Namespace, setup: BenchSetup, chosen: list[Workload], vllm: VllmSetup
+) -> list[RunResult]:
+    """One vLLM child over the chosen workloads; none, and ``vllm.skip_reason`` set, when
+    it fails."""
+    try:
+        return vllm_baseline.run_offline(
+            vllm,
+            setup.folder,
+            args.max_model_len,
+            chosen,
+            setup.warmup_prompt,
+            args.output_dir / "offline-vllm.log",
+            vllm_sampling(args),
+        )
+    except VllmRunError as error:
+        vllm.skip_reason = str(error)
+        return []
+
+
+def vllm_sampling(args: argparse.Namespace) -> dict | None:
+    """The sampling fields vLLM's runner gets: None for greedy."""
+    sampling = sampling_from_args(args)
+    return None if sampling.is_greedy else sampling.fields()

@@ -193,6 +193,7 @@ class BenchReport:
     results: list[RunResult] = field(default_factory=list)
     fits: dict[str, SequencesThatFit] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    rounds: Any = None  # offline_rounds.Rounds where --rounds > 1
 
     def result(self, workload: str, engine: str) -> RunResult | None:
         found = (r for r in self.results if r.workload == workload and r.engine == engine)
@@ -221,12 +222,15 @@ class BenchReport:
 
 
 def throughput_ratios(report: BenchReport, workload: str) -> dict[str, float]:
-    """Octavo tok/s over each baseline's tok/s for this workload."""
+    """Octavo tok/s over each baseline's tok/s for this workload (with --rounds: the
+    median of the rounds' ratios)."""
     octavo = report.result(workload, OCTAVO)
     ratios = {}
     for engine in report.baselines(workload):
         baseline = report.result(workload, engine)
         value = None if octavo is None or baseline is None else ratio(octavo.tok_s, baseline.tok_s)
+        paired = report.rounds.median_ratio(workload, engine) if report.rounds else None
+        value = paired if paired is not None else value
         if value is not None:
             ratios[f"{OCTAVO}/{engine}"] = value
     return ratios
@@ -251,6 +255,9 @@ def workload_entry(report: BenchReport, name: str) -> dict[str, Any]:
         "results": {r.engine: r.to_json() for r in report.results if r.workload == name},
         "ratios": prefix_cache_ratios(report) if name == "d" else throughput_ratios(report, name),
     }
+    rounds = report.rounds.to_json(name) if report.rounds is not None else None
+    if rounds is not None:
+        entry["rounds"] = rounds
     octavo = report.result(name, OCTAVO)
     if name in report.fits and octavo is not None:
         entry["kv"] = {
@@ -275,16 +282,18 @@ def throughput_table(report: BenchReport) -> str:
 
 
 def versus_lines(report: BenchReport, baseline: str, shown_as: str) -> list[str]:
-    """One line per workload both ran: Octavo's tok/s over ``baseline``'s."""
+    """One line per workload both ran: Octavo's tok/s over ``baseline``'s (with --rounds:
+    the median runs, and the median of the rounds' ratios)."""
     lines = []
     for name in report.workloads:
         octavo, other = report.result(name, OCTAVO), report.result(name, baseline)
-        value = None if octavo is None or other is None else ratio(octavo.tok_s, other.tok_s)
-        if value is not None:
+        value = throughput_ratios(report, name).get(f"{OCTAVO}/{baseline}")
+        if octavo is not None and other is not None and value is not None:
             lines.append(f"  ({name}) {octavo.tok_s:.1f} / {other.tok_s:.1f} tok/s = {value:.2f}x")
     if not lines:
         return []
-    return [f"\nOctavo / {shown_as} (output tok/s, same prompts and lengths)", *lines]
+    rounds = ", medians of the rounds" if report.rounds is not None else ""
+    return [f"\nOctavo / {shown_as} (output tok/s, same prompts and lengths{rounds})", *lines]
 
 
 def kv_table(report: BenchReport) -> str:
@@ -332,6 +341,7 @@ def offline_text(report: BenchReport) -> str:
         "\nThroughput (output tokens / wall time; ratio = Octavo / baseline)",
         throughput_table(report),
         *versus_lines(report, VLLM, "vLLM"),
+        *(report.rounds.lines() if report.rounds is not None else []),
     ]
     if report.fits:
         lines.append("\nKV cache (utilisation = tokens held / slots allocated, mean over steps;")

@@ -218,22 +218,17 @@ def log_tail(path: Path) -> str:
 
 
 def to_run_results(result: dict) -> list[RunResult]:
-    runs = []
-    for item in result["results"]:
-        note = ""
-        if item["output_tokens"] != item["requested_tokens"]:
-            note = f"vLLM made {item['output_tokens']} tokens, {item['requested_tokens']} asked"
-        runs.append(
-            RunResult(
-                VLLM,
-                item["name"],
-                item["num_requests"],
-                item["output_tokens"],
-                item["wall_s"],
-                note=note,
-            )
-        )
-    return runs
+    return [to_run_result(item) for item in result["results"]]
+
+
+def to_run_result(item: dict) -> RunResult:
+    """One workload's entry of the runner's results."""
+    note = ""
+    if item["output_tokens"] != item["requested_tokens"]:
+        note = f"vLLM made {item['output_tokens']} tokens, {item['requested_tokens']} asked"
+    return RunResult(
+        VLLM, item["name"], item["num_requests"], item["output_tokens"], item["wall_s"], note=note
+    )
 
 
 def run_offline(

@@ -25,6 +25,7 @@ from octavo.engine.core_loop import Emit, run_engine_core
 from octavo.engine.core_messages import STOP, CoreStopped, LoadFailed, LoadProgress
 from octavo.logging_format import configure_logging
 from octavo.progress import add_listener
+from octavo.stack_dumps import dump_stacks_on_signal
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def engine_core_main(args: EngineArgs, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure_logging(logging.INFO, LOG_FORMAT)
+    dump_stacks_on_signal()
     from octavo.engine.llm_engine import LLMEngine
 
     sending = threading.Lock()  # the loop and the executor's watch thread both emit

@@ -285,7 +285,7 @@ class MultiprocExecutor:
             ready = wait(list(pending), _seconds_until(deadline, step_deadline))
             if not ready:
                 ranks = sorted(w.rank for w in pending.values())
-                self._fail(_silence(errors, ranks, timeout), kill=True)
+                self._fail(_silence(errors, ranks, timeout))
             for conn in ready:
                 worker = pending.pop(conn)
                 try:
@@ -308,16 +308,18 @@ class MultiprocExecutor:
         for link in self.links:
             link.abort(reason)
 
-    def _fail(self, reason: str, kill: bool = False) -> None:
-        """The workers cannot go on: stop them all (``kill``: at once, they are wedged)
-        and raise ``WorkerDied``."""
+    def _fail(self, reason: str) -> None:
+        """The workers cannot go on: kill the local ones at once and raise ``WorkerDied``.
+
+        A survivor of a dead or silent peer may be waiting in a collective for it (a
+        shared-memory all-reduce spins, gloo waits out its timeout): a stop message would
+        never be read, and its state is lost with the group anyway."""
         self._broken = self._broken or reason
-        logger.error("%s; stopping every worker", self._broken)
-        self._report_death(self._broken)  # before waiting for the others to stop
+        logger.error("%s; killing every worker", self._broken)
+        self._report_death(self._broken)  # before waiting for the others to exit
         self._abort_links(self._broken)
-        if kill:
-            for worker in self.local_workers:
-                worker.kill()
+        for worker in self.local_workers:
+            worker.kill()
         self.shutdown()
         raise WorkerDied(self._broken)
 

@@ -18,18 +18,22 @@ that bypasses the dispatcher (``tolist``) is caught by the capture check in
 ``DecodeGraphs``: the replay must give the eager forward's logits bit for bit on inputs
 unlike the recorded ones.
 
-The recorded tensors stay allocated: a graph per size keeps its batch's activations
-(``recorded_bytes``), which is why the CPU's default sizes stop at 64 rows.
+The tensors a recording allocated are moved into one arena that every size shares
+(``tape_memory``): allocations whose uses do not overlap share bytes, so the graphs keep
+only the largest size's busiest moment (``recorded_bytes``), not every activation.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
+
+from octavo.model_executor.tape_memory import Lifetime, lifetimes, plan_offsets, rebased
 
 ALLOCATIONS = frozenset(
     {
@@ -45,6 +49,8 @@ UNRECORDABLE_TAGS = (
     torch.Tag.dynamic_output_shape,
     torch.Tag.nondeterministic_seeded,
 )
+# A functional op's arguments that an ``out=`` tensor fixes itself (``_to_copy``'s dtype)
+OUT_TENSOR_ARGUMENTS = frozenset({"dtype", "layout", "device", "pin_memory"})
 
 
 class NotRecordable(RuntimeError):
@@ -70,6 +76,11 @@ class TapeStep:
         for recorded, fresh in zip(self.outputs, results, strict=True):
             recorded.copy_(fresh)
 
+    def rebased(self, plan: dict[int, Lifetime], arena: torch.UntypedStorage) -> TapeStep:
+        """The step with its planned tensors moved into ``arena``."""
+        args, kwargs, outputs = rebased((self.args, self.kwargs, self.outputs), plan, arena)
+        return TapeStep(self.op, args, kwargs, outputs)
+
 
 def _frozen(value):
     """A tensor argument as a new alias of its memory with its shape at the call, so a
@@ -90,8 +101,36 @@ def _integer_index(op: torch._ops.OpOverload, args: tuple) -> bool:
     )
 
 
+def _written(argument) -> bool:
+    return argument.alias_info is not None and argument.alias_info.is_write
+
+
 def _writes_arguments(op: torch._ops.OpOverload) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+    return any(_written(a) for a in op._schema.arguments)
+
+
+@functools.cache
+def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The overload of a one-result functional ``op`` that writes that result into ``out=``
+    and takes the same arguments (less the keyword ones an out tensor fixes: its dtype,
+    layout, device): ``index.Tensor_out``, ``_to_copy.out``; None where there is none."""
+    if len(op._schema.returns) != 1:
+        return None
+    packet = op.overloadpacket
+    candidates = (getattr(packet, name) for name in packet.overloads())
+    return next((c for c in candidates if _same_but_out(op, c)), None)
+
+
+def _same_but_out(op: torch._ops.OpOverload, candidate: torch._ops.OpOverload) -> bool:
+    arguments = candidate._schema.arguments
+    if [a.name for a in arguments if _written(a)] != ["out"] or arguments[-1].name != "out":
+        return False
+    taken = [a.name for a in arguments[:-1]]
+    functional = op._schema.arguments
+    if [a.name for a in functional if a.name in taken] != taken:
+        return False
+    implied = [a for a in functional if a.name not in taken]
+    return all(a.kwarg_only and a.name in OUT_TENSOR_ARGUMENTS for a in implied)
 
 
 class TapeMode(TorchDispatchMode):
@@ -100,13 +139,19 @@ class TapeMode(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.steps: list[TapeStep] = []
-        self.recorded_bytes = 0
+        # what the forward allocated, by address (held, so no address is reused meanwhile)
+        self.fresh: dict[int, torch.UntypedStorage] = {}
+
+    def _allocated(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            self.fresh[storage.data_ptr()] = storage
 
     def __torch_dispatch__(self, op, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = op(*args, **kwargs)
         if op in ALLOCATIONS:
-            self.recorded_bytes += result.untyped_storage().nbytes()
+            self._allocated(result)
             return result
         if op.is_view or torch.Tag.inplace_view in op.tags:
             return result  # metadata over memory that already exists
@@ -122,8 +167,26 @@ class TapeMode(TorchDispatchMode):
         results = result if isinstance(result, (tuple, list)) else (result,)
         if not all(isinstance(r, torch.Tensor) for r in results):
             raise NotRecordable(f"{op} returns {type(result).__name__} to the host")
-        self.recorded_bytes += sum(r.untyped_storage().nbytes() for r in results)
-        return TapeStep(op, args, kwargs, tuple(_frozen(r) for r in results))
+        for fresh in results:
+            self._allocated(fresh)
+        outputs = tuple(_frozen(r) for r in results)
+        return _writing_step(op, args, kwargs, outputs) or TapeStep(op, args, kwargs, outputs)
+
+
+def _writing_step(op, args: tuple, kwargs: dict, outputs: tuple) -> TapeStep | None:
+    """The functional step as its ``out=`` variant writing the recorded output (no fresh
+    result and copy a replay), tried once here; None where there is none or it fails."""
+    writer = out_variant(op)
+    if writer is None:
+        return None
+    taken = {a.name for a in writer._schema.arguments}
+    kept = {name: value for name, value in kwargs.items() if name in taken}
+    step = TapeStep(writer, args, {**kept, "out": outputs[0]}, None)
+    try:
+        step.run()  # writes what the functional op returned into the output again
+    except RuntimeError:
+        return None
+    return step
 
 
 @dataclass(frozen=True)
@@ -146,13 +209,34 @@ class CpuGraphRecorder:
     name = "CPU decode graphs"
     checks_replays = True  # DecodeGraphs compares each replay with an eager forward once
     # (and leaves the steps eager where a forward fails or differs)
+    shares_outputs = True  # a recording's output is planned into the shared arena too
 
     def __init__(self) -> None:
-        self.recorded_bytes = 0  # activations the recordings keep, all sizes
+        self.recorded_bytes = 0  # the arenas the recordings keep, all sizes
+        self.arena = torch.UntypedStorage(0)  # every recording's activations
 
     def record(self, forward: Callable[[], torch.Tensor]) -> Tape:
         mode = TapeMode()
         with mode:
             output = forward()
-        self.recorded_bytes += mode.recorded_bytes
-        return Tape(tuple(mode.steps), output)
+        with torch.inference_mode(output.is_inference()):
+            output, steps = self._planned(mode, output)
+        return Tape(steps, output)
+
+    def _planned(
+        self, mode: TapeMode, output: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[TapeStep, ...]]:
+        """The recording's steps over the shared arena (grown when this one needs more:
+        sizes are recorded largest first, so it is allocated once). The output lives there
+        to the end of the replay, valid until the next replay of any size."""
+        steps = mode.steps
+        plan = lifetimes([(s.args, s.kwargs, s.outputs) for s in steps], mode.fresh)
+        returned = plan.get(output.untyped_storage().data_ptr())
+        if returned is not None:
+            returned.last = len(steps)
+        needed = plan_offsets(plan.values())
+        if needed > self.arena.nbytes():
+            self.arena = torch.UntypedStorage(needed, device=output.device)
+            self.recorded_bytes += needed
+        output = rebased(output, plan, self.arena)
+        return output, tuple(step.rebased(plan, self.arena) for step in steps)

@@ -51,6 +51,9 @@ class GraphRecorder(Protocol):
     name: str  # what the log calls the graphs
     checks_replays: bool  # compare each size's replay with an eager forward once
     recorded_bytes: int  # memory the recordings keep, where the device cannot report it
+    # each replay's output lives in memory every size shares, valid until the next replay
+    # (else DecodeGraphs copies each size's logits into one buffer of its own)
+    shares_outputs: bool
 
     def record(self, forward: Replay) -> Replay:
         """Record ``forward`` (already warmed up once) and return its replay."""
@@ -63,6 +66,7 @@ class CudaGraphRecorder:
     name = "CUDA graphs"
     checks_replays = False  # a captured graph runs the kernels the eager forward queued
     recorded_bytes = 0  # the pool's memory is read from the device
+    shares_outputs = False  # a graph's output stays allocated in the pool, one per size
 
     def __init__(self) -> None:
         self.pool = torch.cuda.graph_pool_handle()
@@ -204,7 +208,11 @@ class DecodeGraphs:
         forward = self._forward(size)
         checked = self.recorder.checks_replays
         try:
-            forward()  # compiles the Triton kernels and settles lazy allocations
+            # Warm up: compiles the Triton kernels and settles lazy allocations. A checked
+            # recorder warms up on the largest size only (a replay that a later lazy step
+            # made wrong fails its check), saving a forward a size at start-up.
+            if not (checked and self.replays):
+                forward()
             replay = self.recorder.record(forward)
         except NotRecordable:
             raise
@@ -246,6 +254,8 @@ class DecodeGraphs:
                 buffers.logits_indices[:size],
             )
             assert isinstance(result, StepResult) and result.logits is not None
+            if self.recorder.shares_outputs:
+                return result.logits
             return self._logits_rows(size, result.logits)
 
         return forward

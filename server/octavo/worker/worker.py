@@ -20,7 +20,7 @@ from octavo.distributed.comm_timer import take_communication_stats
 from octavo.distributed.parallel_state import pipeline_stage, tensor_parallel_group
 from octavo.distributed.worker_group import Placement, join_process_group
 from octavo.kv_cache.cache_tensors import allocate_kv_caches, bytes_per_block
-from octavo.kv_cache.cpu_budget import HostMemory, cpu_kv_bytes
+from octavo.kv_cache.cpu_budget import HostMemory, HostNeeds, cpu_kv_bytes
 from octavo.kv_cache.gpu_budget import (
     GpuMemory,
     StepRows,
@@ -116,6 +116,16 @@ class KVBudget:
     num_speculative_tokens: int = 0  # rows of a speculating sequence's logits: k + 1
 
 
+def largest_step_rows(budget: KVBudget) -> StepRows:
+    """The row bound of the largest step the budget's scheduler makes."""
+    return step_rows(
+        budget.max_num_batched_tokens,
+        budget.max_num_seqs,
+        budget.num_speculative_tokens,
+        PROMPT_SCORING_ROWS_PER_STEP,
+    )
+
+
 @dataclass(frozen=True)
 class CacheShape:
     """This worker's share of the KV cache: its stage's layers, its rank's KV heads."""
@@ -172,6 +182,7 @@ class Worker:
         self.draft = self._load_draft()
         self.adapters = self._lora_slots()
         self.runner: ModelRunner | None = None
+        self.host_needs: HostNeeds | None = None  # a CPU worker's, once its KV is sized
 
     def _load_draft(self) -> CausalLM | None:
         """The draft model, on the driver (the only rank that proposes)."""
@@ -220,8 +231,7 @@ class Worker:
         if draft_shape is not None:  # the draft's cache has as many blocks as the target's
             per_block += bytes_per_block(draft_shape, block_size, cache_dtype)
         if self.device.type != "cuda":
-            assert budget.kv_cache_bytes is not None, "the CPU budget is always in bytes"
-            kv_bytes = self._cpu_kv_bytes(budget.kv_cache_bytes)
+            kv_bytes = self._cpu_kv_bytes(budget)
         else:
             kv_bytes = max(0, self._gpu_kv_bytes(budget))
         return max(0, kv_bytes - self._state_slot_bytes(budget, kv_bytes)) // per_block
@@ -250,25 +260,36 @@ class Worker:
         )
         return states
 
-    def _cpu_kv_bytes(self, kv_bytes: int) -> int:
+    def _cpu_kv_bytes(self, budget: KVBudget) -> int:
         """``--kv-cache-memory``, checked against the host's memory next to the weights
-        (the draft's too) as stored, prepacked copies included (``cpu_budget``)."""
+        (the draft's too) as stored, prepacked copies included, and what steps take
+        (``cpu_activation_bytes``; ``cpu_budget``)."""
+        assert budget.kv_cache_bytes is not None, "the CPU budget is always in bytes"
         if self.device.type != "cpu":
-            return kv_bytes
+            return budget.kv_cache_bytes
         models = [self.model] if self.draft is None else [self.model, self.draft]
         footprints = [weight_footprint(model) for model in models]
-        weights = sum(footprint.total for footprint in footprints)
-        copies = sum(footprint.copies for footprint in footprints)
-        return cpu_kv_bytes(kv_bytes, weights, copies, HostMemory.read())
+        self.host_needs = HostNeeds(
+            weights=sum(footprint.total for footprint in footprints),
+            copies=sum(footprint.copies for footprint in footprints),
+            activations=self.cpu_activation_bytes(budget),
+        )
+        return cpu_kv_bytes(budget.kv_cache_bytes, self.host_needs, HostMemory.read())
+
+    def cpu_activation_bytes(self, budget: KVBudget) -> int:
+        """The largest step's activations (estimated from its shapes, as for a pipeline
+        stage) and the CPU decode graphs' arena, kept for the server's life: the largest
+        captured batch's forward, which every size shares (``cpu_graphs``)."""
+        config, dtype = self.spec.config, self.spec.dtype
+        graphs = 0
+        if self.spec.graph_sizes:
+            largest = max(self.spec.graph_sizes)
+            graphs = activation_bytes(config, StepRows(largest, largest, 0), dtype)
+        return activation_bytes(config, largest_step_rows(budget), dtype) + graphs
 
     def _gpu_kv_bytes(self, budget: KVBudget) -> int:
         """The KV cache's bytes on this GPU: as requested, or the utilization's leftover."""
-        rows = step_rows(
-            budget.max_num_batched_tokens,
-            budget.max_num_seqs,
-            budget.num_speculative_tokens,
-            PROMPT_SCORING_ROWS_PER_STEP,
-        )
+        rows = largest_step_rows(budget)
         activations = self.step_activation_bytes(rows, budget.max_num_seqs)
         memory = GpuMemory.of(self.device)
         if budget.kv_cache_bytes is not None:

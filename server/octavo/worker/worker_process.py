@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from octavo.logging_format import configure_logging
+from octavo.stack_dumps import dump_stacks_on_signal
 
 if TYPE_CHECKING:
     from octavo.worker.worker import WorkerConfig
@@ -95,6 +96,7 @@ def main() -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dump_stacks_on_signal()
     conn = Connection(int(sys.argv[1]))
     try:
         serve(conn)

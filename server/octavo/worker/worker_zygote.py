@@ -21,6 +21,7 @@ import sys
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle
 
+from octavo.stack_dumps import dump_stacks_on_signal
 from octavo.worker.worker_process import die_with_parent, serve
 
 FORK = "fork"
@@ -32,6 +33,7 @@ def main() -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine stops its ranks itself
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dump_stacks_on_signal()  # the forked ranks keep it
     import octavo.worker.worker  # noqa: F401  (torch and the model code: what forks share)
 
     conn = Connection(int(sys.argv[1]))
