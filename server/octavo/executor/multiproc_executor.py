@@ -14,8 +14,9 @@ between steps too. An error reported by some ranks while others never
 answer (stuck in a collective) is fatal as well; the same error from every rank is an
 ordinary step failure. A step that does not come back within ``execute_model_timeout``
 seconds (``step_timeout``) is fatal too: a rank is wedged (a stuck collective, a stopped
-process or host), so every local worker is killed at once (ranks stuck mid-step never
-read a stop) and the worker hosts are told the engine failed.
+process or host). Whatever the fatal cause, every local worker is killed at once (a
+survivor may be stuck mid-step, waiting for the lost rank, and never read a stop) and
+the worker hosts are told the engine failed.
 ``shutdown`` (or the executor being collected) stops every worker, killing what does
 not stop in time.
 
