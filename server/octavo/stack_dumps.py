@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import faulthandler
 import signal
-import sys
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
+STANDARD_ERROR_FD = 2
+
+
 def dump_stacks_on_signal() -> None:
-    """Print every thread's stack to standard error on ``STACK_DUMP_SIGNAL``."""
-    faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+    """Print every thread's stack to standard error on ``STACK_DUMP_SIGNAL``: the file
+    descriptor, never ``sys.stderr`` (a host program may have swapped it for an object
+    without one, as pytest's capture does)."""
+    faulthandler.register(STACK_DUMP_SIGNAL, file=STANDARD_ERROR_FD, all_threads=True)
