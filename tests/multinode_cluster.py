@@ -19,8 +19,6 @@ from pathlib import Path
 import httpx
 import psutil
 
-from stuck_processes import log_tail, stuck
-
 NODE_KEY = "multinode-test-secret"
 EXIT_WITHIN_SECONDS = 60  # a failed leader (or host) exits this fast, busy CPUs included
 # A small fp32 engine, one thread per rank: what every host of a test group runs with.
@@ -79,6 +77,8 @@ class Host:
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            from stuck_processes import stuck  # not at the top: e2e imports this module too
+
             message = stuck(self.process.pid, self.log, f"still running after {timeout:.1f} s")
             raise AssertionError(message) from None
 
@@ -150,6 +150,8 @@ class NodeGroup:
         raise AssertionError(f"not healthy in {timeout} s:\n{self.logs()}")
 
     def logs(self) -> str:
+        from stuck_processes import log_tail  # not at the top: e2e imports this module too
+
         return "\n".join(f"--- {h.log.name}\n{log_tail(h.log, 60)}" for h in self.hosts)
 
     def stop_all(self) -> None:

@@ -36,9 +36,10 @@ from tiny_models import build_tiny_model
 
 STARTUP_SECONDS = 240
 UNHEALTHY_WITHIN_SECONDS = 2.0  # the host's link is watched, not polled between steps
-# Stopping the leader's own worker and the server, busy CPUs: usually a few seconds, but a
-# CI machine running both suites once took 12.4 s past the timeout, and an idle one 33 s
-# (not explained yet: the failure message now carries the logs).
+# Stopping the leader's own worker and the server, busy CPUs: usually a few seconds (5-6 s
+# with three busy loops on two cores), but a CI machine running both suites once took 12.4 s
+# past the timeout, and an idle one 33 s (not explained yet: an overrun now fails with the
+# leader's stacks and its log's tail, tests/stuck_processes.py).
 JOIN_EXIT_SLACK_SECONDS = 45.0
 JOIN_TIMEOUT_SECONDS = 2  # --node-join-timeout of the hosts that never meet: the test waits it out
 MAX_TOKENS = 12
