@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -25,7 +26,8 @@ def dump_stacks(pid: int) -> None:
         return
     for process in processes:
         if catches(process.pid, STACK_DUMP_SIGNAL):
-            process.send_signal(STACK_DUMP_SIGNAL)
+            with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile
+                process.send_signal(STACK_DUMP_SIGNAL)
     time.sleep(DUMP_WAIT_SECONDS)
 
 

@@ -10,8 +10,6 @@ import faulthandler
 import signal
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
-
-
 STANDARD_ERROR_FD = 2
 
 
