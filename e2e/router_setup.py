@@ -3,16 +3,23 @@ reading a pool, and the operator's picker pod run as processes (picker_pod.py)."
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
+import grpc
 from kubernetes import client
 
 from e2e.cluster.paths import REPO_ROOT
 from e2e.operator_process import install_crd
 from e2e.picker_pod import PickerPod
+from octavo_bench.gateway.picker_client import Pick, PickerStream
 
 POOL_API = ("inference.networking.k8s.io", "v1", "inferencepools")
 POOL_CRD = REPO_ROOT / "charts/octavo/files/crds/inference.networking.k8s.io_inferencepools.yaml"
+# The picker's gRPC port opens before its pod informer has listed the pool's pods: until
+# then it refuses with 503, as a gateway in front of a just-started picker would see.
+PICKER_WARM_UP_SECONDS = 60.0
 
 
 def install_pool_crd(apiext: client.ApiextensionsV1Api) -> None:
@@ -42,3 +49,17 @@ def start_picker(
     )
     picker.start()
     return picker
+
+
+async def first_pick(
+    channel: grpc.aio.Channel, path: str, body: bytes
+) -> tuple[PickerStream, Pick]:
+    """The picker's answer on a fresh stream, asked again while it refuses with 503 for up to
+    ``PICKER_WARM_UP_SECONDS`` (a refusal picks nothing, so it leaves no routing state)."""
+    deadline = time.monotonic() + PICKER_WARM_UP_SECONDS
+    while True:
+        stream = PickerStream(channel)
+        pick = await stream.pick(path, body, {})
+        if pick.endpoint or pick.status != 503 or time.monotonic() > deadline:
+            return stream, pick
+        await asyncio.sleep(0.5)

@@ -34,9 +34,9 @@ from e2e.loopback_pod import tiny_llama
 from e2e.pd_pods import RoutingSidecar, role_pod
 from e2e.picker_pod import PickerPod
 from e2e.pod_process import PodProcess, dockerfile_env
-from e2e.router_setup import install_pool_crd, pool_named, start_picker
+from e2e.router_setup import first_pick, install_pool_crd, pool_named, start_picker
 from octavo.cache_dirs import cache_root
-from octavo_bench.gateway.picker_client import Pick, PickerStream
+from octavo_bench.gateway.picker_client import Pick
 
 NAME = "split"
 PICKER = f"{NAME}-epp"
@@ -147,8 +147,7 @@ async def through_gateway(split: Split, body: dict) -> tuple[Pick, dict]:
     it named, report the answer on the same stream."""
     payload = json.dumps(body).encode()
     async with grpc.aio.insecure_channel(split.picker.ext_proc_address) as channel:
-        stream = PickerStream(channel)
-        pick = await stream.pick(CHAT_PATH, payload, {})
+        stream, pick = await first_pick(channel, CHAT_PATH, payload)
         assert pick.endpoint, f"the picker refused: {pick.status}"
         # The picker's header mutations (Envoy applies them), less HTTP/2 pseudo-headers.
         mutations = {k: v for k, v in pick.headers.items() if not k.startswith(":")}

@@ -33,7 +33,7 @@ from e2e.helpers import wait_for
 from e2e.loopback_pod import is_ready, move_to_loopback, tiny_llama
 from e2e.picker_pod import PickerPod
 from e2e.pod_process import PodProcess, dockerfile_env
-from e2e.router_setup import POOL_API, install_pool_crd, pool_named, start_picker
+from e2e.router_setup import POOL_API, first_pick, install_pool_crd, pool_named, start_picker
 from octavo.cache_dirs import cache_root
 from octavo_bench.gateway.picker_client import Pick, PickerStream
 from tests.lora_adapters import make_adapter
@@ -145,8 +145,7 @@ async def ask(address: str, body: dict) -> Pick:
     """One request through the picker, as the gateway sends it; the answer is read from the
     chosen pod and reported back on the same stream."""
     async with grpc.aio.insecure_channel(address) as channel:
-        stream = PickerStream(channel)
-        pick = await stream.pick("/v1/completions", json.dumps(body).encode(), {})
+        stream, pick = await first_pick(channel, "/v1/completions", json.dumps(body).encode())
         assert pick.endpoint, f"the picker refused: {pick.status}"
         answer = await _forward(pick.endpoint, pick.body or json.dumps(body).encode())
         await stream.finish(200, answer, "application/json")
