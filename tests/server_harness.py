@@ -201,11 +201,16 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 @contextmanager
 def served_model(
-    folder: str, config: Any, threads: int, **engine_kwargs: Any
+    folder: str,
+    config: Any,
+    threads: int,
+    startup_timeout: float = 120.0,
+    **engine_kwargs: Any,
 ) -> Iterator[ThreadedServer]:
-    """``folder`` served on loopback with ``config`` (a ``ServerConfig``), once loaded."""
+    """``folder`` served on loopback with ``config`` (a ``ServerConfig``), once loaded (within
+    ``startup_timeout`` seconds)."""
     app = build_local_app(folder, config, **engine_kwargs)
-    with torch_threads(threads), ThreadedServer(app) as running:
+    with torch_threads(threads), ThreadedServer(app, startup_timeout) as running:
         yield running.wait_ready()
 
 
