@@ -86,6 +86,7 @@ class UniProcExecutor:
 
     def shutdown(self) -> None:
         self.worker.runner = None
+        self.worker.release_host_heap()
         gc.unfreeze()  # what the decode graphs' capture froze is collectable again
 
     def kv_layout(self) -> KVLayout:

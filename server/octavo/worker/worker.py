@@ -8,6 +8,7 @@ pipeline parallelism there is one per rank, each in its own process
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -65,6 +66,7 @@ from octavo.spec_decode.draft_model import DraftModelProposer
 from octavo.spec_decode.ngram_proposer import NgramProposer, NgramStepProposer
 from octavo.structured_output.compiler import GrammarCompiler
 from octavo.structured_output.manager import StructuredOutputManager, shared_compiler
+from octavo.worker.host_heap import HOST_HEAP
 from octavo.worker.memory_profile import CacheSpec, DummyStep, largest_step, measure_step_peak
 
 logger = logging.getLogger(__name__)
@@ -182,6 +184,9 @@ class Worker:
         self.draft = self._load_draft()
         self.adapters = self._lora_slots()
         self.runner: ModelRunner | None = None
+        # A CPU worker keeps freed memory once started (host_heap); the release runs once, at
+        # the engine's shutdown or when the worker is collected.
+        self._heap_release: weakref.finalize | None = None
         self.host_needs: HostNeeds | None = None  # a CPU worker's, once its KV is sized
 
     def _load_draft(self) -> CausalLM | None:
@@ -360,6 +365,18 @@ class Worker:
             )
             if graphs.capture():
                 self.runner.graphs = graphs
+        # Start-up is done: from now on the memory a step frees serves the next step.
+        if self.device.type == "cpu" and self._heap_release is None and HOST_HEAP.hold():
+            self._heap_release = weakref.finalize(self, HOST_HEAP.release)
+
+    def release_host_heap(self) -> None:
+        """The engine stops: glibc's heap maps large allocations again (``host_heap``)."""
+        if self._heap_release is not None:
+            self._heap_release()  # a finalizer runs once
+
+    @property
+    def holds_heap(self) -> bool:
+        return self._heap_release is not None and self._heap_release.alive
 
     def _proposer(self, num_blocks: int) -> Proposer | None:
         speculative, spec = self.spec.speculative, self.spec
