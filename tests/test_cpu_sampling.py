@@ -1,5 +1,6 @@
 """The native CPU sampling kernels against the torch path: ``octavo_cpu.sample_rows`` (the
-draw) and ``octavo_cpu.row_logprobs`` (the logprob entries, at the end of this file).
+draw), ``octavo_cpu.argmax_rows`` (greedy rows) and ``octavo_cpu.row_logprobs`` (the
+logprob entries, at the end of this file).
 
 The kernel draws by the inverse CDF, so a draw's uniform number picks a place in the row's
 distribution. Each check puts one draw in the middle of every kept token's share of the torch
@@ -17,7 +18,7 @@ import torch
 from octavo.sampling import Sampler, SamplingRow
 from octavo.sampling.filters import apply_min_p, apply_top_k_top_p
 from octavo.sampling.logprobs import pack_logprobs
-from octavo.sampling.native_sampler import draw_rows, native_sampling_ops
+from octavo.sampling.native_sampler import argmax_indices, draw_rows, native_sampling_ops
 from octavo.sampling_params import SamplingParams
 
 VOCAB = 49152  # SmolLM2's: 192 blocks of 256 tokens in the kernel's top-k bound
@@ -178,6 +179,58 @@ def test_the_cpu_sampler_draws_through_the_kernel_with_each_rows_generator(ops):
         assert kernel_draws(ops, logits[i], settings, uniform).item() == token
     again = [SamplingRow(params, [], [], torch.Generator().manual_seed(5 + i)) for i in range(2)]
     assert draw_rows(ops, logits, again).tolist() == tokens
+
+
+def argmax_rows(ops, values: torch.Tensor) -> list[int]:
+    out = torch.full((values.shape[0],), -1, dtype=torch.long)
+    ops.argmax_rows(out, values)
+    return out.tolist()
+
+
+@pytest.mark.parametrize("length", [1, 7, 63, 64, 65, 1000, VOCAB])
+def test_argmax_rows_is_torchs_argmax_with_the_first_of_ties(ops, length):
+    """Lengths around the kernel's 64-value search blocks and its vector tails; rows read
+    with a stride; ties put before and after the block holding the first of them."""
+    generator = torch.Generator().manual_seed(length)
+    values = torch.randn(6, length + 3, generator=generator)[:, 1 : 1 + length]  # strided rows
+    values[1] = -float("inf")  # nothing allowed: token 0, as torch's
+    values[2, -1] = 50.0
+    values[3, 0] = 50.0
+    values[4, length // 2] = values[4, length - 1] = 50.0  # a tie: the first
+    values[5] = 1.0  # all tied
+    assert argmax_rows(ops, values) == torch.argmax(values, dim=-1).tolist()
+    assert argmax_indices(values).tolist() == torch.argmax(values, dim=-1).tolist()
+
+
+def test_argmax_rows_takes_a_nan_as_the_largest_as_torch_does(ops):
+    values = torch.randn(3, 300, generator=torch.Generator().manual_seed(3))
+    values[0, 250] = float("nan")  # after the largest value
+    values[0, 10] = 40.0
+    values[1, 5] = values[1, 200] = float("nan")  # the first NaN
+    values[2, 299] = float("nan")  # in the tail
+    assert argmax_rows(ops, values) == [250, 5, 299] == torch.argmax(values, dim=-1).tolist()
+
+
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        (torch.zeros(2, 4, dtype=torch.float64), "float32"),
+        (torch.zeros(2, 4).t(), "contiguous rows"),
+        (torch.zeros(2, 0), "empty"),
+    ],
+    ids=["float64", "columns", "empty"],
+)
+def test_bad_argmax_input_is_refused_with_a_clear_error(ops, values, message):
+    with pytest.raises(RuntimeError, match=message):
+        ops.argmax_rows(torch.empty(values.shape[0], dtype=torch.long), values)
+
+
+def test_greedy_rows_fall_back_to_torch_where_the_kernel_does_not_apply():
+    """bf16 values and the native path switched off take max(dim=-1): the same answer."""
+    values = torch.randn(4, 500, generator=torch.Generator().manual_seed(4))
+    expected = torch.argmax(values, dim=-1)
+    assert torch.equal(argmax_indices(values.bfloat16()), torch.argmax(values.bfloat16(), -1))
+    assert torch.equal(argmax_indices(values, native=False), expected)
 
 
 def test_logprob_entries_are_the_torch_paths_bit_for_bit(ops):

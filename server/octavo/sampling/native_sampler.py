@@ -44,3 +44,26 @@ def draw_rows(ops: Any, logits: torch.Tensor, rows: list) -> torch.Tensor:
         row_uniforms([row.generator for row in rows]),
     )
     return out
+
+
+def argmax_indices(values: torch.Tensor, native: bool = True) -> torch.Tensor:
+    """Index of each row's largest value of ``values [rows, n]``, the first on ties (a NaN
+    counts as the largest), on ``values``' device: the native ``argmax_rows`` for float32
+    CPU rows (``max(dim=-1)`` ran 4-8x slower there: 256 rows of SmolLM2's logits, 2 AVX2
+    cores, 7-14 ms against 1.8), else ``max(dim=-1)``."""
+    ops = _argmax_ops(values) if native else None
+    if ops is None:
+        return values.max(dim=-1).indices
+    out = torch.empty(values.shape[0], dtype=torch.long)
+    ops.argmax_rows(out, values)
+    return out
+
+
+def _argmax_ops(values: torch.Tensor) -> Any | None:
+    from octavo.kernels.cpu_build import native_op_owner
+
+    if values.dtype != torch.float32 or values.dim() != 2 or values.shape[1] == 0:
+        return None
+    if values.stride(-1) != 1:
+        return None
+    return native_op_owner(values.device, "argmax_rows")
