@@ -130,7 +130,7 @@ def two_ranks(tiny_folder) -> Iterator[LLM]:
 
 def test_an_error_on_every_rank_fails_the_call_and_the_workers_go_on(two_ranks):
     executor = two_ranks.engine.executor
-    with pytest.raises(WorkerCallFailed, match="TypeError: empty"):
+    with pytest.raises(WorkerCallFailed, match="TypeError"):
         executor.call("initialize_cache", "not a number")
     assert executor.call("parameter_bytes")[0] > 0  # still serving calls
 
