@@ -17,6 +17,7 @@ from octavo.model_executor.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from octavo.model_executor.layers.quantization import int8
 from octavo.model_executor.layers.quantization.int8 import Int8LinearMethod, quantize_per_row
 from octavo.model_executor.loader import weight_bytes
 
@@ -53,6 +54,35 @@ def test_each_parallel_layer_matches_its_float_reference(kind, dtype):
     relative = (actual - expected).norm() / expected.norm()
     assert actual.dtype == torch.float32 and relative < 0.03, float(relative)
     assert quantized.weight is None and quantized.qweight.dtype == torch.int8
+
+
+@pytest.mark.parametrize("rows", [3, 9, 40])
+@pytest.mark.parametrize("int8_dot", [True, False], ids=["vnni", "no-int8-dot"])
+def test_the_cpu_path_follows_the_cpus_int8_dot_products(monkeypatch, rows, int8_dot):
+    """With int8 dot products (VNNI, AMX) many rows go to torch._int_mm; without them
+    (AVX2-only, where it ran 23-28x slower than fp32) the integer kernel takes up to 12
+    rows and more are dequantized into a float GEMM: never torch._int_mm."""
+    calls = []
+    int_mm = torch._int_mm
+
+    def counted(a, b):
+        calls.append(a.shape[0])
+        return int_mm(a, b)
+
+    monkeypatch.setattr(int8, "cpu_has_int8_dot", lambda: int8_dot)
+    monkeypatch.setattr(torch, "_int_mm", counted)
+    torch.manual_seed(rows)
+    reference = ColumnParallelLinear(96, 160, bias=True)
+    quantized = ColumnParallelLinear(96, 160, bias=True, method=Int8LinearMethod())
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.normal_(0, 0.1)
+        quantized.load_state_dict(reference.state_dict())
+    quantized.process_weights_after_loading()
+    x = torch.randn(rows, 96)
+    expected, actual = reference(x), quantized(x)
+    assert (actual - expected).norm() / expected.norm() < 0.03
+    assert calls == ([rows] if int8_dot and rows > 4 else [])
 
 
 NATURAL = [

@@ -93,12 +93,17 @@ def split_blocks(per_block: torch.Tensor, kind: BlockKind):
 
 
 def blocks_linear(
-    x: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, row_scale: torch.Tensor | None = None
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    kind: BlockKind,
+    row_scale: torch.Tensor | None = None,
+    native_max_rows: int = NATIVE_MAX_ROWS,
 ) -> torch.Tensor:
-    """``x @ W.T`` for ``[..., cols]`` activations; the result in ``x``'s dtype."""
+    """``x @ W.T`` for ``[..., cols]`` activations; the result in ``x``'s dtype. Up to
+    ``native_max_rows`` rows on the native integer kernel (CPU)."""
     rows = x.reshape(-1, x.shape[-1])
     ops = cpu_ops() if x.device.type == "cpu" else None
-    if ops is not None and rows.shape[0] <= NATIVE_MAX_ROWS and x.dtype in NATIVE_DTYPES:
+    if ops is not None and rows.shape[0] <= native_max_rows and x.dtype in NATIVE_DTYPES:
         out = torch.empty(rows.shape[0], blocks.shape[0], dtype=x.dtype)
         ops.quantized_linear(out, rows.contiguous(), blocks, int(kind), row_scale)
         return out.view(*x.shape[:-1], -1)
