@@ -112,11 +112,11 @@ def test_native_linear_equals_the_emulated_scheme(kind, rows):
 @pytest.mark.parametrize("kind", NEW_KINDS, ids=lambda kind: kind.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_block_linear_matches_the_dequantized_float_product(kind, dtype):
-    """``blocks_linear`` end to end: native rows up to 4, dequantize + GEMM above."""
+    """``blocks_linear`` end to end: native rows up to 16, dequantize + GEMM above."""
     weight = np.random.default_rng(3).standard_normal((ROWS, COLS)).astype(np.float32)
     blocks = torch.from_numpy(quantize(weight, kind))
     reference = dequantize(blocks, BlockKind(int(kind)))
-    for rows in (1, 4, 9):
+    for rows in (1, 4, 9, 16, 17):
         x = torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows)).to(dtype)
         expected = x.float() @ reference.t()
         actual = blocks_linear(x, blocks, BlockKind(int(kind)))

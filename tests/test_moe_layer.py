@@ -202,7 +202,7 @@ def test_two_ranks_sum_to_the_single_process_output(monkeypatch, kind, norm, exp
 
 
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
-@pytest.mark.parametrize("tokens", [3, 40])  # int8: the native block kernel, then _int_mm
+@pytest.mark.parametrize("tokens", [3, 40])  # int8: the block kernel, then _int_mm or a GEMM
 @pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss"])
 def test_quantized_experts_stay_close_to_float(kind, quantization, tokens):
     block = seeded_block(kind, True)

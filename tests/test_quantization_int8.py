@@ -56,12 +56,12 @@ def test_each_parallel_layer_matches_its_float_reference(kind, dtype):
     assert quantized.weight is None and quantized.qweight.dtype == torch.int8
 
 
-@pytest.mark.parametrize("rows", [3, 9, 40])
+@pytest.mark.parametrize("rows", [3, 9, 40])  # the integer kernel, then _int_mm or a GEMM
 @pytest.mark.parametrize("int8_dot", [True, False], ids=["vnni", "no-int8-dot"])
 def test_the_cpu_path_follows_the_cpus_int8_dot_products(monkeypatch, rows, int8_dot):
-    """With int8 dot products (VNNI, AMX) many rows go to torch._int_mm; without them
-    (AVX2-only, where it ran 23-28x slower than fp32) the integer kernel takes up to 12
-    rows and more are dequantized into a float GEMM: never torch._int_mm."""
+    """With int8 dot products (VNNI, AMX) more than 4 rows go to torch._int_mm; without
+    them (AVX2-only, where it ran 23-28x slower than fp32) the rows take the block path (the
+    integer kernel up to 16, a dequantized float GEMM above): never torch._int_mm."""
     calls = []
     int_mm = torch._int_mm
 

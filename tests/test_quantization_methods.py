@@ -36,7 +36,7 @@ from octavo.model_executor.quantized_checkpoint import resolve_quantization
 from int4_checkpoints import awq_tensors, gptq_tensors, quantize_groups
 
 GGUF_KINDS = {BlockKind.Q4_0: GGML.Q4_0, BlockKind.Q4_1: GGML.Q4_1, BlockKind.Q8_0: GGML.Q8_0}
-ROWS = [1, 3, 4, 5, 40]  # native kernel up to 4 rows, dequantize + GEMM above
+ROWS = [1, 3, 4, 5, 16, 17, 40]  # native kernel up to 16 rows, dequantize + GEMM above
 
 
 def gguf_blocks(weight: torch.Tensor, kind: BlockKind) -> torch.Tensor:

@@ -130,7 +130,10 @@ NATURAL = [
     "import numpy as",
 ]
 GGUF_TOKENS = 8
-GGUF_BOUND = 0.05  # nats, native Q4_1/Q8_0 kernels vs the fp32 expansion; measured 1.5e-5 (AVX2)
+# nats, the worst token of the native Q4_1/Q8_0 kernels vs the fp32 expansion: measured 0.16
+# (AVX2) with the 8 sequences' decode steps on the integer kernels (activations quantized per
+# 32 columns, llama.cpp's scheme); 1.5e-5 when steps of 5 or more rows were dequantized.
+GGUF_BOUND = 0.25
 
 
 def float_bytes(model) -> int:

@@ -6,15 +6,15 @@ and one fp32 scale per output row: a quarter of fp32's bytes, half of bf16's.
 
 - CPU, a few rows (decode): the native block kernel (``blocks.py``, kind ``INT8_ROWS``):
   activations quantized per 32 columns, integer dot products with AVX2/AVX-512.
-- CPU with int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX), many rows (prefill):
-  ``torch._int_mm`` (oneDNN's VNNI/AMX int8 GEMM) on activations quantized per token.
-- CPU without them: the integer kernel up to 12 rows, then the weights dequantized into
-  the activations' dtype and a float GEMM (``blocks_linear``, as GGUF's). ``torch._int_mm``
-  has no fast path there: on the AVX2-only AMD EPYC, one thread, a 1536 x 576 linear took
-  38 ms at 64 rows and 166 ms at 256 against 1.5-1.7 and 5.5 dequantized (fp32's own 1.3-1.7
-  and 5.2), and SmolLM2's start-up spent 58 s capturing its decode graphs (5 s in fp32).
-  The integer kernel's cost grows with the rows: 0.36 ms at 8 rows against 0.48
-  dequantized, 0.70 at 16 against 0.65.
+- CPU with int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX), more than
+  ``GEMM_FROM_ROWS - 1`` rows: ``torch._int_mm`` (oneDNN's VNNI/AMX int8 GEMM) on
+  activations quantized per token.
+- CPU without them: ``blocks_linear`` as for GGUF's blocks (the integer kernel up to its
+  row limit, then the weights dequantized into the activations' dtype and a float GEMM).
+  ``torch._int_mm`` has no fast path there: on the AVX2-only AMD EPYC, one thread, a
+  1536 x 576 linear took 38 ms at 64 rows and 166 ms at 256 against 1.5-1.7 and 5.5
+  dequantized (fp32's own 1.3-1.7 and 5.2), and SmolLM2's start-up spent 58 s capturing
+  its decode graphs (5 s in fp32).
 - GPU: ``torch._int_mm`` (cuBLASLt) on activations quantized per token.
 """
 
@@ -29,7 +29,6 @@ from octavo.kernels.cpu_features import cpu_flags
 from octavo.model_executor.layers.linear_method import UnquantizedLinearMethod
 from octavo.model_executor.layers.quantization.blocks import (
     BLOCK,
-    NATIVE_MAX_ROWS,
     BlockKind,
     blocks_linear,
 )
@@ -37,7 +36,7 @@ from octavo.model_executor.layers.quantization.blocks import (
 INT8_MAX = 127.0
 CUDA_MIN_ROWS = 17  # cuBLASLt's int8 GEMM wants more than 16 rows
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # where oneDNN's int8 GEMM is fast
-KERNEL_MAX_ROWS_WITHOUT_DOT = 12  # the integer kernel beats dequantizing up to here
+GEMM_FROM_ROWS = 5  # with int8 dot products, torch._int_mm from this many rows
 
 
 def quantize_per_row(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,8 +61,7 @@ class Int8LinearMethod(UnquantizedLinearMethod):
         rows = x.reshape(-1, x.shape[-1])
         if _on_blocks(rows):
             blocks = layer.qweight.view(torch.uint8)
-            native_rows = NATIVE_MAX_ROWS if cpu_has_int8_dot() else KERNEL_MAX_ROWS_WITHOUT_DOT
-            out = blocks_linear(rows, blocks, BlockKind.INT8_ROWS, layer.weight_scale, native_rows)
+            out = blocks_linear(rows, blocks, BlockKind.INT8_ROWS, layer.weight_scale)
         else:
             out = int8_matmul(rows, layer.qweight, layer.weight_scale)
         if layer.bias is not None:
@@ -73,10 +71,10 @@ class Int8LinearMethod(UnquantizedLinearMethod):
 
 def _on_blocks(rows: torch.Tensor) -> bool:
     """CPU rows the block path takes: a few (the integer kernel), or any number where the
-    CPU has no int8 dot products (dequantized weights and a float GEMM)."""
+    CPU has no int8 dot products."""
     if rows.is_cuda or rows.shape[1] % BLOCK != 0:
         return False
-    return rows.shape[0] <= NATIVE_MAX_ROWS or not cpu_has_int8_dot()
+    return rows.shape[0] < GEMM_FROM_ROWS or not cpu_has_int8_dot()
 
 
 @functools.cache
