@@ -230,6 +230,14 @@ int64_t sample_row(const float* x, int64_t n, const RowSettings& row, Scratch& s
   return inverse_cdf(w, n, row.uniform * mass, s.block_mass);
 }
 
+// A float32 [rows, n] CPU tensor with contiguous, non-empty rows, or a clear error.
+void check_float_rows(const at::Tensor& values, const char* name) {
+  check_cpu(values, name);
+  TORCH_CHECK(values.scalar_type() == at::kFloat && values.dim() == 2 && values.stride(1) == 1, name,
+              " must be float32 [rows, n] with contiguous rows");
+  TORCH_CHECK(values.size(1) > 0, name, ": the rows are empty");
+}
+
 template <typename T>
 T* checked(const at::Tensor& tensor, at::ScalarType dtype, int64_t rows, const char* name) {
   TORCH_CHECK(tensor.scalar_type() == dtype && tensor.dim() == 1 && tensor.numel() == rows && tensor.is_contiguous(),
@@ -306,11 +314,8 @@ int64_t argmax_row(const float* __restrict x, int64_t n) {
 // then a vector search for the first block holding it (64 rows, one AVX2 core: 0.49 ms, a
 // sum over them 0.28 ms).
 void argmax_rows(at::Tensor& out, const at::Tensor& values) {
-  check_cpu(values, "argmax_rows: values");
-  TORCH_CHECK(values.scalar_type() == at::kFloat && values.dim() == 2 && values.stride(1) == 1,
-              "argmax_rows: values must be float32 [rows, n] with contiguous rows");
+  check_float_rows(values, "argmax_rows: values");
   const int64_t rows = values.size(0), n = values.size(1);
-  TORCH_CHECK(n > 0, "argmax_rows: the rows are empty");
   int64_t* indices = checked<int64_t>(out, at::kLong, rows, "argmax_rows: out");
   const float* x = values.data_ptr<float>();
   const int64_t stride = values.stride(0);
@@ -322,11 +327,8 @@ void argmax_rows(at::Tensor& out, const at::Tensor& values) {
 // out [rows] int64: one token per row of float32 logits [rows, vocab]; one setting per row.
 void sample_rows(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
                  const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& uniform) {
-  check_cpu(logits, "sample_rows: logits");
-  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.stride(1) == 1,
-              "sample_rows: logits must be float32 [rows, vocab] with contiguous rows");
+  check_float_rows(logits, "sample_rows: logits");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  TORCH_CHECK(vocab > 0, "sample_rows: the vocabulary is empty");
   int64_t* tokens = checked<int64_t>(out, at::kLong, rows, "sample_rows: out");
   const float* temperatures = checked<float>(temperature, at::kFloat, rows, "sample_rows: temperature");
   const int64_t* ks = checked<int64_t>(top_k, at::kLong, rows, "sample_rows: top_k");
