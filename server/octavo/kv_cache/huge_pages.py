@@ -21,6 +21,7 @@ populated. Where the kernel refuses the advice, the pages are written with zeros
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import mmap
@@ -48,11 +49,16 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     return _madvise(first, last - first, MADV_HUGEPAGE)
 
 
-def _madvise(address: int, length: int, advice: int) -> bool:
-    """``madvise(2)``; False (logged) where the kernel refuses."""
+@functools.cache
+def _libc_madvise():
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if madvise(address, length, advice) != 0:
+    return madvise
+
+
+def _madvise(address: int, length: int, advice: int) -> bool:
+    """``madvise(2)``; False (logged) where the kernel refuses."""
+    if _libc_madvise()(address, length, advice) != 0:
         logger.debug("madvise(%d) refused: errno %d", advice, ctypes.get_errno())
         return False
     return True
@@ -61,7 +67,7 @@ def _madvise(address: int, length: int, advice: int) -> bool:
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor, its pages advised huge before they are faulted in: a mapping
     of its own (zero pages from the kernel) populated at once on Linux, else written."""
-    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     if size < HUGE_PAGE or not sys.platform.startswith("linux"):
         return torch.zeros(shape, dtype=dtype)
     mapping = mmap.mmap(-1, size)  # private and anonymous; the tensor keeps it alive

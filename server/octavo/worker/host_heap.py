@@ -23,7 +23,7 @@ process share one hold. Without glibc (musl, macOS) nothing changes;
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import logging
 import os
 import threading
@@ -39,14 +39,11 @@ RELEASED_MMAP_THRESHOLD = 32 << 20  # the most glibc's adjusted threshold reache
 RELEASED_TRIM_THRESHOLD = 2 * RELEASED_MMAP_THRESHOLD  # glibc adjusts it to twice that
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """The C library where it is glibc (it has ``mallopt`` and ``malloc_trim``)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
+    """This process's C library where it is glibc (it has ``mallopt`` and ``malloc_trim``)."""
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
         return None
     return libc
 

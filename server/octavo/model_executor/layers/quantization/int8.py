@@ -20,12 +20,10 @@ and one fp32 scale per output row: a quarter of fp32's bytes, half of bf16's.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
-from octavo.kernels.cpu_features import cpu_flags
+from octavo.kernels.cpu_features import cpu_has_int8_dot
 from octavo.model_executor.layers.linear_method import UnquantizedLinearMethod
 from octavo.model_executor.layers.quantization.blocks import (
     BLOCK,
@@ -35,7 +33,6 @@ from octavo.model_executor.layers.quantization.blocks import (
 
 INT8_MAX = 127.0
 CUDA_MIN_ROWS = 17  # cuBLASLt's int8 GEMM wants more than 16 rows
-INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # where oneDNN's int8 GEMM is fast
 GEMM_FROM_ROWS = 5  # with int8 dot products, torch._int_mm from this many rows
 
 
@@ -75,12 +72,6 @@ def _on_blocks(rows: torch.Tensor) -> bool:
     if rows.is_cuda or rows.shape[1] % BLOCK != 0:
         return False
     return rows.shape[0] < GEMM_FROM_ROWS or not cpu_has_int8_dot()
-
-
-@functools.cache
-def cpu_has_int8_dot() -> bool:
-    """Whether this CPU multiplies int8 in hardware (``torch._int_mm`` is fast there)."""
-    return any(flag in cpu_flags() for flag in INT8_DOT_FLAGS)
 
 
 def int8_matmul(rows: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor):
