@@ -14,8 +14,9 @@
 # figures go to gpu.json and its table to the log; every model from a config-only folder
 # with dummy weights, so no checkpoint is written), then `octavo_bench step-profile` of the
 # 1B shape with steps in turn and with --async-scheduling (host ms per phase vs GPU forward
-# ms, batch 1/32/256, and the calls per phase that made the host wait for the GPU). The tests leave out the bench's CPU run of its served part (the
-# bench runs it on the GPU).
+# ms, batch 1/32/256, and the calls per phase that made the host wait for the GPU; steps in
+# turn also on nano-vllm's offline shape). The tests leave out the bench's CPU run of its
+# served part (the bench runs it on the GPU).
 # With test files as arguments: those tests only, no benchmark.
 # GPU_TESTS_TIMEOUT / GPU_BENCH_TIMEOUT (seconds, 150 / 300) bound the two parts, 0 leaves
 # that part out; GPU_STEP_PROFILE=0 leaves the step profile out. A device call runs 600 s at
@@ -39,7 +40,7 @@ if [ "$#" -eq 0 ]; then
     # the GPU-relevant files first, the bench's own (CPU smoke runs included) last
     triton=$(grep -l "paged_decode_attention\|triton_kernels" tests/test_*.py |
         grep -v -e test_memory_profile.py -e test_cpu_kernels.py -e test_bench_gpu.py)
-    set -- tests/test_decode_graphs.py tests/test_async_scheduling.py tests/test_sampling_devices.py \
+    set -- tests/test_decode_graphs.py tests/test_kernel_warm_up.py tests/test_async_scheduling.py tests/test_sampling_devices.py \
         tests/test_sampler_device_ops.py $triton tests/test_triton_activation.py \
         tests/test_triton_norm.py tests/test_triton_rotary.py tests/test_bench_gpu.py \
         --deselect tests/test_bench_gpu.py::test_the_served_part_launches_octavo_and_the_hf_server
@@ -62,9 +63,11 @@ if [ "$benchmark" -eq 1 ] && [ "${GPU_STEP_PROFILE:-1}" = 1 ]; then
     # where a step's time goes (host phases vs the forward's GPU time), steps in turn and
     # with --async-scheduling, on the 1B shape with dummy weights
     python3 -m octavo_bench random-model llama-1b /tmp/octavo-1b-config --config-only
+    # steps in turn add nano-vllm's offline shape: its prefill steps' median and longest GPU
+    # time tell kernels compiling mid-run (a few long steps) from a slow prefill (all long)
     for mode in sync async; do
-        flag=$([ "$mode" = async ] && echo --async-scheduling)
-        timeout 90 python3 -m octavo_bench step-profile --model /tmp/octavo-1b-config \
+        flag=$([ "$mode" = async ] && echo --async-scheduling || echo --offline 256)
+        timeout 150 python3 -m octavo_bench step-profile --model /tmp/octavo-1b-config \
             --load-format dummy --batches 1,32,256 --steps 64 $flag --count-syncs \
             --output-dir "/tmp/profile-$mode" 2>&1
         # the device tool brings back 8 files at most: the JSON alone (the table is logged)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -42,7 +43,14 @@ PHASES = {  # (object path, method) -> phase name
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode says so
 
 
-OFFLINE_TOTALS = ("wall_s", "prefill_steps", "gpu_prefill_steps_s", "gpu_decode_steps_s")
+OFFLINE_TOTALS = (
+    "wall_s",
+    "prefill_steps",
+    "gpu_prefill_steps_s",
+    "gpu_decode_steps_s",
+    "prefill_step_ms_median",
+    "prefill_step_ms_max",
+)
 
 
 class PhaseTimer:
@@ -137,12 +145,20 @@ class PhaseTimer:
         return result
 
     def gpu_seconds_by_kind(self) -> dict[str, float]:
-        """The forward's GPU seconds in steps with a prefill part and in decode-only steps."""
+        """The forward's GPU seconds in steps with a prefill part and in decode-only steps,
+        and the median and longest prefill step (ms): a few long ones against a short
+        median are kernels compiling mid-run, all of them long is the prefill's own cost."""
         torch.cuda.synchronize()
         totals = {"gpu_prefill_steps_s": 0.0, "gpu_decode_steps_s": 0.0}
+        prefill_ms = []
         for start, end, prefill in self.events:
             key = "gpu_prefill_steps_s" if prefill else "gpu_decode_steps_s"
             totals[key] += start.elapsed_time(end) / 1000
+            if prefill:
+                prefill_ms.append(start.elapsed_time(end))
+        if prefill_ms:
+            totals["prefill_step_ms_median"] = statistics.median(prefill_ms)
+            totals["prefill_step_ms_max"] = max(prefill_ms)
         return totals
 
 

@@ -67,6 +67,7 @@ from octavo.spec_decode.ngram_proposer import NgramProposer, NgramStepProposer
 from octavo.structured_output.compiler import GrammarCompiler
 from octavo.structured_output.manager import StructuredOutputManager, shared_compiler
 from octavo.worker.host_heap import HOST_HEAP
+from octavo.worker.kernel_warm_up import StepLimits, warm_up_kernels
 from octavo.worker.memory_profile import CacheSpec, DummyStep, largest_step, measure_step_peak
 
 logger = logging.getLogger(__name__)
@@ -188,6 +189,7 @@ class Worker:
         # the engine's shutdown or when the worker is collected.
         self._heap_release: weakref.finalize | None = None
         self.host_needs: HostNeeds | None = None  # a CPU worker's, once its KV is sized
+        self.step_tokens = 0  # the largest step's tokens, once the KV cache is sized
 
     def _load_draft(self) -> CausalLM | None:
         """The draft model, on the driver (the only rank that proposes)."""
@@ -230,6 +232,7 @@ class Worker:
 
     def num_available_blocks(self, budget: KVBudget) -> int:
         """How many KV blocks fit this worker's memory budget."""
+        self.step_tokens = largest_step_rows(budget).tokens  # the kernel warm-up's budget
         cache_dtype, block_size = self.spec.cache_dtype, self.spec.block_size
         per_block = bytes_per_block(self.cache_shape, block_size, cache_dtype)
         draft_shape = self._draft_cache_shape()
@@ -365,9 +368,23 @@ class Worker:
             )
             if graphs.capture():
                 self.runner.graphs = graphs
+        if self.device.type == "cuda":  # Triton's kernels compile before the first request
+            self.warm_up_kernels()
         # Start-up is done: from now on the memory a step frees serves the next step.
         if self.device.type == "cpu" and self._heap_release is None and HOST_HEAP.hold():
             self._heap_release = weakref.finalize(self, HOST_HEAP.release)
+
+    def warm_up_kernels(self) -> int:
+        """``kernel_warm_up``'s dummy steps through the model and cache: the steps run (0
+        where they do not apply: a pipeline stage, an encoder, multimodal rotary, whose
+        steps are not plain text steps through every layer)."""
+        runner, stage, spec = self.runner, pipeline_stage(), self.spec
+        assert runner is not None, "initialize_cache() comes before the warm-up"
+        whole = stage.is_first and stage.is_last
+        if not whole or runner.is_encoder or runner.mrope is not None:
+            return 0
+        limits = StepLimits(self.step_tokens, spec.max_positions, spec.block_size)
+        return warm_up_kernels(runner.paged, limits)
 
     def release_host_heap(self) -> None:
         """The engine stops: glibc's heap maps large allocations again (``host_heap``)."""
