@@ -4,6 +4,7 @@ use (served vs offline), and the engine core's CPU threads (affinity and cgroup 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,11 +14,31 @@ from octavo.config import EngineArgs
 from octavo.engine.builder import build_engine_parts
 from octavo.kernels import cpu_count
 
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
 
 def test_token_budget_is_smaller_on_cpu_and_explicit_values_win():
-    assert EngineArgs().token_budget("cpu") == 512
-    assert EngineArgs().token_budget("cuda") == 2048
-    assert EngineArgs(max_num_batched_tokens=96).token_budget("cpu") == 96
+    assert EngineArgs().token_budget(CPU) == 512
+    assert EngineArgs(offline=True).token_budget(CPU) == 2048
+    assert EngineArgs(max_num_batched_tokens=96).token_budget(CPU) == 96
+    assert EngineArgs(max_num_batched_tokens=96, offline=True).token_budget(CPU) == 96
+
+
+@pytest.mark.parametrize(
+    ("name", "gib", "served", "offline"),
+    [
+        ("NVIDIA H200", 141, 8192, 16384),
+        ("NVIDIA H100 80GB HBM3", 80, 8192, 16384),
+        ("NVIDIA A100-SXM4-80GB", 80, 2048, 8192),  # vLLM measured big steps slower there
+        ("NVIDIA L4", 23, 2048, 8192),
+    ],
+)
+def test_gpu_budgets_are_vllms_by_memory_name_and_use(monkeypatch, name, gib, served, offline):
+    gpu = SimpleNamespace(name=name, total_memory=gib * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
+    assert EngineArgs().token_budget(CUDA) == served
+    assert EngineArgs(offline=True).token_budget(CUDA) == offline
+    assert EngineArgs(max_num_batched_tokens=300).token_budget(CUDA) == 300
 
 
 def test_offline_llm_takes_big_steps_and_the_server_small_ones(tiny_folder):

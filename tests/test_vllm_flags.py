@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from octavo import LLM, SamplingParams
 from octavo.cli import main
@@ -202,14 +203,14 @@ def test_tokenizer_flag_loads_another_folders_tokenizer(tiny_folder, smol_tokeni
 
 
 def test_chunked_prefill_off_makes_the_budget_hold_a_whole_prompt():
+    cpu = torch.device("cpu")
     on = EngineArgs()
-    assert on.enable_chunked_prefill and on.token_budget("cpu", 4096) == 512
+    assert on.enable_chunked_prefill and on.token_budget(cpu, 4096) == 512
     off = EngineArgs(enable_chunked_prefill=False)
-    assert off.token_budget("cpu", 4096) == 4096 and off.token_budget("cuda", 1024) == 2048
+    assert off.token_budget(cpu, 4096) == 4096
+    assert EngineArgs(enable_chunked_prefill=False, offline=True).token_budget(cpu, 1024) == 2048
     with pytest.raises(ValueError, match="smaller than max_model_len"):
-        EngineArgs(enable_chunked_prefill=False, max_num_batched_tokens=256).token_budget(
-            "cpu", 1024
-        )
+        EngineArgs(enable_chunked_prefill=False, max_num_batched_tokens=256).token_budget(cpu, 1024)
     assert parse("--no-enable-chunked-prefill").enable_chunked_prefill is False
     assert parse().enable_chunked_prefill is True
 

@@ -149,7 +149,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         kv.state_slots = StateSlots(args.max_num_seqs + 1)
     limits = StopLimits(eos, max_model_len)
     ahead = lookahead if draft is not None else 0  # slots the draft model writes ahead
-    budget = args.token_budget(device.type, max_model_len)
+    budget = args.token_budget(device, max_model_len)
     if encoder:
         budget = encoder_token_budget(budget, max_model_len)
     scheduler = Scheduler(
@@ -297,7 +297,7 @@ def kv_budget(
     return KVBudget(
         kv_bytes,
         args.gpu_memory_utilization,
-        args.token_budget(device.type, max_model_len),
+        args.token_budget(device, max_model_len),
         args.max_num_seqs,
         num_speculative_tokens,
     )

@@ -41,17 +41,13 @@ from octavo.pooling.scoring import (
 )
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
-# Offline, no stream waits for a step: bigger steps are a few % more throughput on CPU
-# (the server's default budget is smaller, for time to first token). vLLM does the same.
-OFFLINE_TOKEN_BUDGET = 2048
-
 
 class LLM:
     """Generate offline with Octavo's engine. ``model=None`` serves the embedded SmolLM2."""
 
     def __init__(self, model: str | None = None, **engine_args) -> None:
-        if engine_args.get("enable_chunked_prefill", True):  # else: whole prompts per step
-            engine_args.setdefault("max_num_batched_tokens", OFFLINE_TOKEN_BUDGET)
+        # No stream waits for a step offline: bigger default steps (``batch_defaults``)
+        engine_args.setdefault("offline", True)
         self.engine = LLMEngine(EngineArgs.from_kwargs(model, engine_args))
         self._ids = itertools.count()
         self._defaults = _generation_defaults(self.engine)
