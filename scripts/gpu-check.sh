@@ -40,7 +40,7 @@ if [ "$#" -eq 0 ]; then
     # the GPU-relevant files first, the bench's own (CPU smoke runs included) last
     triton=$(grep -l "paged_decode_attention\|triton_kernels" tests/test_*.py |
         grep -v -e test_memory_profile.py -e test_cpu_kernels.py -e test_bench_gpu.py)
-    set -- tests/test_decode_graphs.py tests/test_kernel_warm_up.py tests/test_async_scheduling.py tests/test_sampling_devices.py \
+    set -- tests/test_decode_graphs.py tests/test_piecewise_graphs.py tests/test_kernel_warm_up.py tests/test_async_scheduling.py tests/test_sampling_devices.py \
         tests/test_sampler_device_ops.py $triton tests/test_triton_activation.py \
         tests/test_triton_norm.py tests/test_triton_rotary.py tests/test_bench_gpu.py \
         --deselect tests/test_bench_gpu.py::test_the_served_part_launches_octavo_and_the_hf_server

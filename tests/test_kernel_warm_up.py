@@ -22,6 +22,7 @@ from octavo.attention import triton_decode
 from octavo.attention.backend import select_backend
 from octavo.attention.triton_backend import TritonAttention
 from octavo.kv_cache.cache_tensors import allocate_kv_caches
+from octavo.model_executor.dummy_steps import scheduled
 from octavo.model_executor.layers.moe import triton_fused_moe
 from octavo.model_executor.layers.quantization import triton_fp8_blocks
 from octavo.model_executor.layers.quantization import triton_kernels as quant_kernels
@@ -34,7 +35,6 @@ from octavo.worker.kernel_warm_up import (
     powers_of_two_up_to,
     prefill_steps,
     run_step,
-    scheduled,
     warm_up_kernels,
     warm_up_steps,
 )

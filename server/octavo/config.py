@@ -206,7 +206,9 @@ class EngineArgs:
     compilation_config: CompilationConfig = engine_arg(  # noqa: RUF009
         None,
         "how the model runs on a GPU, as vLLM's -O / --compilation-config: a level (-O0 "
-        "runs eagerly) or JSON with cudagraph_mode (FULL_DECODE_ONLY or NONE), "
+        "runs eagerly) or JSON with cudagraph_mode (FULL_AND_PIECEWISE, the default: whole "
+        "graphs of decode steps and graphs cut at attention for the others; "
+        "FULL_DECODE_ONLY, PIECEWISE or NONE), "
         "cudagraph_capture_sizes and max_cudagraph_capture_size (default: batch sizes 1, "
         "2, 4, 8, 16, ... 256, 272, ... up to max_num_seqs, at most 512)",
         parse_compilation_config,

@@ -1,10 +1,15 @@
 """``--compilation-config`` / ``-O``: how the model runs, in vLLM's spelling.
 
-Octavo captures CUDA graphs of uniform decode steps (vLLM's ``FULL_DECODE_ONLY``): every
-sequence of the step decodes (or verifies proposals), the batch is padded up to the
-nearest capture size, and the step replays the graph of that size. Prefill and mixed
-steps, and batches larger than the largest capture size, run eagerly. ``--enforce-eager``
-(or ``cudagraph_mode`` ``NONE``) turns graphs off.
+``cudagraph_mode`` as vLLM's: ``FULL_DECODE_ONLY`` captures graphs of uniform decode steps
+(every sequence of the step decodes or verifies proposals; the batch padded up to the
+nearest capture size replays the graph of that size, attention included); ``PIECEWISE``
+captures every step up to the largest capture size in tokens as graphs cut at each
+attention call, attention running eagerly between them (``piecewise_graphs``: prefill and
+mixed steps); ``FULL_AND_PIECEWISE`` (the default, as vLLM's) takes the decode graph for a
+decode step and the pieces for the others. Steps past the largest capture size run
+eagerly. ``FULL`` reads as ``FULL_AND_PIECEWISE`` (no graph holds a whole mixed step).
+``--enforce-eager`` (or ``cudagraph_mode`` ``NONE``) turns graphs off. On CPU the decode
+graphs are recorded op calls (``cpu_graphs``) and no step is cut into pieces.
 
 Accepted forms, as vLLM's: ``-O0`` .. ``-O3`` (a level: 0 turns graphs off), a JSON
 object (``{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}``)
@@ -18,14 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-GRAPH_MODES = ("NONE", "FULL_DECODE_ONLY")
-# vLLM's other modes capture prefill too (piecewise, around attention); Octavo's graphs
-# cover decode steps only, so those names are read as what Octavo does for them.
-MODE_ALIASES = {
-    "FULL": "FULL_DECODE_ONLY",
-    "FULL_AND_PIECEWISE": "FULL_DECODE_ONLY",
-    "PIECEWISE": "FULL_DECODE_ONLY",
-}
+GRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "PIECEWISE", "FULL_AND_PIECEWISE")
+MODE_ALIASES = {"FULL": "FULL_AND_PIECEWISE"}  # no graph holds a whole mixed step
 KNOWN_KEYS = (
     "level",
     "mode",
@@ -47,7 +46,7 @@ LARGEST_CPU_DEFAULT_SIZE = 64
 @dataclass(frozen=True)
 class CompilationConfig:
     level: int = 3  # vLLM's default optimisation level; 0 runs everything eagerly
-    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
     cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: the default ladder
     max_cudagraph_capture_size: int | None = None  # None: from max_num_seqs
     backend: str | None = None  # CPU layers: "inductor" compiles, "eager" not; None: default
@@ -55,6 +54,19 @@ class CompilationConfig:
     @property
     def uses_graphs(self) -> bool:
         return self.level > 0 and self.cudagraph_mode != "NONE"
+
+    @property
+    def full_decode_graphs(self) -> bool:
+        """Decode steps replay whole graphs (attention included)."""
+        return self.uses_graphs and self.cudagraph_mode in (
+            "FULL_DECODE_ONLY",
+            "FULL_AND_PIECEWISE",
+        )
+
+    @property
+    def piecewise_graphs(self) -> bool:
+        """Steps no whole graph serves replay graphs cut at attention (``piecewise_graphs``)."""
+        return self.uses_graphs and self.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE")
 
     def capture_sizes(self, max_decode_rows: int, device_type: str = "cuda") -> list[int]:
         """The batch sizes captured, ascending: the configured ones, or vLLM's ladder
@@ -108,7 +120,7 @@ def _checked(raw: dict) -> CompilationConfig:
     level = raw.get("mode", raw.get("level", 3))
     if not isinstance(level, int) or not 0 <= level <= 3:
         raise ValueError(f"--compilation-config: level must be 0-3, got {level!r}")
-    mode = str(raw.get("cudagraph_mode", "FULL_DECODE_ONLY")).upper()
+    mode = str(raw.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
     mode = MODE_ALIASES.get(mode, mode)
     if mode not in GRAPH_MODES:
         raise ValueError(

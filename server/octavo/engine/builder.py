@@ -97,6 +97,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     if groups is not None and graphs:
         logger.info("decode graphs off: their buffers hold one block table per sequence")
         graphs = ()
+    pieces = piecewise_sizes(args, device, parallel, compiled, max_model_len) if decodes else ()
     spec = WorkerConfig(
         folder,
         config,
@@ -117,6 +118,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         args.load_format,
         compile_layers=compiled,
         kv_groups=groups,
+        piecewise_sizes=pieces,
     )
     spec.kv_offload_blocks = offload_blocks(args, spec, bool(states or encoder or groups))
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start
@@ -224,13 +226,36 @@ def graph_sizes(
         device.type not in ("cuda", "cpu")
         or (device.type == "cpu" and compiled_layers)
         or args.enforce_eager
-        or not compilation.uses_graphs
+        or not compilation.full_decode_graphs
         or parallel.world_size > 1
         or args.enable_lora
     ):
         return ()
     rows_per_seq = 1 + (speculative.num_speculative_tokens if speculative else 0)
     return tuple(compilation.capture_sizes(args.max_num_seqs * rows_per_seq, device.type))
+
+
+def piecewise_sizes(
+    args: EngineArgs,
+    device: torch.device,
+    parallel: ParallelConfig,
+    compiled_layers: bool,
+    max_model_len: int,
+) -> tuple[int, ...]:
+    """The step sizes (tokens) captured as graphs cut at attention (``piecewise_graphs``):
+    on a GPU with a piecewise ``cudagraph_mode`` (the default), one rank, no LoRA, no
+    --enforce-eager; the capture sizes up to the step budget, at most 512 by default."""
+    compilation = args.compilation_config
+    if (
+        device.type != "cuda"
+        or compiled_layers
+        or args.enforce_eager
+        or not compilation.piecewise_graphs
+        or parallel.world_size > 1
+        or args.enable_lora
+    ):
+        return ()
+    return tuple(compilation.capture_sizes(args.token_budget(device, max_model_len)))
 
 
 def compiles_layers(

@@ -46,6 +46,7 @@ from octavo.model_executor.models.causal_lm import StepResult
 from octavo.model_executor.mrope_positions import MRopePositions, supports_mrope
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.pending_step import PendingStep
+from octavo.model_executor.piecewise_graphs import PiecewiseGraphs
 from octavo.model_executor.pooling_rows import Partial, PoolingAccumulator, plan_pooling
 from octavo.model_executor.proposer import Proposer
 from octavo.model_executor.step_inputs import (
@@ -155,6 +156,7 @@ class ModelRunner:
         self.is_encoder = getattr(self.model, "is_encoder", False)
         self._pending_pool: dict[int, Partial] = {}
         self.graphs: DecodeGraphs | None = None  # captured decode steps (the worker's)
+        self.piecewise: PiecewiseGraphs | None = None  # the other steps, cut at attention
         self.in_flight: PendingStep | None = None  # async scheduling: the launched step
         self.offload: HostTier | None = None  # the KV offload tier's host blocks (the worker's)
         self.images_of: dict[int, list[ImageInput]] = {}  # every rank: a prompt's images
@@ -243,6 +245,10 @@ class ModelRunner:
             size = self.graphs.size_for(inputs)
             if size is not None:  # a decode step: replay the graph of its padded size
                 return self.graphs.run(inputs, size)
+        if self.piecewise is not None and intermediate is None:
+            size = self.piecewise.size_for(inputs)
+            if size is not None:  # any other step: the pieces around eager attention
+                return self.piecewise.run(inputs, size)
         return self.paged.run(inputs, intermediate)
 
     def _outputs(self, result: StepResult, inputs: StepInputs) -> PendingStep:

@@ -30,15 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.kv_cache.state_tensors import has_state_caches
-from octavo.model_executor.group_tables import add_group_tables
+from octavo.model_executor.dummy_steps import DummyShape, dummy_inputs
 from octavo.model_executor.paged_model import PagedModel
-from octavo.model_executor.step_inputs import add_state_slots, lay_out, step_inputs
-from octavo.scheduler.output import ScheduledSequence
 
 logger = logging.getLogger(__name__)
 
-WARM_UP_BLOCK = 1  # block 0 is the null block, which padded decode rows read
 WARM_UP_TOP_P = 0.9
 
 
@@ -51,71 +47,41 @@ class StepLimits:
     block_size: int
 
 
-@dataclass(frozen=True)
-class WarmUpStep:
-    """One dummy step: ``(cached tokens, new tokens)`` per sequence; all on block 1."""
-
-    sequences: tuple[tuple[int, int], ...]
-
-    @property
-    def num_prefills(self) -> int:
-        return sum(1 for _, new in self.sequences if new > 1)
-
-
 def powers_of_two_up_to(limit: int) -> list[int]:
     """1, 2, 4, ... below ``limit``, then ``limit`` itself (nothing when it is below 1)."""
     values = [1 << shift for shift in range(max(0, limit).bit_length()) if 1 << shift < limit]
     return [*values, limit] if limit >= 1 else []
 
 
-def prefill_steps(limits: StepLimits) -> list[WarmUpStep]:
+def prefill_steps(limits: StepLimits) -> list[DummyShape]:
     """A prompt of every power of two of tokens up to the step budget, uncached; one past
     ``max_model_len`` is spread over sequences of at most that many tokens."""
     steps = []
     for tokens in powers_of_two_up_to(limits.max_tokens):
         full, rest = divmod(tokens, limits.max_model_len)
         chunks = [limits.max_model_len] * full + ([rest] if rest else [])
-        steps.append(WarmUpStep(tuple((0, chunk) for chunk in chunks)))
+        steps.append(DummyShape(tuple((0, chunk) for chunk in chunks)))
     return steps
 
 
-def decode_steps(limits: StepLimits) -> list[WarmUpStep]:
+def decode_steps(limits: StepLimits) -> list[DummyShape]:
     """One decoding row whose block table is every power of two of blocks wide, up to the
     longest sequence's (its position stays inside ``max_model_len``)."""
     widest = math.ceil(limits.max_model_len / limits.block_size)
     steps = []
     for width in powers_of_two_up_to(widest):
         position = min(width * limits.block_size, limits.max_model_len) - 1
-        steps.append(WarmUpStep(((position, 1),)))
+        steps.append(DummyShape(((position, 1),)))
     return steps
 
 
-def warm_up_steps(limits: StepLimits) -> list[WarmUpStep]:
+def warm_up_steps(limits: StepLimits) -> list[DummyShape]:
     return prefill_steps(limits) + decode_steps(limits)
 
 
-def scheduled(step: WarmUpStep, block_size: int, num_groups: int = 0) -> list[ScheduledSequence]:
-    """The step's sequences, every block table entry on ``WARM_UP_BLOCK`` (in each of
-    ``num_groups`` KV cache groups' tables too)."""
-    sequences = []
-    for seq_id, (cached, new) in enumerate(step.sequences):
-        blocks = [WARM_UP_BLOCK] * math.ceil((cached + new) / block_size)
-        groups = tuple([blocks] * num_groups) if num_groups else None
-        sequences.append(
-            ScheduledSequence(seq_id, [0] * new, cached, blocks, True, group_block_ids=groups)
-        )
-    return sequences
-
-
-def run_step(model: PagedModel, step: WarmUpStep) -> torch.Tensor:
+def run_step(model: PagedModel, step: DummyShape) -> torch.Tensor:
     """One forward of ``step`` (logits of each sequence's last token)."""
-    groups, size, device = model.layer_groups, model.block_size, model.device
-    sequences = scheduled(step, size, 0 if groups is None else max(groups) + 1)
-    inputs = step_inputs(lay_out(sequences, size), step.num_prefills, device)
-    if has_state_caches(model.kv_caches):  # state layers: every sequence on the null slot
-        add_state_slots(inputs.meta, sequences, device)
-    if groups is not None:  # KV cache groups: a table each
-        add_group_tables(inputs.meta, sequences, groups, size, device)
+    inputs = dummy_inputs(model, step)
     with torch.inference_mode():
         return model.forward(inputs)
 

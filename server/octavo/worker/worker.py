@@ -57,6 +57,7 @@ from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.model_runner import ModelRunner
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.paged_model import PagedModel
+from octavo.model_executor.piecewise_graphs import CudaSegments, PiecewiseGraphs, cuts_cleanly
 from octavo.model_executor.proposer import Proposer
 from octavo.outputs import ModelRunnerOutput
 from octavo.scheduler.output import SchedulerOutput
@@ -101,6 +102,7 @@ class WorkerConfig:
     # ``group_size`` tensors shared by the groups; None: one tensor per layer
     kv_groups: KVCacheGroups | None = None
     kv_offload_blocks: int = 0  # ``--kv-offloading-size``: host tier blocks a rank keeps
+    piecewise_sizes: tuple[int, ...] = ()  # step sizes (tokens) captured cut at attention
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -169,9 +171,9 @@ class Worker:
             spec.quantization,
             spec.load_format,
         )
-        if spec.graph_sizes and experts_sync_with_host(self.model):
-            logger.info("decode graphs off: quantized MoE experts run the grouped path")
-            self.spec = spec = replace(spec, graph_sizes=())
+        if (spec.graph_sizes or spec.piecewise_sizes) and experts_sync_with_host(self.model):
+            logger.info("CUDA graphs off: quantized MoE experts run the grouped path")
+            self.spec = spec = replace(spec, graph_sizes=(), piecewise_sizes=())
         if spec.compile_layers:
             compile_layers(self.model)
         self.state_specs = tuple(self.model.state_specs())
@@ -318,15 +320,28 @@ class Worker:
         return peak + unprofiled_bytes(rows, self.spec.config.vocab_size) + self._graph_bytes()
 
     def _graph_bytes(self) -> int:
-        """What the decode graphs' memory pool keeps: the activations of the largest
-        captured batch (measured like the largest step), held for the server's life."""
-        if not self.spec.graph_sizes:
-            return 0
-        size = max(self.spec.graph_sizes)
-        cache = CacheSpec(self.spec.block_size, self.spec.cache_dtype, self.device)
-        step = DummyStep([1] * size, size)
-        peak = measure_step_peak(self.paged_model_on, self.cache_shape, step, cache)
-        return peak or 0
+        """What the graphs' memory pool keeps for the server's life: the activations of
+        the largest captured decode batch or piecewise step, whichever is more (the two
+        share one pool; measured like the largest step), and the pieces' attention
+        outputs (a buffer of the largest piecewise step per layer)."""
+        spec, steps = self.spec, []
+        if spec.graph_sizes:
+            steps.append(DummyStep([1] * max(spec.graph_sizes), max(spec.graph_sizes)))
+        if spec.piecewise_sizes:  # prompts no longer than max_model_len
+            full, rest = divmod(max(spec.piecewise_sizes), spec.max_positions - 1)
+            lengths = [spec.max_positions - 1] * full + ([rest] if rest else [])
+            steps.append(DummyStep(lengths, len(lengths)))
+        cache = CacheSpec(spec.block_size, spec.cache_dtype, self.device)
+        peaks = [
+            measure_step_peak(self.paged_model_on, self.cache_shape, step, cache) or 0
+            for step in steps
+        ]
+        outputs = 0
+        if spec.piecewise_sizes:
+            heads = spec.config.num_heads // tensor_parallel_group().size
+            row = heads * spec.config.head_dim * spec.dtype.itemsize
+            outputs = len(self.model.layers) * max(spec.piecewise_sizes) * row
+        return max(peaks, default=0) + outputs
 
     def paged_model_on(self, caches: list[torch.Tensor], num_state_slots: int = 1) -> PagedModel:
         """The model with ``caches`` and this device's attention backend (the runner's, and
@@ -361,18 +376,37 @@ class Worker:
         )
         if spec.kv_offload_blocks:  # each rank's tier holds its own shard of the blocks
             self.runner.offload = HostTier.like(caches, spec.kv_offload_blocks)
+        pool = None  # the decode graphs' memory pool, which the pieces share
         if spec.graph_sizes:
             recorder = CudaGraphRecorder() if self.device.type == "cuda" else CpuGraphRecorder()
+            pool = getattr(recorder, "pool", None)
             graphs = DecodeGraphs(
                 self.runner.paged, list(spec.graph_sizes), spec.max_positions, recorder
             )
             if graphs.capture():
                 self.runner.graphs = graphs
+        if spec.piecewise_sizes:
+            self._capture_pieces(pool)
         if self.device.type == "cuda":  # Triton's kernels compile before the first request
             self.warm_up_kernels()
         # Start-up is done: from now on the memory a step frees serves the next step.
         if self.device.type == "cpu" and self._heap_release is None and HOST_HEAP.hold():
             self._heap_release = weakref.finalize(self, HOST_HEAP.release)
+
+    def _capture_pieces(self, pool: object | None) -> None:
+        """Graphs of the steps decode graphs do not take, cut at attention (CUDA)."""
+        assert self.runner is not None
+        refusal = cuts_cleanly(self.runner.paged)
+        if refusal is None and self.runner.mrope is not None:
+            refusal = "multimodal rotary positions are rows of three"
+        if refusal is not None:
+            logger.info("piecewise CUDA graphs off, mixed steps run eagerly: %s", refusal)
+            return
+        sizes = list(self.spec.piecewise_sizes)
+        max_len = self.spec.max_positions - 1
+        pieces = PiecewiseGraphs(self.runner.paged, sizes, max_len, CudaSegments(pool))
+        if pieces.capture():
+            self.runner.piecewise = pieces
 
     def warm_up_kernels(self) -> int:
         """``kernel_warm_up``'s dummy steps through the model and cache: the steps run (0

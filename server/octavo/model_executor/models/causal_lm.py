@@ -241,6 +241,25 @@ class CausalLM(nn.Module):
         """``forward``, and on the last stage also the final (normed) hidden states of the
         ``pooled_indices`` rows: what pooling requests are made of. ``image_embeds``: image
         features that replace the embeddings of the placeholder rows they name."""
+        hidden, residual = self.hidden_states(
+            input_ids, positions, kv_caches, meta, attention, intermediate, image_embeds
+        )
+        if not self.stage.is_last:
+            return IntermediateTensors(hidden, residual)
+        return self.final(hidden, residual, logits_indices, pooled_indices)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        attention: AttentionBackend,
+        intermediate: IntermediateTensors | None = None,
+        image_embeds: ImageEmbeds | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The embeddings (or the previous stage's activations) through this stage's
+        layers: the hidden states and the residual not yet added to them."""
         assert self.rotary, "set_rotary before running the model"
         ropes = {name: table.for_step(positions) for name, table in self.rotary.items()}
         if intermediate is None:
@@ -251,9 +270,7 @@ class CausalLM(nn.Module):
         for layer, kv_cache, layer_meta in zip(self.layers, kv_caches, metas, strict=True):
             rope = ropes.get(layer.spec.attention.rope)
             hidden, residual = layer(hidden, residual, rope, kv_cache, layer_meta, attention)
-        if not self.stage.is_last:
-            return IntermediateTensors(hidden, residual)
-        return self._final(hidden, residual, logits_indices, pooled_indices)
+        return hidden, residual
 
     def embed(self, input_ids: torch.Tensor, image_embeds: ImageEmbeds | None) -> torch.Tensor:
         """The tokens' (scaled) embeddings, image placeholders replaced by their features."""
@@ -262,7 +279,8 @@ class CausalLM(nn.Module):
             hidden[image_embeds.rows] = image_embeds.features.to(hidden.dtype)
         return hidden
 
-    def _final(self, hidden, residual, logits_indices, pooled_indices) -> StepResult:
+    def final(self, hidden, residual, logits_indices, pooled_indices) -> StepResult:
+        """The final norm of the ``logits_indices`` rows (and ``pooled_indices``), their logits."""
         rows = logits_indices
         if pooled_indices is not None:
             rows = torch.cat([logits_indices, pooled_indices])
