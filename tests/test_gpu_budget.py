@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -114,8 +115,15 @@ def test_kv_cache_memory_is_given_when_it_fits_and_refused_when_not():
         requested_budget(MEMORY, 61 * GiB, 2 * GiB, "cuda:0")
 
 
+def a_smaller_gpu(monkeypatch) -> None:
+    """Device properties of a 24 GiB GPU (step budget 2048 served, as vLLM's defaults)."""
+    gpu = SimpleNamespace(name="NVIDIA L4", total_memory=24 * GiB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
+
+
 def test_the_builder_passes_kv_cache_memory_to_gpu_workers(monkeypatch):
     monkeypatch.delenv("OCTAVO_KV_CACHE_MEMORY", raising=False)
+    a_smaller_gpu(monkeypatch)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     args = EngineArgs(kv_cache_memory=3 * GiB, max_num_seqs=32)
     assert kv_budget(args, cuda, 2, 1024) == KVBudget(3 * GiB, 0.9, 2048, 32, 2)
@@ -124,6 +132,7 @@ def test_the_builder_passes_kv_cache_memory_to_gpu_workers(monkeypatch):
 
 
 def test_the_offline_engine_reads_the_servers_kv_cache_variable_on_cpu(monkeypatch):
+    a_smaller_gpu(monkeypatch)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.setenv("OCTAVO_KV_CACHE_MEMORY", "96MiB")
     assert kv_budget(EngineArgs(), cpu, 0, 1024).kv_cache_bytes == 96 * 2**20

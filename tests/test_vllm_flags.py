@@ -208,7 +208,7 @@ def test_chunked_prefill_off_makes_the_budget_hold_a_whole_prompt():
     assert on.enable_chunked_prefill and on.token_budget(cpu, 4096) == 512
     off = EngineArgs(enable_chunked_prefill=False)
     assert off.token_budget(cpu, 4096) == 4096
-    assert EngineArgs(enable_chunked_prefill=False, offline=True).token_budget(cpu, 1024) == 2048
+    assert off.token_budget(cpu, 256) == 512
     with pytest.raises(ValueError, match="smaller than max_model_len"):
         EngineArgs(enable_chunked_prefill=False, max_num_batched_tokens=256).token_budget(cpu, 1024)
     assert parse("--no-enable-chunked-prefill").enable_chunked_prefill is False

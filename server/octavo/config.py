@@ -94,7 +94,6 @@ class EngineArgs:
     """Everything that shapes an engine. Unset values are resolved from the model/device."""
 
     model: str | None = None  # the positional MODEL argument of ``octavo serve``
-    offline: bool = False  # the offline ``LLM`` class's engine (its own step defaults)
     revision: str | None = engine_arg(
         None, "hub models (hf://ORG/NAME): branch, tag or commit to load (default: main)"
     )
@@ -475,11 +474,12 @@ class EngineArgs:
         self.speculative_model = self.num_speculative_tokens = None  # folded in once
 
     def token_budget(self, device: torch.device, max_model_len: int | None = None) -> int:
-        """``max_num_batched_tokens``, or its default for the device and use
-        (``batch_defaults``). Without chunked prefill a whole prompt must fit in one step:
-        the default grows to ``max_model_len``, and a smaller explicit budget is refused."""
+        """``max_num_batched_tokens``, or its served default for the device
+        (``batch_defaults``; the offline ``LLM`` sets its own). Without chunked prefill a
+        whole prompt must fit in one step: the default grows to ``max_model_len``, and a
+        smaller explicit budget is refused."""
         explicit = self.max_num_batched_tokens
-        default = default_token_budget(device, self.offline)
+        default = default_token_budget(device, offline=False)
         budget = default if explicit is None else explicit
         if self.enable_chunked_prefill or max_model_len is None:
             return budget

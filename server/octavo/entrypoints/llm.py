@@ -9,6 +9,8 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from octavo.config import EngineArgs
+from octavo.engine.batch_defaults import default_token_budget
+from octavo.engine.device import select_device
 from octavo.engine.llm_engine import LLMEngine
 from octavo.inputs.chat import (
     ChatOptions,
@@ -46,8 +48,11 @@ class LLM:
     """Generate offline with Octavo's engine. ``model=None`` serves the embedded SmolLM2."""
 
     def __init__(self, model: str | None = None, **engine_args) -> None:
-        # No stream waits for a step offline: bigger default steps (``batch_defaults``)
-        engine_args.setdefault("offline", True)
+        chunked = engine_args.get("enable_chunked_prefill", True)  # else: whole prompts
+        if chunked and engine_args.get("max_num_batched_tokens") is None:
+            # No stream waits for a step offline: bigger default steps (``batch_defaults``)
+            device = select_device(engine_args.get("device", EngineArgs.device))
+            engine_args["max_num_batched_tokens"] = default_token_budget(device, offline=True)
         self.engine = LLMEngine(EngineArgs.from_kwargs(model, engine_args))
         self._ids = itertools.count()
         self._defaults = _generation_defaults(self.engine)
