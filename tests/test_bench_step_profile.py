@@ -26,6 +26,9 @@ def test_a_cpu_run_times_every_phase_per_batch(tiny_folder, tmp_path):
         assert all(ms > 0 for ms in phases)
         assert sum(phases) <= row["step"] * 1.01  # the phases are parts of a step
         assert "gpu_forward_ms" not in row  # CUDA events only on a GPU
+        forwards = row["forwards"]  # CPU decode graphs for the decode steps, no pieces
+        assert forwards["decode_graph"] >= 1 and forwards["pieces"] == 0
+        assert forwards["eager"] >= 1 and sum(forwards.values()) == row["steps"]
     assert (tmp_path / "step_profile.png").exists()
 
 
@@ -44,7 +47,8 @@ def test_syncs_are_counted_per_phase_and_close_puts_every_method_back():
     def idle(*_args):
         return None
 
-    runner = SimpleNamespace(prepare=waits_twice, _forward=idle, _outputs=idle)
+    runner = SimpleNamespace(prepare=waits_twice, _forward=idle, _outputs=idle, graphs=None)
+    runner.piecewise = None  # no graphs: every forward eager
     scheduler = SimpleNamespace(schedule=idle, update_from_output=idle)
     engine = SimpleNamespace(scheduler=scheduler, _record_all=idle, step=None)
     engine.executor = SimpleNamespace(worker=SimpleNamespace(runner=runner))

@@ -11,7 +11,8 @@ time is read from CUDA events around it, so host overhead and GPU time sit side 
 a step is host-bound where ``step`` far exceeds ``gpu_forward_ms``. ``--offline 256`` adds a
 row for nano-vllm's offline shape (256 requests, prompt and output lengths uniform in
 [100, 1024]: ``--offline-max-len``): its steps with a prefill part, and the forward's GPU
-seconds in those steps and in decode-only steps.
+seconds in those steps and in decode-only steps. Each row also counts its forwards by path:
+a decode graph replayed, the pieces cut at attention (``piecewise_graphs``), or eager.
 Writes step_profile.json and step_profile.png (the phases of a step, stacked, per row).
 """
 
@@ -41,6 +42,9 @@ PHASES = {  # (object path, method) -> phase name
     ("engine", "_record_all"): "detokenize",
 }
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode says so
+# the forwards of a row's steps by how they ran: a decode graph, the pieces cut at
+# attention (piecewise_graphs), or eagerly
+FORWARD_PATHS = ("decode_graph", "pieces")
 
 
 OFFLINE_TOTALS = (
@@ -64,6 +68,7 @@ class PhaseTimer:
         from octavo.model_executor.pending_step import PendingStep
 
         self.seconds: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
         self.syncs: collections.Counter[str] = collections.Counter()
         self.count_syncs = count_syncs
         if count_syncs and torch.cuda.is_available():
@@ -74,11 +79,14 @@ class PhaseTimer:
         self.prefill_steps = 0
         self.planned_prefill = False  # the last planned step has a prefill part
         owners = {"engine": engine, "scheduler": engine.scheduler}
-        owners["runner"] = engine.executor.worker.runner
+        runner = owners["runner"] = engine.executor.worker.runner
         owners["pending"] = PendingStep  # the host's wait for a step's sampled ids
         for (owner, method), phase in PHASES.items():
             self._wrap(owners[owner], method, phase)
         self._wrap(engine, "step", "step")
+        for path, replays in (("decode_graph", runner.graphs), ("pieces", runner.piecewise)):
+            if replays is not None:  # how many forwards replayed each kind of graph
+                self._wrap(replays, "run", path)
 
     def _wrap(self, owner: Any, method: str, phase: str) -> None:
         original: Callable = getattr(owner, method)
@@ -93,6 +101,7 @@ class PhaseTimer:
             start = time.perf_counter()
             result = self._call(phase, original, args, kwargs)
             self.seconds[phase] += time.perf_counter() - start
+            self.calls[phase] += 1
             if on_gpu:
                 end_event.record()
                 self.events.append((start_event, end_event, self.planned_prefill))
@@ -116,7 +125,7 @@ class PhaseTimer:
             torch.cuda.set_sync_debug_mode("default")
 
     def _call(self, phase: str, original: Callable, args: tuple, kwargs: dict) -> Any:
-        if not self.count_syncs:
+        if not self.count_syncs or phase in FORWARD_PATHS:  # counted in forward_launch
             return original(*args, **kwargs)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -127,12 +136,16 @@ class PhaseTimer:
     def reset(self) -> None:
         self.syncs.clear()
         self.seconds.clear()
+        self.calls.clear()
         self.events.clear()
         self.steps = self.prefill_steps = 0
 
     def per_step_ms(self) -> dict[str, float]:
         steps = max(1, self.steps)
         result = {phase: 1000 * self.seconds[phase] / steps for phase in [*PHASES.values(), "step"]}
+        forwards = {path: self.calls[path] for path in FORWARD_PATHS}
+        forwards["eager"] = self.calls["forward_launch"] - sum(forwards.values())
+        result["forwards"] = forwards
         if self.events:
             torch.cuda.synchronize()
             gpu = sum(start.elapsed_time(end) for start, end, _ in self.events)
@@ -212,6 +225,8 @@ class StepProfileReport:
             if row["batch"] == "offline":
                 totals = ", ".join(f"{key} {_cell(row.get(key))}" for key in OFFLINE_TOTALS)
                 lines.append(f"offline: {row['steps']} steps, {totals}")
+            forwards = ", ".join(f"{k} {v}" for k, v in row.get("forwards", {}).items())
+            lines.append(f"batch {row['batch']}: forwards by path: {forwards}")
             if "syncs_per_step" in row:
                 syncs = ", ".join(f"{k} {v:.2f}" for k, v in row["syncs_per_step"].items())
                 lines.append(f"batch {row['batch']}: host waits per step: {syncs}")
