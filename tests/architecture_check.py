@@ -20,6 +20,8 @@ from octavo.engine.kv_groups import kv_cache_groups_for
 from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.kv_cache.kv_cache_groups import blocks_per_sequence
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.piecewise_graphs import PiecewiseGraphs, cuts_cleanly
+from piecewise_tapes import TapeSegments
 
 from conftest import assert_all_blocks_free, hf_greedy
 
@@ -95,11 +97,15 @@ def octavo_greedy(
     }
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     with LLM(str(folder), **args) as llm:
+        pieces = None
         if ranks == 1 and engine_args.get("pipeline_parallel_size", 1) == 1:
             # A GPU's start-up kernel warm-up (``kernel_warm_up``), run here on the CPU: its
             # dummy steps pass every layer, and what they leave in the cache changes nothing
             assert llm.engine.executor.worker.warm_up_kernels() > 0
-        outputs = llm.generate(prompts[:3], params, use_tqdm=False)
+            pieces = cut_at_attention(llm, args["max_num_batched_tokens"], args["max_model_len"])
+        outputs = llm.generate(prompts[:3], params, use_tqdm=False)  # eager mixed steps
+        if pieces is not None:  # the fourth prompt's steps through the pieces
+            llm.engine.executor.worker.runner.piecewise = pieces
         outputs += llm.generate(prompts[3:], params, use_tqdm=False)
         stats = llm.engine.stats()
         if engine_args.get("tensor_parallel_size", 1) == 1:
@@ -107,6 +113,20 @@ def octavo_greedy(
         if then is not None:
             then(llm)
     return [out.outputs[0].token_ids for out in outputs], stats
+
+
+def cut_at_attention(llm: LLM, max_tokens: int, max_model_len: int) -> PiecewiseGraphs | None:
+    """A GPU's piecewise graphs (``piecewise_graphs``) as CPU tapes, recorded at start-up
+    like a GPU's, for a model that can be cut at attention (None for one that cannot)."""
+    runner = llm.engine.executor.worker.runner
+    if cuts_cleanly(runner.paged) is not None or runner.mrope is not None:
+        return None
+    pieces = PiecewiseGraphs(runner.paged, [8, max_tokens], max_model_len, TapeSegments())
+    if pieces.capture():
+        return pieces
+    # The CPU's MoE routes on the host (a tape cannot replay it; a GPU's is on the device)
+    assert "depends on tensor values on the host" in str(pieces.refusal), pieces.refusal
+    return None
 
 
 def preempting_pool(config: ModelConfig, rank_config: ModelConfig) -> tuple[int, int]:

@@ -40,6 +40,27 @@ def test_a_replay_runs_only_the_ops_that_write_data_on_the_new_inputs():
     torch.testing.assert_close(out[:2], (fresh * weight)[[3, 0]] + 1, rtol=0, atol=0)
 
 
+def test_a_view_op_that_copies_is_replayed_and_one_that_aliases_is_not():
+    """``contiguous`` is a view op that copies a strided tensor (QK norms over a slice of
+    the fused projection): a replay must copy again; of a dense tensor it is itself. Under
+    inference mode (the engine's steps) the dispatcher shows ``contiguous`` itself."""
+    fused = torch.zeros(4, 6)
+
+    def forward() -> torch.Tensor:
+        query = fused[:, :2].contiguous()  # a copy: replayed
+        dense = fused.contiguous()  # the tensor itself: nothing to replay
+        return query.pow(2) + dense[:, 2:4]
+
+    with torch.inference_mode():
+        tape = CpuGraphRecorder().record(forward)
+        ops = [str(step.op) for step in tape.steps]
+        assert ops.count("aten.contiguous.default") == 1  # the strided one
+        fresh = torch.randn(4, 6)
+        fused.copy_(fresh)
+        expected = fresh[:, :2].pow(2) + fresh[:, 2:4]
+        torch.testing.assert_close(tape(), expected, rtol=0, atol=0)
+
+
 def test_a_functional_op_without_an_out_variant_copies_its_fresh_results():
     x = torch.zeros(3, 4)
 

@@ -228,6 +228,19 @@ def test_alignment_puts_every_pair_once_in_a_block_of_its_expert():
     assert aligned.block_experts.tolist()[:5] == [0, 1, 3, 3, 3]  # expert 2, 4: no blocks
 
 
+def test_alignment_reads_nothing_on_the_host_so_a_graph_can_hold_it():
+    """No op of the alignment reads device values on the host (CUDA's bincount would: it
+    sizes its output by the largest key), so a CUDA graph can capture a MoE layer. Checked
+    by recording it on CPU as a decode graph would, on ids unlike the recorded ones."""
+    from octavo.model_executor.cpu_graphs import CpuGraphRecorder
+
+    local_ids = torch.tensor([3, 0, -1, 3, 3, 0, 1, -1, 3, 3])
+    with torch.inference_mode():
+        tape = CpuGraphRecorder().record(lambda: align_pairs(local_ids, 5, 2).pair_ids)
+        local_ids.copy_(torch.tensor([1, 1, 4, -1, 0, 2, 2, 2, 3, 4]))
+        assert torch.equal(tape(), align_pairs(local_ids, 5, 2).pair_ids)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from octavo.model_executor.tape_memory import Lifetime, lifetimes, plan_offsets, rebased
 
@@ -101,6 +101,20 @@ def _integer_index(op: torch._ops.OpOverload, args: tuple) -> bool:
     )
 
 
+def _aliases_an_input(result, args: tuple) -> bool:
+    """Is ``result`` over an argument's memory? A view op may copy instead
+    (``contiguous`` of a strided tensor returns a fresh one): that copy is replayed."""
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    inputs = {
+        a.untyped_storage().data_ptr()
+        for a in tree_flatten(args)[0]
+        if isinstance(a, torch.Tensor) and a.layout == torch.strided
+    }
+    return all(
+        not isinstance(r, torch.Tensor) or r.untyped_storage().data_ptr() in inputs for r in results
+    )
+
+
 def _written(argument) -> bool:
     return argument.alias_info is not None and argument.alias_info.is_write
 
@@ -153,7 +167,7 @@ class TapeMode(TorchDispatchMode):
         if op in ALLOCATIONS:
             self._allocated(result)
             return result
-        if op.is_view or torch.Tag.inplace_view in op.tags:
+        if (op.is_view or torch.Tag.inplace_view in op.tags) and _aliases_an_input(result, args):
             return result  # metadata over memory that already exists
         if any(tag in op.tags for tag in UNRECORDABLE_TAGS) and not _integer_index(op, args):
             raise NotRecordable(f"{op} depends on tensor values on the host")

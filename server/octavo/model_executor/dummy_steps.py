@@ -4,7 +4,9 @@ Start-up runs steps of chosen shapes through the model before any request holds 
 (``worker/kernel_warm_up.py`` compiles the kernels of each shape class, ``piecewise_graphs``
 records and checks its pieces). Every block table entry of such a step is block 1 (block 0
 is the null block, which padded decode rows read): the keys and values the step writes are
-garbage left in a free block, and what it reads is whatever that block holds.
+garbage left in a free block, and what it reads is whatever that block holds. Tokens that
+share a slot race for it, so a step whose outputs are compared takes blocks of its own
+(``distinct``: blocks 1, 2, 3, ...).
 """
 
 from __future__ import annotations
@@ -36,12 +38,18 @@ class DummyShape:
         return sum(new for _, new in self.sequences)
 
 
-def scheduled(shape: DummyShape, block_size: int, num_groups: int = 0) -> list[ScheduledSequence]:
+def scheduled(
+    shape: DummyShape, block_size: int, num_groups: int = 0, distinct: bool = False
+) -> list[ScheduledSequence]:
     """The shape's sequences, every block table entry on ``DUMMY_BLOCK`` (in each of
-    ``num_groups`` KV cache groups' tables too)."""
-    sequences = []
+    ``num_groups`` KV cache groups' tables too); ``distinct``: on blocks 1, 2, 3, ... each
+    its own, so no two tokens share a slot and the step's outputs are deterministic."""
+    sequences, next_block = [], DUMMY_BLOCK
     for seq_id, (cached, new) in enumerate(shape.sequences):
-        blocks = [DUMMY_BLOCK] * math.ceil((cached + new) / block_size)
+        count = math.ceil((cached + new) / block_size)
+        blocks = [DUMMY_BLOCK] * count
+        if distinct:
+            blocks, next_block = list(range(next_block, next_block + count)), next_block + count
         groups = tuple([blocks] * num_groups) if num_groups else None
         sequences.append(
             ScheduledSequence(seq_id, [0] * new, cached, blocks, True, group_block_ids=groups)
@@ -49,10 +57,15 @@ def scheduled(shape: DummyShape, block_size: int, num_groups: int = 0) -> list[S
     return sequences
 
 
-def dummy_inputs(model: PagedModel, shape: DummyShape) -> StepInputs:
+def blocks_needed(shape: DummyShape, block_size: int) -> int:
+    """Blocks of a ``distinct`` layout of the shape (the null block not counted)."""
+    return sum(math.ceil((cached + new) / block_size) for cached, new in shape.sequences)
+
+
+def dummy_inputs(model: PagedModel, shape: DummyShape, distinct: bool = False) -> StepInputs:
     """The step's inputs for ``model`` (each sequence's last token sampled)."""
     groups, size, device = model.layer_groups, model.block_size, model.device
-    sequences = scheduled(shape, size, 0 if groups is None else max(groups) + 1)
+    sequences = scheduled(shape, size, 0 if groups is None else max(groups) + 1, distinct)
     inputs = step_inputs(lay_out(sequences, size), shape.num_prefills, device)
     if has_state_caches(model.kv_caches):  # state layers: every sequence on the null slot
         add_state_slots(inputs.meta, sequences, device)

@@ -41,7 +41,7 @@ from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
 from octavo.model_executor.cpu_graphs import NotRecordable
-from octavo.model_executor.dummy_steps import DummyShape, dummy_inputs
+from octavo.model_executor.dummy_steps import DummyShape, blocks_needed, dummy_inputs
 from octavo.model_executor.models.causal_lm import StepResult
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.step_inputs import StepInputs
@@ -192,6 +192,7 @@ class PiecewiseGraphs:
         self.outputs: list[torch.Tensor] = []  # each attention layer's, made while recording
         self.pieces: dict[int, Piece] = {}
         self.capture_seconds = 0.0
+        self.refusal: str | None = None  # why capture() left the steps eager
 
     def capture(self) -> bool:
         """Record every size, largest first, and check the largest against the eager
@@ -202,12 +203,12 @@ class PiecewiseGraphs:
                 for size in reversed(self.sizes):
                     self.pieces[size] = self._record(size)
                     progress.update()
-            self._check(self.sizes[-1])
+            self._check_largest()
         except Exception as error:  # NotRecordable, a capture the device refused, ...
             self.pieces.clear()
             self.outputs.clear()
-            reason = f"{type(error).__name__}: {error}"
-            logger.warning("%s off, mixed steps run eagerly: %s", name, reason)
+            self.refusal = f"{type(error).__name__}: {error}"
+            logger.warning("%s off, mixed steps run eagerly: %s", name, self.refusal)
             return False
         self.capture_seconds = time.perf_counter() - start
         logger.info(
@@ -223,7 +224,7 @@ class PiecewiseGraphs:
     def _record(self, size: int) -> Piece:
         """Warm the size up eagerly (pieces and all), then record it cut at attention."""
         ids, positions = self.input_ids[:size], self.positions[:size]
-        meta = checking_step(size, self.paged, self.max_model_len).meta  # the holes skip it
+        meta = dummy_inputs(self.paged, checking_shape(size, self.max_model_len)).meta  # unread
         with torch.inference_mode(), self.recorder.recording():
             self._pieces_eagerly(ids, positions, meta, size)
             holes = HoleAttention(self.recorder, self.outputs, size)
@@ -276,9 +277,18 @@ class PiecewiseGraphs:
                 piece.hidden, piece.residual, inputs.logits_indices, inputs.pooled_indices
             )
 
+    def _check_largest(self) -> None:
+        """``_check`` the largest size whose checking step the cache holds."""
+        blocks, size = self.paged.block_size, self.sizes[0]
+        for candidate in self.sizes:
+            shape = checking_shape(candidate, self.max_model_len)
+            if blocks_needed(shape, blocks) <= cache_blocks(self.paged):
+                size = candidate
+        self._check(size)
+
     def _check(self, size: int) -> None:
-        """A mixed step of ``size`` tokens (a prompt chunk and decode rows, on block 1 of
-        the cache) replayed must give the eager forward's logits bit for bit."""
+        """A mixed step of ``size`` tokens (prompt chunks and decode rows, each on blocks of
+        its own) replayed must give the eager forward's logits bit for bit."""
         inputs = checking_step(size, self.paged, self.max_model_len)
         with torch.inference_mode():
             expected = self.paged.run(inputs).logits.clone()
@@ -306,11 +316,21 @@ class PassingAttention:
         return out
 
 
-def checking_step(size: int, paged: PagedModel, max_model_len: int) -> StepInputs:
-    """A mixed step of ``size`` tokens on block 1: prompt chunks of at most
-    ``max_model_len`` tokens and, from 4 tokens, two decoding rows."""
+def checking_shape(size: int, max_model_len: int) -> DummyShape:
+    """A mixed step of ``size`` tokens: prompt chunks of at most ``max_model_len`` tokens
+    and, from 4 tokens, two decoding rows."""
     decodes = [(min(20, max_model_len - 1), 1), (min(37, max_model_len - 1), 1)]
     decodes = decodes if size >= 4 else []
     full, rest = divmod(size - len(decodes), max_model_len)
     chunks = [(0, max_model_len)] * full + ([(0, rest)] if rest else [])
-    return dummy_inputs(paged, DummyShape(tuple(chunks + decodes)))
+    return DummyShape(tuple(chunks + decodes))
+
+
+def checking_step(size: int, paged: PagedModel, max_model_len: int) -> StepInputs:
+    """``checking_shape`` on blocks of its own (no two tokens race for a slot)."""
+    return dummy_inputs(paged, checking_shape(size, max_model_len), distinct=True)
+
+
+def cache_blocks(paged: PagedModel) -> int:
+    """Blocks a dummy step may take (the null block left out)."""
+    return min(cache.shape[1] for cache in paged.kv_caches) - 1

@@ -60,7 +60,11 @@ def align_pairs(local_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
     device = local_ids.device
     keys = torch.where(local_ids >= 0, local_ids, num_experts)  # skipped pairs sort last
     sorted_keys, order = torch.sort(keys, stable=True)
-    counts = torch.bincount(keys, minlength=num_experts + 1)[:num_experts]
+    # counted by scatter_add_, not bincount: CUDA's bincount reads the largest key on the
+    # host to size its output, a wait no CUDA graph may hold
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device)
+    counts = counts.scatter_add_(0, keys.long(), torch.ones_like(keys, dtype=torch.long))
+    counts = counts[:num_experts]
     blocks_per_expert = (counts + block_m - 1) // block_m
     block_end = torch.cumsum(blocks_per_expert, 0)
     first_slot = (block_end - blocks_per_expert) * block_m
