@@ -119,7 +119,7 @@ def cut_at_attention(llm: LLM, max_tokens: int, max_model_len: int) -> Piecewise
     """A GPU's piecewise graphs (``piecewise_graphs``) as CPU tapes, recorded at start-up
     like a GPU's, for a model that can be cut at attention (None for one that cannot)."""
     runner = llm.engine.executor.worker.runner
-    if cuts_cleanly(runner.paged) is not None or runner.mrope is not None:
+    if cuts_cleanly(runner.paged) is not None:
         return None
     pieces = PiecewiseGraphs(runner.paged, [8, max_tokens], max_model_len, TapeSegments())
     if pieces.capture():

@@ -225,14 +225,17 @@ def graph_sizes(
     if (
         device.type not in ("cuda", "cpu")
         or (device.type == "cpu" and compiled_layers)
-        or args.enforce_eager
         or not compilation.full_decode_graphs
-        or parallel.world_size > 1
-        or args.enable_lora
+        or not graphs_allowed(args, parallel)
     ):
         return ()
     rows_per_seq = 1 + (speculative.num_speculative_tokens if speculative else 0)
     return tuple(compilation.capture_sizes(args.max_num_seqs * rows_per_seq, device.type))
+
+
+def graphs_allowed(args: EngineArgs, parallel: ParallelConfig) -> bool:
+    """What both kinds of graphs need: no --enforce-eager, one rank, no LoRA (for now)."""
+    return not args.enforce_eager and parallel.world_size == 1 and not args.enable_lora
 
 
 def piecewise_sizes(
@@ -249,10 +252,8 @@ def piecewise_sizes(
     if (
         device.type != "cuda"
         or compiled_layers
-        or args.enforce_eager
         or not compilation.piecewise_graphs
-        or parallel.world_size > 1
-        or args.enable_lora
+        or not graphs_allowed(args, parallel)
     ):
         return ()
     return tuple(compilation.capture_sizes(args.token_budget(device, max_model_len)))

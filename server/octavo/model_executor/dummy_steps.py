@@ -38,6 +38,12 @@ class DummyShape:
         return sum(new for _, new in self.sequences)
 
 
+def prompt_chunks(tokens: int, max_model_len: int) -> list[int]:
+    """``tokens`` as prompts of at most ``max_model_len`` tokens (full ones, then the rest)."""
+    full, rest = divmod(tokens, max_model_len)
+    return [max_model_len] * full + ([rest] if rest else [])
+
+
 def scheduled(
     shape: DummyShape, block_size: int, num_groups: int = 0, distinct: bool = False
 ) -> list[ScheduledSequence]:

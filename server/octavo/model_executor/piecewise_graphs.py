@@ -41,8 +41,14 @@ from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.metadata import AttentionMetadata
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
 from octavo.model_executor.cpu_graphs import NotRecordable
-from octavo.model_executor.dummy_steps import DummyShape, blocks_needed, dummy_inputs
+from octavo.model_executor.dummy_steps import (
+    DummyShape,
+    blocks_needed,
+    dummy_inputs,
+    prompt_chunks,
+)
 from octavo.model_executor.models.causal_lm import StepResult
+from octavo.model_executor.mrope_positions import supports_mrope
 from octavo.model_executor.paged_model import PagedModel
 from octavo.model_executor.step_inputs import StepInputs
 from octavo.progress import PhaseReporter
@@ -173,6 +179,8 @@ def cuts_cleanly(paged: PagedModel) -> str | None:
         return "latent attention reads the step's metadata in its own layer"
     if getattr(model, "is_encoder", False):
         return "an encoder's steps are whole prompts"
+    if supports_mrope(model):
+        return "multimodal rotary positions are rows of three"
     if not (model.stage.is_first and model.stage.is_last):
         return "a pipeline stage"
     return None
@@ -213,7 +221,7 @@ class PiecewiseGraphs:
         self.capture_seconds = time.perf_counter() - start
         logger.info(
             "captured %s for %d step sizes (%d..%d tokens) in %.1f s",
-            self.recorder.name,
+            name,
             len(self.sizes),
             self.sizes[0],
             self.sizes[-1],
@@ -321,8 +329,7 @@ def checking_shape(size: int, max_model_len: int) -> DummyShape:
     and, from 4 tokens, two decoding rows."""
     decodes = [(min(20, max_model_len - 1), 1), (min(37, max_model_len - 1), 1)]
     decodes = decodes if size >= 4 else []
-    full, rest = divmod(size - len(decodes), max_model_len)
-    chunks = [(0, max_model_len)] * full + ([(0, rest)] if rest else [])
+    chunks = [(0, chunk) for chunk in prompt_chunks(size - len(decodes), max_model_len)]
     return DummyShape(tuple(chunks + decodes))
 
 

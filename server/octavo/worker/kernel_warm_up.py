@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.model_executor.dummy_steps import DummyShape, dummy_inputs
+from octavo.model_executor.dummy_steps import DummyShape, dummy_inputs, prompt_chunks
 from octavo.model_executor.paged_model import PagedModel
 
 logger = logging.getLogger(__name__)
@@ -58,8 +58,7 @@ def prefill_steps(limits: StepLimits) -> list[DummyShape]:
     ``max_model_len`` is spread over sequences of at most that many tokens."""
     steps = []
     for tokens in powers_of_two_up_to(limits.max_tokens):
-        full, rest = divmod(tokens, limits.max_model_len)
-        chunks = [limits.max_model_len] * full + ([rest] if rest else [])
+        chunks = prompt_chunks(tokens, limits.max_model_len)
         steps.append(DummyShape(tuple((0, chunk) for chunk in chunks)))
     return steps
 

@@ -49,6 +49,7 @@ from octavo.lora.model_lora import LoRAModel
 from octavo.lora.slots import AdapterSlots
 from octavo.model_executor.cpu_graphs import CpuGraphRecorder
 from octavo.model_executor.decode_graphs import CudaGraphRecorder, DecodeGraphs
+from octavo.model_executor.dummy_steps import prompt_chunks
 from octavo.model_executor.footprint import weight_bytes, weight_footprint
 from octavo.model_executor.layers.lora import LoRASize
 from octavo.model_executor.layers.moe.quantized_experts import experts_sync_with_host
@@ -328,8 +329,7 @@ class Worker:
         if spec.graph_sizes:
             steps.append(DummyStep([1] * max(spec.graph_sizes), max(spec.graph_sizes)))
         if spec.piecewise_sizes:  # prompts no longer than max_model_len
-            full, rest = divmod(max(spec.piecewise_sizes), spec.max_positions - 1)
-            lengths = [spec.max_positions - 1] * full + ([rest] if rest else [])
+            lengths = prompt_chunks(max(spec.piecewise_sizes), spec.max_positions - 1)
             steps.append(DummyStep(lengths, len(lengths)))
         cache = CacheSpec(spec.block_size, spec.cache_dtype, self.device)
         peaks = [
@@ -397,8 +397,6 @@ class Worker:
         """Graphs of the steps decode graphs do not take, cut at attention (CUDA)."""
         assert self.runner is not None
         refusal = cuts_cleanly(self.runner.paged)
-        if refusal is None and self.runner.mrope is not None:
-            refusal = "multimodal rotary positions are rows of three"
         if refusal is not None:
             logger.info("piecewise CUDA graphs off, mixed steps run eagerly: %s", refusal)
             return
