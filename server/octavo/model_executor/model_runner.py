@@ -35,6 +35,7 @@ from octavo.kv_cache.cache_tensors import copy_blocks
 from octavo.kv_cache.offload_tensors import HostTier
 from octavo.kv_cache.state_tensors import copy_states, has_state_caches
 from octavo.lora_request import LoRARequest
+from octavo.model_executor.block_table_rows import BlockTableRows
 from octavo.model_executor.decode_graphs import DecodeGraphs
 from octavo.model_executor.encoder_inputs import token_types, whole_prompt_spans
 from octavo.model_executor.group_tables import add_group_tables
@@ -149,6 +150,7 @@ class ModelRunner:
         self.lora_of: dict[int, LoRARequest] = {}  # every rank: each sequence's adapter
         self.sampler = Sampler()
         self.states: dict[int, SequenceState] = {}
+        self.block_tables = BlockTableRows()  # every rank: each sequence's table as a row
         self.scoring: dict[int, tuple[list[int], int]] = {}  # prompt_logprobs: (prompt, top)
         self.pooling_of: dict[int, PoolingParams] = {}  # every rank: pooling sequences
         # the driver's partial pooled states; a classifier's head turns each into logits
@@ -297,6 +299,7 @@ class ModelRunner:
         if self.mrope is not None:
             self.mrope.forget(step.finished_seq_ids)
         self.pooling.forget(step.finished_seq_ids + step.preempted_seq_ids)
+        self.block_tables.forget(step.finished_seq_ids + step.preempted_seq_ids)
         for data in step.new_sequences:
             if data.lora_request is not None:
                 self.lora_of[data.seq_id] = data.lora_request
@@ -402,7 +405,8 @@ class ModelRunner:
     def prepare(self, scheduled: list[ScheduledSequence], num_prefills: int) -> StepInputs:
         layout = lay_out(scheduled, self.block_size, set(self.pooling_of))
         scored = self._prompt_scoring(scheduled, layout)
-        inputs = step_inputs(layout, num_prefills, self.device, scored)
+        tables = self.block_tables.gather(layout.table_seq_ids, layout.tables)
+        inputs = step_inputs(layout, num_prefills, self.device, scored, tables)
         inputs.lora = self._lora_batch(scheduled, layout)
         if self.has_state:
             add_state_slots(inputs.meta, scheduled, self.device)

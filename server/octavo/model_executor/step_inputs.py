@@ -45,7 +45,8 @@ class StepLayout:
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     starts: list[int] = field(default_factory=lambda: [0])  # per attention row
-    tables: list[list[int]] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)  # per attention row
+    table_seq_ids: list[int] = field(default_factory=list)  # whose table each row reads
     seq_lens: list[int] = field(default_factory=list)
     logits_rows: list[int] = field(default_factory=list)
     sampled: list[ScheduledSequence] = field(default_factory=list)
@@ -76,6 +77,7 @@ def _add_decode(layout: StepLayout, seq: ScheduledSequence, block_size: int, sam
     layout.slots.append(seq.block_ids[block_index] * block_size + offset)
     layout.starts.append(first + 1)
     layout.tables.append(seq.block_ids)
+    layout.table_seq_ids.append(seq.seq_id)
     layout.seq_lens.append(position + 1)
     if sampled:
         layout.logits_rows.append(first)
@@ -94,6 +96,7 @@ def _add_chunk(layout: StepLayout, seq: ScheduledSequence, block_size: int, samp
     for seq_len in rows:  # one attention row, or one per verified token
         layout.starts.append(first + seq_len - start)
         layout.tables.append(seq.block_ids)
+        layout.table_seq_ids.append(seq.seq_id)
         layout.seq_lens.append(seq_len)
     if sampled:
         num_rows = 1 + seq.num_spec_tokens
@@ -103,11 +106,18 @@ def _add_chunk(layout: StepLayout, seq: ScheduledSequence, block_size: int, samp
 
 
 def step_inputs(
-    layout: StepLayout, num_prefills: int, device: torch.device, scored: list | None = None
+    layout: StepLayout,
+    num_prefills: int,
+    device: torch.device,
+    scored: list | None = None,
+    tables: np.ndarray | None = None,
 ) -> StepInputs:
     """The layout as device tensors: two host-to-device copies (one of the int64 lists,
-    one of the int32 ones), from pinned memory on a GPU so they do not wait for it."""
-    tables = padded_tables(layout.tables)
+    one of the int32 ones), from pinned memory on a GPU so they do not wait for it.
+    ``tables``: the rows' padded block tables when the caller keeps them (the runner's
+    ``BlockTableRows``), else built from the layout's lists."""
+    if tables is None:
+        tables = padded_tables(layout.tables)
     starts = layout.starts
     longs = _on_device(
         [layout.token_ids, layout.positions, layout.slots, layout.logits_rows], torch.long, device
