@@ -13,9 +13,9 @@
 # arrivals, its report in /tmp/gpu-served: the device tool brings back 8 files, so its
 # figures go to gpu.json and its table to the log; every model from a config-only folder
 # with dummy weights, so no checkpoint is written), then `octavo_bench step-profile` of the
-# 1B shape with steps in turn and with --async-scheduling (host ms per phase vs GPU forward
-# ms, batch 1/32/256, and the calls per phase that made the host wait for the GPU; steps in
-# turn also on nano-vllm's offline shape). The tests leave out the bench's CPU run of its
+# 1B shape with steps in turn and with --async-scheduling alternating in one engine (host
+# ms per phase vs GPU forward ms, batch 1/32/256 and nano-vllm's offline shape, and the
+# calls per phase that made the host wait for the GPU). The tests leave out the bench's CPU run of its
 # served part (the bench runs it on the GPU).
 # With test files as arguments: those tests only, no benchmark.
 # GPU_TESTS_TIMEOUT / GPU_BENCH_TIMEOUT (seconds, 150 / 300) bound the two parts, 0 leaves
@@ -63,16 +63,15 @@ if [ "$benchmark" -eq 1 ] && [ "${GPU_STEP_PROFILE:-1}" = 1 ]; then
     # where a step's time goes (host phases vs the forward's GPU time), steps in turn and
     # with --async-scheduling, on the 1B shape with dummy weights
     python3 -m octavo_bench random-model llama-1b /tmp/octavo-1b-config --config-only
-    # steps in turn add nano-vllm's offline shape: its prefill steps' median and longest GPU
-    # time tell kernels compiling mid-run (a few long steps) from a slow prefill (all long)
-    for mode in sync async; do
-        flag=$([ "$mode" = async ] && echo --async-scheduling || echo --offline 256)
-        timeout 150 python3 -m octavo_bench step-profile --model /tmp/octavo-1b-config \
-            --load-format dummy --batches 1,32,256 --steps 64 $flag --count-syncs \
-            --output-dir "/tmp/profile-$mode" 2>&1
-        # the device tool brings back 8 files at most: the JSON alone (the table is logged)
-        cp "/tmp/profile-$mode/step_profile.json" "$out/profile-$mode.json"
-    done
+    # steps in turn and overlapped alternate in one engine (a lent VM's host speed drifts
+    # by up to 2x between runs), two rounds each; nano-vllm's offline shape once per mode:
+    # its prefill steps' median and longest GPU time tell kernels compiling mid-run (a few
+    # long steps) from a slow prefill (all long)
+    timeout 240 python3 -m octavo_bench step-profile --model /tmp/octavo-1b-config \
+        --load-format dummy --batches 1,32,256 --steps 64 --compare-async --rounds 2 \
+        --offline 256 --count-syncs --output-dir /tmp/profile 2>&1
+    # the device tool brings back 8 files at most: the JSON alone (the table is logged)
+    cp /tmp/profile/step_profile.json "$out/profile.json"
 fi
 echo "gpu-check: tests exit $tests_status (124: timed out), bench exit $bench_status"
 [ "$tests_status" -eq 0 ] && exit "$bench_status"

@@ -71,3 +71,27 @@ def test_syncs_are_counted_per_phase_and_close_puts_every_method_back():
     timer.close()
     assert PendingStep.output is original_output and runner.prepare is waits_twice
     assert engine.step is step
+
+
+def test_compare_async_alternates_both_modes_in_one_engine(tiny_folder, tmp_path):
+    """``--compare-async``: each round runs every batch size with steps in turn and
+    overlapped, in alternating order, then the offline shape once per mode, each from a
+    cold prefix cache (the overlapped run's prompt steps are as many as the other's)."""
+    argv = ["--model", str(tiny_folder("llama3")), "--device", "cpu", "--dtype", "float32"]
+    argv += ["--batches", "2", "--steps", "3", "--prompt-len", "5", "--compare-async"]
+    argv += ["--offline", "3", "--offline-max-len", "6", "--output-dir", str(tmp_path)]
+    assert step_profile.main(argv) == 0
+    rows = json.loads((tmp_path / "step_profile.json").read_text())["rows"]
+    order = [(row["mode"], row["round"], row["batch"]) for row in rows]
+    assert order == [
+        ("sync", 0, 2),
+        ("async", 0, 2),
+        ("async", 1, 2),
+        ("sync", 1, 2),
+        ("sync", 0, "offline"),
+        ("async", 0, "offline"),
+    ]
+    sync_offline, async_offline = rows[-2:]
+    assert sync_offline["prefill_steps"] == async_offline["prefill_steps"] >= 1
+    for row in rows:
+        assert row["tok_s"] > 0 and row["steps"] >= 3

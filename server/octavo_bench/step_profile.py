@@ -13,7 +13,11 @@ row for nano-vllm's offline shape (256 requests, prompt and output lengths unifo
 [100, 1024]: ``--offline-max-len``): its steps with a prefill part, and the forward's GPU
 seconds in those steps and in decode-only steps. Each row also counts its forwards by path:
 a decode graph replayed, the pieces cut at attention (``piecewise_graphs``), or eager.
-Writes step_profile.json and step_profile.png (the phases of a step, stacked, per row).
+``--compare-async`` runs every row with steps in turn and with ``--async-scheduling``
+alternately in one engine, ``--rounds`` times each (a lent VM's host speed drifts by up to
+2x between runs, so two runs compare poorly; alternating in one run puts the drift on
+both sides). Writes step_profile.json and step_profile.png (the phases of a step,
+stacked, per row).
 """
 
 from __future__ import annotations
@@ -175,6 +179,15 @@ class PhaseTimer:
         return totals
 
 
+def set_overlap(llm: Any, mode: str) -> None:
+    """Steps in turn ("sync") or overlapped ("async") from the next step on; the engine
+    is idle, so no step is in flight to finish in the other mode."""
+    engine = llm.engine
+    if engine._launched is not None or engine.executor.worker.runner.in_flight is not None:
+        raise RuntimeError("the scheduling mode changes only while no step is in flight")
+    engine.scheduler.overlapped = mode == "async"
+
+
 def profile_batch(llm: Any, timer: PhaseTimer, batch: int, steps: int, prompt_len: int) -> dict:
     from octavo import SamplingParams
 
@@ -197,6 +210,7 @@ def profile_offline(llm: Any, timer: PhaseTimer, seqs: int, max_len: int) -> dic
 
     shape = OfflineShape(seqs, min(100, max_len), max_len)
     prompts, params = offline_workload(llm, shape)
+    llm.engine.scheduler.kv.pool.reset_prefix_cache()  # cold: another mode's run cached them
     timer.reset()
     wall, tokens = timed_generate(llm, prompts, params)
     row = {"batch": "offline", "steps": timer.steps, "tok_s": tokens / wall, "wall_s": wall}
@@ -217,30 +231,32 @@ class StepProfileReport:
         return {"settings": self.settings, "machine": self.machine, "rows": self.rows}
 
     def text(self) -> str:
-        columns = ["batch", "tok_s", "step", *PHASES.values(), "gpu_forward_ms"]
+        columns = ["mode", "batch", "tok_s", "step", *PHASES.values(), "gpu_forward_ms"]
         body = [[_cell(row.get(name)) for name in columns] for row in self.rows]
         title = "== step profile: ms per step by phase (host), GPU forward (CUDA events) =="
         lines = [title, table(columns, body), *self.notes]
         for row in self.rows:
             if row["batch"] == "offline":
                 totals = ", ".join(f"{key} {_cell(row.get(key))}" for key in OFFLINE_TOTALS)
-                lines.append(f"offline: {row['steps']} steps, {totals}")
+                lines.append(f"offline ({row['mode']}): {row['steps']} steps, {totals}")
+            name = f"batch {row['batch']} ({row['mode']})"
             forwards = ", ".join(f"{k} {v}" for k, v in row.get("forwards", {}).items())
-            lines.append(f"batch {row['batch']}: forwards by path: {forwards}")
+            lines.append(f"{name}: forwards by path: {forwards}")
             if "syncs_per_step" in row:
                 syncs = ", ".join(f"{k} {v:.2f}" for k, v in row["syncs_per_step"].items())
-                lines.append(f"batch {row['batch']}: host waits per step: {syncs}")
+                lines.append(f"{name}: host waits per step: {syncs}")
         return "\n".join(lines)
 
     def draw(self, plt: Any) -> Any:
         figure, axes = plt.subplots(figsize=(8, 4))
-        labels = [str(row["batch"]) for row in self.rows]
+        labels = [f"{row['batch']} {row['mode']} {row['round']}" for row in self.rows]
         bottom = [0.0] * len(self.rows)
         for phase in PHASES.values():
             heights = [row[phase] for row in self.rows]
             axes.bar(labels, heights, bottom=bottom, label=phase)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-        axes.set_xlabel("batch size")
+        axes.set_xlabel("batch size, mode, round")
+        axes.tick_params(axis="x", labelrotation=45)
         axes.set_ylabel("ms per step")
         axes.legend()
         return figure
@@ -252,23 +268,47 @@ def run(args: argparse.Namespace) -> int:
     kwargs = {
         "enforce_eager": args.enforce_eager,
         "load_format": args.load_format,
-        "async_scheduling": args.async_scheduling,
+        "async_scheduling": args.async_scheduling or args.compare_async,
     }
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=2048, **kwargs)
     timer = PhaseTimer(llm.engine, args.count_syncs)
     report = StepProfileReport(_settings(args))
     if args.count_syncs and not torch.cuda.is_available():
         report.notes.append("--count-syncs: torch's sync debug mode is CUDA's; none counted")
+    if args.compare_async and not llm.engine.scheduler.overlapped:
+        report.notes.append("--compare-async: this engine cannot overlap steps; in turn only")
     try:
-        for batch in args.batches:
-            report.rows.append(profile_batch(llm, timer, batch, args.steps, args.prompt_len))
-        if args.offline:
-            report.rows.append(profile_offline(llm, timer, args.offline, args.offline_max_len))
+        for mode, round_index, part in _plan(args, llm.engine.scheduler.overlapped):
+            set_overlap(llm, mode)
+            if part == "offline":
+                row = profile_offline(llm, timer, args.offline, args.offline_max_len)
+            else:
+                row = profile_batch(llm, timer, part, args.steps, args.prompt_len)
+            report.rows.append({"mode": mode, "round": round_index, **row})
     finally:
         timer.close()
         llm.shutdown()
     save(report, args.output_dir, "step_profile")
     return 0
+
+
+def _plan(args: argparse.Namespace, overlaps: bool) -> list[tuple[str, int, int | str]]:
+    """(mode, round, batch size or "offline") in the order they run: with
+    ``--compare-async`` each round runs every batch size in both modes, one after the
+    other, and the offline shape runs once in each mode after the rounds."""
+    modes = ["async" if overlaps else "sync"]
+    if args.compare_async and overlaps:  # else the engine cannot overlap (a note says so)
+        modes = ["sync", "async"]
+    rounds = args.rounds if len(modes) > 1 else 1
+    plan = [
+        (mode, index, batch)
+        for index in range(rounds)
+        for batch in args.batches
+        for mode in (modes if index % 2 == 0 else modes[::-1])
+    ]
+    if args.offline:
+        plan += [(mode, 0, "offline") for mode in modes]
+    return plan
 
 
 def _cell(value: Any) -> str:
@@ -303,6 +343,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--async-scheduling", action="store_true", help="plan each step while the last runs"
     )
+    parser.add_argument(
+        "--compare-async",
+        action="store_true",
+        help="every row with steps in turn and with --async-scheduling, alternately in one "
+        "engine (--rounds times each)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --compare-async")
     parser.add_argument(
         "--count-syncs",
         action="store_true",
