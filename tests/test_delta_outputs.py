@@ -4,14 +4,17 @@ request so far, whatever number of deltas arrive between two reads."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 from dataclasses import replace
 from itertools import chain
 
 import pytest
 
 from octavo import LLM, SamplingParams
+from octavo.engine.core_messages import StepDone
 from octavo.engine.output_accumulator import OutputAccumulator
 from octavo.engine.request_stream import RequestStream
+from octavo.outputs import EmbeddingOutput, EmbeddingRequestOutput
 from octavo.sampling_params import RequestOutputKind
 
 PROMPT = [11, 12, 13, 14, 15]
@@ -109,3 +112,22 @@ def test_a_stream_yields_what_arrived_then_raises_the_error_behind_it(llm):
     assert seen[0].outputs[0].delta_token_ids == joined(
         c.token_ids for d in deltas for c in d.outputs if c.index == 0
     )
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+def test_every_step_done_reads_back_equal(llm, kind):
+    """Two completions with logprobs and prompt logprobs, stopped by a stop string, from
+    the first delta (prompt ids) to the finished one; a pooled output rides along as is."""
+    engine = llm.engine
+    params = SamplingParams(
+        n=2, seed=1, temperature=1.0, max_tokens=8, logprobs=2, prompt_logprobs=1, stop=["e"]
+    )
+    engine.add_request(f"wire-{kind.value}", [11, 12, 13, 14], replace(params, output_kind=kind))
+    steps = []
+    while engine.has_unfinished_requests():
+        steps.append(StepDone(engine.step(), engine.stats()))
+    embedding = EmbeddingRequestOutput("e", [1, 2], EmbeddingOutput([0.5, -1.0]))
+    steps.append(StepDone([embedding], engine.stats()))
+    assert steps[-2].outputs[-1].finished and steps[0].outputs[0].prompt_logprobs
+    for step in steps:
+        assert pickle.loads(pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)) == step

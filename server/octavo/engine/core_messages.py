@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from octavo.engine.output_wire import pack_outputs, unpack_outputs
 from octavo.lora_request import LoRARequest
 from octavo.multimodal.processor import ProcessedPrompt
 from octavo.progress import PhaseProgress
@@ -106,6 +107,15 @@ class AdapterChanged:
 class StepDone:
     outputs: list[Any]  # RequestOutput
     stats: Any  # EngineStats after the step
+
+    def __reduce__(self) -> tuple:
+        """Pickled with its outputs as plain tuples (``output_wire``: a step of 256
+        streaming requests pickles several times faster in the core's loop)."""
+        return _step_done, (pack_outputs(self.outputs), self.stats)
+
+
+def _step_done(packed: list[Any], stats: Any) -> StepDone:
+    return StepDone(unpack_outputs(packed), stats)
 
 
 @dataclass

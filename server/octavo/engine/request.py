@@ -16,7 +16,7 @@ from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from octavo.sampling.sampler import TokenLogprobs
 from octavo.sampling_params import RequestOutputKind, SamplingParams
-from octavo.scheduler.sequence import Sequence
+from octavo.scheduler.sequence import Sequence, SequenceStatus
 
 
 @dataclass
@@ -49,7 +49,14 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return len(self.seqs) == self.params.n and all(seq.is_finished for seq in self.seqs)
+        """All ``n`` completions have finished (asked of every request each step it
+        outputs: one completion, the common case, without a generator)."""
+        seqs = self.seqs
+        if len(seqs) != self.params.n:
+            return False
+        if len(seqs) == 1:
+            return seqs[0].status is SequenceStatus.FINISHED
+        return all(seq.status is SequenceStatus.FINISHED for seq in seqs)
 
     @property
     def awaiting_fork(self) -> bool:
@@ -60,7 +67,8 @@ class Request:
         return self.finished or self.params.output_kind is not RequestOutputKind.FINAL_ONLY
 
     def make_output(self) -> RequestOutput:
-        if self.finished and self.finished_time is None:
+        finished = self.finished
+        if finished and self.finished_time is None:
             self.finished_time = time.monotonic()
         delta = self.params.output_kind is RequestOutputKind.DELTA
         first = self.seqs[0]
@@ -69,7 +77,7 @@ class Request:
             prompt=self.prompt,
             prompt_token_ids=[] if delta and self.prompt_reported else self.prompt_token_ids,
             outputs=[self._completion(seq, delta) for seq in self.seqs],
-            finished=self.finished,
+            finished=finished,
             num_cached_tokens=first.num_cached_tokens,
             metrics=self._metrics(),
             num_prompt_tokens=len(self.prompt_token_ids),
@@ -85,14 +93,19 @@ class Request:
         return [None, *self.seqs[0].prompt_logprobs]
 
     def _metrics(self) -> RequestMetrics:
-        first = self.seqs[0]
+        seqs = self.seqs
+        first = seqs[0]
+        last_token_time, num_preemptions = first.last_token_time, first.num_preemptions
+        if len(seqs) > 1:  # n > 1: the latest token of any completion, every preemption
+            last_token_time = max((s.last_token_time or 0.0) for s in seqs)
+            num_preemptions = sum(seq.num_preemptions for seq in seqs)
         return RequestMetrics(
             arrival_time=first.arrival_time,
             first_scheduled_time=first.first_scheduled_time,
             first_token_time=first.first_token_time,
-            last_token_time=max((s.last_token_time or 0.0) for s in self.seqs) or None,
+            last_token_time=last_token_time or None,
             finished_time=self.finished_time,
-            num_preemptions=sum(seq.num_preemptions for seq in self.seqs),
+            num_preemptions=num_preemptions,
         )
 
     def _completion(self, seq: Sequence, delta: bool) -> CompletionOutput:
