@@ -15,8 +15,8 @@
 # with dummy weights, so no checkpoint is written), then `octavo_bench step-profile` of the
 # 1B shape with steps in turn and with --async-scheduling alternating in one engine (host
 # ms per phase vs GPU forward ms, batch 1/32/256 and nano-vllm's offline shape, and the
-# calls per phase that made the host wait for the GPU). The tests leave out the bench's CPU run of its
-# served part (the bench runs it on the GPU).
+# calls per phase that made the host wait for the GPU). The tests leave out the bench's
+# CPU run of its served part (the bench runs it on the GPU).
 # With test files as arguments: those tests only, no benchmark.
 # GPU_TESTS_TIMEOUT / GPU_BENCH_TIMEOUT (seconds, 150 / 300) bound the two parts, 0 leaves
 # that part out; GPU_STEP_PROFILE=0 leaves the step profile out. A device call runs 600 s at

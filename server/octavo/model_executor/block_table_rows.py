@@ -48,8 +48,9 @@ class BlockTableRows:
         indices = []
         for seq_id, ids in zip(seq_ids, tables, strict=True):
             row = self._rows.get(seq_id)
-            if row is None or (row.ids is not ids and not self._same(row, ids)):
+            if row is None or (row.ids is not ids and row.ids != ids):
                 row = self._write(seq_id, ids, row)
+            row.ids = ids  # an equal copy (another process's) is the list compared next
             indices.append(row.index)
         index = np.array(indices, dtype=np.int64)
         width = max(1, int(self.lengths[index].max())) if indices else 1
@@ -63,13 +64,6 @@ class BlockTableRows:
                 self._clear(row.index)
                 self._free.append(row.index)
 
-    def _same(self, row: _Row, ids: list[int]) -> bool:
-        """A new list with the row's ids: kept as the row's list (no rewrite)."""
-        if row.ids != ids:
-            return False
-        row.ids = ids
-        return True
-
     def _write(self, seq_id: int, ids: list[int], row: _Row | None) -> _Row:
         if row is None:
             row = _Row(self._take_row(), ids)
@@ -79,7 +73,6 @@ class BlockTableRows:
         self._clear(row.index)
         self.array[row.index, : len(ids)] = ids
         self.lengths[row.index] = len(ids)
-        row.ids = ids
         return row
 
     def _clear(self, index: int) -> None:
