@@ -52,7 +52,7 @@ HEAP_SCRIPT = textwrap.dedent(
 
     heap, seen = KeptHeap(), {"default": faults(), "default mapped": mapped(64)}
     seen["hold"] = heap.hold() and heap.hold()  # two engines in one process share the hold
-    seen["held"], seen["held mapped"] = faults(), mapped(96)
+    seen["held"], seen["held mapped"] = faults(16), mapped(96)
     heap.release()
     seen["one holder left"], seen["one holder mapped"] = faults(), mapped(128)
     heap.release()
@@ -71,9 +71,10 @@ def median(values: list[int]) -> int:
 @GLIBC
 def test_a_held_heap_reuses_freed_large_tensors_and_a_released_one_maps_them_again():
     """glibc's defaults map each 48 MiB tensor afresh (faulted in page by page). Held, the
-    heap maps none and the freed memory serves the next tensor (the first one or two after
-    the hold may still take fresh pages: 1-2 of 8 measured). Released, a tensor larger than
-    any freed one is mapped again (what a freed chunk in the heap can hold it still may)."""
+    heap maps none and the freed memory serves the next tensor. The first few after the hold
+    may still take fresh pages while the heap's free chunks settle (1-2 measured on an idle
+    machine, 5 in a loaded CI run), so of 16 most must take none. Released, a tensor larger
+    than any freed one is mapped again (what a freed chunk in the heap can hold it still may)."""
     if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip(reason="mallinfo2 is glibc 2.33's")
     result = subprocess.run(
