@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from octavo.engine.detokenizer import IncrementalDetokenizer
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 CORPUS = ["héllo wörld 日本語 🙂🙂 emoji", "hello world, stop here", "the end of the text"]
 
@@ -204,3 +204,41 @@ def test_the_stream_decoder_and_the_window_fallback_agree(request, fixture: str,
     slow_detok, slow_deltas, _ = stream(DecodeOnly(fast), output, prompt=prompt)
     assert fast_detok._stream is not None and slow_detok._stream is None
     assert fast_deltas == slow_deltas and fast_detok.output_text == slow_detok.output_text
+
+
+FINAL_ONLY = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY)
+
+
+@pytest.mark.parametrize("text", ["naïve café: ÆØÅ ✓ €100 — 你好 👩‍👩‍👧 done", "ab€"])
+@pytest.mark.parametrize("fixture", ["byte_bpe", "sentencepiece_like"])
+def test_a_deferred_completion_catches_up_to_the_streamed_text(
+    request, fixture: str, text: str
+) -> None:
+    """One final output, no stop strings: the ids go through the stream when the output is
+    made, in one loop or in two (an abort's output, then the rest), to the same text."""
+    tokenizer = request.getfixturevalue(fixture)
+    prompt, output = encode(tokenizer, "hello"), encode(tokenizer, text)[:-1]  # ends mid-€
+    streamed, _, _ = stream(tokenizer, output, prompt=prompt)
+    for cut in (len(output), len(output) // 2):
+        deferred = IncrementalDetokenizer(tokenizer, prompt, FINAL_ONLY)
+        assert deferred.deferred
+        deferred.catch_up(output[:cut])
+        deferred.catch_up(output)
+        assert deferred.token_ids == output
+        assert deferred.get_delta(finished=True) == streamed.output_text
+        assert deferred.output_text == streamed.output_text
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(output_kind=RequestOutputKind.DELTA),
+        SamplingParams(output_kind=RequestOutputKind.CUMULATIVE),
+        SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, stop=["end"]),
+    ],
+)
+def test_streamed_outputs_and_stop_strings_decode_every_step(
+    byte_bpe: PreTrainedTokenizerFast, params: SamplingParams
+) -> None:
+    assert not IncrementalDetokenizer(byte_bpe, [], params).deferred
+    assert not IncrementalDetokenizer(DecodeOnly(byte_bpe), [], FINAL_ONLY).deferred

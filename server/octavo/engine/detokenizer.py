@@ -19,6 +19,11 @@ for other tokenizers and is still used to flush an output that ends mid-characte
 Stop strings are searched only in the newly added text (plus ``longest stop - 1``
 characters before it), and ``get_delta`` holds back that many characters while the
 request runs because they might still turn into a stop string.
+
+A completion whose text nobody reads before it ends (one final output, no stop strings:
+offline ``LLM.generate``) is ``deferred``: the engine skips ``update`` each step and
+``catch_up`` feeds the generated ids through the same stream in one loop when its output
+is made. Same text, without a call chain per token and step (at 256 rows 1.5 ms a step).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded as context in front of the first output token
 REPLACEMENT_CHAR = "\ufffd"  # what tokenizers produce for an incomplete UTF-8 sequence
@@ -64,6 +69,10 @@ class IncrementalDetokenizer:
         self._stream = None
         if self._backend is not None:
             self._stream = DecodeStream(ids=context, skip_special_tokens=params.skip_special_tokens)
+        # Text read only once the completion ends, no stop string to look for, and a fast
+        # tokenizer's stream (which passes over ids it has no token for, never raising).
+        final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
+        self.deferred = final_only and not self._stops and self._stream is not None
 
     @property
     def output_text(self) -> str:
@@ -91,6 +100,21 @@ class IncrementalDetokenizer:
         if not self._stops or num_generated < self._params.min_tokens:
             return None
         return self._check_stop(previous_length)
+
+    def catch_up(self, output_token_ids: list[int]) -> None:
+        """Decode the generated ids not seen yet (a ``deferred`` completion's: a fast
+        tokenizer, no stop strings), as ``update`` would one by one."""
+        new_ids = output_token_ids[len(self._all_ids) - self._num_context :]
+        if not new_ids:
+            return
+        ids, step, backend, pieces = self._all_ids, self._stream.step, self._backend, [self._text]
+        for token_id in new_ids:
+            ids.append(token_id)
+            piece = step(backend, token_id)
+            if piece is not None:
+                pieces.append(piece)
+                self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+        self._text = "".join(pieces)
 
     def get_delta(self, finished: bool) -> str:
         """Return the text not handed out yet.

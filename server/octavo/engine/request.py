@@ -115,10 +115,13 @@ class Request:
         text.tokens_reported = count
         wants = self.params.logprobs is not None
         logprobs = (text.logprobs[reported:] if delta else list(text.logprobs)) if wants else None
-        delta_text = text.detokenizer.get_delta(finished=seq.is_finished)
+        detokenizer = text.detokenizer
+        if detokenizer.deferred:
+            detokenizer.catch_up(seq.output_token_ids)
+        delta_text = detokenizer.get_delta(finished=seq.is_finished)
         return CompletionOutput(
             index=seq.index,
-            text=delta_text if delta else text.detokenizer.output_text,
+            text=delta_text if delta else detokenizer.output_text,
             token_ids=delta_ids if delta else seq.output_token_ids,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
