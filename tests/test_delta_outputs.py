@@ -14,7 +14,8 @@ from octavo import LLM, SamplingParams
 from octavo.engine.core_messages import StepDone
 from octavo.engine.output_accumulator import OutputAccumulator
 from octavo.engine.request_stream import RequestStream
-from octavo.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from octavo.engine.stream_text import StreamText, decodes_in_server
+from octavo.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from octavo.sampling_params import RequestOutputKind
 
 PROMPT = [11, 12, 13, 14, 15]
@@ -131,3 +132,53 @@ def test_every_step_done_reads_back_equal(llm, kind):
     assert steps[-2].outputs[-1].finished and steps[0].outputs[0].prompt_logprobs
     for step in steps:
         assert pickle.loads(pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)) == step
+
+
+def test_a_served_stream_decodes_the_text_of_the_ids_the_core_sends(llm):
+    """A stream without stop strings: the core sends token ids only (``detokenize=False``)
+    and the stream's ``StreamText`` decodes them, per completion, to the core's own text."""
+    params = replace(PARAMS, output_kind=RequestOutputKind.DELTA)
+    tokenizer = llm.engine.tokenizer
+    assert decodes_in_server(params, tokenizer)
+    text = StreamText(tokenizer, PROMPT, params)
+    engine = llm.engine
+    engine.add_request("ids-only", PROMPT, StreamText.core_params(params))
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    assert all(c.text == c.delta_text == "" for d in deltas for c in d.outputs)
+    final = run(llm, RequestOutputKind.CUMULATIVE, "with-text")[-1]
+
+    async def read() -> RequestOutput:
+        stream = RequestStream("ids-only", lambda streams: None, text)
+        for delta in deltas:
+            stream.put(delta)
+        return await stream.final()
+
+    served = asyncio.run(read())
+    assert [c.text for c in served.outputs] == [c.text for c in final.outputs]
+    assert all(c.text for c in final.outputs)
+
+
+@pytest.mark.parametrize(
+    ("change", "in_server"),
+    [
+        ({}, True),
+        ({"stop": ["e"]}, False),  # the core must see the stop string
+        ({"detokenize": False}, False),  # no text wanted at all
+        ({"output_kind": RequestOutputKind.FINAL_ONLY}, False),
+    ],
+)
+def test_which_streams_the_server_decodes(llm, change, in_server):
+    params = replace(PARAMS, **({"output_kind": RequestOutputKind.DELTA} | change))
+    assert decodes_in_server(params, llm.engine.tokenizer) is in_server
+    assert not decodes_in_server(params, None)
+
+
+def test_without_detokenize_an_offline_request_has_ids_and_no_text(llm):
+    with_text = llm.generate([PROMPT], PARAMS, use_tqdm=False)[0]
+    ids_only = llm.generate([PROMPT], replace(PARAMS, detokenize=False), use_tqdm=False)[0]
+    assert [c.token_ids for c in ids_only.outputs] == [c.token_ids for c in with_text.outputs]
+    assert [c.text for c in ids_only.outputs] == ["", ""]
+    with pytest.raises(ValueError, match="stop strings are only supported when detokenize"):
+        SamplingParams(stop=["e"], detokenize=False)

@@ -56,6 +56,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True  # slow tokenizers (as in HF and vLLM)
     include_stop_str_in_output: bool = False
+    # False: no text at all, only token ids (vLLM's field; the server sends its streams'
+    # requests so and decodes their text itself, ``engine/stream_text.py``)
+    detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, ...
     # Set only by ``for_pooling``: the request returns one vector, no tokens.
@@ -120,6 +123,11 @@ class SamplingParams:
         for text in self.stop:
             _require(isinstance(text, str), f"stop must contain strings, got {text!r}")
             _require(text != "", "stop strings must not be empty")
+        _require(
+            self.detokenize or not self.stop,
+            "stop strings are only supported when detokenize is True; "
+            "set detokenize=True to use stop",
+        )
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
         for token_id in self.stop_token_ids:
             _require(

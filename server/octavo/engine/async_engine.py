@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from octavo.engine.core_loop import Emit
@@ -42,6 +43,7 @@ from octavo.engine.core_messages import (
 from octavo.engine.engine_info import EngineInfo
 from octavo.engine.request_stream import RequestStream
 from octavo.engine.stats import EngineStats
+from octavo.engine.stream_text import StreamText, decodes_in_server
 from octavo.outputs import RequestOutput
 from octavo.progress import PhaseProgress, add_listener, remove_listener
 
@@ -151,7 +153,11 @@ class AsyncEngine:
         when the HTTP request arrived (one that came before a drain began is still taken)."""
         self.check_available(arrived_at)
         self._reserve_queue_slots(len(requests))
-        streams = [RequestStream(request.request_id, self.release) for request in requests]
+        streams = [self._stream_for(request) for request in requests]
+        requests = [
+            self._core_request(request, stream)
+            for request, stream in zip(requests, streams, strict=True)
+        ]
         self._streams.update((stream.request_id, stream) for stream in streams)
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[batch_id] = ack
@@ -167,6 +173,23 @@ class AsyncEngine:
             self.release(streams)
             raise
         return streams
+
+    def _stream_for(self, request: NewRequest) -> RequestStream:
+        """The request's stream; it decodes the text itself where it can (``stream_text``)."""
+        tokenizer = None if self.info is None else self.info.tokenizer
+        text = None
+        if decodes_in_server(request.params, tokenizer):
+            prompt = request.prompt_token_ids
+            token_ids = prompt if isinstance(prompt, list) else prompt.token_ids
+            text = StreamText(tokenizer, token_ids, request.params)
+        return RequestStream(request.request_id, self.release, text)
+
+    @staticmethod
+    def _core_request(request: NewRequest, stream: RequestStream) -> NewRequest:
+        """What the core is sent: without text where the stream decodes it."""
+        if stream.text is None:
+            return request
+        return replace(request, params=StreamText.core_params(request.params))
 
     async def change_adapter(self, command: LoadAdapter | UnloadAdapter) -> None:
         """Load or unload a LoRA adapter in the engine; ``ValueError`` when it refused."""

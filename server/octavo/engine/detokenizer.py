@@ -20,10 +20,12 @@ Stop strings are searched only in the newly added text (plus ``longest stop - 1`
 characters before it), and ``get_delta`` holds back that many characters while the
 request runs because they might still turn into a stop string.
 
-A completion whose text nobody reads before it ends (one final output, no stop strings:
-offline ``LLM.generate``) is ``deferred``: the engine skips ``update`` each step and
-``catch_up`` feeds the generated ids through the same stream in one loop when its output
-is made. Same text, without a call chain per token and step (at 256 rows 1.5 ms a step).
+The engine calls ``update`` each step only where ``every_step``. A completion whose text
+nobody reads before it ends (one final output, no stop strings: offline ``LLM.generate``)
+is ``deferred``: ``catch_up`` feeds the generated ids through the same stream in one loop
+when its output is made. Same text, without a call chain per token and step (at 256 rows
+1.5 ms a step). With ``detokenize=False`` there is no text at all (the server's streams:
+their text is decoded in the API process, ``stream_text.py``).
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class IncrementalDetokenizer:
         # Text read only once the completion ends, no stop string to look for, and a fast
         # tokenizer's stream (which passes over ids it has no token for, never raising).
         final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
-        self.deferred = final_only and not self._stops and self._stream is not None
+        fast = self._stream is not None
+        self.deferred = params.detokenize and final_only and not self._stops and fast
+        self.every_step = params.detokenize and not self.deferred
 
     @property
     def output_text(self) -> str:
@@ -104,9 +108,14 @@ class IncrementalDetokenizer:
     def catch_up(self, output_token_ids: list[int]) -> None:
         """Decode the generated ids not seen yet (a ``deferred`` completion's: a fast
         tokenizer, no stop strings), as ``update`` would one by one."""
-        new_ids = output_token_ids[len(self._all_ids) - self._num_context :]
+        self.feed(output_token_ids[len(self._all_ids) - self._num_context :])
+
+    def feed(self, new_ids: list[int]) -> None:
+        """``update`` for each of ``new_ids`` in one loop (a fast tokenizer's stream, no
+        stop strings)."""
         if not new_ids:
             return
+        assert self._stream is not None and not self._stops, "feed needs update's checks"
         ids, step, backend, pieces = self._all_ids, self._stream.step, self._backend, [self._text]
         for token_id in new_ids:
             ids.append(token_id)

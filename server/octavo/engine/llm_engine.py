@@ -420,7 +420,7 @@ class LLMEngine:
         self.generation_tokens_total += 1
         if update.logprobs is not None:
             text.add_logprobs(update.logprobs)
-        if text.detokenizer.deferred:  # decoded when its output is made (catch_up)
+        if not text.detokenizer.every_step:  # deferred to its output (catch_up), or no text
             return
         stop_string = text.detokenizer.update(update.token_id)
         if stop_string is None:  # the common case: apply_stop_string would change nothing

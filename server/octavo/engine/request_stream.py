@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from octavo.engine.output_accumulator import OutputAccumulator
+from octavo.engine.stream_text import StreamText
 from octavo.outputs import RequestOutput
 
 
@@ -16,8 +17,14 @@ class RequestFailed(Exception):
 class RequestStream:
     """The outputs of one request, in order; ``close()`` aborts it if unfinished."""
 
-    def __init__(self, request_id: str, release: Callable[[list[RequestStream]], None]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        release: Callable[[list[RequestStream]], None],
+        text: StreamText | None = None,
+    ) -> None:
         self.request_id = request_id
+        self.text = text  # decodes the text here when the core sends token ids only
         self.finished = False
         self.closed = False
         self.release = release  # the engine's: abort the unfinished, forget all
@@ -27,6 +34,9 @@ class RequestStream:
         self.on_finish: Callable[[RequestOutput], None] | None = None  # e.g. a log line
 
     def put(self, item: RequestOutput | BaseException) -> None:
+        if self.text is not None and isinstance(item, RequestOutput):
+            for completion in item.outputs:
+                self.text.fill(completion)
         self._queue.put_nowait(item)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:
