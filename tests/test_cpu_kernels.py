@@ -113,7 +113,16 @@ def random_paged_case(seq_lens, heads, kv_heads, head_dim, block_size, dtype, se
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim,block_size",
-    [(9, 3, 64, 16), (8, 8, 128, 16), (8, 2, 32, 8), (4, 1, 64, 32), (16, 4, 80, 16)],
+    # groups of 3, 1, 4, 4 and 7 query heads: the value sums go in blocks of up to 16 /
+    # (head_dim / 16) heads (4 at 64, 3 at 80, 2 at 128), then the rest
+    [
+        (9, 3, 64, 16),
+        (8, 8, 128, 16),
+        (8, 2, 32, 8),
+        (4, 1, 64, 32),
+        (16, 4, 80, 16),
+        (14, 2, 64, 16),
+    ],
 )
 def test_paged_decode_attention_matches_torch(ops, dtype, heads, kv_heads, head_dim, block_size):
     seq_lens = [1, block_size, block_size + 1, 3 * block_size - 5, 1500]  # partial blocks, long

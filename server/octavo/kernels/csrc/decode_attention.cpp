@@ -140,6 +140,7 @@ struct ChunkedDecode {
   const DecodeShape& s;
   vec16 query[kMaxGroup][kVecs], acc[kMaxGroup][kVecs];
   float max[kMaxGroup], sum[kMaxGroup];
+  vec16 lane_sums[kMaxGroup];  // the weights' sums lane by lane, folded into sum by finish()
   alignas(64) float weights[kMaxGroup][kChunk];
 
   // `sinks`: the group's sink logits (nullptr: none).
@@ -152,6 +153,7 @@ struct ChunkedDecode {
       }
       max[g] = sinks ? sinks[g] : -std::numeric_limits<float>::infinity();
       sum[g] = sinks ? 1.f : 0.f;
+      lane_sums[g] = vec16{};
     }
   }
 
@@ -177,33 +179,83 @@ struct ChunkedDecode {
       vec16 score = transpose_add(rows[g]);
       if constexpr (SoftCap) score = tanh16(score * (1.f / s.soft_cap)) * s.soft_cap;
       score = lane < static_cast<int32_t>(count) ? score : splat16(-std::numeric_limits<float>::infinity());
-      const float new_max = std::max(max[g], max16(score));
-      const float correction = fast_exp(max[g] - new_max);
-      const vec16 weight = exp16(score - new_max);
-      sum[g] = sum[g] * correction + tree_sum16(weight);
-      max[g] = new_max;
-#pragma GCC unroll 16
-      for (int c = 0; c < kVecs; ++c) acc[g][c] *= correction;
+      if (above(score, max[g])) rescale(g, std::max(max[g], max16(score)));
+      const vec16 weight = exp16(score - max[g]);
+      lane_sums[g] += weight;
       store16(weights[g], weight);
     }
   }
 
-  // A query head at a time, its sums in registers across the chunk's keys (with the heads
-  // innermost, the runtime head count kept them in memory: a load, FMA and store per
-  // update, 27 % of decode's time over 32 x 160 cached tokens). Same order of additions.
-  void values(const C* values, int64_t count) {
-    for (int64_t g = 0; g < s.group; ++g) {
-      vec16 sums[kVecs];
+  // Does any lane of `score` pass `max`? Most chunks after the first few: none, and then
+  // the running max, sum and sums stay as they are (a correction of exp(0) = 1 exactly).
+  static bool above(vec16 score, float max) {
+#if defined(__AVX512F__)
+    const __m512 lanes = reinterpret_cast<const __m512&>(score);
+    return _mm512_cmp_ps_mask(lanes, _mm512_set1_ps(max), _CMP_GT_OQ) != 0;
+#else
+    return max16(score) > max;
+#endif
+  }
+
+  // Query head g's running max becomes `new_max`: what it summed so far scaled to it.
+  void rescale(int64_t g, float new_max) {
+    const float correction = fast_exp(max[g] - new_max);
+    sum[g] *= correction;
+    lane_sums[g] *= correction;
+    max[g] = new_max;
 #pragma GCC unroll 16
-      for (int c = 0; c < kVecs; ++c) sums[c] = acc[g][c];
-      for (int64_t t = 0; t < count; ++t) {
-        const vec16 weight = splat16(weights[g][t]);
+    for (int c = 0; c < kVecs; ++c) acc[g][c] *= correction;
+  }
+
+  // Up to kBlock query heads at a time, their sums in registers across the chunk's keys,
+  // each value row loaded once for all of them (a head at a time loaded it once per head;
+  // with the heads innermost at a runtime count, the sums stayed in memory: a load, FMA
+  // and store per update). Each head's additions in the same order as one at a time.
+  static constexpr int kBlock = kVecs >= 16 ? 1 : 16 / kVecs;
+
+  template <int N>
+  void value_block(const C* values, int64_t count, int64_t first) {
+    vec16 sums[N][kVecs];
 #pragma GCC unroll 16
-        for (int c = 0; c < kVecs; ++c) sums[c] += weight * load16(values + t * s.slot_stride + 16 * c);
-      }
+    for (int n = 0; n < N; ++n) {
 #pragma GCC unroll 16
-      for (int c = 0; c < kVecs; ++c) acc[g][c] = sums[c];
+      for (int c = 0; c < kVecs; ++c) sums[n][c] = acc[first + n][c];
     }
+    for (int64_t t = 0; t < count; ++t) {
+      vec16 row[kVecs];
+#pragma GCC unroll 16
+      for (int c = 0; c < kVecs; ++c) row[c] = load16(values + t * s.slot_stride + 16 * c);
+#pragma GCC unroll 16
+      for (int n = 0; n < N; ++n) {
+        const vec16 weight = splat16(weights[first + n][t]);
+#pragma GCC unroll 16
+        for (int c = 0; c < kVecs; ++c) sums[n][c] += weight * row[c];
+      }
+    }
+#pragma GCC unroll 16
+    for (int n = 0; n < N; ++n) {
+#pragma GCC unroll 16
+      for (int c = 0; c < kVecs; ++c) acc[first + n][c] = sums[n][c];
+    }
+  }
+
+  template <int N = kBlock>
+  void value_rest(const C* values, int64_t count, int64_t first, int64_t left) {
+    if constexpr (N > 0) {
+      if (left == N) return value_block<N>(values, count, first);
+      value_rest<N - 1>(values, count, first, left);
+    }
+  }
+
+  void values(const C* values, int64_t count) {
+    int64_t g = 0;
+    for (; g + kBlock <= s.group; g += kBlock) value_block<kBlock>(values, count, g);
+    value_rest(values, count, g, s.group - g);
+  }
+
+  // The running sums, whole: each head's lane sums added up once, after the last chunk.
+  void finish() {
+    for (int64_t g = 0; g < s.group; ++g) sum[g] += tree_sum16(lane_sums[g]);
   }
 
   // Query head g's row times `scale(g)`, head dimensions in order, into `out`.
