@@ -153,11 +153,9 @@ class AsyncEngine:
         when the HTTP request arrived (one that came before a drain began is still taken)."""
         self.check_available(arrived_at)
         self._reserve_queue_slots(len(requests))
-        streams = [self._stream_for(request) for request in requests]
-        requests = [
-            self._core_request(request, stream)
-            for request, stream in zip(requests, streams, strict=True)
-        ]
+        opened = [self._open(request) for request in requests]
+        streams = [stream for stream, _ in opened]
+        requests = [core_request for _, core_request in opened]
         self._streams.update((stream.request_id, stream) for stream in streams)
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[batch_id] = ack
@@ -174,22 +172,17 @@ class AsyncEngine:
             raise
         return streams
 
-    def _stream_for(self, request: NewRequest) -> RequestStream:
-        """The request's stream; it decodes the text itself where it can (``stream_text``)."""
+    def _open(self, request: NewRequest) -> tuple[RequestStream, NewRequest]:
+        """The request's stream, and what the core is sent: without text where the stream
+        decodes it itself (``stream_text``)."""
         tokenizer = None if self.info is None else self.info.tokenizer
-        text = None
-        if decodes_in_server(request.params, tokenizer):
-            prompt = request.prompt_token_ids
-            token_ids = prompt if isinstance(prompt, list) else prompt.token_ids
-            text = StreamText(tokenizer, token_ids, request.params)
-        return RequestStream(request.request_id, self.release, text)
-
-    @staticmethod
-    def _core_request(request: NewRequest, stream: RequestStream) -> NewRequest:
-        """What the core is sent: without text where the stream decodes it."""
-        if stream.text is None:
-            return request
-        return replace(request, params=StreamText.core_params(request.params))
+        if not decodes_in_server(request.params, tokenizer):
+            return RequestStream(request.request_id, self.release), request
+        prompt = request.prompt_token_ids
+        token_ids = prompt if isinstance(prompt, list) else prompt.token_ids
+        text = StreamText(tokenizer, token_ids, request.params)
+        core_request = replace(request, params=StreamText.core_params(request.params))
+        return RequestStream(request.request_id, self.release, text), core_request
 
     async def change_adapter(self, command: LoadAdapter | UnloadAdapter) -> None:
         """Load or unload a LoRA adapter in the engine; ``ValueError`` when it refused."""

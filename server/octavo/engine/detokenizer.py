@@ -116,13 +116,10 @@ class IncrementalDetokenizer:
         if not new_ids:
             return
         assert self._stream is not None and not self._stops, "feed needs update's checks"
-        ids, step, backend, pieces = self._all_ids, self._stream.step, self._backend, [self._text]
+        pieces = [self._text]
         for token_id in new_ids:
-            ids.append(token_id)
-            piece = step(backend, token_id)
-            if piece is not None:
-                pieces.append(piece)
-                self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+            self._all_ids.append(token_id)
+            pieces.append(self._decode_new_text())
         self._text = "".join(pieces)
 
     def get_delta(self, finished: bool) -> str:
