@@ -35,7 +35,8 @@ from e2e import cluster as e2e_cluster
 from e2e.cluster import build, pki
 from e2e.helpers import wait_for
 from e2e.lws import GROUP, NAME_LABEL, PLURAL, VERSION, manifest
-from e2e.operator_process import free_port, install_crd
+from e2e.operator_process import install_crd
+from e2e.ports import free_port
 
 MUTATING = "lws-mutating-webhook-configuration"  # the stock chart's names
 VALIDATING = "lws-validating-webhook-configuration"

@@ -9,7 +9,6 @@ a kubeconfig minted for that ServiceAccount, so every API call is checked by RBA
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -22,6 +21,7 @@ from kubernetes import client
 from e2e import cluster as e2e_cluster
 from e2e.cluster.paths import REPO_ROOT
 from e2e.helpers import wait_for
+from e2e.ports import free_port
 
 NAMESPACE = "octavo-e2e"
 SERVICE_ACCOUNT = "octavo-operator-e2e"
@@ -29,12 +29,6 @@ CRD_FILE = REPO_ROOT / "manifests/crds/inferenceservices.octavo.dev.yaml"
 RULES_FILE = REPO_ROOT / "charts/octavo/files/rbac/clusterrole-rules.yaml"
 LEASE_RULES_FILE = REPO_ROOT / "charts/octavo/files/rbac/leader-election-rules.yaml"
 ROLE_NAME = "octavo-operator-e2e"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _apply(create: Any, *args: Any) -> None:

@@ -29,8 +29,8 @@ from e2e import cluster as e2e_cluster
 from e2e.cluster import build
 from e2e.helpers import wait_for
 from e2e.loopback_pod import is_ready, move_to_loopback
-from e2e.operator_process import free_port
 from e2e.pod_process import PodProcess
+from e2e.ports import free_port
 from octavo_bench.port_forward import PortForward
 
 ROLE_LABEL = "llm-d.ai/role"

@@ -27,7 +27,7 @@ import yaml
 
 from e2e import cluster as e2e_cluster
 from e2e.cluster import build
-from e2e.operator_process import free_port
+from e2e.ports import free_port
 from octavo_bench.port_forward import PortForward
 
 METRICS_PORT = 9090  # the picker container's metrics port (the operator scrapes it)

@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 
 from e2e.cluster.paths import REPO_ROOT
-from e2e.operator_process import free_port
+from e2e.ports import free_port
 from octavo_bench.port_forward import PortForward
 
 

@@ -30,8 +30,9 @@ from kubernetes import client
 from e2e import isvc
 from e2e.helpers import wait_for
 from e2e.loopback_pod import pod_on_loopback, temporary_tiny_llama
-from e2e.operator_process import OperatorProcess, free_port
+from e2e.operator_process import OperatorProcess
 from e2e.pod_process import PodProcess, dockerfile_env
+from e2e.ports import free_port
 
 NAME = "idle"
 ACTIVATOR_IP = "10.244.7.7"

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..ports import free_ports
 from . import build, pki, versions
 from .build import log
 from .paths import HERE, state_dir
@@ -142,19 +142,6 @@ def _orphans(sdir: Path) -> list[int]:
         if name in COMPONENTS and any(needle in a for a in argv[1:]):
             found.append(int(entry.name))
     return found
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # --------------------------------------------------------------------------- state
@@ -514,7 +501,7 @@ def _start(sdir: Path, state: _State, binaries: dict[str, Path], timeout: float)
             child.unlink()
     (sdir / "logs").mkdir()
     names = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-    ports = dict(zip(names, _free_ports(len(names)), strict=True))
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     server = f"https://127.0.0.1:{ports['kube-apiserver']}"
     data: dict[str, Any] = {
         "server": server,
