@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import kopf
 
-from octavo_operator.handlers import child_identity
-from octavo_operator.reconcile import child_version
+from octavo_operator.reconcile import child_identity, child_version
 
 
 def hpa(resource_version: str, max_replicas: int, current: int) -> dict:

@@ -16,9 +16,9 @@ import urllib3
 from kubernetes import client
 
 from octavo_operator import reconcile_retry
-from octavo_operator.handlers import child_identity, correct_drift
+from octavo_operator.handlers import correct_drift
 from octavo_operator.kube import Kube
-from octavo_operator.reconcile import Controller, Settings, TransientError
+from octavo_operator.reconcile import Controller, Settings, TransientError, child_identity
 
 from isvc_factories import body
 

@@ -35,16 +35,17 @@ from octavo_operator.picker_wakeup import wake_if_requests_wait
 from octavo_operator.pod_activity import pod_samples
 from octavo_operator.pod_adapters import PodAdapterAPI
 from octavo_operator.reconcile import (
-    DESIRED_FIELDS,
     Applied,
     Controller,
     Key,
     Settings,
     TransientError,
+    child_identity,
 )
 from octavo_operator.reconcile_retry import RETRY_DELAY_SECONDS, RetriedReconcile
 from octavo_operator.status import Observed, deployment_summary, workload_kind
 from octavo_operator.status_queue import StatusQueue
+from octavo_operator.sweep import Sweeper
 
 ISVC = (c.GROUP, c.VERSION, c.PLURAL)
 OWNED = {c.MANAGED_BY_LABEL: c.MANAGED_BY}
@@ -88,7 +89,7 @@ def first(store: Any) -> Any:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=c.GROUP, key="last-handled-configuration"
@@ -119,6 +120,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.controller.trimmer.releases.append(kube.api.rest_client.pool_manager.clear)
     memo.controller.statuses = StatusQueue(partial(write_status_now, memo.controller))
     memo.controller.drift_checks = ThreadPoolExecutor(4, thread_name_prefix="drift")
+    indexes = indexes_of(kwargs)  # kopf's live indexes (empty until the first events)
+    check = partial(check_drift_later, memo.controller, indexes=indexes)
+    Sweeper(memo.controller, CHILD_RESOURCES, check).start()
 
 
 def activator() -> ActivatorAddress | None:
@@ -255,7 +259,7 @@ def indexes_of(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def write_status_now(ctl: Controller, key: Key, indexes: dict[str, Any]) -> None:
     """The status from the newest copies of the service and its children (StatusQueue)."""
-    owner = owner_of(indexes["isvc_index"], key)
+    owner = owner_of(ctl, indexes["isvc_index"], key)
     if owner is None:
         return
     with ctl.lock(key):
@@ -269,9 +273,10 @@ def reconcile_isvc(
     body: kopf.Body, namespace: str, name: str, reason: str, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     ctl: Controller = memo.controller
+    ctl.kopf_context = contextvars.copy_context()  # for the sweeper's drift checks
     key, owner = (namespace, name), plain(body)
     with ctl.lock(key):
-        if owner_of(kwargs["isvc_index"], key) is None:
+        if owner_of(ctl, kwargs["isvc_index"], key) is None:
             return  # deleted while this event waited: nothing to apply, nothing to keep
         try:
             ctl.reconcile(owner, trigger=str(reason))
@@ -290,11 +295,13 @@ def on_isvc_event(
         memo.controller.forget((namespace, name))
 
 
-def owner_of(isvc_index: kopf.Index, key: Key) -> dict[str, Any] | None:
+def owner_of(ctl: Controller, isvc_index: kopf.Index, key: Key) -> dict[str, Any] | None:
+    """The service's newest body from kopf's index; None once it is deleted or being
+    deleted, or gone from the API server though its DELETED event was lost (sweep.py)."""
     owner = first(isvc_index.get(key))
     if owner is None or (owner.get("metadata") or {}).get("deletionTimestamp"):
         return None
-    return owner
+    return None if ctl.is_gone(owner) else owner
 
 
 async def on_child_event(
@@ -308,10 +315,9 @@ async def on_child_event(
     """On kopf's event loop, no thread hop: nearly every child event is our own apply's
     echo or a status change, checked in microseconds. A child someone else changed is put
     back on a drift-check thread, as is the check of an echo that arrives mid-reconcile."""
-    key = (namespace, labels.get(c.INSTANCE_LABEL, ""))
-    if owner_of(kwargs["isvc_index"], key) is None:
+    key, ctl = (namespace, labels.get(c.INSTANCE_LABEL, "")), memo.controller
+    if owner_of(ctl, kwargs["isvc_index"], key) is None:
         return
-    ctl: Controller = memo.controller
     child, deleted, indexes = (
         child_identity(body),
         event.get("type") == "DELETED",
@@ -325,34 +331,15 @@ async def on_child_event(
         finally:
             lock.release()
     if check_later:  # in kopf's context (a correction's status write posts Events)
-        ctl.drift_checks.submit(
-            contextvars.copy_context().run,
-            correct_drift_when_free,
-            ctl,
-            key,
-            child,
-            deleted,
-            indexes,
-        )
+        check_drift_later(ctl, key, child, deleted, indexes=indexes)
     ctl.statuses.request(key, indexes)
-
-
-def child_identity(body: Any) -> dict[str, Any]:
-    """What a drift check reads of a child: its kind, name and generation, or its desired
-    fields where it has no generation (reconcile.child_version)."""
-    meta = body.get("metadata") or {}
-    keep = ("name", "namespace", "generation", "resourceVersion")
-    identity = {"kind": body.get("kind"), "metadata": {k: meta.get(k) for k in keep}}
-    if not meta.get("generation"):
-        identity.update(copy.deepcopy({k: body.get(k) for k in DESIRED_FIELDS}))
-    return identity
 
 
 def correct_drift(
     ctl: Controller, key: Key, child: dict[str, Any], deleted: bool, indexes: dict[str, Any]
 ) -> None:
     """Put a child back if someone else deleted or changed it (caller holds the lock)."""
-    owner = owner_of(indexes["isvc_index"], key)
+    owner = owner_of(ctl, indexes["isvc_index"], key)
     if owner is None or not ctl.drifted(key, child, deleted=deleted):
         return
     logger.info("%s %s/%s drifted; putting it back", child.get("kind"), *key)
@@ -367,10 +354,19 @@ def retried_reconcile(
     return RetriedReconcile(
         ctl,
         key,
-        find_owner=lambda: owner_of(indexes["isvc_index"], key),
+        find_owner=lambda: owner_of(ctl, indexes["isvc_index"], key),
         trigger=trigger,
         after_retry=lambda: ctl.statuses.request(key, indexes),
     )
+
+
+def check_drift_later(
+    ctl: Controller, key: Key, child: dict[str, Any], deleted: bool, *, indexes: dict[str, Any]
+) -> None:
+    """correct_drift_when_free on a drift-check thread, in the caller's context (kopf's: a
+    correction's status write posts Events)."""
+    run = contextvars.copy_context().run
+    ctl.drift_checks.submit(run, correct_drift_when_free, ctl, key, child, deleted, indexes)
 
 
 def correct_drift_when_free(
@@ -393,7 +389,7 @@ async def on_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **k
     if kwargs["event"].get("type") == "DELETED":
         memo.controller.trimmer.request()
     key = (namespace, labels.get(c.INSTANCE_LABEL, ""))
-    if owner_of(kwargs["isvc_index"], key) is not None:
+    if owner_of(memo.controller, kwargs["isvc_index"], key) is not None:
         memo.controller.statuses.request(key, indexes_of(kwargs))
 
 
@@ -418,7 +414,7 @@ def on_adapter_timer(
     pods = list(kwargs["pod_index"].get(key, []))
     report = sync_adapters(isvc, pods, lambda url: PodAdapterAPI(url, api_key))
     with ctl.lock(key):
-        if owner_of(kwargs["isvc_index"], key) is None:
+        if owner_of(ctl, kwargs["isvc_index"], key) is None:
             return  # deleted meanwhile
         ctl.adapter_reports[key] = report
     ctl.statuses.request(key, indexes_of(kwargs))
@@ -439,7 +435,7 @@ def on_idle_timer(
     to_zero = InferenceService.from_body(body).scales_to_zero
     samples = pod_samples(list(kwargs["pod_index"].get(key, []))) if to_zero else {}
     with ctl.lock(key):
-        if owner_of(kwargs["isvc_index"], key) is None:
+        if owner_of(ctl, kwargs["isvc_index"], key) is None:
             return
         try:
             scaled = ctl.idle.check(plain(body), samples, time.monotonic())
@@ -469,7 +465,7 @@ def on_picker_wake_timer(
     """Scale from zero through the pool: requests the endpoint picker holds for a service
     at zero set it to 1 replica (picker_wakeup.py). The scrape runs outside the lock."""
     ctl: Controller = memo.controller
-    if owner_of(kwargs["isvc_index"], (namespace, name)) is None:
+    if owner_of(ctl, kwargs["isvc_index"], (namespace, name)) is None:
         return
     try:
         woken = wake_if_requests_wait(ctl.kube, plain(body))
@@ -490,7 +486,7 @@ def on_claim_event(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) ->
     """A claim appeared or went away: recheck the services that name it."""
     ctl: Controller = memo.controller
     for key in [k for k in kwargs["isvc_index"] if k[0] == namespace]:
-        owner = owner_of(kwargs["isvc_index"], key)
+        owner = owner_of(ctl, kwargs["isvc_index"], key)
         if owner is not None and _names_claim(owner, name):
             ctl.statuses.request(key, indexes_of(kwargs))
 
@@ -557,10 +553,10 @@ async def on_optional_api(
 
 def _reconcile_wanting(ctl: Controller, isvc_index: kopf.Index, wants: Any, trigger: str) -> None:
     for key in list(isvc_index):
-        owner = owner_of(isvc_index, key)
+        owner = owner_of(ctl, isvc_index, key)
         if owner is None or not wants(InferenceService.from_body(owner)):
             continue
-        find_owner = partial(owner_of, isvc_index, key)
+        find_owner = partial(owner_of, ctl, isvc_index, key)
         with ctl.lock(key):  # the children's events that follow rewrite the status
             RetriedReconcile(ctl, key, find_owner, trigger).run(owner)
 

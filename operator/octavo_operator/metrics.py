@@ -31,6 +31,11 @@ TRACKED_SERVICES = Gauge(
     "octavo_operator_tracked_services",
     "InferenceServices the operator keeps state for (back to 0 once they are all deleted)",
 )
+SWEPT_SERVICES = Counter(
+    "octavo_operator_swept_services_total",
+    "Deleted InferenceServices forgotten by the periodic check against the API server, "
+    "their DELETED event never seen",
+)
 HEAP_IN_USE = Gauge(
     "octavo_operator_heap_in_use_bytes",
     "Bytes of live allocations in the C heap (glibc's mallinfo2; NaN elsewhere)",

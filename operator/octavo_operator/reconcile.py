@@ -4,6 +4,8 @@ write its status. Thread-safe; kopf calls it from its worker threads."""
 from __future__ import annotations
 
 import base64
+import contextvars
+import copy
 import hashlib
 import json
 import logging
@@ -55,6 +57,9 @@ class Applied:
     pools_served: bool | None = None  # whether the InferencePool API was there
     lws_served: bool | None = None  # whether the LeaderWorkerSet API was there
     prefill_conflict: str | None = None  # spec.prefill's names belong to another owner
+    uid: str = ""  # the service's metadata.uid (a namesake created later has another)
+    started: float = field(default_factory=time.monotonic)  # when this reconcile began
+    finished: float = 0.0  # when it recorded what it applied (time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,17 @@ def child_version(obj: dict[str, Any]) -> str:
     return "h" + hashlib.blake2b(desired.encode(), digest_size=12).hexdigest()
 
 
+def child_identity(body: Any) -> dict[str, Any]:
+    """What a drift check reads of a child: its kind, name and generation, or its desired
+    fields where it has no generation (reconcile.child_version)."""
+    meta = body.get("metadata") or {}
+    keep = ("name", "namespace", "generation", "resourceVersion")
+    identity = {"kind": body.get("kind"), "metadata": {k: meta.get(k) for k in keep}}
+    if not meta.get("generation"):
+        identity.update(copy.deepcopy({k: body.get(k) for k in DESIRED_FIELDS}))
+    return identity
+
+
 class Controller:
     def __init__(self, kube: Kube, settings: Settings):
         self.kube = kube
@@ -96,7 +112,13 @@ class Controller:
         self.statuses: Any = None  # the StatusQueue, set at start-up (handlers.configure)
         self.drift_checks: Any = None  # a small executor, set at start-up as well
         self.idle = IdleScaler(kube, settings.activator)
+        # Services the API server no longer has, though kopf's index still holds them (their
+        # DELETED event was lost: sweep.py): key -> uid. Nothing is done for them any more.
+        self.gone: dict[Key, str] = {}
         self.trimmer = Trimmer()
+        # A kopf handler's context (its Event queue, for the status writes and Events that
+        # follow): work started off kopf's own threads (sweep.py) runs in a copy of it.
+        self.kopf_context: contextvars.Context | None = None
         self._locks: defaultdict[Key, threading.Lock] = defaultdict(threading.Lock)
 
     def lock(self, key: Key) -> threading.Lock:
@@ -107,13 +129,34 @@ class Controller:
         under the service's lock: a reconcile or status write in flight finishes first, and
         the ones after it find the service gone from kopf's index and record nothing."""
         with self.lock(key):
-            self.applied.pop(key, None)
-            self.adapter_reports.pop(key, None)
-            self.written.pop(key, None)
-            self.idle.forget(key)
-            self._locks.pop(key, None)
-            self._count_tracked()
+            self._drop(key)
+            self.gone.pop(key, None)
         self.trimmer.request()
+
+    def forget_gone(self, key: Key, uid: str, listed_after: float) -> bool:
+        """Forget KEY if what is kept of it is still about UID and older than the list that
+        lacked it (taken at LISTED_AFTER), and refuse UID from now on; True if forgotten."""
+        with self.lock(key):
+            applied = self.applied.get(key)
+            if applied is None or applied.uid != uid or applied.started >= listed_after:
+                return False
+            self._drop(key)
+            self.gone[key] = uid
+        self.trimmer.request()
+        return True
+
+    def _drop(self, key: Key) -> None:
+        """(The caller holds the service's lock.)"""
+        self.applied.pop(key, None)
+        self.adapter_reports.pop(key, None)
+        self.written.pop(key, None)
+        self.idle.forget(key)
+        self._locks.pop(key, None)
+        self._count_tracked()
+
+    def is_gone(self, owner: dict[str, Any]) -> bool:
+        meta = owner.get("metadata") or {}
+        return self.gone.get((meta.get("namespace"), meta.get("name"))) == meta.get("uid")
 
     def _count_tracked(self) -> None:
         metrics.TRACKED_SERVICES.set(len(self.applied))
@@ -130,7 +173,8 @@ class Controller:
         """Apply every child; raises TransientError when a retry may help."""
         isvc = InferenceService.from_body(body)
         started = time.perf_counter()
-        applied = Applied(generation=isvc.generation)
+        applied = Applied(generation=isvc.generation, uid=isvc.uid)
+        self.gone.pop((isvc.namespace, isvc.name), None)  # a namesake of a lost service
         try:
             self._apply_children(isvc, applied, check_all=trigger == "resume")
         except client.ApiException as error:
@@ -138,16 +182,19 @@ class Controller:
             applied.generation = self.applied.get((isvc.namespace, isvc.name), Applied()).generation
             result = "permanent_error" if error.status in PERMANENT_STATUSES else "error"
             metrics.RECONCILES.labels(trigger, result).inc()
-            self.applied[(isvc.namespace, isvc.name)] = applied
-            self._count_tracked()
+            self._record(isvc, applied)
             if result == "error":
                 raise TransientError(applied.error) from error
             return applied
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
         metrics.RECONCILES.labels(trigger, "ok").inc()
+        self._record(isvc, applied)
+        return applied
+
+    def _record(self, isvc: InferenceService, applied: Applied) -> None:
+        applied.finished = time.monotonic()
         self.applied[(isvc.namespace, isvc.name)] = applied
         self._count_tracked()
-        return applied
 
     def _apply_children(self, isvc: InferenceService, applied: Applied, check_all: bool) -> None:
         """Apply the wanted children; delete optional ones turned off. Deletes are only sent
