@@ -152,6 +152,7 @@ def test_a_served_stream_decodes_the_text_of_the_ids_the_core_sends(llm):
     async def read() -> RequestOutput:
         stream = RequestStream("ids-only", lambda streams: None, text)
         for delta in deltas:
+            assert not text.fill_output(delta)  # (the engine fills them: AsyncEngine)
             stream.put(delta)
         return await stream.final()
 
@@ -164,7 +165,9 @@ def test_a_served_stream_decodes_the_text_of_the_ids_the_core_sends(llm):
     ("change", "in_server"),
     [
         ({}, True),
-        ({"stop": ["e"]}, False),  # the core must see the stop string
+        ({"stop": ["e"]}, False),  # two completions with logprobs: the core cuts them
+        ({"stop": ["e"], "n": 1, "logprobs": None}, True),  # found here, aborted in the core
+        ({"stop": ["e"], "logprobs": None}, False),
         ({"detokenize": False}, False),  # no text wanted at all
         ({"output_kind": RequestOutputKind.FINAL_ONLY}, False),
     ],
@@ -173,6 +176,75 @@ def test_which_streams_the_server_decodes(llm, change, in_server):
     params = replace(PARAMS, **({"output_kind": RequestOutputKind.DELTA} | change))
     assert decodes_in_server(params, llm.engine.tokenizer) is in_server
     assert not decodes_in_server(params, None)
+
+
+ONE = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def served_with_stops_here(llm: LLM, params: SamplingParams, request_id: str) -> RequestOutput:
+    """What AsyncEngine does for a stream that finds its stop strings in the server: the
+    core runs without them, the deltas are filled here, and at a stop the core's request is
+    aborted and its later outputs dropped."""
+    assert decodes_in_server(params, llm.engine.tokenizer)
+    engine, text = llm.engine, StreamText(llm.engine.tokenizer, PROMPT, params)
+    engine.add_request(request_id, PROMPT, StreamText.core_params(params))
+    deltas, stopped = [], False
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            if stopped:
+                assert delta.finished and delta.outputs[0].finish_reason == "abort"
+                continue
+            core_finished = delta.finished
+            deltas.append(delta)
+            if text.fill_output(delta) and not core_finished:
+                stopped = True
+                engine.abort_request(request_id)
+
+    async def read() -> RequestOutput:
+        stream = RequestStream(request_id, lambda streams: None, text)
+        for delta in deltas:
+            stream.put(delta)
+        return await stream.final()
+
+    return asyncio.run(read())
+
+
+def served_in_core(llm: LLM, params: SamplingParams, request_id: str) -> RequestOutput:
+    engine, final_only = llm.engine, replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+    engine.add_request(request_id, PROMPT, final_only)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    return outputs[-1]
+
+
+def test_stop_strings_found_in_the_server_end_streams_as_the_core_ends_them(llm):
+    """Every way a stop string ends a completion (in the middle of the text, kept in the
+    output, held back by min_tokens, never found, on the length limit's token): the server's
+    text, token ids, token count and finish equal the core's."""
+    text = served_in_core(llm, ONE, "plain").outputs[0].text
+    assert len(text) > 6
+    middle, last = text[3:5], text[-2:]
+    cases = [
+        {"stop": [middle]},
+        {"stop": ["never there", middle], "include_stop_str_in_output": True},
+        {"stop": [text[:2]], "min_tokens": 4},
+        {"stop": ["never there"]},
+        {"stop": [last]},
+    ]
+    reasons = []
+    for number, change in enumerate(cases):
+        params = replace(ONE, output_kind=RequestOutputKind.DELTA, **change)
+        here = served_with_stops_here(llm, params, f"here-{number}").outputs[0]
+        core = served_in_core(llm, params, f"core-{number}").outputs[0]
+        assert (here.text, here.finish_reason, here.stop_reason) == (
+            core.text,
+            core.finish_reason,
+            core.stop_reason,
+        ), change
+        assert here.token_ids == core.token_ids and here.num_tokens == len(core.token_ids)
+        reasons.append(here.finish_reason)
+    assert [reasons[i] for i in (0, 1, 3, 4)] == ["stop", "stop", "length", "stop"]
 
 
 def test_without_detokenize_an_offline_request_has_ids_and_no_text(llm):

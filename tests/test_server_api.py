@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
 
 from octavo.entrypoints.openai.context import ServerConfig
 
-from server_harness import ThreadedServer, build_local_app
+from server_harness import ThreadedServer, build_local_app, metric_samples
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 128
@@ -170,18 +171,41 @@ def _stop_candidate(text: str) -> tuple[str, int]:
 
 
 def test_stop_string_is_trimmed(client):
+    """Found by the core (a whole answer) and by the server (a stream: the core runs
+    without it and is told to abort), the same text, finish and usage; the stream counts
+    once in the metrics, as stopped (not as the abort the core then reports)."""
     text = complete(client, prompt="Stop test", max_tokens=12, **LONG)["choices"][0]["text"]
     stop, position = _stop_candidate(text)
     body = complete(client, prompt="Stop test", max_tokens=12, stop=[stop], **LONG)
     choice = body["choices"][0]
     assert choice["text"] == text[:position]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    before = client.get("/metrics").text
     streamed = client.post(
         "/v1/completions",
-        json={"prompt": "Stop test", "max_tokens": 12, "stop": stop, "stream": True, **LONG},
+        json={
+            **{"prompt": "Stop test", "max_tokens": 12, "stop": stop, "stream": True, **LONG},
+            "stream_options": {"include_usage": True},
+        },
     )
     chunks = [json.loads(event) for event in sse_events(streamed)[:-1]]
     assert "".join(c["text"] for chunk in chunks for c in chunk["choices"]) == text[:position]
+    last = [c for chunk in chunks for c in chunk["choices"]][-1]
+    assert (last["finish_reason"], last["stop_reason"]) == ("stop", stop)
+    assert chunks[-1]["usage"] == body["usage"]
+    deadline = time.monotonic() + 30
+    while True:  # until the core has taken the abort (its last output for the request)
+        after = client.get("/metrics").text
+        if _sample(after, "vllm:num_requests_running") == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+
+    def finished(scrape: str, reason: str) -> float:
+        return sum(metric_samples(scrape, "vllm:request_success_total", finished_reason=reason))
+
+    assert _sample(after, "vllm:num_requests_running") == 0
+    assert finished(after, "stop") == finished(before, "stop") + 1
+    assert finished(after, "abort") == finished(before, "abort")
 
 
 def test_seed_makes_sampling_reproducible(client):

@@ -3,8 +3,10 @@
 The engine core (``core_loop``) runs in a process of its own (``ProcessCore``, what
 ``octavo serve`` uses) or on a thread (``ThreadCore``, for tests that reach into the
 engine). It reports events on a thread of its own; this class turns them into state
-(ready, dead), statistics for the metrics, acknowledgements and outputs, each handed to
-its request's ``asyncio.Queue`` on the event loop via ``call_soon_threadsafe``.
+(ready, dead) and acknowledgements, and hands each step's outputs and statistics to the
+event loop (``call_soon_threadsafe``): there the streams that decode their own text get
+it (``stream_text``, which may end a request at a stop string), the metrics see them, and
+each output goes to its request's ``asyncio.Queue``.
 
 All the engine requests of one HTTP request travel in one command and are acknowledged
 once: the core adds them all or none, so a prompt the engine rejects is reported to the
@@ -92,6 +94,7 @@ class AsyncEngine:
         self._on_step, self._on_load_failure = on_step, on_load_failure
         self._on_death = on_death
         self._streams: dict[str, RequestStream] = {}
+        self._stopped_here: set[str] = set()  # ended by a stop string here, not yet in the core
         self._acks: dict[str, asyncio.Future[None]] = {}
         self._lock = threading.Lock()
         self._pending_adds = 0  # added here, not yet acknowledged by the core
@@ -229,11 +232,41 @@ class AsyncEngine:
         else:
             ack.set_exception(error)
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _deliver(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
+        """A step's outputs, their text decoded where the stream decodes it, to the
+        metrics and then to their streams."""
+        outputs = self._decode_texts(outputs) if outputs else outputs
+        if self._on_step is not None:
+            try:
+                self._on_step(outputs, stats)
+            except Exception:  # metrics must never take the engine down
+                logger.exception("step observer failed")
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.put(output)
+
+    def _decode_texts(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Fill the text of the streams that decode it here (``stream_text``). A stop
+        string found ends its request here: the core is told to abort it, and what the
+        core sends for it after that is dropped (the metrics counted the stop already)."""
+        kept, ended_here = [], []
+        for output in outputs:
+            request_id = output.request_id
+            if request_id in self._stopped_here:
+                if output.finished:  # the core's last word on it
+                    self._stopped_here.discard(request_id)
+                continue
+            stream = self._streams.get(request_id)
+            text = None if stream is None else stream.text
+            core_finished = output.finished
+            if text is not None and text.fill_output(output) and not core_finished:
+                ended_here.append(request_id)
+            kept.append(output)
+        if ended_here:
+            self._stopped_here.update(ended_here)
+            self._core.send(AbortRequests(ended_here))
+        return kept
 
     def _fail_all(self, message: str) -> None:
         for batch_id in list(self._acks):
@@ -291,10 +324,4 @@ class AsyncEngine:
     def _after_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         with self._lock:
             self._engine_waiting = stats.num_waiting
-        if self._on_step is not None:
-            try:
-                self._on_step(outputs, stats)
-            except Exception:  # metrics must never take the engine down
-                logger.exception("step observer failed")
-        if outputs:
-            self._call_soon(self._deliver, outputs)
+        self._call_soon(self._deliver, outputs, stats)

@@ -24,7 +24,7 @@ class RequestStream:
         text: StreamText | None = None,
     ) -> None:
         self.request_id = request_id
-        self.text = text  # decodes the text here when the core sends token ids only
+        self.text = text  # the engine decodes the text with it (the core sends ids only)
         self.finished = False
         self.closed = False
         self.release = release  # the engine's: abort the unfinished, forget all
@@ -34,9 +34,6 @@ class RequestStream:
         self.on_finish: Callable[[RequestOutput], None] | None = None  # e.g. a log line
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        if self.text is not None and isinstance(item, RequestOutput):
-            for completion in item.outputs:
-                self.text.fill(completion)
         self._queue.put_nowait(item)
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:

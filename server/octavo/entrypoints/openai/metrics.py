@@ -134,7 +134,7 @@ class ServerMetrics:
         if compile_seconds is not None:
             self._compile_seconds.labels(self.model_name).observe(compile_seconds)
 
-    # ----- called on the engine thread ----------------------------------------------------
+    # ----- called on the event loop, each step ---------------------------------------------
     def on_step(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         self.engine_stats.update(stats)
         for output in outputs:
