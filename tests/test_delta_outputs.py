@@ -15,7 +15,12 @@ from octavo.engine.core_messages import StepDone
 from octavo.engine.output_accumulator import OutputAccumulator
 from octavo.engine.request_stream import RequestStream
 from octavo.engine.stream_text import StreamText, decodes_in_server
-from octavo.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from octavo.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+)
 from octavo.sampling_params import RequestOutputKind
 
 PROMPT = [11, 12, 13, 14, 15]
@@ -245,6 +250,22 @@ def test_stop_strings_found_in_the_server_end_streams_as_the_core_ends_them(llm)
         assert here.token_ids == core.token_ids and here.num_tokens == len(core.token_ids)
         reasons.append(here.finish_reason)
     assert [reasons[i] for i in (0, 1, 3, 4)] == ["stop", "stop", "length", "stop"]
+
+
+def test_a_stop_string_inside_a_delta_of_several_tokens_drops_the_tokens_after_it(llm):
+    """A speculative step's delta holds several tokens: the stream keeps those up to the
+    one that completed the stop string and counts only them."""
+    tokenizer = llm.engine.tokenizer
+    ids = tokenizer.encode(" alpha beta gamma delta", add_special_tokens=False)
+    params = replace(ONE, output_kind=RequestOutputKind.DELTA, stop=["beta"])
+    completion = CompletionOutput(
+        index=0, text="", token_ids=list(ids), delta_token_ids=list(ids), num_tokens=len(ids)
+    )
+    assert StreamText(tokenizer, PROMPT, params).fill(completion)
+    kept = next(k for k in range(1, len(ids) + 1) if "beta" in tokenizer.decode(ids[:k]))
+    assert kept < len(ids) and completion.delta_token_ids == completion.token_ids == ids[:kept]
+    assert completion.num_tokens == kept and completion.text == " alpha "
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", "beta")
 
 
 def test_without_detokenize_an_offline_request_has_ids_and_no_text(llm):
