@@ -94,7 +94,7 @@ class AsyncEngine:
         self._on_step, self._on_load_failure = on_step, on_load_failure
         self._on_death = on_death
         self._streams: dict[str, RequestStream] = {}
-        self._stopped_here: set[str] = set()  # ended by a stop string here, not yet in the core
+        self._stopped_here: set[str] = set()  # ended here at a stop string; the core not yet
         self._acks: dict[str, asyncio.Future[None]] = {}
         self._lock = threading.Lock()
         self._pending_adds = 0  # added here, not yet acknowledged by the core
@@ -235,7 +235,7 @@ class AsyncEngine:
     def _deliver(self, outputs: list[RequestOutput], stats: EngineStats) -> None:
         """A step's outputs, their text decoded where the stream decodes it, to the
         metrics and then to their streams."""
-        outputs = self._decode_texts(outputs) if outputs else outputs
+        outputs = self._decode_texts(outputs)
         if self._on_step is not None:
             try:
                 self._on_step(outputs, stats)
