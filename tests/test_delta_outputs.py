@@ -11,7 +11,8 @@ from itertools import chain
 import pytest
 
 from octavo import LLM, SamplingParams
-from octavo.engine.core_messages import StepDone
+from octavo.engine.async_engine import AsyncEngine
+from octavo.engine.core_messages import AbortRequests, StepDone
 from octavo.engine.output_accumulator import OutputAccumulator
 from octavo.engine.request_stream import RequestStream
 from octavo.engine.stream_text import StreamText, decodes_in_server
@@ -22,6 +23,8 @@ from octavo.outputs import (
     RequestOutput,
 )
 from octavo.sampling_params import RequestOutputKind
+
+from server_harness import engine_stats
 
 PROMPT = [11, 12, 13, 14, 15]
 PARAMS = SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=12, logprobs=2, ignore_eos=True)
@@ -250,6 +253,42 @@ def test_stop_strings_found_in_the_server_end_streams_as_the_core_ends_them(llm)
         assert here.token_ids == core.token_ids and here.num_tokens == len(core.token_ids)
         reasons.append(here.finish_reason)
     assert [reasons[i] for i in (0, 1, 3, 4)] == ["stop", "stop", "length", "stop"]
+
+
+class RecordingCore:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, command) -> None:
+        self.sent.append(command)
+
+
+def test_the_engine_ends_a_stream_at_its_stop_string_and_counts_only_what_it_served(llm):
+    """AsyncEngine with the core's deltas of a request that ran on past its stop string (the
+    abort not yet taken): the stream ends at the stop, the core is told to abort once, what
+    came after reaches neither the stream nor the metrics, whose generated-token counter
+    moves by exactly the tokens served."""
+    engine = llm.engine
+    text = served_in_core(llm, ONE, "to-stop").outputs[0].text
+    params = replace(ONE, output_kind=RequestOutputKind.DELTA, stop=[text[3:5]])
+    engine.add_request("s", PROMPT, StreamText.core_params(params))
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    core, seen = RecordingCore(), []
+    served = AsyncEngine(core, on_step=lambda outputs, stats: seen.append((outputs, stats)))
+    text_here = StreamText(engine.tokenizer, PROMPT, params)
+    served._streams["s"] = RequestStream("s", lambda streams: None, text_here)
+    generated = 0
+    for delta in deltas:
+        generated += sum(len(c.delta_token_ids) for c in delta.outputs)
+        served._deliver([delta], engine_stats(len(PROMPT), generated, running=1))
+    delivered = [output for outputs, _ in seen for output in outputs]
+    assert core.sent == [AbortRequests(["s"])]
+    assert delivered[-1].finished and delivered[-1].outputs[0].finish_reason == "stop"
+    assert len(delivered) < len(deltas) and not served._stopped_here
+    kept = sum(len(c.delta_token_ids) for output in delivered for c in output.outputs)
+    assert seen[-1][1].generation_tokens == kept < generated
 
 
 def test_a_stop_string_inside_a_delta_of_several_tokens_drops_the_tokens_after_it(llm):
