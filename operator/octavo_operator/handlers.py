@@ -273,7 +273,8 @@ def reconcile_isvc(
     body: kopf.Body, namespace: str, name: str, reason: str, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     ctl: Controller = memo.controller
-    ctl.kopf_context = contextvars.copy_context()  # for the sweeper's drift checks
+    if ctl.kopf_context is None:  # kept once, for the sweeper's drift checks
+        ctl.kopf_context = contextvars.copy_context()
     key, owner = (namespace, name), plain(body)
     with ctl.lock(key):
         if owner_of(ctl, kwargs["isvc_index"], key) is None:
