@@ -16,10 +16,12 @@ from octavo.engine.core_messages import AbortRequests, StepDone
 from octavo.engine.output_accumulator import OutputAccumulator
 from octavo.engine.request_stream import RequestStream
 from octavo.engine.stream_text import StreamText, decodes_in_server
+from octavo.engine.token_deltas import TokenDeltaExpander
 from octavo.outputs import (
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
+    RequestMetrics,
     RequestOutput,
 )
 from octavo.sampling_params import RequestOutputKind
@@ -263,7 +265,62 @@ class RecordingCore:
         self.sent.append(command)
 
 
-def test_the_engine_ends_a_stream_at_its_stop_string_and_counts_only_what_it_served(llm):
+def new_tokens(output) -> int:
+    """The new token ids of an output as the core sends it (a ``TokenDelta`` or not)."""
+    if type(output) is tuple:
+        return len(output[1])
+    return sum(len(c.delta_token_ids) for c in output.outputs)
+
+
+def core_steps(engine, request_id: str, params: SamplingParams, token_deltas: bool) -> list:
+    """Each step's outputs of one request, as the server's core loop (``token_deltas``)
+    or the offline LLM sends them."""
+    engine.token_deltas = token_deltas
+    try:
+        engine.add_request(request_id, PROMPT, params)
+        steps = []
+        while engine.has_unfinished_requests():
+            steps.append(engine.step())
+    finally:
+        engine.token_deltas = False
+    return steps
+
+
+def without_times(output: RequestOutput) -> RequestOutput:
+    no_times = RequestMetrics(0.0, num_preemptions=output.metrics.num_preemptions)
+    return replace(output, request_id="", metrics=no_times)
+
+
+def test_token_deltas_come_back_as_the_outputs_the_core_would_send(llm):
+    """A served stream (one completion, ids only): after its first output the core sends
+    token deltas; across the pipe the server rebuilds them into the outputs the core sends
+    without them, field for field (times aside: a second run), the newest token's time
+    moving on from the first token's."""
+    params = StreamText.core_params(replace(ONE, output_kind=RequestOutputKind.DELTA))
+    full = [o for step in core_steps(llm.engine, "full", params, False) for o in step]
+    steps = core_steps(llm.engine, "lean", params, True)
+    wire = [pickle.loads(pickle.dumps(StepDone(step, None))).outputs for step in steps]
+    sent = [output for step in wire for output in step]
+    assert [type(o) for o in sent] == [RequestOutput] + [tuple] * (len(full) - 2) + [RequestOutput]
+    expanded = TokenDeltaExpander().expand(sent)
+    assert [without_times(o) for o in expanded] == [without_times(o) for o in full]
+    first, *rest = [o.metrics for o in expanded]
+    assert all(m.first_token_time == first.first_token_time for m in rest)
+    token_times = [m.last_token_time for m in [first, *rest]]
+    assert token_times == sorted(token_times) and token_times[-1] > token_times[0]
+
+
+def test_outputs_with_more_than_token_ids_never_travel_as_token_deltas(llm):
+    for number, change in enumerate([{}, {"n": 1}, {"logprobs": None}, {"detokenize": False}]):
+        params = replace(PARAMS, output_kind=RequestOutputKind.DELTA, **change)
+        steps = core_steps(llm.engine, f"not-lean-{number}", params, True)
+        assert all(type(o) is RequestOutput for step in steps for o in step), change
+
+
+@pytest.mark.parametrize("token_deltas", [False, True])
+def test_the_engine_ends_a_stream_at_its_stop_string_and_counts_only_what_it_served(
+    llm, token_deltas
+):
     """AsyncEngine with the core's deltas of a request that ran on past its stop string (the
     abort not yet taken): the stream ends at the stop, the core is told to abort once, what
     came after reaches neither the stream nor the metrics, whose generated-token counter
@@ -271,17 +328,16 @@ def test_the_engine_ends_a_stream_at_its_stop_string_and_counts_only_what_it_ser
     engine = llm.engine
     text = served_in_core(llm, ONE, "to-stop").outputs[0].text
     params = replace(ONE, output_kind=RequestOutputKind.DELTA, stop=[text[3:5]])
-    engine.add_request("s", PROMPT, StreamText.core_params(params))
-    deltas = []
-    while engine.has_unfinished_requests():
-        deltas += engine.step()
+    core_params = StreamText.core_params(params)
+    deltas = [o for step in core_steps(engine, "s", core_params, token_deltas) for o in step]
+    assert any(type(o) is tuple for o in deltas) is token_deltas
     core, seen = RecordingCore(), []
     served = AsyncEngine(core, on_step=lambda outputs, stats: seen.append((outputs, stats)))
     text_here = StreamText(engine.tokenizer, PROMPT, params)
     served._streams["s"] = RequestStream("s", lambda streams: None, text_here)
     generated = 0
     for delta in deltas:
-        generated += sum(len(c.delta_token_ids) for c in delta.outputs)
+        generated += new_tokens(delta)
         served._deliver([delta], engine_stats(len(PROMPT), generated, running=1))
     delivered = [output for outputs, _ in seen for output in outputs]
     assert core.sent == [AbortRequests(["s"])]

@@ -90,6 +90,8 @@ def _load(factory: Callable[[], Any], emit: Emit) -> Any | None:
         engine.scheduler.max_num_batched_tokens,
         torch.get_num_threads(),
     )
+    if hasattr(engine, "token_deltas"):  # (test doubles of the engine lack it)
+        engine.token_deltas = True  # the AsyncEngine behind ``emit`` expands them
     emit(CoreReady(info))
     return engine
 

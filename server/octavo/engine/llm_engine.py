@@ -22,6 +22,7 @@ from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_alone
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
+from octavo.engine.token_deltas import TokenDelta, sends_token_deltas
 from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
 from octavo.kv_events.events import KVEventBatch
 from octavo.kv_events.publisher import start_publisher
@@ -63,6 +64,9 @@ class LLMEngine:
         self.vocab_size = parts.config.vocab_size
         self.prompt_token_limit = prompt_token_limit(self.vocab_size, len(self.tokenizer))
         self.requests: dict[str, Request] = {}
+        # The server's core loop sets it: outputs its requests allow go as ``TokenDelta``
+        # tuples (``token_deltas.py``: the API process rebuilds them)
+        self.token_deltas = False
         self._pending_outputs: list[RequestOutput] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -114,7 +118,13 @@ class LLMEngine:
         self._check_transfer(params, len(token_ids))
         self._check_adapter(lora_request)
         request = Request(
-            request_id, text, token_ids, params, lora_request=lora_request, images=images
+            request_id,
+            text,
+            token_ids,
+            params,
+            lora_request=lora_request,
+            images=images,
+            token_deltas=self.token_deltas and sends_token_deltas(params),
         )
         first = self._new_sequence(request, 0, token_ids)
         if self.kv_transfer is not None:
@@ -260,9 +270,10 @@ class LLMEngine:
         return bool(self.requests)
 
     # ----- one step ----------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | TokenDelta]:
         """Run one scheduled step. A request whose data makes the step fail is failed alone
-        (with ``--async-scheduling``, the requests of the steps in flight)."""
+        (with ``--async-scheduling``, the requests of the steps in flight). Outputs are
+        ``RequestOutput``s; with ``token_deltas`` set, some are ``TokenDelta`` tuples."""
         if self.kv_transfer is not None:
             self._transfer_work()
         if self.scheduler.overlapped:
@@ -293,7 +304,7 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         return outputs, self.kv_transfer.progress() != before
 
-    def _step_overlapped(self) -> list[RequestOutput]:
+    def _step_overlapped(self) -> list[RequestOutput | TokenDelta]:
         """Launch the next step, then finish the previous one (its tokens, text and
         outputs) while the device runs the one just launched."""
         scheduled = self.scheduler.schedule()
@@ -324,7 +335,7 @@ class LLMEngine:
 
     def _finish_step(
         self, scheduled: SchedulerOutput, result: ModelRunnerOutput, now: float
-    ) -> list[RequestOutput]:
+    ) -> list[RequestOutput | TokenDelta]:
         """A step's tokens into the scheduler, text and outputs."""
         pooled = self._record_pooled(result)
         updates = self.scheduler.update_from_output(scheduled, result, now)
@@ -428,7 +439,9 @@ class LLMEngine:
         if apply_stop_string(seq, stop_string, update.num_tokens) and not seq.is_finished:
             self.scheduler.finish(seq)
 
-    def _output_for(self, request: Request) -> RequestOutput:
+    def _output_for(self, request: Request) -> RequestOutput | TokenDelta:
+        if request.wants_token_delta:
+            return request.token_delta()
         output = request.make_output()
         if output.finished:
             self.requests.pop(request.request_id, None)

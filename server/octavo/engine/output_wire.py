@@ -4,8 +4,9 @@ Pickle writes a dataclass as its class and a dict of its fields, object by objec
 of 256 streaming requests (a ``RequestOutput``, a ``CompletionOutput`` and a
 ``RequestMetrics`` each) took 1.5-2 ms to pickle in the engine core's loop, every step,
 and as long to read back. As tuples of their fields, read in C by ``attrgetter``, the
-same step pickles in a fraction of that; the server rebuilds the dataclasses. Outputs of
-other kinds (pooling) travel as they are.
+same step pickles in a fraction of that; the server rebuilds the dataclasses. Each is
+packed as a list, so that outputs of other kinds travel as they are: pooling ones, and
+token deltas (tuples, ``token_deltas.py``), which the server expands itself.
 """
 
 from __future__ import annotations
@@ -26,21 +27,21 @@ _metrics_values = attrgetter(*METRICS_FIELDS)
 
 
 def pack_outputs(outputs: list[Any]) -> list[Any]:
-    """Each ``RequestOutput`` as ``(fields, completions' fields, metrics' fields)``."""
+    """Each ``RequestOutput`` as ``[fields, completions' fields, metrics' fields]``."""
     return [_pack(output) if type(output) is RequestOutput else output for output in outputs]
 
 
 def unpack_outputs(packed: list[Any]) -> list[Any]:
     """The outputs ``pack_outputs`` packed, equal to the originals."""
-    return [_unpack(item) if type(item) is tuple else item for item in packed]
+    return [_unpack(item) if type(item) is list else item for item in packed]
 
 
-def _pack(output: RequestOutput) -> tuple:
+def _pack(output: RequestOutput) -> list:
     completions = [_completion_values(completion) for completion in output.outputs]
-    return _request_values(output), completions, _metrics_values(output.metrics)
+    return [_request_values(output), completions, _metrics_values(output.metrics)]
 
 
-def _unpack(item: tuple) -> RequestOutput:
+def _unpack(item: list) -> RequestOutput:
     values, completions, metrics = item
     output = _plain(RequestOutput, REQUEST_FIELDS, values)
     output.outputs = [_plain(CompletionOutput, COMPLETION_FIELDS, c) for c in completions]

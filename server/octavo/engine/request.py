@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from octavo.engine.detokenizer import IncrementalDetokenizer
+from octavo.engine.token_deltas import TokenDelta
 from octavo.lora_request import LoRARequest
 from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -46,6 +47,9 @@ class Request:
     lora_request: LoRARequest | None = None  # the adapter its completions run with
     pooled: list[float] | None = None  # a pooling request's vector, once computed
     images: list[ImageInput] = field(default_factory=list)  # its prompt's images
+    # its unfinished outputs after the first travel as ``TokenDelta`` tuples (the server's
+    # core loop asks for them: ``token_deltas.py``)
+    token_deltas: bool = False
 
     @property
     def finished(self) -> bool:
@@ -65,6 +69,19 @@ class Request:
     @property
     def wants_output_now(self) -> bool:
         return self.finished or self.params.output_kind is not RequestOutputKind.FINAL_ONLY
+
+    @property
+    def wants_token_delta(self) -> bool:
+        """Is this step's output a ``TokenDelta``: after the first, before the last?"""
+        return self.token_deltas and self.prompt_reported and not self.finished
+
+    def token_delta(self) -> TokenDelta:
+        """The step's output as a ``TokenDelta`` (``wants_token_delta``)."""
+        seq, text = self.seqs[0], self.texts[0]
+        reported = text.tokens_reported
+        text.tokens_reported = count = seq.num_output_tokens
+        new_ids = seq.token_ids[seq.num_prompt_tokens + reported :]
+        return self.request_id, new_ids, count, seq.last_token_time, seq.num_preemptions
 
     def make_output(self) -> RequestOutput:
         finished = self.finished
