@@ -49,6 +49,9 @@ COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 @dataclass
 class _Histograms:
+    """The per-request histograms, each as its one series (the model's label set once:
+    ``labels()`` per output took a sixth of the event loop's time at 256 streams)."""
+
     ttft: Histogram
     itl: Histogram
     e2e: Histogram
@@ -93,10 +96,12 @@ class ServerMetrics:
 
     def _make_histograms(self) -> _Histograms:
         def latency(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, buckets=LATENCY_BUCKETS, **self._labels())
+            histogram = Histogram(name, doc, buckets=LATENCY_BUCKETS, **self._labels())
+            return histogram.labels(self.model_name)
 
         def tokens(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, buckets=TOKEN_BUCKETS, **self._labels())
+            histogram = Histogram(name, doc, buckets=TOKEN_BUCKETS, **self._labels())
+            return histogram.labels(self.model_name)
 
         return _Histograms(
             ttft=latency("vllm:time_to_first_token_seconds", "Time to first token."),
@@ -110,9 +115,9 @@ class ServerMetrics:
         )
 
     def _create_children(self) -> None:
-        """Create the labelled series up front so a scrape shows them before any request."""
-        for histogram in [*vars(self._hist).values(), self._compile_seconds]:
-            histogram.labels(self.model_name)
+        """Create the labelled series up front so a scrape shows them before any request
+        (the request histograms' are made with them)."""
+        self._compile_seconds.labels(self.model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -154,7 +159,7 @@ class ServerMetrics:
         last = output.metrics.last_token_time
         previous = self._last_token_time.get(output.request_id)
         if last is not None and previous is not None and last > previous:
-            self._hist.itl.labels(self.model_name).observe(last - previous)
+            self._hist.itl.observe(last - previous)
         if last is not None:
             self._last_token_time[output.request_id] = last
         if output.finished:
@@ -162,18 +167,18 @@ class ServerMetrics:
             self.record_finished(output)
 
     def record_finished(self, output: RequestOutput) -> None:
-        name, times, hist = self.model_name, output.metrics, self._hist
-        self._success.labels(name, finished_reason(output)).inc()
-        hist.prompt_tokens.labels(name).observe(output.num_prompt_tokens)
+        times, hist = output.metrics, self._hist
+        self._success.labels(self.model_name, finished_reason(output)).inc()
+        hist.prompt_tokens.observe(output.num_prompt_tokens)
         generated = sum(completion.num_tokens for completion in output.outputs)
-        hist.generation_tokens.labels(name).observe(generated)
+        hist.generation_tokens.observe(generated)
         if times.first_token_time is not None:
-            hist.ttft.labels(name).observe(times.first_token_time - times.arrival_time)
+            hist.ttft.observe(times.first_token_time - times.arrival_time)
         if times.first_scheduled_time is not None:
-            hist.queue.labels(name).observe(times.first_scheduled_time - times.arrival_time)
+            hist.queue.observe(times.first_scheduled_time - times.arrival_time)
         finished = times.finished_time or times.last_token_time
         if finished is not None:
-            hist.e2e.labels(name).observe(finished - times.arrival_time)
+            hist.e2e.observe(finished - times.arrival_time)
 
 
 def finished_reason(output: RequestOutput) -> str:
