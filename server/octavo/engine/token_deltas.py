@@ -4,7 +4,7 @@
 At high concurrency the core's step loop is the server's bottleneck, and most rows of a
 step belong to streams of deltas with one completion, no logprobs and no text made in
 the core (the server decodes it: ``stream_text``). Building each such row's
-``RequestOutput`` (three dataclasses), packing and pickling it took about 1.3 ms a step
+``RequestOutput`` (three dataclasses), packing and pickling it took 1.3-1.8 ms a step
 at 256 streams, all of it on the core's loop. Such a row needs nothing from a step but
 its new token ids, its token count, the time of its newest token and its preemptions:
 after the request's first output (a full one: prompt ids, cached tokens, times) the core
