@@ -50,7 +50,7 @@ def _serves_pods(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``serving`` the tests whose pods run ``octavo serve`` (CPU and memory), so a
     person can select them (``-m serving``) or leave them out (``-m "not serving"``). The
-    tests that need a group built after the control plane's (``_later_groups``) run last, in
+    tests that need a group built after the control plane's (``needs_build``) run last, in
     the order those groups are built (a stable sort: each file stays in one piece)."""
     for item in items:
         if _serves_pods(item):
@@ -59,21 +59,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: max((order.index(g) for g in _later_groups(item)), default=-1))
 
 
-# Fixtures that run a binary of a group built after the control plane's.
-FIXTURE_GROUPS = {"helm": "helm", "lws_controller": "lws"}
-
-
-def _later_groups(item: pytest.Item) -> set[str]:
-    """The binary groups beyond the control plane's that the test needs: those its
-    ``needs_build`` marker names and those its fixtures run."""
+def _later_groups(item: pytest.Item) -> tuple[str, ...]:
+    """The binary groups beyond the control plane's that the test needs (``needs_build``)."""
     marker = item.get_closest_marker("needs_build")
-    groups = set(marker.args if marker else ())
-    unknown = groups - set(build.GROUPS)
+    groups = marker.args if marker else ()
+    unknown = set(groups) - set(build.GROUPS)
     if unknown:
         raise pytest.UsageError(f"{item.nodeid}: needs_build names no group: {sorted(unknown)}")
-    fixtures = getattr(item, "fixturenames", ())
-    groups |= {group for fixture, group in FIXTURE_GROUPS.items() if fixture in fixtures}
-    return groups - set(build.CLUSTER_GROUPS)
+    return tuple(g for g in groups if g not in build.CLUSTER_GROUPS)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -1,8 +1,7 @@
 """The e2e control plane's binary groups build under one lock each (e2e/cluster/build.py):
 the control plane's groups can be used while the later groups still build, a process that
-needs a group another one is building waits for that group only (it never builds it a
-second time), and the Go build cache is kept until every group is built. Go is replaced by
-builders that write files."""
+needs a later group waits for the builder instead of building it a second time, and the Go
+build cache is kept until every group is built. Go is replaced by builders that write files."""
 
 from __future__ import annotations
 
@@ -41,28 +40,26 @@ def fake_go(tmp_path, monkeypatch):
     return built, helm_may_finish, gocache
 
 
-def test_a_group_is_usable_as_soon_as_it_is_built_and_built_once(fake_go):
+def test_the_cluster_groups_are_usable_while_later_groups_build(fake_go):
     built, helm_may_finish, gocache = fake_go
     everything = threading.Thread(target=build.ensure_built)
     everything.start()
-    helm_paths: dict[str, Path] = {}
-    helm_waiter = threading.Thread(target=lambda: helm_paths.update(build.ensure_built(("helm",))))
+    waiter_paths: dict[str, Path] = {}
+    waiter = threading.Thread(target=lambda: waiter_paths.update(build.ensure_built(("lws",))))
     try:
         _wait_until(lambda: built == list(build.CLUSTER_GROUPS))
         paths = build.ensure_built(build.CLUSTER_GROUPS)  # helm is still building
         assert paths["kube-apiserver"].read_text() == "kubernetes"
         assert paths["kwok"].is_file() and gocache.exists()
-        helm_waiter.start()
-        helm_waiter.join(0.3)
-        assert helm_waiter.is_alive(), "helm's waiter should wait for the builder's lock"
-        lws = build.ensure_built(("lws",))  # not held: built here, without waiting for helm
-        assert lws["lws-controller"].read_text() == "lws" and helm_waiter.is_alive()
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive(), "the lws waiter should wait for the builder's lock"
     finally:
         helm_may_finish.set()
         everything.join(10)
-        helm_waiter.join(10)
-    assert sorted(built) == sorted(build.GROUPS)  # each group once: the waiter built nothing
-    assert helm_paths["helm"].read_text() == "helm"
+        waiter.join(10)
+    assert built == list(build.GROUPS)  # each group once: the waiter built nothing
+    assert waiter_paths["lws-controller"].read_text() == "lws"
     assert not gocache.exists()  # emptied once every group was built
 
 

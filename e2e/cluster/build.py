@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -499,16 +498,20 @@ def ensure_built(names: tuple[str, ...] = tuple(GROUPS)) -> dict[str, Path]:
 
 
 def _build_missing(names: list[str], go_ver: str) -> None:
-    """Build the groups NAMES in order, each under its own lock: a process that needs a group
-    another process is building waits for that group only, and goes on as soon as it is
-    built (not when the whole build is)."""
+    """Build the groups NAMES in order. Every group's lock is taken first (always in GROUPS'
+    order, so two builders never deadlock) and each is let go as soon as its group is built:
+    a process that needs only a later group waits for it instead of building it beside this
+    one, and one that needs an earlier group goes on as soon as that group is there."""
+    locks_dir = cache_dir() / "locks"
     built_any = False
-    for name in names:
-        final = group_dir(GROUPS[name], go_ver)
-        with _lock(cache_dir() / "locks" / f"{name}.lock"):
+    with contextlib.ExitStack() as held:
+        locks = {n: held.enter_context(_GroupLock(locks_dir / f"{n}.lock")) for n in names}
+        for name in names:
+            final = group_dir(GROUPS[name], go_ver)
             if not _complete(GROUPS[name], final):  # built by whoever held the lock before us
                 _build_group(GROUPS[name], final, go_ver)
                 built_any = True
+            locks[name].release()
     if built_any:
         _empty_go_cache_once_all_built(go_ver)
 
@@ -527,20 +530,31 @@ def _empty_go_cache_once_all_built(go_ver: str) -> None:
         log("emptied the Go build cache (OCTAVO_E2E_KEEP_GOCACHE=1 keeps it)")
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """flock: the kernel lets go of a dead process's lock."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
+class _GroupLock:
+    """One group's build lock (flock: the kernel lets go of a dead process's lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle = None
+
+    def __enter__(self) -> _GroupLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = self.path.open("a")
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"waiting for another build holding {path}")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            log(f"waiting for another build holding {self.path}")
+            fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def release(self) -> None:
+        if self.handle is not None:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
+            self.handle = None
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 def _complete(group: Group, gdir: Path) -> bool:
