@@ -16,7 +16,6 @@ import os
 import re
 import secrets
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,7 +33,6 @@ from tests.suite_timing import pytest_terminal_summary  # noqa: F401  (the suite
 LOG_TAIL_LINES = 25
 SESSION_OPERATORS: list[OperatorProcess] = []
 _build_error: Exception | None = None
-_later_build: threading.Thread | None = None
 
 
 def _uses_cluster(item: pytest.Item) -> bool:
@@ -49,59 +47,22 @@ def _serves_pods(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``serving`` the tests whose pods run ``octavo serve`` (CPU and memory), so a
-    person can select them (``-m serving``) or leave them out (``-m "not serving"``). The
-    tests that need a group built after the control plane's (``needs_build``) run last, in
-    the order those groups are built (a stable sort: each file stays in one piece)."""
+    person can select them (``-m serving``) or leave them out (``-m "not serving"``)."""
     for item in items:
         if _serves_pods(item):
             item.add_marker(pytest.mark.serving)
-    order = list(build.GROUPS)
-    items.sort(key=lambda item: max((order.index(g) for g in _later_groups(item)), default=-1))
-
-
-def _later_groups(item: pytest.Item) -> tuple[str, ...]:
-    """The binary groups beyond the control plane's that the test needs (``needs_build``)."""
-    marker = item.get_closest_marker("needs_build")
-    groups = marker.args if marker else ()
-    unknown = set(groups) - set(build.GROUPS)
-    if unknown:
-        raise pytest.UsageError(f"{item.nodeid}: needs_build names no group: {sorted(unknown)}")
-    return tuple(g for g in groups if g not in build.CLUSTER_GROUPS)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the control plane's missing binaries before the first test, outside any per-test
-    timeout (a cold build takes many minutes; `python -m e2e.cluster build` does it ahead of
-    time). The groups only some tests need are then built in a thread beside the first tests;
-    those tests run last and wait for their group (each group has its own build lock)."""
-    global _build_error, _later_build
+    """Build missing binaries before the first test, outside any per-test timeout: a cold build
+    takes many minutes (`python -m e2e.cluster build` does the same ahead of time)."""
+    global _build_error
     if session.config.option.collectonly or not any(_uses_cluster(i) for i in session.items):
         return
     try:
-        build.ensure_built(build.CLUSTER_GROUPS)
+        build.ensure_built()
     except Exception as exc:  # reported by the `cluster` fixture, test by test
         _build_error = exc
-        return
-    needed = {g for item in session.items for g in _later_groups(item)}
-    later = tuple(g for g in build.GROUPS if g in needed)
-    if later:
-        _later_build = threading.Thread(target=_build_later, args=(later,), name="e2e-build")
-        _later_build.start()
-
-
-def _build_later(groups: tuple[str, ...]) -> None:
-    try:
-        build.ensure_built(groups)
-    except Exception as exc:  # a test that needs the group builds it again and reports why
-        build.log(f"building {', '.join(groups)} beside the tests failed: {exc}")
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A session cut short still waits for the build it started (its Go processes and the
-    group folder it is writing)."""
-    if _later_build is not None and _later_build.is_alive():
-        build.log("waiting for the groups built beside the tests")
-        _later_build.join()
 
 
 @pytest.fixture(scope="session")
@@ -215,8 +176,7 @@ def helm(
         f"HELM_{kind}_HOME": str(tmp_path / "helm" / kind.lower())
         for kind in ("CACHE", "CONFIG", "DATA")
     }
-    helm = build.ensure_built(("helm",))["helm"]  # waits while the group is being built
-    return _runner(helm, {**os.environ, **cluster.env(), **homes})
+    return _runner(cluster.binary("helm"), {**os.environ, **cluster.env(), **homes})
 
 
 @pytest.fixture(scope="session")

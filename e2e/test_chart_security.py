@@ -22,8 +22,6 @@ from e2e.test_chart_static import (
     template_args,
 )
 
-pytestmark = pytest.mark.needs_build("helm")
-
 POLICY = "octavo-inferenceservices"
 RULES = CHART / "files" / "rbac"
 SCHEDULING = ["nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName"]

@@ -25,8 +25,6 @@ from yamllint.config import YamlLintConfig
 
 from e2e.cluster import build
 
-pytestmark = pytest.mark.needs_build("helm")
-
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "octavo"
 ALL_VALUES = CHART / "ci" / "all-values.yaml"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
 import yaml
 
 from e2e import lws
@@ -20,8 +19,6 @@ from e2e.cluster import build, versions
 from e2e.helpers import wait_for
 from e2e.lws_controller import binaries
 from e2e.lws_recreate import delete_worker_and_wait_new_group
-
-pytestmark = pytest.mark.needs_build("lws")
 
 
 def test_the_lws_controller_is_the_pinned_release_with_both_crds():

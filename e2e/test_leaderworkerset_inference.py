@@ -34,8 +34,6 @@ from e2e.pod_process import PodProcess, dockerfile_env
 from octavo.cache_dirs import cache_root
 from tests.multinode_cluster import free_port_pair
 
-pytestmark = pytest.mark.needs_build("lws")
-
 NAME = "multi"
 LWS_NAME = f"{NAME}-lws"  # the operator's LeaderWorkerSet (not the Service's name)
 NODE_KEY_SECRET = f"{NAME}-node-key"

@@ -35,8 +35,6 @@ from tests.prometheus_runner import (
     running_prometheus,
 )
 
-pytestmark = pytest.mark.needs_build("helm")
-
 CHART = REPO_ROOT / "charts/octavo"
 EXAMPLE = REPO_ROOT / "manifests/examples/smollm2-cpu.yaml"
 EXAMPLE_NAME, SERVED_NAME = "smollm2-cpu", "smollm2"

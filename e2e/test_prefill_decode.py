@@ -38,8 +38,6 @@ from e2e.router_setup import first_pick, install_pool_crd, pool_named, start_pic
 from octavo.cache_dirs import cache_root
 from octavo_bench.gateway.picker_client import Pick
 
-pytestmark = pytest.mark.needs_build("epp")
-
 NAME = "split"
 PICKER = f"{NAME}-epp"
 PREFILL_HEADER = "x-prefiller-host-port"

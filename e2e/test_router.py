@@ -38,8 +38,6 @@ from octavo.cache_dirs import cache_root
 from octavo_bench.gateway.picker_client import Pick, PickerStream
 from tests.lora_adapters import make_adapter
 
-pytestmark = pytest.mark.needs_build("epp")
-
 NAME = "routed"
 PICKER = f"{NAME}-epp"
 SHARED = " ".join(

@@ -29,8 +29,6 @@ from e2e.pod_process import PodProcess, dockerfile_env
 from e2e.router_setup import install_pool_crd, start_picker
 from octavo_bench.gateway.picker_client import Pick, PickerError, PickerStream
 
-pytestmark = pytest.mark.needs_build("epp")
-
 NAME = "coldpool"
 PICKER = f"{NAME}-epp"
 IDLE_SECONDS = 10

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-
 from e2e import cluster as e2e_cluster
 from e2e.cluster import versions
 from e2e.helpers import wait_for
@@ -30,7 +28,6 @@ def test_etcd_and_kwok_versions(cluster: e2e_cluster.Cluster):
     assert versions.KWOK.lstrip("v") in kwok.stdout + kwok.stderr
 
 
-@pytest.mark.needs_build("helm")
 def test_helm_installs_a_chart_that_becomes_ready(helm, kubectl, namespace, tmp_path):
     assert helm("version", "--template", "{{.Version}}").stdout.strip() == versions.HELM
     chart = tmp_path / "demo"
@@ -53,7 +50,6 @@ def test_helm_installs_a_chart_that_becomes_ready(helm, kubectl, namespace, tmp_
     )
 
 
-@pytest.mark.needs_build("epp")
 def test_the_endpoint_picker_is_the_pinned_llm_d_router():
     """The EPP built from the module proxy's zip (pinned by SHA-256) runs and has the flags
     the operator's picker Deployment passes."""

@@ -5,9 +5,8 @@
 # background: the control plane's binaries are built (Go, `nice`d, cached in
 # ~/.cache/octavo-e2e; nothing to do when cached), then the e2e suite runs against it (the
 # API server, the operator, kwok and a few `octavo serve` pods: mostly waiting on timers
-# and pods, little CPU) while the binaries only some of its tests need still build, then
-# checkov. OCTAVO_E2E_OVERLAP=0 runs the e2e suite after the unit suite instead (on a
-# machine too small to hold both).
+# and pods, little CPU), then checkov. OCTAVO_E2E_OVERLAP=0 runs the e2e suite after the
+# unit suite instead (on a machine too small to hold both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-.venv/bin}"
@@ -22,23 +21,13 @@ background_log=$(mktemp -t octavo-test-background.XXXXXX)
 e2e_status=$(mktemp -t octavo-test-e2e.XXXXXX)
 
 background_work() {
-    if [ "$overlap" = "0" ]; then
-        "$BIN/python" -m e2e.cluster build || return $?
-        ./scripts/checkov.sh
-        return
+    "$BIN/python" -m e2e.cluster build || return $?
+    if [ "$overlap" != "0" ]; then
+        echo "== the e2e suite (beside the unit suite)"
+        local e2e=0
+        "$BIN/python" -m pytest -q e2e || e2e=$?
+        echo "$e2e" >"$e2e_status"
     fi
-    # The control plane's own binaries first; the e2e suite starts on them while helm, the
-    # endpoint picker and the LWS controller build beside it (the tests that need those run
-    # last and wait for them: e2e/conftest.py). On a cold cache the suite starts about seven
-    # minutes sooner, and its waits on timers and pods leave the build the CPU it needs.
-    "$BIN/python" -m e2e.cluster build kubernetes etcd kwok || return $?
-    "$BIN/python" -m e2e.cluster build &
-    local builder=$!
-    echo "== the e2e suite (beside the unit suite)"
-    local e2e=0
-    "$BIN/python" -m pytest -q e2e || e2e=$?
-    echo "$e2e" >"$e2e_status"
-    wait "$builder" || return $?
     ./scripts/checkov.sh
 }
 export -f background_work

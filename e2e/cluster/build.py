@@ -16,13 +16,9 @@ Six groups, each cached in its own folder `<cache>/bin/<group>-<version>-<finger
 
 Module downloads and the Go build cache live under `<cache>/go/`; toolchain downloads are
 off (GOTOOLCHAIN=local). Every `go` command runs under `nice` (OCTAVO_E2E_NICE, default 19)
-with `-p` = OCTAVO_E2E_BUILD_JOBS (default: the number of CPUs). Once every group is built the
+with `-p` = OCTAVO_E2E_BUILD_JOBS (default: the number of CPUs). After a successful build the
 Go build cache is emptied (it is several GB and only helps a rebuild of the same pins);
 set OCTAVO_E2E_KEEP_GOCACHE=1 to keep it.
-
-Each group has its own lock, so the control plane's groups (CLUSTER_GROUPS) can be used
-while the others still build: the e2e suite starts on them and builds the rest beside its
-first tests (e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -37,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,10 +82,6 @@ GROUPS: dict[str, Group] = {
     "epp": Group("epp", versions.LLM_D_ROUTER, ("epp", "pd-sidecar"), EPP_MODULE_DIR),
     "lws": Group("lws", versions.LWS, ("lws-controller",), LWS_MODULE_DIR, LWS_CRDS),
 }
-
-# What the control plane runs (`up` needs only these); helm, the endpoint picker and the LWS
-# controller serve single tests.
-CLUSTER_GROUPS = ("kubernetes", "etcd", "kwok")
 
 
 def log(msg: str) -> None:
@@ -364,6 +357,21 @@ def group_dir(group: Group, go_ver: str) -> Path:
     return cache_dir() / "bin" / f"{group.name}-{group.version}-{fingerprint(group, go_ver)}"
 
 
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another build holding {path}")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _kube_ldflags() -> list[str]:
     release = versions.KUBERNETES
     major, minor, _ = release.lstrip("v").split(".")
@@ -479,82 +487,33 @@ def _dir_size(path: Path) -> int:
     return total
 
 
-def binary_paths(names: tuple[str, ...] = tuple(GROUPS), go_ver: str = "") -> dict[str, Path]:
-    """{binary name: path} for the groups NAMES, built or not (a group's folder is known
-    before it is built)."""
-    go_ver = go_ver or go_version()[0]
-    return {b: group_dir(GROUPS[n], go_ver) / b for n in names for b in GROUPS[n].binaries}
-
-
 def ensure_built(names: tuple[str, ...] = tuple(GROUPS)) -> dict[str, Path]:
     """Build what is missing; return {binary name: path} for the requested groups."""
     go_ver, _ = go_version()
-    missing = [
-        n for n in GROUPS if n in names and not _complete(GROUPS[n], group_dir(GROUPS[n], go_ver))
-    ]
+    found: dict[str, Path] = {}
+    missing = [GROUPS[n] for n in names if not _complete(GROUPS[n], group_dir(GROUPS[n], go_ver))]
     if missing:
-        _build_missing(missing, go_ver)
-    return binary_paths(names, go_ver)
-
-
-def _build_missing(names: list[str], go_ver: str) -> None:
-    """Build the groups NAMES in order. Every group's lock is taken first (always in GROUPS'
-    order, so two builders never deadlock) and each is let go as soon as its group is built:
-    a process that needs only a later group waits for it instead of building it beside this
-    one, and one that needs an earlier group goes on as soon as that group is there."""
-    locks_dir = cache_dir() / "locks"
-    built_any = False
-    with contextlib.ExitStack() as held:
-        locks = {n: held.enter_context(_GroupLock(locks_dir / f"{n}.lock")) for n in names}
-        for name in names:
-            final = group_dir(GROUPS[name], go_ver)
-            if not _complete(GROUPS[name], final):  # built by whoever held the lock before us
-                _build_group(GROUPS[name], final, go_ver)
+        cache = cache_dir()
+        with _lock(cache / "build.lock"):
+            built_any = False
+            for group in missing:
+                final = group_dir(group, go_ver)
+                if _complete(group, final):  # built by whoever held the lock before us
+                    continue
+                _build_group(group, final, go_ver)
                 built_any = True
-            locks[name].release()
-    if built_any:
-        _empty_go_cache_once_all_built(go_ver)
-
-
-def _empty_go_cache_once_all_built(go_ver: str) -> None:
-    """The Go build cache is several GB and only helps a rebuild of the same pins; the groups
-    share much of it (the standard library, common modules), so it is kept until every group
-    is built."""
-    gocache = cache_dir() / "go" / "build"
-    if not all(_complete(g, group_dir(g, go_ver)) for g in GROUPS.values()):
-        log("kept the Go build cache: other groups are still to be built")
-        return
-    log(f"Go build cache: {_dir_size(gocache) / 2**30:.2f} GiB")
-    if os.environ.get("OCTAVO_E2E_KEEP_GOCACHE", "") in ("", "0"):
-        shutil.rmtree(gocache, ignore_errors=True)
-        log("emptied the Go build cache (OCTAVO_E2E_KEEP_GOCACHE=1 keeps it)")
-
-
-class _GroupLock:
-    """One group's build lock (flock: the kernel lets go of a dead process's lock)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.handle = None
-
-    def __enter__(self) -> _GroupLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = self.path.open("a")
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another build holding {self.path}")
-            fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def release(self) -> None:
-        if self.handle is not None:
-            fcntl.flock(self.handle, fcntl.LOCK_UN)
-            self.handle.close()
-            self.handle = None
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+            if built_any:
+                gocache = cache / "go" / "build"
+                log(f"Go build cache: {_dir_size(gocache) / 2**30:.2f} GiB")
+                if os.environ.get("OCTAVO_E2E_KEEP_GOCACHE", "") in ("", "0"):
+                    shutil.rmtree(gocache, ignore_errors=True)
+                    log("emptied the Go build cache (OCTAVO_E2E_KEEP_GOCACHE=1 keeps it)")
+    for n in names:
+        group = GROUPS[n]
+        gdir = group_dir(group, go_ver)
+        for b in group.binaries:
+            found[b] = gdir / b
+    return found
 
 
 def _complete(group: Group, gdir: Path) -> bool:

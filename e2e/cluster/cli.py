@@ -44,12 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop the cluster (idempotent)")
     sub.add_parser("env", help="print export lines for the running cluster")
     sub.add_parser("status", help="print the state of each component as JSON")
-    p_build = sub.add_parser(
-        "build", help="build (or find in the cache) the binaries; print their paths"
-    )
-    p_build.add_argument(
-        "groups", nargs="*", help=f"these groups only (default: all: {', '.join(build.GROUPS)})"
-    )
+    sub.add_parser("build", help="build (or find in the cache) every binary; print their paths")
     sub.add_parser("gomod", help="regenerate the wrapper go.mod/go.sum from versions.py")
     sub.add_parser("versions", help="print the pinned versions")
     p_logs = sub.add_parser(
@@ -66,13 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     p_sa.add_argument("--duration", type=int, default=3600, help="token lifetime, seconds")
     p_sa.add_argument("--create", action="store_true", help="create the ServiceAccount if missing")
     args = parser.parse_args(argv)
-    unknown = sorted(set(getattr(args, "groups", ())) - set(build.GROUPS))
-    if unknown:
-        parser.error(f"no such group: {', '.join(unknown)} (groups: {', '.join(build.GROUPS)})")
 
     try:
         if args.command == "up":
-            build.ensure_built()  # helm and the rest on PATH too, not only the control plane
             cluster = control_plane.up(timeout=args.timeout)
             sys.stdout.write(cluster.export_lines())
         elif args.command == "down":
@@ -85,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(info, indent=2))
             return 0 if info["healthy"] else 3
         elif args.command == "build":
-            for name, path in build.ensure_built(tuple(args.groups or build.GROUPS)).items():
+            for name, path in build.ensure_built().items():
                 print(f"{name}\t{path}")
         elif args.command == "gomod":
             build.generate_gomod()

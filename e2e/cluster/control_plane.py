@@ -465,8 +465,7 @@ def describe() -> dict[str, Any]:
 
 
 def up(timeout: float | None = None) -> Cluster:
-    """Bring the cluster up (or return the one already running). Idempotent. Builds the
-    control plane's own binaries when missing (build.CLUSTER_GROUPS), not the other groups."""
+    """Bring the cluster up (or return the one already running). Idempotent."""
     timeout = float(timeout or os.environ.get("OCTAVO_E2E_UP_TIMEOUT", "180"))
     sdir = state_dir()
     with _locked(sdir):
@@ -475,10 +474,7 @@ def up(timeout: float | None = None) -> Cluster:
         if data and _healthy(sdir, data):
             return _cluster_from(sdir, data)
         _down_locked(sdir, quiet=True)
-        build.ensure_built(build.CLUSTER_GROUPS)
-        # Every group's binary is linked into bin/; a group built later (helm, the endpoint
-        # picker, the LWS controller) fills its link in when it is built.
-        binaries = build.binary_paths()
+        binaries = build.ensure_built()
         started = time.monotonic()
         try:
             cluster = _start(sdir, state, binaries, timeout)
