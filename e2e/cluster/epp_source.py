@@ -3,8 +3,8 @@
 The proxy serves `github.com/llm-d/llm-d-router@v0.10.0` only as its `.zip` (no `.mod`,
 `.info` or checksum-database entry), so `go` cannot fetch it as a module. The zip is
 downloaded here from the proxy, checked against the SHA-256 pinned in versions.py, and
-unpacked next to a copy of the wrapper module (e2e/cluster/epp), whose go.mod replaces
-the router with that folder (`./llm-d-router`). Every other module verifies as usual.
+unpacked next to a copy of the wrapper module (e2e/cluster/go.mod), which replaces the
+router with that folder (`./llm-d-router`). Every other module verifies as usual.
 """
 
 from __future__ import annotations

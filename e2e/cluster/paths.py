@@ -8,10 +8,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent  # e2e/cluster: the Python package and the Go wrapper
 REPO_ROOT = HERE.parent.parent
-KUBE_MODULE_DIR = HERE  # wrapper module for Kubernetes (go.mod, go.sum)
-ETCD_MODULE_DIR = HERE / "etcd"  # wrapper module for etcd
-EPP_MODULE_DIR = HERE / "epp"  # wrapper module for the llm-d router's endpoint picker
-LWS_MODULE_DIR = HERE / "lws"  # wrapper module for the LeaderWorkerSet controller
+MODULE_DIR = HERE  # the wrapper Go module every binary is built from (go.mod, go.sum)
 
 
 def cache_dir() -> Path:

@@ -1,8 +1,10 @@
 """Every version the test control plane is built from, pinned in this one place.
 
 Changing a Go-built version here needs `python -m e2e.cluster gomod` afterwards: it regenerates
-the wrapper modules' go.mod/go.sum (e2e/cluster/go.mod and the etcd, epp and lws folders) from
-the pinned releases, and `build` refuses to run while they disagree with this file.
+the wrapper module's go.mod/go.sum (e2e/cluster/go.mod, one module for every binary) from the
+pinned releases, and `build` refuses to run while they disagree with this file. In that one
+module every shared library resolves to one version (the highest any of them asks for; the
+k8s.io/* staging modules to the Kubernetes release's own, whatever the others declare).
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ HELM = "v3.21.4"
 # vLLM-format KV events). v0.10.0 is the newest release the module proxy serves as a zip;
 # it serves neither its .mod/.info nor a checksum-database entry, so the zip is fetched from
 # the proxy directly, checked against this SHA-256 (taken on 2026-11-26) and built through a
-# `replace` to the unpacked folder (e2e/cluster/epp/go.mod). Its dependencies verify as usual.
+# `replace` to the unpacked folder (e2e/cluster/go.mod). Its dependencies verify as usual.
+# It declares k8s.io/* v0.35.7 and controller-runtime v0.23.3; it is built with v0.36.4 and
+# v0.24.1 (the LWS controller's), like everything else in the one wrapper module.
 LLM_D_ROUTER = "v0.10.0"
 LLM_D_ROUTER_ZIP_SHA256 = "9524db96c27fb21544c0ab0cf68b0b5f4092a0a43f2ef0121583daa639181946"
 
 # LeaderWorkerSet controller (sigs.k8s.io/lws, cmd/), the multi-node InferenceService's pod
 # groups. v0.10.0's zip is refused by the module proxy (403, 2026-11-26) and the version list is
 # refused too; v0.9.0's .info/.mod/.zip and its checksum-database entry are served. It has no
-# replace lines and declares go 1.26.0. Built from the wrapper module e2e/cluster/lws.
+# replace lines and declares go 1.26.0.
 LWS = "v0.9.0"
 
 # Oldest Go toolchain that builds all of the above (they declare `go 1.26.0`). Toolchain
