@@ -1,6 +1,7 @@
 """Reading a GGUF file's tensors under Hugging Face names, kept in their quantized blocks.
 
-The file is memory-mapped by the ``gguf`` package (llama.cpp's own reader, on PyPI);
+The file's header is parsed by the ``gguf`` package (llama.cpp's own reader, on PyPI) once
+and indexed (``gguf_index.py``), the file memory-mapped;
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and K-quant (Q4_K, Q5_K, Q6_K) matrices are handed over as
 ``QuantizedTensor`` (the bytes as stored), F32/F16/BF16 ones as float tensors. Each tensor
 has its own kind (a ``Q4_K_M`` file mixes Q4_K, Q6_K and others); a layer keeps each of
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from octavo.model_executor.gguf_experts import ExpertReader
+from octavo.model_executor.gguf_index import GgufIndex, read_index
 from octavo.model_executor.gguf_layout import file_layout
 from octavo.model_executor.gguf_names import GgufNames, gguf_names
 from octavo.model_executor.layers.quantization.blocks import BlockKind
@@ -67,19 +69,17 @@ def hf_name(gguf_name: str, arch: str = "llama", num_blocks: int = 0) -> str | N
     return _names(arch, num_blocks).hf_name(gguf_name)
 
 
-def open_gguf(path: Path):
-    """The file's ``GGUFReader``: parsing its metadata (a 49k-token vocabulary, in Python)
-    takes seconds, so the kinds check and the load of one process share a parse of the
-    same unchanged file (the reader only memory-maps the tensors)."""
+def open_gguf(path: Path) -> GgufIndex:
+    """The file's tensors and plain fields: parsed by the ``gguf`` package the first time
+    (its 49k-token vocabulary, in Python, takes seconds), then from a cached index
+    (``gguf_index``); the kinds check and the load of one process share one read."""
     stat = path.stat()
     return _open_gguf(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=2)
-def _open_gguf(path: str, mtime_ns: int, size: int):
-    from gguf import GGUFReader
-
-    return GGUFReader(path)
+def _open_gguf(path: str, mtime_ns: int, size: int) -> GgufIndex:
+    return read_index(Path(path))
 
 
 def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, object]]:
@@ -101,15 +101,14 @@ def iterate_gguf(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[tupl
         yield name, value
 
 
-def _has_experts(reader) -> bool:
+def _has_experts(reader: GgufIndex) -> bool:
     return any(tensor.name.endswith("_exps.weight") for tensor in reader.tensors)
 
 
-def file_architecture(reader) -> tuple[str, int]:
+def file_architecture(reader: GgufIndex) -> tuple[str, int]:
     """``general.architecture`` and its block count (the metadata llama.cpp writes)."""
-    arch = _field_text(reader, "general.architecture") or "llama"
-    field = reader.fields.get(f"{arch}.block_count")
-    return arch, int(field.contents()) if field is not None else 0
+    arch = str(reader.fields.get("general.architecture") or "llama")
+    return arch, int(reader.fields.get(f"{arch}.block_count", 0))
 
 
 def check_gguf_kinds(path: Path) -> None:
@@ -156,10 +155,3 @@ def _unpermute_rows(value, heads: int):
     if isinstance(value, QuantizedTensor):
         return QuantizedTensor(value.blocks[order].contiguous(), value.kind, value.cols)
     return value[order].contiguous()
-
-
-def _field_text(reader, key: str) -> str:
-    field = reader.fields.get(key)
-    if field is None:
-        return ""
-    return bytes(field.parts[field.data[0]]).decode()
