@@ -1,5 +1,15 @@
-"""Times a few fixed costs in every Python process (wall + thread CPU), appended to $FIXEDCOST_LOG."""
-import functools, importlib.abc, importlib.util, os, sys, time, json
+"""Logs a few fixed costs of every Python process (wall and process CPU) to $FIXEDCOST_LOG.
+
+Put this folder on PYTHONPATH; FIXEDCOST_EXTRA adds "module:Class:function" targets
+(an empty class names a module-level function)."""
+
+import functools
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import time
 
 LOG = os.environ.get("FIXEDCOST_LOG")
 TARGETS = {
@@ -23,8 +33,14 @@ def _wrap(owner, name, label):
         try:
             return original(*args, **kwargs)
         finally:
-            rec = {"what": label, "wall": time.perf_counter() - w, "cpu": time.process_time() - c,
-                   "pid": os.getpid(), "test": os.environ.get("PYTEST_CURRENT_TEST", ""), "argv": " ".join(sys.argv[:3])[:120]}
+            rec = {
+                "what": label,
+                "wall": time.perf_counter() - w,
+                "cpu": time.process_time() - c,
+                "pid": os.getpid(),
+                "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+                "argv": " ".join(sys.argv[:3])[:120],
+            }
             with open(LOG, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
@@ -61,10 +77,19 @@ if LOG:
 
 def _at_exit():
     t = os.times()
-    rec = {"what": "process", "wall": time.time() - _START, "cpu": t.user + t.system, "user": t.user,
-           "sys": t.system, "children": t.children_user + t.children_system, "pid": os.getpid(),
-           "ppid": os.getppid(), "argv": " ".join(sys.argv)[:200],
-           "modules": len(sys.modules), "torch": "torch" in sys.modules}
+    rec = {
+        "what": "process",
+        "wall": time.time() - _START,
+        "cpu": t.user + t.system,
+        "user": t.user,
+        "sys": t.system,
+        "children": t.children_user + t.children_system,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "argv": " ".join(sys.argv)[:200],
+        "modules": len(sys.modules),
+        "torch": "torch" in sys.modules,
+    }
     try:
         with open(LOG, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -74,5 +99,6 @@ def _at_exit():
 
 if LOG:
     import atexit
+
     _START = time.time()
     atexit.register(_at_exit)
