@@ -285,10 +285,11 @@ def check_gomod_current() -> None:
     fix = "run `python -m e2e.cluster gomod`"
     requires, replaces = _module_requires(MODULE_DIR)
     wrong = [m for m, v in _pinned_modules().items() if requires.get(m) != v]
-    sv = versions.staging_version()
-    staging = [p for p in replaces if p.startswith("k8s.io/")]
-    wrong += [p for p in staging if replaces[p] != sv] or ([] if staging else ["staging"])
-    if replaces.get(epp_source.MODULE, None) != "":
+    staging = {p: v for p, v in replaces.items() if p.startswith("k8s.io/")}
+    if not staging:
+        wrong.append("the staging replaces")
+    wrong += [p for p, v in staging.items() if v != versions.staging_version()]
+    if replaces.get(epp_source.MODULE) != "":  # a local folder, no version
         wrong.append(f"replace {epp_source.MODULE}")
     if wrong:
         raise BuildError(f"{stale} ({', '.join(sorted(wrong))}): {fix}")
@@ -350,10 +351,12 @@ def _release_date(module_at_version: str) -> str:
         return "1970-01-01T00:00:00Z"
 
 
-def _go_build(module: Path, ldflags: list[str], out: str, packages: list[str], log: Path) -> None:
+def _go_build(
+    module: Path, ldflags: list[str], out: str, packages: list[str], logfile: Path
+) -> None:
     """`go build` of PACKAGES in the prepared wrapper module (downloading what it needs)."""
     args = ["build", "-p", str(jobs()), "-ldflags", " ".join(["-s", "-w", *ldflags]), "-o", out]
-    run_go([*args, *packages], module, log, heavy=True)
+    run_go([*args, *packages], module, logfile, heavy=True)
 
 
 def _build_kubernetes(module: Path, out: Path, logfile: Path) -> None:

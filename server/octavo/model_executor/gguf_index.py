@@ -104,6 +104,7 @@ def _from_record(record: dict, path: Path) -> GgufIndex:
 def _write_atomically(target: Path, text: str) -> None:
     """Written beside TARGET and renamed into place; a cache that cannot be written is
     only logged (the next load parses the file again)."""
+    staging = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, staging = tempfile.mkstemp(prefix=f".{target.name}-", dir=target.parent)
@@ -112,3 +113,5 @@ def _write_atomically(target: Path, text: str) -> None:
         os.replace(staging, target)
     except OSError as error:
         logger.info("GGUF index not cached (%s): the next load parses the file again", error)
+        if staging is not None:
+            Path(staging).unlink(missing_ok=True)
