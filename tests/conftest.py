@@ -30,6 +30,10 @@ os.environ.setdefault(KERNELS_DIR_ENV, str(kernels_dir()))
 # workers each running a tensor-parallel pair, beside the e2e pods, ran CI's 24 GiB machine
 # out of memory. Tests (and the servers they start) that set no size get 512 MiB.
 os.environ.setdefault("OCTAVO_KV_CACHE_MEMORY", "512MiB")
+# Every CPU engine recorded its 8 decode graphs at start-up, 392 CPU-s over the suite (11 %
+# of it): most tests decode 1-4 rows, and many never decode. Their engines record each size
+# at its first use; test_decode_graphs.py checks both times.
+os.environ.setdefault("OCTAVO_CPU_GRAPHS", "first-use")
 # Without a GPU, Triton kernels run only under its interpreter: set it before anything
 # (transformers' MoE models too) imports triton, so test order cannot matter.
 if not torch.cuda.is_available():

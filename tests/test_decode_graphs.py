@@ -12,7 +12,11 @@ import pytest
 import torch
 
 from octavo import LLM, SamplingParams
-from octavo.compilation.config import CompilationConfig, parse_compilation_config
+from octavo.compilation.config import (
+    CompilationConfig,
+    cpu_graphs_at_first_use,
+    parse_compilation_config,
+)
 from octavo.config import EngineArgs
 from octavo.distributed.parallel_config import ParallelConfig
 from octavo.engine.builder import graph_sizes
@@ -31,6 +35,7 @@ class RerunRecorder:
     checks_replays = False
     recorded_bytes = 0
     shares_outputs = False
+    arena_generation = 0
 
     def __init__(self) -> None:
         self.recorded = 0
@@ -74,6 +79,16 @@ def test_the_config_takes_vllms_spellings_and_refuses_unknown_keys():
         parse_compilation_config("7")
 
 
+def test_when_cpu_graphs_are_recorded_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OCTAVO_CPU_GRAPHS", "start-up")
+    assert cpu_graphs_at_first_use() is False
+    monkeypatch.setenv("OCTAVO_CPU_GRAPHS", "first-use")
+    assert cpu_graphs_at_first_use() is True
+    monkeypatch.setenv("OCTAVO_CPU_GRAPHS", "lazy")
+    with pytest.raises(ValueError, match=r"\$OCTAVO_CPU_GRAPHS is 'lazy': one of start-up, first"):
+        cpu_graphs_at_first_use()
+
+
 def test_graphs_are_captured_only_on_a_single_rank_without_eager_or_lora():
     cuda, single = torch.device("cuda"), ParallelConfig()
     args = EngineArgs(max_num_seqs=16)
@@ -87,12 +102,12 @@ def test_graphs_are_captured_only_on_a_single_rank_without_eager_or_lora():
     assert graph_sizes(args, cuda, ParallelConfig(tensor_parallel_size=2), None) == ()
 
 
-def _generate(llm: LLM, **params) -> list[list[int]]:
+def _generate(llm: LLM, prompts: list[list[int]] = PROMPTS, **params) -> list[list[int]]:
     outputs = llm.generate(
-        PROMPTS,
+        prompts,
         [
             SamplingParams(**{"temperature": 0, **params}, max_tokens=n, ignore_eos=True)
-            for n in MAX_TOKENS
+            for n in MAX_TOKENS[: len(prompts)]
         ],
         use_tqdm=False,
     )
@@ -150,16 +165,25 @@ def test_a_step_that_does_not_fit_runs_eagerly(tiny_llm):
     assert scored[0].prompt_logprobs is not None
 
 
-def test_cpu_graphs_are_captured_by_default_and_give_the_eager_tokens(tiny_folder, tiny_llm):
-    """Greedy and seeded sampling, as the batch shrinks from 4 rows (padded to 4) to 1."""
+@pytest.mark.parametrize("when", ["start-up", "first-use"])
+def test_cpu_graphs_are_captured_by_default_and_give_the_eager_tokens(
+    tiny_folder, tiny_llm, monkeypatch, when
+):
+    """Greedy and seeded sampling, as the batch shrinks from 4 rows (padded to 4) to 1;
+    recorded at start-up (the default) or each size at its first use, between the steps
+    of sequences whose cache the recording must not touch."""
     eager = [_generate(tiny_llm), _generate(tiny_llm, seed=7, temperature=0.8, top_p=0.9)]
+    monkeypatch.setenv("OCTAVO_CPU_GRAPHS", when)
     graphed = LLM(
         str(tiny_folder("llama3")), device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8
     )
     try:
         graphs = graphed.engine.executor.worker.runner.graphs
-        assert graphs is not None and sorted(graphs.replays) == [1, 2, 4, 8]
-        assert graphs.capture_bytes > 0
+        assert graphs is not None
+        if when == "start-up":
+            assert sorted(graphs.replays) == [1, 2, 4, 8] and graphs.capture_bytes > 0
+        else:
+            assert graphs.replays == {} and graphs.capture_bytes == 0
         sizes, run = [], graphs.run
         graphs.run = lambda inputs, size: sizes.append(size) or run(inputs, size)
         replayed = [_generate(graphed), _generate(graphed, seed=7, temperature=0.8, top_p=0.9)]
@@ -167,6 +191,34 @@ def test_cpu_graphs_are_captured_by_default_and_give_the_eager_tokens(tiny_folde
         graphed.shutdown()
     assert replayed == eager
     assert {1, 2, 4} <= set(sizes) and len(sizes) >= 2 * (max(MAX_TOKENS) - 1)
+    assert {1, 2, 4} <= set(graphs.replays) and graphs.capture_bytes > 0
+
+
+def test_a_recording_that_needs_a_larger_arena_has_the_others_recorded_again(
+    tiny_folder, tiny_llm, monkeypatch
+):
+    """At first use the sizes come in any order: one row, then four. The four rows' larger
+    arena replaces the one row's, whose graph is recorded again when it is next used; the
+    graphs keep one arena."""
+    one_then_four = [_generate(tiny_llm, prompts=PROMPTS[:1]), _generate(tiny_llm)]
+    monkeypatch.setenv("OCTAVO_CPU_GRAPHS", "first-use")
+    graphed = LLM(
+        str(tiny_folder("llama3")), device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8
+    )
+    try:
+        graphs = graphed.engine.executor.worker.runner.graphs
+        first = _generate(graphed, prompts=PROMPTS[:1])
+        assert sorted(graphs.replays) == [1]
+        recorder, arena = graphs.recorder, graphs.recorder.arena.nbytes()
+        after_four = [first, _generate(graphed)]
+        assert (
+            recorder.arena.nbytes() > arena and recorder.recorded_bytes == recorder.arena.nbytes()
+        )
+        assert set(graphs.generations.values()) == {recorder.arena_generation}
+        assert {1, 2, 4} <= set(graphs.replays)  # 1 again as the batch shrank to one row
+    finally:
+        graphed.shutdown()
+    assert after_four == one_then_four
 
 
 def _reads_ids_on_the_host(embed):
@@ -200,6 +252,24 @@ def test_a_forward_that_reads_values_on_the_host_leaves_the_steps_eager(tiny_llm
     finally:
         del model.embed
     assert graphs.replays == {}
+
+
+def test_a_size_that_cannot_be_recorded_at_first_use_leaves_the_steps_eager(tiny_llm):
+    """The same refusal mid-run: that step and every later one run eagerly, same tokens."""
+    runner = tiny_llm.engine.executor.worker.runner
+    graphs = DecodeGraphs(runner.paged, [1, 2, 4], 256, CpuGraphRecorder(), at_first_use=True)
+    assert graphs.capture() is True and graphs.replays == {}
+    model = runner.paged.model
+    model.embed = _reads_ids_on_the_host(model.embed)
+    try:
+        eager = _generate(tiny_llm)
+        runner.graphs = graphs
+        replayed = _generate(tiny_llm)
+    finally:
+        del model.embed
+        runner.graphs = None
+    assert graphs.off and graphs.replays == {}
+    assert replayed == eager
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")

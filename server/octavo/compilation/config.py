@@ -9,7 +9,8 @@ mixed steps); ``FULL_AND_PIECEWISE`` (the default, as vLLM's) takes the decode g
 decode step and the pieces for the others. Steps past the largest capture size run
 eagerly. ``FULL`` reads as ``FULL_AND_PIECEWISE`` (no graph holds a whole mixed step).
 ``--enforce-eager`` (or ``cudagraph_mode`` ``NONE``) turns graphs off. On CPU the decode
-graphs are recorded op calls (``cpu_graphs``) and no step is cut into pieces.
+graphs are recorded op calls (``cpu_graphs``) and no step is cut into pieces; they are
+recorded at start-up, or at each batch size's first use with ``OCTAVO_CPU_GRAPHS=first-use``.
 
 Accepted forms, as vLLM's: ``-O0`` .. ``-O3`` (a level: 0 turns graphs off), a JSON
 object (``{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}``)
@@ -20,6 +21,7 @@ name rather than silently ignored.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,8 @@ KNOWN_KEYS = (
     "max_cudagraph_capture_size",
     "backend",
 )
+CPU_GRAPHS_ENV = "OCTAVO_CPU_GRAPHS"  # when CPU decode graphs are recorded
+CPU_GRAPH_TIMES = ("start-up", "first-use")
 BACKENDS = ("inductor", "eager")  # torch.compile of the CPU layers, or none
 LARGEST_DEFAULT_SIZE = 512  # vLLM's cap on the default capture sizes
 # On CPU past a few dozen rows a step's kernels outweigh its host overhead (~5 ms of a
@@ -87,6 +91,16 @@ class CompilationConfig:
         if largest not in sizes:  # the largest batch a step can reach gets its own graph
             sizes.append(largest)
         return sizes
+
+
+def cpu_graphs_at_first_use() -> bool:
+    """``$OCTAVO_CPU_GRAPHS``: ``start-up`` (the default) records every CPU decode graph
+    before the first request; ``first-use`` records each size at the first step that needs
+    it (a faster start; that step pays the recording)."""
+    value = os.environ.get(CPU_GRAPHS_ENV, CPU_GRAPH_TIMES[0])
+    if value not in CPU_GRAPH_TIMES:
+        raise ValueError(f"${CPU_GRAPHS_ENV} is {value!r}: one of {', '.join(CPU_GRAPH_TIMES)}")
+    return value == "first-use"
 
 
 def parse_compilation_config(value: Any) -> CompilationConfig:

@@ -12,6 +12,7 @@ import torch
 
 from octavo.arg_types import parse_size
 from octavo.compilation.compiled_model import CompileSettings, compile_decision
+from octavo.compilation.config import cpu_graphs_at_first_use
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.distributed.node_layout import NodeLayout
 from octavo.distributed.parallel_config import ParallelConfig
@@ -119,6 +120,7 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         compile_layers=compiled,
         kv_groups=groups,
         piecewise_sizes=pieces,
+        graphs_at_first_use=device.type == "cpu" and cpu_graphs_at_first_use(),
     )
     spec.kv_offload_blocks = offload_blocks(args, spec, bool(states or encoder or groups))
     hasher = BlockHasher.create(args.prefix_caching_hash_algo)  # before workers start

@@ -226,8 +226,9 @@ class CpuGraphRecorder:
     shares_outputs = True  # a recording's output is planned into the shared arena too
 
     def __init__(self) -> None:
-        self.recorded_bytes = 0  # the arenas the recordings keep, all sizes
+        self.recorded_bytes = 0  # the arena the recordings keep, all sizes
         self.arena = torch.UntypedStorage(0)  # every recording's activations
+        self.arena_generation = 0  # bumped when a recording needs a larger arena
 
     def record(self, forward: Callable[[], torch.Tensor]) -> Tape:
         mode = TapeMode()
@@ -240,9 +241,10 @@ class CpuGraphRecorder:
     def _planned(
         self, mode: TapeMode, output: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[TapeStep, ...]]:
-        """The recording's steps over the shared arena (grown when this one needs more:
-        sizes are recorded largest first, so it is allocated once). The output lives there
-        to the end of the replay, valid until the next replay of any size."""
+        """The recording's steps over the shared arena (replaced by a larger one when this
+        recording needs more: recorded largest first, it is allocated once; the recordings
+        over the old one must be made again). The output lives there to the end of the
+        replay, valid until the next replay of any size."""
         steps = mode.steps
         plan = lifetimes([(s.args, s.kwargs, s.outputs) for s in steps], mode.fresh)
         returned = plan.get(output.untyped_storage().data_ptr())
@@ -251,6 +253,7 @@ class CpuGraphRecorder:
         needed = plan_offsets(plan.values())
         if needed > self.arena.nbytes():
             self.arena = torch.UntypedStorage(needed, device=output.device)
-            self.recorded_bytes += needed
+            self.recorded_bytes = needed
+            self.arena_generation += 1
         output = rebased(output, plan, self.arena)
         return output, tuple(step.rebased(plan, self.arena) for step in steps)

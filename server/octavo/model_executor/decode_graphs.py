@@ -55,6 +55,10 @@ class GraphRecorder(Protocol):
     # (else DecodeGraphs copies each size's logits into one buffer of its own)
     shares_outputs: bool
 
+    # how many times the memory the recordings share was replaced by a larger one: a
+    # recording made before the last replacement reads memory no longer shared
+    arena_generation: int
+
     def record(self, forward: Replay) -> Replay:
         """Record ``forward`` (already warmed up once) and return its replay."""
         ...
@@ -67,6 +71,7 @@ class CudaGraphRecorder:
     checks_replays = False  # a captured graph runs the kernels the eager forward queued
     recorded_bytes = 0  # the pool's memory is read from the device
     shares_outputs = False  # a graph's output stays allocated in the pool, one per size
+    arena_generation = 0  # the pool grows in place
 
     def __init__(self) -> None:
         self.pool = torch.cuda.graph_pool_handle()
@@ -160,30 +165,38 @@ class DecodeGraphs:
         sizes: list[int],
         max_model_len: int,
         recorder: GraphRecorder,
+        at_first_use: bool = False,
     ) -> None:
         self.paged, self.sizes, self.max_model_len = paged, sorted(sizes), max_model_len
-        self.recorder = recorder
+        self.recorder, self.at_first_use = recorder, at_first_use
         max_blocks = math.ceil(max_model_len / paged.block_size)
         mrope = supports_mrope(paged.model)
         self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks, paged.device, mrope)
         self.replays: dict[int, Replay] = {}
+        self.generations: dict[int, int] = {}  # size -> the arena generation it was recorded in
+        self.off = False  # a forward could not be recorded: every decode step runs eagerly
         self.capture_seconds, self.capture_bytes = 0.0, 0
         self.logits: torch.Tensor | None = None  # [largest size, vocab]: every graph's output
 
     def capture(self) -> bool:
-        """Warm up and record every size, largest first (smaller ones reuse its memory).
-        False, with every step left eager, where the forward cannot be recorded."""
+        """Warm up and record every size, largest first (smaller ones reuse its memory);
+        with ``at_first_use`` none now (``ready`` records each). False, with every step left
+        eager, where the forward cannot be recorded."""
+        name = self.recorder.name
+        if self.at_first_use:
+            first, last = self.sizes[0], self.sizes[-1]
+            logger.info("%s recorded at each batch size's first use (%d..%d)", name, first, last)
+            return True
         start = time.perf_counter()
         free_before = _free_bytes(self.paged.device)
-        name = self.recorder.name
         try:
             with PhaseReporter(f"capturing {name}", len(self.sizes), "graphs") as progress:
-                for size in reversed(self.sizes):
-                    self.replays[size] = self._record(size)
+                pending = list(reversed(self.sizes))
+                while pending:
+                    pending += self._record_size(pending.pop(0))
                     progress.update()
         except NotRecordable as reason:
-            self.replays.clear()
-            logger.info("%s off, decode steps run eagerly: %s", name, reason)
+            self._turn_off(reason)
             return False
         taken = free_before - _free_bytes(self.paged.device) + self.recorder.recorded_bytes
         seconds = time.perf_counter() - start
@@ -197,12 +210,53 @@ class DecodeGraphs:
             taken / 2**20,
         )
         self.capture_seconds, self.capture_bytes = seconds, taken
-        # The recordings hold thousands of objects for the server's life: out of the garbage
-        # collector's full passes (vLLM freezes after capture too). Without it a CPU decode
-        # step of 64 rows spent 5.1 ms a step in collections (0.3 ms frozen).
-        gc.collect()
-        gc.freeze()
+        _freeze_heap()
         return True
+
+    def ready(self, size: int) -> bool:
+        """Is the graph of ``size`` rows there to replay? At its first use (``at_first_use``)
+        it is recorded now; False, and every later step eager, where it cannot be."""
+        if size in self.replays:
+            return True
+        if self.off or not self.at_first_use:
+            return False
+        start = time.perf_counter()
+        self.buffers.pad(0, self.sizes[-1])  # the recording writes no sequence's cache slot
+        try:
+            self._record_size(size)
+        except NotRecordable as reason:
+            self._turn_off(reason)
+            return False
+        seconds = time.perf_counter() - start
+        self.capture_seconds += seconds
+        self.capture_bytes = self.recorder.recorded_bytes
+        logger.info(
+            "%s: batch size %d recorded at its first use in %.2f s (%d sizes kept, %.0f MiB)",
+            self.recorder.name,
+            size,
+            seconds,
+            len(self.replays),
+            self.capture_bytes / 2**20,
+        )
+        _freeze_heap()
+        return True
+
+    def _record_size(self, size: int) -> list[int]:
+        """Record ``size``; the sizes dropped because this recording replaced the arena
+        they read (to be recorded again)."""
+        self.replays[size] = self._record(size)
+        generation = self.recorder.arena_generation
+        self.generations[size] = generation
+        stale = [other for other, made in self.generations.items() if made != generation]
+        for other in stale:
+            del self.replays[other], self.generations[other]
+        return stale
+
+    def _turn_off(self, reason: NotRecordable) -> None:
+        self.replays.clear()
+        self.generations.clear()
+        self.off = True
+        logger.info("%s off, decode steps run eagerly: %s", self.recorder.name, reason)
 
     def _record(self, size: int) -> Replay:
         forward = self._forward(size)
@@ -283,7 +337,7 @@ class DecodeGraphs:
             and meta.block_tables.shape[1] <= self.buffers.max_blocks
             and rows <= self.sizes[-1]
         )
-        if not fits:
+        if not fits or self.off:
             return None
         return next(size for size in self.sizes if size >= rows)
 
@@ -293,6 +347,14 @@ class DecodeGraphs:
         self.buffers.load(inputs, size)
         logits = self.replays[size]()
         return StepResult(logits[:rows])
+
+
+def _freeze_heap() -> None:
+    """The recordings hold thousands of objects for the server's life: out of the garbage
+    collector's full passes (vLLM freezes after capture too). Without it a CPU decode step
+    of 64 rows spent 5.1 ms a step in collections (0.3 ms frozen)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _free_bytes(device: torch.device) -> int:

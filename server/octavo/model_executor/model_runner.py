@@ -245,7 +245,8 @@ class ModelRunner:
             self.loras.state.batch = inputs.lora
         if self.graphs is not None and intermediate is None:
             size = self.graphs.size_for(inputs)
-            if size is not None:  # a decode step: replay the graph of its padded size
+            # a decode step: the graph of its padded size (recorded now at its first use)
+            if size is not None and self.graphs.ready(size):
                 return self.graphs.run(inputs, size)
         if self.piecewise is not None and intermediate is None:
             size = self.piecewise.size_for(inputs)

@@ -104,6 +104,7 @@ class WorkerConfig:
     kv_groups: KVCacheGroups | None = None
     kv_offload_blocks: int = 0  # ``--kv-offloading-size``: host tier blocks a rank keeps
     piecewise_sizes: tuple[int, ...] = ()  # step sizes (tokens) captured cut at attention
+    graphs_at_first_use: bool = False  # CPU: each decode graph recorded at its first use
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -380,9 +381,8 @@ class Worker:
         if spec.graph_sizes:
             recorder = CudaGraphRecorder() if self.device.type == "cuda" else CpuGraphRecorder()
             pool = getattr(recorder, "pool", None)
-            graphs = DecodeGraphs(
-                self.runner.paged, list(spec.graph_sizes), spec.max_positions, recorder
-            )
+            sizes, lazy = list(spec.graph_sizes), spec.graphs_at_first_use
+            graphs = DecodeGraphs(self.runner.paged, sizes, spec.max_positions, recorder, lazy)
             if graphs.capture():
                 self.runner.graphs = graphs
         if spec.piecewise_sizes:
