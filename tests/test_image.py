@@ -283,9 +283,17 @@ def baked_models(tmp_path_factory, smol_folder) -> Path:
     return folder
 
 
+SUITE_SETTINGS = ("OCTAVO_KV_CACHE_MEMORY", "OCTAVO_CPU_GRAPHS")  # conftest.py's; not the image's
+
+
 def image_environment(stage: Stage, cache: Path, baked: Path) -> dict[str, str]:
-    """The process environment: ours, minus OCTAVO_*, plus the image's ENV moved to tmp."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OCTAVO_")}
+    """The process environment: ours, minus OCTAVO_* (but the suite's cost settings: the KV
+    pool's size, when CPU graphs are recorded), plus the image's ENV moved to tmp."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("OCTAVO_") or key in SUITE_SETTINGS
+    }
     for key, value in stage_env(stage).items():
         if key == "PATH":
             continue  # the image's venv is this test's venv
