@@ -16,7 +16,7 @@ import torch
 from octavo.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from octavo.distributed import parallel_state
 from octavo.distributed.parallel_state import PipelineStage
-from octavo.engine.builder import kv_budget
+from octavo.engine.kv_setup import kv_budget
 from octavo.kv_cache import gpu_budget
 from octavo.kv_cache.cache_tensors import bytes_per_block
 from octavo.kv_cache.gpu_budget import (
