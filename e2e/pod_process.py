@@ -47,12 +47,13 @@ def dockerfile_env(target: str, dockerfile: Path = REPO_ROOT / "Dockerfile") -> 
 
 
 # The pods share one 2-core, 24 GiB test machine with each other and with the unit suite
-# (a kubelet would give each its own node): each `octavo serve` gets 256 MiB of KV cache
-# instead of the CPU default of 2 GiB, which it zero-fills at start (three router pods held
-# 6 GiB, and the machine ran out of memory beside the unit suite); each records its CPU
+# (a kubelet would give each its own node): each `octavo serve` gets 128 MiB of KV cache
+# instead of the CPU default of 2 GiB, which it populates at start (three router pods held
+# 6 GiB, and the machine ran out of memory beside the unit suite; the SmolLM2 example's
+# 2,048-token context needs 95 MiB in fp32, the tiny models' far less); each records its CPU
 # decode graphs at their first use, not all eight at start (as the unit suite's engines).
 # The image's and the container's env still override both.
-POD_MACHINE_ENV = {"OCTAVO_KV_CACHE_MEMORY": "256MiB", "OCTAVO_CPU_GRAPHS": "first-use"}
+POD_MACHINE_ENV = {"OCTAVO_KV_CACHE_MEMORY": "128MiB", "OCTAVO_CPU_GRAPHS": "first-use"}
 # A probe's wait ends on average half of this after the server is up (a GET is cheap).
 PROBE_POLL_SECONDS = 0.25
 WILDCARD_ENDPOINT = re.compile(r"tcp://\*:(\d+)")

@@ -56,10 +56,10 @@ def test_an_override_of_a_flag_the_pod_lacks_is_refused(tmp_path: Path):
 
 
 def test_pods_get_a_small_kv_cache_unless_their_spec_sets_one(tmp_path: Path):
-    """The pods share the test machine: 256 MiB of KV each, not the CPU default of 2 GiB,
+    """The pods share the test machine: 128 MiB of KV each, not the CPU default of 2 GiB,
     and CPU graphs recorded at first use."""
     pod = PodProcess(worker_pod(), tmp_path)
-    assert pod.environment({})["OCTAVO_KV_CACHE_MEMORY"] == "256MiB"
+    assert pod.environment({})["OCTAVO_KV_CACHE_MEMORY"] == "128MiB"
     assert pod.environment({})["OCTAVO_CPU_GRAPHS"] == "first-use"
     spec = worker_pod()
     spec["spec"]["containers"][0]["env"].append({"name": "OCTAVO_KV_CACHE_MEMORY", "value": "1GiB"})

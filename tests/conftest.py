@@ -26,10 +26,12 @@ from tiny_models import build_tiny_model
 # The native kernels compile once per test session: a test (or a server process it starts)
 # that points OCTAVO_CACHE at a fresh folder still loads them from the session's folder.
 os.environ.setdefault(KERNELS_DIR_ENV, str(kernels_dir()))
-# A CPU engine's KV cache defaults to 2 GiB per worker, zero-filled at start: two xdist
-# workers each running a tensor-parallel pair, beside the e2e pods, ran CI's 24 GiB machine
-# out of memory. Tests (and the servers they start) that set no size get 512 MiB.
-os.environ.setdefault("OCTAVO_KV_CACHE_MEMORY", "512MiB")
+# A CPU engine's KV cache defaults to 2 GiB per worker, its pages populated at start: two
+# xdist workers each running a tensor-parallel pair, beside the e2e pods, ran CI's 24 GiB
+# machine out of memory. Tests (and the servers they start) that set no size get 64 MiB:
+# 1,440 tokens of SmolLM2 in fp32. At 512 MiB each engine start spent 0.5 CPU-s populating
+# pages and a tiny model's pool held ~30k blocks; the suite's sys CPU fell 392 -> 242 s.
+os.environ.setdefault("OCTAVO_KV_CACHE_MEMORY", "64MiB")
 # Every CPU engine recorded its 8 decode graphs at start-up, 392 CPU-s over the suite (11 %
 # of it): most tests decode 1-4 rows, and many never decode. Their engines record each size
 # at its first use; test_decode_graphs.py checks both times.
