@@ -492,19 +492,48 @@ class EngineArgs:
         return max(budget, max_model_len)
 
     def validate(self) -> None:
+        """ValueError naming the first argument out of its choices or range."""
+        self._check_choices()
+        self._check_limits()
+        self._check_parallel()
+
+    def _check_choices(self) -> None:
+        """Names and kinds: adapters, remote code, dtype, runner, task, quantization."""
         names = [module.name for module in self.lora_modules or []]
         _require(len(set(names)) == len(names), f"--lora-modules names repeat: {names}")
-        _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
         _require(
             not self.trust_remote_code,
             "--trust-remote-code is not supported: Octavo never runs code shipped with a "
             "model; it loads the architectures it supports with its own code",
         )
-        _require(self.max_logprobs >= 0, "max_logprobs must be >= 0")
         _require(
             self.kv_offloading_backend == "native",
             f"kv_offloading_backend {self.kv_offloading_backend!r}: only native is supported",
         )
+        _require(
+            self.dtype in SUPPORTED_DTYPES,
+            f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}",
+        )
+        _require(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        _require(
+            self.task is None or self.task in TASKS,
+            f"task must be one of {tuple(TASKS)}, got {self.task!r}",
+        )
+        _require(
+            self.quantization in (None, *QUANTIZATION_NAMES),
+            f"unknown quantization {self.quantization!r}; supported: "
+            f"{', '.join(QUANTIZATION_NAMES)}",
+        )
+        _require(
+            self.prefix_caching_hash_algo in HASH_ALGOS,
+            f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
+            f"got {self.prefix_caching_hash_algo!r}",
+        )
+
+    def _check_limits(self) -> None:
+        """Sizes and counts: sequences, logprobs, tokens, blocks, memory."""
+        _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
+        _require(self.max_logprobs >= 0, "max_logprobs must be >= 0")
         _require(
             self.kv_offloading_size is None or self.kv_offloading_size > 0,
             "kv_offloading_size must be a positive number of GiB",
@@ -522,10 +551,6 @@ class EngineArgs:
             "gpu_memory_utilization must be in (0, 1]",
         )
         _require(
-            self.dtype in SUPPORTED_DTYPES,
-            f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}",
-        )
-        _require(
             self.kv_cache_memory is None or self.kv_cache_memory > 0,
             "kv_cache_memory must be a positive number of bytes",
         )
@@ -533,11 +558,9 @@ class EngineArgs:
             self.max_model_len is None or self.max_model_len >= 1,
             "max_model_len must be >= 1",
         )
-        _require(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
-        _require(
-            self.task is None or self.task in TASKS,
-            f"task must be one of {tuple(TASKS)}, got {self.task!r}",
-        )
+
+    def _check_parallel(self) -> None:
+        """Ranks and nodes, and how long to wait for them."""
         _require(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         _require(self.pipeline_parallel_size >= 1, "pipeline_parallel_size must be >= 1")
         _require(self.nnodes >= 1, "--nnodes must be >= 1")
@@ -547,16 +570,6 @@ class EngineArgs:
         _require(
             self.execute_model_timeout_seconds > 0,
             "--execute-model-timeout-seconds must be > 0 seconds",
-        )
-        _require(
-            self.quantization in (None, *QUANTIZATION_NAMES),
-            f"unknown quantization {self.quantization!r}; supported: "
-            f"{', '.join(QUANTIZATION_NAMES)}",
-        )
-        _require(
-            self.prefix_caching_hash_algo in HASH_ALGOS,
-            f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
-            f"got {self.prefix_caching_hash_algo!r}",
         )
 
     @classmethod
