@@ -57,6 +57,29 @@ def build_app(
     CPU) structured output is warmed up once the engine is ready, before ``/health`` says
     200 (``grammar_warm_up.py``), so the first constrained request does not wait seconds.
     """
+    context = _server_context(config, core, on_load_failure, on_death)
+    context.grammars.warming = warm_grammar_compiler  # /health waits for the warm-up
+    tracer = None  # --otlp-traces-endpoint: a span per generation request
+    if config.otlp_traces_endpoint and not render_only:
+        tracer = RequestTracer.start(config.otlp_traces_endpoint, config.model_name)
+    pools = [context.tokenizers, context.grammars]
+    warm = context.grammars if warm_grammar_compiler else None
+    lifespan = _lifespan(context.engine, pools, warm, tracer)
+    app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
+    app.state.octavo = context
+    install_error_handlers(app)
+    _include_routes(app, config, render_only)
+    _add_middleware(app, config, tracer)
+    return app
+
+
+def _server_context(
+    config: ServerConfig,
+    core: EngineCore,
+    on_load_failure: Callable[[], None] | None,
+    on_death: Callable[[], None] | None,
+) -> ServerContext:
+    """The engine over ``core``, its metrics and the tokenizer pool, as the routes see them."""
     metrics = ServerMetrics(config.model_name)
     engine = AsyncEngine(
         core,
@@ -69,33 +92,33 @@ def build_app(
     tokenizers = TokenizerPool()
     context = ServerContext(config=config, engine=engine, metrics=metrics, tokenizers=tokenizers)
     metrics.watch_compiling(lambda: context.grammars.in_flight)
-    warm = context.grammars if warm_grammar_compiler else None
-    context.grammars.warming = warm_grammar_compiler  # /health waits for the warm-up
-    tracer = None  # --otlp-traces-endpoint: a span per generation request
-    if config.otlp_traces_endpoint and not render_only:
-        tracer = RequestTracer.start(config.otlp_traces_endpoint, config.model_name)
-    lifespan = _lifespan(engine, [tokenizers, context.grammars], warm, tracer)
-    app = FastAPI(title="Octavo", version=octavo.__version__, lifespan=lifespan)
-    app.state.octavo = context
-    install_error_handlers(app)
+    return context
+
+
+def _include_routes(app: FastAPI, config: ServerConfig, render_only: bool) -> None:
+    """Render, models and operational routes always; generation, responses, pooling and
+    scoring unless ``render_only``; adapter loading only with its opt-in (as vLLM)."""
     for router in (routes.render_router, routes.models_router, ops_routes.router):
         app.include_router(router)
-    if not render_only:
-        for router in (
-            routes.router,
-            responses_routes.router,
-            embedding_routes.router,
-            scoring_routes.router,
-        ):
-            app.include_router(router)
-    # As vLLM: without the opt-in, no adapter loading routes.
-    if config.allow_runtime_lora_updating and not render_only:
+    if render_only:
+        return
+    for router in (
+        routes.router,
+        responses_routes.router,
+        embedding_routes.router,
+        scoring_routes.router,
+    ):
+        app.include_router(router)
+    if config.allow_runtime_lora_updating:
         logger.warning(
             "LoRA adapters may be loaded and unloaded at run time "
             "(/v1/load_lora_adapter, /v1/unload_lora_adapter)"
         )
         app.include_router(lora_routes.router)
-    # add_middleware puts each new one outermost: request ids wrap everything.
+
+
+def _add_middleware(app: FastAPI, config: ServerConfig, tracer: RequestTracer | None) -> None:
+    """add_middleware puts each new one outermost: request ids wrap everything."""
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(ConcurrencyLimitMiddleware, limit=config.limit_concurrency)
     if tracer is not None:
@@ -104,7 +127,6 @@ def build_app(
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     web_routes.install(app, config)  # outside the key check: the page asks for the key
     app.add_middleware(RequestIdMiddleware)
-    return app
 
 
 def _lifespan(
