@@ -71,6 +71,17 @@ def desired_children(
     out.apply.append(service(isvc))
     if isvc.cache is not None and isvc.cache.size is not None:
         out.apply.append(cache_claim(isvc))
+    add_optional_children(out, isvc, service_monitors_served)
+    add_prefill_budget_and_monitor(out, isvc, pod_monitors_served)
+    add_router_children(out, isvc, inference_pools_served, picker_image, default_image)
+    return out
+
+
+def add_optional_children(
+    out: DesiredChildren, isvc: InferenceService, service_monitors_served: bool
+) -> None:
+    """The PDB, HPA, NetworkPolicy and ServiceMonitor the spec asks for; each one it does
+    not ask for (any more) is removed."""
     optional = [
         (
             isvc.disruption_budget is not None,
@@ -99,9 +110,6 @@ def desired_children(
             out.apply.append(build(isvc))
         else:
             out.remove.append(ChildRef(api_version, kind, isvc.name))
-    add_prefill_budget_and_monitor(out, isvc, pod_monitors_served)
-    add_router_children(out, isvc, inference_pools_served, picker_image, default_image)
-    return out
 
 
 def group_refs(isvc: InferenceService) -> list[ChildRef]:
