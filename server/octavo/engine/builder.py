@@ -89,7 +89,8 @@ class ResolvedModel:
 
     @property
     def decodes(self) -> bool:
-        """Are decode steps graphed? Not for pooling models, state layers or encoders."""
+        """Does it decode step by step (decode graphs apply)? Not pooling models, state layers
+        or encoders."""
         return self.runner.generates and not (self.states or self.encoder)
 
 
@@ -103,9 +104,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
     )
     speculative = args.speculative_config
     lookahead = speculative.num_speculative_tokens if speculative is not None else 0
-    window = (
-        model.config.uniform_sliding_window if model.draft is None else None
-    )  # a draft reads all
+    # A draft model reads every position: no block falls behind a window.
+    window = model.config.uniform_sliding_window if model.draft is None else None
     shape = CacheShape(model.device, window, model.groups, model.states, model.encoder)
     try:
         num_blocks = allocate_cache(executor, args, model.max_model_len, lookahead, shape)
@@ -114,7 +114,8 @@ def build_engine_parts(args: EngineArgs) -> EngineParts:
         raise
     pool = block_pool(args, spec, num_blocks, shape)
     kv = kv_cache_manager(args, pool, hasher, shape)
-    scheduler = make_scheduler(args, model, kv, lookahead if model.draft is not None else 0)
+    draft_slots = lookahead if model.draft is not None else 0  # the draft writes ahead
+    scheduler = make_scheduler(args, model, kv, draft_slots)
     return EngineParts(
         model.config,
         model.tokenizer,
