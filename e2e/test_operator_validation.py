@@ -54,7 +54,7 @@ INVALID = {
         {"engine": {"speculativeConfig": INVERTED_LOOKUP}},
         "prompt_lookup_min must not exceed prompt_lookup_max",
     ),
-    "block-size": ({"engine": {"blockSize": 12}}, "blockSize must be 8, 16 or 32"),
+    "block-size": ({"engine": {"blockSize": 12}}, "blockSize must be 8, 16, 32, 64 or 128"),
     "gpu-memory-zero": ({"engine": {"gpuMemoryUtilization": 0}}, "must be in (0, 1]"),
     "gpu-memory-above-one": ({"engine": {"gpuMemoryUtilization": 1.5}}, "must be in (0, 1]"),
     "bad-uri-scheme": ({"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),

@@ -16,9 +16,10 @@ pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native CPU kernels
 
 def test_a_smoke_run_measures_each_case_against_the_torch_path(tmp_path, capsys):
     argv = ["cpu-attention", "--prefill", "20,33", "--decode", "3x40", "--repeats", "1"]
-    argv += ["--num-threads", "1", "--vllm-python", sys.executable]
+    argv += ["--num-threads", "1", "--vllm-python", sys.executable, "--block-size", "32"]
     assert main([*argv, "--output-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "cpu_attention.json").read_text())
+    assert report["config"]["block_size"] == 32 and report["config"]["vllm_block_size"] == 128
     rows = {row["name"]: row for row in report["results"]}
     assert list(rows) == ["prefill 20", "prefill 33", "decode 3x40"]
     for row in rows.values():

@@ -122,6 +122,7 @@ def random_paged_case(seq_lens, heads, kv_heads, head_dim, block_size, dtype, se
         (4, 1, 64, 32),
         (16, 4, 80, 16),
         (14, 2, 64, 16),
+        (9, 3, 64, 128),  # vLLM's CPU block size: a chunk of keys never crosses a block
     ],
 )
 def test_paged_decode_attention_matches_torch(ops, dtype, heads, kv_heads, head_dim, block_size):
@@ -287,7 +288,14 @@ def torch_prefill(query, cache, tables, starts, lens, scale, scales=UNIT_SCALES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim,block_size",
-    [(9, 3, 64, 16), (8, 8, 128, 16), (16, 4, 80, 16), (4, 1, 64, 32), (6, 2, 96, 8)],
+    [
+        (9, 3, 64, 16),
+        (8, 8, 128, 16),
+        (16, 4, 80, 16),
+        (4, 1, 64, 32),
+        (6, 2, 96, 8),
+        (9, 3, 64, 128),
+    ],
 )
 def test_paged_prefill_attention_matches_torch(ops, dtype, heads, kv_heads, head_dim, block_size):
     """Every prefill chunk of a step in one call: tiles of 16 (token, head) rows that end

@@ -95,21 +95,23 @@ def test_smollm2_batch_with_preemption(smol_folder, smol_reference):
     assert_all_blocks_free(llm.engine)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama3"])
-def test_tiny_models_match_hf(name, tiny_folder, smol_tokenizer):
+# llama3 in blocks of 128 tokens (vLLM's CPU default): chunks and preemptions mid-block.
+@pytest.mark.parametrize(("name", "block_size", "blocks"), [("qwen2", 16, 30), ("llama3", 128, 4)])
+def test_tiny_models_match_hf(name, block_size, blocks, tiny_folder, smol_tokenizer):
     from transformers import AutoModelForCausalLM
 
     folder = tiny_folder(name)
     hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
     prompts = mixed_prompts(smol_tokenizer)
     expected = [hf_greedy(hf_model, prompt, MAX_NEW_TOKENS) for prompt in prompts]
-    block_bytes = bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32)
+    block_bytes = bytes_per_block(ModelConfig.from_folder(folder), block_size, torch.float32)
     llm = LLM(
         str(folder),
         dtype="float32",
         max_model_len=384,
         max_num_batched_tokens=48,
-        kv_cache_memory=30 * block_bytes,
+        block_size=block_size,
+        kv_cache_memory=blocks * block_bytes,
     )
     assert run_batch(llm, prompts) == expected
     assert llm.engine.stats().num_preemptions > 0

@@ -125,6 +125,43 @@ def test_prefill_chunks_match_torch(dtype: torch.dtype, block_size: int, head_di
         assert_close(out[starts[i] : starts[i + 1]], expected)
 
 
+def test_blocks_of_128_tokens_match_torch() -> None:
+    """``--block-size 128`` (vLLM's CPU default): the kernels' key tiles (64) lie within a
+    block; contexts and prefill chunks cross block boundaries."""
+    head_dim, block_size = 32, 128
+    cache = make_cache(8, block_size, head_dim, torch.float32)
+    seq_lens, query_lens = [140, 260, 5, 300], [20, 8, 1, 1]  # chunks end past 128 and 256
+    tables = make_block_tables(seq_lens, block_size, 8)
+    query = randn(sum(query_lens), NUM_HEADS, head_dim, dtype=torch.float32, seed=6)
+    scale = head_dim**-0.5
+    prefill = triton_kernels.prefill_attention(
+        query[:28],
+        cache,
+        tables[:2],
+        torch.tensor([0, 20, 28], dtype=torch.int32, device=DEVICE),
+        torch.tensor(seq_lens[:2], dtype=torch.int32, device=DEVICE),
+        20,
+        scale,
+    )
+    for row, (start, end) in enumerate([(0, 20), (20, 28)]):
+        expected = torch_ops.prefill_attention(
+            query[start:end], cache, tables[row], seq_lens[row], scale
+        )
+        assert_close(prefill[start:end], expected)
+    decode_args = (
+        query[28:],
+        cache,
+        tables[2:],
+        torch.tensor(seq_lens[2:], dtype=torch.int32, device=DEVICE),
+        300,
+        scale,
+    )
+    assert_close(
+        triton_decode.paged_decode_attention(*decode_args),
+        torch_ops.paged_decode_attention(*decode_args),
+    )
+
+
 def mixed_batch(
     dtype: torch.dtype, block_size: int, head_dim: int, cache_dtype: torch.dtype | None = None
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, AttentionMetadata]:

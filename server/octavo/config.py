@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3  # bytes of KV cache on CPU when none is given
-SUPPORTED_BLOCK_SIZES = (8, 16, 32)
+SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64, 128)
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Each one's linear method is in model_executor/layers/quantization/registry.py.
 QUANTIZATION_NAMES = ("int8", "fp8", "gptq", "awq", "gguf")

@@ -4,10 +4,11 @@ Prefill (one fresh prompt of each ``--prefill`` length, causal) and decode (``--
 cases ``SEQSxCONTEXT``: that many sequences, one query each, over a context of that many
 tokens) on a model's attention shape (default SmolLM2-135M's: 9 query heads, 3 KV heads of
 64), in one dtype, on ``--num-threads`` threads. Per case, the median ms per call of:
-Octavo's native kernel (``torch.ops.octavo_cpu``, over a shuffled paged cache of 16-token
-blocks), the torch path the engine falls back to (``TorchAttention``: SDPA for a fresh
-prompt, the grouped gather for decode), and vLLM's CPU attention op from its own venv
-(``cpu_attention_vllm_runner.py``; skipped, with the reason, without it). Also the
+Octavo's native kernel (``torch.ops.octavo_cpu``, over a shuffled paged cache of
+``--block-size`` token blocks, the engine's default 16), the torch path the engine falls
+back to (``TorchAttention``: SDPA for a fresh prompt, the grouped gather for decode), and
+vLLM's CPU attention op from its own venv (``cpu_attention_vllm_runner.py``, in blocks of
+``--vllm-block-size``, its default 128; skipped, with the reason, without it). Also the
 kernel's largest difference from the torch path, and attention GFLOP/s (2 x 2 x heads x
 head_dim per visible query-key pair; causal pairs for prefill). Writes
 ``cpu_attention.json`` and ``cpu_attention.png``.
@@ -33,7 +34,7 @@ from octavo_bench.report import machine_info, ratio, save, table
 from octavo_bench.vllm_baseline import VllmRunError, VllmSetup, add_vllm_arguments, run_runner
 
 RUNNER = Path(__file__).resolve().with_name("cpu_attention_vllm_runner.py")
-BLOCK_SIZE = 16
+BLOCK_SIZE = 16  # the engine's default
 VLLM_BLOCK_SIZE = 128  # vLLM's CPU default
 
 
@@ -142,11 +143,13 @@ class CaseInputs:
     fresh_values: torch.Tensor | None
 
 
-def case_inputs(case: Case, heads: int, kv_heads: int, dim: int, dtype) -> CaseInputs:
+def case_inputs(
+    case: Case, heads: int, kv_heads: int, dim: int, dtype, block_size: int = BLOCK_SIZE
+) -> CaseInputs:
     generator = torch.Generator().manual_seed(0)
-    widths = [-(-n // BLOCK_SIZE) for n in case.seq_lens]
+    widths = [-(-n // block_size) for n in case.seq_lens]
     order = (torch.randperm(sum(widths), generator=generator) + 1).int()
-    cache = torch.randn(2, sum(widths) + 1, BLOCK_SIZE, kv_heads, dim, generator=generator)
+    cache = torch.randn(2, sum(widths) + 1, block_size, kv_heads, dim, generator=generator)
     cache = cache.to(dtype)
     table_ = torch.zeros(len(widths), max(widths), dtype=torch.int32)
     for row, width in enumerate(widths):
@@ -190,7 +193,7 @@ def timed_ms(call: Callable[[], object], repeats: int) -> float:
 
 def run_octavo(case: Case, args: argparse.Namespace, dtype) -> CaseResult:
     ops = cpu_ops()
-    x = case_inputs(case, args.heads, args.kv_heads, args.head_dim, dtype)
+    x = case_inputs(case, args.heads, args.kv_heads, args.head_dim, dtype, args.block_size)
     scale = args.head_dim**-0.5
     out = torch.empty_like(x.query)
     meta = x.meta
@@ -231,7 +234,7 @@ def run_vllm(report: CpuAttentionReport, cases: list[Case], args: argparse.Names
         "heads": args.heads,
         "kv_heads": args.kv_heads,
         "head_dim": args.head_dim,
-        "block_size": VLLM_BLOCK_SIZE,
+        "block_size": args.vllm_block_size,
         "threads": args.num_threads,
         "repeats": args.repeats,
         "cases": [asdict(case) for case in cases],
@@ -257,6 +260,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument(
+        "--block-size", type=int, default=BLOCK_SIZE, help="tokens per block of Octavo's cache"
+    )
+    parser.add_argument(
+        "--vllm-block-size",
+        type=int,
+        default=VLLM_BLOCK_SIZE,
+        help="tokens per block of vLLM's cache (its CPU default: 128)",
+    )
+    parser.add_argument(
         "--baselines", default="vllm", help="'vllm' to time vLLM's CPU op too, '' for none"
     )
     add_vllm_arguments(parser)
@@ -280,6 +292,8 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "threads": args.num_threads,
         "shape": f"{args.heads} q / {args.kv_heads} kv heads of {args.head_dim}",
+        "block_size": args.block_size,
+        "vllm_block_size": args.vllm_block_size,
         "octavo_isa": cpu_isa(),
         "machine": machine_info(),
     }

@@ -15,7 +15,7 @@ from typing import Any
 from .schema import Schema, integer, obj, rule, string
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-BLOCK_SIZES = (8, 16, 32)
+BLOCK_SIZES = (8, 16, 32, 64, 128)
 # octavo.config.QUANTIZATION_NAMES (checked by a test)
 QUANTIZATION_METHODS = ("int8", "fp8", "gptq", "awq", "gguf")
 # octavo.spec_decode.config.METHODS and MAX_SPECULATIVE_TOKENS (checked by a test)

@@ -72,7 +72,7 @@ def engine_rules() -> list[dict[str, Any]]:
 
 
 def one_of_rule(field: EngineField) -> dict[str, Any]:
-    """The field is one of its allowed values ("must be 8, 16 or 32")."""
+    """The field is one of its allowed values ("must be 8, 16, 32, 64 or 128")."""
     values = [str(v) for v in field.allowed]
     spoken = ", ".join(values[:-1]) + " or " + values[-1]
     return rule(
