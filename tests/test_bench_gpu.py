@@ -128,6 +128,7 @@ def test_decode_rows_report_the_kv_bandwidth():
 
     shape = DecodeShape(32, 2048)
     assert shape.label == "32x2k"
+    assert DecodeShape(32, 2048, block_size=128).label == "32x2k b128"
     assert shape.kv_bytes(torch.bfloat16) == 2 * 32 * 2048 * 8 * 128 * 2  # 268 MB
     row = KernelResult("decode 32x2k split x5", 0.1, 0.4, 1e-3, 2.0, shape.kv_bytes(torch.bfloat16))
     assert row.triton_gb_s == pytest.approx(2684.35456)

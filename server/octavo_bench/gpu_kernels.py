@@ -138,7 +138,8 @@ class DecodeShape(HeadLayout):
     @property
     def label(self) -> str:
         kilo = self.context % 1024 == 0
-        return f"{self.seqs}x{self.context // 1024}k" if kilo else f"{self.seqs}x{self.context}"
+        label = f"{self.seqs}x{self.context // 1024}k" if kilo else f"{self.seqs}x{self.context}"
+        return label if self.block_size == 16 else f"{label} b{self.block_size}"
 
     def kv_bytes(self, dtype: torch.dtype) -> int:
         """Keys and values a call must read: every cached token of every sequence."""
@@ -146,7 +147,14 @@ class DecodeShape(HeadLayout):
         return elements * torch.empty((), dtype=dtype).element_size()
 
 
-DECODE_SHAPES = (DecodeShape(32, 1024), DecodeShape(32, 2048), DecodeShape(1, 2048))
+# 32 x 2k again in blocks of 64 and 128 tokens (--block-size): longer runs per block read
+DECODE_SHAPES = (
+    DecodeShape(32, 1024),
+    DecodeShape(32, 2048),
+    DecodeShape(32, 2048, block_size=64),
+    DecodeShape(32, 2048, block_size=128),
+    DecodeShape(1, 2048),
+)
 SWEEP_SPLITS = (2, 4, 8, 16, 32)
 SWEEP_LAUNCHES = ((1, 32), (2, 32), (2, 64), (4, 64))  # (warps, kv tile) at the rule's splits
 
