@@ -5,6 +5,8 @@ exit status), and their one-line errors."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -65,3 +67,19 @@ def test_an_unreachable_server_is_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert "cannot reach http://127.0.0.1:9/v1" in err and "octavo serve" in err
     assert "\n" not in err
+
+
+def test_the_octavo_command_and_its_clients_start_without_torch():
+    """``octavo`` builds every subcommand's parser, and the clients run, without importing
+    torch or transformers (2.4 s of CPU at each start before: ``octavo --help`` 2.37 s ->
+    0.44 s wall on a 2-vCPU AMD EPYC); ``octavo serve``'s engine imports them itself."""
+    probe = (
+        "import sys\n"
+        "from octavo.cli import build_parser\n"
+        "from octavo.entrypoints import client_cli\n"
+        "build_parser()\n"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

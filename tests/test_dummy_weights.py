@@ -9,12 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from octavo.model_executor.dummy_weights import (
-    DUMMY_HIGH,
-    DUMMY_LOW,
-    check_load_format,
-    fill_dummy_weights,
-)
+from octavo.model_executor.dummy_weights import DUMMY_HIGH, DUMMY_LOW, fill_dummy_weights
+from octavo.model_executor.load_formats import check_load_format
 
 from tiny_models import TINY_CONFIGS
 

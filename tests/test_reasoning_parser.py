@@ -331,7 +331,7 @@ def test_a_final_update_sends_its_logprobs_once(thinking_tokenizer):
     from octavo.entrypoints.openai.protocol import ChatCompletionRequest
     from octavo.entrypoints.openai.serving_chat import ChatJob, _delta_choices
     from octavo.outputs import CompletionOutput
-    from octavo.sampling.logprobs import TokenLogprobs
+    from octavo.sampling.token_logprobs import TokenLogprobs
 
     body = ChatCompletionRequest(messages=ASK, logprobs=True, stream=True)
     job = ChatJob(body, "chatcmpl-1", MODEL, 3, TokenDecoder(thinking_tokenizer))

@@ -1,11 +1,30 @@
-"""Octavo: a paged-attention LLM engine with an OpenAI-compatible server and an operator."""
+"""Octavo: a paged-attention LLM engine with an OpenAI-compatible server and an operator.
 
-from octavo.config import EngineArgs
-from octavo.entrypoints.llm import LLM
-from octavo.lora_request import LoRARequest
-from octavo.outputs import CompletionOutput, RequestOutput
-from octavo.sampling_params import SamplingParams
+The names below are imported on first use (PEP 562), so that a process that needs only a
+part of the package (the server's API process, the ``octavo`` client commands, a compile
+worker) does not import the engine and torch with it.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from octavo.config import EngineArgs
+    from octavo.entrypoints.llm import LLM
+    from octavo.lora_request import LoRARequest
+    from octavo.outputs import CompletionOutput, RequestOutput
+    from octavo.sampling_params import SamplingParams
+
+_EXPORTS = {
+    "LLM": "octavo.entrypoints.llm",
+    "CompletionOutput": "octavo.outputs",
+    "EngineArgs": "octavo.config",
+    "LoRARequest": "octavo.lora_request",
+    "RequestOutput": "octavo.outputs",
+    "SamplingParams": "octavo.sampling_params",
+}
 __all__ = [
     "LLM",
     "CompletionOutput",
@@ -15,3 +34,12 @@ __all__ = [
     "SamplingParams",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'octavo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup finds it without this function
+    return value

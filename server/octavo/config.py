@@ -37,8 +37,8 @@ from octavo.kv_cache.block_hash import DEFAULT_HASH_ALGO, HASH_ALGOS
 from octavo.kv_events.config import KVEventsConfig
 from octavo.kv_transfer.config import KVTransferConfig
 from octavo.lora_request import LoRAModulePath, parse_lora_module
-from octavo.model_executor.dummy_weights import LOAD_FORMATS
 from octavo.model_executor.hf_overrides import parse_hf_overrides
+from octavo.model_executor.load_formats import LOAD_FORMATS
 from octavo.multimodal.limits import DEFAULT_IMAGE_LIMIT, parse_limit_mm_per_prompt
 from octavo.multimodal.local_media import media_root
 from octavo.multimodal.processor_kwargs import parse_mm_processor_kwargs

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,11 @@ def parse_lora_module(text: str) -> LoRAModulePath:
             f'--lora-modules {text!r}: expected NAME=PATH or {{"name": NAME, "path": PATH}}'
         )
     return LoRAModulePath(name.strip(), path.strip())
+
+
+@dataclass
+class StartupAdapters:
+    """What ``--lora-modules`` gave: the adapters now served and those that failed."""
+
+    loaded: dict[str, LoRARequest] = field(default_factory=dict)  # by name
+    failed: dict[str, str] = field(default_factory=dict)  # name -> why

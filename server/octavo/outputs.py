@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from octavo.sampling.sampler import TokenLogprobs
+from octavo.sampling.token_logprobs import TokenLogprobs
 
 
 @dataclass

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from octavo.model_executor.dummy_weights import LOAD_FORMATS
+from octavo.model_executor.load_formats import LOAD_FORMATS
 from octavo_bench import gpu_served
 from octavo_bench.baselines import HFBatch
 from octavo_bench.gpu_measures import (

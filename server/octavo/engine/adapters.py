@@ -9,22 +9,13 @@ requests from naming it; the workers drop its weights once no request uses it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from octavo.lora.peft_adapter import fetch_adapter, hub_adapter, load_peft_adapter
-from octavo.lora_request import LoRAModulePath, LoRARequest
+from octavo.lora_request import LoRAModulePath, LoRARequest, StartupAdapters
 from octavo.model_executor.model_config import ModelConfig
 from octavo.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StartupAdapters:
-    """What ``--lora-modules`` gave: the adapters now served and those that failed."""
-
-    loaded: dict[str, LoRARequest] = field(default_factory=dict)  # by name
-    failed: dict[str, str] = field(default_factory=dict)  # name -> why
 
 
 class EngineAdapters:

@@ -14,7 +14,10 @@ waits for a step and bigger steps are a few % more throughput.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the server's API process reads these defaults without torch
+    import torch
 
 CPU_SERVED_TOKENS = 512
 CPU_OFFLINE_TOKENS = 2048
@@ -33,6 +36,8 @@ def default_token_budget(device: torch.device, offline: bool) -> int:
     use = "offline" if offline else "served"
     if device.type != "cuda":
         return CPU_OFFLINE_TOKENS if offline else CPU_SERVED_TOKENS
+    import torch
+
     properties = torch.cuda.get_device_properties(device)
     large = is_large_gpu(properties.total_memory, properties.name)
     return (LARGE_GPU_TOKENS if large else GPU_TOKENS)[use]

@@ -16,8 +16,6 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import torch
-
 from octavo.engine.core_messages import (
     AbortRequests,
     Admitted,
@@ -83,6 +81,8 @@ def _load(factory: Callable[[], Any], emit: Emit) -> Any | None:
         logger.exception("the engine failed to load")
         emit(LoadFailed("the engine failed to load"))
         return None
+    import torch  # loaded with the engine; not at the top, which the API process imports
+
     logger.info(
         "engine ready: %s (max_model_len %d, %d tokens per step, %d threads)",
         engine.model_name,

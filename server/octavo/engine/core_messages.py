@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from octavo.engine.output_wire import pack_outputs, unpack_outputs
 from octavo.lora_request import LoRARequest
-from octavo.multimodal.processor import ProcessedPrompt
 from octavo.progress import PhaseProgress
 from octavo.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # images come with torch; a text prompt's server process does without
+    from octavo.multimodal.processor import ProcessedPrompt
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from octavo.engine.adapters import StartupAdapters
+from octavo.lora_request import StartupAdapters
 from octavo.multimodal.media_fetch import MediaConnector
 
 # A normalizer (NFC, say) may shrink text before it is split into tokens; twice the

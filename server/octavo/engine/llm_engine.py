@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from octavo.config import EngineArgs
-from octavo.engine.adapters import EngineAdapters, StartupAdapters
+from octavo.engine.adapters import EngineAdapters
 from octavo.engine.builder import build_engine_parts
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_alone
@@ -28,7 +28,7 @@ from octavo.kv_events.events import KVEventBatch
 from octavo.kv_events.publisher import start_publisher
 from octavo.kv_transfer.connector import build_connector
 from octavo.kv_transfer.params import wants_transfer
-from octavo.lora_request import LoRARequest
+from octavo.lora_request import LoRARequest, StartupAdapters
 from octavo.model_executor.models.registry import takes_images
 from octavo.multimodal.media_fetch import media_connector
 from octavo.multimodal.processor import ProcessedPrompt, image_list, processor_for

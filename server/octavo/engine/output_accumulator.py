@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from octavo.outputs import CompletionOutput, RequestOutput
-from octavo.sampling.logprobs import TokenLogprobs
+from octavo.sampling.token_logprobs import TokenLogprobs
 
 
 @dataclass

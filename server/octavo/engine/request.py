@@ -15,7 +15,7 @@ from octavo.engine.token_deltas import TokenDelta
 from octavo.lora_request import LoRARequest
 from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from octavo.sampling.sampler import TokenLogprobs
+from octavo.sampling.token_logprobs import TokenLogprobs
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 from octavo.scheduler.sequence import Sequence, SequenceStatus
 

@@ -4,7 +4,8 @@ A folder needs only its config.json and a tokenizer; no safetensors file is read
 vLLM's dummy loader, every floating-point parameter is drawn uniformly from a small range
 with a fixed seed, on the parameter's own device (no host copy of a large model).
 Throughput does not depend on what the weights say, so benchmarks can run a large
-model's shape without writing or reading its checkpoint.
+model's shape without writing or reading its checkpoint. The formats themselves, and the
+check of a format against a quantization, are in ``load_formats.py`` (no torch).
 """
 
 from __future__ import annotations
@@ -12,21 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-LOAD_FORMATS = ("auto", "dummy")  # auto: the checkpoint's weights (safetensors or GGUF)
 DUMMY_LOW, DUMMY_HIGH, DUMMY_SEED = -1e-3, 1e-3, 1234  # vLLM's initialize_dummy_weights
-CHECKPOINT_FORMATS = ("gguf", "gptq", "awq", "fp8_block", "mxfp4")  # only a checkpoint gives
-
-
-def check_load_format(load_format: str, quantization: str | None) -> None:
-    """ValueError for an unknown format, or dummy weights for a checkpoint-only layout."""
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(f"--load-format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
-    if load_format == "dummy" and quantization in CHECKPOINT_FORMATS:
-        raise ValueError(
-            f"--load-format dummy cannot make {quantization} weights (their quantized layout "
-            "comes from a checkpoint); use --load-format auto, or an unquantized model "
-            "(int8 and fp8 quantize dummy weights at load as any others)"
-        )
 
 
 def fill_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from octavo.model_executor.dummy_weights import check_load_format, fill_dummy_weights
+from octavo.model_executor.dummy_weights import fill_dummy_weights
 from octavo.model_executor.embedded import embedded_model_folder
 from octavo.model_executor.footprint import weight_bytes as weight_bytes  # its old home
 from octavo.model_executor.footprint import weight_footprint
@@ -18,6 +18,7 @@ from octavo.model_executor.hub_reach import ensure_fetchable
 from octavo.model_executor.layers.linear import LinearBase
 from octavo.model_executor.layers.moe.fused_moe import FusedMoE
 from octavo.model_executor.layers.vocab import QuantizedVocabEmbedding
+from octavo.model_executor.load_formats import check_load_format
 from octavo.model_executor.model_config import ModelConfig, generation_defaults
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.registry import model_class

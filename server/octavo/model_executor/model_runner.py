@@ -62,10 +62,11 @@ from octavo.multimodal.inputs import ImageInput
 from octavo.outputs import ModelRunnerOutput
 from octavo.pooling.params import PoolingParams
 from octavo.sampling.host_lists import device_tensor
-from octavo.sampling.logprobs import TokenLogprobs, logprob_entries
+from octavo.sampling.logprobs import logprob_entries
 from octavo.sampling.random_draws import generator_for
 from octavo.sampling.sampler import Sampler, SamplingRow
 from octavo.sampling.spec_verifier import Proposal, verify_proposals
+from octavo.sampling.token_logprobs import TokenLogprobs
 from octavo.scheduler.output import (
     IN_FLIGHT_TOKEN,
     NewSequenceData,

@@ -1,6 +1,29 @@
-"""Next-token selection: penalties, filters, random draws and logprobs."""
+"""Next-token selection: penalties, filters, random draws and logprobs.
 
-from octavo.sampling.logprobs import TokenLogprobs
-from octavo.sampling.sampler import Sampler, SampleResult, SamplingRow
+``Sampler``, ``SampleResult`` and ``SamplingRow`` (``sampler.py``, torch) are imported on
+first use, so that a torch-free module can import ``octavo.sampling.token_logprobs``.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from octavo.sampling.sampler import Sampler, SampleResult, SamplingRow
+    from octavo.sampling.token_logprobs import TokenLogprobs
+
+_EXPORTS = {
+    "SampleResult": "octavo.sampling.sampler",
+    "Sampler": "octavo.sampling.sampler",
+    "SamplingRow": "octavo.sampling.sampler",
+    "TokenLogprobs": "octavo.sampling.token_logprobs",
+}
 __all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'octavo.sampling' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -9,21 +9,10 @@ ranks, without torch's gather, comparison, count, topk and concatenation over th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from octavo.sampling.host_lists import device_tensor
-
-
-@dataclass
-class TokenLogprobs:
-    """The chosen token's log-probability, its rank and the best alternatives."""
-
-    token_id: int
-    logprob: float
-    rank: int  # 1-based rank of the chosen token among all tokens (1 = most likely)
-    top: list[tuple[int, float]]  # up to `params.logprobs` (token_id, logprob), best first
+from octavo.sampling.token_logprobs import TokenLogprobs
 
 
 def raw_logprobs(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 
 from octavo.sampling.filters import apply_min_p, apply_top_k_top_p
 from octavo.sampling.host_lists import device_tensor
-from octavo.sampling.logprobs import TokenLogprobs, packed_logprobs, unpack_logprobs
+from octavo.sampling.logprobs import packed_logprobs, unpack_logprobs
 from octavo.sampling.native_sampler import argmax_indices, draw_rows, native_sampling_ops
 from octavo.sampling.penalties import (
     apply_presence_frequency_penalties,
@@ -42,6 +42,7 @@ from octavo.sampling.penalties import (
 )
 from octavo.sampling.pending import PendingSample, read_back
 from octavo.sampling.random_draws import race
+from octavo.sampling.token_logprobs import TokenLogprobs
 from octavo.sampling_params import SamplingParams
 from octavo.structured_output.matcher import GrammarState, apply_grammar_bitmasks
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.sampling.logprobs import TokenLogprobs, logprob_entries
+from octavo.sampling.logprobs import logprob_entries
 from octavo.sampling.rejection_sampler import keep_matching, verify_sampled
 from octavo.sampling.sampler import SamplingRow, row_argmax, target_probabilities
+from octavo.sampling.token_logprobs import TokenLogprobs
 
 
 @dataclass

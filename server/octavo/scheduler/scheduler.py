@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from octavo.kv_cache.group_coordinator import KVCacheCoordinator
 from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.outputs import ModelRunnerOutput
-from octavo.sampling.logprobs import TokenLogprobs
+from octavo.sampling.token_logprobs import TokenLogprobs
 from octavo.sampling_params import SamplingParams
 from octavo.scheduler.encoder_budget import EncoderBudget, encoder_budget_from_env
 from octavo.scheduler.output import (

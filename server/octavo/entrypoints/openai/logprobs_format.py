@@ -12,7 +12,7 @@ from octavo.entrypoints.openai.responses import (
     TopLogprob,
 )
 from octavo.outputs import CompletionOutput
-from octavo.sampling.logprobs import TokenLogprobs
+from octavo.sampling.token_logprobs import TokenLogprobs
 
 LOGPROB_FLOOR = -9999.0  # what OpenAI reports instead of -inf (JSON has no infinity)
 
