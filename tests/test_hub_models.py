@@ -9,7 +9,7 @@ import pytest
 from octavo import LLM, SamplingParams
 from octavo.cli import main
 from octavo.entrypoints.openai import options
-from octavo.model_executor import loader
+from octavo.model_executor import model_folders
 from octavo.model_executor.hub import (
     HubModel,
     download_snapshot,
@@ -110,10 +110,10 @@ def test_early_check_does_not_download_when_online(monkeypatch):
     def forbidden(hub: HubModel) -> Path:
         raise AssertionError(f"downloaded {hub.uri} before the port opened")
 
-    monkeypatch.setattr(loader, "download_snapshot", forbidden)
-    loader.check_model_early("hf://org/name", "v1")  # parses only
+    monkeypatch.setattr(model_folders, "download_snapshot", forbidden)
+    model_folders.check_model_early("hf://org/name", "v1")  # parses only
     with pytest.raises(ValueError, match="hf://ORG/NAME"):
-        loader.check_model_early("hf://broken")
+        model_folders.check_model_early("hf://broken")
 
 
 def test_revision_flag_and_environment(monkeypatch):

@@ -17,7 +17,7 @@ from octavo import LLM, SamplingParams
 from octavo.config import EngineArgs
 from octavo.model_executor.context_length import context_length_of
 from octavo.model_executor.hf_overrides import apply_hf_overrides
-from octavo.model_executor.rotary import rope_parameters_for
+from octavo.model_executor.rope_parameters import rope_parameters_for
 
 from conftest import hf_greedy
 from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)

@@ -24,7 +24,7 @@ from octavo.engine.adapters import EngineAdapters
 from octavo.engine.core_thread import ThreadCore
 from octavo.entrypoints.openai.app import build_app
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.lora import peft_adapter
+from octavo.lora import adapter_source
 from octavo.lora_request import LoRAModulePath
 from octavo.model_executor import hub
 from octavo.model_executor.model_config import ModelConfig
@@ -336,7 +336,7 @@ def test_a_stuck_download_times_out_bounded_and_serving_goes_on(server, monkeypa
         release.wait(30)
         raise ValueError("released")
 
-    monkeypatch.setattr(peft_adapter, "fetch_adapter", stuck)
+    monkeypatch.setattr(adapter_source, "fetch_adapter", stuck)
     monkeypatch.setattr(adapter_downloads, "DOWNLOAD_TIMEOUT_S", 1.0)
     try:
         for attempt in range(adapter_downloads.MAX_DOWNLOADS):

@@ -17,12 +17,8 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding, apply_ro
 
 from octavo.kernels import cpu_build
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.rotary import (
-    RotaryEmbedding,
-    apply_rotary,
-    rope_frequencies,
-    rope_parameters_for,
-)
+from octavo.model_executor.rope_parameters import rope_parameters_for
+from octavo.model_executor.rotary import RotaryEmbedding, apply_rotary, rope_frequencies
 
 HEAD_DIM = 64
 LONG_FACTORS = {

@@ -50,6 +50,18 @@ def test_the_engine_core_is_its_own_process_and_serves(server):
     assert core.cpu_times().user > 0  # the model ran there
 
 
+def test_the_servers_own_process_runs_without_torch(server):
+    """HTTP, tokenizing and streaming need no torch: only the engine core loads it (the API
+    process of a SmolLM2 server held 623 MB resident with torch, 142 MB without)."""
+    process, url, _ = server
+    body = {"prompt": "Hello", "max_tokens": 3, "logprobs": 2}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    mapped = {m.path for m in psutil.Process(process.pid).memory_maps()}
+    assert not [path for path in mapped if "libtorch" in path]
+    core_maps = {m.path for m in engine_core_of(process).memory_maps()}
+    assert [path for path in core_maps if "libtorch_cpu" in path]  # the check can see torch
+
+
 def wait_until_dead(core: psutil.Process, timeout: float = 10.0) -> None:
     """SIGKILL is asynchronous: the kernel may still be tearing the process down (freeing
     gigabytes of KV cache) for a while, and until then the parent rightly sees it alive.

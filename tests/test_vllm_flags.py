@@ -171,7 +171,7 @@ def test_trust_remote_code_is_refused_with_a_reason(capsys):
 def test_tokenizers_are_loaded_without_remote_code(monkeypatch, tiny_folder):
     import transformers
 
-    from octavo.model_executor.loader import load_tokenizer
+    from octavo.model_executor.model_folders import load_tokenizer
 
     seen: list[dict] = []
     real = transformers.AutoTokenizer.from_pretrained
@@ -186,7 +186,7 @@ def test_tokenizers_are_loaded_without_remote_code(monkeypatch, tiny_folder):
 
 
 def test_tokenizer_flag_loads_another_folders_tokenizer(tiny_folder, smol_tokenizer, tmp_path):
-    from octavo.model_executor.loader import load_tokenizer
+    from octavo.model_executor.model_folders import load_tokenizer
 
     other = tmp_path / "tokenizer"
     grown = type(smol_tokenizer).from_pretrained(tiny_folder("llama3"))

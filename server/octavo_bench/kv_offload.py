@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from octavo import LLM, SamplingParams
-from octavo.model_executor.loader import resolve_model_folder
+from octavo.model_executor.model_folders import resolve_model_folder
 from octavo_bench.engine_options import add_engine_options, default_dtype
 from octavo_bench.kv_offload_report import (
     NO_TIER,

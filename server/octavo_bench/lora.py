@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from octavo import LLM, LoRARequest
-from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo.model_executor.model_folders import load_tokenizer, resolve_model_folder
 from octavo.outputs import RequestOutput
 from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import StepTracker, drain, greedy, per_request_tpot_ms

@@ -25,7 +25,7 @@ import torch
 
 from octavo import LLM
 from octavo.arg_types import positive_float, positive_int
-from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo.model_executor.model_folders import load_tokenizer, resolve_model_folder
 from octavo_bench import baselines, vllm_baseline
 from octavo_bench.capacity import sequences_that_fit
 from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used

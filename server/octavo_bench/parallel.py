@@ -32,7 +32,7 @@ from typing import Any
 from octavo import LLM
 from octavo.cache_dirs import cache_root
 from octavo.kernels.cpu_count import usable_cpus
-from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo.model_executor.model_folders import load_tokenizer, resolve_model_folder
 from octavo_bench.engine_options import add_engine_options, default_dtype
 from octavo_bench.engine_runs import greedy, warm_up
 from octavo_bench.parsers import add_output_dir, register_subcommand

@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from octavo.model_executor.loader import resolve_model_folder
+from octavo.model_executor.model_folders import resolve_model_folder
 from octavo_bench.engine_options import default_dtype
 from octavo_bench.parsers import add_output_dir, name_list, register_subcommand
 from octavo_bench.pd_proxy import LeastLoaded, PrefillThenDecode, Route, run_mixed

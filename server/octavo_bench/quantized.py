@@ -24,7 +24,8 @@ from typing import Any
 
 from octavo import LLM
 from octavo.model_executor.embedded import gguf_path
-from octavo.model_executor.loader import load_tokenizer, resolve_model_folder, weight_bytes
+from octavo.model_executor.loader import weight_bytes
+from octavo.model_executor.model_folders import load_tokenizer, resolve_model_folder
 from octavo_bench import llama_cpp_baseline
 from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import run_workload, warm_up

@@ -146,7 +146,7 @@ def build_random_model(preset: str, target: Path, config_only: bool = False) -> 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from octavo.model_executor.embedded import embedded_model_folder
-    from octavo.model_executor.loader import load_tokenizer
+    from octavo.model_executor.model_folders import load_tokenizer
 
     if (target / "config.json").is_file():
         return target

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from octavo import LLM, SamplingParams
-from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
+from octavo.model_executor.model_folders import load_tokenizer, resolve_model_folder
 from octavo_bench.engine_options import add_engine_options, default_dtype, threads_used
 from octavo_bench.engine_runs import per_request_tpot_ms
 from octavo_bench.parsers import add_output_dir, register_subcommand

@@ -56,7 +56,7 @@ def vision_token_ids(tokenizer) -> dict[str, int]:
 def vision_tokenizer():
     """The embedded SmolLM2 tokenizer with Qwen's vision tokens added."""
     from octavo.model_executor.embedded import embedded_model_folder
-    from octavo.model_executor.loader import load_tokenizer
+    from octavo.model_executor.model_folders import load_tokenizer
 
     tokenizer = load_tokenizer(embedded_model_folder())
     tokenizer.add_tokens(VISION_TOKENS, special_tokens=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from octavo.lora.peft_adapter import fetch_adapter, hub_adapter, load_peft_adapter
+from octavo.lora.adapter_source import fetch_adapter, hub_adapter
+from octavo.lora.peft_adapter import load_peft_adapter
 from octavo.lora_request import LoRAModulePath, LoRARequest, StartupAdapters
 from octavo.model_executor.model_config import ModelConfig
 from octavo.scheduler.scheduler import Scheduler

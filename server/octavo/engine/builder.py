@@ -34,8 +34,8 @@ from octavo.kv_cache.kv_cache_manager import KVCacheManager
 from octavo.lora.config import LoRAConfig
 from octavo.model_executor.context_length import context_length_of
 from octavo.model_executor.hub import served_name
-from octavo.model_executor.loader import load_tokenizer, resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_folders import load_tokenizer, resolve_model_folder
 from octavo.model_executor.models.registry import (
     has_state_layers,
     is_pooling_architecture,

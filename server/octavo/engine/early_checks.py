@@ -1,17 +1,17 @@
-"""Checks ``octavo serve`` makes before its port opens, from what is at hand locally."""
+"""Checks ``octavo serve`` makes before its port opens, from what is at hand locally.
+
+The checks of a parallel layout and of a quantization import what they need (torch) when
+they apply: a plain ``octavo serve`` API process does without it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from octavo.cache_dirs import cache_root
-from octavo.distributed.parallel_config import ParallelConfig
-from octavo.engine.device import select_device
 from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME, baked_model_folder, is_model_folder
 from octavo.model_executor.hub import parse_hub_model
-from octavo.model_executor.loader import resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
-from octavo.model_executor.quantized_checkpoint import resolve_quantization
+from octavo.model_executor.model_folders import resolve_model_folder
 
 
 def check_parallel_layout_early(args) -> None:
@@ -23,6 +23,9 @@ def check_parallel_layout_early(args) -> None:
     folder = _local_config_folder(args.model, args.revision)
     if folder is None:
         return  # checked again, as always, when the engine loads
+    from octavo.distributed.parallel_config import ParallelConfig
+    from octavo.engine.device import select_device
+
     layout = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size, args.nnodes)
     config = ModelConfig.from_folder(folder, args.hf_overrides)
     layout.check(config, select_device(args.device))
@@ -36,6 +39,8 @@ def check_quantization_early(args) -> None:
         return
     folder = _local_config_folder(args.model, args.revision)
     if folder is not None:
+        from octavo.model_executor.quantized_checkpoint import resolve_quantization
+
         resolve_quantization(folder, args.quantization)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from octavo.kv_cache.offload_tier import OffloadCounters
-from octavo.kv_transfer.connector import TransferStats
+from octavo.kv_transfer.counters import TransferStats
 from octavo.scheduler.spec_decode_counters import SpecDecodeCounters
 
 

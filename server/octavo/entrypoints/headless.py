@@ -83,8 +83,8 @@ def host_overrides(args: EngineArgs, layout: NodeLayout) -> HostOverrides:
     from octavo.distributed.parallel_config import ParallelConfig
     from octavo.engine.device import select_device
     from octavo.kernels.cpu_count import default_threads
-    from octavo.model_executor.loader import resolve_model_folder
     from octavo.model_executor.model_config import ModelConfig
+    from octavo.model_executor.model_folders import resolve_model_folder
 
     folder = resolve_model_folder(args.model, args.revision)
     device = select_device(args.device)

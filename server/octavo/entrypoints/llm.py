@@ -22,8 +22,8 @@ from octavo.inputs.chat import (
 from octavo.inputs.chat_images import split_images
 from octavo.inputs.data import EnginePrompt, MultiModalPrompt, PromptType, parse_prompts
 from octavo.lora_request import LoRARequest
-from octavo.model_executor.loader import sampling_defaults
 from octavo.model_executor.model_config import generation_defaults
+from octavo.model_executor.model_folders import sampling_defaults
 from octavo.multimodal.processor import ProcessedPrompt
 from octavo.outputs import (
     ClassificationOutput,

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from octavo.kv_transfer.block_io import KVLayout
 from octavo.kv_transfer.config import KVTransferConfig, side_channel_address
 from octavo.kv_transfer.core_tasks import CoreTasks
-from octavo.kv_transfer.decode_side import DecodeCounters, RemoteLoads
+from octavo.kv_transfer.counters import DecodeCounters, PrefillCounters, TransferStats
+from octavo.kv_transfer.decode_side import RemoteLoads
 from octavo.kv_transfer.params import parse_kv_transfer_params
-from octavo.kv_transfer.prefill_side import PrefillBlockSource, PrefillCounters, PrefillLeases
+from octavo.kv_transfer.prefill_side import PrefillBlockSource, PrefillLeases
 from octavo.kv_transfer.remote_peers import RemotePeers
 from octavo.kv_transfer.side_channel import SideChannelServer
 from octavo.sampling_params import SamplingParams
@@ -37,15 +37,6 @@ from octavo.scheduler.sequence import Sequence
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.002  # how often an idle engine looks for side channel work
-
-
-@dataclass
-class TransferStats:
-    """The connector's counters for ``/metrics`` (a copy per step)."""
-
-    decode: DecodeCounters
-    prefill: PrefillCounters
-    leases_held: int
 
 
 class KVConnector:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from octavo.kv_transfer.block_io import MAX_READ_BYTES, BlockPayload, blocks_per_read
+from octavo.kv_transfer.counters import DecodeCounters
 from octavo.kv_transfer.daemon_pool import DaemonPool
 from octavo.kv_transfer.heartbeats import LeaseHeartbeats
 from octavo.kv_transfer.params import RemotePrefill
@@ -45,15 +46,6 @@ FAILED_TRANSFER = (
     "the KV transfer from the prefill engine failed (its blocks are gone, hold another "
     "prompt, or could not be read; the decode engine's log has the cause)"
 )
-
-
-@dataclass
-class DecodeCounters:
-    prompt_tokens_received: int = 0  # prompt tokens whose KV came from a remote prefill
-    bytes_received: int = 0
-    transfer_seconds: float = 0.0  # summed over transfers (metadata check, read, free)
-    transfers: int = 0  # completed
-    failures: int = 0  # failed (then recomputed or failed, by the policy)
 
 
 @dataclass

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from octavo.kv_transfer.block_io import BlockPayload, KVLayout, blocks_per_read
 from octavo.kv_transfer.config import KVTransferConfig
 from octavo.kv_transfer.core_tasks import CoreTasks
+from octavo.kv_transfer.counters import PrefillCounters
 from octavo.kv_transfer.leases import Lease, LeaseExpired, LeaseTable, PromptMismatch
 from octavo.kv_transfer.params import RemotePrefill, answer_params, parse_kv_transfer_params
 from octavo.kv_transfer.prompt_digest import prompt_digest
@@ -37,13 +37,6 @@ logger = logging.getLogger(__name__)
 
 METADATA_VERSION = 1
 HELD_ENDINGS = ("length", "stop")  # as newer vLLM: a prefill that sampled EOS is held too
-
-
-@dataclass
-class PrefillCounters:
-    held: int = 0  # prompts whose blocks were kept for a remote decode
-    freed_by_reader: int = 0
-    expired: int = 0
 
 
 class PrefillLeases:

@@ -58,7 +58,7 @@ class ContextLength:
 
 def context_length_of(raw: dict, rope: dict) -> ContextLength:
     """``raw``: the (text) config.json's fields; ``rope``: its full-attention rope settings
-    (``rotary.rope_parameters_for``)."""
+    (``rope_parameters.rope_parameters_for``)."""
     configured, source = configured_length(raw)
     length: float = configured
     if "gemma3" not in str(raw.get("model_type", "")):

@@ -16,7 +16,7 @@ from typing import Any
 from octavo.model_executor.context_length import ContextLength, context_length_of
 from octavo.model_executor.hf_overrides import apply_hf_overrides
 from octavo.model_executor.models.registry import check_architecture
-from octavo.model_executor.rotary import rope_parameters_for
+from octavo.model_executor.rope_parameters import rope_parameters_for
 
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 

@@ -13,8 +13,10 @@ encoder cache and part of the prefix-cache block hashes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: the API process of a text model does without
+    import torch
 
 
 @dataclass
@@ -45,6 +47,8 @@ class ImageInput:
     def features_in(self, first: int, last: int) -> tuple[torch.Tensor, int]:
         """For positions ``[first, last)`` inside the range: the offsets (from ``first``)
         of those that take features, and the index of the first of those features."""
+        import torch
+
         begin, stop = first - self.offset, last - self.offset
         if self.embed_mask is None:
             return torch.arange(stop - begin), begin
@@ -76,6 +80,8 @@ def placeholder_spans(
             f"the prompt has {len(positions)} image placeholder tokens where its images need "
             f"{sum(counts)}"
         )
+    import torch
+
     spans, used = [], 0
     for count in counts:
         mine = positions[used : used + count]

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from octavo.multimodal.sized_images import feature_grids, sized_features, split_sized
 from octavo.multimodal.tiles import split_tiles, tile_counts, tile_features
 
-Split = Callable[[Mapping[str, torch.Tensor], int], list[dict[str, torch.Tensor]]]
+if TYPE_CHECKING:
+    import torch
+
+Split = Callable[[Mapping[str, "torch.Tensor"], int], list[dict[str, "torch.Tensor"]]]
 # (the HF processor, its outputs) -> more tensors for the split
-Extra = Callable[[Any, Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+Extra = Callable[[Any, Mapping[str, "torch.Tensor"]], dict[str, "torch.Tensor"]]
 
 
 def stacked(*keys: str) -> Split:

@@ -10,13 +10,16 @@ with ``[IMG_BREAK]`` after each row and ``[IMG_END]`` at the end (text between t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where used (the image path); not by a text model's server
+    import torch
 
 
 def feature_grids(hf_processor: Any, outputs: Mapping[str, torch.Tensor]) -> dict:
     """``feature_grid`` [images, 2]: each image's features down and across."""
+    import torch
+
     merged_patch = hf_processor.patch_size * getattr(hf_processor, "spatial_merge_size", 1)
     sizes = torch.as_tensor(outputs["image_sizes"])
     return {"feature_grid": sizes // merged_patch}
@@ -25,6 +28,8 @@ def feature_grids(hf_processor: Any, outputs: Mapping[str, torch.Tensor]) -> dic
 def split_sized(outputs: Mapping[str, torch.Tensor], count: int) -> list[dict[str, torch.Tensor]]:
     """Image ``i``'s pixels cropped to its ``image_sizes`` row (a copy: not a view of the
     padded batch), its size and its feature grid."""
+    import torch
+
     sizes = torch.as_tensor(outputs["image_sizes"])
     per_image = []
     for index in range(count):

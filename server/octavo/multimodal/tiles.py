@@ -16,15 +16,18 @@ to the one the global-image marker leads, the last of each image.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from octavo.multimodal.inputs import placeholder_runs
+
+if TYPE_CHECKING:  # imported where used (the image path); not by a text model's server
+    import torch
 
 
 def tile_counts(processor: Any, outputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``tiles_per_image`` (from the prompt) and the processor's ``image_seq_len``."""
+    import torch
+
     token_ids = outputs["input_ids"][0].tolist()
     marker = global_marker_ids(processor)
     counts, tiles = [], 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from octavo.distributed.parallel_config import ParallelConfig
-from octavo.model_executor.loader import resolve_model_folder
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_folders import resolve_model_folder
 from octavo.spec_decode.config import SpeculativeConfig
 
 

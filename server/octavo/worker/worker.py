@@ -53,8 +53,9 @@ from octavo.model_executor.dummy_steps import prompt_chunks
 from octavo.model_executor.footprint import weight_bytes, weight_footprint
 from octavo.model_executor.layers.lora import LoRASize
 from octavo.model_executor.layers.moe.quantized_experts import experts_sync_with_host
-from octavo.model_executor.loader import load_model, load_tokenizer
+from octavo.model_executor.loader import load_model
 from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_folders import load_tokenizer
 from octavo.model_executor.model_runner import ModelRunner
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.paged_model import PagedModel

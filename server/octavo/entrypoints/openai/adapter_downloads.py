@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from octavo.entrypoints.openai.errors import APIError, bad_request
-from octavo.lora import peft_adapter
+from octavo.lora import adapter_source
 from octavo.model_executor.hub import HubModel
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class AdapterDownloads:
         self, hub: HubModel, loop: asyncio.AbstractEventLoop, result: asyncio.Future[Path]
     ) -> None:
         try:
-            outcome: Path | BaseException = peft_adapter.fetch_adapter(hub)
+            outcome: Path | BaseException = adapter_source.fetch_adapter(hub)
         except ValueError as error:
             outcome = error
         except Exception as error:  # the network, the disk: logged, answered plainly

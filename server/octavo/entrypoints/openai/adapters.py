@@ -21,8 +21,8 @@ from octavo.engine.core_messages import LoadAdapter, UnloadAdapter
 from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.adapter_downloads import AdapterDownloads
 from octavo.entrypoints.openai.errors import APIError, bad_request
+from octavo.lora.adapter_source import hub_adapter
 from octavo.lora.allowed_roots import AllowedRoots
-from octavo.lora.peft_adapter import hub_adapter
 from octavo.lora_request import LoRARequest
 from octavo.model_executor.hub import HF_SCHEME, HubModel, is_repo_id
 

@@ -85,7 +85,7 @@ def serve(args: argparse.Namespace) -> int:
     from octavo.engine.early_checks import check_parallel_layout_early, check_quantization_early
     from octavo.entrypoints.openai.server import run_server
     from octavo.executor.node_channel import require_node_key
-    from octavo.model_executor.loader import check_model_early
+    from octavo.model_executor.model_folders import check_model_early
 
     engine_args = parsed_engine_args(args)
     if engine_args.kv_events_config is not None:  # an unnamed endpoint binds on --host
@@ -115,7 +115,7 @@ def check_node_role(headless: bool, engine_args: EngineArgs) -> None:
 def launch_render(args: argparse.Namespace) -> int:
     """Validate the flags and the model reference, then serve the render endpoints."""
     from octavo.entrypoints.openai.server import run_server
-    from octavo.model_executor.loader import check_model_early
+    from octavo.model_executor.model_folders import check_model_early
 
     engine_args = parsed_engine_args(args)
     check_model_early(args.model, args.revision)
@@ -141,7 +141,7 @@ def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerCo
     from octavo.inputs.chat import load_chat_template
     from octavo.model_executor.embedded import EMBEDDED_MODEL_NAME
     from octavo.model_executor.hub import served_name
-    from octavo.model_executor.loader import sampling_defaults
+    from octavo.model_executor.model_folders import sampling_defaults
     from octavo.tracing import require_otel
 
     if args.enable_auto_tool_choice and args.tool_call_parser is None:

@@ -20,7 +20,6 @@ from octavo.entrypoints.openai.responses import (
     VersionResponse,
 )
 from octavo.inputs.chat import ChatOptions
-from octavo.multimodal.processor import ProcessedPrompt
 from octavo.progress import PhaseProgress
 
 router = APIRouter()
@@ -80,7 +79,7 @@ async def tokenize(body: TokenizeRequest, context: Context) -> TokenizeResponse:
     else:
         work = (tokenize_text, body.prompt, info, body.add_special_tokens)
     tokens = await context.tokenizers.run(*work)
-    if isinstance(tokens, ProcessedPrompt):  # messages with images: the expanded prompt
+    if not isinstance(tokens, list):  # messages with images: the expanded prompt
         tokens = tokens.token_ids
     return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from octavo.engine.engine_info import EngineInfo
 from octavo.entrypoints.openai.errors import bad_request
@@ -17,7 +17,9 @@ from octavo.inputs.chat import ChatOptions, render_chat_prompt
 from octavo.inputs.chat_images import split_images
 from octavo.inputs.encoding import encode_texts
 from octavo.inputs.token_range import check_prompt_token_ids
-from octavo.multimodal.processor import ProcessedPrompt
+
+if TYPE_CHECKING:
+    from octavo.multimodal.processor import ProcessedPrompt
 
 PromptItem = str | list[int]
 

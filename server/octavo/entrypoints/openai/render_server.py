@@ -23,12 +23,12 @@ from octavo.engine.core_messages import STOP, CoreReady, CoreStopped, LoadFailed
 from octavo.engine.engine_info import EngineInfo, longest_token_chars
 from octavo.inputs.token_range import prompt_token_limit
 from octavo.model_executor.hub import download_snapshot, parse_hub_model, served_name
-from octavo.model_executor.loader import (
+from octavo.model_executor.model_config import ModelConfig
+from octavo.model_executor.model_folders import (
     TOKENIZER_PATTERNS,
     load_tokenizer,
     resolve_model_folder,
 )
-from octavo.model_executor.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ from octavo.config import EngineArgs
 from octavo.engine.core_process import ProcessCore
 from octavo.entrypoints.openai.app import build_app, context_of
 from octavo.entrypoints.openai.context import ServerConfig
-from octavo.entrypoints.openai.render_server import TokenizerCore
 from octavo.entrypoints.openai.shutdown import DrainingServer
 from octavo.entrypoints.openai.uvicorn_config import uvicorn_config
 
@@ -41,7 +40,7 @@ def run_server(
     """
     disable_created_metrics()  # like vLLM: no *_created series in the scrape
     holder: list[DrainingServer] = []
-    core = TokenizerCore(engine_args) if render_only else ProcessCore(engine_args)
+    core = _render_core(engine_args) if render_only else ProcessCore(engine_args)
     app = build_app(
         config,
         core,
@@ -69,3 +68,11 @@ def run_server(
     elif server.exit_code == ENGINE_DEATH_EXIT_CODE:
         logger.error("exiting: the engine core died")
     return server.exit_code
+
+
+def _render_core(engine_args: EngineArgs):
+    """The tokenizer-only core of ``octavo launch render`` (imported here: it loads the
+    tokenizer in this process, which a served engine's API process leaves to the core)."""
+    from octavo.entrypoints.openai.render_server import TokenizerCore
+
+    return TokenizerCore(engine_args)

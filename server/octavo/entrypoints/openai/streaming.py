@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -19,10 +19,12 @@ from octavo.entrypoints.openai.middleware import request_arrival
 from octavo.entrypoints.openai.request_log import log_finished, log_request
 from octavo.entrypoints.openai.request_params import refused_field
 from octavo.lora_request import LoRARequest
-from octavo.multimodal.processor import ProcessedPrompt
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 from octavo.tracing import request_span_hook
+
+if TYPE_CHECKING:
+    from octavo.multimodal.processor import ProcessedPrompt
 
 __all__ = ["close_streams"]  # re-exported for the serving modules
 
@@ -118,7 +120,7 @@ async def open_streams(
     ids = engine_request_ids(base_id, len(prompts))
     if log_requests:
         for request_id, prompt, sampling in zip(ids, prompts, params, strict=True):
-            token_ids = prompt.token_ids if isinstance(prompt, ProcessedPrompt) else prompt
+            token_ids = prompt if isinstance(prompt, list) else prompt.token_ids
             log_request(request_id, token_ids, sampling, lora_request)
     requests = [
         NewRequest(request_id, token_ids, sampling, lora_request)

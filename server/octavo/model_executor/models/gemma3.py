@@ -19,7 +19,7 @@ import dataclasses
 from octavo.model_executor.gguf_layout import GgufLayout
 from octavo.model_executor.models.gemma2 import Gemma2ForCausalLM
 from octavo.model_executor.models.layer_spec import AttentionSpec
-from octavo.model_executor.rotary import rope_parameters_for
+from octavo.model_executor.rope_parameters import rope_parameters_for
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):

@@ -22,7 +22,7 @@ from octavo.model_executor.model_config import FULL_ATTENTION
 from octavo.model_executor.models.causal_lm import CausalLM
 from octavo.model_executor.models.deepseek_moe import DeepseekV3MoE
 from octavo.model_executor.models.layer_spec import AttentionSpec
-from octavo.model_executor.rotary import rope_parameters_for
+from octavo.model_executor.rope_parameters import rope_parameters_for
 
 
 class Glm4MoeForCausalLM(DeepseekV3MoE, CausalLM):

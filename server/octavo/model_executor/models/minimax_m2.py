@@ -20,7 +20,7 @@ from octavo.model_executor.model_config import FULL_ATTENTION
 from octavo.model_executor.models.layer_spec import AttentionSpec
 from octavo.model_executor.models.mixtral import MixtralForCausalLM
 from octavo.model_executor.models.moe_mlp import MoEShape
-from octavo.model_executor.rotary import rope_parameters_for
+from octavo.model_executor.rope_parameters import rope_parameters_for
 
 
 class MiniMaxM2ForCausalLM(MixtralForCausalLM):

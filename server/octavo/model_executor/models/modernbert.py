@@ -32,7 +32,7 @@ from octavo.model_executor.model_config import ModelConfig
 from octavo.model_executor.models.causal_lm import CausalLM, StepResult
 from octavo.model_executor.models.encoder import EncoderModel, activation, classifier_labels
 from octavo.model_executor.models.layer_spec import AttentionSpec
-from octavo.model_executor.rotary import rope_parameters_for
+from octavo.model_executor.rope_parameters import rope_parameters_for
 from octavo.pooling.params import PoolerConfig, PoolingType
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer types

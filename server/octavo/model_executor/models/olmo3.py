@@ -12,7 +12,7 @@ import dataclasses
 
 from octavo.model_executor.models.layer_spec import AttentionSpec
 from octavo.model_executor.models.olmo2 import Olmo2ForCausalLM
-from octavo.model_executor.rotary import rope_parameters_for
+from octavo.model_executor.rope_parameters import rope_parameters_for
 
 
 class Olmo3ForCausalLM(Olmo2ForCausalLM):

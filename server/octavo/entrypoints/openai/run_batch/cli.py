@@ -96,7 +96,7 @@ def _prepared(args: argparse.Namespace):
     from octavo.engine.early_checks import check_parallel_layout_early, check_quantization_early
     from octavo.entrypoints.openai.app import build_app
     from octavo.entrypoints.openai.run_batch.runner import BatchSettings
-    from octavo.model_executor.loader import check_model_early
+    from octavo.model_executor.model_folders import check_model_early
 
     input_path, output_path, tmp_dir = batch_files(args)
     engine_args = parsed_engine_args(args)
