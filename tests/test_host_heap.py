@@ -24,9 +24,15 @@ GLIBC = pytest.mark.skipif(
 )
 PAGES = (48 << 20) // 4096  # a 48 MiB tensor: above the 32 MiB glibc maps afresh at most
 
+# The script imports the engine first, as every process that holds the heap has (the engine
+# core, a worker; `import octavo.worker.host_heap` pulled it in until octavo/__init__ became
+# lazy). In an interpreter that imported torch alone, glibc served the held 48 MiB tensors
+# with fresh pages (12,288 faults each) in 3 of 5 runs; with the engine imported, in none of
+# 5 (the heap's layout differs: glibc's main arena takes a mapping when brk cannot grow).
 HEAP_SCRIPT = textwrap.dedent(
     """
     import ctypes, json, resource, torch
+    import octavo.engine.llm_engine
     from octavo.worker.host_heap import KeptHeap
 
     class MallInfo2(ctypes.Structure):
