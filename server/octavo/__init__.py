@@ -7,8 +7,9 @@ worker) does not import the engine and torch with it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from octavo.lazy_names import names_on_first_use
 
 if TYPE_CHECKING:
     from octavo.config import EngineArgs
@@ -35,11 +36,4 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'octavo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup finds it without this function
-    return value
+__getattr__ = names_on_first_use(__name__, _EXPORTS)

@@ -17,19 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.lora.adapter_config import MODULES, read_settings
+from octavo.lora.adapter_config import read_settings
 from octavo.lora.adapter_source import adapter_folder
-from octavo.lora.adapter_tensors import module_shape, read_weights
+from octavo.lora.adapter_tensors import read_weights
 from octavo.lora.fused_modules import fused_modules
 from octavo.model_executor.model_config import ModelConfig
-
-__all__ = [
-    "MODULES",
-    "PeftAdapter",
-    "adapter_folder",
-    "load_peft_adapter",
-    "module_shape",
-]
 
 
 @dataclass

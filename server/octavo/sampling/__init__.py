@@ -6,8 +6,9 @@ first use, so that a torch-free module can import ``octavo.sampling.token_logpro
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from octavo.lazy_names import names_on_first_use
 
 if TYPE_CHECKING:
     from octavo.sampling.sampler import Sampler, SampleResult, SamplingRow
@@ -21,9 +22,4 @@ _EXPORTS = {
 }
 __all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'octavo.sampling' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = names_on_first_use(__name__, _EXPORTS)

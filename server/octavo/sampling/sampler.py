@@ -46,7 +46,7 @@ from octavo.sampling.token_logprobs import TokenLogprobs
 from octavo.sampling_params import SamplingParams
 from octavo.structured_output.matcher import GrammarState, apply_grammar_bitmasks
 
-__all__ = ["SampleResult", "Sampler", "SamplingRow", "TokenLogprobs", "target_probabilities"]
+__all__ = ["SampleResult", "Sampler", "SamplingRow", "target_probabilities"]
 
 
 @dataclass
