@@ -25,6 +25,7 @@ from kubernetes import client
 
 from e2e.cluster.paths import REPO_ROOT
 from e2e.ports import free_port
+from octavo.cache_dirs import cache_root
 from octavo_bench.port_forward import PortForward
 
 
@@ -85,13 +86,18 @@ class PodProcess:
         return self.pod["spec"]["containers"][0]
 
     def path_map(self) -> dict[str, Path]:
-        """Container path -> local folder: volume mounts and folders baked into the image."""
-        out = {}
+        """Container path -> local folder: volume mounts and folders baked into the image.
+
+        The tests make their models under Octavo's cache folder and name them by their host
+        path, as a node-local folder the pod sees where it is: so that folder maps to itself,
+        also when it lies under a path the pod mounts a volume at (its ``/tmp``, when the
+        cache is under /tmp). A mount at the very same path still wins."""
+        out = {str(cache_root()): cache_root()}
         for mount in self.container.get("volumeMounts") or []:
             local = self.workdir / "volumes" / mount["name"]
             local.mkdir(parents=True, exist_ok=True)
             out[mount["mountPath"]] = local
-        return {**out, **{k: v for k, v in self.image_paths.items()}}
+        return {**out, **self.image_paths}
 
     def rewrite(self, value: str) -> str:
         for container_path, local in sorted(self.path_map().items(), key=lambda kv: -len(kv[0])):
