@@ -26,6 +26,7 @@ from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
 from octavo.attention.triton_kernels import (
     LOG2E,
+    CacheFormat,
     _cache_strides,
     _dot_dtype,
     _first_visible,
@@ -42,6 +43,7 @@ from octavo.attention.triton_kernels import (
 _LOG2E = tl.constexpr(LOG2E)
 SPLIT_KV_TILE = 64  # context tokens per split-kernel loop step (a multiple of block_size)
 MIN_SPLIT_TOKENS = 64  # a split reads at least one such tile of the longest context
+MIN_DOT_TILE = 16  # the fewest rows a tensor-core tl.dot takes
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 8  # programs per SM the split count aims for (see choose_num_splits)
 # Launch of the split kernel. H200, bf16, 32 seqs x 2k, 5 splits: 2 warps 0.135 ms (1985
@@ -370,8 +372,44 @@ def _decode_kv_tile(block_size: int, group_p2: int, dim_p2: int) -> int:
 
 
 def _split_kv_tile(block_size: int) -> int:
-    """Split kernel: ``SPLIT_KV_TILE`` tokens, or a whole cache block when that is larger."""
+    """Split kernel: ``SPLIT_KV_TILE`` tokens, or a whole cache block when that is larger
+    (halved at launch where the GPU's shared memory is too small: ``_tile_that_fits``)."""
     return max(SPLIT_KV_TILE, block_size)
+
+
+@functools.cache
+def shared_memory_limit(device: torch.device) -> int | None:
+    """Shared memory one program may take on a CUDA device (its opt-in maximum: 227 KiB on
+    an H100, 163 KiB on an A100, 99 KiB on an L4, L40S or A10); None elsewhere (the
+    interpreter has no limit)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+
+
+def _tile_that_fits(grid: tuple, args: tuple, constexprs: dict, tile: int, limit: int) -> int:
+    """The largest of ``tile``, ``tile / 2``, ... (at least ``MIN_DOT_TILE``) whose compiled
+    split kernel takes at most ``limit`` bytes of shared memory, asked of Triton itself
+    (``warmup`` compiles without launching; the launch then finds that compile cached).
+    A 128-token tile of 128 dims took 139,264 bytes (Triton 3.7), 64 of Gemma's 256 dims
+    147,456: more than the 99 KiB of an L4, L40S or A10, where the launch would fail. Every
+    tile compiled took at least ``tile * DIM_P2 * 8`` bytes: tiles past that are skipped
+    uncompiled (128 tokens of 256 dims took 38 s to compile for an H100, and cannot fit)."""
+    key = (tile, limit, *constexprs.values())  # one call site: the same keys, in one order
+    if key not in _FITTING_TILES:
+        chosen = tile
+        while chosen > MIN_DOT_TILE and chosen * constexprs["DIM_P2"] * 8 > limit:
+            chosen //= 2  # past even the keys' and values' tiles (8 bytes a value): no compile
+        while chosen > MIN_DOT_TILE:
+            compiled = _split_kernel.warmup(*args, grid=grid, BLOCK_N=chosen, **constexprs)
+            if compiled.metadata.shared <= limit:
+                break
+            chosen //= 2
+        _FITTING_TILES[key] = chosen
+    return _FITTING_TILES[key]
+
+
+_FITTING_TILES: dict[tuple, int] = {}  # _tile_that_fits's answers, by tile, limit, launch
 
 
 def _splittable(block_size: int) -> bool:
@@ -483,46 +521,19 @@ def _split_kv(
     over ``(seqs, heads)``. The fp32 workspace is allocated here: inside a CUDA graph's
     capture it comes from the graph's pool and stays the graph's own."""
     num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = kv_cache.shape[3]
     extra = kernel_options(options, query)
     sinks, has_sinks = extra.pop("sinks_ptr"), extra.pop("SINKS")
-    group = num_heads // num_kv_heads
-    dim_p2 = triton.next_power_of_2(head_dim)
     rows = num_seqs * num_heads * num_splits
     parts = torch.empty(rows * (head_dim + 2), dtype=torch.float32, device=query.device)
     acc, maxes, sums = parts.split([rows * head_dim, rows, rows])
     cache = cache_format(kv_cache, scales)
-    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
-    dot_dtype = _dot_dtype(query)
-    _split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query,
-        cache.tensor,
-        block_tables,
-        seq_lens,
-        acc,
-        maxes,
-        sums,
-        query.stride(0),
-        query.stride(1),
-        block_tables.stride(0),
-        stride_kv,
-        stride_blk,
-        stride_tok,
-        stride_ch,
-        scale * LOG2E * cache.k_factor,
-        head_dim,
-        GROUP=group,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        DIM_P2=dim_p2,
-        BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_N=kv_tile,
-        FP8=cache.fp8,
-        DOT_DTYPE=dot_dtype,
-        PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
-        num_warps=_split_warps(query.dtype),
-        num_stages=SPLIT_NUM_STAGES,
-        **extra,
-    )
+    workspace = (acc, maxes, sums)
+    args, keywords = _split_arguments(query, cache, block_tables, seq_lens, workspace, scale)
+    grid = (num_seqs, kv_cache.shape[3], num_splits)
+    limit = shared_memory_limit(query.device)
+    if limit is not None:
+        kv_tile = _tile_that_fits(grid, args, {**keywords, **extra}, kv_tile, limit)
+    _split_kernel[grid](*args, BLOCK_N=kv_tile, **keywords, **extra)
     _merge_kernel[(num_seqs, num_heads)](
         acc,
         maxes,
@@ -535,6 +546,38 @@ def _split_kv(
         head_dim,
         cache.v_factor,
         SPLITS_P2=triton.next_power_of_2(num_splits),
-        DIM_P2=dim_p2,
+        DIM_P2=triton.next_power_of_2(head_dim),
         SINKS=has_sinks,
     )
+
+
+def _split_arguments(
+    query: torch.Tensor,
+    cache: CacheFormat,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    scale: float,
+) -> tuple[tuple, dict]:
+    """``_split_kernel``'s positional arguments, and its keywords but ``BLOCK_N`` and the
+    layer's options."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    stride_kv, stride_blk, stride_tok, stride_ch = _cache_strides(cache.tensor)
+    dot_dtype = _dot_dtype(query)
+    args = (query, cache.tensor, block_tables, seq_lens, *workspace)
+    args += (query.stride(0), query.stride(1), block_tables.stride(0))
+    args += (stride_kv, stride_blk, stride_tok, stride_ch, scale * LOG2E * cache.k_factor)
+    group = num_heads // cache.tensor.shape[3]
+    keywords = {
+        "head_dim": head_dim,
+        "GROUP": group,
+        "BLOCK_H": max(16, triton.next_power_of_2(group)),
+        "DIM_P2": triton.next_power_of_2(head_dim),
+        "BLOCK_SIZE": cache.tensor.shape[2],
+        "FP8": cache.fp8,
+        "DOT_DTYPE": dot_dtype,
+        "PRECISION": "ieee" if dot_dtype == tl.float32 else "tf32",
+        "num_warps": _split_warps(query.dtype),
+        "num_stages": SPLIT_NUM_STAGES,
+    }
+    return args, keywords

@@ -32,42 +32,16 @@ import triton.language as tl
 
 from octavo.attention.kv_quant import UNIT_SCALES, KVScales
 from octavo.attention.options import FULL_ATTENTION, AttentionOptions
+from octavo.kernels.triton_fp8_bits import (
+    FP8_FORMATS,
+    FP8_HALF_FACTOR,
+    NOT_FP8,
+    fp8_encode,
+    fp8_to_half,
+)
 
 LOG2E = 1.4426950408889634
 _LOG2E = tl.constexpr(LOG2E)
-NOT_FP8, E4M3, E5M2 = 0, 1, 2  # the FP8 constexpr of the kernels
-FP8_FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2}
-FP8_HALF_FACTOR = {NOT_FP8: 1.0, E4M3: 256.0, E5M2: 1.0}  # value = widened fp16 * factor
-
-
-@triton.jit
-def _fp8_encode(x, FP8: tl.constexpr):
-    """fp32 -> fp8 bytes: saturated, rounded to nearest even (torch's conversion)."""
-    MANT: tl.constexpr = 3 if FP8 == 1 else 2
-    BIAS: tl.constexpr = 7 if FP8 == 1 else 15
-    LIMIT: tl.constexpr = 448.0 if FP8 == 1 else 57344.0
-    bits = tl.minimum(tl.abs(x), LIMIT).to(tl.uint32, bitcast=True)
-    shift: tl.constexpr = 23 - MANT
-    odd = (bits >> shift) & 1
-    normal = ((bits + ((1 << (shift - 1)) - 1) + odd) >> shift) - ((127 - BIAS) << MANT)
-    exponent = (bits >> 23).to(tl.int32)
-    sub_shift = tl.minimum(tl.maximum((151 - BIAS - MANT) - exponent, 0), 31).to(tl.uint32)
-    mantissa = (bits & 0x7FFFFF) | 0x800000
-    half = (tl.full(bits.shape, 1, tl.uint32) << sub_shift) >> 1
-    sub_odd = (mantissa >> sub_shift) & 1
-    subnormal = (mantissa + half - 1 + sub_odd) >> sub_shift
-    code = tl.where(exponent < 127 - BIAS + 1, subnormal, normal)
-    sign = (x.to(tl.uint32, bitcast=True) >> 24) & 0x80
-    return (code | sign).to(tl.uint8)
-
-
-@triton.jit
-def _fp8_to_half(raw, FP8: tl.constexpr):
-    """fp8 bytes -> fp16 exactly: E5M2 is fp16's top byte; E4M3 lands as ``value / 256``."""
-    wide = raw.to(tl.uint16)
-    if FP8 == 1:
-        return (((wide & 0x7F) << 7) | ((wide & 0x80) << 8)).to(tl.float16, bitcast=True)
-    return (wide << 8).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -76,7 +50,7 @@ def _load_kv(ptrs, mask, FP8: tl.constexpr, DTYPE: tl.constexpr):
     ``FP8_HALF_FACTOR``). Both branches return ``DTYPE``: compiled Triton requires it."""
     if FP8 == 0:
         return tl.load(ptrs, mask=mask, other=0.0).to(DTYPE)
-    return _fp8_to_half(tl.load(ptrs, mask=mask, other=0), FP8).to(DTYPE)
+    return fp8_to_half(tl.load(ptrs, mask=mask, other=0), FP8).to(DTYPE)
 
 
 @dataclass(frozen=True)
@@ -140,8 +114,8 @@ def _store_kv_kernel(
         tl.store(dst, key.to(cache_ptr.dtype.element_ty), mask)
         tl.store(dst + stride_kv, value.to(cache_ptr.dtype.element_ty), mask)
     else:
-        tl.store(dst, _fp8_encode(key.to(tl.float32) * inv_k_scale, FP8), mask)
-        tl.store(dst + stride_kv, _fp8_encode(value.to(tl.float32) * inv_v_scale, FP8), mask)
+        tl.store(dst, fp8_encode(key.to(tl.float32) * inv_k_scale, FP8), mask)
+        tl.store(dst + stride_kv, fp8_encode(value.to(tl.float32) * inv_v_scale, FP8), mask)
 
 
 @triton.jit

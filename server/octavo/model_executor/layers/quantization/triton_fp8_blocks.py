@@ -4,7 +4,9 @@
 (k + column phase) // block_in]``: each ``BLOCK_K x BLOCK_N`` slice of the weights is
 loaded in FP8, widened and multiplied by its elements' tile scales in registers, then
 ``tl.dot`` accumulates in fp32. Scales are looked up per element, so any tile size and
-any slice (a tensor-parallel rank's, starting inside a tile) run the same kernel.
+any slice (a tensor-parallel rank's, starting inside a tile) run the same kernel. The
+FP8 bytes widen with integer operations (``kernels/triton_fp8_bits.py``), so GPUs without
+fp8 instructions (A100, A10) run it too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.kernels.triton_fp8_bits import E4M3_CODE, E4M3_HALF_FACTOR, fp8_to_half
 from octavo.model_executor.layers.quantization.fp8_blocks import Fp8BlockTensor
 from octavo.model_executor.layers.quantization.triton_kernels import (
     _output_tile,
@@ -54,10 +57,11 @@ def _fp8_block_matmul_kernel(
             other=0.0,
         )
         mask_w = mask_n[None, :] & mask_k[:, None]  # a [BLOCK_K, BLOCK_N] tile of w^T
-        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=mask_w, other=0.0)
+        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=mask_w, other=0)
         tile = tile_row * scale_cols + (offs_k[:, None] + phase_in) // block_in
-        scale = tl.load(scale_ptr + tile, mask=mask_w, other=0.0)
-        acc += tl.dot(x, (w.to(tl.float32) * scale).to(x.dtype), input_precision="ieee")
+        scale = tl.load(scale_ptr + tile, mask=mask_w, other=0.0) * E4M3_HALF_FACTOR
+        w = fp8_to_half(w, E4M3_CODE).to(tl.float32) * scale  # (value / 256) * (scale * 256)
+        acc += tl.dot(x, w.to(x.dtype), input_precision="ieee")
     _store_tile(out_ptr, acc, offs_m, offs_n, mask_m, mask_n, stride_om)
 
 
@@ -71,7 +75,7 @@ def fp8_block_linear(x: torch.Tensor, matrix: Fp8BlockTensor) -> torch.Tensor:
     grid = (triton.cdiv(count, block_m), triton.cdiv(n, block_n))
     _fp8_block_matmul_kernel[grid](
         rows,
-        weight,
+        weight.view(torch.uint8),
         scale,
         out,
         count,

@@ -7,6 +7,10 @@ to the activations' dtype in registers just before ``tl.dot`` (fp32 accumulation
 - ``int4_matmul``: nibbles (``Int4Planes``: byte ``k // 2``, low nibble for even ``k``)
   times a per-32-column scale plus offset;
 - ``fp8_matmul``: e4m3 weights, one fp32 scale per output row applied after the sum.
+
+The e4m3 weights are read as their bytes and widened with integer operations
+(``kernels/triton_fp8_bits.py``: to fp16 as ``value / 256``, exactly; the 256 joins the
+scale), so they run on GPUs without fp8 instructions too (A100, A10).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from octavo.kernels.triton_fp8_bits import E4M3_CODE, E4M3_HALF_FACTOR, fp8_to_half
 
 GROUP = tl.constexpr(32)  # columns per scale/offset pair in Int4Planes (constexpr: read by kernels)
 
@@ -96,10 +102,11 @@ def _fp8_matmul_kernel(
         w = tl.load(
             w_ptr + offs_n[None, :] * K + offs_k[:, None],
             mask=mask_n[None, :] & mask_k[:, None],
-            other=0.0,
+            other=0,
         )
-        acc += tl.dot(x, w.to(x.dtype), input_precision="ieee")  # fp32: no tf32 rounding
-    scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+        w = fp8_to_half(w, E4M3_CODE).to(x.dtype)  # value / 256
+        acc += tl.dot(x, w, input_precision="ieee")  # fp32: no tf32 rounding
+    scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0) * E4M3_HALF_FACTOR
     _store_tile(out_ptr, acc * scale[None, :], offs_m, offs_n, mask_m, mask_n, stride_om)
 
 
@@ -144,7 +151,7 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     grid = (triton.cdiv(rows, block_m), triton.cdiv(n, block_n))
     _fp8_matmul_kernel[grid](
         x,
-        weight,
+        weight.view(torch.uint8),
         scale,
         out,
         rows,
