@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -119,6 +120,8 @@ def test_triton_kernels_match_torch_on_the_gpu():
         assert result.max_rel_diff < 2**-6, result
         if result.name.startswith("decode"):
             assert result.triton_gb_s > 0 and result.torch_gb_s > 0, result
+        if result.flash_ms is not None:  # torch's FlashAttention-2 rows: exact as well
+            assert result.flash_max_abs_diff < 2**-6 * result.max_reference, result
 
 
 def test_decode_rows_report_the_kv_bandwidth():
@@ -188,6 +191,49 @@ def test_prefill_attention_rows_on_a_tiny_shape(monkeypatch):
     for tile in (32, 64):  # the swept launches compute the same (a tile spans blocks)
         swept = prefill_attention(*args, kv_tile=tile, num_warps=8)
         torch.testing.assert_close(swept, default, rtol=1e-5, atol=1e-6)
+
+
+def test_flash_attention_reads_the_same_keys_and_values_in_blocks_of_256():
+    """The FA2 rows' cache, re-laid into 256-token blocks, gives every sequence the same
+    attention as Octavo's blocks (CPU: the torch path over both layouts; the kernel itself
+    needs a CUDA GPU: test_triton_kernels_match_torch_on_the_gpu)."""
+    from octavo.attention.torch_ops import prefill_attention
+    from octavo_bench import gpu_kernels
+    from octavo_bench.gpu_flash import FLASH_BLOCK, flash_available, relay_cache
+
+    shape = gpu_kernels.PrefillShape(3, 40, 300, heads=4, kv_heads=2, head_dim=16)
+    query, cache, meta = gpu_kernels.prefill_inputs(shape, torch.device("cpu"), torch.float32)
+    lengths = [300, 17, 300]  # a short sequence: its row's padding is the null block
+    layout = relay_cache(cache, meta.block_tables, lengths)
+    assert layout.cache.shape == (2, 3 * 2, FLASH_BLOCK, 2, 16)
+    assert layout.block_tables.tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert layout.cache[:, 2, 17:].abs().max() == 0  # past a sequence's end: zeros
+    for i, length in enumerate(lengths):
+        chunk = query[40 * i : 40 * i + min(length, 40)]
+        ours = prefill_attention(chunk, cache, meta.block_tables[i], length, 0.25)
+        relaid = prefill_attention(chunk, layout.cache, layout.block_tables[i], length, 0.25)
+        torch.testing.assert_close(relaid, ours, rtol=0, atol=0)
+    assert not flash_available(torch.device("cpu"))
+
+
+def test_the_tables_show_flash_attention_where_it_ran():
+    from octavo_bench.gpu_kernels import KernelResult, decode_table, prefill_table
+    from octavo_bench.gpu_report import kernel_row
+
+    ran = KernelResult("decode 32x2k split x5", 0.2, 0.4, 1e-3, 2.0, 10**9)
+    ran = replace(ran, flash_ms=0.25, flash_max_abs_diff=2e-3)
+    assert ran.flash_gb_s == pytest.approx(4000.0)
+    off_cuda = KernelResult("decode 32x2k single pass", 0.3, 0.4, 1e-3, 2.0, 10**9)
+    text = decode_table([ran, off_cuda])
+    assert "0.2500" in text and "2.00e-03" in text and "4000" in text
+    assert off_cuda.to_json()["flash_gb_s"] is None
+    prefill = KernelResult("prefill 4x512", 1.0, 2.0, 0.0, 1.0, flop=10**12)
+    prefill = replace(prefill, flash_ms=0.5)
+    assert prefill.flash_tflop_s == 2000.0 and "2000.0" in prefill_table([prefill])
+    failed = replace(off_cuda, flash_ms=float("nan"))
+    assert failed.flash_gb_s is None and "nan" in decode_table([failed])
+    assert kernel_row(ran.to_json())[-1] == "0.2500"
+    assert kernel_row(off_cuda.to_json())[-1] == "-"
 
 
 def test_the_top_kernel_table_is_per_marginal_step(capsys):

@@ -11,7 +11,9 @@ Decode attention is timed per layer call at 32 sequences x 1k and 2k context and
 sequence x 2k: the torch path (``TorchAttention.decode``), the single-pass Triton kernel
 and the split-KV kernel at the split count ``choose_num_splits`` picks (plus a sweep of
 split counts and of launch settings, to refine both), each with the K+V bytes it must
-read per second.
+read per second. Beside the split kernel and each prefill row: torch's FlashAttention-2 on
+the same keys and values in blocks of 256 tokens (``gpu_flash.py``), the candidate that
+comes with torch.
 These calls are timed as CUDA-graph replays, as decode steps run them: eager, Python's
 launch cost (tens of microseconds a call) would hide what the GPU takes.
 (1 x 2k reads 8 MiB, which an H100's 50 MB L2 holds between calls: above HBM speed.)
@@ -29,6 +31,7 @@ from octavo.attention.backend import TorchAttention
 from octavo.attention.triton_decode import choose_num_splits, paged_decode_attention, sm_count
 from octavo.model_executor.step_inputs import lay_out, step_inputs
 from octavo.scheduler.output import ScheduledSequence
+from octavo_bench.gpu_flash import flash_attention_call, flash_available, relay_cache
 from octavo_bench.report import table
 
 
@@ -43,6 +46,10 @@ class KernelResult:
     sweep_ms: dict[int, float] | None = None  # split-KV: ms per call by forced split count
     launch_ms: dict[str, float] | None = None  # ms by "w{warps}t{tile}" launch (swept)
     flop: int | None = None  # what one call computes (prefill attention)
+    # torch's FlashAttention-2 on the same keys and values in blocks of 256 (gpu_flash.py):
+    # ms per call and max |diff| against the torch path; None off CUDA, NaN where it failed
+    flash_ms: float | None = None
+    flash_max_abs_diff: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -63,12 +70,20 @@ class KernelResult:
         return gb_per_s(self.bytes_read, self.torch_ms)
 
     @property
+    def flash_gb_s(self) -> float | None:
+        return gb_per_s(self.bytes_read, self.flash_ms) if self.flash_ms else None
+
+    @property
     def triton_tflop_s(self) -> float | None:
-        return self.flop / (self.triton_ms * 1e9) if self.flop and self.triton_ms > 0 else None
+        return tflop_per_s(self.flop, self.triton_ms)
 
     @property
     def torch_tflop_s(self) -> float | None:
-        return self.flop / (self.torch_ms * 1e9) if self.flop and self.torch_ms > 0 else None
+        return tflop_per_s(self.flop, self.torch_ms)
+
+    @property
+    def flash_tflop_s(self) -> float | None:
+        return tflop_per_s(self.flop, self.flash_ms) if self.flash_ms else None
 
     def to_json(self) -> dict:
         derived = {"speedup": self.speedup, "max_rel_diff": self.max_rel_diff}
@@ -79,11 +94,17 @@ class KernelResult:
             "torch_gb_s": self.torch_gb_s,
             "triton_tflop_s": self.triton_tflop_s,
             "torch_tflop_s": self.torch_tflop_s,
+            "flash_gb_s": self.flash_gb_s,
+            "flash_tflop_s": self.flash_tflop_s,
         }
 
 
 def gb_per_s(num_bytes: int | None, ms: float) -> float | None:
     return num_bytes / (ms * 1e6) if num_bytes and ms > 0 else None
+
+
+def tflop_per_s(flop: int | None, ms: float) -> float | None:
+    return flop / (ms * 1e9) if flop and ms > 0 else None
 
 
 def time_ms(fn: Callable[[], torch.Tensor], repeats: int = 20) -> float:
@@ -222,10 +243,9 @@ def decode_attention(
     sweep = {n: timer(triton_call(num_splits=n), 10) for n in SWEEP_SPLITS}
     launches = launch_sweep(triton_call, forced)
     bytes_read = shape.kv_bytes(dtype)
-    return [
-        replace(single, bytes_read=bytes_read),
-        replace(split, bytes_read=bytes_read, sweep_ms=sweep, launch_ms=launches),
-    ]
+    split = replace(split, bytes_read=bytes_read, sweep_ms=sweep, launch_ms=launches)
+    flash = with_flash(split, query, cache, meta, shape.seqs, scale, torch_call)
+    return [replace(single, bytes_read=bytes_read), flash]
 
 
 @dataclass(frozen=True)
@@ -311,12 +331,31 @@ def prefill_attention(
             launches[f"w{warps}t{tile}"] = graph_time_ms(triton_call(num_warps=warps, kv_tile=tile))
         except Exception:  # a compile error: the sweep is advice, not a check
             launches[f"w{warps}t{tile}"] = float("nan")
-    return replace(result, flop=shape.flop(), launch_ms=launches)
+    result = replace(result, flop=shape.flop(), launch_ms=launches)
+    return with_flash(result, query, cache, meta, count, scale, torch_call)
+
+
+def with_flash(result: KernelResult, query, cache, meta, count: int, scale: float, torch_fn):
+    """``result`` with torch's FlashAttention-2 timed on the same keys and values (the first
+    ``count`` sequences of ``meta``) in its 256-token blocks; as it is off CUDA."""
+    if not flash_available(query.device):
+        return result
+    seq_lens = meta.seq_lens_list[:count]
+    layout = relay_cache(cache, meta.block_tables[:count], seq_lens)
+    starts = meta.query_start_loc[: count + 1]
+    call = flash_attention_call(query, layout, starts, seq_lens, scale)
+    try:
+        difference = (call().float() - torch_fn().float()).abs().max().item()
+        return replace(result, flash_ms=graph_time_ms(call), flash_max_abs_diff=difference)
+    except RuntimeError as error:  # a shape the kernel refuses: the row says so, the rest runs
+        print(f"{result.name}: FlashAttention-2 failed: {error}")
+        return replace(result, flash_ms=float("nan"))
 
 
 def decode_table(results: list[KernelResult]) -> str:
     """The decode rows with their achieved bandwidth and the split sweep."""
-    headers = ["kernel", "triton ms", "GB/s", "torch ms", "torch GB/s", "max |diff|", "sweep ms"]
+    headers = ["kernel", "triton ms", "GB/s", "torch ms", "torch GB/s", "max |diff|"]
+    headers += [*FLASH_HEADERS, "FA2 GB/s", "sweep ms"]
     rows = []
     for r in results:
         swept = {**(r.sweep_ms or {}), **(r.launch_ms or {})}
@@ -329,15 +368,29 @@ def decode_table(results: list[KernelResult]) -> str:
                 f"{r.torch_ms:.4f}",
                 f"{r.torch_gb_s or 0:.0f}",
                 f"{r.max_abs_diff:.2e}",
+                *flash_cells(r),
+                f"{r.flash_gb_s:.0f}" if r.flash_gb_s else "-",
                 sweep,
             ]
         )
     return table(headers, rows)
 
 
+FLASH_HEADERS = ["FA2 ms", "FA2 |diff|"]  # torch's FlashAttention-2, blocks of 256
+
+
+def flash_cells(row: KernelResult) -> list[str]:
+    """The FlashAttention-2 time and difference; "-" where it did not run (off CUDA)."""
+    if row.flash_ms is None:
+        return ["-", "-"]
+    difference = row.flash_max_abs_diff
+    return [f"{row.flash_ms:.4f}", "-" if difference is None else f"{difference:.2e}"]
+
+
 def prefill_table(results: list[KernelResult]) -> str:
     """The prefill rows with their achieved TFLOP/s and the launch sweep."""
-    headers = ["kernel", "triton ms", "TFLOP/s", "torch ms", "torch TFLOP/s", "sweep ms"]
+    headers = ["kernel", "triton ms", "TFLOP/s", "torch ms", "torch TFLOP/s", *FLASH_HEADERS]
+    headers += ["FA2 TFLOP/s", "sweep ms"]
     rows = [
         [
             r.name,
@@ -345,6 +398,8 @@ def prefill_table(results: list[KernelResult]) -> str:
             f"{r.triton_tflop_s or 0:.1f}",
             f"{r.torch_ms:.4f}",
             f"{r.torch_tflop_s or 0:.1f}",
+            *flash_cells(r),
+            f"{r.flash_tflop_s:.1f}" if r.flash_tflop_s else "-",
             " ".join(f"{key}:{ms:.4f}" for key, ms in (r.launch_ms or {}).items()),
         ]
         for r in results
