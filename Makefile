@@ -56,7 +56,7 @@ bench: venv
 # The GPU checks in one command, for the day a GPU machine (PyTorch and Triton, no network)
 # is at hand: `make gpu-prepare` here fills .whl/ and .gpu-baked/ (git-ignored); carry both
 # to the GPU machine and run `make gpu-check` there: the fast GPU test files, then the GPU
-# benchmark, graphs, async scheduling and eager (decode B=1 vs the HBM roofline on the 1B
+# benchmark, graphs, FLASH_ATTN, async scheduling and eager (decode B=1 vs the HBM roofline on the 1B
 # and 8B shapes, B=32 vs B=1 and vs HF, nano-vllm's offline shape, Triton kernels vs
 # torch, served vs HF), then the step profile: about 11 minutes; scripts/gpu-check.sh says
 # how to split it over two device calls (600 s each at most).

@@ -5,8 +5,9 @@
 # With no arguments: the fast GPU test files (decode graphs, the GPU bench's own tests, the
 # Triton attention, activation, norm and rotary files, sampling on devices; not
 # test_memory_profile.py, ~110 s: name it to run it) under `timeout 150`, then
-# `python -m octavo_bench gpu` under `timeout 300` (CUDA graphs, graphs with
-# --async-scheduling, and --enforce-eager, the slowest last: 1B
+# `python -m octavo_bench gpu` under `timeout 300` (CUDA graphs, graphs with torch's
+# FlashAttention-2 in blocks of 256, graphs with --async-scheduling, and --enforce-eager,
+# the slowest last: 1B
 # decode B=1 vs the HBM roofline and B=32 vs B=1 and vs HF, nano-vllm's offline shape on the
 # 1B and Qwen3-0.6B shapes, the 8B shape at B=1, Triton kernels vs torch, and the vLLM
 # paper's comparison: `octavo serve` vs a naive HF server on ShareGPT-shaped Poisson
@@ -20,8 +21,8 @@
 # With test files as arguments: those tests only, no benchmark.
 # GPU_TESTS_TIMEOUT / GPU_BENCH_TIMEOUT (seconds, 150 / 300) bound the two parts, 0 leaves
 # that part out; GPU_STEP_PROFILE=0 leaves the step profile out. A device call runs 600 s at
-# most and the bench needs about 350 s (three modes and the served part), so a cold machine
-# takes two calls: the bench first (GPU_TESTS_TIMEOUT=0 GPU_BENCH_TIMEOUT=450
+# most and the bench needs about 430 s (four modes and the served part), so a cold machine
+# takes two calls: the bench first (GPU_TESTS_TIMEOUT=0 GPU_BENCH_TIMEOUT=540
 # GPU_STEP_PROFILE=0), then the tests and the step profile (GPU_BENCH_TIMEOUT=0
 # GPU_TESTS_TIMEOUT=300).
 # Logs, gpu.json and gpu.png go to $OUT (the device tool's) or /tmp.
@@ -40,7 +41,7 @@ if [ "$#" -eq 0 ]; then
     # the GPU-relevant files first, the bench's own (CPU smoke runs included) last
     triton=$(grep -l "paged_decode_attention\|triton_kernels" tests/test_*.py |
         grep -v -e test_memory_profile.py -e test_cpu_kernels.py -e test_bench_gpu.py)
-    set -- tests/test_decode_graphs.py tests/test_piecewise_graphs.py tests/test_kernel_warm_up.py tests/test_async_scheduling.py tests/test_sampling_devices.py \
+    set -- tests/test_decode_graphs.py tests/test_flash_attention_backend.py tests/test_piecewise_graphs.py tests/test_kernel_warm_up.py tests/test_async_scheduling.py tests/test_sampling_devices.py \
         tests/test_sampler_device_ops.py $triton tests/test_triton_activation.py \
         tests/test_triton_norm.py tests/test_triton_rotary.py tests/test_bench_gpu.py \
         --deselect tests/test_bench_gpu.py::test_the_served_part_launches_octavo_and_the_hf_server

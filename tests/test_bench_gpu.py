@@ -78,7 +78,8 @@ def test_every_mode_each_part_alone_and_a_failed_part_keeps_the_others(
     assert eager["b1_8b_gpu_ms_per_step"] is None  # kernel time: CUDA only
     assert result["common"]["hf_b32_tok_s"] > 0 and "weight_bytes" not in result["common"]
     header = next(line for line in capsys.readouterr().out.splitlines() if "target" in line)
-    assert header.split() == ["figure", "graphs", "async", "eager", "target"]
+    assert header.split() == ["figure", "graphs", "flash", "async", "eager", "target"]
+    assert "flash mode left out: FLASH_ATTN runs on CUDA GPUs only" in result["notes"]
     with pytest.raises(SystemExit):
         gpu.build_parser().parse_args(["--parts", "b1,nope"])
     args = gpu.build_parser().parse_args(["--model", str(source)])
@@ -152,6 +153,7 @@ def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
 
     monkeypatch.setattr(gpu_kernels, "time_ms", lambda fn, repeats=20: 1.0)
     monkeypatch.setattr(gpu_kernels, "graph_time_ms", lambda fn, repeats=20: 1.0)
+    stand_in_flash_attention(monkeypatch)
     monkeypatch.setattr(gpu_kernels, "SWEEP_SPLITS", (3,))
     monkeypatch.setattr(gpu_kernels, "SWEEP_LAUNCHES", ((1, 16),))
     shape = gpu_kernels.DecodeShape(2, 48, heads=4, kv_heads=2, head_dim=16)
@@ -161,6 +163,8 @@ def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
     for row in (single, split):
         assert row.max_rel_diff < 1e-5 and row.bytes_read == 2 * 2 * 48 * 2 * 16 * 4
     assert split.sweep_ms == {3: 1.0} and split.launch_ms == {"w1t16": 1.0}
+    assert single.flash_ms is None  # one FA2 row per shape: beside the split kernel
+    assert split.flash_ms == 1.0 and split.flash_max_abs_diff < 1e-5 * split.max_reference
     assert triton_decode.SPLIT_NUM_WARPS is None  # the sweep puts the default back
 
 
@@ -170,6 +174,7 @@ def test_prefill_attention_rows_on_a_tiny_shape(monkeypatch):
     from octavo_bench import gpu_kernels
 
     monkeypatch.setattr(gpu_kernels, "graph_time_ms", lambda fn, repeats=20: 2.0)
+    stand_in_flash_attention(monkeypatch)
     monkeypatch.setattr(gpu_kernels, "PREFILL_LAUNCHES", ((4, 32),))
     small = dict(heads=4, kv_heads=2, head_dim=16)
     fresh = gpu_kernels.PrefillShape(2, 20, 20, **small)
@@ -182,6 +187,7 @@ def test_prefill_attention_rows_on_a_tiny_shape(monkeypatch):
         assert row.name == f"prefill {shape.label}" and row.max_rel_diff < 1e-5
         assert row.flop == shape.flop() and row.triton_tflop_s == shape.flop() / 2e9
         assert row.launch_ms == {"w4t32": 2.0}
+        assert row.flash_ms == 2.0 and row.flash_max_abs_diff < 1e-5 * row.max_reference
     assert "w4t32:2.0000" in gpu_kernels.prefill_table([row])
     from octavo.attention.triton_kernels import prefill_attention
 
@@ -214,6 +220,31 @@ def test_flash_attention_reads_the_same_keys_and_values_in_blocks_of_256():
         relaid = prefill_attention(chunk, layout.cache, layout.block_tables[i], length, 0.25)
         torch.testing.assert_close(relaid, ours, rtol=0, atol=0)
     assert not flash_available(torch.device("cpu"))
+
+
+def stand_in_flash_attention(monkeypatch) -> None:
+    """FA2 (CUDA only) stood in for by its dense reference, as if the GPU had it: the FA2
+    rows' code path runs on the CPU (``flash_reference.py``)."""
+    from flash_reference import dense_varlen
+    from octavo_bench import gpu_kernels
+
+    monkeypatch.setattr(gpu_kernels, "flash_available", lambda device: True)
+    monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", dense_varlen)
+
+
+def test_a_launch_flash_attention_refuses_leaves_a_nan_row(monkeypatch):
+    from octavo_bench import gpu_kernels
+
+    def refuse(*args, **kw):
+        raise RuntimeError("Paged KV cache block size must be divisible by 256")
+
+    monkeypatch.setattr(gpu_kernels, "flash_available", lambda device: True)
+    monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", refuse)
+    shape = gpu_kernels.PrefillShape(1, 20, 48, heads=4, kv_heads=2, head_dim=16)
+    query, cache, meta = gpu_kernels.prefill_inputs(shape, torch.device("cpu"), torch.float32)
+    row = gpu_kernels.KernelResult("prefill 1x20@48", 1.0, 1.0, 0.0, 1.0, flop=shape.flop())
+    refused = gpu_kernels.with_flash(row, query, cache, meta, 0.25, lambda: query)
+    assert refused.flash_ms != refused.flash_ms and refused.flash_tflop_s is None  # NaN
 
 
 def test_the_tables_show_flash_attention_where_it_ran():

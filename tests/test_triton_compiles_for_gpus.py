@@ -39,6 +39,7 @@ ON_H100 = [
 TARGETS = [
     *(f"90={case}" for case in ON_H100),
     "89=attention bf16, blocks of 128",
+    "89=attention bf16, blocks of 256",
     "89=split decode, head_dim 256",
     "80=quantized linears bf16",
     "80=split decode, head_dim 256, blocks of 128",

@@ -229,6 +229,7 @@ CASES: dict[str, Callable[[], None]] = {
     ),
     "attention fp32": attention(FP32),
     "attention bf16, blocks of 128": attention(BF16, block_size=128),
+    "attention bf16, blocks of 256": attention(BF16, block_size=256),  # FLASH_ATTN's pages
     "split decode, head_dim 256": split_decode(256, 16),
     "split decode, head_dim 256, blocks of 128": split_decode(256, 128),
     "norm, rotary, activation bf16": norm_rotary_activation(BF16),

@@ -49,7 +49,10 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3  # bytes of KV cache on CPU when none is given
-SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64, 128)
+SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # vLLM's, less 1
+# auto: Triton on CUDA, the native kernels (else torch) on CPU; FLASH_ATTN: torch's
+# FlashAttention-2 (attention/flash_backend.py), CUDA and --block-size 256 only
+ATTENTION_BACKENDS = ("auto", "TRITON_ATTN", "FLASH_ATTN")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Each one's linear method is in model_executor/layers/quantization/registry.py.
 QUANTIZATION_NAMES = ("int8", "fp8", "gptq", "awq", "gguf")
@@ -58,6 +61,11 @@ DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 NGRAM_MODEL = "[ngram]"  # vLLM's older --speculative-model spelling of n-gram proposals
 
 logger = logging.getLogger(__name__)
+
+
+def backend_name(text: str) -> str:
+    """An --attention-backend value as vLLM spells it (FLASH_ATTN; auto in lower case)."""
+    return "auto" if text.lower() == "auto" else text.upper()
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,15 @@ class EngineArgs:
         "KV cache block size in tokens",
         one_of(SUPPORTED_BLOCK_SIZES, int),
         choices=SUPPORTED_BLOCK_SIZES,
+    )
+    attention_backend: str = engine_arg(
+        "auto",
+        "attention kernels (vLLM's flag): auto (Triton on a GPU, native kernels on CPU), "
+        "TRITON_ATTN, or FLASH_ATTN (torch's FlashAttention-2, one launch a step over the "
+        "paged cache: CUDA from Ampere on, 16-bit models, --block-size 256; layers with a "
+        "window, soft-cap or sinks and fp8 caches keep the Triton kernels)",
+        one_of(ATTENTION_BACKENDS, backend_name),
+        choices=ATTENTION_BACKENDS,
     )
     kv_cache_memory: int | None = engine_arg(
         None,
@@ -515,6 +532,11 @@ class EngineArgs:
             f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}",
         )
         _require(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        _require(
+            self.attention_backend in ATTENTION_BACKENDS,
+            f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
+            f"{self.attention_backend!r}",
+        )
         _require(
             self.task is None or self.task in TASKS,
             f"task must be one of {tuple(TASKS)}, got {self.task!r}",

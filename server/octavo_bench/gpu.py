@@ -1,7 +1,8 @@
 """`python -m octavo_bench gpu`: the GPU figures, in one run (what `make gpu-check` calls),
-each for CUDA graphs (the default), for graphs with ``--async-scheduling`` (the host plans
-step N+1 while the GPU runs step N; vLLM's default) and for ``--enforce-eager``, one
-engine at a time.
+each for CUDA graphs (the default), for graphs with torch's FlashAttention-2 as the
+attention kernels (``flash``: ``--attention-backend FLASH_ATTN --block-size 256``), for
+graphs with ``--async-scheduling`` (the host plans step N+1 while the GPU runs step N;
+vLLM's default) and for ``--enforce-eager``, one engine at a time.
 
 Parts (``--parts``, all by default):
 
@@ -53,7 +54,7 @@ from octavo_bench.gpu_measures import (
     offline_tok_s,
     prompts_of,
 )
-from octavo_bench.gpu_report import MODES, GpuReport, number
+from octavo_bench.gpu_report import MODE_SETTINGS, MODES, GpuReport, number
 from octavo_bench.parsers import add_output_dir, register_subcommand, standalone_parser
 from octavo_bench.report import json_safe, save
 
@@ -115,9 +116,8 @@ def with_engine(bench: Bench, folder: Path, mode: str, load_format: str, body) -
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.max_model_len,
-        enforce_eager=mode == "eager",
-        async_scheduling=mode == "async",
         load_format=load_format,
+        **MODE_SETTINGS[mode],
         **extra,
     )
     build_s = time.perf_counter() - start
@@ -333,6 +333,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None and ({"hf", "served"} | ONE_B_PARTS) & set(args.parts):
         args.model = preset_folder("llama-1b")
     report = GpuReport({key: str(value) for key, value in vars(args).items() if key != "func"})
+    if args.device != "cuda" and "flash" in args.modes:
+        args.modes = tuple(mode for mode in args.modes if mode != "flash")
+        report.notes.append("flash mode left out: FLASH_ATTN runs on CUDA GPUs only")
     bench = Bench(args, report)
     measure(bench)
     save(report, args.output_dir, "gpu")
@@ -346,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def register(kinds: argparse._SubParsersAction) -> None:
     help_text = (
-        "GPU figures, CUDA graphs, with --async-scheduling and eager: decode vs the HBM "
+        "GPU figures, CUDA graphs, with FLASH_ATTN, with --async-scheduling and eager: "
+        "decode vs the HBM "
         "roofline (1B, 8B), batch 32 vs 1 and vs HF, nano-vllm's offline shape, Triton vs "
         "torch, served vs HF"
     )

@@ -1,23 +1,26 @@
 """FlashAttention-2 as torch ships it, the GPU bench's third attention candidate.
 
-``torch.nn.attention.varlen.varlen_attn`` (torch 2.13) runs the FlashAttention-2 kernels
-built into torch over a paged cache: queries of any length per sequence (decode rows and
-prefill chunks alike, causal from the bottom right), keys and values read through a block
-table, grouped heads. It needs no wheel beyond torch, where FlashInfer's would not fit the
-GPU machine. Its one condition: cache blocks of a multiple of 256 tokens (torch's
-``mha_varlen_fwd`` refuses smaller pages), so each row re-lays the same keys and values into
-256-token blocks and times the kernel alone, beside the Triton kernels on Octavo's blocks.
-The figures decide whether CUDA serving should take blocks of 256 and this kernel.
+``--attention-backend FLASH_ATTN`` (``octavo/attention/flash_backend.py``) runs torch's
+FlashAttention-2 (``torch.nn.attention.varlen.varlen_attn``) over the paged cache: every
+sequence of a step in one launch. It needs no wheel beyond torch, where FlashInfer's would
+not fit the GPU machine. Its one condition: cache pages of a multiple of 256 tokens, so each
+row re-lays the same keys and values into 256-token blocks and times the backend's launch
+alone, beside the Triton kernels on Octavo's blocks. The figures decide whether CUDA
+serving should take blocks of 256 and this kernel by default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-FLASH_BLOCK = 256  # tokens per page torch's FlashAttention-2 takes (a multiple of 256)
+from octavo.attention.flash_backend import FLASH_BLOCK, FlashAttention
+from octavo.attention.metadata import AttentionMetadata
+
+# the longest context the engine would tell FA2 (the bench's --max-model-len 2048, plus 1)
+BENCH_MAX_POSITIONS = 2049
 
 
 @dataclass(frozen=True)
@@ -55,24 +58,10 @@ def relay_cache(
 
 
 def flash_attention_call(
-    query: torch.Tensor,
-    layout: FlashLayout,
-    query_start_loc: torch.Tensor,
-    seq_lens: list[int],
-    scale: float,
+    query: torch.Tensor, layout: FlashLayout, meta: AttentionMetadata, scale: float
 ) -> Callable[[], torch.Tensor]:
-    """One ``varlen_attn`` launch over every sequence: ``query`` [tokens, heads, head_dim]
-    in runs given by ``query_start_loc``, each the end of its ``seq_lens`` context."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    device = query.device
-    lengths = torch.tensor(seq_lens, device=device, dtype=torch.int32)
-    starts_k = torch.zeros(len(seq_lens) + 1, device=device, dtype=torch.int32)
-    starts_k[1:] = lengths.cumsum(0)
-    starts_q = query_start_loc.to(device=device, dtype=torch.int32)
-    longest_q = int((starts_q[1:] - starts_q[:-1]).max())
-    keys, values = layout.cache[0], layout.cache[1]
-    settings = dict(scale=scale, window_size=(-1, 0), enable_gqa=True)
-    paging = dict(seqused_k=lengths, block_table=layout.block_tables)
-    args = (query, keys, values, starts_q, starts_k, longest_q, max(seq_lens))
-    return lambda: varlen_attn(*args, **settings, **paging)
+    """The FLASH_ATTN backend's launch for the step ``meta`` describes (every sequence of
+    it), reading ``layout``'s pages instead of the step's own blocks."""
+    backend = FlashAttention(BENCH_MAX_POSITIONS)
+    paged = replace(meta, block_tables=layout.block_tables, backend_cache={})
+    return lambda: backend.attend(query, layout.cache, paged, scale)

@@ -244,7 +244,7 @@ def decode_attention(
     launches = launch_sweep(triton_call, forced)
     bytes_read = shape.kv_bytes(dtype)
     split = replace(split, bytes_read=bytes_read, sweep_ms=sweep, launch_ms=launches)
-    flash = with_flash(split, query, cache, meta, shape.seqs, scale, torch_call)
+    flash = with_flash(split, query, cache, meta, scale, torch_call)
     return [replace(single, bytes_read=bytes_read), flash]
 
 
@@ -332,18 +332,16 @@ def prefill_attention(
         except Exception:  # a compile error: the sweep is advice, not a check
             launches[f"w{warps}t{tile}"] = float("nan")
     result = replace(result, flop=shape.flop(), launch_ms=launches)
-    return with_flash(result, query, cache, meta, count, scale, torch_call)
+    return with_flash(result, query, cache, meta, scale, torch_call)
 
 
-def with_flash(result: KernelResult, query, cache, meta, count: int, scale: float, torch_fn):
-    """``result`` with torch's FlashAttention-2 timed on the same keys and values (the first
-    ``count`` sequences of ``meta``) in its 256-token blocks; as it is off CUDA."""
+def with_flash(result: KernelResult, query, cache, meta, scale: float, torch_fn) -> KernelResult:
+    """``result`` with the FLASH_ATTN backend's launch timed on the same keys and values (every
+    sequence of ``meta``) in its 256-token pages; as it is off CUDA."""
     if not flash_available(query.device):
         return result
-    seq_lens = meta.seq_lens_list[:count]
-    layout = relay_cache(cache, meta.block_tables[:count], seq_lens)
-    starts = meta.query_start_loc[: count + 1]
-    call = flash_attention_call(query, layout, starts, seq_lens, scale)
+    layout = relay_cache(cache, meta.block_tables, meta.seq_lens_list)
+    call = flash_attention_call(query, layout, meta, scale)
     try:
         difference = (call().float() - torch_fn().float()).abs().max().item()
         return replace(result, flash_ms=graph_time_ms(call), flash_max_abs_diff=difference)

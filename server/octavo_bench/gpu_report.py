@@ -1,6 +1,7 @@
 """`octavo_bench gpu`'s report: one row per figure, a column for CUDA graphs (the default),
-one for graphs with ``--async-scheduling`` and one for ``--enforce-eager``, the issue's
-target beside them; gpu.json and gpu.png."""
+one for graphs with torch's FlashAttention-2 (``--attention-backend FLASH_ATTN --block-size
+256``), one for graphs with ``--async-scheduling`` and one for ``--enforce-eager``, the
+issue's target beside them; gpu.json and gpu.png."""
 
 from __future__ import annotations
 
@@ -9,8 +10,25 @@ from typing import Any
 
 from octavo_bench.report import machine_info, table
 
-# graphs: the engine's default; async: graphs with --async-scheduling; eager: --enforce-eager
-MODES = ("graphs", "async", "eager")
+# graphs: the engine's default; flash: graphs with FLASH_ATTN in blocks of 256 (CUDA only);
+# async: graphs with --async-scheduling; eager: --enforce-eager
+MODES = ("graphs", "flash", "async", "eager")
+# each mode's engine arguments beside the bench's own
+MODE_SETTINGS = {
+    "graphs": {},
+    "flash": {"attention_backend": "FLASH_ATTN", "block_size": 256},
+    "async": {"async_scheduling": True},
+    "eager": {"enforce_eager": True},
+}
+
+
+def mode_flags(mode: str) -> list[str]:
+    """``MODE_SETTINGS[mode]`` as ``octavo serve`` flags."""
+    flags = []
+    for name, value in MODE_SETTINGS[mode].items():
+        flag = "--" + name.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
 
 
 @dataclass(frozen=True)

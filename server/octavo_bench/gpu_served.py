@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from octavo_bench import serve
+from octavo_bench.gpu_report import mode_flags
 from octavo_bench.report import HF, OCTAVO, ServeReport, save
 from octavo_bench.sharegpt import MAX_TOTAL_LEN, synthesize
 
@@ -64,7 +65,7 @@ def octavo_flags(args: argparse.Namespace, mode: str) -> list[str]:
         flags += ["--load-format", "dummy"]
     if args.kv_cache_memory:
         flags += ["--kv-cache-memory", str(args.kv_cache_memory)]
-    flags += {"eager": ["--enforce-eager"], "async": ["--async-scheduling"]}.get(mode, [])
+    flags += mode_flags(mode)
     return flags
 
 

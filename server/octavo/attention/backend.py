@@ -112,7 +112,25 @@ class TorchAttention:
         )
 
 
-def select_backend(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+def check_backend(name: str, device: torch.device, block_size: int, dtype: torch.dtype) -> None:
+    """ValueError where ``--attention-backend`` cannot run with this device and cache."""
+    if name == "TRITON_ATTN" and device.type != "cuda":
+        raise ValueError("attention_backend TRITON_ATTN runs on CUDA GPUs only (CPU: auto)")
+    if name == "FLASH_ATTN":
+        from octavo.attention.flash_backend import check_flash_attention
+
+        check_flash_attention(device, block_size, dtype)
+
+
+def select_backend(
+    device: torch.device, dtype: torch.dtype, name: str = "auto", max_positions: int = 0
+) -> AttentionBackend:
+    """``--attention-backend``'s kernels (``auto``: this device's own); ``max_positions``:
+    the longest context a captured CUDA graph may replay (FLASH_ATTN's planning length)."""
+    if name == "FLASH_ATTN":
+        from octavo.attention.flash_backend import FlashAttention
+
+        return FlashAttention(max_positions)
     if device.type == "cuda":
         from octavo.attention.triton_backend import TritonAttention
 

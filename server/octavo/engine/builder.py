@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from octavo.attention.backend import check_backend
 from octavo.compilation.compiled_model import CompileSettings, compile_decision
 from octavo.compilation.config import cpu_graphs_at_first_use
 from octavo.config import EngineArgs
@@ -173,6 +174,7 @@ def worker_config(args: EngineArgs, model: ResolvedModel) -> WorkerConfig:
     LoRA, the decode graphs and compiled layers, the KV offload tier."""
     quantization = resolve_quantization(model.folder, args.quantization)
     device, parallel, speculative = model.device, model.parallel, args.speculative_config
+    check_backend(args.attention_backend, device, args.block_size, model.dtype)
     compiled = compiles_layers(args, device, parallel, quantization)
     graphs = graph_sizes(args, device, parallel, speculative, compiled) if model.decodes else ()
     if model.groups is not None and graphs:
@@ -203,6 +205,7 @@ def worker_config(args: EngineArgs, model: ResolvedModel) -> WorkerConfig:
         kv_groups=model.groups,
         piecewise_sizes=pieces,
         graphs_at_first_use=device.type == "cpu" and cpu_graphs_at_first_use(),
+        attention_backend=args.attention_backend,
     )
     special_cache = model.states or model.encoder or model.groups is not None
     spec.kv_offload_blocks = offload_blocks(args, spec, special_cache)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from octavo.attention.backend import select_backend
+from octavo.attention.backend import AttentionBackend, select_backend
 from octavo.attention.kv_quant import kv_cache_dtype
 from octavo.compilation.compiled_model import compile_layers
 from octavo.distributed.comm_timer import take_communication_stats
@@ -106,6 +106,7 @@ class WorkerConfig:
     kv_offload_blocks: int = 0  # ``--kv-offloading-size``: host tier blocks a rank keeps
     piecewise_sizes: tuple[int, ...] = ()  # step sizes (tokens) captured cut at attention
     graphs_at_first_use: bool = False  # CPU: each decode graph recorded at its first use
+    attention_backend: str = "auto"  # ``--attention-backend`` (checked by the builder)
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -353,13 +354,18 @@ class Worker:
             caches = layer_caches(
                 caches, list(self.state_specs), num_state_slots, self.spec.dtype, self.device
             )
-        attention = select_backend(self.device, self.spec.dtype)
+        attention = self.attention_backend()
         paged = PagedModel(self.model, caches, self.spec.block_size, attention, self.device)
         groups = self.spec.kv_groups
         if groups is not None:
             paged.kv_caches = groups.layer_tensors(caches, len(self.model.layers))
             paged.layer_groups = groups.layer_groups(len(self.model.layers))  # type: ignore[assignment]
         return paged
+
+    def attention_backend(self) -> AttentionBackend:
+        """``--attention-backend``'s kernels on this worker's device (model and draft)."""
+        spec = self.spec
+        return select_backend(self.device, spec.dtype, spec.attention_backend, spec.max_positions)
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the paged KV cache and get the runner ready to take steps."""
@@ -445,7 +451,7 @@ class Worker:
         caches = allocate_kv_caches(
             shape, num_blocks, spec.block_size, spec.cache_dtype, self.device
         )
-        attention = select_backend(self.device, spec.dtype)
+        attention = self.attention_backend()
         paged = PagedModel(self.draft, caches, spec.block_size, attention, self.device)
         return DraftModelProposer(paged, speculative.num_speculative_tokens)
 
