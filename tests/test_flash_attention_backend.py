@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from flash_reference import dense_varlen
+from octavo.attention import flash_backend
 from octavo.attention.backend import TorchAttention, check_backend, select_backend
-from octavo.attention.flash_backend import FlashAttention
+from octavo.attention.flash_backend import FlashAttention, paged_varlen_available
 from octavo.attention.options import AttentionOptions
 from octavo.config import EngineArgs
 from octavo.model_executor.step_inputs import lay_out, step_inputs
@@ -25,8 +26,12 @@ from octavo.scheduler.output import ScheduledSequence
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 16, 256
 MAX_POSITIONS = 2048
 CPU = torch.device("cpu")
-NO_GPU = "needs a CUDA GPU of sm_80 or newer (FlashAttention-2 has no CPU build)"
-HAS_FLASH_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+NO_GPU = "needs a CUDA GPU of sm_80 or newer and torch 2.13+ (FlashAttention-2 has no CPU build)"
+HAS_FLASH_GPU = (
+    torch.cuda.is_available()
+    and torch.cuda.get_device_capability() >= (8, 0)
+    and paged_varlen_available()
+)
 
 
 def mixed_step(dtype: torch.dtype, device: torch.device = CPU):
@@ -107,6 +112,9 @@ def test_the_backend_is_refused_where_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         check_backend("FLASH_ATTN", cuda, 256, torch.float32)
     check_backend("FLASH_ATTN", cuda, 512 // 2, bf16)
+    monkeypatch.setattr(flash_backend, "paged_varlen_available", lambda: False)
+    with pytest.raises(ValueError, match=r"needs torch 2\.13 or newer"):
+        check_backend("FLASH_ATTN", cuda, 256, bf16)
 
 
 def test_the_flag_takes_vllms_spelling():

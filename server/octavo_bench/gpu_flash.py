@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from octavo.attention.flash_backend import FLASH_BLOCK, FlashAttention
+from octavo.attention.flash_backend import FLASH_BLOCK, FlashAttention, paged_varlen_available
 from octavo.attention.metadata import AttentionMetadata
 
 # the longest context the engine would tell FA2 (the bench's --max-model-len 2048, plus 1)
@@ -33,8 +33,11 @@ class FlashLayout:
 
 
 def flash_available(device: torch.device) -> bool:
-    """torch's FlashAttention-2 runs on CUDA GPUs from Ampere (sm_80) on."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+    """torch's paged FlashAttention-2 runs here: a CUDA GPU from Ampere (sm_80) on, torch
+    2.13 or newer (a lent GPU machine's own torch may be older: the rows then show "-")."""
+    if device.type != "cuda" or not paged_varlen_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def relay_cache(

@@ -30,11 +30,28 @@ from octavo.attention.triton_backend import TritonAttention
 FLASH_BLOCK = 256  # torch's FlashAttention-2 takes pages of a multiple of this many tokens
 
 
+def paged_varlen_available() -> bool:
+    """Whether this torch's ``varlen_attn`` reads a paged cache (``block_table``: torch 2.13;
+    2.11's took contiguous keys only)."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return False
+    return "block_table" in inspect.signature(varlen_attn).parameters
+
+
 def check_flash_attention(device: torch.device, block_size: int, dtype: torch.dtype) -> None:
     """ValueError unless ``FLASH_ATTN`` can run here: a CUDA GPU from Ampere on, pages of a
     multiple of 256 tokens, a 16-bit model."""
     if device.type != "cuda":
         raise ValueError("attention_backend FLASH_ATTN runs on CUDA GPUs only")
+    if not paged_varlen_available():
+        raise ValueError(
+            f"attention_backend FLASH_ATTN needs torch 2.13 or newer (paged "
+            f"torch.nn.attention.varlen.varlen_attn); this is torch {torch.__version__}"
+        )
     if torch.cuda.get_device_capability(device) < (8, 0):
         raise ValueError("attention_backend FLASH_ATTN needs an Ampere or newer GPU (sm_80+)")
     if block_size % FLASH_BLOCK:
