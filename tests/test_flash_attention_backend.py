@@ -102,7 +102,10 @@ def test_the_backend_is_refused_where_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="TRITON_ATTN runs on CUDA GPUs only"):
         check_backend("TRITON_ATTN", torch.device("cpu"), 16, bf16)
     check_backend("auto", torch.device("cpu"), 16, torch.float32)
+    check_backend("CPU_ATTN", torch.device("cpu"), 16, torch.float32)  # auto's own on a CPU
     cuda = torch.device("cuda")
+    with pytest.raises(ValueError, match="CPU_ATTN runs on CPUs only"):
+        check_backend("CPU_ATTN", cuda, 16, bf16)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     with pytest.raises(ValueError, match="Ampere or newer"):
         check_backend("FLASH_ATTN", cuda, 256, bf16)

@@ -50,9 +50,10 @@ if TYPE_CHECKING:
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 1024**3  # bytes of KV cache on CPU when none is given
 SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # vLLM's, less 1
-# auto: Triton on CUDA, the native kernels (else torch) on CPU; FLASH_ATTN: torch's
-# FlashAttention-2 (attention/flash_backend.py), CUDA and --block-size 256 only
-ATTENTION_BACKENDS = ("auto", "TRITON_ATTN", "FLASH_ATTN")
+# auto: Triton on CUDA, the native kernels (else torch) on CPU, which TRITON_ATTN and
+# CPU_ATTN name; FLASH_ATTN: torch's FlashAttention-2 (attention/flash_backend.py), CUDA and
+# --block-size 256 only
+ATTENTION_BACKENDS = ("auto", "TRITON_ATTN", "FLASH_ATTN", "CPU_ATTN")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Each one's linear method is in model_executor/layers/quantization/registry.py.
 QUANTIZATION_NAMES = ("int8", "fp8", "gptq", "awq", "gguf")
@@ -229,8 +230,8 @@ class EngineArgs:
     )
     attention_backend: str = engine_arg(
         "auto",
-        "attention kernels (vLLM's flag): auto (Triton on a GPU, native kernels on CPU), "
-        "TRITON_ATTN, or FLASH_ATTN (torch's FlashAttention-2, one launch a step over the "
+        "attention kernels (vLLM's flag): auto (TRITON_ATTN on a GPU, CPU_ATTN: the native "
+        "kernels on CPU), or FLASH_ATTN (torch's FlashAttention-2, one launch a step over the "
         "paged cache: CUDA from Ampere on, 16-bit models, --block-size 256; layers with a "
         "window, soft-cap or sinks and fp8 caches keep the Triton kernels)",
         one_of(ATTENTION_BACKENDS, backend_name),

@@ -116,6 +116,8 @@ def check_backend(name: str, device: torch.device, block_size: int, dtype: torch
     """ValueError where ``--attention-backend`` cannot run with this device and cache."""
     if name == "TRITON_ATTN" and device.type != "cuda":
         raise ValueError("attention_backend TRITON_ATTN runs on CUDA GPUs only (CPU: auto)")
+    if name == "CPU_ATTN" and device.type != "cpu":
+        raise ValueError("attention_backend CPU_ATTN runs on CPUs only (GPU: auto)")
     if name == "FLASH_ATTN":
         from octavo.attention.flash_backend import check_flash_attention
 
