@@ -125,13 +125,17 @@ class EngineControl:
 
     ``loaded`` gates the end of loading (cleared: /health stays 503 "loading"); while
     ``paced`` is set every engine step first sleeps ``pace_seconds``, so a request stays
-    running long enough to observe (the tiny test models otherwise finish in a blink).
+    running long enough to observe (the tiny test models otherwise finish in a blink);
+    while ``steps_open`` is cleared every step waits (at most a minute) until it is set
+    again, so the requests in the engine stay where they are however slow the machine is.
     """
 
     def __init__(self, loaded: bool = True, pace_seconds: float = 0.05) -> None:
         self.loaded = threading.Event()
         self.paced = threading.Event()
         self.pace_seconds = pace_seconds
+        self.steps_open = threading.Event()
+        self.steps_open.set()
         self.engine: Any = None
         if loaded:
             self.loaded.set()
@@ -144,6 +148,8 @@ class EngineControl:
         def paced_step() -> Any:
             if self.paced.is_set():
                 time.sleep(self.pace_seconds)
+            if not self.steps_open.wait(timeout=60):
+                raise RuntimeError("the test held the engine's steps for a minute")
             return step()
 
         engine.step = paced_step

@@ -165,6 +165,7 @@ def test_decode_attention_rows_on_a_tiny_shape(monkeypatch):
     assert split.sweep_ms == {3: 1.0} and split.launch_ms == {"w1t16": 1.0}
     assert single.flash_ms is None  # one FA2 row per shape: beside the split kernel
     assert split.flash_ms == 1.0 and split.flash_max_abs_diff < 1e-5 * split.max_reference
+    assert split.flash_kind == "paged"
     assert triton_decode.SPLIT_NUM_WARPS is None  # the sweep puts the default back
 
 
@@ -174,7 +175,7 @@ def test_prefill_attention_rows_on_a_tiny_shape(monkeypatch):
     from octavo_bench import gpu_kernels
 
     monkeypatch.setattr(gpu_kernels, "graph_time_ms", lambda fn, repeats=20: 2.0)
-    stand_in_flash_attention(monkeypatch)
+    stand_in_flash_attention(monkeypatch, paged=False)  # torch < 2.13: contiguous keys
     monkeypatch.setattr(gpu_kernels, "PREFILL_LAUNCHES", ((4, 32),))
     small = dict(heads=4, kv_heads=2, head_dim=16)
     fresh = gpu_kernels.PrefillShape(2, 20, 20, **small)
@@ -188,6 +189,7 @@ def test_prefill_attention_rows_on_a_tiny_shape(monkeypatch):
         assert row.flop == shape.flop() and row.triton_tflop_s == shape.flop() / 2e9
         assert row.launch_ms == {"w4t32": 2.0}
         assert row.flash_ms == 2.0 and row.flash_max_abs_diff < 1e-5 * row.max_reference
+        assert row.flash_kind == "contiguous"
     assert "w4t32:2.0000" in gpu_kernels.prefill_table([row])
     from octavo.attention.triton_kernels import prefill_attention
 
@@ -222,14 +224,17 @@ def test_flash_attention_reads_the_same_keys_and_values_in_blocks_of_256():
     assert not flash_available(torch.device("cpu"))
 
 
-def stand_in_flash_attention(monkeypatch) -> None:
+def stand_in_flash_attention(monkeypatch, paged: bool = True) -> None:
     """FA2 (CUDA only) stood in for by its dense reference, as if the GPU had it: the FA2
-    rows' code path runs on the CPU (``flash_reference.py``)."""
-    from flash_reference import dense_varlen
-    from octavo_bench import gpu_kernels
+    rows' code path runs on the CPU (``flash_reference.py``), paged as under torch 2.13 or
+    over contiguous keys as under an older torch."""
+    from flash_reference import dense_flash_forward, dense_varlen
+    from octavo_bench import gpu_flash, gpu_kernels
 
     monkeypatch.setattr(gpu_kernels, "flash_available", lambda device: True)
+    monkeypatch.setattr(gpu_flash, "paged_varlen_available", lambda: paged)
     monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", dense_varlen)
+    monkeypatch.setattr(gpu_flash, "flash_forward", dense_flash_forward)
 
 
 def test_a_launch_flash_attention_refuses_leaves_a_nan_row(monkeypatch):
@@ -238,7 +243,7 @@ def test_a_launch_flash_attention_refuses_leaves_a_nan_row(monkeypatch):
     def refuse(*args, **kw):
         raise RuntimeError("Paged KV cache block size must be divisible by 256")
 
-    monkeypatch.setattr(gpu_kernels, "flash_available", lambda device: True)
+    stand_in_flash_attention(monkeypatch)
     monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", refuse)
     shape = gpu_kernels.PrefillShape(1, 20, 48, heads=4, kv_heads=2, head_dim=16)
     query, cache, meta = gpu_kernels.prefill_inputs(shape, torch.device("cpu"), torch.float32)
@@ -252,11 +257,11 @@ def test_the_tables_show_flash_attention_where_it_ran():
     from octavo_bench.gpu_report import kernel_row
 
     ran = KernelResult("decode 32x2k split x5", 0.2, 0.4, 1e-3, 2.0, 10**9)
-    ran = replace(ran, flash_ms=0.25, flash_max_abs_diff=2e-3)
+    ran = replace(ran, flash_ms=0.25, flash_max_abs_diff=2e-3, flash_kind="paged")
     assert ran.flash_gb_s == pytest.approx(4000.0)
     off_cuda = KernelResult("decode 32x2k single pass", 0.3, 0.4, 1e-3, 2.0, 10**9)
     text = decode_table([ran, off_cuda])
-    assert "0.2500" in text and "2.00e-03" in text and "4000" in text
+    assert "0.2500" in text and "2.00e-03" in text and "4000" in text and "paged" in text
     assert off_cuda.to_json()["flash_gb_s"] is None
     prefill = KernelResult("prefill 4x512", 1.0, 2.0, 0.0, 1.0, flop=10**12)
     prefill = replace(prefill, flash_ms=0.5)

@@ -438,6 +438,9 @@ def test_queue_full_is_429_with_retry_after(ready):
             running = open_stream(client)
             next(running.iter_lines())  # a token arrived: it holds the only running slot
             waiting = open_stream(client)  # accepted: it waits for that slot
+            # held: however loaded the machine, the first cannot finish and free its slot
+            # (a CI run once took longer than its 100 paced steps to send the next request)
+            ready.control.steps_open.clear()
             for request_of in (completion(prompt="x", max_tokens=1), chat()):
                 response = request_of(client)
                 error = assert_error(response, 429, "queue_full")
@@ -446,6 +449,7 @@ def test_queue_full_is_429_with_retry_after(ready):
             running.close()
             waiting.close()
     finally:
+        ready.control.steps_open.set()
         ready.control.paced.clear()
 
 

@@ -7,6 +7,11 @@ not fit the GPU machine. Its one condition: cache pages of a multiple of 256 tok
 row re-lays the same keys and values into 256-token blocks and times the backend's launch
 alone, beside the Triton kernels on Octavo's blocks. The figures decide whether CUDA
 serving should take blocks of 256 and this kernel by default.
+
+A torch before 2.13 (the lent H200's 2.11 in November) has FA2 but reads no paged cache:
+there the rows time FA2's varlen kernel over the same keys laid out contiguously per
+sequence (``seqused_k`` of each, every query head group at once), the kernel the paged
+launch runs with a page table of consecutive pages: ``flash_kind`` tells which was timed.
 """
 
 from __future__ import annotations
@@ -33,11 +38,8 @@ class FlashLayout:
 
 
 def flash_available(device: torch.device) -> bool:
-    """torch's paged FlashAttention-2 runs here: a CUDA GPU from Ampere (sm_80) on, torch
-    2.13 or newer (a lent GPU machine's own torch may be older: the rows then show "-")."""
-    if device.type != "cuda" or not paged_varlen_available():
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    """torch's FlashAttention-2 runs here: a CUDA GPU from Ampere (sm_80) on."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def relay_cache(
@@ -62,9 +64,37 @@ def relay_cache(
 
 def flash_attention_call(
     query: torch.Tensor, layout: FlashLayout, meta: AttentionMetadata, scale: float
+) -> tuple[str, Callable[[], torch.Tensor]]:
+    """``(kind, call)``: the FLASH_ATTN backend's launch for the step ``meta`` describes
+    (every sequence of it) over ``layout``'s pages ("paged"), or where this torch reads no
+    paged cache, FA2's varlen kernel over the same keys, contiguous ("contiguous")."""
+    if paged_varlen_available():
+        backend = FlashAttention(BENCH_MAX_POSITIONS)
+        paged = replace(meta, block_tables=layout.block_tables, backend_cache={})
+        return "paged", lambda: backend.attend(query, layout.cache, paged, scale)
+    return "contiguous", contiguous_call(query, layout, meta, scale)
+
+
+def contiguous_call(
+    query: torch.Tensor, layout: FlashLayout, meta: AttentionMetadata, scale: float
 ) -> Callable[[], torch.Tensor]:
-    """The FLASH_ATTN backend's launch for the step ``meta`` describes (every sequence of
-    it), reading ``layout``'s pages instead of the step's own blocks."""
-    backend = FlashAttention(BENCH_MAX_POSITIONS)
-    paged = replace(meta, block_tables=layout.block_tables, backend_cache={})
-    return lambda: backend.attend(query, layout.cache, paged, scale)
+    """FA2's varlen kernel (``aten._flash_attention_forward``, in torch since 2.3) over the
+    re-laid keys: sequence ``b``'s start ``b * pages_each * 256`` tokens into them, its
+    first ``seq_lens[b]`` used; causal from the bottom right, grouped heads native."""
+    seqs, pages_each = layout.block_tables.shape
+    span = pages_each * FLASH_BLOCK
+    keys, values = (part.flatten(0, 1) for part in layout.cache)  # [seqs * span, kv, dim]
+    starts = torch.arange(seqs + 1, device=query.device, dtype=torch.int32) * span
+    used = meta.seq_lens.to(torch.int32)
+    longest_query = max(meta.query_lens_list)
+    args = (query, keys, values, meta.query_start_loc, starts, longest_query, span, 0.0, True)
+
+    def call() -> torch.Tensor:
+        return flash_forward(*args, False, scale=scale, seqused_k=used)[0]
+
+    return call
+
+
+def flash_forward(*args, **kwargs):
+    """``torch.ops.aten._flash_attention_forward`` (a seam: CPU tests stand in for it)."""
+    return torch.ops.aten._flash_attention_forward(*args, **kwargs)

@@ -50,6 +50,7 @@ class KernelResult:
     # ms per call and max |diff| against the torch path; None off CUDA, NaN where it failed
     flash_ms: float | None = None
     flash_max_abs_diff: float | None = None
+    flash_kind: str | None = None  # "paged" (the FLASH_ATTN launch) or "contiguous" (torch < 2.13)
 
     @property
     def speedup(self) -> float:
@@ -341,13 +342,14 @@ def with_flash(result: KernelResult, query, cache, meta, scale: float, torch_fn)
     if not flash_available(query.device):
         return result
     layout = relay_cache(cache, meta.block_tables, meta.seq_lens_list)
-    call = flash_attention_call(query, layout, meta, scale)
+    kind, call = flash_attention_call(query, layout, meta, scale)
     try:
         difference = (call().float() - torch_fn().float()).abs().max().item()
-        return replace(result, flash_ms=graph_time_ms(call), flash_max_abs_diff=difference)
+        timed = dict(flash_ms=graph_time_ms(call), flash_max_abs_diff=difference)
+        return replace(result, **timed, flash_kind=kind)
     except RuntimeError as error:  # a shape the kernel refuses: the row says so, the rest runs
-        print(f"{result.name}: FlashAttention-2 failed: {error}")
-        return replace(result, flash_ms=float("nan"))
+        print(f"{result.name}: FlashAttention-2 ({kind}) failed: {error}")
+        return replace(result, flash_ms=float("nan"), flash_kind=kind)
 
 
 def decode_table(results: list[KernelResult]) -> str:
@@ -374,15 +376,17 @@ def decode_table(results: list[KernelResult]) -> str:
     return table(headers, rows)
 
 
-FLASH_HEADERS = ["FA2 ms", "FA2 |diff|"]  # torch's FlashAttention-2, blocks of 256
+# torch's FlashAttention-2 in pages of 256: paged, or contiguous keys (torch < 2.13)
+FLASH_HEADERS = ["FA2", "FA2 ms", "FA2 |diff|"]
 
 
 def flash_cells(row: KernelResult) -> list[str]:
-    """The FlashAttention-2 time and difference; "-" where it did not run (off CUDA)."""
+    """FlashAttention-2's kind, time and difference; "-" where it did not run (off CUDA)."""
     if row.flash_ms is None:
-        return ["-", "-"]
+        return ["-", "-", "-"]
     difference = row.flash_max_abs_diff
-    return [f"{row.flash_ms:.4f}", "-" if difference is None else f"{difference:.2e}"]
+    cells = [f"{row.flash_ms:.4f}", "-" if difference is None else f"{difference:.2e}"]
+    return [row.flash_kind or "-", *cells]
 
 
 def prefill_table(results: list[KernelResult]) -> str:
