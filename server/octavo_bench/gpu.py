@@ -333,14 +333,26 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None and ({"hf", "served"} | ONE_B_PARTS) & set(args.parts):
         args.model = preset_folder("llama-1b")
     report = GpuReport({key: str(value) for key, value in vars(args).items() if key != "func"})
-    if args.device != "cuda" and "flash" in args.modes:
+    flash_refused = flash_mode_refused(args.device)
+    if flash_refused and "flash" in args.modes:
         args.modes = tuple(mode for mode in args.modes if mode != "flash")
-        report.notes.append("flash mode left out: FLASH_ATTN runs on CUDA GPUs only")
+        report.notes.append(f"flash mode left out: {flash_refused}")
     bench = Bench(args, report)
     measure(bench)
     save(report, args.output_dir, "gpu")
     bench.progress(f"finished: {bench.failures} part(s) failed")
     return 1 if bench.failures else 0
+
+
+def flash_mode_refused(device: str) -> str | None:
+    """Why ``--attention-backend FLASH_ATTN`` cannot run on ``device``; None where it can."""
+    from octavo.attention.flash_backend import paged_varlen_available
+
+    if not device.startswith("cuda"):
+        return "FLASH_ATTN runs on CUDA GPUs only"
+    if not paged_varlen_available():
+        return f"torch {torch.__version__}'s varlen_attn reads no paged cache (2.13+ does)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
