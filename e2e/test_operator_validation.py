@@ -54,7 +54,11 @@ INVALID = {
         {"engine": {"speculativeConfig": INVERTED_LOOKUP}},
         "prompt_lookup_min must not exceed prompt_lookup_max",
     ),
-    "block-size": ({"engine": {"blockSize": 12}}, "blockSize must be 8, 16, 32, 64 or 128"),
+    "block-size": ({"engine": {"blockSize": 12}}, "blockSize must be 8, 16, 32, 64, 128 or 256"),
+    "flash-attention-small-blocks": (
+        {"engine": {"attentionBackend": "FLASH_ATTN"}},
+        "FLASH_ATTN needs engine.blockSize 256",
+    ),
     "gpu-memory-zero": ({"engine": {"gpuMemoryUtilization": 0}}, "must be in (0, 1]"),
     "gpu-memory-above-one": ({"engine": {"gpuMemoryUtilization": 1.5}}, "must be in (0, 1]"),
     "bad-uri-scheme": ({"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
@@ -198,6 +202,10 @@ ACCEPTED_LAYOUTS = {
     "two-nodes-pipeline-on-cpu": {
         "engine": {"nodes": 2, "pipelineParallelSize": 2},
         "resources": {"gpu": 0},
+    },
+    "flash-attention-in-pages-of-256": {
+        "engine": {"attentionBackend": "FLASH_ATTN", "blockSize": 256},
+        "resources": {"gpu": 1},
     },
 }
 

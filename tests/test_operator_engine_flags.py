@@ -101,6 +101,7 @@ FULL_ENGINE = {
     "maxNumSeqs": 64,
     "maxNumBatchedTokens": 4096,
     "blockSize": 32,
+    "attentionBackend": "TRITON_ATTN",
     "gpuMemoryUtilization": 0.85,
     "enablePrefixCaching": False,
     "dtype": "bfloat16",

@@ -15,7 +15,9 @@ from typing import Any
 from .schema import Schema, integer, obj, rule, string
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-BLOCK_SIZES = (8, 16, 32, 64, 128)
+BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
+# octavo.config.ATTENTION_BACKENDS (checked by a test)
+ATTENTION_BACKENDS = ("auto", "TRITON_ATTN", "FLASH_ATTN", "CPU_ATTN")
 # octavo.config.QUANTIZATION_NAMES (checked by a test)
 QUANTIZATION_METHODS = ("int8", "fp8", "gptq", "awq", "gguf")
 # octavo.spec_decode.config.METHODS and MAX_SPECULATIVE_TOKENS (checked by a test)
@@ -113,6 +115,17 @@ ENGINE_FIELDS: tuple[EngineField, ...] = (
         "--block-size",
         integer(description="KV cache block size in tokens", default=16),
         allowed=BLOCK_SIZES,
+    ),
+    EngineField(
+        "attentionBackend",
+        "--attention-backend",
+        string(
+            "attention kernels on GPU replicas: auto (TRITON_ATTN), or FLASH_ATTN (torch's "
+            "FlashAttention-2 over the paged cache; needs blockSize 256, Ampere or newer, a "
+            "bf16 or fp16 model); CPU replicas run their native kernels. Unset: auto",
+            enum=list(ATTENTION_BACKENDS),
+        ),
+        needs_gpu=True,
     ),
     EngineField(
         "gpuMemoryUtilization",

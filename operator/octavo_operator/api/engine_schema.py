@@ -48,6 +48,12 @@ def engine_rules() -> list[dict[str, Any]]:
     return [
         one_of_rule(engine_field("blockSize")),
         rule(
+            "!has(self.attentionBackend) || self.attentionBackend != 'FLASH_ATTN' || "
+            "self.blockSize % 256 == 0",
+            "engine.attentionBackend FLASH_ATTN needs engine.blockSize 256 (torch's "
+            "FlashAttention-2 reads the KV cache in pages of 256 tokens)",
+        ),
+        rule(
             f"self.{memory} > 0.0 && self.{memory} <= 1.0",
             f"engine.{memory} must be in (0, 1]",
         ),
