@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None and ({"hf", "served"} | ONE_B_PARTS) & set(args.parts):
         args.model = preset_folder("llama-1b")
     report = GpuReport({key: str(value) for key, value in vars(args).items() if key != "func"})
-    flash_refused = flash_mode_refused(args.device)
+    flash_refused = flash_mode_refused(args)
     if flash_refused and "flash" in args.modes:
         args.modes = tuple(mode for mode in args.modes if mode != "flash")
         report.notes.append(f"flash mode left out: {flash_refused}")
@@ -344,14 +344,16 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bench.failures else 0
 
 
-def flash_mode_refused(device: str) -> str | None:
-    """Why ``--attention-backend FLASH_ATTN`` cannot run on ``device``; None where it can."""
-    from octavo.attention.flash_backend import paged_varlen_available
+def flash_mode_refused(args: argparse.Namespace) -> str | None:
+    """Why the flash mode's engine cannot run here (the backend's own check); None where it
+    can."""
+    from octavo.attention.backend import check_backend
 
-    if not device.startswith("cuda"):
-        return "FLASH_ATTN runs on CUDA GPUs only"
-    if not paged_varlen_available():
-        return f"torch {torch.__version__}'s varlen_attn reads no paged cache (2.13+ does)"
+    block_size = MODE_SETTINGS["flash"]["block_size"]
+    try:
+        check_backend("FLASH_ATTN", torch.device(args.device), block_size, DTYPES[args.dtype])
+    except ValueError as error:
+        return str(error).removeprefix("attention_backend ")
     return None
 
 
@@ -362,9 +364,8 @@ def main(argv: list[str] | None = None) -> int:
 def register(kinds: argparse._SubParsersAction) -> None:
     help_text = (
         "GPU figures, CUDA graphs, with FLASH_ATTN, with --async-scheduling and eager: "
-        "decode vs the HBM "
-        "roofline (1B, 8B), batch 32 vs 1 and vs HF, nano-vllm's offline shape, Triton vs "
-        "torch, served vs HF"
+        "decode vs the HBM roofline (1B, 8B), batch 32 vs 1 and vs HF, nano-vllm's offline "
+        "shape, Triton vs torch, served vs HF"
     )
     register_subcommand(kinds, "gpu", help_text, __doc__, "", add_arguments, run)
 
