@@ -11,10 +11,12 @@ import torch
 def dense_varlen(query, key, value, cu_q, cu_k, max_q, max_k, **kw) -> torch.Tensor:
     """Per sequence ``b``: its queries (rows ``cu_q[b]:cu_q[b+1]``) over its first
     ``seqused_k[b]`` keys, read through row ``b`` of ``block_table`` from the pages ``key`` /
-    ``value`` [pages, page_size, kv_heads, head_dim], causal from the bottom right, grouped
+    ``value`` [pages, page_size, kv_heads, head_dim], causal from the bottom right (with
+    ``window_size=(left, 0)``, over the ``left`` keys before each query and itself), grouped
     heads. Asserts the argument kinds FlashAttention-2 requires (int32 offsets and tables
     with a contiguous last dimension, pages of a multiple of 256, causal, GQA on)."""
-    assert kw["window_size"] == (-1, 0) and kw["enable_gqa"]
+    left, right = kw["window_size"]
+    assert right == 0 and (left == -1 or left >= 0) and kw["enable_gqa"]
     lengths, table = kw["seqused_k"], kw["block_table"]
     assert table.dtype == torch.int32 and table.stride(-1) == 1
     assert key.shape[1] % 256 == 0 and key.stride(-1) == 1
@@ -22,7 +24,7 @@ def dense_varlen(query, key, value, cu_q, cu_k, max_q, max_k, **kw) -> torch.Ten
     for b, rows, count in _sequences(cu_q, cu_k, lengths, max_q, max_k):
         pages = table[b, : -(-count // key.shape[1])].long()
         keys, values = (part[pages].flatten(0, 1)[:count] for part in (key, value))
-        out[rows] = _attend(query[rows], keys, values, kw["scale"])
+        out[rows] = _attend(query[rows], keys, values, kw["scale"], left)
     return out
 
 
@@ -50,13 +52,17 @@ def _sequences(cu_q, cu_k, lengths, max_q, max_k):
         yield b, rows, int(lengths[b])
 
 
-def _attend(queries, keys, values, scale: float) -> torch.Tensor:
-    """Causal from the bottom right (query ``i`` of ``Q`` sees keys up to ``count - Q + i``),
-    each query head on its group's key head."""
+def _attend(queries, keys, values, scale: float, left: int = -1) -> torch.Tensor:
+    """Causal from the bottom right (query ``i`` of ``Q`` sees keys up to ``count - Q + i``,
+    and with ``left >= 0`` none before ``count - Q + i - left``), each query head on its
+    group's key head."""
     group = queries.shape[1] // keys.shape[1]
     keys, values = (part.repeat_interleave(group, 1).float() for part in (keys, values))
     scores = torch.einsum("qhd,khd->hqk", queries.float(), keys) * scale
     first = len(keys) - len(queries)
-    visible = torch.arange(len(keys))[None, :] <= first + torch.arange(len(queries))[:, None]
+    positions = first + torch.arange(len(queries))[:, None]
+    visible = torch.arange(len(keys))[None, :] <= positions
+    if left >= 0:
+        visible &= torch.arange(len(keys))[None, :] >= positions - left
     weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     return torch.einsum("hqk,khd->qhd", weights, values).to(queries.dtype)

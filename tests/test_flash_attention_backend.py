@@ -54,42 +54,66 @@ def mixed_step(dtype: torch.dtype, device: torch.device = CPU):
     return query, key, value, cache, meta
 
 
-def test_one_launch_equals_the_torch_backend_on_a_mixed_step(monkeypatch):
+@pytest.mark.parametrize("window", [None, 7, 300], ids=["plain", "window-7", "window-300"])
+def test_one_launch_equals_the_torch_backend_on_a_mixed_step(monkeypatch, window):
+    """Plain layers, and sliding-window layers (a window inside one chunk, and one reaching
+    back past the 270-token prefix and the 256-token page) with FA2's ``window_size``."""
     calls = []
 
     def fake(*args, **kw):
-        calls.append(args)
+        calls.append((args, kw))
         assert args[6] == MAX_POSITIONS  # the model's longest context, every step
         return dense_varlen(*args, **kw)
 
     monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", fake)
+    options = AttentionOptions(sliding_window=window)
     query, key, value, cache, meta = mixed_step(torch.float32)
-    expected_cache = cache.clone()
-    expected = TorchAttention().forward(query, key, value, expected_cache, meta, 0.25)
-    flash = select_backend(torch.device("cpu"), torch.float32, "FLASH_ATTN", MAX_POSITIONS)
-    assert isinstance(flash, FlashAttention)
-    got = flash.forward(query, key, value, cache, meta, 0.25)
-    assert len(calls) == 1  # every sequence in one launch
-    torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0)  # the same store
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    flash.forward(query, key, value, cache, meta, 0.25)  # a second layer of the step
-    assert calls[1][4] is calls[0][4]  # reuses the step's key offsets
-
-
-def test_layers_fa2_does_not_cover_keep_the_triton_kernels(monkeypatch):
-    monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", pytest.fail)
-    query, key, value, cache, meta = mixed_step(torch.float32)
-    window = AttentionOptions(sliding_window=7)
     expected_cache = cache.clone()
     expected = TorchAttention().forward(
-        query, key, value, expected_cache, meta, 0.25, options=window
+        query, key, value, expected_cache, meta, 0.25, options=options
+    )
+    flash = select_backend(torch.device("cpu"), torch.float32, "FLASH_ATTN", MAX_POSITIONS)
+    assert isinstance(flash, FlashAttention)
+    got = flash.forward(query, key, value, cache, meta, 0.25, options=options)
+    assert len(calls) == 1  # every sequence in one launch
+    assert calls[0][1]["window_size"] == ((-1, 0) if window is None else (window - 1, 0))
+    torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0)  # the same store
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    flash.forward(query, key, value, cache, meta, 0.25, options=options)  # the next layer
+    assert calls[1][0][4] is calls[0][0][4]  # reuses the step's key offsets
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        AttentionOptions(soft_cap=5.0),
+        AttentionOptions(sinks=torch.linspace(-1.0, 1.0, HEADS)),
+        AttentionOptions(chunk_size=16),
+        AttentionOptions(sliding_window=7, soft_cap=5.0),
+    ],
+    ids=["soft-cap", "sinks", "chunked", "window-and-soft-cap"],
+)
+def test_layers_fa2_does_not_cover_keep_the_triton_kernels(monkeypatch, options):
+    monkeypatch.setattr("torch.nn.attention.varlen.varlen_attn", pytest.fail)
+    query, key, value, cache, meta = mixed_step(torch.float32)
+    expected_cache = cache.clone()
+    expected = TorchAttention().forward(
+        query, key, value, expected_cache, meta, 0.25, options=options
     )
     flash = FlashAttention(MAX_POSITIONS)
-    got = flash.forward(query, key, value, cache, meta, 0.25, options=window)
+    got = flash.forward(query, key, value, cache, meta, 0.25, options=options)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_what_fa2_covers():
+    query, _, _, cache, meta = mixed_step(torch.float32)
+    flash = FlashAttention(MAX_POSITIONS)
     small_pages = cache.view(2, 16, 128, KV_HEADS, HEAD_DIM)
     assert not flash.covers(query, small_pages, meta, AttentionOptions())
     assert flash.covers(query, cache, meta, AttentionOptions())  # plain, not the identity
+    assert flash.covers(query, cache, meta, AttentionOptions(sliding_window=7))
+    both_ways = AttentionOptions(sliding_window=7, window_both_ways=True)
+    assert not flash.covers(query, cache, meta, both_ways)
     odd_heads = torch.zeros(2, HEADS, 12)
     assert not flash.covers(odd_heads, cache, meta, AttentionOptions())
     assert not flash.covers(query, cache.to(torch.float8_e4m3fn), meta, AttentionOptions())
@@ -132,23 +156,37 @@ def test_the_flag_takes_vllms_spelling():
 
 
 @pytest.mark.skipif(not HAS_FLASH_GPU, reason=NO_GPU)
-def test_the_kernel_matches_the_triton_backend_on_the_gpu():
+@pytest.mark.parametrize("window", [None, 7, 300], ids=["plain", "window-7", "window-300"])
+def test_the_kernel_matches_the_triton_backend_on_the_gpu(window):
     from octavo.attention.triton_backend import TritonAttention
 
+    options = AttentionOptions(sliding_window=window)
     query, key, value, cache, meta = mixed_step(torch.bfloat16, torch.device("cuda"))
-    expected = TritonAttention().forward(query, key, value, cache.clone(), meta, 0.25)
-    got = FlashAttention(MAX_POSITIONS).forward(query, key, value, cache, meta, 0.25)
+    triton = TritonAttention()
+    expected = triton.forward(query, key, value, cache.clone(), meta, 0.25, options=options)
+    flash = FlashAttention(MAX_POSITIONS)
+    got = flash.forward(query, key, value, cache, meta, 0.25, options=options)
     torch.testing.assert_close(got.float(), expected.float(), rtol=3e-2, atol=3e-2)
 
 
 @pytest.mark.skipif(not HAS_FLASH_GPU, reason=NO_GPU)
-def test_cuda_graphs_replay_flash_attention_exactly(tiny_folder):
+@pytest.mark.parametrize("model", ["llama3", "mistral-window-300"])
+def test_cuda_graphs_replay_flash_attention_exactly(tiny_folder, tmp_path, smol_tokenizer, model):
     """One sequence at a time, so eager steps and graph replays launch FA2 on the same batch:
     identical tokens, past the first 256-token page (the graphs were captured on contexts of
-    one token, and FA2 planned their split of the keys for the model's longest)."""
+    one token, and FA2 planned their split of the keys for the model's longest); a Mistral
+    whose every layer slides over 300 tokens frees its first page behind the window."""
+    from architecture_check import write_tiny_checkpoint
     from octavo import LLM, SamplingParams
 
-    folder = str(tiny_folder("llama3"))
+    if model == "llama3":
+        folder = str(tiny_folder("llama3"))
+    else:
+        mistral = ["MistralForCausalLM"]
+        checkpoint = write_tiny_checkpoint(
+            tmp_path, "mistral", smol_tokenizer, architectures=mistral, sliding_window=300
+        )
+        folder = str(checkpoint)
     common = dict(device="cuda", dtype="bfloat16", max_model_len=1024, block_size=256)
     common |= dict(attention_backend="FLASH_ATTN", gpu_memory_utilization=0.3)
     prompts = [[1, 5, 9, 13], list(range(3, 300))]

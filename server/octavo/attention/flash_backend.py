@@ -7,10 +7,12 @@ through the block table. Its pages must hold a multiple of 256 tokens (``--block
 ``check_flash_attention``). The step's keys and values are stored with the Triton store
 kernel first, as ``TritonAttention`` does.
 
-A layer or step the kernel does not cover goes to the Triton kernels unchanged: layer
-options (sliding window, soft-cap, sinks, chunked attention), an fp8 cache, heads FA2 does
-not take (over 256 dimensions, or not a multiple of 8), an image's bidirectional spans, an
-encoder's step. The longest context FA2 is told is the model's
+A sliding-window layer (Mistral, Gemma 2/3, gpt-oss, Phi-3) runs FA2 with its window
+(``window_size``: the query and the ``sliding_window - 1`` keys before it). A layer or step
+the kernel does not cover goes to the Triton kernels unchanged: layer options FA2 has no
+argument for in ``varlen_attn`` (soft-cap, sinks, chunked attention), an fp8 cache, heads
+FA2 does not take (over 256 dimensions, or not a multiple of 8), an image's bidirectional
+spans, an encoder's step. The longest context FA2 is told is the model's
 longest (``max_positions``), as ``flash_attn_with_kvcache`` is told the cache's capacity:
 FA2 plans its split of the keys from that length, so a CUDA graph captured on a short step
 replays exactly at any context, and an eager step splits as a replay does (the same output
@@ -88,7 +90,7 @@ class FlashAttention(TritonAttention):
         if not self.covers(query, kv_cache, meta, options):
             return super().forward(query, key, value, kv_cache, meta, scale, kv_scales, options)
         triton_kernels.store_kv(key, value, kv_cache, meta.slot_mapping, kv_scales)
-        return self.attend(query, kv_cache, meta, scale)
+        return self.attend(query, kv_cache, meta, scale, options.sliding_window)
 
     @staticmethod
     def covers(
@@ -97,11 +99,11 @@ class FlashAttention(TritonAttention):
         meta: AttentionMetadata,
         options: AttentionOptions,
     ) -> bool:
-        """Plain causal attention over a cache of the query's dtype in pages FA2 takes, heads
-        of at most 256 dimensions in multiples of 8."""
+        """Causal attention, plain or in a sliding window, over a cache of the query's dtype
+        in pages FA2 takes, heads of at most 256 dimensions in multiples of 8."""
         head_dim = query.shape[-1]
         return (
-            options.is_plain
+            _window_at_most(options)
             and head_dim <= 256
             and head_dim % 8 == 0
             and kv_cache.dtype == query.dtype
@@ -111,10 +113,16 @@ class FlashAttention(TritonAttention):
         )
 
     def attend(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """One ``varlen_attn`` launch: each sequence's queries (``query_start_loc``) over its
-        ``seq_lens`` cached tokens, read through its block table row."""
+        ``seq_lens`` cached tokens, read through its block table row; with a ``window``, over
+        the last ``window`` positions up to each query (itself included)."""
         from torch.nn.attention.varlen import varlen_attn
 
         key_starts = meta.backend_cache.get("flash_key_starts")
@@ -132,8 +140,19 @@ class FlashAttention(TritonAttention):
             longest_query,
             self.max_positions,
             scale=scale,
-            window_size=(-1, 0),
+            window_size=(-1, 0) if window is None else (window - 1, 0),
             enable_gqa=True,
             seqused_k=meta.seq_lens,
             block_table=meta.block_tables,
         )
+
+
+def _window_at_most(options: AttentionOptions) -> bool:
+    """Plain causal attention, or a causal sliding window (FA2's ``window_size``); a window
+    both ways (encoders' spans) and the other options have no ``varlen_attn`` argument."""
+    return (
+        options.soft_cap is None
+        and options.sinks is None
+        and options.chunk_size is None
+        and not options.window_both_ways
+    )
