@@ -182,11 +182,15 @@ def test_cuda_graphs_replay_flash_attention_exactly(tiny_folder, tmp_path, smol_
     if model == "llama3":
         folder = str(tiny_folder("llama3"))
     else:
-        mistral = ["MistralForCausalLM"]
-        checkpoint = write_tiny_checkpoint(
-            tmp_path, "mistral", smol_tokenizer, architectures=mistral, sliding_window=300
+        folder = str(
+            write_tiny_checkpoint(
+                tmp_path,
+                "mistral",
+                smol_tokenizer,
+                architectures=["MistralForCausalLM"],
+                sliding_window=300,
+            )
         )
-        folder = str(checkpoint)
     common = dict(device="cuda", dtype="bfloat16", max_model_len=1024, block_size=256)
     common |= dict(attention_backend="FLASH_ATTN", gpu_memory_utilization=0.3)
     prompts = [[1, 5, 9, 13], list(range(3, 300))]

@@ -103,7 +103,7 @@ class FlashAttention(TritonAttention):
         in pages FA2 takes, heads of at most 256 dimensions in multiples of 8."""
         head_dim = query.shape[-1]
         return (
-            _window_at_most(options)
+            options.is_causal_window_at_most
             and head_dim <= 256
             and head_dim % 8 == 0
             and kv_cache.dtype == query.dtype
@@ -145,14 +145,3 @@ class FlashAttention(TritonAttention):
             seqused_k=meta.seq_lens,
             block_table=meta.block_tables,
         )
-
-
-def _window_at_most(options: AttentionOptions) -> bool:
-    """Plain causal attention, or a causal sliding window (FA2's ``window_size``); a window
-    both ways (encoders' spans) and the other options have no ``varlen_attn`` argument."""
-    return (
-        options.soft_cap is None
-        and options.sinks is None
-        and options.chunk_size is None
-        and not options.window_both_ways
-    )

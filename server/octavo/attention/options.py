@@ -35,11 +35,17 @@ class AttentionOptions:
 
     @property
     def is_plain(self) -> bool:
+        return self.sliding_window is None and self.is_causal_window_at_most
+
+    @property
+    def is_causal_window_at_most(self) -> bool:
+        """Plain causal attention or a causal sliding window, nothing else (no soft-cap,
+        sinks, chunks, nor a window both ways)."""
         return (
-            self.sliding_window is None
-            and self.soft_cap is None
+            self.soft_cap is None
             and self.sinks is None
             and self.chunk_size is None
+            and not self.window_both_ways
         )
 
 
