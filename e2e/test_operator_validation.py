@@ -105,6 +105,15 @@ INVALID = {
         EXTRA_ARGS_REFUSED,
     ),
     "extra-args-port-with-value": ({"engine": {"extraArgs": ["--port=1"]}}, EXTRA_ARGS_REFUSED),
+    # the server reads vLLM's underscores as dashes (--api_key is --api-key)
+    "extra-args-key-in-underscores": (
+        {"engine": {"extraArgs": ["--api_key=plaintext"]}},
+        EXTRA_ARGS_REFUSED,
+    ),
+    "extra-args-name-in-underscores": (
+        {"engine": {"extraArgs": ["--served_model", "evil"]}},
+        EXTRA_ARGS_REFUSED,
+    ),
     "env-api-key-in-plain-text": (
         {"env": [{"name": "OCTAVO_API_KEY", "value": "plaintext"}]},
         "OCTAVO_API_KEY must not be a plain value",
@@ -232,6 +241,9 @@ ALLOWED_EXTRA_ARGS = [
     "--enforce-eager",
     "--node-join-timeout",
     "900",
+    "-O0",
+    "--max_num_batched_tokens=512",
+    "-cc.cudagraph_mode=NONE",
 ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from octavo.cli import build_parser
 from octavo.entrypoints.openai import options
+from octavo.entrypoints.openai.cli_spellings import vllm_spellings
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +20,6 @@ def clean_environment(monkeypatch):
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    args = build_parser().parse_args(["serve", *argv])
+    args = build_parser().parse_args(vllm_spellings(["serve", *argv]))
     options.finish(args)
     return args

@@ -32,7 +32,7 @@ def no_compile_env(monkeypatch):
         (CompileSettings("cpu", backend="eager"), False, "backend eager"),
         (CompileSettings("cpu"), CPU_COMPILES_BY_DEFAULT, "the CPU default"),
         (CompileSettings("cuda", backend="inductor"), False, "CUDA graphs"),
-        (CompileSettings("cpu", level=0, backend="inductor"), False, "level 0"),
+        (CompileSettings("cpu", mode=0, backend="inductor"), False, "compilation mode 0"),
         (CompileSettings("cpu", backend="inductor", enforce_eager=True), False, "--enforce-eager"),
         (CompileSettings("cpu", backend="inductor", world_size=2), False, "parallelism"),
         (CompileSettings("cpu", backend="inductor", lora=True), False, "LoRA"),

@@ -175,7 +175,12 @@ def test_cpu_graphs_are_captured_by_default_and_give_the_eager_tokens(
     eager = [_generate(tiny_llm), _generate(tiny_llm, seed=7, temperature=0.8, top_p=0.9)]
     monkeypatch.setenv("OCTAVO_CPU_GRAPHS", when)
     graphed = LLM(
-        str(tiny_folder("llama3")), device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8
+        str(tiny_folder("llama3")),
+        device="cpu",
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=8,
+        cudagraph_metrics=True,
     )
     try:
         graphs = graphed.engine.executor.worker.runner.graphs
@@ -187,11 +192,17 @@ def test_cpu_graphs_are_captured_by_default_and_give_the_eager_tokens(
         sizes, run = [], graphs.run
         graphs.run = lambda inputs, size: sizes.append(size) or run(inputs, size)
         replayed = [_generate(graphed), _generate(graphed, seed=7, temperature=0.8, top_p=0.9)]
+        metrics = graphed.engine.executor.worker.runner.graph_metrics
     finally:
         graphed.shutdown()
     assert replayed == eager
     assert {1, 2, 4} <= set(sizes) and len(sizes) >= 2 * (max(MAX_TOKENS) - 1)
     assert {1, 2, 4} <= set(graphs.replays) and graphs.capture_bytes > 0
+    # --cudagraph-metrics: 3 decoding rows replayed the graph of 4, the prefill ran eagerly
+    assert metrics.settings == "decode graphs (FULL) of 1, 2, 4, 8 rows"
+    seen = {(s.unpadded_tokens, s.padded_tokens, s.runtime_mode) for s in metrics.counts}
+    assert {(4, 4, "FULL"), (3, 4, "FULL"), (1, 1, "FULL"), (17, 17, "NONE")} <= seen
+    assert sum(metrics.counts.values()) == len(sizes) + 2  # one eager prefill per generate
 
 
 def test_a_recording_that_needs_a_larger_arena_has_the_others_recorded_again(

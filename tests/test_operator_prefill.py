@@ -262,6 +262,8 @@ def test_other_bad_prefills_say_what_to_change():
         problem = isvc({**PD, **change}).prefill_problem
         assert problem is not None and expected in problem, (expected, problem)
     assert sets_flag(("--kv-transfer",), "--kv-transfer-config")  # argparse's abbreviation
+    assert sets_flag(("--kv_transfer_config={}",), "--kv-transfer-config")  # vLLM's spelling
+    assert sets_flag(("--kv-transfer-config.kv_role", "kv_both"), "--kv-transfer-config")
     assert not sets_flag(("--kv-cache-dtype", "fp8"), "--kv-transfer-config")
 
 

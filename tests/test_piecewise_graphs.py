@@ -127,10 +127,13 @@ def test_on_a_gpu_the_default_engine_replays_pieces_with_eager_tokens(tiny_folde
     engine = {"dtype": "bfloat16", "device": "cuda", "max_num_batched_tokens": 64}
     with LLM(folder, enforce_eager=True, **engine) as eager:
         expected = [o.outputs[0].token_ids for o in eager.generate(prompts(), GREEDY)]
-    with LLM(folder, **engine) as llm:
-        assert llm.engine.executor.worker.runner.piecewise is not None
+    with LLM(folder, cudagraph_metrics=True, **engine) as llm:
+        runner = llm.engine.executor.worker.runner
+        assert runner.piecewise is not None
         got = [o.outputs[0].token_ids for o in llm.generate(prompts(), GREEDY)]
     assert got == expected
+    modes = {stat.runtime_mode for stat in runner.graph_metrics.counts}
+    assert {"FULL", "PIECEWISE"} <= modes, runner.graph_metrics.report()
 
 
 def test_the_checked_step_keeps_its_prompts_within_max_model_len(tiny_folder):

@@ -21,6 +21,7 @@ from octavo.cli import main
 from octavo.config import EngineArgs
 from octavo.entrypoints.openai import options
 from octavo.entrypoints.openai.cli import listen_args, server_config
+from octavo.entrypoints.openai.cli_spellings import vllm_spellings
 from octavo.spec_decode.config import SpeculativeConfig
 
 from serve_args import clean_environment, parse  # noqa: F401 (an autouse fixture)
@@ -226,6 +227,66 @@ def test_enforce_eager_and_compilation_config_take_vllms_spellings():
     assert configs("--compilation-config", "3")[0].compilation_config.uses_graphs
     with pytest.raises(SystemExit):
         parse("-O", '{"splitting_ops": []}')
+
+
+def test_optimization_levels_and_capture_sizes_as_vllm_032_spells_them(monkeypatch):
+    """-O is the optimization level (0 eager, 1 pieces only, 2 and 3 whole decode graphs
+    too); -cc, dotted keys and the capture-size flags fill --compilation-config."""
+
+    def compilation(*argv: str):
+        return configs(*argv)[0].compilation_config
+
+    assert compilation().graph_mode == "FULL_AND_PIECEWISE"
+    assert compilation("-O1").graph_mode == "PIECEWISE"
+    assert not compilation("-O", "0").uses_graphs and compilation("-O=0").compile_mode == 0
+    assert compilation("--optimization_level", "3").graph_mode == "FULL_AND_PIECEWISE"
+    given = compilation("-O0", "-cc", '{"cudagraph_mode": "FULL_DECODE_ONLY"}')
+    assert given.graph_mode == "FULL_DECODE_ONLY", "a given cudagraph_mode wins, as in vLLM"
+    mode_0 = compilation("-cc.mode=0")  # vLLM's compilation mode: nothing compiled
+    assert mode_0.compile_mode == 0 and mode_0.uses_graphs
+    assert compilation("--cudagraph-capture-sizes", "8", "1", "2").capture_sizes(256) == [1, 2, 8]
+    assert compilation("--cuda-graph-sizes", "4", "2").capture_sizes(256) == [2, 4]
+    assert compilation("--max-cudagraph-capture-size", "16").capture_sizes(256)[-1] == 16
+    dotted = compilation(
+        "-cc",
+        '{"cudagraph_mode": "NONE", "max_cudagraph_capture_size": 8}',
+        "--compilation_config.cudagraph_mode",
+        "piecewise",
+        "-cc.cudagraph_capture_sizes+",
+        "1,4",
+    )
+    assert (dotted.graph_mode, dotted.capture_sizes(256)) == ("PIECEWISE", [1, 4])
+    assert dotted.max_cudagraph_capture_size == 8, "merged into the flag's own JSON"
+    with pytest.raises(ValueError, match="--cudagraph-capture-sizes and compilation_config"):
+        configs("--cudagraph-capture-sizes", "1", "-cc.cudagraph_capture_sizes=[2]")
+    with pytest.raises(SystemExit):
+        parse("-O4")
+    monkeypatch.setenv("OCTAVO_CUDAGRAPH_CAPTURE_SIZES", "1,2")
+    monkeypatch.setenv("OCTAVO_OPTIMIZATION_LEVEL", "1")
+    from_env = compilation()
+    assert (from_env.capture_sizes(256), from_env.graph_mode) == ([1, 2], "PIECEWISE")
+    offline = EngineArgs(optimization_level=0, cudagraph_capture_sizes=[1, 2])  # LLM(...)
+    assert not offline.compilation_config.uses_graphs
+    assert offline.compilation_config.capture_sizes(256) == [1, 2]
+
+
+def test_vllms_loose_spellings_are_read_as_its_parser_reads_them(capsys):
+    assert parse("--max_model_len", "512", "--tool-call-parser", "llama3_json").max_model_len == 512
+    assert parse("--tool-call-parser", "llama3_json").tool_call_parser == "llama3_json"
+    assert vllm_spellings(["serve", "--hf_overrides.rope_scaling.factor=4", "--", "--a_b"]) == [
+        "serve",
+        "--hf-overrides",
+        '{"rope_scaling": {"factor": 4}}',
+        "--",
+        "--a_b",
+    ]
+    assert vllm_spellings(["-O.level", "1", "-cc=3"]) == [
+        "--compilation-config=3",
+        "--compilation-config",
+        '{"level": 1}',
+    ]
+    assert main(["serve", "-cc.cudagraph_mode"]) == 2
+    assert "--compilation-config.cudagraph_mode needs a value" in capsys.readouterr().err
 
 
 def test_old_speculative_flags_build_the_same_config(caplog):

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from octavo.entrypoints.openai.cli_spellings import vllm_spellings
 from octavo.logging_format import configure_logging
 from octavo.model_executor.hub_reach import ModelFetchError
 from octavo.stack_dumps import dump_stacks_on_signal
@@ -31,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        argv = vllm_spellings(sys.argv[1:] if argv is None else argv)
+    except ValueError as error:
+        print(f"octavo: error: {error}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     dump_stacks_on_signal()
     try:

@@ -24,7 +24,12 @@ from octavo.arg_types import (
     positive_float,
     positive_int,
 )
-from octavo.compilation.config import CompilationConfig, parse_compilation_config
+from octavo.compilation.config import (
+    LEVELS,
+    CompilationConfig,
+    parse_compilation_config,
+    with_flags,
+)
 from octavo.distributed.node_layout import (
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,
@@ -210,17 +215,51 @@ class EngineArgs:
         parse_bool,
         kind="bool",
     )
+    optimization_level: int | None = engine_arg(
+        None,
+        "vLLM's optimization level, also -O0 .. -O3: 0 runs every step eagerly (no graphs, "
+        "nothing compiled), 1 takes graphs cut at attention only (PIECEWISE), 2 (the "
+        "default) and 3 also whole graphs of decode steps (FULL_AND_PIECEWISE); what "
+        "--compilation-config gives wins over the level",
+        one_of(LEVELS, int),
+        choices=LEVELS,
+        aliases=("-O",),
+    )
     # engine_arg's field() is evaluated once, like every other field's here
     compilation_config: CompilationConfig = engine_arg(  # noqa: RUF009
         None,
-        "how the model runs on a GPU, as vLLM's -O / --compilation-config: a level (-O0 "
-        "runs eagerly) or JSON with cudagraph_mode (FULL_AND_PIECEWISE, the default: whole "
-        "graphs of decode steps and graphs cut at attention for the others; "
-        "FULL_DECODE_ONLY, PIECEWISE or NONE), "
-        "cudagraph_capture_sizes and max_cudagraph_capture_size (default: batch sizes 1, "
-        "2, 4, 8, 16, ... 256, 272, ... up to max_num_seqs, at most 512)",
+        "how the model runs, as vLLM's --compilation-config / -cc (also -O with JSON, and "
+        "dotted: -cc.cudagraph_mode=FULL_DECODE_ONLY): JSON with cudagraph_mode "
+        "(FULL_AND_PIECEWISE: whole graphs of decode steps and graphs cut at attention for "
+        "the others; FULL_DECODE_ONLY, PIECEWISE or NONE; default: the optimization "
+        "level's), cudagraph_capture_sizes, max_cudagraph_capture_size, level (the "
+        "optimization level), mode (0: nothing compiled) and backend (CPU: inductor or "
+        "eager)",
         parse_compilation_config,
-        aliases=("-O",),
+        aliases=("-cc",),
+    )
+    cudagraph_capture_sizes: list[int] | None = engine_arg(  # noqa: RUF009
+        None,
+        "the decode batch sizes (and piecewise step sizes in tokens) captured as graphs "
+        "(vLLM's flag; also its older --cuda-graph-sizes) (default: 1, 2, 4, 8, 16, 24, "
+        "... 256, 272, ... up to --max-cudagraph-capture-size)",
+        positive_int,
+        kind="list",
+        aliases=("--cuda-graph-sizes",),
+    )
+    cudagraph_metrics: bool = engine_arg(
+        False,
+        "log which graphs the steps replayed (vLLM's flag): every 10 seconds, a table of "
+        "the steps by tokens, the capture size they were padded to and the runtime mode "
+        "(FULL: a decode graph, PIECEWISE: graphs cut at attention, NONE: eager)",
+        parse_bool,
+        kind="bool",
+    )
+    max_cudagraph_capture_size: int | None = engine_arg(
+        None,
+        "the largest size of the default capture sizes (vLLM's flag) (default: "
+        "--max-num-seqs decode rows, at most 512; on CPU at most 64)",
+        positive_int,
     )
     block_size: int = engine_arg(
         16,
@@ -452,8 +491,7 @@ class EngineArgs:
         self.limit_mm_per_prompt = parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
         self.mm_processor_kwargs = parse_mm_processor_kwargs(self.mm_processor_kwargs)
         media_root(self.allowed_local_media_path)  # a folder, or a ValueError now
-        # LLM(compilation_config={...}) or 3; None: the default
-        self.compilation_config = parse_compilation_config(self.compilation_config)
+        self._fold_compilation_flags()
         if self.pooler_config is not None:  # LLM(pooler_config={...})
             self.pooler_config = parse_pooler_config(self.pooler_config)
         if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's
@@ -467,6 +505,19 @@ class EngineArgs:
             ]
             self.enable_lora = True
         self.validate()
+
+    def _fold_compilation_flags(self) -> None:
+        """``compilation_config`` (``LLM(compilation_config={...})``, 3 or the flag's) with
+        the top-level flags for its keys folded in (-O, the capture sizes)."""
+        config = parse_compilation_config(self.compilation_config)
+        self.compilation_config = with_flags(
+            config,
+            self.optimization_level,
+            self.cudagraph_capture_sizes,
+            self.max_cudagraph_capture_size,
+        )
+        self.optimization_level = self.cudagraph_capture_sizes = None  # folded in once
+        self.max_cudagraph_capture_size = None
 
     def _fold_legacy_speculative_flags(self) -> None:
         """``--speculative-model``/``--num-speculative-tokens`` -> ``speculative_config``."""

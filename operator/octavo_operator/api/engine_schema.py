@@ -87,9 +87,23 @@ def one_of_rule(field: EngineField) -> dict[str, Any]:
     )
 
 
+# CEL: the flag name of an argument `a` as `octavo serve` reads it: before any '=', with
+# underscores as dashes (vLLM's --api_key spelling, which the server accepts).
+ARG_NAME = "a.split('=')[0].replace('_', '-')"
+
+
+def sets_flag_rule(flag: str) -> str:
+    """CEL: argument `a` sets ``flag`` (a CEL string: a quoted flag or a variable):
+    spelled out, with a value (--port=1), dotted or longer (--portx), in underscores
+    (--api_key) or abbreviated (--po, --api-k=KEY): argparse expands unique prefixes."""
+    return (
+        f"{ARG_NAME}.startsWith({flag}) || "
+        f"({ARG_NAME}.startsWith('--') && {flag}.startsWith({ARG_NAME}))"
+    )
+
+
 def extra_args_rule(flags: tuple[str, ...]) -> str:
-    """No argument is a guarded flag, starts with one (--port=1, --portx) or is a prefix of
-    one (--po, --api-k=KEY): argparse expands unique prefixes unless allow_abbrev=False."""
+    """No argument sets a guarded flag (``sets_flag_rule``)."""
     guarded = "[" + ", ".join(f"'{f}'" for f in flags) + "]"
-    clash = "a.startsWith(f) || (a.startsWith('--') && f.startsWith(a.split('=')[0]))"
+    clash = sets_flag_rule("f")
     return f"!has(self.extraArgs) || self.extraArgs.all(a, !{guarded}.exists(f, {clash}))"

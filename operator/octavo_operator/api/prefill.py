@@ -78,12 +78,11 @@ def parse_prefill(spec: dict[str, Any], decode_resources: Resources) -> Prefill 
 
 
 def sets_flag(args: tuple[str, ...], flag: str) -> bool:
-    """Whether ARGS set FLAG: as the CRD's rule (engine_schema.extra_args_rule) reads them,
-    spelled out, with a value, or abbreviated (argparse expands unique prefixes)."""
-    return any(
-        a.startswith(flag) or (a.startswith("--") and flag.startswith(a.split("=")[0]))
-        for a in args
-    )
+    """Whether ARGS set FLAG: as the CRD's rule (engine_schema.sets_flag_rule) reads them,
+    spelled out, with a value, in underscores, or abbreviated (argparse expands unique
+    prefixes)."""
+    names = (a.split("=")[0].replace("_", "-") for a in args)
+    return any(n.startswith(flag) or (n.startswith("--") and flag.startswith(n)) for n in names)
 
 
 def prefill_problem(spec: dict[str, Any], prefill: Prefill | None, nodes: int) -> str | None:

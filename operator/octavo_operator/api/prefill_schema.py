@@ -7,7 +7,13 @@ from typing import Any
 
 from octavo_operator import constants as c
 
-from .engine_schema import EXTRA_ARGS, MULTI_NODE_FLAGS, OPERATOR_FLAGS, extra_args_rule
+from .engine_schema import (
+    EXTRA_ARGS,
+    MULTI_NODE_FLAGS,
+    OPERATOR_FLAGS,
+    extra_args_rule,
+    sets_flag_rule,
+)
 from .prefill import FAILURE_POLICIES, KV_TRANSFER_FLAG, MAX_LEASE_SECONDS
 from .schema import Schema, free_form, integer, obj, quantity, rule, string
 
@@ -106,7 +112,6 @@ def prefill_schema() -> Schema:
 def prefill_rules() -> list[dict[str, Any]]:
     """Spec-level rules of spec.prefill."""
     kv = KV_TRANSFER_FLAG
-    abbreviated = f"(a.startsWith('--') && '{kv}'.startsWith(a.split('=')[0]))"
     return [
         rule(
             "!has(self.prefill) || (has(self.router) && self.router.enabled)",
@@ -123,7 +128,7 @@ def prefill_rules() -> list[dict[str, Any]]:
         ),
         rule(
             "!has(self.prefill) || !has(self.engine.extraArgs) || "
-            f"self.engine.extraArgs.all(a, !(a.startsWith('{kv}') || {abbreviated}))",
+            f"self.engine.extraArgs.all(a, !({sets_flag_rule(repr(kv))}))",
             f"with spec.prefill the operator sets {kv} on both pools: engine.extraArgs must "
             "not set it",
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from octavo_operator import constants as c
 
+from .engine_schema import sets_flag_rule
 from .schema import Schema, free_form, integer, obj, rule, string
 
 
@@ -136,8 +137,7 @@ def router_rules() -> list[dict[str, str]]:
     """Spec-level rule: KV events are the operator's to configure (the pool already keeps
     --port, which extraArgs may never set, at 8000)."""
     flag = "--kv-events-config"
-    abbreviated = f"(a.startsWith('--kv-e') && '{flag}'.startsWith(a.split('=')[0]))"
-    clash = f"a.startsWith('{flag}') || {abbreviated}"
+    clash = sets_flag_rule(repr(flag))
     return [
         rule(
             "!has(self.router) || !self.router.enabled || !has(self.engine.extraArgs) || "

@@ -7,7 +7,7 @@ survive functionalization, and its storage check would guard on addresses.
 
 Whether it runs (``compile_decision``): on a GPU only as a trial with ``OCTAVO_COMPILE=1``
 (CUDA graphs cover decode there; the graphs then capture the compiled pieces), never with
-``--enforce-eager`` or ``-O0``; on CPU when ``--compilation-config`` says
+``--enforce-eager``, ``-O0`` or compilation mode 0; on CPU when ``--compilation-config`` says
 ``{"backend": "inductor"}`` or, without a backend, when ``CPU_COMPILES_BY_DEFAULT`` says so.
 ``OCTAVO_COMPILE=0`` / ``1`` overrides the default and the backend (tests switch it off).
 Inductor's artefacts are cached under ``$OCTAVO_CACHE/torch_compile_cache``.
@@ -51,7 +51,7 @@ class CompileSettings:
     """What decides whether the layers compile (from the engine's arguments)."""
 
     device_type: str
-    level: int = 3  # --compilation-config / -O level; 0 runs everything eagerly
+    mode: int = 3  # vLLM's compilation mode (compilation_config.mode; -O0 makes it 0): 0 never
     backend: str | None = None  # {"backend": "inductor" | "eager"}; None: the default
     enforce_eager: bool = False
     world_size: int = 1
@@ -71,8 +71,9 @@ def compile_decision(settings: CompileSettings) -> CompileDecision:
     on_cpu = settings.device_type == "cpu"
     if not on_cpu and forced not in FORCED_ON:
         return CompileDecision(False, f"{settings.device_type}: decode steps run as CUDA graphs")
-    if settings.enforce_eager or settings.level == 0:
-        return CompileDecision(False, "--enforce-eager" if settings.enforce_eager else "level 0")
+    if settings.enforce_eager or settings.mode == 0:
+        reason = "--enforce-eager" if settings.enforce_eager else "compilation mode 0"
+        return CompileDecision(False, reason)
     unsupported = _unsupported(settings)
     if unsupported:
         return CompileDecision(False, f"not compiled with {unsupported}")

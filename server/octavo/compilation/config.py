@@ -1,4 +1,4 @@
-"""``--compilation-config`` / ``-O``: how the model runs, in vLLM's spelling.
+"""``--compilation-config`` / ``-cc`` and ``-O``: how the model runs, in vLLM's spelling.
 
 ``cudagraph_mode`` as vLLM's: ``FULL_DECODE_ONLY`` captures graphs of uniform decode steps
 (every sequence of the step decodes or verifies proposals; the batch padded up to the
@@ -12,10 +12,18 @@ eagerly. ``FULL`` reads as ``FULL_AND_PIECEWISE`` (no graph holds a whole mixed 
 graphs are recorded op calls (``cpu_graphs``) and no step is cut into pieces; they are
 recorded at start-up, or at each batch size's first use with ``OCTAVO_CPU_GRAPHS=first-use``.
 
-Accepted forms, as vLLM's: ``-O0`` .. ``-O3`` (a level: 0 turns graphs off), a JSON
-object (``{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}``)
-or a dict from ``LLM(compilation_config=...)``. Keys Octavo does not act on are refused by
-name rather than silently ignored.
+The optimization level (vLLM 0.32's ``-O`` / ``--optimization-level``, also the ``level``
+key) fills what is not given: ``0`` runs eagerly (no graphs, nothing compiled), ``1``
+takes ``PIECEWISE`` graphs, ``2`` (the default) and ``3`` ``FULL_AND_PIECEWISE``. ``mode``
+is vLLM's compilation mode, which only decides torch.compile of the layers (``0``: never;
+``compiled_model.py``); a given ``cudagraph_mode`` wins over the level, as in vLLM.
+
+Accepted forms, as vLLM's: a level (``-O0`` .. ``-O3``), a JSON object
+(``{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}``, also
+as dotted flags: ``-cc.cudagraph_mode=FULL_DECODE_ONLY``, see ``cli_spellings.py``) or a
+dict from ``LLM(compilation_config=...)``; the sizes also as their own flags
+(``--cudagraph-capture-sizes``, ``--max-cudagraph-capture-size``: ``with_flags``). Keys
+Octavo does not act on are refused by name rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ from typing import Any
 
 GRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "PIECEWISE", "FULL_AND_PIECEWISE")
 MODE_ALIASES = {"FULL": "FULL_AND_PIECEWISE"}  # no graph holds a whole mixed step
+LEVELS = (0, 1, 2, 3)
+DEFAULT_LEVEL = 2  # vLLM 0.32's default optimization level (3 is the same)
+LEVEL_GRAPH_MODES = ("NONE", "PIECEWISE", "FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE")
 KNOWN_KEYS = (
     "level",
     "mode",
@@ -49,28 +60,44 @@ LARGEST_CPU_DEFAULT_SIZE = 64
 
 @dataclass(frozen=True)
 class CompilationConfig:
-    level: int = 3  # vLLM's default optimisation level; 0 runs everything eagerly
-    cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    """What was given; ``None``: not given, the level (or the engine) decides."""
+
+    level: int | None = None  # the optimization level; None: DEFAULT_LEVEL
+    cudagraph_mode: str | None = None  # None: the level's (LEVEL_GRAPH_MODES)
     cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: the default ladder
     max_cudagraph_capture_size: int | None = None  # None: from max_num_seqs
     backend: str | None = None  # CPU layers: "inductor" compiles, "eager" not; None: default
+    mode: int | None = None  # vLLM's compilation mode; None: 0 at level 0, else 3
+
+    @property
+    def optimization_level(self) -> int:
+        return DEFAULT_LEVEL if self.level is None else self.level
+
+    @property
+    def graph_mode(self) -> str:
+        """``cudagraph_mode`` as given, else the optimization level's."""
+        return self.cudagraph_mode or LEVEL_GRAPH_MODES[self.optimization_level]
+
+    @property
+    def compile_mode(self) -> int:
+        """vLLM's compilation mode: as given, else none at level 0 and its own above."""
+        if self.mode is not None:
+            return self.mode
+        return 0 if self.optimization_level == 0 else 3
 
     @property
     def uses_graphs(self) -> bool:
-        return self.level > 0 and self.cudagraph_mode != "NONE"
+        return self.graph_mode != "NONE"
 
     @property
     def full_decode_graphs(self) -> bool:
         """Decode steps replay whole graphs (attention included)."""
-        return self.uses_graphs and self.cudagraph_mode in (
-            "FULL_DECODE_ONLY",
-            "FULL_AND_PIECEWISE",
-        )
+        return self.graph_mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
     @property
     def piecewise_graphs(self) -> bool:
         """Steps no whole graph serves replay graphs cut at attention (``piecewise_graphs``)."""
-        return self.uses_graphs and self.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE")
+        return self.graph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE")
 
     def capture_sizes(self, max_decode_rows: int, device_type: str = "cuda") -> list[int]:
         """The batch sizes captured, ascending: the configured ones, or vLLM's ladder
@@ -124,6 +151,38 @@ def parse_compilation_config(value: Any) -> CompilationConfig:
     return _checked(value)
 
 
+def with_flags(
+    config: CompilationConfig,
+    optimization_level: int | None = None,
+    capture_sizes: list[int] | tuple[int, ...] | None = None,
+    max_capture_size: int | None = None,
+) -> CompilationConfig:
+    """``config`` with vLLM's top-level flags for its keys (``--optimization-level`` /
+    ``-O``, ``--cudagraph-capture-sizes``, ``--max-cudagraph-capture-size``); a key given
+    both ways is refused, as vLLM refuses it."""
+    given = {
+        "level": optimization_level,
+        "cudagraph_capture_sizes": None if capture_sizes is None else tuple(capture_sizes),
+        "max_cudagraph_capture_size": max_capture_size,
+    }
+    given = {key: value for key, value in given.items() if value is not None}
+    for key in given:
+        if getattr(config, key) is not None:
+            flag = FLAG_OF_KEY[key]
+            raise ValueError(
+                f"{flag} and compilation_config.{key} are mutually exclusive: give one"
+            )
+    raw = {key: value for key, value in vars(config).items() if value is not None}
+    return _checked({**raw, **given}) if given else config
+
+
+FLAG_OF_KEY = {
+    "level": "--optimization-level (-O)",
+    "cudagraph_capture_sizes": "--cudagraph-capture-sizes",
+    "max_cudagraph_capture_size": "--max-cudagraph-capture-size",
+}
+
+
 def _checked(raw: dict) -> CompilationConfig:
     unknown = sorted(set(raw) - set(KNOWN_KEYS))
     if unknown:
@@ -131,16 +190,10 @@ def _checked(raw: dict) -> CompilationConfig:
             f"--compilation-config: unsupported keys {', '.join(unknown)} "
             f"(supported: {', '.join(KNOWN_KEYS)})"
         )
-    level = raw.get("mode", raw.get("level", 3))
-    if not isinstance(level, int) or not 0 <= level <= 3:
-        raise ValueError(f"--compilation-config: level must be 0-3, got {level!r}")
-    mode = str(raw.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
-    mode = MODE_ALIASES.get(mode, mode)
-    if mode not in GRAPH_MODES:
-        raise ValueError(
-            f"--compilation-config: cudagraph_mode must be one of "
-            f"{', '.join(GRAPH_MODES + tuple(MODE_ALIASES))}, got {mode!r}"
-        )
+    level, mode = raw.get("level"), raw.get("mode")
+    for name, value in (("level", level), ("mode", mode)):
+        if value is not None and (isinstance(value, bool) or value not in LEVELS):
+            raise ValueError(f"--compilation-config: {name} must be 0-3, got {value!r}")
     sizes = raw.get("cudagraph_capture_sizes")
     largest = raw.get("max_cudagraph_capture_size")
     checks = (("cudagraph_capture_sizes", sizes), ("max_cudagraph_capture_size", [largest]))
@@ -148,7 +201,21 @@ def _checked(raw: dict) -> CompilationConfig:
         if numbers is not None and not all(n is None or _positive(n) for n in numbers):
             raise ValueError(f"--compilation-config: {name} must be positive integers")
     sizes = None if sizes is None else tuple(sizes)
-    return CompilationConfig(level, mode, sizes, largest, _backend(raw.get("backend")))
+    graph_mode = _graph_mode(raw.get("cudagraph_mode"))
+    return CompilationConfig(level, graph_mode, sizes, largest, _backend(raw.get("backend")), mode)
+
+
+def _graph_mode(value: Any) -> str | None:
+    if value is None:
+        return None
+    mode = str(value).upper()
+    mode = MODE_ALIASES.get(mode, mode)
+    if mode not in GRAPH_MODES:
+        raise ValueError(
+            f"--compilation-config: cudagraph_mode must be one of "
+            f"{', '.join(GRAPH_MODES + tuple(MODE_ALIASES))}, got {mode!r}"
+        )
+    return mode
 
 
 def _backend(value: Any) -> str | None:

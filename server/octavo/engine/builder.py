@@ -206,6 +206,7 @@ def worker_config(args: EngineArgs, model: ResolvedModel) -> WorkerConfig:
         piecewise_sizes=pieces,
         graphs_at_first_use=device.type == "cpu" and cpu_graphs_at_first_use(),
         attention_backend=args.attention_backend,
+        graph_metrics=args.cudagraph_metrics,
     )
     special_cache = model.states or model.encoder or model.groups is not None
     spec.kv_offload_blocks = offload_blocks(args, spec, special_cache)
@@ -280,7 +281,7 @@ def graph_sizes(
     compiled_layers: bool = False,
 ) -> tuple[int, ...]:
     """The decode batch sizes captured as graphs (CUDA graphs on a GPU, recorded op calls
-    on CPU: ``cpu_graphs``): none with --enforce-eager, level 0 or cudagraph_mode NONE,
+    on CPU: ``cpu_graphs``): none with --enforce-eager, -O0 or cudagraph_mode NONE,
     (for now) with LoRA or more than one rank, and on CPU with torch.compiled layers
     (inductor's kernels run outside the dispatcher a recording sees)."""
     compilation = args.compilation_config
@@ -328,7 +329,7 @@ def compiles_layers(
     compilation = args.compilation_config
     settings = CompileSettings(
         device.type,
-        compilation.level,
+        compilation.compile_mode,
         compilation.backend,
         args.enforce_eager,
         parallel.world_size,

@@ -38,6 +38,7 @@ from octavo.lora_request import LoRARequest
 from octavo.model_executor.block_table_rows import BlockTableRows
 from octavo.model_executor.decode_graphs import DecodeGraphs
 from octavo.model_executor.encoder_inputs import token_types, whole_prompt_spans
+from octavo.model_executor.graph_metrics import FULL, NONE, PIECEWISE, GraphMetricsLog
 from octavo.model_executor.group_tables import add_group_tables
 from octavo.model_executor.image_embeds import EncoderCache, needed_slices, step_image_embeds
 from octavo.model_executor.image_spans import bidirectional_spans
@@ -160,6 +161,7 @@ class ModelRunner:
         self._pending_pool: dict[int, Partial] = {}
         self.graphs: DecodeGraphs | None = None  # captured decode steps (the worker's)
         self.piecewise: PiecewiseGraphs | None = None  # the other steps, cut at attention
+        self.graph_metrics: GraphMetricsLog | None = None  # --cudagraph-metrics (the worker's)
         self.in_flight: PendingStep | None = None  # async scheduling: the launched step
         self.offload: HostTier | None = None  # the KV offload tier's host blocks (the worker's)
         self.images_of: dict[int, list[ImageInput]] = {}  # every rank: a prompt's images
@@ -244,16 +246,32 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs, intermediate: IntermediateTensors | None = None):
         if self.loras is not None:
             self.loras.state.batch = inputs.lora
-        if self.graphs is not None and intermediate is None:
-            size = self.graphs.size_for(inputs)
-            # a decode step: the graph of its padded size (recorded now at its first use)
-            if size is not None and self.graphs.ready(size):
-                return self.graphs.run(inputs, size)
-        if self.piecewise is not None and intermediate is None:
-            size = self.piecewise.size_for(inputs)
-            if size is not None:  # any other step: the pieces around eager attention
-                return self.piecewise.run(inputs, size)
+        mode, size = self._replay_for(inputs, intermediate)
+        if self.graph_metrics is not None:
+            self.graph_metrics.observe(inputs.input_ids.shape[0], size, mode)
+        if mode == FULL:
+            return self.graphs.run(inputs, size)
+        if mode == PIECEWISE:
+            return self.piecewise.run(inputs, size)
         return self.paged.run(inputs, intermediate)
+
+    def _replay_for(
+        self, inputs: StepInputs, intermediate: IntermediateTensors | None
+    ) -> tuple[str, int | None]:
+        """How a step runs (``graph_metrics``' modes) and the capture size it is padded to:
+        a decode step replays the graph of its padded size (recorded now at its first
+        use), any other step the pieces around eager attention, else it runs eagerly."""
+        if intermediate is not None:
+            return NONE, None
+        if self.graphs is not None:
+            size = self.graphs.size_for(inputs)
+            if size is not None and self.graphs.ready(size):
+                return FULL, size
+        if self.piecewise is not None:
+            size = self.piecewise.size_for(inputs)
+            if size is not None:
+                return PIECEWISE, size
+        return NONE, None
 
     def _outputs(self, result: StepResult, inputs: StepInputs) -> PendingStep:
         """Sampled tokens, and the vectors of the pooling sequences this step finished."""

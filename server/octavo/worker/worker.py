@@ -51,6 +51,7 @@ from octavo.model_executor.cpu_graphs import CpuGraphRecorder
 from octavo.model_executor.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from octavo.model_executor.dummy_steps import prompt_chunks
 from octavo.model_executor.footprint import weight_bytes, weight_footprint
+from octavo.model_executor.graph_metrics import GraphMetricsLog, captured_graphs
 from octavo.model_executor.layers.lora import LoRASize
 from octavo.model_executor.layers.moe.quantized_experts import experts_sync_with_host
 from octavo.model_executor.loader import load_model
@@ -107,6 +108,7 @@ class WorkerConfig:
     piecewise_sizes: tuple[int, ...] = ()  # step sizes (tokens) captured cut at attention
     graphs_at_first_use: bool = False  # CPU: each decode graph recorded at its first use
     attention_backend: str = "auto"  # ``--attention-backend`` (checked by the builder)
+    graph_metrics: bool = False  # ``--cudagraph-metrics``: the graphs' use logged (the driver)
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -396,6 +398,10 @@ class Worker:
             self._capture_pieces(pool)
         if self.device.type == "cuda":  # Triton's kernels compile before the first request
             self.warm_up_kernels()
+        if spec.graph_metrics and self.is_driver:
+            runner = self.runner
+            sizes = (g.sizes if g is not None else None for g in (runner.graphs, runner.piecewise))
+            runner.graph_metrics = GraphMetricsLog(captured_graphs(*sizes))
         # Start-up is done: from now on the memory a step frees serves the next step.
         if self.device.type == "cpu" and self._heap_release is None and HOST_HEAP.hold():
             self._heap_release = weakref.finalize(self, HOST_HEAP.release)
