@@ -102,6 +102,16 @@ def test_graphs_are_captured_only_on_a_single_rank_without_eager_or_lora():
     assert graph_sizes(args, cuda, ParallelConfig(tensor_parallel_size=2), None) == ()
 
 
+def test_interactivity_takes_a_graph_for_every_batch_size_up_to_32():
+    cuda, single = torch.device("cuda"), ParallelConfig()
+    interactive = EngineArgs(max_num_seqs=64, performance_mode="interactivity")
+    assert graph_sizes(interactive, cuda, single, None) == (*range(1, 33), 40, 48, 56, 64)
+    cpu_sizes = graph_sizes(interactive, torch.device("cpu"), single, None)
+    assert cpu_sizes == (*range(1, 33), 48, 64)
+    balanced = graph_sizes(EngineArgs(max_num_seqs=64), cuda, single, None)
+    assert balanced == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+
+
 def _generate(llm: LLM, prompts: list[list[int]] = PROMPTS, **params) -> list[list[int]]:
     outputs = llm.generate(
         prompts,

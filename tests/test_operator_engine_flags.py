@@ -74,6 +74,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--cudagraph-capture-sizes": "GPU tuning of graph capture sizes, rarely changed",
     "--max-cudagraph-capture-size": "GPU tuning of graph capture sizes, rarely changed",
     "--cudagraph-metrics": "a log of graph use for tuning one deployment, not a lasting setting",
+    "--performance-mode": "vLLM's batch-size presets; maxNumSeqs and the capture sizes say it",
     "--async-scheduling": "a GPU throughput switch being measured; extraArgs until default",
     "--load-format": "dummy weights are for benchmarks of a shape, not for serving",
     "--generation-config": "vLLM compatibility: the model's sampling defaults or none",

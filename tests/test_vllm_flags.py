@@ -19,6 +19,7 @@ import torch
 from octavo import LLM, SamplingParams
 from octavo.cli import main
 from octavo.config import EngineArgs
+from octavo.engine.batch_defaults import default_token_budget
 from octavo.entrypoints.openai import options
 from octavo.entrypoints.openai.cli import listen_args, server_config
 from octavo.entrypoints.openai.cli_spellings import vllm_spellings
@@ -287,6 +288,18 @@ def test_vllms_loose_spellings_are_read_as_its_parser_reads_them(capsys):
     ]
     assert main(["serve", "-cc.cudagraph_mode"]) == 2
     assert "--compilation-config.cudagraph_mode needs a value" in capsys.readouterr().err
+
+
+def test_throughput_mode_doubles_the_default_batch_and_step_as_vllm_does():
+    cpu = torch.device("cpu")
+    balanced, throughput = configs()[0], configs("--performance-mode", "throughput")[0]
+    assert (balanced.max_num_seqs, balanced.token_budget(cpu)) == (256, 512)
+    assert (throughput.max_num_seqs, throughput.token_budget(cpu)) == (512, 1024)
+    given = configs("--performance-mode=throughput", "--max-num-seqs", "8")[0]
+    assert given.max_num_seqs == 8, "a given value is kept"
+    assert default_token_budget(cpu, offline=True, mode="throughput") == 4096  # LLM(...)
+    with pytest.raises(SystemExit):
+        parse("--performance-mode", "fast")
 
 
 def test_old_speculative_flags_build_the_same_config(caplog):

@@ -36,7 +36,12 @@ from octavo.distributed.node_layout import (
     DEFAULT_NODE_JOIN_TIMEOUT,
     NodeLayout,
 )
-from octavo.engine.batch_defaults import default_token_budget
+from octavo.engine.batch_defaults import (
+    DEFAULT_MAX_NUM_SEQS,
+    PERFORMANCE_MODES,
+    default_max_num_seqs,
+    default_token_budget,
+)
 from octavo.executor.step_timeout import DEFAULT_EXECUTE_MODEL_TIMEOUT
 from octavo.kv_cache.block_hash import DEFAULT_HASH_ALGO, HASH_ALGOS
 from octavo.kv_events.config import KVEventsConfig
@@ -152,13 +157,18 @@ class EngineArgs:
         one_of(LOAD_FORMATS),
         choices=LOAD_FORMATS,
     )
-    max_num_seqs: int = engine_arg(256, "most sequences running at once", positive_int)
+    max_num_seqs: int = engine_arg(
+        None,
+        f"most sequences running at once (default: {DEFAULT_MAX_NUM_SEQS}, twice that with "
+        "--performance-mode throughput)",
+        positive_int,
+    )
     max_num_batched_tokens: int | None = engine_arg(
         None,
         "token budget of one step (default: 512 on CPU, where a step of 2048 prompt tokens "
         "stalls every stream for about half a second; on GPU vLLM's: 8192 where the GPU has "
         "70 GiB or more and is not an A100, else 2048; the offline LLM class: 2048 on CPU, "
-        "16384 / 8192 on GPU)",
+        "16384 / 8192 on GPU; each twice that with --performance-mode throughput)",
         positive_int,
     )
     enable_chunked_prefill: bool = engine_arg(
@@ -214,6 +224,14 @@ class EngineArgs:
         "sequence that stops costs one discarded token. One rank, no speculative decoding",
         parse_bool,
         kind="bool",
+    )
+    performance_mode: str = engine_arg(
+        "balanced",
+        "vLLM's performance mode: balanced, interactivity (a graph for every batch size up "
+        "to 32, so small batches replay without padding) or throughput (twice the default "
+        "--max-num-seqs and --max-num-batched-tokens: larger batches and steps)",
+        one_of(PERFORMANCE_MODES),
+        choices=PERFORMANCE_MODES,
     )
     optimization_level: int | None = engine_arg(
         None,
@@ -492,6 +510,8 @@ class EngineArgs:
         self.mm_processor_kwargs = parse_mm_processor_kwargs(self.mm_processor_kwargs)
         media_root(self.allowed_local_media_path)  # a folder, or a ValueError now
         self._fold_compilation_flags()
+        if self.max_num_seqs is None:
+            self.max_num_seqs = default_max_num_seqs(self.performance_mode)
         if self.pooler_config is not None:  # LLM(pooler_config={...})
             self.pooler_config = parse_pooler_config(self.pooler_config)
         if self.kv_events_config is not None:  # LLM(kv_events_config={...}) or the flag's
@@ -548,7 +568,7 @@ class EngineArgs:
         whole prompt must fit in one step: the default grows to ``max_model_len``, and a
         smaller explicit budget is refused."""
         explicit = self.max_num_batched_tokens
-        default = default_token_budget(device, offline=False)
+        default = default_token_budget(device, offline=False, mode=self.performance_mode)
         budget = default if explicit is None else explicit
         if self.enable_chunked_prefill or max_model_len is None:
             return budget

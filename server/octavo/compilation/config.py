@@ -56,6 +56,7 @@ LARGEST_DEFAULT_SIZE = 512  # vLLM's cap on the default capture sizes
 # (compute-bound past a few rows: ~0.3 ms a row for SmolLM2 on 2 Xeon vCPUs), so powers of
 # two (33 rows padded to 64) cost more; steps of 8 cost 4.3 s of capture instead of 2.6.
 LARGEST_CPU_DEFAULT_SIZE = 64
+EVERY_SIZE_UP_TO = 32  # --performance-mode interactivity: no padding below (vLLM's)
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,14 @@ class CompilationConfig:
         """Steps no whole graph serves replay graphs cut at attention (``piecewise_graphs``)."""
         return self.graph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE")
 
-    def capture_sizes(self, max_decode_rows: int, device_type: str = "cuda") -> list[int]:
+    def capture_sizes(
+        self, max_decode_rows: int, device_type: str = "cuda", every_small_size: bool = False
+    ) -> list[int]:
         """The batch sizes captured, ascending: the configured ones, or vLLM's ladder
         ``1, 2, 4, 8, 16, ..., 248, 256, 272, ...`` up to ``max_cudagraph_capture_size``
         (default: the most decode rows a step can have, at most 512); on CPU ``1, 2, 4, 8``
-        then steps of 16, by default up to 64."""
+        then steps of 16, by default up to 64. ``every_small_size`` (``--performance-mode
+        interactivity``): every size up to 32 too, as vLLM takes them."""
         if self.cudagraph_capture_sizes is not None:
             return sorted(set(self.cudagraph_capture_sizes))
         cpu = device_type == "cpu"
@@ -114,6 +118,8 @@ class CompilationConfig:
         ladder = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 16, 16)]
         if cpu:
             ladder = [1, 2, 4, 8, *range(16, largest + 16, 16)]
+        if every_small_size:
+            ladder = sorted({*range(1, EVERY_SIZE_UP_TO + 1), *ladder})
         sizes = [size for size in ladder if size <= largest]
         if largest not in sizes:  # the largest batch a step can reach gets its own graph
             sizes.append(largest)

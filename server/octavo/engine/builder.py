@@ -293,7 +293,13 @@ def graph_sizes(
     ):
         return ()
     rows_per_seq = 1 + (speculative.num_speculative_tokens if speculative else 0)
-    return tuple(compilation.capture_sizes(args.max_num_seqs * rows_per_seq, device.type))
+    rows = args.max_num_seqs * rows_per_seq
+    return tuple(compilation.capture_sizes(rows, device.type, every_small_size(args)))
+
+
+def every_small_size(args: EngineArgs) -> bool:
+    """A graph for every batch size up to 32 (``--performance-mode interactivity``)."""
+    return args.performance_mode == "interactivity"
 
 
 def graphs_allowed(args: EngineArgs, parallel: ParallelConfig) -> bool:
@@ -319,7 +325,8 @@ def piecewise_sizes(
         or not graphs_allowed(args, parallel)
     ):
         return ()
-    return tuple(compilation.capture_sizes(args.token_budget(device, max_model_len)))
+    budget = args.token_budget(device, max_model_len)
+    return tuple(compilation.capture_sizes(budget, every_small_size=every_small_size(args)))
 
 
 def compiles_layers(

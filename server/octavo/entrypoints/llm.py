@@ -52,7 +52,8 @@ class LLM:
         if chunked and engine_args.get("max_num_batched_tokens") is None:
             # No stream waits for a step offline: bigger default steps (``batch_defaults``)
             device = select_device(engine_args.get("device", EngineArgs.device))
-            engine_args["max_num_batched_tokens"] = default_token_budget(device, offline=True)
+            mode = engine_args.get("performance_mode", EngineArgs.performance_mode)
+            engine_args["max_num_batched_tokens"] = default_token_budget(device, True, mode)
         self.engine = LLMEngine(EngineArgs.from_kwargs(model, engine_args))
         self._ids = itertools.count()
         self._defaults = _generation_defaults(self.engine)
