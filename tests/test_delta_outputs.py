@@ -47,9 +47,12 @@ def essentials(completion) -> tuple:
     return completion.token_ids, completion.text, completion.logprobs, completion.finish_reason
 
 
-def run(llm: LLM, kind: RequestOutputKind, request_id: str) -> list:
+def run(
+    llm: LLM, kind: RequestOutputKind, request_id: str, stream_interval: int | None = None
+) -> list:
     engine = llm.engine
-    engine.add_request(request_id, PROMPT, replace(PARAMS, output_kind=kind))
+    params = replace(PARAMS, output_kind=kind, stream_interval=stream_interval)
+    engine.add_request(request_id, PROMPT, params)
     outputs = []
     while engine.has_unfinished_requests():
         outputs += engine.step()
@@ -72,6 +75,26 @@ def test_deltas_add_up_to_the_cumulative_outputs(llm):
         assert pieces[-1].cumulative_logprob == pytest.approx(
             final.outputs[index].cumulative_logprob
         )
+
+
+def test_a_stream_interval_sends_the_first_token_then_chunks_then_the_last(llm):
+    """--stream-interval, raised (never lowered) by a request's own stream_interval."""
+    every = run(llm, RequestOutputKind.DELTA, "every")
+    cases = [(4, None, [1, 4, 4, 3]), (4, 2, [1, 4, 4, 3]), (4, 6, [1, 6, 5]), (1, 5, [1, 5, 5, 1])]
+    for engine_interval, request_interval, lengths in cases:
+        llm.engine.args.stream_interval = engine_interval
+        try:
+            chunked = run(llm, RequestOutputKind.DELTA, "chunked", request_interval)
+        finally:
+            llm.engine.args.stream_interval = 1
+        for index in range(2):
+            pieces = [c for d in chunked for c in d.outputs if c.index == index]
+            assert [len(c.token_ids) for c in pieces] == lengths
+            full = [c for d in every for c in d.outputs if c.index == index]
+            assert joined(c.token_ids for c in pieces) == joined(c.token_ids for c in full)
+            assert "".join(c.text for c in pieces) == "".join(c.text for c in full)
+    with pytest.raises(ValueError, match="stream_interval must be at least 1"):
+        SamplingParams(stream_interval=0)
 
 
 def test_final_only_sends_one_output(llm):

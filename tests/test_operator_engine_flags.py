@@ -75,6 +75,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--max-cudagraph-capture-size": "GPU tuning of graph capture sizes, rarely changed",
     "--cudagraph-metrics": "a log of graph use for tuning one deployment, not a lasting setting",
     "--performance-mode": "vLLM's batch-size presets; maxNumSeqs and the capture sizes say it",
+    "--stream-interval": "streaming granularity against host work: tuned per deployment",
     "--async-scheduling": "a GPU throughput switch being measured; extraArgs until default",
     "--load-format": "dummy weights are for benchmarks of a shape, not for serving",
     "--generation-config": "vLLM compatibility: the model's sampling defaults or none",

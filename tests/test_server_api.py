@@ -150,6 +150,32 @@ def test_completion_stream_matches_non_stream(client):
     assert all(chunk["usage"] is None for chunk in chunks[:-1])
 
 
+def test_a_stream_interval_sends_fewer_chunks_of_the_same_text(client):
+    """vLLM's request field: the first token at once, then chunks of 4 tokens, the last."""
+    body = {"model": MODEL, "prompt": "Stream this", "max_tokens": 9, "stream": True, **LONG}
+    body["stream_options"] = {"include_usage": True}
+
+    def chunks(**extra) -> list[dict]:
+        events = sse_events(client.post("/v1/completions", json={**body, **extra}))
+        return [json.loads(event) for event in events[:-1]]
+
+    def text(of: list[dict]) -> str:
+        return "".join(choice["text"] for chunk in of for choice in chunk["choices"])
+
+    every, grouped = chunks(), chunks(stream_interval=4)
+    assert text(grouped) == text(every) and grouped[-1]["usage"] == every[-1]["usage"]
+    # the engine's outputs of 1 + 4 + 4 tokens, then the usage (a slow reader of either
+    # stream may see outputs merged, never split)
+    assert 2 <= len(grouped) <= 4
+    whole = text(every)  # a stop string inside a chunk: the text and usage end there
+    stop = next(whole[i : i + 2] for i in range(2, 7) if whole.find(whole[i : i + 2]) == i)
+    stopped, stopped_grouped = chunks(stop=[stop]), chunks(stop=[stop], stream_interval=4)
+    assert text(stopped_grouped) == text(stopped) == whole[: whole.find(stop)]
+    assert stopped_grouped[-1]["usage"] == stopped[-1]["usage"]
+    refused = client.post("/v1/completions", json={**body, "stream_interval": 0})
+    assert refused.status_code == 400 and "stream_interval" in refused.text
+
+
 def test_stream_without_include_usage_has_no_usage(client):
     response = client.post(
         "/v1/completions",

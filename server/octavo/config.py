@@ -225,6 +225,13 @@ class EngineArgs:
         parse_bool,
         kind="bool",
     )
+    stream_interval: int = engine_arg(
+        1,
+        "streamed outputs every this many tokens (vLLM's flag; the first and last at "
+        "once): larger values send fewer, larger chunks, less host work per token at high "
+        "concurrency; a request's stream_interval may raise it",
+        positive_int,
+    )
     performance_mode: str = engine_arg(
         "balanced",
         "vLLM's performance mode: balanced, interactivity (a graph for every batch size up "

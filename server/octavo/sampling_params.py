@@ -60,6 +60,9 @@ class SamplingParams:
     # requests so and decodes their text itself, ``engine/stream_text.py``)
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # streamed outputs every this many tokens (the first and last at once), at least the
+    # engine's --stream-interval (vLLM's field); None: the engine's
+    stream_interval: int | None = None
     structured_outputs: StructuredOutputsParams | None = None  # a JSON schema, regex, ...
     # Set only by ``for_pooling``: the request returns one vector, no tokens.
     pooling: PoolingParams | None = None
@@ -160,6 +163,11 @@ class SamplingParams:
         _require(
             self.seed is None or _is_int(self.seed),
             f"seed must be an integer or None, got {self.seed!r}",
+        )
+        interval = self.stream_interval
+        _require(
+            interval is None or (_is_int(interval) and interval >= 1),
+            f"stream_interval must be at least 1, got {interval!r}",
         )
 
     def _validate_lengths(self) -> None:

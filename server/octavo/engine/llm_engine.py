@@ -344,7 +344,8 @@ class LLMEngine:
             self.spec_log.maybe_log(self.scheduler.spec_counters)
         self._publish_kv_events()
         outputs, self._pending_outputs = self._pending_outputs, []
-        live = [r for r in touched if r.request_id in self.requests and r.wants_output_now]
+        interval, requests = self.args.stream_interval, self.requests
+        live = [r for r in touched if r.request_id in requests and r.wants_output_now(interval)]
         return outputs + [self._output_for(request) for request in live]
 
     def _publish_kv_events(self) -> None:

@@ -66,9 +66,25 @@ class Request:
     def awaiting_fork(self) -> bool:
         return self.params.n > len(self.seqs)
 
-    @property
-    def wants_output_now(self) -> bool:
-        return self.finished or self.params.output_kind is not RequestOutputKind.FINAL_ONLY
+    def wants_output_now(self, stream_interval: int = 1) -> bool:
+        """Does this step make an output: the last one; else, streaming, the first and
+        then one each ``stream_interval`` tokens (the request's own interval when it is
+        longer: vLLM's ``--stream-interval``); the tokens between wait for it."""
+        if self.finished:
+            return True
+        params = self.params
+        if params.output_kind is RequestOutputKind.FINAL_ONLY:
+            return False
+        interval = max(stream_interval, params.stream_interval or 1)
+        if interval == 1 or not self.prompt_reported:
+            return True
+        return any(self._unreported(seq) >= interval for seq in self.seqs)
+
+    def _unreported(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` no output has carried yet (all of a completion just forked)."""
+        text = self.texts.get(seq.index)
+        reported = 0 if text is None else text.tokens_reported
+        return seq.num_output_tokens - reported
 
     @property
     def wants_token_delta(self) -> bool:

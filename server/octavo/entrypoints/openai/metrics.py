@@ -68,7 +68,8 @@ class ServerMetrics:
         self.model_name = model_name
         self.engine_stats = EngineStatsCollector(model_name)
         self.registry.register(self.engine_stats)
-        self._last_token_time: dict[str, float] = {}  # request id -> its last token time, for ITL
+        # request id -> its last token's time and tokens so far, for ITL
+        self._last_token: dict[str, tuple[float, int]] = {}
         self._success = Counter(
             "vllm:request_success",
             "Finished requests, by finish reason.",
@@ -157,14 +158,23 @@ class ServerMetrics:
                 )
             return
         last = output.metrics.last_token_time
-        previous = self._last_token_time.get(output.request_id)
-        if last is not None and previous is not None and last > previous:
-            self._hist.itl.observe(last - previous)
         if last is not None:
-            self._last_token_time[output.request_id] = last
+            self._observe_itl(output.request_id, last, output.outputs)
         if output.finished:
-            self._last_token_time.pop(output.request_id, None)
+            self._last_token.pop(output.request_id, None)
             self.record_finished(output)
+
+    def _observe_itl(self, request_id: str, last: float, outputs: list) -> None:
+        """The gaps between a request's tokens: an output that brings ``k`` tokens at once
+        (--stream-interval chunks, speculative steps) counts ``k`` gaps of its mean."""
+        tokens = max((completion.num_tokens for completion in outputs), default=0)
+        previous = self._last_token.get(request_id)
+        self._last_token[request_id] = (last, tokens)
+        if previous is None or last <= previous[0]:
+            return
+        new = max(1, tokens - previous[1])
+        for _ in range(new):
+            self._hist.itl.observe((last - previous[0]) / new)
 
     def record_finished(self, output: RequestOutput) -> None:
         times, hist = output.metrics, self._hist

@@ -167,6 +167,8 @@ class SamplingRequest(RequestControls):
     kv_transfer_params: dict[str, Any] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # tokens per streamed chunk, raising the server's --stream-interval (vLLM's field)
+    stream_interval: int | None = Field(None, ge=1)
     logit_bias: dict[str, float] | None = None
     # Structured output (vLLM's extra parameters; see structured_outputs.py).
     structured_outputs: StructuredOutputsRequest | None = None

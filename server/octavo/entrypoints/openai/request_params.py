@@ -36,6 +36,7 @@ _PLAIN_FIELDS = (
     "include_stop_str_in_output",
     "cache_salt",
     "kv_transfer_params",
+    "stream_interval",
 )
 
 
