@@ -191,6 +191,7 @@ def test_cpu_graphs_are_captured_by_default_and_give_the_eager_tokens(
         max_model_len=256,
         max_num_seqs=8,
         cudagraph_metrics=True,
+        disable_log_stats=False,
     )
     try:
         graphs = graphed.engine.executor.worker.runner.graphs

@@ -76,6 +76,7 @@ LEFT_TO_EXTRA_ARGS = {
     "--cudagraph-metrics": "a log of graph use for tuning one deployment, not a lasting setting",
     "--performance-mode": "vLLM's batch-size presets; maxNumSeqs and the capture sizes say it",
     "--stream-interval": "streaming granularity against host work: tuned per deployment",
+    "--disable-log-stats": "the stats lines are on, as in vLLM; quiet logs are per deployment",
     "--async-scheduling": "a GPU throughput switch being measured; extraArgs until default",
     "--load-format": "dummy weights are for benchmarks of a shape, not for serving",
     "--generation-config": "vLLM compatibility: the model's sampling defaults or none",

@@ -127,7 +127,7 @@ def test_on_a_gpu_the_default_engine_replays_pieces_with_eager_tokens(tiny_folde
     engine = {"dtype": "bfloat16", "device": "cuda", "max_num_batched_tokens": 64}
     with LLM(folder, enforce_eager=True, **engine) as eager:
         expected = [o.outputs[0].token_ids for o in eager.generate(prompts(), GREEDY)]
-    with LLM(folder, cudagraph_metrics=True, **engine) as llm:
+    with LLM(folder, cudagraph_metrics=True, disable_log_stats=False, **engine) as llm:
         runner = llm.engine.executor.worker.runner
         assert runner.piecewise is not None
         got = [o.outputs[0].token_ids for o in llm.generate(prompts(), GREEDY)]

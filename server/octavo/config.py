@@ -276,7 +276,18 @@ class EngineArgs:
         False,
         "log which graphs the steps replayed (vLLM's flag): every 10 seconds, a table of "
         "the steps by tokens, the capture size they were padded to and the runtime mode "
-        "(FULL: a decode graph, PIECEWISE: graphs cut at attention, NONE: eager)",
+        "(FULL: a decode graph, PIECEWISE: graphs cut at attention, NONE: eager); not "
+        "with --disable-log-stats",
+        parse_bool,
+        kind="bool",
+    )
+    disable_log_stats: bool = engine_arg(
+        False,
+        "no stats lines in the log (vLLM's flag): by default every 10 seconds with steps "
+        "in them, prompt and generation throughput, running and waiting requests, "
+        "preemptions, KV cache usage and prefix cache hit rate (as vLLM words them), and "
+        "the speculative decoding and --cudagraph-metrics lines; the offline LLM class "
+        "logs none unless given disable_log_stats=False",
         parse_bool,
         kind="bool",
     )

@@ -206,7 +206,7 @@ def worker_config(args: EngineArgs, model: ResolvedModel) -> WorkerConfig:
         piecewise_sizes=pieces,
         graphs_at_first_use=device.type == "cpu" and cpu_graphs_at_first_use(),
         attention_backend=args.attention_backend,
-        graph_metrics=args.cudagraph_metrics,
+        graph_metrics=args.cudagraph_metrics and not args.disable_log_stats,
     )
     special_cache = model.states or model.encoder or model.groups is not None
     spec.kv_offload_blocks = offload_blocks(args, spec, special_cache)

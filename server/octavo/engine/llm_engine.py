@@ -22,6 +22,7 @@ from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.isolation import CANARY_SEQ_ID, canary_step, describe, retry_alone
 from octavo.engine.request import Request, SequenceText
 from octavo.engine.stats import EngineStats
+from octavo.engine.stats_log import StatsLog
 from octavo.engine.token_deltas import TokenDelta, sends_token_deltas
 from octavo.inputs.token_range import check_prompt_token_ids, prompt_token_limit
 from octavo.kv_events.events import KVEventBatch
@@ -71,6 +72,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.spec_log = SpecDecodeLog()
+        self.stats_log = StatsLog("GPU" if parts.device.type == "cuda" else "CPU")
         self._launched: tuple[SchedulerOutput, float] | None = None  # async: the step in flight
         self.adapters = EngineAdapters(
             args.enable_lora, parts.config, args.max_lora_rank, self.scheduler
@@ -340,8 +342,10 @@ class LLMEngine:
         pooled = self._record_pooled(result)
         updates = self.scheduler.update_from_output(scheduled, result, now)
         touched = pooled + self._record_all(updates)
-        if self.args.speculative_config is not None:
-            self.spec_log.maybe_log(self.scheduler.spec_counters)
+        if not self.args.disable_log_stats:
+            if self.args.speculative_config is not None:
+                self.spec_log.maybe_log(self.scheduler.spec_counters)
+            self.stats_log.maybe_log(self.stats)
         self._publish_kv_events()
         outputs, self._pending_outputs = self._pending_outputs, []
         interval, requests = self.args.stream_interval, self.requests

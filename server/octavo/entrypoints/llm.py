@@ -54,6 +54,7 @@ class LLM:
             device = select_device(engine_args.get("device", EngineArgs.device))
             mode = engine_args.get("performance_mode", EngineArgs.performance_mode)
             engine_args["max_num_batched_tokens"] = default_token_budget(device, True, mode)
+        engine_args.setdefault("disable_log_stats", True)  # as vLLM's LLM: no stats lines
         self.engine = LLMEngine(EngineArgs.from_kwargs(model, engine_args))
         self._ids = itertools.count()
         self._defaults = _generation_defaults(self.engine)
