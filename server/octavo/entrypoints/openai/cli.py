@@ -157,7 +157,7 @@ def server_config(args: argparse.Namespace, engine_args: EngineArgs) -> ServerCo
         shutdown_timeout=args.shutdown_timeout,
         max_sequences_per_request=args.max_sequences_per_request,
         limit_concurrency=args.limit_concurrency
-        or max(DEFAULT_LIMIT_CONCURRENCY, 2 * args.max_num_seqs),
+        or max(DEFAULT_LIMIT_CONCURRENCY, 2 * engine_args.max_num_seqs),
         header_timeout=args.header_timeout,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
