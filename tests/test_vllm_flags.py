@@ -281,6 +281,8 @@ def test_vllms_loose_spellings_are_read_as_its_parser_reads_them(capsys):
         "--",
         "--a_b",
     ]
+    kept = ["bench", "serve", "--serve-args", "--max_model_len 1.5k", "--a_b=c d"]
+    assert vllm_spellings(kept) == [*kept[:3], "--max_model_len 1.5k", "--a-b=c d"]
     assert vllm_spellings(["-O.level", "1", "-cc=3"]) == [
         "--compilation-config=3",
         "--compilation-config",

@@ -42,7 +42,7 @@ def _long_names(argv: list[str]) -> list[str]:
     """Underscores to dashes in long flag names; ``-cc`` and ``-O {json}`` to their flag."""
     out: list[str] = []
     for index, arg in enumerate(argv):
-        if arg.startswith("--"):
+        if _is_long_flag(arg):
             name, equals, value = arg.partition("=")
             head, dot, tail = name.partition(".")
             out.append(head.replace("_", "-") + dot + tail + equals + value)
@@ -59,6 +59,12 @@ def _long_names(argv: list[str]) -> list[str]:
     return out
 
 
+def _is_long_flag(arg: str) -> bool:
+    """``--name`` or ``--name=value``; not a value that starts with dashes and holds a
+    space (``--serve-args "--max-model-len 1.5k"``)."""
+    return arg.startswith("--") and " " not in arg.partition("=")[0]
+
+
 def _short_name(arg: str) -> str:
     """``-cc`` of ``-cc``, ``-cc=...`` and ``-cc.key``."""
     return arg.split("=", 1)[0].split(".", 1)[0]
@@ -72,7 +78,7 @@ def _take_dotted(argv: list[str]) -> tuple[dict[str, dict], list[str]]:
     while index < len(argv):
         arg = argv[index]
         name, equals, text = arg.partition("=")
-        if not (arg.startswith("--") and "." in name):
+        if not (_is_long_flag(arg) and "." in name):
             rest.append(arg)
             index += 1
             continue
