@@ -292,6 +292,14 @@ def test_vllms_loose_spellings_are_read_as_its_parser_reads_them(capsys):
     assert "--compilation-config.cudagraph_mode needs a value" in capsys.readouterr().err
 
 
+def test_kv_cache_memory_takes_vllm_032s_name_too():
+    assert configs("--kv-cache-memory-bytes", "64MiB")[0].kv_cache_memory == 64 * 2**20
+    offline = EngineArgs.from_kwargs(None, {"kv_cache_memory_bytes": 1 << 20})  # LLM(...)
+    assert offline.kv_cache_memory == 1 << 20
+    with pytest.raises(ValueError, match="not both"):
+        EngineArgs.from_kwargs(None, {"kv_cache_memory_bytes": 1, "kv_cache_memory": 2})
+
+
 def test_throughput_mode_doubles_the_default_batch_and_step_as_vllm_does():
     cpu = torch.device("cpu")
     balanced, throughput = configs()[0], configs("--performance-mode", "throughput")[0]

@@ -69,6 +69,7 @@ SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_NAMES = ("int8", "fp8", "gptq", "awq", "gguf")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
+KWARG_ALIASES = {"kv_cache_memory_bytes": "kv_cache_memory"}  # LLM(...): vLLM 0.32's name
 NGRAM_MODEL = "[ngram]"  # vLLM's older --speculative-model spelling of n-gram proposals
 
 logger = logging.getLogger(__name__)
@@ -317,8 +318,10 @@ class EngineArgs:
         "KV cache size per worker (each tensor/pipeline rank holds its shard), in bytes or "
         "with a unit (e.g. 4GiB). Default: 2GiB on CPU; on GPU what --gpu-memory-utilization "
         "leaves after the weights and one step's activations. Given on a GPU, it replaces "
-        "that sizing and is refused at start if it does not fit in the GPU's free memory",
+        "that sizing and is refused at start if it does not fit in the GPU's free memory "
+        "(vLLM 0.32 spells it --kv-cache-memory-bytes)",
         parse_size,
+        aliases=("--kv-cache-memory-bytes",),
     )
     kv_cache_dtype: str = engine_arg(
         "auto",
@@ -686,6 +689,11 @@ class EngineArgs:
 
     @classmethod
     def from_kwargs(cls, model: str | None, kwargs: dict) -> EngineArgs:
+        for alias, name in KWARG_ALIASES.items():  # vLLM's names for the same argument
+            if alias in kwargs:
+                _require(name not in kwargs, f"give {name} or {alias}, not both")
+                kwargs = {**kwargs, name: kwargs[alias]}
+                del kwargs[alias]
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - known)
         _require(not unknown, f"unknown engine arguments: {', '.join(unknown)}")
