@@ -97,6 +97,30 @@ def test_a_stream_interval_sends_the_first_token_then_chunks_then_the_last(llm):
         SamplingParams(stream_interval=0)
 
 
+def test_a_completion_that_ends_is_sent_without_waiting_for_the_interval(llm):
+    """n=2: the first completion to end goes out in that step's output, not when the other
+    one fills its interval."""
+    every = run(llm, RequestOutputKind.DELTA, "every")
+    first, second = (
+        [t for d in every for c in d.outputs if c.index == i for t in c.token_ids] for i in range(2)
+    )
+    # an end the interval alone would not send (outputs at 1, 7, 13 tokens)
+    ends = (
+        (i, t)
+        for i, t in enumerate(first)
+        if i >= 2 and i % 6 and first.index(t) == i and t not in second
+    )
+    position, stop = next(ends)
+    engine = llm.engine
+    params = replace(PARAMS, output_kind=RequestOutputKind.DELTA, stream_interval=6)
+    engine.add_request("ends", PROMPT, replace(params, stop_token_ids=[stop]))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    ended = next(o for o in outputs if o.outputs[0].finish_reason == "stop")
+    assert ended.outputs[0].num_tokens == position + 1 == ended.outputs[1].num_tokens
+
+
 def test_final_only_sends_one_output(llm):
     (only,) = run(llm, RequestOutputKind.FINAL_ONLY, "f")
     cumulative = run(llm, RequestOutputKind.CUMULATIVE, "c2")

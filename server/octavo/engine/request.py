@@ -69,7 +69,8 @@ class Request:
     def wants_output_now(self, stream_interval: int = 1) -> bool:
         """Does this step make an output: the last one; else, streaming, the first and
         then one each ``stream_interval`` tokens (the request's own interval when it is
-        longer: vLLM's ``--stream-interval``); the tokens between wait for it."""
+        longer: vLLM's ``--stream-interval``) or when one of its completions ends; the
+        tokens between wait for it."""
         if self.finished:
             return True
         params = self.params
@@ -78,7 +79,12 @@ class Request:
         interval = max(stream_interval, params.stream_interval or 1)
         if interval == 1 or not self.prompt_reported:
             return True
-        return any(self._unreported(seq) >= interval for seq in self.seqs)
+        return any(self._due(seq, interval) for seq in self.seqs)
+
+    def _due(self, seq: Sequence, interval: int) -> bool:
+        """``interval`` tokens waiting, or a completion's last ones (n > 1: it ended)."""
+        unreported = self._unreported(seq)
+        return unreported >= interval or (unreported > 0 and seq.is_finished)
 
     def _unreported(self, seq: Sequence) -> int:
         """Tokens of ``seq`` no output has carried yet (all of a completion just forked)."""
