@@ -438,12 +438,12 @@ def test_a_cancelled_write_finishes_before_the_file_closes(tmp_path, monkeypatch
 )
 def test_the_default_concurrency_fills_the_engine_within_the_apps_caps(flags, limit, expected):
     from octavo.cli import build_parser
-    from octavo.entrypoints.openai import options
+    from octavo.entrypoints.openai.cli import parsed_engine_args
     from octavo.entrypoints.openai.run_batch.cli import max_concurrency
 
     args = build_parser().parse_args(["run-batch", "-i", "in", "-o", "out", *flags])
-    options.finish(args)
-    assert max_concurrency(args, limit) == expected
+    engine_args = parsed_engine_args(args)
+    assert max_concurrency(args, limit, engine_args.max_num_seqs) == expected
 
 
 @pytest.mark.parametrize(

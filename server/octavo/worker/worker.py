@@ -399,9 +399,9 @@ class Worker:
         if self.device.type == "cuda":  # Triton's kernels compile before the first request
             self.warm_up_kernels()
         if spec.graph_metrics and self.is_driver:
-            runner = self.runner
-            sizes = (g.sizes if g is not None else None for g in (runner.graphs, runner.piecewise))
-            runner.graph_metrics = GraphMetricsLog(captured_graphs(*sizes))
+            graphs, pieces = self.runner.graphs, self.runner.piecewise
+            captured = captured_graphs(graphs and graphs.sizes, pieces and pieces.sizes)
+            self.runner.graph_metrics = GraphMetricsLog(captured)
         # Start-up is done: from now on the memory a step frees serves the next step.
         if self.device.type == "cpu" and self._heap_release is None and HOST_HEAP.hold():
             self._heap_release = weakref.finalize(self, HOST_HEAP.release)

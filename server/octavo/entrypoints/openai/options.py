@@ -22,7 +22,6 @@ from octavo.arg_types import (
     positive_int,
 )
 from octavo.config import flag_fields
-from octavo.engine.batch_defaults import default_max_num_seqs
 from octavo.entrypoints.openai.reasoning.parsers import REASONING_PARSER_NAMES
 from octavo.entrypoints.openai.template_kwargs import template_kwargs_arg
 from octavo.entrypoints.openai.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
@@ -315,8 +314,7 @@ def _env_bool(value: Any) -> Any:
 
 
 def finish(args: argparse.Namespace) -> None:
-    """Checks argparse cannot do for environment defaults; raises ``ValueError``. Fills
-    the defaults that depend on another flag (``--max-num-seqs`` on the performance mode)."""
+    """Checks argparse cannot do for environment defaults; raises ``ValueError``."""
     for option in OPTIONS:
         value = getattr(args, option.dest)
         if option.kind == "bool" and not isinstance(value, bool):
@@ -324,8 +322,6 @@ def finish(args: argparse.Namespace) -> None:
         if option.kind == "list" and value is not None:  # from the environment: text
             items = _split_list(value) if isinstance(value, str) else value
             setattr(args, option.dest, [option.type(v) if isinstance(v, str) else v for v in items])
-    if args.max_num_seqs is None:
-        args.max_num_seqs = default_max_num_seqs(args.performance_mode)
 
 
 def env_epilog() -> str:

@@ -101,7 +101,7 @@ def _prepared(args: argparse.Namespace):
     input_path, output_path, tmp_dir = batch_files(args)
     engine_args = parsed_engine_args(args)
     config = server_config(args, engine_args)
-    concurrency = max_concurrency(args, config.limit_concurrency)
+    concurrency = max_concurrency(args, config.limit_concurrency, engine_args.max_num_seqs)
     check_model_early(args.model, args.revision)
     check_parallel_layout_early(engine_args)
     check_quantization_early(engine_args)
@@ -131,13 +131,14 @@ def batch_files(args: argparse.Namespace) -> tuple[Path, Path, Path | None]:
     return input_path, output_path, tmp_dir
 
 
-def max_concurrency(args: argparse.Namespace, limit_concurrency: int) -> int:
-    """Lines in flight at once: enough to fill the engine's batch twice over, within the
-    app's own in-flight cap (beyond it the app would answer 503) and, with
-    ``--max-queue-len``, within what the engine runs and queues (beyond it: 429s, retried)."""
-    default = min(2 * args.max_num_seqs, limit_concurrency)
+def max_concurrency(args: argparse.Namespace, limit_concurrency: int, max_num_seqs: int) -> int:
+    """Lines in flight at once: enough to fill the engine's batch (``max_num_seqs``, as the
+    engine resolved it) twice over, within the app's own in-flight cap (beyond it the app
+    would answer 503) and, with ``--max-queue-len``, within what the engine runs and
+    queues (beyond it: 429s, retried)."""
+    default = min(2 * max_num_seqs, limit_concurrency)
     if args.max_queue_len is not None:
-        default = min(default, args.max_num_seqs + args.max_queue_len)
+        default = min(default, max_num_seqs + args.max_queue_len)
     concurrency = args.max_concurrency or default
     if concurrency > limit_concurrency:
         raise ValueError(
