@@ -812,6 +812,44 @@ def test_dense_linear_bf16_matches_fp32_sums_rounded_once(
     torch.testing.assert_close(out.double(), expected, atol=1e-3, rtol=2**-8)
 
 
+BF16_DOT_HERE = cpu_build.cpu_isa() == "avx512" and "avx512_bf16" in cpu_features.cpu_flags()
+INTEL = "GenuineIntel" in cpu_features.cpu_flags()
+
+
+def test_bf16_linears_widen_on_intel_from_two_rows(ops, monkeypatch):
+    """Which way the bf16 linears multiply (``dense_bf16_path``): vdpbf16ps where the CPU
+    has it, but on Intel from 2 rows the widened FMAs (half vdpbf16ps's rate there);
+    OCTAVO_CPU_BF16_DOT=1 / 0 holds them to one way (AMX tiles off: the test below)."""
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "0")
+    dot = "vdpbf16ps" if BF16_DOT_HERE else "widened"
+    monkeypatch.delenv("OCTAVO_CPU_BF16_DOT", raising=False)
+    assert ops.dense_bf16_path(1, 576) == dot
+    assert ops.dense_bf16_path(64, 576) == ("widened" if INTEL else dot)
+    monkeypatch.setenv("OCTAVO_CPU_BF16_DOT", "1")
+    assert ops.dense_bf16_path(64, 576) == dot
+    monkeypatch.setenv("OCTAVO_CPU_BF16_DOT", "0")
+    assert [ops.dense_bf16_path(rows, 576) for rows in (1, 64)] == ["widened"] * 2
+
+
+@pytest.mark.skipif(
+    not (BF16_DOT_HERE and INTEL), reason="vdpbf16ps's order of adds is Intel's definition"
+)
+def test_widened_bf16_linears_equal_intels_vdpbf16ps(ops, monkeypatch):
+    """The widened FMAs add the odd input's product first, as Intel defines vdpbf16ps:
+    on Intel both ways give the same bf16 results (register blocks of 2 rows and up)."""
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "0")
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(200, 2100, generator=generator).bfloat16()
+    x = torch.randn(37, 2100, generator=generator).bfloat16()
+    bias = torch.randn(200, generator=generator).bfloat16()
+    packed, outputs = pack_dense(ops, weight), []
+    for dot in ("1", "0"):
+        monkeypatch.setenv("OCTAVO_CPU_BF16_DOT", dot)
+        outputs.append(torch.empty(37, 200, dtype=torch.bfloat16))
+        ops.dense_linear(outputs[-1], x, packed, bias)
+    assert torch.equal(outputs[0], outputs[1])
+
+
 @pytest.mark.parametrize("rows", [2, 16, 17, 40, 600])
 @pytest.mark.parametrize("out_features,in_features", [(96, 64), (49, 96), (40, 2048), (600, 64)])
 def test_dense_linear_bf16_on_amx_tiles(ops, monkeypatch, rows, out_features, in_features):

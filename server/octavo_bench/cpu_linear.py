@@ -8,8 +8,9 @@ prefill chunks), on ``--num-threads`` threads, in ``--dtype``: the median ms per
 the native ``dense_linear`` kernel on its column panels (what Octavo runs) and of oneDNN's
 prepacked GEMM (``torch.ops.mkldnn._linear_pointwise``: what Octavo ran before, and what
 vLLM's CPU build runs). Also the weights' GB/s and the GFLOP/s. bf16 runs the kernel's
-vdpbf16ps path where the CPU has AVX512_BF16 (``OCTAVO_CPU_BF16_DOT=0``: its widening
-path). With
+AMX tiles, vdpbf16ps or widening path (the table names it: AMX where the CPU has it from 2
+rows, vdpbf16ps on AMD's AVX512_BF16 and for 1 row on Intel's, else widened;
+``OCTAVO_CPU_BF16_DOT=1`` or ``0`` holds the linears to vdpbf16ps or widening). With
 ``OCTAVO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` both run their AVX2 code (an AVX2-only
 machine, approximately). Writes ``cpu_linear.json`` and ``cpu_linear.png``.
 """
@@ -65,6 +66,7 @@ class RowsResult:
     onednn_ms: float | None  # None: oneDNN does not run this dtype here
     weight_bytes: int
     element_bytes: int = 4
+    panel_path: str = ""  # bf16: amx, vdpbf16ps or widened (the hidden size's inputs)
 
     @property
     def speedup(self) -> float | None:
@@ -105,10 +107,19 @@ class LinearReport:
         return {"settings": self.settings, "machine": self.machine, "cases": cases}
 
     def text(self) -> str:
-        headers = ["rows", "panel ms", "oneDNN ms", "oneDNN / panel", "GB/s (p/o)", "GFLOP/s (p/o)"]
+        headers = [
+            "rows",
+            "panel path",
+            "panel ms",
+            "oneDNN ms",
+            "oneDNN / panel",
+            "GB/s (p/o)",
+            "GFLOP/s (p/o)",
+        ]
         body = [
             [
                 str(r.rows),
+                r.panel_path or "-",
                 _number(r.panel_ms, 2),
                 _number(r.onednn_ms, 2),
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
@@ -164,6 +175,11 @@ def step_ms(step, rows: int, panels: bool, repeats: int, dtype: torch.dtype) -> 
     return timed_ms(run_step, repeats)
 
 
+def panel_path(rows: int, in_features: int) -> str:
+    """Which way the bf16 panel kernel multiplies ``rows`` rows of ``in_features`` inputs."""
+    return torch.ops.octavo_cpu.dense_bf16_path(rows, in_features)
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.num_threads)
     dtype = getattr(torch, args.dtype)
@@ -189,8 +205,9 @@ def run(args: argparse.Namespace) -> int:
     for rows in args.rows:
         panel_ms = step_ms(panel, rows, True, args.repeats, dtype) if panel else None
         onednn_ms = step_ms(onednn, rows, False, args.repeats, dtype) if onednn else None
+        path = panel_path(rows, args.hidden) if panel and dtype == torch.bfloat16 else ""
         report.results.append(
-            RowsResult(rows, panel_ms, onednn_ms, shape.weight_bytes, dtype.itemsize)
+            RowsResult(rows, panel_ms, onednn_ms, shape.weight_bytes, dtype.itemsize, path)
         )
     save(report, args.output_dir, "cpu_linear")
     return 0

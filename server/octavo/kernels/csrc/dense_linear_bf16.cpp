@@ -6,12 +6,16 @@
 //   - with AMX tiles (chosen at run time, amx_tiles.h), from 2 rows where the inputs are a
 //     multiple of 32: a panel's 16 input pairs are one B tile as stored
 //     (dense_linear_amx.h);
-//   - with AVX512_BF16 (chosen at run time, bf16_dot.h): vdpbf16ps multiplies a pair of
+//   - with AVX512_BF16 (chosen at run time, bf16_dot.h: on AMD, and for a single row on
+//     Intel, whose cores run it at half the FMAs' rate): vdpbf16ps multiplies a pair of
 //     inputs, broadcast, by a panel row of weight pairs and adds both products to each fp32
 //     lane: one instruction per 32 multiply-adds;
-//   - anywhere else (AVX-512 without it, AVX2, generic): each 32-bit pair is widened, the
-//     even input's weight being its low half shifted up and the odd's its high half masked,
-//     and the two go through FMAs against the inputs in fp32.
+//   - anywhere else (AVX-512 without it or on Intel from 2 rows, AVX2, generic): each
+//     32-bit pair is widened, the even input's weight being its low half shifted up and the
+//     odd's its high half masked, and the two go through FMAs against the inputs in fp32.
+//     The odd input's product is added first, then the even's, in the order of Intel's
+//     definition of vdpbf16ps; products of bf16 numbers are exact in fp32, so on an Intel
+//     Xeon the two ways gave the same bf16 results (vdpbf16ps flushes denormals).
 // The schedule (register blocks, L2 slices, threads) is dense_panels.h's, an input step
 // being one pair. Where a row's inputs span more than one slice, the sums of the slices
 // before the last wait in an fp32 buffer, so the result is rounded to bf16 once.
@@ -33,6 +37,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
@@ -128,9 +133,9 @@ struct WidenedPanels {
         std::memcpy(&pairs, weights + p * s.depth * kWidth + k * kWidth, sizeof(pairs));
         const lanes_t even = std::bit_cast<lanes_t>(pairs << 16), odd = std::bit_cast<lanes_t>(pairs & 0xFFFF0000u);
 #pragma GCC unroll 8
-        for (int m = 0; m < MR; ++m) acc[m][p] += splat_lanes(x[m * s.x_stride + 2 * k]) * even;
-#pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) (kSplit ? odd_acc : acc)[m][p] += splat_lanes(x[m * s.x_stride + 2 * k + 1]) * odd;
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) acc[m][p] += splat_lanes(x[m * s.x_stride + 2 * k]) * even;
       }
     }
     if constexpr (kSplit) {
@@ -175,8 +180,8 @@ struct DotPanels {
 // ms at 2 rows, 16.5 vs 15.3 at 1).
 constexpr int64_t kAmxMinRows = 2;
 
-bool amx_runs(int64_t rows, int64_t depth, bool dot) {
-  return dot && rows >= kAmxMinRows && depth % dense::kAmxTilePairs == 0 && amx_enabled();
+bool amx_runs(int64_t rows, int64_t depth, bool bf16_instructions) {
+  return bf16_instructions && rows >= kAmxMinRows && depth % dense::kAmxTilePairs == 0 && amx_enabled();
 }
 
 // out = x @ W.T + bias on AMX tiles (dense_linear_amx.h); x's inputs a multiple of 32.
@@ -245,17 +250,24 @@ void pack_dense_weight_bf16(at::Tensor& packed, const at::Tensor& weight) {
   });
 }
 
+std::string dense_bf16_path(int64_t rows, int64_t in_features) {
+#if defined(OCTAVO_HAS_AMX)
+  if (amx_runs(rows, (in_features + 1) / 2, bf16_dot_enabled())) return "amx";
+#endif
+  return bf16_dot_for_linear(rows) ? "vdpbf16ps" : "widened";
+}
+
 void dense_linear_bf16(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                        const c10::optional<at::Tensor>& bias) {
   check_linear(out, x, packed, bias);
   const int64_t rows = x.size(0), cols = out.size(1), depth = packed.size(1);
   if (rows == 0) return;
-  const bool dot = bf16_dot_enabled();
   const bf16_bits* bias_bits =
       bias.has_value() && bias->defined() ? reinterpret_cast<const bf16_bits*>(bias->data_ptr<at::BFloat16>()) : nullptr;
 #if defined(OCTAVO_HAS_AMX)
-  if (amx_runs(rows, depth, dot)) return run_amx_linear(out, x, packed, bias_bits);
+  if (amx_runs(rows, depth, bf16_dot_enabled())) return run_amx_linear(out, x, packed, bias_bits);
 #endif
+  const bool dot = bf16_dot_for_linear(rows);
   const at::Tensor inputs = x.size(1) % 2 ? at::constant_pad_nd(x, {0, 1}) : x;  // an even count: whole pairs
   const at::Tensor inputs_float = dot ? at::Tensor() : inputs.to(at::kFloat).contiguous();
   const at::Tensor partial = depth > dense::kDepth ? at::empty({rows, cols}, x.options().dtype(at::kFloat)) : at::Tensor();

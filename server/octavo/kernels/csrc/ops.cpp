@@ -30,6 +30,7 @@ void lora_delta(at::Tensor& out, const at::Tensor& x, const at::Tensor& flat_a, 
                 const at::Tensor& row_slots, at::IntArrayRef offsets, at::IntArrayRef sizes);
 int64_t dense_panel_width();
 bool dense_amx_enabled();
+std::string dense_bf16_path(int64_t rows, int64_t in_features);
 void pack_dense_weight(at::Tensor& packed, const at::Tensor& weight);
 void dense_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
 }  // namespace octavo_cpu
@@ -61,6 +62,7 @@ TORCH_LIBRARY(octavo_cpu, m) {
       "int[] offsets, int[] sizes) -> ()");
   m.def("dense_panel_width() -> int", &octavo_cpu::dense_panel_width);  // no tensors: no dispatch key
   m.def("dense_amx_enabled() -> bool", &octavo_cpu::dense_amx_enabled);  // bf16 linears on AMX tiles here
+  m.def("dense_bf16_path(int rows, int in_features) -> str", &octavo_cpu::dense_bf16_path);  // amx/vdpbf16ps/widened
   m.def("pack_dense_weight(Tensor(a!) packed, Tensor weight) -> ()");
   m.def("dense_linear(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
   m.def(
