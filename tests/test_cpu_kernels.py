@@ -850,6 +850,19 @@ def test_widened_bf16_linears_equal_intels_vdpbf16ps(ops, monkeypatch):
     assert torch.equal(outputs[0], outputs[1])
 
 
+def test_bf16_prefill_attention_runs_the_fp32_tile_on_intel(ops, monkeypatch):
+    """Intel cores run vdpbf16ps at half their FMA rate, so there bf16 prefill attention
+    (AMX tiles off) runs the fp32 tile: the output OCTAVO_CPU_BF16_DOT=0 gives; elsewhere
+    the vdpbf16ps tile where the CPU has it (the two differ: see the test above them)."""
+    monkeypatch.setenv("OCTAVO_CPU_AMX", "0")
+    query, _, run = bf16_case(ops, "prefill", 9, 3, 64)
+    outputs = outputs_by_setting(monkeypatch, "OCTAVO_CPU_BF16_DOT", query, run)
+    monkeypatch.delenv("OCTAVO_CPU_BF16_DOT")
+    default = torch.empty(query.shape, dtype=torch.bfloat16)
+    run(default)
+    assert torch.equal(default, outputs["1" if BF16_DOT_HERE and not INTEL else "0"])
+
+
 @pytest.mark.parametrize("rows", [2, 16, 17, 40, 600])
 @pytest.mark.parametrize("out_features,in_features", [(96, 64), (49, 96), (40, 2048), (600, 64)])
 def test_dense_linear_bf16_on_amx_tiles(ops, monkeypatch, rows, out_features, in_features):

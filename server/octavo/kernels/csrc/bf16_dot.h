@@ -31,14 +31,16 @@ inline bool bf16_dot_enabled() {
   return cpu_has_avx512_bf16() && !(setting != nullptr && std::strcmp(setting, "0") == 0);
 }
 
-// Whether a bf16 linear of `rows` rows multiplies with vdpbf16ps rather than widening the
-// weight pairs to fp32 FMAs. On Intel cores vdpbf16ps does a pair of multiply-adds at
-// about half the rate of two 512-bit FMAs (an Intel Xeon without AMX, 2 vCPUs, SmolLM2's
-// step: 32 rows 49.0 vs 37.7 ms widened, 256 rows 383 vs 320, 1,024 rows 1,641 vs 1,101;
-// 1-2 rows, read from memory, alike), so there the linears widen from 2 rows;
-// OCTAVO_CPU_BF16_DOT=1 keeps vdpbf16ps. On AMD (Zen 4, Zen 5) it runs at the FMA rate and
-// does twice the work an FMA does (Zen 5: 256 rows 79.6 ms against 170 in fp32).
-inline bool bf16_dot_for_linear(int64_t rows) {
+// Whether a bf16 product over `rows` rows at a time (a linear's input rows, a prefill
+// tile's query rows) multiplies with vdpbf16ps rather than widening to fp32 FMAs. On Intel
+// cores vdpbf16ps does a pair of multiply-adds at about half the rate of two 512-bit FMAs
+// (an Intel Xeon without AMX, 2 vCPUs, SmolLM2's step: 32 rows 49.0 vs 37.7 ms widened,
+// 256 rows 383 vs 320, 1,024 rows 1,641 vs 1,101; 1-2 rows, read from memory, alike; its
+// prefill attention over 512 tokens 1.99 vs 1.22-1.53 ms on the fp32 tile), so there they
+// widen from 2 rows; OCTAVO_CPU_BF16_DOT=1 keeps vdpbf16ps. On AMD (Zen 4, Zen 5) it runs
+// at the FMA rate and does twice the work an FMA does (Zen 5: 256 rows 79.6 ms against 170
+// in fp32).
+inline bool bf16_dot_for_rows(int64_t rows) {
   static const bool intel = __builtin_cpu_is("intel");
   const char* setting = bf16_dot_setting();
   if (!bf16_dot_enabled()) return false;
@@ -46,7 +48,7 @@ inline bool bf16_dot_for_linear(int64_t rows) {
 }
 #else
 inline bool bf16_dot_enabled() { return false; }
-inline bool bf16_dot_for_linear(int64_t) { return false; }
+inline bool bf16_dot_for_rows(int64_t) { return false; }
 #endif
 
 }  // namespace octavo_cpu

@@ -254,7 +254,7 @@ std::string dense_bf16_path(int64_t rows, int64_t in_features) {
 #if defined(OCTAVO_HAS_AMX)
   if (amx_runs(rows, (in_features + 1) / 2, bf16_dot_enabled())) return "amx";
 #endif
-  return bf16_dot_for_linear(rows) ? "vdpbf16ps" : "widened";
+  return bf16_dot_for_rows(rows) ? "vdpbf16ps" : "widened";
 }
 
 void dense_linear_bf16(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
@@ -267,7 +267,7 @@ void dense_linear_bf16(at::Tensor& out, const at::Tensor& x, const at::Tensor& p
 #if defined(OCTAVO_HAS_AMX)
   if (amx_runs(rows, depth, bf16_dot_enabled())) return run_amx_linear(out, x, packed, bias_bits);
 #endif
-  const bool dot = bf16_dot_for_linear(rows);
+  const bool dot = bf16_dot_for_rows(rows);
   const at::Tensor inputs = x.size(1) % 2 ? at::constant_pad_nd(x, {0, 1}) : x;  // an even count: whole pairs
   const at::Tensor inputs_float = dot ? at::Tensor() : inputs.to(at::kFloat).contiguous();
   const at::Tensor partial = depth > dense::kDepth ? at::empty({rows, cols}, x.options().dtype(at::kFloat)) : at::Tensor();
