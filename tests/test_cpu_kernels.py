@@ -853,7 +853,8 @@ def test_widened_bf16_linears_equal_intels_vdpbf16ps(ops, monkeypatch):
 def test_bf16_prefill_attention_runs_the_fp32_tile_on_intel(ops, monkeypatch):
     """Intel cores run vdpbf16ps at half their FMA rate, so there bf16 prefill attention
     (AMX tiles off) runs the fp32 tile: the output OCTAVO_CPU_BF16_DOT=0 gives; elsewhere
-    the vdpbf16ps tile where the CPU has it (the two differ: see the test above them)."""
+    the vdpbf16ps tile where the CPU has it (where it has them the two tiles' outputs
+    differ: test_bf16_dot_path_and_fp32_path_both_match_torch)."""
     monkeypatch.setenv("OCTAVO_CPU_AMX", "0")
     query, _, run = bf16_case(ops, "prefill", 9, 3, 64)
     outputs = outputs_by_setting(monkeypatch, "OCTAVO_CPU_BF16_DOT", query, run)
